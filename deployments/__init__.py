@@ -1,0 +1,1 @@
+"""Ray Serve deployments: thin shells over `serve_app`."""

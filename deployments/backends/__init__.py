@@ -1,0 +1,30 @@
+"""Token backends: something that turns a `GenerationRequest` into `TokenBatch`es."""
+
+from __future__ import annotations
+
+from typing import AsyncIterator, Protocol
+
+from serve_app.protocol.tokens import GenerationRequest, TokenBatch
+
+
+class Backend(Protocol):
+    """The interface every engine backend implements (replay, vLLM)."""
+
+    def generate(self, request: GenerationRequest) -> AsyncIterator[TokenBatch]:
+        """Stream the completion; the last batch carries `finish_reason`.
+
+        Closing the iterator early (client gone) must abort the request.
+        """
+        ...
+
+    async def abort(self, request_id: str) -> None:
+        """Stop a running request; a no-op for unknown ids."""
+        ...
+
+    def num_running(self) -> int:
+        """Requests currently generating (0 once every stream ended or was aborted)."""
+        ...
+
+    async def check_health(self) -> None:
+        """Raise if the backend cannot serve any more."""
+        ...

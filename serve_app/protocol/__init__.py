@@ -1,0 +1,1 @@
+"""Pure Responses-API logic: no Ray, no HTTP."""

@@ -1,0 +1,96 @@
+"""OpenAI-shaped errors: `{"error": {"message", "type", "param", "code"}}`."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import ValidationError
+
+
+class APIError(Exception):
+    """An error the client sees with an HTTP status and an OpenAI-shaped body."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        status_code: int = 400,
+        param: str | None = None,
+        code: str | None = None,
+        type: str = "invalid_request_error",
+    ) -> None:
+        super().__init__(message)
+        self.message = message
+        self.status_code = status_code
+        self.param = param
+        self.code = code
+        self.type = type
+
+    def body(self) -> dict[str, Any]:
+        return {
+            "error": {
+                "message": self.message,
+                "type": self.type,
+                "param": self.param,
+                "code": self.code,
+            }
+        }
+
+
+def invalid_request(message: str, *, param: str | None = None, code: str | None = "invalid_value") -> APIError:
+    return APIError(message, status_code=400, param=param, code=code)
+
+
+def model_not_found(model: str) -> APIError:
+    return APIError(
+        f"The model '{model}' does not exist or you do not have access to it.",
+        status_code=404,
+        param="model",
+        code="model_not_found",
+    )
+
+
+def server_error(message: str, *, status_code: int = 500, code: str = "server_error") -> APIError:
+    return APIError(message, status_code=status_code, code=code, type="server_error")
+
+
+def _param_path(loc: tuple[Any, ...]) -> str:
+    """('input', 0, 'item:message', 'role') -> 'input[0].role'.
+
+    Pydantic puts the union member it tried into `loc`: our tags (`item:message`), type
+    labels (`str`, `list[...]`, `function-after[...]`) and model names (`HostedTool`). The
+    client never wrote those; API field names are lower-case identifiers.
+    """
+    path = ""
+    for part in loc:
+        if isinstance(part, int):
+            path += f"[{part}]"
+        elif ":" in part or "[" in part or part[:1].isupper() or part in _TYPE_LABELS:
+            continue
+        else:
+            path += f".{part}" if path else part
+    return path
+
+
+_TYPE_LABELS = {"str", "int", "float", "bool", "dict", "list", "none"}
+
+
+def from_validation_error(exc: ValidationError) -> APIError:
+    """Turn pydantic's errors into the message the OpenAI API would give.
+
+    For a union (`input` is a string or a list of items) pydantic reports one error per
+    member; the deepest one is the one about what the client actually wrote.
+    """
+    error = max(exc.errors(include_url=False), key=lambda e: len(e["loc"]))
+    param = _param_path(tuple(error["loc"])) or None
+    kind = error["type"]
+    where = f"'{param}'" if param else "request body"
+    if kind == "missing":
+        return invalid_request(f"Missing required parameter: {where}.", param=param, code="missing_required_parameter")
+    if kind == "extra_forbidden":
+        return invalid_request(f"Unknown parameter: {where}.", param=param, code="unknown_parameter")
+    code = "invalid_type" if kind.endswith("_type") or kind in {"model_type", "dict_type", "list_type"} else "invalid_value"
+    message = error["msg"]
+    if message.startswith("Value error, "):
+        message = message[len("Value error, ") :]
+    return invalid_request(f"Invalid value for {where}: {message}", param=param, code=code)

@@ -1,0 +1,312 @@
+"""The `POST /v1/responses` request as the `openai` SDK, the Agents SDK and Codex send it.
+
+Pydantic models validate the subset of the Responses API this server implements. Unknown
+top-level and item fields are ignored (Codex sends `client_metadata`, items carry `status`
+and ids...), hosted tool types this server does not run (`web_search`, ...) are accepted
+and simply not offered to the model. Everything else that is wrong is a 400.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated, Any, Literal, Union
+
+import jsonschema
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, ValidationError, field_validator, model_validator
+
+from .errors import APIError, from_validation_error, invalid_request
+
+FUNCTION_NAME_PATTERN = r"^[a-zA-Z0-9_\-]{1,64}$"
+
+
+class _Lenient(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+
+# --- content parts ---------------------------------------------------------------------
+
+
+class TextPart(_Lenient):
+    """`input_text` / `output_text` (assistant history); both carry plain text."""
+
+    type: Literal["input_text", "output_text"]
+    text: str
+
+
+class RefusalPart(_Lenient):
+    type: Literal["refusal"]
+    refusal: str
+
+
+def _part_tag(value: Any) -> str | None:
+    kind = value.get("type") if isinstance(value, dict) else getattr(value, "type", None)
+    if kind in ("input_text", "output_text"):
+        return "part:text"
+    return "part:refusal" if kind == "refusal" else None
+
+
+ContentPart = Annotated[
+    Union[Annotated[TextPart, Tag("part:text")], Annotated[RefusalPart, Tag("part:refusal")]],
+    Discriminator(_part_tag, custom_error_type="invalid_value", custom_error_message=(
+        "content parts must be of type 'input_text', 'output_text' or 'refusal' "
+        "(images, files and audio are not supported by this server)"
+    )),
+]
+
+
+def parts_text(content: str | list[ContentPart]) -> str:
+    if isinstance(content, str):
+        return content
+    return "".join(p.text if isinstance(p, TextPart) else p.refusal for p in content)
+
+
+# --- input items -------------------------------------------------------------------------
+
+
+class MessageItem(_Lenient):
+    type: Literal["message"] = "message"
+    id: str | None = None
+    role: Literal["user", "system", "developer", "assistant"]
+    content: Union[str, list[ContentPart]]
+
+    @property
+    def text(self) -> str:
+        return parts_text(self.content)
+
+
+class FunctionCallItem(_Lenient):
+    type: Literal["function_call"]
+    id: str | None = None
+    call_id: str = Field(min_length=1)
+    name: str = Field(min_length=1)
+    namespace: str | None = None
+    arguments: str
+
+
+class FunctionCallOutputItem(_Lenient):
+    type: Literal["function_call_output"]
+    id: str | None = None
+    call_id: str = Field(min_length=1)
+    output: Union[str, list[ContentPart]]
+
+    @property
+    def text(self) -> str:
+        return parts_text(self.output)
+
+
+class SummaryText(_Lenient):
+    type: Literal["summary_text"] = "summary_text"
+    text: str
+
+
+class ReasoningText(_Lenient):
+    type: Literal["reasoning_text"] = "reasoning_text"
+    text: str
+
+
+class ReasoningItem(_Lenient):
+    type: Literal["reasoning"]
+    id: str | None = None
+    summary: list[SummaryText] = Field(default_factory=list)
+    content: list[ReasoningText] | None = None
+    encrypted_content: str | None = None
+
+    @property
+    def text(self) -> str:
+        """The raw reasoning if it was sent back, else its summary."""
+        if self.content:
+            return "".join(part.text for part in self.content)
+        return "\n\n".join(part.text for part in self.summary)
+
+
+def _item_tag(value: Any) -> str | None:
+    kind = value.get("type", "message") if isinstance(value, dict) else getattr(value, "type", None)
+    return f"item:{kind}"  # EasyInputMessage has no `type`
+
+
+InputItem = Annotated[
+    Union[
+        Annotated[MessageItem, Tag("item:message")],
+        Annotated[FunctionCallItem, Tag("item:function_call")],
+        Annotated[FunctionCallOutputItem, Tag("item:function_call_output")],
+        Annotated[ReasoningItem, Tag("item:reasoning")],
+    ],
+    Discriminator(_item_tag, custom_error_type="invalid_value", custom_error_message=(
+        "input items must be of type 'message', 'function_call', 'function_call_output' or 'reasoning'"
+    )),
+]
+
+
+# --- tools ---------------------------------------------------------------------------------
+
+
+class FunctionTool(_Lenient):
+    type: Literal["function"]
+    name: str = Field(pattern=FUNCTION_NAME_PATTERN)
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
+
+    @field_validator("parameters")
+    @classmethod
+    def _valid_schema(cls, parameters: dict[str, Any] | None) -> dict[str, Any] | None:
+        if parameters is None:
+            return None
+        try:
+            jsonschema.validators.validator_for(parameters).check_schema(parameters)
+        except jsonschema.SchemaError as exc:
+            raise ValueError(f"not a valid JSON schema: {exc.message}") from None
+        if parameters.get("type", "object") != "object":
+            raise ValueError("function parameters must be a JSON schema of type 'object'")
+        return parameters
+
+
+class HostedTool(BaseModel):
+    """A tool type this server does not execute (web_search, file_search, ...): not offered."""
+
+    model_config = ConfigDict(extra="allow")
+    type: str
+
+
+def _tool_tag(value: Any) -> str | None:
+    kind = value.get("type") if isinstance(value, dict) else getattr(value, "type", None)
+    if kind in ("function", "namespace"):
+        return f"tool:{kind}"
+    return "tool:hosted" if isinstance(kind, str) else None
+
+
+_TOOL_TAG = Discriminator(_tool_tag, custom_error_type="missing_tool_type", custom_error_message="every tool needs a string 'type'")
+
+
+class NamespaceTool(_Lenient):
+    """A group of functions (Codex sends these); the model calls them as `NAME.function`."""
+
+    type: Literal["namespace"]
+    name: str = Field(pattern=FUNCTION_NAME_PATTERN)
+    description: str = ""
+    tools: list[
+        Annotated[Union[Annotated[FunctionTool, Tag("tool:function")], Annotated[HostedTool, Tag("tool:hosted")]], _TOOL_TAG]
+    ] = Field(default_factory=list)
+
+    @property
+    def functions(self) -> list[FunctionTool]:
+        return [tool for tool in self.tools if isinstance(tool, FunctionTool)]
+
+
+Tool = Annotated[
+    Union[
+        Annotated[FunctionTool, Tag("tool:function")],
+        Annotated[NamespaceTool, Tag("tool:namespace")],
+        Annotated[HostedTool, Tag("tool:hosted")],
+    ],
+    _TOOL_TAG,
+]
+
+
+class NamedFunctionChoice(_Lenient):
+    type: Literal["function"]
+    name: str
+
+
+class ReasoningConfig(_Lenient):
+    effort: Literal["none", "minimal", "low", "medium", "high", "xhigh"] | None = None
+    summary: Literal["auto", "concise", "detailed"] | None = None
+
+
+class TextFormat(_Lenient):
+    type: Literal["text"] = "text"
+
+
+class TextConfig(_Lenient):
+    format: TextFormat | None = None
+
+
+# --- the request -------------------------------------------------------------------------
+
+
+class ResponsesRequest(_Lenient):
+    model: str = Field(min_length=1)
+    input: Union[str, list[InputItem]]
+    instructions: str | None = None
+    tools: list[Tool] = Field(default_factory=list)
+    tool_choice: Union[Literal["auto", "none", "required"], NamedFunctionChoice, HostedTool] = "auto"
+    parallel_tool_calls: bool = True
+    reasoning: ReasoningConfig | None = None
+    include: list[str] = Field(default_factory=list)
+    max_output_tokens: int | None = Field(default=None, ge=1)
+    temperature: float | None = Field(default=None, ge=0, le=2)
+    top_p: float | None = Field(default=None, gt=0, le=1)
+    stream: bool = False
+    store: bool = True
+    background: bool = False
+    metadata: dict[str, str] | None = None
+    previous_response_id: str | None = None
+    user: str | None = None
+    prompt_cache_key: str | None = None
+    text: TextConfig | None = None
+
+    @field_validator("input")
+    @classmethod
+    def _not_empty(cls, value: str | list[Any]) -> str | list[Any]:
+        if not value:
+            raise ValueError("input must not be empty")
+        return value
+
+    @field_validator("metadata")
+    @classmethod
+    def _metadata_limits(cls, value: dict[str, str] | None) -> dict[str, str] | None:
+        if value is not None and (len(value) > 16 or any(len(k) > 64 or len(v) > 512 for k, v in value.items())):
+            raise ValueError("metadata holds at most 16 pairs, keys up to 64 and values up to 512 characters")
+        return value
+
+    @field_validator("background")
+    @classmethod
+    def _no_background(cls, value: bool) -> bool:
+        if value:
+            raise ValueError("background responses are not supported by this server")
+        return value
+
+    @model_validator(mode="after")
+    def _consistent_tools(self) -> ResponsesRequest:
+        names = [f.name for f in self.function_tools()]
+        names += [f"{ns.name}.{f.name}" for ns in self.namespace_tools() for f in ns.functions]
+        duplicates = {n for n in names if names.count(n) > 1}
+        if duplicates:
+            raise ValueError(f"duplicate function tool names: {sorted(duplicates)}")
+        if isinstance(self.tool_choice, NamedFunctionChoice) and self.tool_choice.name not in names:
+            raise ValueError(f"tool_choice names function '{self.tool_choice.name}', which is not in tools")
+        return self
+
+    # -- views used by rendering --
+
+    def input_items(self) -> list[MessageItem | FunctionCallItem | FunctionCallOutputItem | ReasoningItem]:
+        if isinstance(self.input, str):
+            return [MessageItem(role="user", content=self.input)]
+        return list(self.input)
+
+    def function_tools(self) -> list[FunctionTool]:
+        return [t for t in self.tools if isinstance(t, FunctionTool)]
+
+    def namespace_tools(self) -> list[NamespaceTool]:
+        return [t for t in self.tools if isinstance(t, NamespaceTool)]
+
+    def offers_tools(self) -> bool:
+        return self.tool_choice != "none" and bool(self.function_tools() or any(n.functions for n in self.namespace_tools()))
+
+
+def parse_request(body: bytes) -> ResponsesRequest:
+    """Bytes of the HTTP body -> a validated request, or an `APIError` (400)."""
+    try:
+        data = json.loads(body)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise APIError(
+            f"We could not parse the JSON body of your request: {exc}. "
+            "The body must be a JSON object with 'Content-Type: application/json'.",
+            code="invalid_json",
+        ) from None
+    if not isinstance(data, dict):
+        raise invalid_request("The request body must be a JSON object.", code="invalid_type")
+    try:
+        return ResponsesRequest.model_validate(data)
+    except ValidationError as exc:
+        raise from_validation_error(exc) from None

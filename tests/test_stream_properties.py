@@ -1,0 +1,164 @@
+"""For any completion and any partition of it into token batches, the same items and texts."""
+
+from __future__ import annotations
+
+import json
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from openai_harmony import Message, Role
+
+from deployments.backends.replay import render_completion
+from serve_app.protocol.request import ResponsesRequest
+from serve_app.protocol.sse import encode_events
+from serve_app.protocol.stream import ResponseStream
+from serve_app.protocol.tokens import TokenBatch
+from tests.contract import check_stream, parse_sse
+
+REQUEST = ResponsesRequest(model="gpt-oss-replay", input="hi")
+
+# Pieces that stress the byte level: accents, CJK, emoji with skin-tone modifiers and ZWJ
+# sequences, flags, and JSON punctuation.
+PIECES = ["a", "Z", " ", "\n", "é", "ö", "ñ", "日本", "漢字", "👍🏽", "👨‍👩‍👧", "🇫🇷", "😀", "{", "}", '"', "\\", ":", ","]
+texts = st.one_of(
+    st.lists(st.sampled_from(PIECES), min_size=1, max_size=40).map("".join),
+    st.text(st.characters(codec="utf-8", exclude_categories=("Cs", "Cc")), min_size=1, max_size=60),
+)
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | texts,
+    lambda children: st.lists(children, max_size=4) | st.dictionaries(texts, children, max_size=4),
+    max_leaves=12,
+)
+arguments = st.tuples(st.dictionaries(texts, json_values, max_size=5), st.booleans()).map(
+    lambda pair: json.dumps(pair[0], ensure_ascii=pair[1])
+)
+
+
+def _assistant(text: str, channel: str) -> Message:
+    return Message.from_role_and_content(Role.ASSISTANT, text).with_channel(channel)
+
+
+@st.composite
+def completions(draw) -> tuple[list[int], list[tuple[str, str]]]:
+    """A harmony completion and the (item type, text) it must produce."""
+    expected: list[tuple[str, str]] = []
+    messages: list[Message] = []
+    for _ in range(draw(st.integers(0, 2))):
+        text = draw(texts)
+        messages.append(_assistant(text, "analysis"))
+        expected.append(("reasoning", text))
+        if draw(st.booleans()):
+            preamble = draw(texts)
+            messages.append(_assistant(preamble, "commentary"))
+            expected.append(("message", preamble))
+    if draw(st.booleans()):
+        args = draw(arguments)
+        name = draw(st.sampled_from(["get_weather", "lookup-2", "ns.search"]))
+        recipient = name if "." in name else f"functions.{name}"
+        messages.append(_assistant(args, "commentary").with_recipient(recipient).with_content_type("<|constrain|>json"))
+        expected.append(("function_call", args))
+    else:
+        text = draw(texts)
+        messages.append(_assistant(text, "final"))
+        expected.append(("message", text))
+    return render_completion(messages), expected
+
+
+def partition(tokens: list[int], sizes: list[int]) -> list[list[int]]:
+    batches, position = [], 0
+    for size in sizes:
+        if position >= len(tokens):
+            break
+        batches.append(tokens[position : position + size])
+        position += size
+    if position < len(tokens):
+        batches.append(tokens[position:])
+    return batches
+
+
+def run(batches: list[list[int]], finish_reason: str = "stop"):
+    """Drive a ResponseStream and return its events as they come off the wire."""
+    stream = ResponseStream(REQUEST)
+    wire = encode_events(stream.start())
+    for index, batch in enumerate(batches):
+        last = index == len(batches) - 1
+        wire += encode_events(stream.feed(TokenBatch(batch, finish_reason=finish_reason if last else None, num_prompt_tokens=7 if index == 0 else None)))
+    assert stream.finished
+    return parse_sse(wire), stream.response
+
+
+def items_of(response) -> list[tuple[str, str]]:
+    out = []
+    for item in response.output:
+        if item.type == "message":
+            out.append(("message", item.content[0].text))
+        elif item.type == "reasoning":
+            out.append(("reasoning", item.content[0].text))
+        else:
+            out.append(("function_call", item.arguments))
+    return out
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(completions(), st.lists(st.integers(1, 9), max_size=200))
+def test_every_partition_gives_the_same_items(completion, sizes):
+    tokens, expected = completion
+    responses = []
+    for batches in ([tokens], [[t] for t in tokens], partition(tokens, sizes)):
+        events, response = run(batches)
+        terminal = check_stream(events)
+        assert terminal.status == "completed"
+        assert items_of(terminal) == expected
+        assert terminal.usage.output_tokens == len(tokens)
+        responses.append(terminal)
+    reasoning = {r.usage.output_tokens_details.reasoning_tokens for r in responses}
+    assert len(reasoning) == 1
+    # The same function-call names whatever the batching.
+    assert len({tuple(getattr(i, "name", None) for i in r.output) for r in responses}) == 1
+
+
+@settings(max_examples=100, deadline=None)
+@given(completions(), st.lists(st.integers(1, 6), max_size=100), st.data())
+def test_truncation_is_a_prefix_and_incomplete(completion, sizes, data):
+    tokens, expected = completion
+    cut = data.draw(st.integers(1, len(tokens)))
+    events, response = run(partition(tokens[:cut], sizes), finish_reason="length")
+    terminal = check_stream(events)
+    assert terminal.status == "incomplete"
+    assert terminal.incomplete_details.reason == "max_output_tokens"
+    got = items_of(terminal)
+    assert len(got) <= len(expected)
+    for (kind, text), (expected_kind, expected_text) in zip(got, expected):
+        assert kind == expected_kind and expected_text.startswith(text)
+    assert all(item.status in ("completed", "incomplete") for item in terminal.output)
+
+
+def test_tool_call_namespace_and_name():
+    tokens = render_completion(
+        [_assistant("{}", "commentary").with_recipient("crm.lookup").with_content_type("<|constrain|>json")]
+    )
+    _, response = run([tokens])
+    (call,) = response.output
+    assert (call.name, call.namespace, call.arguments) == ("lookup", "crm", "{}")
+    assert call.call_id.startswith("call_") and call.id.startswith("fc_")
+
+
+def test_engine_failure_closes_open_item_then_fails():
+    tokens = render_completion([_assistant("partial answer", "final")])
+    stream = ResponseStream(REQUEST)
+    events = stream.start() + stream.feed(TokenBatch(tokens[:4]))  # header + "partial"
+    events += stream.fail("engine died")
+    terminal = check_stream(events)
+    assert terminal.status == "failed" and terminal.error.code == "server_error"
+    assert terminal.output[0].status == "incomplete"
+
+
+def test_unparseable_completion_fails_cleanly():
+    complete = render_completion([_assistant("first", "final")])[:-1] + render_completion([_assistant("x", "final")])[-1:]
+    complete[-1] = 200007  # <|end|>: a message ends and another must start
+    stream = ResponseStream(REQUEST)
+    # Text where harmony expects <|start|> is not valid harmony.
+    events = stream.start() + stream.feed(TokenBatch(complete + [1000, 1000], finish_reason="stop"))
+    terminal = check_stream(events)
+    assert terminal.status == "failed" and "could not be parsed" in terminal.error.message
+    assert [(item.status, item.content[0].text) for item in terminal.output] == [("completed", "first")]
