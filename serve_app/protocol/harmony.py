@@ -12,7 +12,6 @@ Responses API's items:
 from __future__ import annotations
 
 import datetime
-import json
 from dataclasses import dataclass
 from typing import Iterable, Protocol
 
@@ -216,23 +215,36 @@ class HarmonyParser:
         self.reasoning_tokens = 0
 
     def feed(self, token_ids: Iterable[int]) -> None:
-        parser, sink, specials = self._parser, self._sink, self._specials
+        # The hot loop: one harmony call per token and one getter per content token, state
+        # in locals; the deltas of the batch are handed to the item in one piece.
+        parser, sink = self._parser, self._sink
+        process, message, ends = parser.process, self._specials.message, self._specials.ends
+        in_content, in_reasoning = self._in_content, self._in_reasoning
+        deltas: list[str] = []
         for token in token_ids:
-            parser.process(token)
-            if self._in_content:
-                if token in specials.ends:
-                    self._in_content = self._in_reasoning = False
+            process(token)
+            if in_content:
+                if token in ends:
+                    if deltas:
+                        sink.add_text("".join(deltas))
+                        deltas.clear()
+                    in_content = in_reasoning = False
                     sink.close_item()
                     continue
-                if self._in_reasoning:
+                if in_reasoning:
                     self.reasoning_tokens += 1
                 delta = parser.last_content_delta
                 if delta:
-                    sink.add_text(delta)
-            elif token == specials.message:
-                self._open_item()
+                    deltas.append(delta)
+            elif token == message:
+                in_reasoning = self._open_item()
+                in_content = True
+        self._in_content, self._in_reasoning = in_content, in_reasoning
+        if deltas:
+            sink.add_text("".join(deltas))
 
-    def _open_item(self) -> None:
+    def _open_item(self) -> bool:
+        """Open the item the just-completed header announces; True if it is reasoning."""
         parser = self._parser
         recipient = parser.current_recipient
         channel = parser.current_channel
@@ -240,10 +252,10 @@ class HarmonyParser:
             self._sink.open_function_call(*_split_recipient(recipient))
         elif channel == "analysis":
             self._sink.open_reasoning()
-            self._in_reasoning = True
+            return True
         else:
             self._sink.open_message("commentary" if channel == "commentary" else "final_answer")
-        self._in_content = True
+        return False
 
     def end(self) -> None:
         """The engine stopped: let harmony flush what it buffered for the open message."""
@@ -251,12 +263,3 @@ class HarmonyParser:
             self._parser.process_eos()
             if delta := self._parser.last_content_delta:
                 self._sink.add_text(delta)
-
-
-def parse_arguments_ok(arguments: str) -> bool:
-    """Whether a function call's arguments are JSON (informational; never blocks output)."""
-    try:
-        json.loads(arguments)
-    except ValueError:
-        return False
-    return True

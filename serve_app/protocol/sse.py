@@ -8,8 +8,9 @@ from openai.types.responses import ResponseStreamEvent
 
 
 def encode_event(event: ResponseStreamEvent) -> bytes:
-    """`event: <type>\\ndata: <json>\\n\\n`; fields the machine never set are left out."""
-    data = event.__pydantic_serializer__.to_json(event, exclude_unset=True)
+    """`event: <type>\\ndata: <json>\\n\\n`, every field of the SDK model included (as the
+    OpenAI API does, optional fields are sent as null)."""
+    data = event.__pydantic_serializer__.to_json(event)
     return b"event: " + event.type.encode() + b"\ndata: " + data + b"\n\n"
 
 

@@ -59,11 +59,23 @@ logger = logging.getLogger(__name__)
 ItemKind = Literal["reasoning", "message", "function_call"]
 _ID_PREFIX: dict[ItemKind, str] = {"reasoning": "rs", "message": "msg", "function_call": "fc"}
 
-# The pydantic-core validators of the hot-path events: about twice as fast as the
-# constructors of `openai`'s models, and still a fully validated SDK object.
-_TEXT_DELTA = ResponseTextDeltaEvent.__pydantic_validator__.validate_python
-_REASONING_DELTA = ResponseReasoningTextDeltaEvent.__pydantic_validator__.validate_python
-_ARGUMENTS_DELTA = ResponseFunctionCallArgumentsDeltaEvent.__pydantic_validator__.validate_python
+# Delta events are the hot path (one per item per batch). The pydantic-core validator of
+# the SDK model, fed a dict, is about twice as fast as the model's constructor and still
+# gives a fully validated SDK object.
+_DELTA_EVENT: dict[ItemKind, tuple[Callable[[dict], ResponseStreamEvent], dict[str, Any]]] = {
+    "message": (
+        ResponseTextDeltaEvent.__pydantic_validator__.validate_python,
+        {"type": "response.output_text.delta", "content_index": 0, "logprobs": []},
+    ),
+    "reasoning": (
+        ResponseReasoningTextDeltaEvent.__pydantic_validator__.validate_python,
+        {"type": "response.reasoning_text.delta", "content_index": 0},
+    ),
+    "function_call": (
+        ResponseFunctionCallArgumentsDeltaEvent.__pydantic_validator__.validate_python,
+        {"type": "response.function_call_arguments.delta"},
+    ),
+}
 
 
 _SDK_TOOL = TypeAdapter(Tool)
@@ -292,18 +304,8 @@ class ResponseStream:
             return
         delta = "".join(item.parts[-item.pending :]) if item.pending > 1 else item.parts[-1]
         item.pending = 0
-        fields = {
-            "delta": delta,
-            "item_id": item.id,
-            "output_index": item.output_index,
-            "sequence_number": self._sequence_number,
-        }
-        if item.kind == "message":
-            event = _TEXT_DELTA({"type": "response.output_text.delta", "content_index": 0, "logprobs": [], **fields})
-        elif item.kind == "reasoning":
-            event = _REASONING_DELTA({"type": "response.reasoning_text.delta", "content_index": 0, **fields})
-        else:
-            event = _ARGUMENTS_DELTA({"type": "response.function_call_arguments.delta", **fields})
+        validate, template = _DELTA_EVENT[item.kind]
+        event = validate({**template, "delta": delta, "item_id": item.id, "output_index": item.output_index, "sequence_number": self._sequence_number})
         self._sequence_number += 1
         self._events.append(event)
 
