@@ -18,7 +18,7 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 serve: $(STAMP)
-	$(PY) -m deployments.local
+	$(VENV)/bin/serve run serve_app/configs/demo.yaml
 
 test: $(STAMP)
 	$(PY) -m pytest -q

@@ -18,7 +18,7 @@ import time
 
 from openai_harmony import Message, Role, StreamableParser
 
-from deployments.backends.replay import render_completion
+from serve_app.protocol.harmony import render_completion
 from serve_app.protocol.request import ResponsesRequest
 from serve_app.protocol.sse import encode_events
 from serve_app.protocol.stream import ResponseStream

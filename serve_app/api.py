@@ -17,11 +17,12 @@ from typing import AsyncIterator, Protocol, Sequence
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from openai.types import Model
+from openai_harmony import Message, Role
 from openai.types.responses import ResponseStreamEvent
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from .protocol.errors import APIError, invalid_request, model_not_found, server_error
-from .protocol.harmony import HistoryItem, render_prompt, stop_token_ids
+from .protocol.harmony import HistoryItem, render_completion, render_prompt, stop_token_ids
 from .protocol.request import ResponsesRequest, parse_request
 from .protocol.sse import encode_events
 from .protocol.stream import ResponseStream, new_id
@@ -45,10 +46,6 @@ class ServedModel:
     owned_by: str = "responses-serve"
 
 
-class EngineFailure(Exception):
-    """The token source broke before the response finished."""
-
-
 async def _run(stream: ResponseStream, source: TokenSource, generation: GenerationRequest) -> AsyncIterator[list[ResponseStreamEvent]]:
     """Events of one response, a list per token batch. Ends with exactly one terminal event."""
     yield stream.start()
@@ -56,14 +53,16 @@ async def _run(stream: ResponseStream, source: TokenSource, generation: Generati
         # aclosing: a client that goes away closes this generator, which must close (and so
         # abort) the engine stream at once rather than whenever the GC gets to it.
         async with contextlib.aclosing(source.generate(generation)) as batches:
+            # Read the source to its end even after the last batch, so a finished engine
+            # call ends normally instead of being cancelled.
             async for batch in batches:
-                events = stream.feed(batch)
-                if events:
-                    yield events
                 if stream.finished:
-                    return
-        # The source ended without a finish reason: treat it as a normal stop.
-        yield stream.feed(TokenBatch([], finish_reason="stop"))
+                    logger.warning("response %s: engine sent tokens after its last batch", stream.response.id)
+                    continue
+                if events := stream.feed(batch):
+                    yield events
+        if not stream.finished:  # the source ended without a finish reason: a normal stop
+            yield stream.feed(TokenBatch([], finish_reason="stop"))
     except Exception as exc:  # engine died or raised: the client still gets a proper ending
         logger.exception("response %s: engine stream failed", stream.response.id)
         yield stream.fail(f"The engine failed while generating this response: {type(exc).__name__}: {exc}")
@@ -76,6 +75,7 @@ def create_app(
     api_key: str | None = None,
     max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
 ) -> FastAPI:
+    _warm_up()
     served = {model.name: model for model in models}
     store = store if store is not None else InMemoryStore()
     app = FastAPI(title="responses-serve", docs_url=None, redoc_url=None)
@@ -161,6 +161,21 @@ def create_app(
         return Response(response.model_dump_json(exclude_unset=True), media_type="application/json")
 
     return app
+
+
+def _warm_up() -> None:
+    """Build the lazy pydantic schemas and the harmony encoding now, not on the first request."""
+    request = ResponsesRequest(model="warm-up", input="warm up")
+    render_prompt(request, request.input_items())
+    completion = render_completion(
+        [
+            Message.from_role_and_content(Role.ASSISTANT, "thinking").with_channel("analysis"),
+            Message.from_role_and_content(Role.ASSISTANT, "{}").with_channel("commentary").with_recipient("functions.f"),
+            Message.from_role_and_content(Role.ASSISTANT, "answer").with_channel("final"),
+        ]
+    )
+    stream = ResponseStream(request)
+    encode_events(stream.start() + stream.feed(TokenBatch(completion, finish_reason="stop")))
 
 
 async def _sse(events: AsyncIterator[list[ResponseStreamEvent]], stream: ResponseStream, finished) -> AsyncIterator[bytes]:

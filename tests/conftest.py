@@ -55,3 +55,59 @@ def inprocess_url(replay_backend) -> Iterator[str]:
     app = create_app([ServedModel("gpt-oss-replay", replay_backend)], max_request_bytes=1024 * 1024)
     with uvicorn_server(app) as url:
         yield url
+
+
+E2E_APP = "responses"
+SLOW_STEP_MS = 20
+E2E_ARGS = {
+    "models": [
+        {"name": "gpt-oss-replay", "engine": {"num_replicas": 1, "ray_actor_options": {"num_cpus": 0}}},
+        {
+            "name": "gpt-oss-replay-slow",
+            "backend": {"type": "replay", "step_delay_ms": SLOW_STEP_MS},
+            "coalesce": {"enabled": True, "window_ms": 50},
+            "engine": {"num_replicas": 1, "ray_actor_options": {"num_cpus": 0}},
+        },
+        {
+            "name": "gpt-oss-replay-slow-raw",
+            "backend": {"type": "replay", "step_delay_ms": SLOW_STEP_MS},
+            "coalesce": {"enabled": False},
+            "engine": {"num_replicas": 1, "ray_actor_options": {"num_cpus": 0}},
+        },
+        {
+            "name": "gpt-oss-replay-kill",
+            "backend": {"type": "replay", "step_delay_ms": 50},
+            "engine": {"num_replicas": 1, "ray_actor_options": {"num_cpus": 0}, "health_check_period_s": 1},
+        },
+    ],
+    "ingress": {"num_replicas": 1, "max_ongoing_requests": 1024, "ray_actor_options": {"num_cpus": 0}},
+}
+
+
+@pytest.fixture(scope="session")
+def serve_url(tmp_path_factory) -> Iterator[str]:
+    """One real local Ray cluster + Serve app (with its HTTP proxy) for the whole session."""
+    import ray
+    from ray import serve
+
+    from serve_app.app import build_app
+
+    temp_dir = tmp_path_factory.mktemp("ray")
+    ray.init(num_cpus=2, include_dashboard=False, _temp_dir=str(temp_dir), log_to_driver=False)
+    port = free_port()
+    serve.start(http_options={"host": "127.0.0.1", "port": port})
+    serve.run(build_app(E2E_ARGS), name=E2E_APP, route_prefix="/")
+    try:
+        yield f"http://127.0.0.1:{port}/v1"
+    finally:
+        serve.shutdown()
+        ray.shutdown()
+
+
+def engine_stats(model: str) -> dict:
+    from ray import serve
+
+    from serve_app.config import ModelConfig
+
+    handle = serve.get_deployment_handle(ModelConfig(name=model).deployment_name, app_name=E2E_APP)
+    return handle.stats.remote().result(timeout_s=30)

@@ -8,7 +8,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from openai_harmony import Message, Role
 
-from deployments.backends.replay import render_completion
+from serve_app.protocol.harmony import render_completion
 from serve_app.protocol.request import ResponsesRequest
 from serve_app.protocol.sse import encode_events
 from serve_app.protocol.stream import ResponseStream

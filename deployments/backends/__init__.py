@@ -28,3 +28,19 @@ class Backend(Protocol):
     async def check_health(self) -> None:
         """Raise if the backend cannot serve any more."""
         ...
+
+
+def make_backend(config) -> Backend:
+    """The backend a model's `backend:` config asks for (imported lazily: vLLM is heavy)."""
+    if config.type == "replay":
+        from .replay import ReplayBackend, ReplayConfig
+
+        return ReplayBackend(
+            ReplayConfig(
+                min_step_tokens=config.min_step_tokens,
+                max_step_tokens=config.max_step_tokens,
+                step_delay_s=config.step_delay_ms / 1000,
+                seed=config.seed,
+            )
+        )
+    raise ValueError(f"unknown backend type {config.type!r}")

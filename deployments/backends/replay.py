@@ -21,7 +21,7 @@ from typing import AsyncIterator
 
 from openai_harmony import Message, Role
 
-from serve_app.protocol.harmony import FUNCTIONS_NAMESPACE
+from serve_app.protocol.harmony import FUNCTIONS_NAMESPACE, render_completion
 from serve_app.protocol.tokens import GenerationRequest, TokenBatch
 from serve_app.vocab import harmony_encoding
 
@@ -52,19 +52,6 @@ def _offered_functions(developer_texts: list[str]) -> set[str]:
             for name in _FUNCTION.findall(body):
                 names.add(name if namespace == FUNCTIONS_NAMESPACE else f"{namespace}.{name}")
     return names
-
-
-def render_completion(messages: list[Message]) -> list[int]:
-    """Render assistant messages as the model would sample them after `<|start|>assistant`."""
-    encoding = harmony_encoding()
-    tokens: list[int] = []
-    for message in messages:
-        tokens += encoding.render(message)
-    # The prompt already ends with `<|start|>assistant`.
-    tokens = tokens[2:]
-    if messages[-1].channel == "final":
-        (tokens[-1],) = encoding.encode("<|return|>", allowed_special="all")
-    return tokens
 
 
 def _assistant(text: str, channel: str) -> Message:

@@ -150,6 +150,20 @@ def render_prompt(
         raise invalid_request(f"The request cannot be rendered for this model: {exc}") from None
 
 
+def render_completion(messages: list[Message]) -> list[int]:
+    """Assistant messages as the model samples them after the prompt's `<|start|>assistant`
+    (the replay backend's script; warm-up and tests)."""
+    encoding = harmony_encoding()
+    tokens: list[int] = []
+    for message in messages:
+        tokens += encoding.render(message)
+    # The prompt already ends with `<|start|>assistant`.
+    tokens = tokens[2:]
+    if messages[-1].channel == "final":
+        (tokens[-1],) = encoding.encode("<|return|>", allowed_special="all")
+    return tokens
+
+
 def stop_token_ids() -> list[int]:
     """Harmony's assistant-action stop tokens: `<|return|>` and `<|call|>`."""
     return harmony_encoding().stop_tokens_for_assistant_actions()

@@ -54,7 +54,7 @@ from .harmony import HarmonyParser
 from .request import ResponsesRequest
 from .tokens import TokenBatch
 
-logger = logging.getLogger(__name__)
+logger = logging.getLogger("responses_serve.stream")
 
 ItemKind = Literal["reasoning", "message", "function_call"]
 _ID_PREFIX: dict[ItemKind, str] = {"reasoning": "rs", "message": "msg", "function_call": "fc"}

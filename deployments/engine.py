@@ -1,0 +1,120 @@
+"""EngineServer: one backend per replica, streaming `TokenBatch`es to the ingress.
+
+The ingress calls `handle.options(stream=True).generate.remote(request)`; every object this
+generator yields is one Ray object (~0.5 ms of CPU here), so deltas are coalesced: the first
+batch goes out at once, later ones are merged for a short window or up to a token count.
+When the caller goes away, Serve cancels this generator; the `CancelledError` aborts the
+backend request so no engine work outlives its client.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from typing import AsyncIterator
+
+import ray
+from ray.serve.metrics import Counter
+
+from deployments.backends import make_backend
+from serve_app.config import CoalesceConfig, ModelConfig
+from serve_app.protocol.tokens import GenerationRequest, TokenBatch
+
+logger = logging.getLogger("ray.serve")
+
+
+async def coalesce(batches: AsyncIterator[TokenBatch], window_s: float, max_tokens: int) -> AsyncIterator[TokenBatch]:
+    """Merge a stream of batches: the first at once, then one per window (or `max_tokens`).
+
+    The final batch (with `finish_reason`) is never held back.
+    """
+    iterator = aiter(batches)
+    first = await anext(iterator, None)
+    if first is None:
+        return
+    yield first
+    if first.finish_reason is not None:
+        return
+    loop = asyncio.get_running_loop()
+    pending: TokenBatch | None = None
+    deadline = 0.0
+    next_batch: asyncio.Future | None = None
+    try:
+        while True:
+            if next_batch is None:
+                next_batch = asyncio.ensure_future(anext(iterator))
+            timeout = None if pending is None else max(0.0, deadline - loop.time())
+            done, _ = await asyncio.wait({next_batch}, timeout=timeout)
+            if not done:  # the window is over: send what we have, keep waiting for the engine
+                yield pending
+                pending = None
+                continue
+            finished, next_batch = next_batch, None
+            try:
+                batch = finished.result()
+            except StopAsyncIteration:
+                break
+            if pending is None:
+                pending, deadline = batch, loop.time() + window_s
+            else:
+                pending.merge(batch)
+            if pending.finish_reason is not None or len(pending.token_ids) >= max_tokens:
+                yield pending
+                pending = None
+                if batch.finish_reason is not None:
+                    return
+        if pending is not None:
+            yield pending
+    finally:
+        if next_batch is not None and not next_batch.done():
+            next_batch.cancel()
+            with contextlib.suppress(asyncio.CancelledError, StopAsyncIteration):
+                await next_batch
+
+
+class EngineServer:
+    """Ray Serve deployment class (options come from `ModelConfig.engine`)."""
+
+    def __init__(self, model_config: dict) -> None:
+        self.config = ModelConfig.model_validate(model_config)
+        self.backend = make_backend(self.config.backend)
+        self.coalescing: CoalesceConfig = self.config.coalesce
+        # Plain counters for tests and benchmarks; Ray metrics for dashboards.
+        self.counts = {"requests": 0, "aborted": 0, "engine_batches": 0, "ray_objects": 0, "tokens": 0}
+        # Serve tags these with the deployment (one per model) and replica.
+        self._metric_tokens = Counter("responses_serve_engine_tokens", "completion tokens streamed")
+        self._metric_objects = Counter("responses_serve_engine_objects", "TokenBatch objects yielded to Ray")
+        logger.info("EngineServer for %s started with %s backend", self.config.name, self.config.backend.type)
+
+    async def generate(self, request: GenerationRequest) -> AsyncIterator[TokenBatch]:
+        self.counts["requests"] += 1
+        source = self._counted(self.backend.generate(request))
+        if self.coalescing.enabled:
+            source = coalesce(source, self.coalescing.window_ms / 1000, self.coalescing.max_tokens)
+        try:
+            async with contextlib.aclosing(source) as batches:
+                async for batch in batches:
+                    self.counts["ray_objects"] += 1
+                    self.counts["tokens"] += len(batch.token_ids)
+                    self._metric_objects.inc()
+                    self._metric_tokens.inc(len(batch.token_ids))
+                    yield batch
+        except (asyncio.CancelledError, GeneratorExit):
+            self.counts["aborted"] += 1
+            logger.info("request %s cancelled by the caller: aborting", request.request_id)
+            await asyncio.shield(self.backend.abort(request.request_id))
+            raise
+
+    async def _counted(self, batches: AsyncIterator[TokenBatch]) -> AsyncIterator[TokenBatch]:
+        async with contextlib.aclosing(batches):
+            async for batch in batches:
+                self.counts["engine_batches"] += 1
+                yield batch
+
+    async def stats(self) -> dict:
+        """Counters of this replica (tests, benchmarks, debugging)."""
+        return {**self.counts, "running": self.backend.num_running(), "actor_name": ray.get_runtime_context().get_actor_name()}
+
+    async def check_health(self) -> None:
+        await self.backend.check_health()

@@ -1,0 +1,72 @@
+"""ResponsesIngress: the FastAPI app of `serve_app.api`, talking to engines through handles.
+
+Prompt rendering and token parsing happen here, on CPU replicas; engine replicas only
+turn prompt tokens into token batches.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import AsyncIterator
+
+from ray import serve
+from ray.exceptions import ActorDiedError, ActorUnavailableError, RayActorError
+from ray.serve.exceptions import BackPressureError
+from ray.serve.handle import DeploymentHandle
+
+from deployments import use_serve_logging
+from serve_app.api import ServedModel, create_app
+from serve_app.config import AppConfig
+from serve_app.protocol.tokens import GenerationRequest, TokenBatch
+from serve_app.store import InMemoryStore
+
+logger = logging.getLogger("ray.serve")
+
+# Failures that mean "this replica is gone", worth one retry elsewhere if nothing was sent yet.
+_REPLICA_GONE = (ActorDiedError, ActorUnavailableError, RayActorError, BackPressureError)
+
+
+class HandleTokenSource:
+    """`TokenSource` over an `EngineServer` deployment handle (Ray object streaming)."""
+
+    def __init__(self, handle: DeploymentHandle) -> None:
+        self._handle = handle.options(stream=True)
+
+    async def generate(self, request: GenerationRequest) -> AsyncIterator[TokenBatch]:
+        for attempt in (1, 2):
+            response = self._handle.generate.remote(request)
+            received = False
+            try:
+                async for batch in response:
+                    received = True
+                    yield batch
+                return
+            except _REPLICA_GONE as exc:
+                if received or attempt == 2:
+                    raise
+                logger.warning("request %s: engine replica unavailable before the first token (%s); retrying once", request.request_id, exc)
+            finally:
+                # A client that went away (or an error) must stop the engine's generator too.
+                response.cancel()
+
+
+@serve.ingress()
+class ResponsesIngress:
+    """Ray Serve deployment class; the app is built on the replica from the typed config."""
+
+    def __init__(self, app_config: dict, engines: dict[str, DeploymentHandle]) -> None:
+        use_serve_logging()
+        self.config = AppConfig.model_validate(app_config)
+        self.engines = engines
+
+    def __serve_build_asgi_app__(self):
+        models = [
+            ServedModel(model.name, HandleTokenSource(self.engines[model.name]), model.max_model_len)
+            for model in self.config.models
+        ]
+        return create_app(
+            models,
+            store=InMemoryStore(self.config.store_max_entries),
+            api_key=self.config.api_key,
+            max_request_bytes=self.config.max_request_bytes,
+        )
