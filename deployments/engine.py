@@ -30,17 +30,17 @@ async def coalesce(batches: AsyncIterator[TokenBatch], window_s: float, max_toke
     The final batch (with `finish_reason`) is never held back.
     """
     iterator = aiter(batches)
-    first = await anext(iterator, None)
-    if first is None:
-        return
-    yield first
-    if first.finish_reason is not None:
-        return
     loop = asyncio.get_running_loop()
     pending: TokenBatch | None = None
     deadline = 0.0
     next_batch: asyncio.Future | None = None
     try:
+        first = await anext(iterator, None)
+        if first is None:
+            return
+        yield first
+        if first.finish_reason is not None:
+            return
         while True:
             if next_batch is None:
                 next_batch = asyncio.ensure_future(anext(iterator))
@@ -67,10 +67,12 @@ async def coalesce(batches: AsyncIterator[TokenBatch], window_s: float, max_toke
         if pending is not None:
             yield pending
     finally:
+        # We own the source: stop a pending read, then close it (aborting the engine request).
         if next_batch is not None and not next_batch.done():
             next_batch.cancel()
             with contextlib.suppress(asyncio.CancelledError, StopAsyncIteration):
                 await next_batch
+        await iterator.aclose()
 
 
 class EngineServer:

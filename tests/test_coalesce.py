@@ -1,0 +1,79 @@
+"""Engine-side coalescing: fewer, fuller batches; never a token lost, reordered or delayed
+past the end."""
+
+from __future__ import annotations
+
+import asyncio
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from deployments.engine import coalesce
+from serve_app.protocol.tokens import TokenBatch
+
+
+async def _source(sizes: list[int], delays_ms: list[float], finish: str = "stop"):
+    token = 0
+    for index, size in enumerate(sizes):
+        await asyncio.sleep(delays_ms[index % len(delays_ms)] / 1000)
+        last = index == len(sizes) - 1
+        yield TokenBatch(list(range(token, token + size)), finish_reason=finish if last else None, num_prompt_tokens=5 if index == 0 else None, num_draft_tokens=1)
+        token += size
+
+
+async def _collect(iterator) -> list[TokenBatch]:
+    return [batch async for batch in iterator]
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    sizes=st.lists(st.integers(1, 5), min_size=1, max_size=40),
+    delays_ms=st.lists(st.sampled_from([0.0, 0.0, 1.0, 3.0]), min_size=1, max_size=5),
+    window_ms=st.sampled_from([0.0, 2.0, 10.0]),
+    max_tokens=st.integers(1, 30),
+)
+def test_coalescing_keeps_every_token_in_order(sizes, delays_ms, window_ms, max_tokens):
+    out = asyncio.run(_collect(coalesce(_source(sizes, delays_ms), window_ms / 1000, max_tokens)))
+    tokens = [t for batch in out for t in batch.token_ids]
+    assert tokens == list(range(sum(sizes)))
+    assert out[0].token_ids == list(range(sizes[0]))  # the first batch goes out alone, at once
+    assert out[0].num_prompt_tokens == 5
+    assert [b.finish_reason for b in out] == [None] * (len(out) - 1) + ["stop"]
+    assert sum(b.num_draft_tokens for b in out) == len(sizes)
+    assert len(out) <= len(sizes)
+
+
+def test_fast_engine_is_merged_into_few_objects():
+    out = asyncio.run(_collect(coalesce(_source([2] * 100, [0.0]), 0.05, 1000)))
+    assert len(out) <= 3 and sum(len(b.token_ids) for b in out) == 200
+
+
+def test_slow_engine_is_not_held_back():
+    """Steps slower than the window go out one by one, each when its window ends."""
+    out = asyncio.run(_collect(coalesce(_source([1] * 6, [20.0]), 0.002, 1000)))
+    assert len(out) == 6
+
+
+def test_cancelling_the_consumer_closes_the_engine_stream():
+    closed = asyncio.Event()
+
+    async def endless():
+        try:
+            while True:
+                await asyncio.sleep(0.001)
+                yield TokenBatch([1])
+        finally:
+            closed.set()
+
+    async def consume_then_cancel():
+        async def reader():
+            async for _ in coalesce(endless(), 0.005, 1000):
+                pass
+
+        task = asyncio.create_task(reader())
+        await asyncio.sleep(0.05)
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        await asyncio.wait_for(closed.wait(), 1)
+
+    asyncio.run(consume_then_cancel())
