@@ -109,7 +109,7 @@ def _kill_replica(model: str) -> None:
 def test_replica_killed_mid_stream_fails_streams_then_recovers(serve_url):
     model = "gpt-oss-replay-kill"
     started = concurrent.futures.ThreadPoolExecutor(5)
-    first_chunk = [False] * 5
+    mid_stream = [False] * 5  # a delta arrived: the engine is generating for this stream
 
     def open_stream(index: int) -> tuple[list[dict], float]:
         with httpx.Client(timeout=60) as http:
@@ -117,12 +117,13 @@ def test_replica_killed_mid_stream_fails_streams_then_recovers(serve_url):
                 raw = b""
                 for chunk in response.iter_raw():
                     raw += chunk
-                    first_chunk[index] = True
+                    mid_stream[index] = mid_stream[index] or b".delta" in raw
                 return parse_sse(raw), time.monotonic()
 
     futures = [started.submit(open_stream, i) for i in range(5)]
-    assert _wait_until(lambda: all(first_chunk), timeout_s=30)
-    time.sleep(0.3)  # the streams are mid-completion (50 ms per engine step)
+    # Kill only once every stream has tokens: before that, the ingress would rightly retry
+    # the request once on the restarted replica.
+    assert _wait_until(lambda: all(mid_stream), timeout_s=30)
     killed_at = time.monotonic()
     _kill_replica(model)
     for future in futures:
