@@ -6,14 +6,17 @@ from typing import Iterable
 
 from openai.types.responses import ResponseStreamEvent
 
-
-def encode_event(event: ResponseStreamEvent) -> bytes:
-    """`event: <type>\\ndata: <json>\\n\\n`, every field of the SDK model included (as the
-    OpenAI API does, optional fields are sent as null)."""
-    data = event.__pydantic_serializer__.to_json(event)
-    return b"event: " + event.type.encode() + b"\ndata: " + data + b"\n\n"
+_PREFIX: dict[str, bytes] = {}  # event type -> b"event: <type>\ndata: "
 
 
 def encode_events(events: Iterable[ResponseStreamEvent]) -> bytes:
-    """All events of one token batch as one chunk: one write, one Ray hop."""
-    return b"".join(map(encode_event, events))
+    """All events of one token batch as one chunk (one write, one Ray hop), each framed
+    `event: <type>\\ndata: <json>\\n\\n` with every field of the SDK model included (as the
+    OpenAI API does, optional fields are sent as null)."""
+    parts: list[bytes] = []
+    for event in events:
+        prefix = _PREFIX.get(event.type)
+        if prefix is None:
+            prefix = _PREFIX[event.type] = b"event: " + event.type.encode() + b"\ndata: "
+        parts += (prefix, event.__pydantic_serializer__.to_json(event), b"\n\n")
+    return b"".join(parts)

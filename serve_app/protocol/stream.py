@@ -106,7 +106,7 @@ class _OpenItem:
     call_id: str | None = None
     phase: str | None = None
     parts: list[str] = field(default_factory=list)  # every delta, in order
-    pending: int = 0  # how many of `parts` are not yet sent as a delta event
+    unsent: str = ""  # text added since the last delta event
 
 
 class ResponseStream:
@@ -225,7 +225,7 @@ class ResponseStream:
             self.open_message("final_answer")
             item = self._item
         item.parts.append(text)
-        item.pending += 1
+        item.unsent += text
 
     def close_item(self, status: str = "completed") -> None:
         item = self._item
@@ -300,14 +300,13 @@ class ResponseStream:
 
     def _flush_delta(self) -> None:
         item = self._item
-        if item is None or not item.pending:
+        if item is None or not item.unsent:
             return
-        delta = "".join(item.parts[-item.pending :]) if item.pending > 1 else item.parts[-1]
-        item.pending = 0
         validate, template = _DELTA_EVENT[item.kind]
-        event = validate({**template, "delta": delta, "item_id": item.id, "output_index": item.output_index, "sequence_number": self._sequence_number})
+        fields = {"delta": item.unsent, "item_id": item.id, "output_index": item.output_index, "sequence_number": self._sequence_number}
+        self._events.append(validate({**template, **fields}))
         self._sequence_number += 1
-        self._events.append(event)
+        item.unsent = ""
 
     def _drain(self) -> list[ResponseStreamEvent]:
         self._flush_delta()
