@@ -208,7 +208,7 @@ def plot(results: dict[str, dict[int, dict]], stream_counts: list[int], path: Pa
     for axis, title in zip(axes, ("output tokens/s (higher is better)", "time to first event p50, ms")):
         axis.set_title(title)
         axis.set_xticks([x + width * (len(stream_counts) - 1) / 2 for x in range(len(names))])
-        axis.set_xticklabels([k.replace(", ", "\n") for k in names], fontsize=7)
+        axis.set_xticklabels([k.replace(", ", "\n").replace(") serve ", ")\nserve ") for k in names], fontsize=7)
         axis.legend()
     fig.suptitle("bench.stack: replay backend at zero step delay, 2-core machine")
     fig.tight_layout()
