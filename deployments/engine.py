@@ -10,6 +10,7 @@ backend request so no engine work outlives its client.
 from __future__ import annotations
 
 import asyncio
+import os
 import contextlib
 import logging
 from typing import AsyncIterator
@@ -78,15 +79,21 @@ async def coalesce(batches: AsyncIterator[TokenBatch], window_s: float, max_toke
 class EngineServer:
     """Ray Serve deployment class (options come from `ModelConfig.engine`)."""
 
-    def __init__(self, model_config: dict) -> None:
+    async def __init__(self, model_config: dict) -> None:
+        # async: vLLM's AsyncLLM binds to the event loop it is created on, the replica's.
         self.config = ModelConfig.model_validate(model_config)
         self.backend = make_backend(self.config.backend)
         self.coalescing: CoalesceConfig = self.config.coalesce
         # Plain counters for tests and benchmarks; Ray metrics for dashboards.
-        self.counts = {"requests": 0, "aborted": 0, "engine_batches": 0, "ray_objects": 0, "tokens": 0}
+        self.counts = {
+            "requests": 0, "aborted": 0, "engine_batches": 0, "ray_objects": 0, "tokens": 0,
+            "draft_tokens": 0, "accepted_tokens": 0,
+        }  # fmt: skip
         # Serve tags these with the deployment (one per model) and replica.
         self._metric_tokens = Counter("responses_serve_engine_tokens", "completion tokens streamed")
         self._metric_objects = Counter("responses_serve_engine_objects", "TokenBatch objects yielded to Ray")
+        self._metric_drafted = Counter("responses_serve_spec_draft_tokens", "speculative tokens drafted")
+        self._metric_accepted = Counter("responses_serve_spec_accepted_tokens", "speculative tokens accepted")
         logger.info("EngineServer for %s started with %s backend", self.config.name, self.config.backend.type)
 
     async def generate(self, request: GenerationRequest) -> AsyncIterator[TokenBatch]:
@@ -101,6 +108,11 @@ class EngineServer:
                     self.counts["tokens"] += len(batch.token_ids)
                     self._metric_objects.inc()
                     self._metric_tokens.inc(len(batch.token_ids))
+                    if batch.num_draft_tokens:
+                        self.counts["draft_tokens"] += batch.num_draft_tokens
+                        self.counts["accepted_tokens"] += batch.num_accepted_tokens
+                        self._metric_drafted.inc(batch.num_draft_tokens)
+                        self._metric_accepted.inc(batch.num_accepted_tokens)
                     yield batch
         except (asyncio.CancelledError, GeneratorExit):
             self.counts["aborted"] += 1
@@ -116,7 +128,22 @@ class EngineServer:
 
     async def stats(self) -> dict:
         """Counters of this replica (tests, benchmarks, debugging)."""
-        return {**self.counts, "running": self.backend.num_running(), "actor_name": ray.get_runtime_context().get_actor_name()}
+        stats = {
+            **self.counts,
+            "running": self.backend.num_running(),
+            "actor_name": ray.get_runtime_context().get_actor_name(),
+            "pid": os.getpid(),
+        }
+        if hasattr(self.backend, "spec_decode_stats"):  # vLLM: engine-wide drafted/accepted totals
+            stats["spec_decode"] = self.backend.spec_decode_stats()
+            stats["engine_unfinished"] = self.backend.num_unfinished_engine_requests()
+        return stats
 
     async def check_health(self) -> None:
+        """Serve calls this periodically: a dead engine fails it and the replica is replaced."""
         await self.backend.check_health()
+
+    def __del__(self) -> None:
+        shutdown = getattr(self.backend, "shutdown", None)
+        if shutdown is not None:  # stop vLLM's engine-core process with the replica
+            shutdown()

@@ -15,8 +15,9 @@ from ray.serve.exceptions import BackPressureError
 from ray.serve.handle import DeploymentHandle
 
 from deployments import use_serve_logging
-from serve_app.api import ServedModel, create_app
-from serve_app.config import AppConfig
+from serve_app.api import ModelFamily, ServedModel, create_app
+from serve_app.config import AppConfig, ModelConfig
+from serve_app.protocol.harmony import HarmonyModel
 from serve_app.protocol.tokens import GenerationRequest, TokenBatch
 from serve_app.store import InMemoryStore
 
@@ -50,6 +51,17 @@ class HandleTokenSource:
                 response.cancel()
 
 
+def model_family(model: ModelConfig) -> ModelFamily:
+    """Prompt rendering and completion parsing for a configured model (built on the replica)."""
+    if model.family == "harmony":
+        return HarmonyModel()
+    from serve_app.protocol.chat_template import ChatTemplateModel
+    from serve_app.smollm2 import resolve_model_path
+
+    backend = model.backend
+    return ChatTemplateModel(resolve_model_path(backend.tokenizer or backend.model))
+
+
 @serve.ingress()
 class ResponsesIngress:
     """Ray Serve deployment class; the app is built on the replica from the typed config."""
@@ -61,7 +73,7 @@ class ResponsesIngress:
 
     def __serve_build_asgi_app__(self):
         models = [
-            ServedModel(model.name, HandleTokenSource(self.engines[model.name]), model.max_model_len)
+            ServedModel(model.name, HandleTokenSource(self.engines[model.name]), model.max_model_len, model_family(model))
             for model in self.config.models
         ]
         return create_app(

@@ -11,7 +11,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import AsyncIterator, Protocol, Sequence
 
 from fastapi import FastAPI, Request
@@ -22,10 +22,10 @@ from openai.types.responses import ResponseStreamEvent
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from .protocol.errors import APIError, invalid_request, model_not_found, server_error
-from .protocol.harmony import HistoryItem, render_completion, render_prompt, stop_token_ids
+from .protocol.harmony import HarmonyModel, HistoryItem, ItemSink, render_completion, render_prompt
 from .protocol.request import ResponsesRequest, parse_request
 from .protocol.sse import encode_events
-from .protocol.stream import ResponseStream, new_id
+from .protocol.stream import CompletionParser, ResponseStream, new_id
 from .protocol.tokens import GenerationRequest, TokenBatch
 from .store import InMemoryStore
 
@@ -38,11 +38,21 @@ class TokenSource(Protocol):
     def generate(self, request: GenerationRequest) -> AsyncIterator[TokenBatch]: ...
 
 
+class ModelFamily(Protocol):
+    """How a kind of model is prompted and parsed (`HarmonyModel`, `ChatTemplateModel`)."""
+
+    stop_token_ids: list[int]
+
+    def render_prompt(self, request: ResponsesRequest, history: list[HistoryItem]) -> list[int]: ...
+    def parser(self, sink: ItemSink) -> CompletionParser: ...
+
+
 @dataclass(frozen=True, slots=True)
 class ServedModel:
     name: str
     source: TokenSource
     max_model_len: int = 131_072
+    family: ModelFamily = field(default_factory=HarmonyModel)
     owned_by: str = "responses-serve"
 
 
@@ -128,9 +138,9 @@ def create_app(
         if model is None:
             raise model_not_found(request.model)
         history = _history(request, store)
-        prompt = render_prompt(request, history)
-        generation = _generation_request(request, prompt, model.max_model_len)
-        stream = ResponseStream(request, response_id=generation.request_id)
+        prompt = model.family.render_prompt(request, history)
+        generation = _generation_request(request, prompt, model)
+        stream = ResponseStream(request, response_id=generation.request_id, parser_factory=model.family.parser)
         logger.info(
             "response %s: model=%s stream=%s prompt_tokens=%d max_tokens=%d",
             generation.request_id, model.name, request.stream, len(prompt), generation.max_tokens,
@@ -221,7 +231,8 @@ def _history(request: ResponsesRequest, store: InMemoryStore) -> list[HistoryIte
     return stored.conversation + items
 
 
-def _generation_request(request: ResponsesRequest, prompt: list[int], max_model_len: int) -> GenerationRequest:
+def _generation_request(request: ResponsesRequest, prompt: list[int], model: ServedModel) -> GenerationRequest:
+    max_model_len = model.max_model_len
     room = max_model_len - len(prompt)
     if room < 1:
         raise invalid_request(
@@ -234,7 +245,7 @@ def _generation_request(request: ResponsesRequest, prompt: list[int], max_model_
     return GenerationRequest(
         request_id=new_id("resp"),
         prompt_token_ids=prompt,
-        stop_token_ids=stop_token_ids(),
+        stop_token_ids=model.family.stop_token_ids,
         max_tokens=max_tokens,
         temperature=request.temperature,
         top_p=request.top_p,

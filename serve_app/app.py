@@ -13,7 +13,7 @@ from pydantic import ValidationError
 from ray import serve
 from ray.serve import Application
 
-from serve_app.config import AppConfig
+from serve_app.config import AppConfig, ModelConfig, VLLMBackendConfig
 from serve_app.vocab import ENV_VAR
 
 DEFAULT_ARGS: dict[str, Any] = {
@@ -43,6 +43,35 @@ def _with_vocabulary_env(options: dict[str, Any]) -> dict[str, Any]:
     return {**options, "ray_actor_options": actor}
 
 
+def engine_deployment_options(model: ModelConfig) -> dict[str, Any]:
+    """Serve options of a model's EngineServer, with the GPUs its vLLM engine needs.
+
+    One GPU: the replica takes it (`num_gpus: 1`). Several (tensor/pipeline parallel): a
+    placement group with a bundle per GPU worker; the replica sits in bundle 0 and vLLM's
+    Ray executor places its workers into the bundles. GPU requests keep engine replicas off
+    CPU-only nodes (a KubeRay head with `num-gpus: 0`).
+    """
+    options = model.engine.serve_options()
+    backend = model.backend
+    if not isinstance(backend, VLLMBackendConfig) or backend.device != "gpu":
+        return options
+    actor = dict(options.get("ray_actor_options", {}))
+    if backend.world_size == 1:
+        actor.setdefault("num_gpus", 1)
+        if backend.accelerator_type:
+            actor.setdefault("accelerator_type", backend.accelerator_type)
+    else:
+        from deployments.backends.vllm import placement_bundles
+
+        bundles, strategy = placement_bundles(backend, backend.accelerator_type)
+        options["placement_group_bundles"] = bundles
+        options["placement_group_strategy"] = strategy
+        actor["num_cpus"] = bundles[0]["CPU"]  # must fit bundle 0, where the replica runs
+        actor.pop("num_gpus", None)
+    options["ray_actor_options"] = actor
+    return options
+
+
 def build_app(args: dict[str, Any] | None = None) -> Application:
     """One `EngineServer` deployment per model, one `ResponsesIngress` routing by `model`."""
     from deployments.engine import EngineServer
@@ -55,7 +84,7 @@ def build_app(args: dict[str, Any] | None = None) -> Application:
 
     engines = {
         model.name: serve.deployment(EngineServer)
-        .options(name=model.deployment_name, **_with_vocabulary_env(model.engine.serve_options()))
+        .options(name=model.deployment_name, **_with_vocabulary_env(engine_deployment_options(model)))
         .bind(model.model_dump())
         for model in config.models
     }

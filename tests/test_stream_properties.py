@@ -14,6 +14,7 @@ from serve_app.protocol.sse import encode_events
 from serve_app.protocol.stream import ResponseStream
 from serve_app.protocol.tokens import TokenBatch
 from tests.contract import check_stream, parse_sse
+from tests.sdk_scenarios import output_texts
 
 REQUEST = ResponsesRequest(model="gpt-oss-replay", input="hi")
 
@@ -88,15 +89,8 @@ def run(batches: list[list[int]], finish_reason: str = "stop"):
 
 
 def items_of(response) -> list[tuple[str, str]]:
-    out = []
-    for item in response.output:
-        if item.type == "message":
-            out.append(("message", item.content[0].text))
-        elif item.type == "reasoning":
-            out.append(("reasoning", item.content[0].text))
-        else:
-            out.append(("function_call", item.arguments))
-    return out
+    """(item type, text) with a function call's arguments as its text."""
+    return [(kind, text.split(" ", 1)[1] if kind == "function_call" else text) for kind, text in output_texts(response)]
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])

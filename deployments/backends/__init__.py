@@ -43,4 +43,8 @@ def make_backend(config) -> Backend:
                 seed=config.seed,
             )
         )
+    if config.type == "vllm":
+        from .vllm import VLLMBackend
+
+        return VLLMBackend(config)
     raise ValueError(f"unknown backend type {config.type!r}")

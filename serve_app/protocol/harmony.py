@@ -277,3 +277,16 @@ class HarmonyParser:
             self._parser.process_eos()
             if delta := self._parser.last_content_delta:
                 self._sink.add_text(delta)
+
+
+class HarmonyModel:
+    """The gpt-oss family: harmony prompt rendering, stop tokens and the harmony parser."""
+
+    def __init__(self) -> None:
+        self.stop_token_ids = stop_token_ids()
+
+    def render_prompt(self, request: ResponsesRequest, history: list[HistoryItem]) -> list[int]:
+        return render_prompt(request, history)
+
+    def parser(self, sink: ItemSink) -> HarmonyParser:
+        return HarmonyParser(sink)

@@ -17,7 +17,7 @@ import logging
 import time
 import uuid
 from dataclasses import dataclass, field
-from typing import Any, Callable, Literal
+from typing import Any, Callable, Literal, Protocol
 
 from pydantic import TypeAdapter, ValidationError
 
@@ -50,7 +50,7 @@ from openai.types.responses.response_error import ResponseError
 from openai.types.responses.response_reasoning_item import Content as ReasoningContent
 from openai.types.responses.response_usage import InputTokensDetails, OutputTokensDetails, ResponseUsage
 
-from .harmony import HarmonyParser
+from .harmony import HarmonyParser, ItemSink
 from .request import ResponsesRequest
 from .tokens import TokenBatch
 
@@ -92,6 +92,15 @@ def _echo_tools(request: ResponsesRequest) -> list[Tool]:
     return tools
 
 
+class CompletionParser(Protocol):
+    """Turns completion tokens into item operations on the stream (harmony, chat template)."""
+
+    reasoning_tokens: int
+
+    def feed(self, token_ids: list[int]) -> None: ...
+    def end(self) -> None: ...
+
+
 def new_id(prefix: str) -> str:
     return f"{prefix}_{uuid.uuid4().hex}"
 
@@ -119,7 +128,7 @@ class ResponseStream:
         *,
         model: str | None = None,
         response_id: str | None = None,
-        parser_factory: Callable[[ResponseStream], HarmonyParser] = HarmonyParser,
+        parser_factory: Callable[[ResponseStream], CompletionParser] = HarmonyParser,
     ) -> None:
         self._events: list[ResponseStreamEvent] = []
         self._sequence_number = 0

