@@ -144,6 +144,6 @@ class EngineServer:
         await self.backend.check_health()
 
     def __del__(self) -> None:
-        shutdown = getattr(self.backend, "shutdown", None)
+        shutdown = getattr(getattr(self, "backend", None), "shutdown", None)
         if shutdown is not None:  # stop vLLM's engine-core process with the replica
             shutdown()
