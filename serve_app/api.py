@@ -22,10 +22,11 @@ from openai.types.responses import ResponseStreamEvent
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from .protocol.errors import APIError, invalid_request, model_not_found, server_error
-from .protocol.harmony import HarmonyModel, HistoryItem, ItemSink, render_completion, render_prompt
+from .protocol.harmony import HarmonyModel, HistoryItem, render_completion, render_prompt
+from .protocol.items import CompletionParser, ItemSink
 from .protocol.request import ResponsesRequest, parse_request
 from .protocol.sse import encode_events
-from .protocol.stream import CompletionParser, ResponseStream, new_id
+from .protocol.stream import ResponseStream, new_id
 from .protocol.tokens import GenerationRequest, TokenBatch
 from .store import InMemoryStore
 

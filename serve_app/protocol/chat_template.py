@@ -12,7 +12,8 @@ from collections.abc import Mapping
 from typing import Any, Iterable
 
 from .errors import invalid_request
-from .harmony import HistoryItem, ItemSink
+from .harmony import HistoryItem
+from .items import ItemSink
 from .request import FunctionCallItem, FunctionCallOutputItem, MessageItem, ResponsesRequest
 
 _ROLE = {"user": "user", "assistant": "assistant", "system": "system", "developer": "system"}

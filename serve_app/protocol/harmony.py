@@ -12,8 +12,9 @@ Responses API's items:
 from __future__ import annotations
 
 import datetime
+import functools
 from dataclasses import dataclass
-from typing import Iterable, Protocol
+from typing import Iterable
 
 from openai_harmony import (
     Author,
@@ -31,6 +32,7 @@ from openai_harmony import (
 
 from ..vocab import harmony_encoding
 from .errors import invalid_request
+from .items import ItemSink
 from .request import (
     FunctionCallItem,
     FunctionCallOutputItem,
@@ -172,22 +174,13 @@ def stop_token_ids() -> list[int]:
 # --- parsing -------------------------------------------------------------------------------
 
 
-class ItemSink(Protocol):
-    """What a completion parser drives: the `ResponseStream` state machine."""
-
-    def open_reasoning(self) -> None: ...
-    def open_message(self, phase: str) -> None: ...
-    def open_function_call(self, name: str, namespace: str | None) -> None: ...
-    def add_text(self, text: str) -> None: ...
-    def close_item(self) -> None: ...
-
-
 @dataclass(frozen=True, slots=True)
 class _Specials:
     message: int  # <|message|>: the header is complete, content follows
     ends: frozenset[int]  # <|end|>, <|return|>, <|call|>: the message is complete
 
     @classmethod
+    @functools.cache
     def load(cls) -> _Specials:
         encoding = harmony_encoding()
 
@@ -196,9 +189,6 @@ class _Specials:
             return token_id
 
         return cls(token("<|message|>"), frozenset(token(t) for t in ("<|end|>", "<|return|>", "<|call|>")))
-
-
-_specials: _Specials | None = None
 
 
 def _split_recipient(recipient: str) -> tuple[str, str | None]:
@@ -217,10 +207,7 @@ class HarmonyParser:
     """
 
     def __init__(self, sink: ItemSink) -> None:
-        global _specials
-        if _specials is None:
-            _specials = _Specials.load()
-        self._specials = _specials
+        self._specials = _Specials.load()
         self._sink = sink
         # The Rust parser directly: the Python wrapper adds a call per token on the hot path.
         self._parser = StreamableParser(harmony_encoding(), Role.ASSISTANT)._inner

@@ -17,7 +17,7 @@ import logging
 import time
 import uuid
 from dataclasses import dataclass, field
-from typing import Any, Callable, Literal, Protocol
+from typing import Any, Callable, Literal
 
 from pydantic import TypeAdapter, ValidationError
 
@@ -50,7 +50,8 @@ from openai.types.responses.response_error import ResponseError
 from openai.types.responses.response_reasoning_item import Content as ReasoningContent
 from openai.types.responses.response_usage import InputTokensDetails, OutputTokensDetails, ResponseUsage
 
-from .harmony import HarmonyParser, ItemSink
+from .harmony import HarmonyParser
+from .items import CompletionParser
 from .request import ResponsesRequest
 from .tokens import TokenBatch
 
@@ -90,15 +91,6 @@ def _echo_tools(request: ResponsesRequest) -> list[Tool]:
         except ValidationError:
             logger.debug("not echoing tool of type %r", tool.type)
     return tools
-
-
-class CompletionParser(Protocol):
-    """Turns completion tokens into item operations on the stream (harmony, chat template)."""
-
-    reasoning_tokens: int
-
-    def feed(self, token_ids: list[int]) -> None: ...
-    def end(self) -> None: ...
 
 
 def new_id(prefix: str) -> str:

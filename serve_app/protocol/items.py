@@ -1,0 +1,28 @@
+"""The two sides of a completion parser, as protocols.
+
+A parser (harmony, chat template) turns completion tokens into item operations; the
+`ResponseStream` state machine receives them and turns them into events.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+
+class ItemSink(Protocol):
+    """What a completion parser drives: the `ResponseStream` state machine."""
+
+    def open_reasoning(self) -> None: ...
+    def open_message(self, phase: str) -> None: ...
+    def open_function_call(self, name: str, namespace: str | None) -> None: ...
+    def add_text(self, text: str) -> None: ...
+    def close_item(self) -> None: ...
+
+
+class CompletionParser(Protocol):
+    """Turns completion tokens into item operations on an `ItemSink`."""
+
+    reasoning_tokens: int
+
+    def feed(self, token_ids: list[int]) -> None: ...
+    def end(self) -> None: ...
