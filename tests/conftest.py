@@ -8,8 +8,13 @@ from contextlib import contextmanager
 from typing import Iterator
 
 import pytest
+from hypothesis import settings
 
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+# CI replays the same examples every run (a gate must not be a lottery); local runs explore.
+settings.register_profile("ci", derandomize=True)
+if os.environ.get("CI"):
+    settings.load_profile("ci")
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 
 
