@@ -109,10 +109,10 @@ def create_app(
 
     @app.middleware("http")
     async def _auth(request: Request, call_next):
-        if api_key and request.url.path.startswith("/v1/"):
-            if request.headers.get("authorization") != f"Bearer {api_key}":
-                error = APIError("Incorrect API key provided.", status_code=401, code="invalid_api_key")
-                return JSONResponse(error.body(), status_code=401)
+        authorized = request.headers.get("authorization") == f"Bearer {api_key}"
+        if api_key and request.url.path.startswith("/v1/") and not authorized:
+            error = APIError("Incorrect API key provided.", status_code=401, code="invalid_api_key")
+            return JSONResponse(error.body(), status_code=401)
         return await call_next(request)
 
     @app.get("/health")
