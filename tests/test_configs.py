@@ -110,3 +110,18 @@ def test_vllm_config_checks():
         _gpu_model(speculative_config={"method": "eagle3", "num_speculative_tokens": 3})
     with pytest.raises(ValueError, match="max_model_len"):
         ModelConfig.model_validate({"name": "g", "max_model_len": 4096, "backend": {"type": "vllm", "model": "m", "max_model_len": 8192}})
+
+
+def test_serve_build_generates_a_valid_config(tmp_path):
+    """`serve build serve_app.app:app` writes a config Serve accepts, naming our deployments."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    out = tmp_path / "built.yaml"
+    serve = Path(sys.executable).parent / "serve"
+    subprocess.run([str(serve), "build", "serve_app.app:app", "-o", str(out)], check=True, capture_output=True, timeout=120)
+    schema = ServeDeploySchema.model_validate(yaml.safe_load(out.read_text()))
+    (application,) = schema.applications
+    assert application.import_path == "serve_app.app:app"
+    assert {d.name for d in application.deployments} == {"EngineServer-gpt-oss-replay", "ResponsesIngress"}
