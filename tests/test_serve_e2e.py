@@ -50,26 +50,28 @@ def test_client_disconnects_abort_engine_requests(serve_url):
     before = engine_stats(model)
     rng = random.Random(7)
 
-    def cut_stream(index: int) -> int:
+    def cut_stream(index: int) -> bool:
+        """Read a few chunks, then hang up; True if the response had already finished."""
         chunks_to_read = rng.randint(1, 12)
-        with httpx.Client(timeout=30) as http:
-            with http.stream("POST", f"{serve_url}/responses", json={"model": model, "input": f"{index} {LONG_TEXT}", "stream": True}) as response:
-                assert response.status_code == 200
-                read = 0
-                for _ in response.iter_raw():
-                    read += 1
-                    if read >= chunks_to_read:
-                        break  # leaving the block closes the connection mid-stream
-        return read
+        body = {"model": model, "input": f"{index} {LONG_TEXT * 3}", "stream": True}
+        with httpx.Client(timeout=30) as http, http.stream("POST", f"{serve_url}/responses", json=body) as response:
+            assert response.status_code == 200
+            raw = b""
+            for read, chunk in enumerate(response.iter_raw(), start=1):
+                raw += chunk
+                if read >= chunks_to_read:
+                    break  # leaving the block closes the connection mid-stream
+        return b"event: response.completed" in raw
 
     with concurrent.futures.ThreadPoolExecutor(20) as pool:
-        assert all(n >= 1 for n in pool.map(cut_stream, range(20)))
+        finished = sum(pool.map(cut_stream, range(20)))
     assert _wait_until(lambda: engine_stats(model)["running"] == 0, timeout_s=2.0), engine_stats(model)
     after = engine_stats(model)
     reached_engine = after["requests"] - before["requests"]
-    # A client cut right after `response.created` may leave before its engine call starts.
-    assert 10 <= reached_engine <= 20
-    assert after["aborted"] - before["aborted"] == reached_engine  # every one was cut before its end
+    # A client cut right after `response.created` may leave before its engine call starts;
+    # a client starved of CPU may read a whole response in a few chunks.
+    assert 10 <= reached_engine <= 20 and finished <= 2
+    assert after["aborted"] - before["aborted"] == reached_engine - finished  # every cut one aborted
     # The server keeps serving.
     sdk_scenarios.raw_stream(serve_url, {"model": model, "input": "still here"})
 
