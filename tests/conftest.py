@@ -70,7 +70,7 @@ E2E_ARGS = {
         {
             "name": "gpt-oss-replay-slow",
             "backend": {"type": "replay", "step_delay_ms": SLOW_STEP_MS},
-            "coalesce": {"enabled": True, "window_ms": 50},
+            "coalesce": {"enabled": True, "window_ms": 100},
             "engine": {"num_replicas": 1, "ray_actor_options": {"num_cpus": 0}},
         },
         {

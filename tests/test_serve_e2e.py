@@ -90,7 +90,7 @@ def test_coalescing_fewer_objects_same_events(serve_url):
     raw_events, raw_steps, raw_objects = results["gpt-oss-replay-slow-raw"]
     assert steps == raw_steps > 20  # the same scripted engine steps
     assert raw_objects == raw_steps  # off: one Ray object per engine step
-    assert objects < steps / 2  # on: a 50 ms window over 20 ms steps merges them
+    assert objects < steps / 2  # on: a 100 ms window over 20 ms steps merges ~5 (>2 even when slowed)
 
     def shape(events):
         """Event types with runs of deltas collapsed, and the final items without ids."""
