@@ -36,19 +36,22 @@ class HandleTokenSource:
     async def generate(self, request: GenerationRequest) -> AsyncIterator[TokenBatch]:
         for attempt in (1, 2):
             response = self._handle.generate.remote(request)
-            received = False
+            received = ended = False
             try:
                 async for batch in response:
                     received = True
                     yield batch
+                ended = True
                 return
             except _REPLICA_GONE as exc:
                 if received or attempt == 2:
                     raise
                 logger.warning("request %s: engine replica unavailable before the first token (%s); retrying once", request.request_id, exc)
             finally:
-                # A client that went away (or an error) must stop the engine's generator too.
-                response.cancel()
+                # A client that went away (or an error) must stop the engine's generator too;
+                # a stream read to its end needs no cancel (that would be a Ray call per request).
+                if not ended:
+                    response.cancel()
 
 
 def model_family(model: ModelConfig) -> ModelFamily:

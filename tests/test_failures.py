@@ -62,6 +62,7 @@ def test_replica_gone_before_the_first_token_is_retried_once():
     handle = _FakeHandle([0, None])
     assert asyncio.run(_collect(HandleTokenSource(handle), REQUEST)) == [1, 2, 3]
     assert len(handle.calls) == 2
+    assert handle.calls[0].cancelled and not handle.calls[1].cancelled  # a finished stream needs no cancel
 
 
 def test_no_second_retry():
