@@ -108,6 +108,7 @@ class _OpenItem:
     phase: str | None = None
     parts: list[str] = field(default_factory=list)  # every delta, in order
     unsent: str = ""  # text added since the last delta event
+    delta_fields: dict[str, Any] = field(default_factory=dict)  # what every delta event of the item shares
 
 
 class ResponseStream:
@@ -175,16 +176,18 @@ class ResponseStream:
         self._output_tokens += len(batch.token_ids)
         try:
             self._parser.feed(batch.token_ids)
-        except Exception as exc:  # the model wrote something harmony cannot parse
+        except Exception as exc:  # the model wrote something the parser cannot parse
             logger.warning("response %s: unparseable completion: %s", self.response.id, exc)
             return self.fail(f"The model produced output that could not be parsed: {exc}")
-        if batch.finish_reason == "length":
-            self._finish("incomplete")
-        elif batch.finish_reason == "stop":
-            self._parser.end()
-            self._finish("completed")
-        elif batch.finish_reason == "abort":
-            return self.fail("The generation was aborted by the engine.")
+        finish_reason = batch.finish_reason
+        if finish_reason is not None:
+            if finish_reason == "length":
+                self._finish("incomplete")
+            elif finish_reason == "stop":
+                self._parser.end()
+                self._finish("completed")
+            elif finish_reason == "abort":
+                return self.fail("The generation was aborted by the engine.")
         return self._drain()
 
     def fail(self, message: str) -> list[ResponseStreamEvent]:
@@ -272,6 +275,7 @@ class ResponseStream:
         if self._item is not None:  # a new header before the end token: close what is open
             self.close_item("incomplete")
         item = _OpenItem(kind, new_id(_ID_PREFIX[kind]), len(self.response.output), **details)
+        item.delta_fields = {**_DELTA_EVENT[kind][1], "item_id": item.id, "output_index": item.output_index}
         self._item = item
         return item
 
@@ -303,14 +307,14 @@ class ResponseStream:
         item = self._item
         if item is None or not item.unsent:
             return
-        validate, template = _DELTA_EVENT[item.kind]
-        fields = {"delta": item.unsent, "item_id": item.id, "output_index": item.output_index, "sequence_number": self._sequence_number}
-        self._events.append(validate({**template, **fields}))
+        validate = _DELTA_EVENT[item.kind][0]
+        self._events.append(validate({**item.delta_fields, "delta": item.unsent, "sequence_number": self._sequence_number}))
         self._sequence_number += 1
         item.unsent = ""
 
     def _drain(self) -> list[ResponseStreamEvent]:
-        self._flush_delta()
+        if self._item is not None and self._item.unsent:
+            self._flush_delta()
         events, self._events = self._events, []
         return events
 
