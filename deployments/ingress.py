@@ -59,10 +59,17 @@ def model_family(model: ModelConfig) -> ModelFamily:
     if model.family == "harmony":
         return HarmonyModel()
     from serve_app.protocol.chat_template import ChatTemplateModel
-    from serve_app.smollm2 import resolve_model_path
+    from serve_app.smollm2 import load_tokenizer
 
-    backend = model.backend
-    return ChatTemplateModel(resolve_model_path(backend.tokenizer or backend.model))
+    settings = model.chat_template
+    assert settings is not None  # the config fills it in for this family
+    return ChatTemplateModel(
+        load_tokenizer(model.tokenizer),
+        template=settings.template,
+        reasoning_parser=settings.reasoning_parser,
+        tool_parser=settings.tool_parser,
+        template_kwargs=settings.template_kwargs,
+    )
 
 
 @serve.ingress()

@@ -45,7 +45,7 @@ class ModelFamily(Protocol):
     stop_token_ids: list[int]
 
     def render_prompt(self, request: ResponsesRequest, history: list[HistoryItem]) -> list[int]: ...
-    def parser(self, sink: ItemSink) -> CompletionParser: ...
+    def parser(self, sink: ItemSink, prompt: list[int]) -> CompletionParser: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -141,7 +141,7 @@ def create_app(
         history = _history(request, store)
         prompt = model.family.render_prompt(request, history)
         generation = _generation_request(request, prompt, model)
-        stream = ResponseStream(request, response_id=generation.request_id, parser_factory=model.family.parser)
+        stream = ResponseStream(request, response_id=generation.request_id, parser_factory=lambda sink: model.family.parser(sink, prompt))
         logger.info(
             "response %s: model=%s stream=%s prompt_tokens=%d max_tokens=%d",
             generation.request_id, model.name, request.stream, len(prompt), generation.max_tokens,

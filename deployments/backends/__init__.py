@@ -33,15 +33,25 @@ class Backend(Protocol):
 def make_backend(config) -> Backend:
     """The backend a model's `backend:` config asks for (imported lazily: vLLM is heavy)."""
     if config.type == "replay":
-        from .replay import ReplayBackend, ReplayConfig
+        from .replay import ReplayBackend, ReplayConfig, script_completion
 
+        if config.script == "qwen3":
+            from serve_app.config import SMOLLM2
+            from serve_app.smollm2 import load_tokenizer
+
+            from .replay_qwen3 import script_qwen3_completion as script
+
+            load_tokenizer(SMOLLM2)  # now, not on the first request
+        else:
+            script = script_completion
         return ReplayBackend(
             ReplayConfig(
                 min_step_tokens=config.min_step_tokens,
                 max_step_tokens=config.max_step_tokens,
                 step_delay_s=config.step_delay_ms / 1000,
                 seed=config.seed,
-            )
+            ),
+            script,
         )
     if config.type == "vllm":
         from .vllm import VLLMBackend

@@ -1,5 +1,7 @@
 """`gpt-oss-replay`: a scripted gpt-oss that answers with real harmony token ids.
 
+(`replay_qwen3.py` is its chat-template twin; both stream through `ReplayBackend` below.)
+
 It reads the conversation back out of the prompt tokens the ingress rendered (so every
 test through it also checks the rendering), picks a completion by the rules of DESIGN.md,
 and streams it in seeded engine-like steps of a few tokens:
@@ -17,7 +19,7 @@ import json
 import random
 import re
 from dataclasses import dataclass
-from typing import AsyncIterator
+from typing import AsyncIterator, Callable
 
 from openai_harmony import Message, Role
 
@@ -107,8 +109,9 @@ def _is_json_object(text: str) -> bool:
 class ReplayBackend:
     """The engine interface of `deployments.backends.Backend`, with a scripted model."""
 
-    def __init__(self, config: ReplayConfig | None = None) -> None:
+    def __init__(self, config: ReplayConfig | None = None, script: Callable[[list[int]], list[int]] = script_completion) -> None:
         self.config = config or ReplayConfig()
+        self._script = script  # prompt token ids -> completion token ids
         self._running: set[str] = set()
         self._aborted: set[str] = set()
         self.num_steps = 0  # engine steps produced, over all requests (for tests and benchmarks)
@@ -125,7 +128,7 @@ class ReplayBackend:
 
     async def generate(self, request: GenerationRequest) -> AsyncIterator[TokenBatch]:
         config = self.config
-        tokens = script_completion(request.prompt_token_ids)
+        tokens = self._script(request.prompt_token_ids)
         finish_reason = "stop"
         if request.max_tokens is not None and len(tokens) > request.max_tokens:
             tokens, finish_reason = tokens[: request.max_tokens], "length"

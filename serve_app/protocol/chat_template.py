@@ -1,96 +1,191 @@
-"""Models that speak their tokenizer's chat template (SmolLM2, Qwen, Llama ...): minimal path.
+"""Models that speak their tokenizer's chat template (Qwen3, DeepSeek-R1 distills, SmolLM2 ...).
 
-The prompt is rendered by `transformers`' `apply_chat_template` with the model's own
-template; the completion is one `message` item of detokenized text. Reasoning (`<think>`)
-and tool-call parsing for these models are not implemented yet: their tools are not offered
-and function-call history is rejected with a clear 400.
+The prompt is rendered by `transformers`' `apply_chat_template` with the model's own template
+(or one named in the config), in that template's own form: `tools`, prior assistant turns
+with their `reasoning_content` and `tool_calls`, `tool` results, system messages. The
+completion is parsed by `chat_parser` with the tags of the configured parsers:
+
+    reasoning_parser qwen3 | deepseek_r1   <think> ... </think>            -> reasoning item
+    tool_parser      hermes                <tool_call>{json}</tool_call>   -> function_call item
+    anything else                                                         -> message item
+
+The parser names are vLLM's (`--reasoning-parser`, `--tool-call-parser`), so a model is
+configured here as it would be for `vllm serve`.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
-from typing import Any, Iterable
+from pathlib import Path
+from typing import Any
 
+from .chat_parser import ChatCompletionParser, Detokenizer, TaggedTextParser, Tags
 from .errors import invalid_request
 from .harmony import HistoryItem
 from .items import ItemSink
-from .request import FunctionCallItem, FunctionCallOutputItem, MessageItem, ResponsesRequest
+from .request import FunctionCallItem, FunctionCallOutputItem, FunctionTool, MessageItem, ReasoningItem, ResponsesRequest
 
-_ROLE = {"user": "user", "assistant": "assistant", "system": "system", "developer": "system"}
-# A run of tokens that decodes to an unfinished UTF-8 character is held back; a model may
-# also write bytes that never form one, which are released after this many tokens.
-_MAX_HELD_TOKENS = 4
+REASONING_PARSERS: dict[str, tuple[str, str]] = {
+    "qwen3": ("<think>", "</think>"),
+    "deepseek_r1": ("<think>", "</think>"),
+}
+TOOL_PARSERS: dict[str, tuple[str, str]] = {
+    "hermes": ("<tool_call>", "</tool_call>"),
+}
+TEMPLATES_DIR = Path(__file__).parent / "templates"
+
+
+def load_template(template: str) -> str:
+    """A built-in template by name (`qwen3`) or a Jinja file by path."""
+    builtin = TEMPLATES_DIR / f"{template}.jinja"
+    path = builtin if builtin.is_file() else Path(template)
+    if not path.is_file():
+        names = sorted(p.stem for p in TEMPLATES_DIR.glob("*.jinja"))
+        raise ValueError(f"chat template {template!r} is neither a built-in ({', '.join(names)}) nor a file")
+    return path.read_text()
+
+
+def _function_schema(tool: FunctionTool, name: str) -> dict[str, Any]:
+    function: dict[str, Any] = {"name": name, "parameters": tool.parameters or {"type": "object", "properties": {}}}
+    if tool.description:
+        function["description"] = tool.description
+    return {"type": "function", "function": function}
+
+
+def _tools(request: ResponsesRequest) -> list[dict[str, Any]]:
+    """Function tools as chat templates take them; namespace functions are named `NS.NAME`."""
+    tools = [_function_schema(tool, tool.name) for tool in request.function_tools()]
+    for namespace in request.namespace_tools():
+        tools += [_function_schema(tool, f"{namespace.name}.{tool.name}") for tool in namespace.functions]
+    return tools
+
+
+def _qualified(name: str, namespace: str | None) -> str:
+    return f"{namespace}.{name}" if namespace else name
+
+
+def conversation(request: ResponsesRequest, history: list[HistoryItem], *, tool_calls: bool) -> list[dict[str, Any]]:
+    """The request as chat messages: instructions and leading system/developer messages merged
+    into one system message (many templates take only one, first); reasoning attached to the
+    assistant turn it preceded; consecutive calls of one turn in one assistant message."""
+    system = [request.instructions] if request.instructions else []
+    messages: list[dict[str, Any]] = []
+    reasoning: list[str] = []  # reasoning waiting for its assistant turn
+    turn: dict[str, Any] | None = None  # the assistant turn calls are still added to
+    calls: dict[str, str] = {}  # call_id -> qualified name, for tool results
+    for index, item in enumerate(history):
+        if isinstance(item, ReasoningItem):
+            if text := item.text:
+                reasoning.append(text)
+            continue
+        if isinstance(item, (FunctionCallItem, FunctionCallOutputItem)) and not tool_calls:
+            raise invalid_request(
+                f"Model '{request.model}' has no tool-call parser configured, so it cannot take '{item.type}' items.",
+                param=f"input[{index}]",
+            )
+        if isinstance(item, MessageItem) and item.role != "assistant":
+            turn = None
+            if item.role in ("system", "developer") and not messages:
+                system.append(item.text)
+            else:
+                messages.append({"role": "user" if item.role == "user" else "system", "content": item.text})
+        elif isinstance(item, FunctionCallOutputItem):
+            turn = None
+            name = calls.get(item.call_id)
+            if name is None:
+                raise invalid_request(
+                    f"No tool call found for function call output with call_id '{item.call_id}'.",
+                    param=f"input[{index}].call_id",
+                )
+            messages.append({"role": "tool", "tool_call_id": item.call_id, "name": name, "content": item.text})
+        else:  # an assistant message or a function call: one assistant turn until something else comes
+            if turn is None or (isinstance(item, MessageItem) and (turn["content"] or turn.get("tool_calls"))):
+                turn = {"role": "assistant", "content": ""}
+                messages.append(turn)
+            if reasoning:
+                turn["reasoning_content"] = "\n\n".join([turn.get("reasoning_content", ""), *reasoning]).lstrip()
+                reasoning = []
+            if isinstance(item, MessageItem):
+                turn["content"] = item.text
+            else:
+                name = _qualified(item.name, item.namespace)
+                calls[item.call_id] = name
+                try:
+                    arguments: Any = json.loads(item.arguments)
+                except ValueError:
+                    arguments = item.arguments  # templates print a string as it is
+                turn.setdefault("tool_calls", []).append(
+                    {"id": item.call_id, "type": "function", "function": {"name": name, "arguments": arguments}}
+                )
+    if system:
+        messages.insert(0, {"role": "system", "content": "\n\n".join(system)})
+    return messages
 
 
 class ChatTemplateModel:
     """Rendering, stop tokens and completion parser for one chat-template tokenizer."""
 
-    def __init__(self, tokenizer_path: str) -> None:
-        from transformers import AutoTokenizer
-
-        self.tokenizer = AutoTokenizer.from_pretrained(tokenizer_path)
-        if not getattr(self.tokenizer, "chat_template", None):
-            raise ValueError(f"the tokenizer at {tokenizer_path} has no chat template")
-        self.stop_token_ids = [self.tokenizer.eos_token_id] if self.tokenizer.eos_token_id is not None else []
+    def __init__(
+        self,
+        tokenizer: Any,
+        *,
+        template: str | None = None,
+        reasoning_parser: str | None = None,
+        tool_parser: str | None = None,
+        template_kwargs: Mapping[str, Any] | None = None,
+    ) -> None:
+        self.tokenizer = tokenizer
+        self.template = load_template(template) if template else None
+        if not (self.template or getattr(tokenizer, "chat_template", None)):
+            raise ValueError("the tokenizer has no chat template: name one in the model's config")
+        self.template_kwargs = dict(template_kwargs or {})
+        self.tags = Tags(
+            think=REASONING_PARSERS[reasoning_parser] if reasoning_parser else None,
+            tool_call=TOOL_PARSERS[tool_parser] if tool_parser else None,
+        )
+        self.stop_token_ids = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
+        # Special tokens (end of turn ...) are not text, unless a tag is one in this vocabulary.
+        tag_ids = {tokenizer.convert_tokens_to_ids(tag) for tag in self.tags.all()}
+        self._skip_ids = set(tokenizer.all_special_ids) - tag_ids
+        # Tokens whose text holds a "<" (every tag starts with one): batches without any are
+        # decoded in one call. A "<" is one byte, so it always lies within a single token.
+        backend = tokenizer.backend_tokenizer
+        self._tag_start_ids = (
+            frozenset(i for i in range(backend.get_vocab_size(with_added_tokens=True)) if "<" in backend.decode([i], skip_special_tokens=False))
+            if self.tags.all()
+            else frozenset()
+        )
 
     def render_prompt(self, request: ResponsesRequest, history: list[HistoryItem]) -> list[int]:
-        conversation: list[dict[str, str]] = []
-        if request.instructions:
-            conversation.append({"role": "system", "content": request.instructions})
-        for index, item in enumerate(history):
-            if isinstance(item, (FunctionCallItem, FunctionCallOutputItem)):
-                raise invalid_request(
-                    f"Model '{request.model}' has no tool-call parser configured, so it cannot take "
-                    f"'{item.type}' items.",
-                    param=f"input[{index}]",
-                )
-            if isinstance(item, MessageItem):
-                conversation.append({"role": _ROLE[item.role], "content": item.text})
-            # Reasoning items are dropped: this path has no reasoning channel to give them back to.
-        rendered: Any = self.tokenizer.apply_chat_template(conversation, add_generation_prompt=True, tokenize=True)
-        if isinstance(rendered, Mapping):  # transformers 5 returns a BatchEncoding
-            rendered = rendered["input_ids"]
-        return list(rendered)
+        tool_calls = self.tags.tool_call is not None
+        messages = conversation(request, history, tool_calls=tool_calls)
+        # Tools are offered only when calls can be parsed back out of the completion.
+        tools = _tools(request) if tool_calls and request.offers_tools() else None
+        text = self.tokenizer.apply_chat_template(
+            messages,
+            tools=tools,
+            chat_template=self.template,
+            add_generation_prompt=True,
+            tokenize=False,
+            **self.template_kwargs,
+        )
+        # The template wrote any BOS itself.
+        return self.tokenizer.encode(text, add_special_tokens=False)
 
-    def parser(self, sink: ItemSink) -> ChatTextParser:
-        return ChatTextParser(self.tokenizer, sink)
+    def opens_reasoning(self, prompt: list[int]) -> bool:
+        """Whether the prompt ends inside `<think>` (templates that make the model think)."""
+        if self.tags.think is None:
+            return False
+        tail = self.tokenizer.decode(prompt[-16:], skip_special_tokens=False)
+        return tail.rstrip().endswith(self.tags.think[0])
 
+    def parser(self, sink: ItemSink, prompt: list[int]) -> ChatCompletionParser:
+        return self.completion_parser(sink, in_reasoning=self.opens_reasoning(prompt))
 
-class ChatTextParser:
-    """Completion tokens -> one message item, detokenized incrementally.
+    def completion_parser(self, sink: ItemSink, *, in_reasoning: bool = False) -> ChatCompletionParser:
+        return ChatCompletionParser(
+            Detokenizer(self.tokenizer, self._skip_ids, self._tag_start_ids),
+            TaggedTextParser(sink, self.tags, in_reasoning=in_reasoning),
+        )
 
-    Tokens are decoded as they come; a piece that ends in an unfinished UTF-8 character
-    (U+FFFD at its end) waits for the next token, so no character is ever split or
-    replaced, and no text is emitted twice.
-    """
-
-    reasoning_tokens = 0
-
-    def __init__(self, tokenizer: Any, sink: ItemSink) -> None:
-        self._decode = tokenizer.decode
-        self._special = set(tokenizer.all_special_ids)
-        self._sink = sink
-        self._held: list[int] = []
-        self._open = False
-
-    def feed(self, token_ids: Iterable[int]) -> None:
-        pieces: list[str] = []
-        for token in token_ids:
-            if token in self._special:
-                continue  # end-of-turn markers are not text
-            self._held.append(token)
-            text = self._decode(self._held, skip_special_tokens=True, clean_up_tokenization_spaces=False)
-            if text.endswith("\ufffd") and len(self._held) < _MAX_HELD_TOKENS:
-                continue
-            self._held.clear()
-            pieces.append(text)
-        if not self._open:
-            self._sink.open_message("final_answer")
-            self._open = True
-        if pieces:
-            self._sink.add_text("".join(pieces))
-
-    def end(self) -> None:
-        if self._held:  # bytes that never became a character: keep them visible, not lost
-            self._sink.add_text(self._decode(self._held, skip_special_tokens=True, clean_up_tokenization_spaces=False))
-            self._held.clear()

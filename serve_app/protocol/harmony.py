@@ -275,5 +275,5 @@ class HarmonyModel:
     def render_prompt(self, request: ResponsesRequest, history: list[HistoryItem]) -> list[int]:
         return render_prompt(request, history)
 
-    def parser(self, sink: ItemSink) -> HarmonyParser:
-        return HarmonyParser(sink)
+    def parser(self, sink: ItemSink, prompt: list[int]) -> HarmonyParser:
+        return HarmonyParser(sink)  # harmony completions start in a fresh message whatever the prompt

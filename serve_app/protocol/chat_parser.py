@@ -1,0 +1,332 @@
+"""Completion parsing for chat-template models: tokens -> text -> reasoning, message and
+function-call items.
+
+Two small steps, both pure:
+- `Detokenizer`: `tokenizers`' own `DecodeStream`, one token at a time. It holds a token
+  back while its bytes do not yet form a whole UTF-8 character, so no character is split,
+  replaced or emitted twice.
+- `TaggedTextParser`: text pieces -> `ItemSink` operations. It finds `<think>…</think>` and
+  `<tool_call>{json}</tool_call>` however the text is cut, holding back only a suffix that
+  could still become a tag; the moment it cannot, the suffix is released as text.
+
+Rules (the same whatever the token and batch boundaries):
+- The output starts inside reasoning when the prompt ends with an opened `<think>` (templates
+  that think by default); otherwise a `<think>` before any other output opens reasoning.
+  `</think>` ends it; so does a `<tool_call>` (a model may call a tool from its thoughts).
+- A `<tool_call>` body is held until its `</tool_call>` (or the end of the output) and becomes a
+  `function_call` item only if it is a JSON object with a string `name` and an object
+  `arguments` (a JSON string holding one is accepted too). Otherwise the whole block, tags
+  included, is text of the item it interrupted: malformed calls are never lost and a call is
+  never half-emitted. `NS.NAME` is function NAME of namespace NS.
+- Whitespace at the start and end of each item (the template's formatting around tags) is
+  dropped; whitespace inside an item is kept, released once more text follows it.
+
+vLLM's streaming parsers (`ReasoningParserManager`, `ToolParserManager`) are not used on this
+path: `deepseek_r1` needs `<think>` to be a single vocabulary token (it refuses other
+tokenizers), and `hermes` re-parses the whole text on every delta, drops text after the first
+`<tool_call>`, and drops calls whose JSON it cannot read. Their tags and rules are the ones
+mirrored here, and tests check this parser against their non-streaming extraction.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any, Iterable, Literal
+
+from .items import ItemSink
+
+State = Literal["content", "reasoning", "tool_call"]
+
+
+@dataclass(frozen=True)
+class Tags:
+    """The tags of a model's reasoning and tool-call parsers (None: that parser is off)."""
+
+    think: tuple[str, str] | None = None
+    tool_call: tuple[str, str] | None = None
+
+    def __post_init__(self) -> None:
+        for tag in self.all():
+            # The hold-back rule below relies on it: a tag can only start at a "<".
+            if not tag.startswith("<") or "<" in tag[1:]:
+                raise ValueError(f"tag {tag!r} must start with '<' and hold no other '<'")
+
+    def all(self) -> list[str]:
+        return [tag for pair in (self.think, self.tool_call) if pair for tag in pair]
+
+
+class TaggedTextParser:
+    """Decoded completion text -> reasoning, message and function-call item operations."""
+
+    def __init__(self, sink: ItemSink, tags: Tags, *, in_reasoning: bool = False) -> None:
+        self._sink = sink
+        self._tags = tags
+        self.state: State = "reasoning" if in_reasoning and tags.think else "content"
+        self._pending = ""  # undecided text: a possible tag prefix, or a tool-call body
+        self._scanned = 0  # how much of a pending tool-call body is known to hold no end tag
+        self._open: Literal["reasoning", "message"] | None = None
+        self._held_space = ""  # whitespace at the end of the open item, released if text follows
+        self._at_start = not in_reasoning  # nothing output yet: a `<think>` may open reasoning
+        self._call_from: State = "content"
+        self.may_reason = self._may_reason()
+
+    # -- text in ---------------------------------------------------------------------------
+
+    def _may_reason(self) -> bool:
+        """Whether text fed from now on may still be reasoning (kept in `may_reason`, updated
+        wherever the state or `_at_start` changes: the hot path reads it per batch)."""
+        if not self._tags.think:
+            return False
+        state = self.state if self.state != "tool_call" else self._call_from  # a malformed call returns there
+        return state == "reasoning" or self._at_start
+
+    @property
+    def undecided(self) -> bool:
+        """Whether text is held back (a possible tag, or a tool-call body)."""
+        return bool(self._pending) or self.state == "tool_call"
+
+    def feed(self, text: str) -> None:
+        if not self._pending and self.state != "tool_call" and "<" not in text:
+            self.add_text(text)  # the common case: no tag can start or end here
+            return
+        text = self._pending + text
+        self._pending = ""
+        while text:
+            if self.state == "tool_call":
+                text = self._scan_call(text)
+                continue
+            if "<" not in text:  # the common case: no tag can start here
+                self.add_text(text)
+                return
+            tag, at = self._first_tag(text)
+            if tag is None:
+                hold = self._partial_tag(text)
+                self.add_text(text[: len(text) - hold])
+                self._pending = text[len(text) - hold :]
+                return
+            self.add_text(text[:at])
+            text = text[at + len(tag) :]
+            self._on_tag(tag)
+
+    def end(self) -> None:
+        """The completion ended: a call without its end tag still counts if it is whole."""
+        pending, self._pending = self._pending, ""
+        if self.state == "tool_call":
+            self._end_call(pending, closed=False)
+        else:
+            self.add_text(pending)  # a tag prefix that never completed is text
+        self._close()
+
+    # -- tags --------------------------------------------------------------------------------
+
+    def _tags_here(self) -> list[str]:
+        think, tool_call = self._tags.think, self._tags.tool_call
+        tags = [tool_call[0]] if tool_call else []
+        if think and self.state == "reasoning":
+            tags.append(think[1])
+        elif think and self._at_start:
+            tags.append(think[0])
+        return tags
+
+    def _first_tag(self, text: str) -> tuple[str | None, int]:
+        first: str | None = None
+        first_at = len(text)
+        for tag in self._tags_here():
+            at = text.find(tag, 0, first_at + len(tag))
+            if 0 <= at < first_at:
+                first, first_at = tag, at
+        return first, first_at
+
+    def _partial_tag(self, text: str) -> int:
+        """Length of the longest suffix of `text` that a tag here could still start with."""
+        tail = text[text.rfind("<") :]
+        return len(tail) if any(tag.startswith(tail) for tag in self._tags_here()) else 0
+
+    def _on_tag(self, tag: str) -> None:
+        think, tool_call = self._tags.think, self._tags.tool_call
+        self._at_start = False
+        if think and tag == think[0]:
+            self.state = "reasoning"
+        elif think and tag == think[1]:
+            self._close()
+            self.state = "content"
+        else:
+            assert tool_call and tag == tool_call[0]
+            self._call_from, self.state = self.state, "tool_call"
+            self._scanned = 0
+        self.may_reason = self._may_reason()
+
+    # -- tool calls --------------------------------------------------------------------------
+
+    def _scan_call(self, text: str) -> str:
+        """Look for the end tag of the open call; returns the text after it ("" if not yet)."""
+        assert self._tags.tool_call
+        end_tag = self._tags.tool_call[1]
+        at = text.find(end_tag, self._scanned)
+        if at < 0:
+            self._pending = text
+            self._scanned = max(0, len(text) - len(end_tag) + 1)
+            return ""
+        self._end_call(text[:at], closed=True)
+        return text[at + len(end_tag) :]
+
+    def _end_call(self, body: str, *, closed: bool) -> None:
+        assert self._tags.tool_call
+        call = parse_tool_call(body)
+        if call is None:  # not a call after all: the whole block is text where it stood
+            start_tag, end_tag = self._tags.tool_call
+            self.state = self._call_from
+            self.add_text(start_tag + body + (end_tag if closed else ""))
+            self.may_reason = self._may_reason()
+            return
+        name, arguments = call
+        namespace, _, function = name.rpartition(".")
+        self._close()
+        self.state = "content"
+        self.may_reason = self._may_reason()
+        self._sink.open_function_call(function, namespace or None)
+        self._sink.add_text(arguments)
+        self._sink.close_item()
+
+    # -- items -------------------------------------------------------------------------------
+
+    def add_text(self, text: str) -> None:
+        """Text of the current state's item, known to hold no tag."""
+        if not text:
+            return
+        if self._open is None:
+            text = text.lstrip()  # the template's formatting before an item, not its text
+            if not text:
+                return
+            if self._at_start:
+                self._at_start = False
+                self.may_reason = self._may_reason()
+            if self.state == "reasoning":
+                self._sink.open_reasoning()
+                self._open = "reasoning"
+            else:
+                self._sink.open_message("final_answer")
+                self._open = "message"
+        body = text.rstrip()
+        if not body:
+            self._held_space += text
+            return
+        self._sink.add_text(self._held_space + body if self._held_space else body)
+        self._held_space = text[len(body) :]
+
+    def _close(self) -> None:
+        if self._open is not None:
+            self._sink.close_item()
+            self._open = None
+        self._held_space = ""
+
+
+def parse_tool_call(body: str) -> tuple[str, str] | None:
+    """`(name, arguments JSON)` of a hermes tool-call body, or None if it is not one."""
+    try:
+        call = json.loads(body)
+    except ValueError:
+        return None
+    if not isinstance(call, dict):
+        return None
+    name, arguments = call.get("name"), call.get("arguments", {})
+    if isinstance(arguments, str):  # some models write the arguments as a JSON string
+        try:
+            arguments = json.loads(arguments)
+        except ValueError:
+            return None
+    if not isinstance(name, str) or not name or not isinstance(arguments, dict):
+        return None
+    return name, json.dumps(arguments, ensure_ascii=False)
+
+
+class Detokenizer:
+    """Token ids -> text with `tokenizers`' `DecodeStream`: a token at a time where a tag may
+    begin, a whole batch in one call where none can."""
+
+    def __init__(self, tokenizer: Any, skip_ids: Iterable[int], tag_start_ids: Iterable[int]) -> None:
+        from tokenizers.decoders import DecodeStream
+
+        self._backend = tokenizer.backend_tokenizer  # the Rust tokenizer of a fast tokenizer
+        self._step = DecodeStream(skip_special_tokens=False).step
+        self._skip = frozenset(skip_ids)
+        # Tokens that need one-at-a-time handling: skipped ones, and those that write a "<".
+        self._not_plain = self._skip | frozenset(tag_start_ids)
+        self._held: list[int] = []  # tokens of a character not complete yet
+
+    def text(self, token_ids: list[int]) -> str:
+        """The text the batch completes, in one decode call."""
+        if not self._skip.isdisjoint(token_ids):
+            token_ids = [token for token in token_ids if token not in self._skip]
+            if not token_ids:
+                return ""
+        text = self._step(self._backend, token_ids)
+        if text is None:  # ends inside a character: DecodeStream keeps the tokens for later
+            self._held.extend(token_ids)
+            return ""
+        self._held.clear()
+        return text
+
+    def plain_text(self, token_ids: list[int]) -> str | None:
+        """`text` if no token of the batch can start a tag (writes a "<") and no earlier token
+        is held back; None if the batch needs `pieces`."""
+        if self._held or not self._not_plain.isdisjoint(token_ids):
+            return None
+        return self.text(token_ids)
+
+    def pieces(self, token_ids: list[int]) -> list[str]:
+        """The text each token completes ("" while a character is unfinished): the hot loop."""
+        backend, step, skip = self._backend, self._step, self._skip
+        if skip.isdisjoint(token_ids):
+            pieces = [step(backend, token) for token in token_ids]
+            if None not in pieces:  # the common case: every token completed its text
+                self._held.clear()
+                return pieces
+        else:
+            pieces = [None if token in skip else step(backend, token) for token in token_ids]
+        out: list[str] = []
+        for token, piece in zip(token_ids, pieces):
+            if piece is None:
+                if token not in skip:
+                    self._held.append(token)
+                out.append("")
+            else:
+                self._held.clear()
+                out.append(piece)
+        return out
+
+    def flush(self) -> str:
+        """Bytes that never became a character: shown (as U+FFFD), not lost."""
+        held, self._held = self._held, []
+        return self._backend.decode(held, skip_special_tokens=False) if held else ""
+
+
+class ChatCompletionParser:
+    """The `CompletionParser` of chat-template models: detokenizer + tagged-text parser."""
+
+    def __init__(self, detokenizer: Detokenizer, text_parser: TaggedTextParser) -> None:
+        self._detokenizer = detokenizer
+        self._text = text_parser
+        self.reasoning_tokens = 0
+
+    def feed(self, token_ids: list[int]) -> None:
+        text = self._text
+        if not text.may_reason:  # no token of this batch can be reasoning: count none
+            text.feed(self._detokenizer.text(token_ids))
+            return
+        if not text.undecided:
+            plain = self._detokenizer.plain_text(token_ids)
+            if plain is not None:  # no tag can start or end in it: one state for the whole batch
+                if text.state == "reasoning":
+                    self.reasoning_tokens += len(token_ids)
+                text.add_text(plain)
+                return
+        for piece in self._detokenizer.pieces(token_ids):  # a tag may change the state here
+            if text.state == "reasoning":
+                self.reasoning_tokens += 1
+            text.feed(piece)
+
+    def end(self) -> None:
+        self._text.feed(self._detokenizer.flush())
+        self._text.end()

