@@ -31,10 +31,13 @@ mirrored here, and tests check this parser against their non-streaming extractio
 from __future__ import annotations
 
 import json
+import logging
 from dataclasses import dataclass
 from typing import Any, Iterable, Literal
 
 from .items import ItemSink
+
+logger = logging.getLogger("responses_serve.chat_parser")
 
 State = Literal["content", "reasoning", "tool_call"]
 
@@ -175,6 +178,7 @@ class TaggedTextParser:
         assert self._tags.tool_call
         call = parse_tool_call(body)
         if call is None:  # not a call after all: the whole block is text where it stood
+            logger.warning("a tool call that is not a JSON object with a name and object arguments stays text: %.200r", body)
             start_tag, end_tag = self._tags.tool_call
             self.state = self._call_from
             self.add_text(start_tag + body + (end_tag if closed else ""))

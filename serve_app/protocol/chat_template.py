@@ -135,6 +135,8 @@ class ChatTemplateModel:
         tool_parser: str | None = None,
         template_kwargs: Mapping[str, Any] | None = None,
     ) -> None:
+        if getattr(tokenizer, "backend_tokenizer", None) is None:
+            raise ValueError("chat-template models need a fast tokenizer (a tokenizer.json): it decodes the stream")
         self.tokenizer = tokenizer
         self.template = load_template(template) if template else None
         if not (self.template or getattr(tokenizer, "chat_template", None)):

@@ -2,21 +2,24 @@
 
 from __future__ import annotations
 
-from typing import Iterable
+from typing import Sequence
 
 from openai.types.responses import ResponseStreamEvent
 
 _PREFIX: dict[str, bytes] = {}  # event type -> b"event: <type>\ndata: "
 
 
-def encode_events(events: Iterable[ResponseStreamEvent]) -> bytes:
+def _frame(event: ResponseStreamEvent) -> bytes:
+    prefix = _PREFIX.get(event.type)
+    if prefix is None:
+        prefix = _PREFIX[event.type] = b"event: " + event.type.encode() + b"\ndata: "
+    return prefix + event.__pydantic_serializer__.to_json(event) + b"\n\n"
+
+
+def encode_events(events: Sequence[ResponseStreamEvent]) -> bytes:
     """All events of one token batch as one chunk (one write, one Ray hop), each framed
     `event: <type>\\ndata: <json>\\n\\n` with every field of the SDK model included (as the
     OpenAI API does, optional fields are sent as null)."""
-    parts: list[bytes] = []
-    for event in events:
-        prefix = _PREFIX.get(event.type)
-        if prefix is None:
-            prefix = _PREFIX[event.type] = b"event: " + event.type.encode() + b"\ndata: "
-        parts += (prefix, event.__pydantic_serializer__.to_json(event), b"\n\n")
-    return b"".join(parts)
+    if len(events) == 1:  # most batches: one delta event
+        return _frame(events[0])
+    return b"".join(map(_frame, events))
