@@ -1,13 +1,20 @@
-"""Per-token cost of the ingress hot path against the bare harmony parser.
+"""Per-token cost of the ingress hot path against the bare parser or decoder underneath it.
 
-    python -m bench.hotpath [--tokens 120000] [--rounds 5]
+    python -m bench.hotpath [--tokens 120000] [--rounds 5] [--family harmony|chat_template|both]
 
-One long replayed completion (mixed channels: reasoning, preambles, tool calls, a final
-answer) is cut into replay-like steps of 1..4 tokens. Side by side, in alternating rounds:
-- `parser`: `openai_harmony.StreamableParser.process` on every token (the floor);
-- `hot path`: `ResponseStream.feed(batch)` + SSE encoding of its events — split, parse,
-  events, bytes, exactly what the ingress does per batch.
-The best round of each is reported; the last line is `ratio_to_parser=<x>`.
+harmony: one long gpt-oss completion (mixed channels: reasoning, preambles, tool calls, a
+final answer) in real harmony tokens. chat_template: the same kind of completion written as
+Qwen3 text (`<think>`, message text, hermes `<tool_call>`s) through SmolLM2's tokenizer.
+Each is cut into replay-like steps of 1..4 tokens. Side by side, in alternating rounds:
+- the floor: `openai_harmony.StreamableParser.process` on every token (harmony), or the
+  tokenizer's own incremental decode, `tokenizers.decoders.DecodeStream.step`, on every
+  token (chat_template);
+- `hot path`: `ResponseStream.feed(batch)` + SSE encoding of its events — split, decode,
+  parse, events, bytes, exactly what the ingress does per batch.
+The best round of each is reported, then `ratio_to_parser=<x>` (harmony) and
+`ratio_to_decode=<x>` (chat_template). Where vLLM is installed, its own streaming `qwen3`
+and `hermes` parsers are timed on the first `--vllm-tokens` chat-template tokens for
+comparison (they re-read the whole text so far on each call, so they slow down with length).
 """
 
 from __future__ import annotations
@@ -17,6 +24,8 @@ import random
 import time
 
 from openai_harmony import Message, Role, StreamableParser
+
+from typing import Callable
 
 from serve_app.protocol.harmony import render_completion
 from serve_app.protocol.request import ResponsesRequest
@@ -68,46 +77,153 @@ def time_parser(tokens: list[int]) -> float:
     return time.perf_counter() - start
 
 
-def time_hot_path(batches: list[list[int]], request: ResponsesRequest) -> tuple[float, int]:
-    stream = ResponseStream(request)
+def chat_completion(tokenizer, min_tokens: int) -> list[int]:
+    call = '<tool_call>\n{"name": "search", "arguments": {"query": "' + PARAGRAPH * 3 + '", "limit": 10}}\n</tool_call>\n'
+    turn = "<think>\n" + PARAGRAPH * 40 + "\n</think>\n\n" + PARAGRAPH * 4 + "\n" + call
+    tokens: list[int] = []
+    text = ""
+    while len(tokens) < min_tokens:
+        text += turn
+        tokens = tokenizer.encode(text + PARAGRAPH * 20, add_special_tokens=False)
+    return tokens + [tokenizer.eos_token_id]
+
+
+def time_transformers_decode(tokenizer, tokens: list[int]) -> float:
+    decode = tokenizer.decode
+    start = time.perf_counter()
+    for token in tokens:
+        decode([token])
+    return time.perf_counter() - start
+
+
+def time_decode(tokenizer, tokens: list[int]) -> float:
+    from tokenizers.decoders import DecodeStream
+
+    backend, step = tokenizer.backend_tokenizer, DecodeStream(skip_special_tokens=False).step
+    start = time.perf_counter()
+    for token in tokens:
+        step(backend, token)
+    return time.perf_counter() - start
+
+
+def time_vllm_parsers(tokenizer, tokens: list[int]) -> dict[str, float]:
+    """µs/token of vLLM's streaming `qwen3` reasoning and `hermes` tool parsers, fed as vLLM's
+    server feeds them (the whole text so far on every call), over the same tokens."""
+    from tokenizers.decoders import DecodeStream
+    from vllm.reasoning import ReasoningParserManager
+    from vllm.tool_parsers import ToolParserManager
+
+    backend, step = tokenizer.backend_tokenizer, DecodeStream(skip_special_tokens=False).step
+    deltas = [step(backend, token) or "" for token in tokens]
+    results = {}
+    for name, parser, method, extra in (
+        ("vLLM qwen3 reasoning parser", ReasoningParserManager.get_reasoning_parser("qwen3")(tokenizer), "extract_reasoning_streaming", ()),
+        ("vLLM hermes tool parser", ToolParserManager.get_tool_parser("hermes")(tokenizer), "extract_tool_calls_streaming", (None,)),
+    ):
+        call = getattr(parser, method)
+        previous_text, previous_ids = "", []
+        start = time.perf_counter()
+        for token, delta in zip(tokens, deltas):
+            current_text, current_ids = previous_text + delta, previous_ids + [token]
+            call(previous_text, current_text, delta, previous_ids, current_ids, [token], *extra)
+            previous_text, previous_ids = current_text, current_ids
+        results[name] = (time.perf_counter() - start) / len(tokens) * 1e6
+    return results
+
+
+def time_hot_path(batches: list[list[int]], request: ResponsesRequest, parser_factory: Callable | None = None) -> tuple[float, int]:
+    stream = ResponseStream(request) if parser_factory is None else ResponseStream(request, parser_factory=parser_factory)
+    # The engine's TokenBatches are the input (the ingress receives them ready-made from Ray).
+    last = len(batches) - 1
+    token_batches = [TokenBatch(batch, finish_reason="stop" if index == last else None) for index, batch in enumerate(batches)]
     wire = 0
     start = time.perf_counter()
     wire += len(encode_events(stream.start()))
-    last = len(batches) - 1
-    for index, batch in enumerate(batches):
-        token_batch = TokenBatch(batch, finish_reason="stop" if index == last else None)
+    for token_batch in token_batches:
         wire += len(encode_events(stream.feed(token_batch)))
     elapsed = time.perf_counter() - start
     assert stream.response.status == "completed"
     return elapsed, wire
 
 
+Timer = tuple[str, Callable[[], float]]
+
+
+def compare(
+    name: str,
+    floor: Timer,
+    tokens: list[int],
+    request: ResponsesRequest,
+    rounds: int,
+    parser_factory: Callable | None = None,
+    references: tuple[Timer, ...] = (),
+) -> float:
+    """Alternating rounds of the floor, the hot path and any reference paths (shown, not part
+    of the ratio); prints a table, returns the hot path's ratio to the floor."""
+    batches = steps(tokens)
+    time_hot_path(batches[:2000], request, parser_factory)  # warm-up: imports, caches
+    floor_times, hot_times = [], []
+    reference_times: list[list[float]] = [[] for _ in references]
+    wire_bytes = 0
+    for _ in range(rounds):
+        floor_times.append(floor[1]())
+        elapsed, wire_bytes = time_hot_path(batches, request, parser_factory)
+        hot_times.append(elapsed)
+        for (_, timer), times in zip(references, reference_times):
+            times.append(timer())
+
+    per_token = lambda seconds: seconds / len(tokens) * 1e6  # noqa: E731
+    print(f"{name}: {len(tokens)} tokens in {len(batches)} batches (1..4 tokens), {wire_bytes / 1e6:.1f} MB of SSE")
+    print(f"{'path':<40}{'µs/token (best)':>16}{'µs/token (median)':>19}")
+    rows = [(floor[0], floor_times), ("hot path: parse+events+SSE", hot_times)]
+    rows += [(label, times) for (label, _), times in zip(references, reference_times)]
+    for label, times in rows:
+        median = sorted(times)[len(times) // 2]
+        print(f"{label:<40}{per_token(min(times)):>16.2f}{per_token(median):>19.2f}")
+    return min(hot_times) / min(floor_times)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--tokens", type=int, default=120_000)
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--family", choices=["harmony", "chat_template", "both"], default="both")
+    parser.add_argument("--vllm-tokens", type=int, default=5000, help="tokens to time vLLM's own parsers on (they slow down with length)")
     args = parser.parse_args()
 
-    tokens = long_completion(args.tokens)
-    batches = steps(tokens)
-    request = ResponsesRequest(model="gpt-oss-replay", input="bench")
-    time_hot_path(batches[:2000], request)  # warm-up: imports, caches
+    if args.family in ("harmony", "both"):
+        tokens = long_completion(args.tokens)
+        request = ResponsesRequest(model="gpt-oss-replay", input="bench")
+        ratio = compare("harmony", ("StreamableParser.process", lambda: time_parser(tokens)), tokens, request, args.rounds)
+        print(f"ratio_to_parser={ratio:.2f}")
+    if args.family in ("chat_template", "both"):
+        from serve_app.config import SMOLLM2
+        from serve_app.protocol.chat_template import ChatTemplateModel
+        from serve_app.smollm2 import load_tokenizer
 
-    parser_times, hot_times = [], []
-    wire_bytes = 0
-    for _ in range(args.rounds):
-        parser_times.append(time_parser(tokens))
-        elapsed, wire_bytes = time_hot_path(batches, request)
-        hot_times.append(elapsed)
-
-    per_token = lambda seconds: seconds / len(tokens) * 1e6  # noqa: E731
-    parser_us, hot_us = per_token(min(parser_times)), per_token(min(hot_times))
-    print(f"completion: {len(tokens)} tokens in {len(batches)} batches (1..4 tokens), {wire_bytes / 1e6:.1f} MB of SSE")
-    print(f"{'path':<34}{'µs/token (best)':>16}{'µs/token (median)':>19}")
-    for name, times in (("StreamableParser.process", parser_times), ("hot path: parse+events+SSE", hot_times)):
-        median = sorted(times)[len(times) // 2]
-        print(f"{name:<34}{per_token(min(times)):>16.2f}{per_token(median):>19.2f}")
-    print(f"ratio_to_parser={hot_us / parser_us:.2f}")
+        tokenizer = load_tokenizer(SMOLLM2)
+        model = ChatTemplateModel(tokenizer, template="qwen3", reasoning_parser="qwen3", tool_parser="hermes")
+        tokens = chat_completion(tokenizer, args.tokens)
+        request = ResponsesRequest(model="qwen3-replay", input="bench")
+        ratio = compare(
+            "chat_template (qwen3 + hermes)",
+            ("DecodeStream.step", lambda: time_decode(tokenizer, tokens)),
+            tokens,
+            request,
+            args.rounds,
+            lambda sink: model.parser(sink, []),
+            references=(("reference: tokenizer.decode([token])", lambda: time_transformers_decode(tokenizer, tokens)),),
+        )
+        print(f"ratio_to_decode={ratio:.2f}")
+        try:
+            import vllm  # noqa: F401
+        except Exception:  # noqa: BLE001 - no vLLM: nothing to compare with
+            return
+        if args.vllm_tokens <= 0:
+            return
+        first = tokens[: args.vllm_tokens]
+        for name, micros in time_vllm_parsers(tokenizer, first).items():
+            print(f"{name + f' ({len(first)} tokens)':<50}{micros:>10.2f} µs/token")
 
 
 if __name__ == "__main__":
