@@ -71,10 +71,12 @@ def inprocess_url(replay_backend) -> Iterator[str]:
     from serve_app.config import ModelConfig
 
     qwen3 = ModelConfig.model_validate(QWEN3_REPLAY)
-    models = [
-        ServedModel("gpt-oss-replay", replay_backend),
-        ServedModel(qwen3.name, make_backend(qwen3.backend), family=model_family(qwen3)),
-    ]
+    # The same model with a template that opens <think> in the prompt.
+    thinking = ModelConfig.model_validate(
+        {**QWEN3_REPLAY, "name": "qwen3-replay-thinking", "chat_template": {**QWEN3_REPLAY["chat_template"], "template_kwargs": {"enable_thinking": True}}}
+    )
+    models = [ServedModel("gpt-oss-replay", replay_backend)]
+    models += [ServedModel(m.name, make_backend(m.backend), family=model_family(m)) for m in (qwen3, thinking)]
     app = create_app(models, max_request_bytes=1024 * 1024)
     with uvicorn_server(app) as url:
         yield url

@@ -13,6 +13,11 @@ def test_scenario(inprocess_url, scenario, model):
     scenario(inprocess_url, model)
 
 
+@pytest.mark.parametrize("scenario", [sdk_scenarios.non_stream_echo, sdk_scenarios.stream_helper_accumulates, sdk_scenarios.tool_call_round_trip])
+def test_template_that_opens_think_in_the_prompt(inprocess_url, scenario):
+    scenario(inprocess_url, "qwen3-replay-thinking")
+
+
 def test_16_concurrent_streams(inprocess_url, replay_backend):
     sdk_scenarios.concurrent_streams(inprocess_url, 16)
     assert replay_backend.num_running() == 0
@@ -21,7 +26,7 @@ def test_16_concurrent_streams(inprocess_url, replay_backend):
 
 def test_models_and_retrieve(inprocess_url):
     sdk = sdk_scenarios.client(inprocess_url)
-    assert [m.id for m in sdk.models.list()] == ["gpt-oss-replay", "qwen3-replay"]
+    assert [m.id for m in sdk.models.list()] == ["gpt-oss-replay", "qwen3-replay", "qwen3-replay-thinking"]
     created = sdk.responses.create(model="gpt-oss-replay", input="keep me")
     assert sdk.responses.retrieve(created.id).output_text == "keep me"
     not_stored = sdk.responses.create(model="gpt-oss-replay", input="forget me", store=False)

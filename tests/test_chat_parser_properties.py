@@ -132,7 +132,7 @@ def chat_model(tokenizer, tags: Tags):
     return ChatTemplateModel(tokenizer, reasoning_parser="qwen3" if tags.think else None, tool_parser="hermes" if tags.tool_call else None)
 
 
-def run(tokenizer, tags: Tags, in_reasoning: bool, batches: list[list[int]], allow_replacement: bool = False):
+def run(tokenizer, tags: Tags, in_reasoning: bool, batches: list[list[int]], allow_replacement: bool = False, finish_reason: str = "stop"):
     """Feed the batches through the chat-template parser of a model with these tags."""
     model = chat_model(tokenizer, tags)
     assert model.tags == tags
@@ -140,7 +140,7 @@ def run(tokenizer, tags: Tags, in_reasoning: bool, batches: list[list[int]], all
     stream = ResponseStream(ResponsesRequest(model="chat", input="x"), parser_factory=parser)
     wire = encode_events(stream.start())
     for index, batch in enumerate(batches):
-        wire += encode_events(stream.feed(TokenBatch(batch, finish_reason="stop" if index == len(batches) - 1 else None)))
+        wire += encode_events(stream.feed(TokenBatch(batch, finish_reason=finish_reason if index == len(batches) - 1 else None)))
     return check_stream(parse_sse(wire), allow_replacement=allow_replacement)
 
 

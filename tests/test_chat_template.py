@@ -206,3 +206,19 @@ def test_well_formed_outputs_parse_as_vllms_parsers_do(tokenizer, completion):
         expected.append(("message", extracted.content.strip()))
     expected += [("function_call", f"{call.function.name} {call.function.arguments}") for call in extracted.tool_calls]
     assert parse(tokenizer, completion) == expected
+
+
+@pytest.mark.parametrize(
+    ("completion", "expected"),
+    [
+        ("<think>still thinking about <thi", [("reasoning", "still thinking about <thi")]),
+        ('Answer.\n<tool_call>\n{"name": "f", "argu', [("message", 'Answer.\n<tool_call>\n{"name": "f", "argu')]),
+        ('<tool_call>{"name": "f", "arguments": {}}', [("function_call", "f {}")]),
+    ],
+)
+def test_truncated_output_keeps_what_the_parser_held(tokenizer, completion, expected):
+    """max_output_tokens cuts the output: a held tag prefix or call body is still delivered."""
+    tokens = tokenizer.encode(completion, add_special_tokens=False)
+    response = run(tokenizer, Tags(THINK, TOOL), False, [tokens], finish_reason="length")
+    assert response.status == "incomplete"
+    assert items_of(response) == expected

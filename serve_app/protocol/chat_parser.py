@@ -1,10 +1,12 @@
 """Completion parsing for chat-template models: tokens -> text -> reasoning, message and
 function-call items.
 
-Two small steps, both pure:
-- `Detokenizer`: `tokenizers`' own `DecodeStream`, one token at a time. It holds a token
-  back while its bytes do not yet form a whole UTF-8 character, so no character is split,
-  replaced or emitted twice.
+Two small steps, both pure, joined by `ChatCompletionParser`:
+- `Detokenizer`: `tokenizers`' own incremental `DecodeStream`. It holds tokens back while
+  their bytes do not yet form a whole UTF-8 character, so no character is split, replaced
+  or emitted twice. A batch goes through it in one call when none of its tokens can write a
+  `<` (so no tag can start in it), otherwise a token at a time, so that where reasoning ends
+  is known per token (`reasoning_tokens`).
 - `TaggedTextParser`: text pieces -> `ItemSink` operations. It finds `<think>…</think>` and
   `<tool_call>{json}</tool_call>` however the text is cut, holding back only a suffix that
   could still become a tag; the moment it cannot, the suffix is released as text.

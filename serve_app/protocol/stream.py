@@ -174,20 +174,19 @@ class ResponseStream:
         if batch.num_cached_tokens is not None:
             self._cached_tokens = batch.num_cached_tokens
         self._output_tokens += len(batch.token_ids)
+        finish_reason = batch.finish_reason
         try:
             self._parser.feed(batch.token_ids)
+            if finish_reason in ("length", "stop"):
+                self._parser.end()  # text the parser still held is part of the output
         except Exception as exc:  # the model wrote something the parser cannot parse
             logger.warning("response %s: unparseable completion: %s", self.response.id, exc)
             return self.fail(f"The model produced output that could not be parsed: {exc}")
-        finish_reason = batch.finish_reason
         if finish_reason is not None:
-            if finish_reason == "length":
-                self._finish("incomplete")
-            elif finish_reason == "stop":
-                self._parser.end()
-                self._finish("completed")
-            elif finish_reason == "abort":
+            if finish_reason == "abort":
                 return self.fail("The generation was aborted by the engine.")
+            if finish_reason in ("length", "stop"):
+                self._finish("completed" if finish_reason == "stop" else "incomplete")
         return self._drain()
 
     def fail(self, message: str) -> list[ResponseStreamEvent]:
