@@ -1,6 +1,8 @@
 """Serve the app in-process with uvicorn and no Ray: `python -m deployments.local`.
 
 For debugging and as the no-Ray baseline of the benchmarks; production runs under Ray Serve.
+Serves both scripted models, `gpt-oss-replay` and `qwen3-replay`, built from their configs
+as Serve replicas build them.
 """
 
 from __future__ import annotations
@@ -10,8 +12,22 @@ import logging
 
 import uvicorn
 
-from deployments.backends.replay import ReplayBackend, ReplayConfig
+from deployments.backends import make_backend
+from deployments.ingress import model_family
 from serve_app.api import ServedModel, create_app
+from serve_app.config import ModelConfig
+
+
+def replay_models(step_delay_ms: float = 0.0) -> list[ServedModel]:
+    qwen3 = {
+        "family": "chat_template",
+        "chat_template": {"template": "qwen3", "reasoning_parser": "qwen3", "tool_parser": "hermes"},
+    }
+    configs = [
+        ModelConfig(name="gpt-oss-replay", backend={"type": "replay", "step_delay_ms": step_delay_ms}),
+        ModelConfig(name="qwen3-replay", backend={"type": "replay", "script": "qwen3", "step_delay_ms": step_delay_ms}, **qwen3),
+    ]
+    return [ServedModel(m.name, make_backend(m.backend), m.max_model_len, model_family(m)) for m in configs]
 
 
 def main() -> None:
@@ -21,8 +37,7 @@ def main() -> None:
     parser.add_argument("--step-delay-ms", type=float, default=0.0, help="replay: delay per engine step")
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    backend = ReplayBackend(ReplayConfig(step_delay_s=args.step_delay_ms / 1000))
-    uvicorn.run(create_app([ServedModel("gpt-oss-replay", backend)]), host=args.host, port=args.port)
+    uvicorn.run(create_app(replay_models(args.step_delay_ms)), host=args.host, port=args.port)
 
 
 if __name__ == "__main__":
