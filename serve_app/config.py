@@ -117,6 +117,14 @@ class ChatTemplateConfig(_Strict):
     tool_parser: Literal["hermes"] | None = Field(None, description="<tool_call>{json}</tool_call> -> function_call item")
     template_kwargs: dict[str, Any] = Field(default_factory=dict, description="extra template variables, e.g. enable_thinking")
 
+    @field_validator("template_kwargs")
+    @classmethod
+    def _no_reserved_kwargs(cls, kwargs: dict[str, Any]) -> dict[str, Any]:
+        reserved = {"conversation", "tools", "chat_template", "add_generation_prompt", "tokenize", "return_dict", "continue_final_message"}
+        if clash := sorted(reserved & set(kwargs)):
+            raise ValueError(f"template_kwargs may not set {clash}: the server sets them per request")
+        return kwargs
+
     @field_validator("template")
     @classmethod
     def _template_exists(cls, template: str | None) -> str | None:

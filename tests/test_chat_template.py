@@ -113,6 +113,20 @@ def test_history_it_cannot_render_is_a_clear_400(tokenizer, family_options, item
     assert info.value.status_code == 400 and info.value.param == param
 
 
+def test_a_template_that_rejects_the_conversation_is_a_400(tokenizer, tmp_path):
+    strict = tmp_path / "alternate.jinja"
+    strict.write_text(
+        "{% for m in messages %}{% if (m.role == 'user') != (loop.index0 % 2 == 0) %}"
+        "{{ raise_exception('Conversation roles must alternate user/assistant/user/assistant') }}"
+        "{% endif %}{{ m.content }}{% endfor %}"
+    )
+    family = model(tokenizer, template=str(strict))
+    request = ResponsesRequest(model="m", input=[{"role": "user", "content": "a"}, {"role": "user", "content": "b"}])
+    with pytest.raises(APIError) as info:
+        family.render_prompt(request, request.input_items())
+    assert info.value.status_code == 400 and "must alternate" in info.value.message
+
+
 def test_unknown_template_names_the_built_ins(tokenizer):
     with pytest.raises(ValueError, match="qwen3"):
         model(tokenizer, template="no-such-template")

@@ -147,6 +147,7 @@ def test_chat_template_config_checks():
         ({"chat_template": {}, "backend": {"type": "vllm", "model": "m"}}, "family: chat_template"),
         ({"family": "chat_template", "backend": {"type": "replay"}}, "script: qwen3"),
         ({"backend": {"type": "replay", "script": "qwen3"}}, "family: chat_template"),
+        ({"family": "chat_template", "chat_template": {"template_kwargs": {"tools": []}}, "backend": {"type": "vllm", "model": "m"}}, "may not set"),
     ]:
         with pytest.raises(ValueError, match=message):
             ModelConfig.model_validate({"name": "m", **bad})

@@ -20,6 +20,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from jinja2 import TemplateError
+
 from .chat_parser import ChatCompletionParser, Detokenizer, TaggedTextParser, Tags
 from .errors import invalid_request
 from .harmony import HistoryItem
@@ -164,14 +166,17 @@ class ChatTemplateModel:
         messages = conversation(request, history, tool_calls=tool_calls)
         # Tools are offered only when calls can be parsed back out of the completion.
         tools = _tools(request) if tool_calls and request.offers_tools() else None
-        text = self.tokenizer.apply_chat_template(
-            messages,
-            tools=tools,
-            chat_template=self.template,
-            add_generation_prompt=True,
-            tokenize=False,
-            **self.template_kwargs,
-        )
+        try:
+            text = self.tokenizer.apply_chat_template(
+                messages,
+                tools=tools,
+                chat_template=self.template,
+                add_generation_prompt=True,
+                tokenize=False,
+                **self.template_kwargs,
+            )
+        except TemplateError as exc:  # e.g. "roles must alternate": the request's shape, not a server fault
+            raise invalid_request(f"The model's chat template rejected this conversation: {exc}", param="input") from exc
         # The template wrote any BOS itself.
         return self.tokenizer.encode(text, add_special_tokens=False)
 
