@@ -135,7 +135,10 @@ def test_unknown_template_names_the_built_ins(tokenizer):
 # --- the tag rules on examples ------------------------------------------------------------
 
 
-def parse(tokenizer, completion: str, *, in_reasoning: bool = False, tags: Tags = Tags(THINK, TOOL)) -> list[tuple[str, str]]:
+QWEN3_TAGS = Tags(THINK, TOOL)
+
+
+def parse(tokenizer, completion: str, *, in_reasoning: bool = False, tags: Tags = QWEN3_TAGS) -> list[tuple[str, str]]:
     tokens = tokenizer.encode(completion, add_special_tokens=False)
     return items_of(run(tokenizer, tags, in_reasoning, [[t] for t in tokens]))
 
@@ -188,10 +191,12 @@ def test_tags_are_vllms(tokenizer, reasoning_parser):
     from serve_app.protocol.chat_template import REASONING_PARSERS, TOOL_PARSERS
 
     parser_class = ReasoningParserManager.get_reasoning_parser(reasoning_parser)
-    # deepseek_r1 refuses tokenizers without a single <think> token: read its tags off the class.
-    tags = tuple(getattr(parser_class, name).fget(None) for name in ("start_token", "end_token")) if reasoning_parser == "deepseek_r1" else (
-        (lambda p: (p.reasoning_start_str, p.reasoning_end_str))(parser_class(tokenizer))
-    )
+    if reasoning_parser == "deepseek_r1":
+        # It refuses tokenizers without a single <think> token: read its tags off the class.
+        tags = (parser_class.start_token.fget(None), parser_class.end_token.fget(None))
+    else:
+        parser = parser_class(tokenizer)
+        tags = (parser.reasoning_start_str, parser.reasoning_end_str)
     assert REASONING_PARSERS[reasoning_parser] == tags
     hermes = ToolParserManager.get_tool_parser("hermes")
     assert TOOL_PARSERS["hermes"] == (hermes.tool_call_start_token, hermes.tool_call_end_token)

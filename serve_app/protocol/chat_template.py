@@ -155,8 +155,9 @@ class ChatTemplateModel:
         # Tokens whose text holds a "<" (every tag starts with one): batches without any are
         # decoded in one call. A "<" is one byte, so it always lies within a single token.
         backend = tokenizer.backend_tokenizer
+        vocab_size = backend.get_vocab_size(with_added_tokens=True)
         self._tag_start_ids = (
-            frozenset(i for i in range(backend.get_vocab_size(with_added_tokens=True)) if "<" in backend.decode([i], skip_special_tokens=False))
+            frozenset(i for i in range(vocab_size) if "<" in backend.decode([i], skip_special_tokens=False))
             if self.tags.all()
             else frozenset()
         )
