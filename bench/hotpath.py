@@ -22,10 +22,9 @@ from __future__ import annotations
 import argparse
 import random
 import time
+from typing import Callable
 
 from openai_harmony import Message, Role, StreamableParser
-
-from typing import Callable
 
 from serve_app.protocol.harmony import render_completion
 from serve_app.protocol.request import ResponsesRequest

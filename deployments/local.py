@@ -9,23 +9,31 @@ from __future__ import annotations
 
 import argparse
 import logging
+from typing import TYPE_CHECKING
 
-import uvicorn
+if TYPE_CHECKING:
+    from serve_app.api import ServedModel
 
-from deployments.backends import make_backend
-from deployments.ingress import model_family
-from serve_app.api import ServedModel, create_app
-from serve_app.config import ModelConfig
+
+# The scripted chat-template model, as in demo.yaml (the tests serve it from here too).
+QWEN3_REPLAY = {
+    "name": "qwen3-replay",
+    "family": "chat_template",
+    "chat_template": {"template": "qwen3", "reasoning_parser": "qwen3", "tool_parser": "hermes"},
+    "backend": {"type": "replay", "script": "qwen3"},
+}
 
 
 def replay_models(step_delay_ms: float = 0.0) -> list[ServedModel]:
-    qwen3 = {
-        "family": "chat_template",
-        "chat_template": {"template": "qwen3", "reasoning_parser": "qwen3", "tool_parser": "hermes"},
-    }
+    # Imported here: the tests read QWEN3_REPLAY without loading Ray and the backends.
+    from deployments.backends import make_backend
+    from deployments.ingress import model_family
+    from serve_app.api import ServedModel
+    from serve_app.config import ModelConfig
+
     configs = [
         ModelConfig(name="gpt-oss-replay", backend={"type": "replay", "step_delay_ms": step_delay_ms}),
-        ModelConfig(name="qwen3-replay", backend={"type": "replay", "script": "qwen3", "step_delay_ms": step_delay_ms}, **qwen3),
+        ModelConfig.model_validate({**QWEN3_REPLAY, "backend": {**QWEN3_REPLAY["backend"], "step_delay_ms": step_delay_ms}}),
     ]
     return [ServedModel(m.name, make_backend(m.backend), m.max_model_len, model_family(m)) for m in configs]
 
@@ -37,6 +45,10 @@ def main() -> None:
     parser.add_argument("--step-delay-ms", type=float, default=0.0, help="replay: delay per engine step")
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    import uvicorn
+
+    from serve_app.api import create_app
+
     uvicorn.run(create_app(replay_models(args.step_delay_ms)), host=args.host, port=args.port)
 
 

@@ -75,8 +75,9 @@ def _locked(lock_path: Path) -> Iterator[None]:
 
 @functools.cache
 def load_gguf_tokenizer() -> Any:
-    """SmolLM2's tokenizer (with its ChatML template) read straight from the GGUF: fast,
-    no dequantization."""
+    """SmolLM2's tokenizer (with its ChatML template) read straight from the GGUF, without
+    dequantizing weights; still ~10 s, so it is read once into `ensure_smollm2_tokenizer`'s
+    folder and everything else loads that (`load_tokenizer`)."""
     _offline()
     from transformers import AutoTokenizer
 
@@ -102,7 +103,7 @@ def _convert(source: Path, out_dir: Path) -> None:
         del model.config.quantization_config
     # bfloat16 halves the folder (~270 MB) and is what vLLM-CPU computes in anyway.
     model.to(torch.bfloat16).save_pretrained(str(out_dir), safe_serialization=True)
-    load_gguf_tokenizer().save_pretrained(str(out_dir))
+    _smollm2_tokenizer().save_pretrained(str(out_dir))
 
 
 def _cached(name: str, convert: Callable[[Path, Path], None], cache_dir: str | os.PathLike[str] | None) -> Path:
@@ -158,7 +159,7 @@ def build_tiny_llama(
     if hidden_size // num_heads < 64:
         raise ValueError("vLLM-CPU attention needs head_dim >= 64")
     out = Path(path)
-    tokenizer = load_gguf_tokenizer()
+    tokenizer = _smollm2_tokenizer()
     config = LlamaConfig(
         vocab_size=len(tokenizer),
         hidden_size=hidden_size,
@@ -185,6 +186,12 @@ def resolve_model_path(name: str) -> str:
     from serve_app.config import SMOLLM2
 
     return str(ensure_smollm2_checkpoint()) if name == SMOLLM2 else name
+
+
+def _smollm2_tokenizer() -> Any:
+    from serve_app.config import SMOLLM2
+
+    return load_tokenizer(SMOLLM2)
 
 
 @functools.cache

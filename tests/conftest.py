@@ -10,6 +10,8 @@ from typing import Iterator
 import pytest
 from hypothesis import settings
 
+from deployments.local import QWEN3_REPLAY as LOCAL_QWEN3_REPLAY
+
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 # CI replays the same examples every run (a gate must not be a lottery); local runs explore.
 settings.register_profile("ci", derandomize=True)
@@ -52,13 +54,7 @@ def replay_backend():
     return ReplayBackend()
 
 
-QWEN3_REPLAY = {
-    "name": "qwen3-replay",
-    "family": "chat_template",
-    "chat_template": {"template": "qwen3", "reasoning_parser": "qwen3", "tool_parser": "hermes"},
-    "backend": {"type": "replay", "script": "qwen3"},
-    "engine": {"num_replicas": 1, "ray_actor_options": {"num_cpus": 0}},
-}
+QWEN3_REPLAY = {**LOCAL_QWEN3_REPLAY, "engine": {"num_replicas": 1, "ray_actor_options": {"num_cpus": 0}}}
 
 
 @pytest.fixture(scope="session")

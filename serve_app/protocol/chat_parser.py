@@ -74,13 +74,12 @@ class TaggedTextParser:
         self._held_space = ""  # whitespace at the end of the open item, released if text follows
         self._at_start = not in_reasoning  # nothing output yet: a `<think>` may open reasoning
         self._call_from: State = "content"
-        self.may_reason = self._may_reason()
 
     # -- text in ---------------------------------------------------------------------------
 
-    def _may_reason(self) -> bool:
-        """Whether text fed from now on may still be reasoning (kept in `may_reason`, updated
-        wherever the state or `_at_start` changes: the hot path reads it per batch)."""
+    @property
+    def may_reason(self) -> bool:
+        """Whether text fed from now on may still be reasoning."""
         if not self._tags.think:
             return False
         state = self.state if self.state != "tool_call" else self._call_from  # a malformed call returns there
@@ -160,7 +159,6 @@ class TaggedTextParser:
             assert tool_call and tag == tool_call[0]
             self._call_from, self.state = self.state, "tool_call"
             self._scanned = 0
-        self.may_reason = self._may_reason()
 
     # -- tool calls --------------------------------------------------------------------------
 
@@ -184,13 +182,11 @@ class TaggedTextParser:
             start_tag, end_tag = self._tags.tool_call
             self.state = self._call_from
             self.add_text(start_tag + body + (end_tag if closed else ""))
-            self.may_reason = self._may_reason()
             return
         name, arguments = call
         namespace, _, function = name.rpartition(".")
         self._close()
         self.state = "content"
-        self.may_reason = self._may_reason()
         self._sink.open_function_call(function, namespace or None)
         self._sink.add_text(arguments)
         self._sink.close_item()
@@ -205,9 +201,7 @@ class TaggedTextParser:
             text = text.lstrip()  # the template's formatting before an item, not its text
             if not text:
                 return
-            if self._at_start:
-                self._at_start = False
-                self.may_reason = self._may_reason()
+            self._at_start = False
             if self.state == "reasoning":
                 self._sink.open_reasoning()
                 self._open = "reasoning"

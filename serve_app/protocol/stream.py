@@ -312,8 +312,7 @@ class ResponseStream:
         item.unsent = ""
 
     def _drain(self) -> list[ResponseStreamEvent]:
-        if self._item is not None and self._item.unsent:
-            self._flush_delta()
+        self._flush_delta()
         events, self._events = self._events, []
         return events
 
