@@ -17,7 +17,7 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from serve_app.protocol.chat_parser import Tags
+from serve_app.protocol.chat_parser import Detokenizer, Tags, TokenTexts
 from serve_app.protocol.request import ResponsesRequest
 from serve_app.protocol.sse import encode_events
 from serve_app.protocol.stream import ResponseStream
@@ -197,3 +197,77 @@ def test_bytes_that_never_form_a_character_are_shown_not_lost(tokenizer, text, c
     for batches in ([broken], [[t] for t in broken]):
         response = run(tokenizer, Tags(THINK, TOOL), False, batches, allow_replacement=True)
         assert "".join(text for _, text in items_of(response)) == expected
+
+
+# -- the detokenizer alone -------------------------------------------------------------------
+
+
+def detokenize(detokenizer: Detokenizer, batches: list[list[int]], per_token: bool) -> str:
+    if per_token:
+        return "".join(piece for batch in batches for piece in detokenizer.pieces(batch)) + detokenizer.flush()
+    return "".join(detokenizer.text(batch) for batch in batches) + detokenizer.flush()
+
+
+def check_detokenizer(tokenizer, ids: list[int], sizes: list[int]) -> None:
+    """Whatever the batching, and a batch or a token at a time: the text of the whole
+    sequence, no more, no less (`decode` of all ids at once, special tokens left out)."""
+    texts = TokenTexts(tokenizer, skip_ids=tokenizer.all_special_ids)
+    expected = tokenizer.backend_tokenizer.decode([i for i in ids if i not in texts.skip_ids], skip_special_tokens=False)
+    for batches in cuts(ids, sizes):
+        for per_token in (False, True):
+            assert detokenize(Detokenizer(tokenizer, texts), batches, per_token) == expected
+
+
+@pytest.fixture(scope="module")
+def partial_ids(tokenizer) -> list[int]:
+    """SmolLM2 tokens that hold part of a character (the bytes of emoji, CJK ...)."""
+    texts = TokenTexts(tokenizer, skip_ids=tokenizer.all_special_ids)
+    return sorted(set(range(len(tokenizer))) - texts.whole_ids)
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data(), sizes=st.lists(st.integers(1, 6), max_size=40))
+def test_detokenizer_writes_exactly_the_decoded_text(tokenizer, partial_ids, data, sizes):
+    """Random ids, many of them parts of characters (in order or not) and special tokens."""
+    ids = data.draw(
+        st.lists(
+            st.one_of(st.integers(0, len(tokenizer) - 1), st.sampled_from(partial_ids), st.sampled_from(tokenizer.all_special_ids)),
+            max_size=40,
+        )
+    )
+    check_detokenizer(tokenizer, ids, sizes)
+
+
+def test_a_byte_level_vocabulary_is_mostly_whole_tokens(tokenizer, partial_ids):
+    """The table covers nearly all of SmolLM2's vocabulary; what it leaves out holds no whole text."""
+    assert 0 < len(partial_ids) < len(tokenizer) // 100
+    assert all("\ufffd" in tokenizer.decode([i]) for i in partial_ids if i not in tokenizer.all_special_ids)
+
+
+@pytest.fixture(scope="module")
+def sentencepiece_tokenizer():
+    """A tiny Llama-2-style tokenizer: `▁` for spaces, byte fallback, the first space stripped.
+    Its decoder needs the tokens around each one, so the detokenizer uses `DecodeStream`."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    pieces = ["<unk>", "<s>", "</s>", "▁", "▁Hello", "▁world", "!", "▁<", "think", ">", "a", "▁日本"]
+    vocab = {piece: i for i, piece in enumerate(pieces)}
+    vocab |= {f"<0x{byte:02X}>": len(pieces) + byte for byte in range(256)}
+    backend = Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token="<unk>", byte_fallback=True))
+    backend.pre_tokenizer = pre_tokenizers.Metaspace()
+    backend.decoder = decoders.Sequence(
+        [decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse(), decoders.Strip(" ", 1, 0)]
+    )
+    return PreTrainedTokenizerFast(tokenizer_object=backend, bos_token="<s>", eos_token="</s>", unk_token="<unk>")
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(words=st.lists(st.sampled_from(["Hello", " world", "!", "<think>", " a", "é", " 日本", "👍🏽", " "]), max_size=15), sizes=st.lists(st.integers(1, 6), max_size=40))
+def test_detokenizer_of_a_sentencepiece_vocabulary(sentencepiece_tokenizer, words, sizes):
+    """Texts (byte fallback writes one U+FFFD per byte of a broken character when decoding
+    at once, a streaming decoder fewer: with whole characters both agree)."""
+    tokenizer = sentencepiece_tokenizer
+    assert not TokenTexts(tokenizer, skip_ids=tokenizer.all_special_ids).whole  # not byte-level: no table
+    ids = tokenizer.encode("".join(words), add_special_tokens=False) + [tokenizer.eos_token_id]
+    check_detokenizer(tokenizer, ids, sizes)

@@ -22,7 +22,7 @@ from typing import Any
 
 from jinja2 import TemplateError
 
-from .chat_parser import ChatCompletionParser, Detokenizer, TaggedTextParser, Tags
+from .chat_parser import ChatCompletionParser, Detokenizer, TaggedTextParser, Tags, TokenTexts
 from .errors import invalid_request
 from .harmony import HistoryItem
 from .items import ItemSink
@@ -151,16 +151,7 @@ class ChatTemplateModel:
         self.stop_token_ids = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
         # Special tokens (end of turn ...) are not text, unless a tag is one in this vocabulary.
         tag_ids = {tokenizer.convert_tokens_to_ids(tag) for tag in self.tags.all()}
-        self._skip_ids = set(tokenizer.all_special_ids) - tag_ids
-        # Tokens whose text holds a "<" (every tag starts with one): batches without any are
-        # decoded in one call. A "<" is one byte, so it always lies within a single token.
-        backend = tokenizer.backend_tokenizer
-        vocab_size = backend.get_vocab_size(with_added_tokens=True)
-        self._tag_start_ids = (
-            frozenset(i for i in range(vocab_size) if "<" in backend.decode([i], skip_special_tokens=False))
-            if self.tags.all()
-            else frozenset()
-        )
+        self._token_texts = TokenTexts(tokenizer, skip_ids=set(tokenizer.all_special_ids) - tag_ids)
 
     def render_prompt(self, request: ResponsesRequest, history: list[HistoryItem]) -> list[int]:
         tool_calls = self.tags.tool_call is not None
@@ -193,7 +184,7 @@ class ChatTemplateModel:
 
     def completion_parser(self, sink: ItemSink, *, in_reasoning: bool = False) -> ChatCompletionParser:
         return ChatCompletionParser(
-            Detokenizer(self.tokenizer, self._skip_ids, self._tag_start_ids),
+            Detokenizer(self.tokenizer, self._token_texts),
             TaggedTextParser(sink, self.tags, in_reasoning=in_reasoning),
         )
 
