@@ -157,3 +157,21 @@ def test_unparseable_completion_fails_cleanly():
     terminal = check_stream(events)
     assert terminal.status == "failed" and "could not be parsed" in terminal.error.message
     assert [(item.status, item.content[0].text) for item in terminal.output] == [("completed", "first")]
+
+
+@given(completions(), st.lists(st.integers(1, 9), max_size=50))
+@settings(max_examples=30, deadline=None)
+def test_delta_events_are_what_validation_would_make(completion, sizes):
+    """Delta events are built without validation (the hot path): each equals, field for field
+    and byte for byte, the SDK model validated from its own fields."""
+    tokens, _ = completion
+    stream = ResponseStream(REQUEST)
+    events = stream.start()
+    for batch in partition(tokens, sizes):
+        events += stream.feed(TokenBatch(batch))
+    deltas = [event for event in events if event.type.endswith(".delta")]
+    assert deltas
+    for event in deltas:
+        validated = type(event).model_validate(dict(event))
+        assert event == validated and event.model_fields_set == validated.model_fields_set
+        assert event.model_dump_json() == validated.model_dump_json()
