@@ -17,7 +17,7 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from serve_app.protocol.chat_parser import Detokenizer, Tags, TokenTexts
+from serve_app.protocol.chat_parser import ByteLevelDetokenizer, Detokenizer, StreamDetokenizer, Tags, Vocabulary
 from serve_app.protocol.request import ResponsesRequest
 from serve_app.protocol.sse import encode_events
 from serve_app.protocol.stream import ResponseStream
@@ -211,18 +211,22 @@ def detokenize(detokenizer: Detokenizer, batches: list[list[int]], per_token: bo
 def check_detokenizer(tokenizer, ids: list[int], sizes: list[int]) -> None:
     """Whatever the batching, and a batch or a token at a time: the text of the whole
     sequence, no more, no less (`decode` of all ids at once, special tokens left out)."""
-    texts = TokenTexts(tokenizer, skip_ids=tokenizer.all_special_ids)
-    expected = tokenizer.backend_tokenizer.decode([i for i in ids if i not in texts.skip_ids], skip_special_tokens=False)
+    vocabulary = Vocabulary(tokenizer, skip_ids=tokenizer.all_special_ids)
+    expected = tokenizer.backend_tokenizer.decode([i for i in ids if i not in vocabulary.skip_ids], skip_special_tokens=False)
     for batches in cuts(ids, sizes):
         for per_token in (False, True):
-            assert detokenize(Detokenizer(tokenizer, texts), batches, per_token) == expected
+            assert detokenize(vocabulary.detokenizer(), batches, per_token) == expected
+
+
+@pytest.fixture(scope="module")
+def vocabulary(tokenizer) -> Vocabulary:
+    return Vocabulary(tokenizer, skip_ids=tokenizer.all_special_ids)
 
 
 @pytest.fixture(scope="module")
 def partial_ids(tokenizer) -> list[int]:
     """SmolLM2 tokens that hold part of a character (the bytes of emoji, CJK ...)."""
-    texts = TokenTexts(tokenizer, skip_ids=tokenizer.all_special_ids)
-    return sorted(set(range(len(tokenizer))) - texts.whole_ids)
+    return [i for i in range(len(tokenizer)) if "\ufffd" in tokenizer.decode([i])]
 
 
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -238,10 +242,16 @@ def test_detokenizer_writes_exactly_the_decoded_text(tokenizer, partial_ids, dat
     check_detokenizer(tokenizer, ids, sizes)
 
 
-def test_a_byte_level_vocabulary_is_mostly_whole_tokens(tokenizer, partial_ids):
-    """The table covers nearly all of SmolLM2's vocabulary; what it leaves out holds no whole text."""
+def test_a_byte_level_vocabulary_is_decoded_from_its_bytes(tokenizer, vocabulary, partial_ids):
+    """SmolLM2's vocabulary is byte-level: every token's bytes are known (the parts of a
+    character too), and agree with the tokenizer's own decode of it."""
+    assert isinstance(vocabulary.detokenizer(), ByteLevelDetokenizer)
     assert 0 < len(partial_ids) < len(tokenizer) // 100
-    assert all("\ufffd" in tokenizer.decode([i]) for i in partial_ids if i not in tokenizer.all_special_ids)
+    for token_id in partial_ids:
+        raw = vocabulary.token_bytes[token_id]
+        assert raw and not raw.isascii() and raw.decode("utf-8", "replace") == tokenizer.decode([token_id])
+    assert vocabulary.token_bytes[tokenizer.encode(" Zürich")[0]] == " Z".encode()
+    assert all(vocabulary.token_bytes[i] == b"" for i in tokenizer.all_special_ids)
 
 
 @pytest.fixture(scope="module")
@@ -263,11 +273,14 @@ def sentencepiece_tokenizer():
 
 
 @settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(words=st.lists(st.sampled_from(["Hello", " world", "!", "<think>", " a", "é", " 日本", "👍🏽", " "]), max_size=15), sizes=st.lists(st.integers(1, 6), max_size=40))
+@given(
+    words=st.lists(st.sampled_from(["Hello", " world", "!", "<think>", " a", "é", " 日本", "👍🏽", " "]), max_size=15),
+    sizes=st.lists(st.integers(1, 6), max_size=40),
+)
 def test_detokenizer_of_a_sentencepiece_vocabulary(sentencepiece_tokenizer, words, sizes):
     """Texts (byte fallback writes one U+FFFD per byte of a broken character when decoding
     at once, a streaming decoder fewer: with whole characters both agree)."""
     tokenizer = sentencepiece_tokenizer
-    assert not TokenTexts(tokenizer, skip_ids=tokenizer.all_special_ids).whole  # not byte-level: no table
+    assert isinstance(Vocabulary(tokenizer, skip_ids=tokenizer.all_special_ids).detokenizer(), StreamDetokenizer)
     ids = tokenizer.encode("".join(words), add_special_tokens=False) + [tokenizer.eos_token_id]
     check_detokenizer(tokenizer, ids, sizes)

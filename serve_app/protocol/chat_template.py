@@ -22,7 +22,7 @@ from typing import Any
 
 from jinja2 import TemplateError
 
-from .chat_parser import ChatCompletionParser, Detokenizer, TaggedTextParser, Tags, TokenTexts
+from .chat_parser import ChatCompletionParser, TaggedTextParser, Tags, Vocabulary
 from .errors import invalid_request
 from .harmony import HistoryItem
 from .items import ItemSink
@@ -151,7 +151,7 @@ class ChatTemplateModel:
         self.stop_token_ids = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
         # Special tokens (end of turn ...) are not text, unless a tag is one in this vocabulary.
         tag_ids = {tokenizer.convert_tokens_to_ids(tag) for tag in self.tags.all()}
-        self._token_texts = TokenTexts(tokenizer, skip_ids=set(tokenizer.all_special_ids) - tag_ids)
+        self.vocabulary = Vocabulary(tokenizer, skip_ids=set(tokenizer.all_special_ids) - tag_ids)
 
     def render_prompt(self, request: ResponsesRequest, history: list[HistoryItem]) -> list[int]:
         tool_calls = self.tags.tool_call is not None
@@ -184,7 +184,7 @@ class ChatTemplateModel:
 
     def completion_parser(self, sink: ItemSink, *, in_reasoning: bool = False) -> ChatCompletionParser:
         return ChatCompletionParser(
-            Detokenizer(self.tokenizer, self._token_texts),
+            self.vocabulary.detokenizer(),
             TaggedTextParser(sink, self.tags, in_reasoning=in_reasoning),
         )
 
