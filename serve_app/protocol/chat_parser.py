@@ -262,7 +262,7 @@ class Detokenizer(Protocol):
 
 class Vocabulary:
     """What detokenizing needs to know of each token of a model's vocabulary, computed once
-    per model (a decode per token: ~0.3 s for 150k tokens); `detokenizer()` makes one per
+    per model (a decode per token: ~0.2 s per 50k tokens); `detokenizer()` makes one per
     completion."""
 
     def __init__(self, tokenizer: Any, skip_ids: Iterable[int]) -> None:
