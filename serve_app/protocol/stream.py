@@ -128,14 +128,14 @@ class _OpenItem:
     kind: ItemKind
     id: str
     output_index: int
+    delta_template: dict[str, Any]  # the fields of the item's delta events
+    make_delta: Callable[[dict[str, Any]], ResponseStreamEvent]
     name: str | None = None
     namespace: str | None = None
     call_id: str | None = None
     phase: str | None = None
     parts: list[str] = field(default_factory=list)  # every delta, in order
     unsent: str = ""  # text added since the last delta event
-    delta_template: dict[str, Any] = field(default_factory=dict)  # the item's delta event fields
-    make_delta: Callable[[dict[str, Any]], ResponseStreamEvent] | None = None
 
 
 class ResponseStream:
@@ -300,9 +300,8 @@ class ResponseStream:
     def _open(self, kind: ItemKind, **details: Any) -> _OpenItem:
         if self._item is not None:  # a new header before the end token: close what is open
             self.close_item("incomplete")
-        item = _OpenItem(kind, new_id(_ID_PREFIX[kind]), len(self.response.output), **details)
-        deltas = _DELTA_EVENTS[kind]
-        item.delta_template, item.make_delta = deltas.template(item.id, item.output_index), deltas.construct
+        item_id, output_index, deltas = new_id(_ID_PREFIX[kind]), len(self.response.output), _DELTA_EVENTS[kind]
+        item = _OpenItem(kind, item_id, output_index, deltas.template(item_id, output_index), deltas.construct, **details)
         self._item = item
         return item
 
