@@ -232,10 +232,16 @@ def partial_ids(tokenizer) -> list[int]:
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(data=st.data(), sizes=st.lists(st.integers(1, 6), max_size=40))
 def test_detokenizer_writes_exactly_the_decoded_text(tokenizer, partial_ids, data, sizes):
-    """Random ids, many of them parts of characters (in order or not) and special tokens."""
+    """Random ids, many of them parts of characters (in order or not), special tokens, and
+    ids past the tokenizer's vocabulary (a model's own may be padded): those write nothing."""
     ids = data.draw(
         st.lists(
-            st.one_of(st.integers(0, len(tokenizer) - 1), st.sampled_from(partial_ids), st.sampled_from(tokenizer.all_special_ids)),
+            st.one_of(
+                st.integers(0, len(tokenizer) - 1),
+                st.sampled_from(partial_ids),
+                st.sampled_from(tokenizer.all_special_ids),
+                st.integers(len(tokenizer), len(tokenizer) + 300),
+            ),
             max_size=40,
         )
     )

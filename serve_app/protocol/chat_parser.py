@@ -317,16 +317,22 @@ class ByteLevelDetokenizer:
         self._utf8 = codecs.getincrementaldecoder("utf-8")("replace")
 
     def text(self, token_ids: list[int]) -> str:
-        token_bytes = self._bytes
-        return self._utf8.decode(b"".join([token_bytes[token] for token in token_ids]))
+        return self._utf8.decode(b"".join(self._bytes_of(token_ids)))
 
     def plain_text(self, token_ids: list[int]) -> str | None:
         # Held bytes cannot hold a "<": it is a character of its own, never held.
         return self.text(token_ids) if self._not_plain.isdisjoint(token_ids) else None
 
     def pieces(self, token_ids: list[int]) -> list[str]:
-        token_bytes, decode = self._bytes, self._utf8.decode
-        return [decode(token_bytes[token]) for token in token_ids]
+        decode = self._utf8.decode
+        return [decode(raw) for raw in self._bytes_of(token_ids)]
+
+    def _bytes_of(self, token_ids: list[int]) -> list[bytes]:
+        token_bytes = self._bytes
+        try:
+            return [token_bytes[token] for token in token_ids]
+        except IndexError:  # an id past the tokenizer's vocabulary (models pad theirs): no text, as in decode
+            return [token_bytes[token] if token < len(token_bytes) else b"" for token in token_ids]
 
     def flush(self) -> str:
         return self._utf8.decode(b"", final=True)
