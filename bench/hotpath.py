@@ -26,7 +26,7 @@ from typing import Callable
 
 from openai_harmony import Message, Role, StreamableParser
 
-from serve_app.protocol.harmony import render_completion
+from serve_app.protocol.harmony import HarmonyParser, render_completion
 from serve_app.protocol.request import ResponsesRequest
 from serve_app.protocol.sse import encode_events
 from serve_app.protocol.stream import ResponseStream
@@ -130,8 +130,8 @@ def time_vllm_parsers(tokenizer, tokens: list[int]) -> dict[str, float]:
     return results
 
 
-def time_hot_path(batches: list[list[int]], request: ResponsesRequest, parser_factory: Callable | None = None) -> tuple[float, int]:
-    stream = ResponseStream(request) if parser_factory is None else ResponseStream(request, parser_factory=parser_factory)
+def time_hot_path(batches: list[list[int]], request: ResponsesRequest, parser_factory: Callable = HarmonyParser) -> tuple[float, int]:
+    stream = ResponseStream(request, parser_factory=parser_factory)
     # The engine's TokenBatches are the input (the ingress receives them ready-made from Ray).
     last = len(batches) - 1
     token_batches = [TokenBatch(batch, finish_reason="stop" if index == last else None) for index, batch in enumerate(batches)]
@@ -154,7 +154,7 @@ def compare(
     tokens: list[int],
     request: ResponsesRequest,
     rounds: int,
-    parser_factory: Callable | None = None,
+    parser_factory: Callable = HarmonyParser,
     references: tuple[Timer, ...] = (),
 ) -> float:
     """Alternating rounds of the floor, the hot path and any reference paths (shown, not part

@@ -23,6 +23,7 @@ from serve_app.protocol.sse import encode_events
 from serve_app.protocol.stream import ResponseStream
 from serve_app.protocol.tokens import TokenBatch
 from tests.contract import check_stream, parse_sse
+from tests.sdk_scenarios import output_texts as items_of
 from tests.test_stream_properties import PIECES, partition
 
 pytest.importorskip("gguf")
@@ -105,17 +106,6 @@ def completions(draw) -> tuple[str, bool, list[tuple[str, str]]]:
     completion = "".join(parts)
     assume(items)
     return completion, in_reasoning, items
-
-
-def items_of(response) -> list[tuple[str, str]]:
-    out = []
-    for item in response.output:
-        if item.type == "function_call":
-            name = f"{item.namespace}.{item.name}" if item.namespace else item.name
-            out.append(("function_call", f"{name} {item.arguments}"))
-        else:
-            out.append((item.type, item.content[0].text))
-    return out
 
 
 @pytest.fixture(scope="module")
@@ -208,10 +198,9 @@ def detokenize(detokenizer: Detokenizer, batches: list[list[int]], per_token: bo
     return "".join(detokenizer.text(batch) for batch in batches) + detokenizer.flush()
 
 
-def check_detokenizer(tokenizer, ids: list[int], sizes: list[int]) -> None:
+def check_detokenizer(tokenizer, vocabulary: Vocabulary, ids: list[int], sizes: list[int]) -> None:
     """Whatever the batching, and a batch or a token at a time: the text of the whole
     sequence, no more, no less (`decode` of all ids at once, special tokens left out)."""
-    vocabulary = Vocabulary(tokenizer, skip_ids=tokenizer.all_special_ids)
     expected = tokenizer.backend_tokenizer.decode([i for i in ids if i not in vocabulary.skip_ids], skip_special_tokens=False)
     for batches in cuts(ids, sizes):
         for per_token in (False, True):
@@ -231,7 +220,7 @@ def partial_ids(tokenizer) -> list[int]:
 
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(data=st.data(), sizes=st.lists(st.integers(1, 6), max_size=40))
-def test_detokenizer_writes_exactly_the_decoded_text(tokenizer, partial_ids, data, sizes):
+def test_detokenizer_writes_exactly_the_decoded_text(tokenizer, vocabulary, partial_ids, data, sizes):
     """Random ids, many of them parts of characters (in order or not), special tokens, and
     ids past the tokenizer's vocabulary (a model's own may be padded): those write nothing."""
     ids = data.draw(
@@ -245,7 +234,7 @@ def test_detokenizer_writes_exactly_the_decoded_text(tokenizer, partial_ids, dat
             max_size=40,
         )
     )
-    check_detokenizer(tokenizer, ids, sizes)
+    check_detokenizer(tokenizer, vocabulary, ids, sizes)
 
 
 def test_a_byte_level_vocabulary_is_decoded_from_its_bytes(tokenizer, vocabulary, partial_ids):
@@ -287,6 +276,7 @@ def test_detokenizer_of_a_sentencepiece_vocabulary(sentencepiece_tokenizer, word
     """Texts (byte fallback writes one U+FFFD per byte of a broken character when decoding
     at once, a streaming decoder fewer: with whole characters both agree)."""
     tokenizer = sentencepiece_tokenizer
-    assert isinstance(Vocabulary(tokenizer, skip_ids=tokenizer.all_special_ids).detokenizer(), StreamDetokenizer)
+    vocabulary = Vocabulary(tokenizer, skip_ids=tokenizer.all_special_ids)  # 268 tokens: cheap
+    assert isinstance(vocabulary.detokenizer(), StreamDetokenizer)
     ids = tokenizer.encode("".join(words), add_special_tokens=False) + [tokenizer.eos_token_id]
-    check_detokenizer(tokenizer, ids, sizes)
+    check_detokenizer(tokenizer, vocabulary, ids, sizes)

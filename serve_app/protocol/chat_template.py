@@ -59,7 +59,7 @@ def _tools(request: ResponsesRequest) -> list[dict[str, Any]]:
     """Function tools as chat templates take them; namespace functions are named `NS.NAME`."""
     tools = [_function_schema(tool, tool.name) for tool in request.function_tools()]
     for namespace in request.namespace_tools():
-        tools += [_function_schema(tool, f"{namespace.name}.{tool.name}") for tool in namespace.functions]
+        tools += [_function_schema(tool, _qualified(tool.name, namespace.name)) for tool in namespace.functions]
     return tools
 
 
