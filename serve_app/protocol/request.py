@@ -224,6 +224,10 @@ class TextConfig(_Lenient):
 # --- the request -------------------------------------------------------------------------
 
 
+class ConversationRef(_Lenient):
+    id: str = Field(min_length=1)
+
+
 class ResponsesRequest(_Lenient):
     model: str = Field(min_length=1)
     input: Union[str, list[InputItem]]
@@ -241,6 +245,7 @@ class ResponsesRequest(_Lenient):
     background: bool = False
     metadata: dict[str, str] | None = None
     previous_response_id: str | None = None
+    conversation: Union[str, ConversationRef, None] = None
     user: str | None = None
     prompt_cache_key: str | None = None
     text: TextConfig | None = None
@@ -259,13 +264,6 @@ class ResponsesRequest(_Lenient):
             raise ValueError("metadata holds at most 16 pairs, keys up to 64 and values up to 512 characters")
         return value
 
-    @field_validator("background")
-    @classmethod
-    def _no_background(cls, value: bool) -> bool:
-        if value:
-            raise ValueError("background responses are not supported by this server")
-        return value
-
     @model_validator(mode="after")
     def _consistent_tools(self) -> ResponsesRequest:
         names = [f.name for f in self.function_tools()]
@@ -278,6 +276,10 @@ class ResponsesRequest(_Lenient):
         return self
 
     # -- views used by rendering --
+
+    @property
+    def conversation_id(self) -> str | None:
+        return self.conversation.id if isinstance(self.conversation, ConversationRef) else self.conversation
 
     def input_items(self) -> list[MessageItem | FunctionCallItem | FunctionCallOutputItem | ReasoningItem]:
         if isinstance(self.input, str):
@@ -307,6 +309,23 @@ def parse_request(body: bytes) -> ResponsesRequest:
     if not isinstance(data, dict):
         raise invalid_request("The request body must be a JSON object.", code="invalid_type")
     try:
-        return ResponsesRequest.model_validate(data)
+        request = ResponsesRequest.model_validate(data)
     except ValidationError as exc:
         raise from_validation_error(exc) from None
+    _check_combinations(request)
+    return request
+
+
+def _check_combinations(request: ResponsesRequest) -> None:
+    """Parameters that are valid alone but not together (the OpenAI API's rules)."""
+    if request.background and not request.store:
+        raise invalid_request(
+            "Background responses must be stored: 'background': true requires 'store': true.",
+            param="background",
+        )
+    if request.conversation is not None and request.previous_response_id is not None:
+        raise invalid_request(
+            "Mutually exclusive parameters: Ensure you are only providing one of: 'previous_response_id' or 'conversation'.",
+            param="conversation",
+            code="mutually_exclusive_parameters",
+        )

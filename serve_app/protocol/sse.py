@@ -9,7 +9,8 @@ from openai.types.responses import ResponseStreamEvent
 _PREFIX: dict[str, bytes] = {}  # event type -> b"event: <type>\ndata: "
 
 
-def _frame(event: ResponseStreamEvent) -> bytes:
+def frame(event: ResponseStreamEvent) -> bytes:
+    """One event, framed: what a background response's event log stores per event."""
     prefix = _PREFIX.get(event.type)
     if prefix is None:
         prefix = _PREFIX[event.type] = b"event: " + event.type.encode() + b"\ndata: "
@@ -21,5 +22,5 @@ def encode_events(events: Sequence[ResponseStreamEvent]) -> bytes:
     `event: <type>\\ndata: <json>\\n\\n` with every field of the SDK model included (as the
     OpenAI API does, optional fields are sent as null)."""
     if len(events) == 1:  # most batches: one delta event
-        return _frame(events[0])
-    return b"".join(map(_frame, events))
+        return frame(events[0])
+    return b"".join(map(frame, events))

@@ -173,6 +173,8 @@ class ResponseStream:
             top_p=request.top_p,
             max_output_tokens=request.max_output_tokens,
             previous_response_id=request.previous_response_id,
+            background=request.background,
+            conversation={"id": request.conversation_id} if request.conversation_id else None,
             reasoning=request.reasoning.model_dump() if request.reasoning else None,
             metadata=request.metadata,
             store=request.store,
