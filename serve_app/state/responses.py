@@ -1,0 +1,205 @@
+"""Stored responses: what `previous_response_id`, `GET /v1/responses/{id}`, `DELETE` and
+`input_items` read, over any `Store`.
+
+Each turn is stored once, under `response:{id}`, as one JSON value: the `Response`, the
+turn's own input items (ids assigned) and the id of the previous response. A conversation's
+history is rebuilt by walking that chain, so a chain of n turns costs n records, not n²
+items. One key per turn, written in one `put`: a reader sees a turn whole or not at all.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from openai.types.responses import (
+    Response,
+    ResponseFunctionToolCall,
+    ResponseFunctionToolCallOutputItem,
+    ResponseInputMessageItem,
+    ResponseItem,
+    ResponseOutputMessage,
+    ResponseReasoningItem,
+)
+from openai.types.responses.response_function_tool_call_item import ResponseFunctionToolCallItem
+from pydantic import TypeAdapter
+
+from serve_app.protocol.errors import invalid_request
+from serve_app.protocol.harmony import HistoryItem
+from serve_app.protocol.request import (
+    FunctionCallItem,
+    FunctionCallOutputItem,
+    InputItem,
+    MessageItem,
+    ReasoningItem,
+    ReasoningText,
+    TextPart,
+)
+from serve_app.protocol.stream import new_id
+
+from .store import Store
+
+DEFAULT_TTL_S = 30 * 24 * 3600.0  # OpenAI keeps stored responses for 30 days
+
+_INPUT_ITEM = TypeAdapter(InputItem)
+_ID_PREFIX = {"message": "msg", "function_call": "fc", "function_call_output": "fco", "reasoning": "rs"}
+
+
+def response_key(response_id: str) -> str:
+    return f"response:{response_id}"
+
+
+@dataclass(frozen=True, slots=True)
+class StoredTurn:
+    response: Response
+    input: list[HistoryItem]  # this turn's own input items, each with an id
+    previous_response_id: str | None
+
+    def encode(self) -> bytes:
+        return json.dumps(
+            {
+                "previous_response_id": self.previous_response_id,
+                "input": [item.model_dump(mode="json", exclude_none=True) for item in self.input],
+                "response": self.response.model_dump(mode="json"),
+            },
+            separators=(",", ":"),
+        ).encode()
+
+    @classmethod
+    def decode(cls, data: bytes) -> StoredTurn:
+        record = json.loads(data)
+        return cls(
+            response=Response.model_validate(record["response"]),
+            input=[_INPUT_ITEM.validate_python(item) for item in record["input"]],
+            previous_response_id=record["previous_response_id"],
+        )
+
+
+def with_ids(items: list[HistoryItem]) -> list[HistoryItem]:
+    """Input items as stored: every item gets an id (the API lists them by id)."""
+    return [item if item.id else item.model_copy(update={"id": new_id(_ID_PREFIX[item.type])}) for item in items]
+
+
+def output_as_input(response: Response) -> list[HistoryItem]:
+    """The response's output items in the form a client would send them back."""
+    items: list[HistoryItem] = []
+    for item in response.output:
+        if isinstance(item, ResponseOutputMessage):
+            text = "".join(getattr(part, "text", "") for part in item.content)
+            items.append(MessageItem(role="assistant", content=text, id=item.id))
+        elif isinstance(item, ResponseReasoningItem):
+            content = [ReasoningText(text=part.text) for part in item.content or []]
+            items.append(ReasoningItem(type="reasoning", id=item.id, content=content))
+        elif isinstance(item, ResponseFunctionToolCall):
+            items.append(
+                FunctionCallItem(
+                    type="function_call",
+                    id=item.id,
+                    call_id=item.call_id,
+                    name=item.name,
+                    namespace=item.namespace,
+                    arguments=item.arguments,
+                )
+            )
+    return items
+
+
+def as_response_item(item: HistoryItem) -> ResponseItem:
+    """A stored input item as the API lists it (`ResponseItemList.data`)."""
+    if isinstance(item, MessageItem):
+        parts = item.content if isinstance(item.content, list) else [TextPart(type="input_text", text=item.content)]
+        if item.role == "assistant":
+            content = [
+                {"type": "output_text", "text": p.text, "annotations": []} if isinstance(p, TextPart) else p.model_dump()
+                for p in parts
+            ]
+            return ResponseOutputMessage(id=item.id, type="message", role="assistant", status="completed", content=content)
+        content = [{"type": "input_text", "text": p.text if isinstance(p, TextPart) else p.refusal} for p in parts]
+        return ResponseInputMessageItem(id=item.id, type="message", role=item.role, status="completed", content=content)
+    if isinstance(item, FunctionCallItem):
+        return ResponseFunctionToolCallItem(
+            id=item.id, type="function_call", call_id=item.call_id, name=item.name,
+            namespace=item.namespace, arguments=item.arguments, status="completed",
+        )
+    if isinstance(item, FunctionCallOutputItem):
+        output: Any = item.output if isinstance(item.output, str) else [{"type": "input_text", "text": item.text}]
+        return ResponseFunctionToolCallOutputItem(
+            id=item.id, type="function_call_output", call_id=item.call_id, output=output, status="completed"
+        )
+    return ResponseReasoningItem(
+        id=item.id, type="reasoning", summary=[s.model_dump() for s in item.summary],
+        content=[c.model_dump() for c in item.content] if item.content is not None else None,
+        encrypted_content=item.encrypted_content,
+    )
+
+
+class ResponseStore:
+    """The Responses API's stored state over a `Store`: one record per turn, chained."""
+
+    def __init__(self, store: Store, ttl_s: float = DEFAULT_TTL_S) -> None:
+        self.store = store
+        self.ttl_s = ttl_s
+
+    async def save(self, response: Response, input_items: list[HistoryItem]) -> StoredTurn:
+        """Store (or replace) a turn: the response and this turn's own input items."""
+        turn = StoredTurn(response, with_ids(input_items), response.previous_response_id)
+        await self.store.put(response_key(response.id), turn.encode(), ttl_s=self.ttl_s)
+        return turn
+
+    async def get(self, response_id: str) -> StoredTurn | None:
+        data = await self.store.get(response_key(response_id))
+        return None if data is None else StoredTurn.decode(data)
+
+    async def delete(self, response_id: str) -> bool:
+        return await self.store.delete(response_key(response_id))
+
+    async def chain(self, response_id: str) -> list[StoredTurn] | None:
+        """The turns from the first of the conversation to `response_id`, oldest first; None
+        if any of them is gone (deleted or expired): a history with a hole is no history.
+        Reading a chain gives its records a fresh TTL, so a live conversation keeps its past."""
+        turns: list[StoredTurn] = []
+        next_id: str | None = response_id
+        while next_id is not None:
+            turn = await self.get(next_id)
+            if turn is None or any(t.response.id == next_id for t in turns):
+                return None
+            turns.append(turn)
+            next_id = turn.previous_response_id
+        turns.reverse()
+        await self.store.expire([response_key(t.response.id) for t in turns], self.ttl_s)
+        return turns
+
+    async def history(self, previous_response_id: str) -> list[HistoryItem]:
+        """Every item of the conversation up to and including `previous_response_id`'s output:
+        the history a follow-up request continues. A 400 if it cannot be rebuilt whole."""
+        turns = await self.chain(previous_response_id)
+        if turns is None:
+            raise invalid_request(
+                f"Previous response with id '{previous_response_id}' not found.",
+                param="previous_response_id",
+                code="previous_response_not_found",
+            )
+        if turns[-1].response.status in ("queued", "in_progress"):
+            raise invalid_request(
+                f"Previous response with id '{previous_response_id}' has not finished yet.",
+                param="previous_response_id",
+            )
+        items: list[HistoryItem] = []
+        for turn in turns:
+            items += turn.input
+            items += output_as_input(turn.response)
+        return items
+
+    async def input_items(self, response_id: str) -> list[ResponseItem] | None:
+        """What the model saw for `response_id`, oldest first (earlier turns' inputs and
+        outputs, then its own input); None if the response or part of its chain is gone."""
+        turns = await self.chain(response_id)
+        if turns is None:
+            return None
+        items: list[ResponseItem] = []
+        for turn in turns[:-1]:
+            items += [as_response_item(item) for item in turn.input]
+            items += list(turn.response.output)
+        items += [as_response_item(item) for item in turns[-1].input]
+        return items
