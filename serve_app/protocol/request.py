@@ -9,13 +9,14 @@ and simply not offered to the model. Everything else that is wrong is a 400.
 from __future__ import annotations
 
 import json
-from typing import Annotated, Any, Literal, Union
+from typing import Annotated, Any, Literal, TypeVar, Union
 
 import jsonschema
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, ValidationError, field_validator, model_validator
 
 from .errors import APIError, from_validation_error, invalid_request
 
+_Model = TypeVar("_Model", bound=BaseModel)
 FUNCTION_NAME_PATTERN = r"^[a-zA-Z0-9_\-]{1,64}$"
 
 
@@ -221,6 +222,12 @@ class TextConfig(_Lenient):
     format: TextFormat | None = None
 
 
+def check_metadata(value: dict[str, str] | None) -> dict[str, str] | None:
+    if value is not None and (len(value) > 16 or any(len(k) > 64 or len(v) > 512 for k, v in value.items())):
+        raise ValueError("metadata holds at most 16 pairs, keys up to 64 and values up to 512 characters")
+    return value
+
+
 # --- the request -------------------------------------------------------------------------
 
 
@@ -260,9 +267,7 @@ class ResponsesRequest(_Lenient):
     @field_validator("metadata")
     @classmethod
     def _metadata_limits(cls, value: dict[str, str] | None) -> dict[str, str] | None:
-        if value is not None and (len(value) > 16 or any(len(k) > 64 or len(v) > 512 for k, v in value.items())):
-            raise ValueError("metadata holds at most 16 pairs, keys up to 64 and values up to 512 characters")
-        return value
+        return check_metadata(value)
 
     @model_validator(mode="after")
     def _consistent_tools(self) -> ResponsesRequest:
@@ -296,8 +301,8 @@ class ResponsesRequest(_Lenient):
         return self.tool_choice != "none" and bool(self.function_tools() or any(n.functions for n in self.namespace_tools()))
 
 
-def parse_request(body: bytes) -> ResponsesRequest:
-    """Bytes of the HTTP body -> a validated request, or an `APIError` (400)."""
+def parse_body(body: bytes, model: type[_Model]) -> _Model:
+    """Bytes of an HTTP body -> a validated `model`, or an `APIError` (400)."""
     try:
         data = json.loads(body)
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
@@ -309,9 +314,14 @@ def parse_request(body: bytes) -> ResponsesRequest:
     if not isinstance(data, dict):
         raise invalid_request("The request body must be a JSON object.", code="invalid_type")
     try:
-        request = ResponsesRequest.model_validate(data)
+        return model.model_validate(data)
     except ValidationError as exc:
         raise from_validation_error(exc) from None
+
+
+def parse_request(body: bytes) -> ResponsesRequest:
+    """Bytes of the HTTP body -> a validated request, or an `APIError` (400)."""
+    request = parse_body(body, ResponsesRequest)
     _check_combinations(request)
     return request
 

@@ -225,6 +225,13 @@ class ResponseStream:
             self._finish("failed")
         return self._drain()
 
+    def cancel(self) -> list[ResponseStreamEvent]:
+        """End as `cancelled` (a background response cancelled by the client): the open item
+        is closed as incomplete; no terminal event, as the API has none for a cancellation."""
+        if not self.finished:
+            self._finish("cancelled")
+        return self._drain()
+
     # -- item operations (called by the completion parser) --------------------------------
 
     def open_reasoning(self) -> None:
@@ -346,7 +353,7 @@ class ResponseStream:
         events, self._events = self._events, []
         return events
 
-    def _finish(self, status: Literal["completed", "incomplete", "failed"]) -> None:
+    def _finish(self, status: Literal["completed", "incomplete", "failed", "cancelled"]) -> None:
         self.close_item("completed" if status == "completed" else "incomplete")
         response = self.response
         response.status = status
@@ -363,6 +370,6 @@ class ResponseStream:
         elif status == "incomplete":
             response.incomplete_details = IncompleteDetails(reason="max_output_tokens")
             self._emit(ResponseIncompleteEvent(type="response.incomplete", response=response, sequence_number=0))
-        else:
+        elif status == "failed":
             self._emit(ResponseFailedEvent(type="response.failed", response=response, sequence_number=0))
         self.finished = True

@@ -1,0 +1,299 @@
+"""Background responses: the run of one response away from the HTTP request that started it,
+and what any replica does with anyone's run: follow its events, cancel it, declare it failed
+when the replica running it is gone.
+
+The replica that runs a response (the owner) appends every event's SSE frame to the run's
+log in the store (`state.runs`), renews its lease while it runs and watches the run's cancel
+flag; at the end it stores the final response and closes the run. Any replica follows a run
+by reading its log from a sequence number on, and a reader that finds a run whose lease has
+expired closes it as `failed` (appending `response.failed`), so no run stays `in_progress`
+forever. Imports `protocol` and `state`; no HTTP, no Ray.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import socket
+from dataclasses import dataclass, field
+from typing import AsyncIterator, Awaitable, Callable
+
+from openai.types.responses import Response, ResponseFailedEvent, ResponseStreamEvent
+from openai.types.responses.response_error import ResponseError
+
+from .protocol.errors import APIError, invalid_request
+from .protocol.harmony import HistoryItem
+from .protocol.sse import frame
+from .protocol.stream import ResponseStream
+from .state.responses import ResponseStore
+from .state.runs import RunRecord, RunStore
+from .state.store import StoreUnavailable
+
+logger = logging.getLogger("responses_serve.background")
+
+Finish = Callable[[Response], Awaitable[None]]
+_ACTIVE = ("queued", "in_progress")
+
+
+def default_replica_id() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+def not_found(response_id: str) -> APIError:
+    return APIError(f"No response found with id '{response_id}'.", status_code=404, param="response_id", code="not_found")
+
+
+@dataclass(eq=False)
+class _LocalRun:
+    """A run this replica owns: its frames so far (local followers read them here)."""
+
+    response_id: str
+    frames: list[bytes] = field(default_factory=list)
+    flushed: int = 0  # frames in the store's log
+    stop_reason: str | None = None  # "cancel" | "lost" | "shutdown"
+    done: bool = False  # everything flushed, final response stored, run closed (or given up)
+    task: asyncio.Task | None = None  # the whole run
+    generation: asyncio.Task | None = None  # reading the engine; cancelled to stop it
+    changed: asyncio.Event = field(default_factory=asyncio.Event)  # replaced on every change
+    wake_watcher: asyncio.Event = field(default_factory=asyncio.Event)
+
+    def add(self, events: list[ResponseStreamEvent]) -> None:
+        if events:
+            self.frames += [frame(event) for event in events]
+            self.notify()
+
+    def notify(self) -> None:
+        changed, self.changed = self.changed, asyncio.Event()
+        changed.set()
+
+
+class BackgroundRuns:
+    """This replica's background runs, and the operations on any replica's."""
+
+    def __init__(
+        self,
+        responses: ResponseStore,
+        runs: RunStore,
+        *,
+        replica_id: str | None = None,
+        renew_s: float = 0.5,
+        poll_s: float = 0.1,
+    ) -> None:
+        self.responses = responses
+        self.runs = runs
+        self.replica_id = replica_id or default_replica_id()
+        self.renew_s = renew_s
+        self.poll_s = poll_s
+        self._local: dict[str, _LocalRun] = {}
+
+    @property
+    def running(self) -> int:
+        return len(self._local)
+
+    # -- the owner's side --------------------------------------------------------------------
+
+    async def start(
+        self,
+        stream: ResponseStream,
+        events: AsyncIterator[list[ResponseStreamEvent]],
+        input_items: list[HistoryItem],
+        finish: Finish,
+    ) -> Response:
+        """Store the response as `in_progress`, start its run here, return that snapshot."""
+        response = stream.response
+        snapshot = response.model_copy(deep=True)
+        await self.responses.save(snapshot, input_items)
+        await self.runs.create(response.id, self.replica_id)
+        local = _LocalRun(response.id)
+        self._local[response.id] = local
+        local.task = asyncio.create_task(self._run(local, stream, events, finish), name=f"background {response.id}")
+        return snapshot
+
+    async def _run(self, local: _LocalRun, stream: ResponseStream, events: AsyncIterator[list[ResponseStreamEvent]], finish: Finish) -> None:
+        response_id = local.response_id
+        generation = local.generation = asyncio.create_task(self._generate(local, stream, events))
+        watcher = asyncio.create_task(self._watch(local, generation))
+        flusher = asyncio.create_task(self._flush_until(local, generation))
+        try:
+            await generation
+            await flusher
+            if local.stop_reason != "lost":
+                await finish(stream.response)
+                await self.runs.close(response_id, len(local.frames), stream.response.status or "failed")
+            logger.info("background response %s: %s", response_id, stream.response.status)
+        except Exception:  # the store failed at the end: the lease runs out, a reader fails it
+            logger.exception("background response %s: could not store its end", response_id)
+        finally:
+            watcher.cancel()
+            flusher.cancel()
+            local.done = True
+            local.notify()
+            self._local.pop(response_id, None)
+
+    @staticmethod
+    async def _generate(local: _LocalRun, stream: ResponseStream, events: AsyncIterator[list[ResponseStreamEvent]]) -> None:
+        try:
+            async with contextlib.aclosing(events):  # closing it aborts the engine request
+                async for batch in events:
+                    local.add(batch)
+        except asyncio.CancelledError:  # the watcher stopped us
+            if local.stop_reason == "cancel":
+                local.add(stream.cancel())
+            elif local.stop_reason == "shutdown":
+                local.add(stream.fail("The server shut down before this background response finished."))
+            elif local.stop_reason != "lost":
+                raise
+
+    async def _flush_until(self, local: _LocalRun, generation: asyncio.Task) -> None:
+        """Append new frames to the store's log until generation is over and all are in."""
+        while True:
+            changed = local.changed
+            if local.flushed < len(local.frames):
+                frames = local.frames[local.flushed :]
+                try:
+                    appended = await self.runs.append(local.response_id, frames, at=local.flushed)
+                except StoreUnavailable:
+                    logger.warning("background response %s: store unavailable, retrying the append", local.response_id)
+                    await asyncio.sleep(self.poll_s)
+                    continue
+                if not appended:  # someone declared this run failed: it is not ours any more
+                    self._stop(local, "lost", generation)
+                    return
+                local.flushed += len(frames)
+                continue
+            if generation.done():
+                return
+            await changed.wait()
+
+    async def _watch(self, local: _LocalRun, generation: asyncio.Task) -> None:
+        """Renew the lease; stop the generation when the run is cancelled or lost."""
+        while not generation.done():
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(local.wake_watcher.wait(), self.renew_s)
+            local.wake_watcher.clear()
+            try:
+                record = await self.runs.renew(local.response_id, self.replica_id)
+            except StoreUnavailable:
+                logger.warning("background response %s: store unavailable, lease not renewed", local.response_id)
+                continue
+            if record is None or record.closed or record.owner != self.replica_id:
+                self._stop(local, "lost", generation)
+            elif record.cancel:
+                self._stop(local, "cancel", generation)
+
+    @staticmethod
+    def _stop(local: _LocalRun, reason: str, generation: asyncio.Task) -> None:
+        if local.stop_reason is None and not generation.done():
+            logger.info("background response %s: stopping (%s)", local.response_id, reason)
+            local.stop_reason = reason
+            generation.cancel()
+
+    async def drain(self, timeout_s: float) -> None:
+        """Shutting down: wait up to `timeout_s` for this replica's runs, then end the rest
+        as failed (stored, so that nobody waits for them)."""
+        runs = list(self._local.values())
+        if not runs:
+            return
+        logger.info("waiting up to %.0f s for %d background responses", timeout_s, len(runs))
+        tasks = [run.task for run in runs if run.task is not None]
+        _, pending = await asyncio.wait(tasks, timeout=timeout_s)
+        for run in runs:
+            if run.task in pending and run.generation is not None:
+                self._stop(run, "shutdown", run.generation)
+        if pending:
+            await asyncio.wait(pending, timeout=5)
+
+    # -- any replica ---------------------------------------------------------------------------
+
+    async def refresh(self, response: Response) -> Response:
+        """The response as it now is: a background response whose replica is gone is failed now."""
+        if not response.background or response.status not in _ACTIVE:
+            return response
+        record = await self.runs.get(response.id)
+        if record is not None and record.expired(self.runs.clock()):
+            await self._expire(response.id)
+        turn = await self.responses.get(response.id)
+        return turn.response if turn is not None else response
+
+    async def _expire(self, response_id: str) -> None:
+        """Declare a run whose lease ran out failed: a `response.failed` event at the end of
+        its log (only if nobody wrote there meanwhile: then the owner lives), the failed
+        response stored, the run closed."""
+        turn = await self.responses.get(response_id)
+        if turn is None:
+            return
+        at = await self.runs.length(response_id)
+        failed = turn.response.model_copy(
+            update={
+                "status": "failed",
+                "error": ResponseError(
+                    code="server_error",
+                    message="The server running this background response stopped before it finished.",
+                ),
+            }
+        )
+        event = ResponseFailedEvent(type="response.failed", response=failed, sequence_number=at)
+        if not await self.runs.append(response_id, [frame(event)], at=at):
+            return
+        logger.warning("background response %s: its replica is gone (lease expired); failed", response_id)
+        await self.responses.save(failed, turn.input)
+        await self.runs.close(response_id, at + 1, "failed")
+
+    async def background_response(self, response_id: str) -> Response:
+        turn = await self.responses.get(response_id)
+        if turn is None:
+            raise not_found(response_id)
+        return turn.response
+
+    async def cancel(self, response_id: str, wait_s: float | None = None) -> Response:
+        """Ask the owner to stop and wait until it has (or its lease ran out); idempotent:
+        a finished background response is returned as it is."""
+        response = await self.background_response(response_id)
+        if not response.background:
+            raise invalid_request("Cannot cancel a synchronous response.", param="response_id", code=None)
+        record = await self.runs.request_cancel(response_id)
+        local = self._local.get(response_id)
+        if local is not None:
+            local.wake_watcher.set()
+        deadline = asyncio.get_running_loop().time() + (wait_s if wait_s is not None else self.runs.lease_s + 4 * self.renew_s)
+        while record is not None and not record.closed and asyncio.get_running_loop().time() < deadline:
+            await asyncio.sleep(self.poll_s)
+            record = await self.runs.get(response_id)
+            if record is not None and record.expired(self.runs.clock()):
+                await self._expire(response_id)
+        return await self.background_response(response_id)
+
+    async def follow(self, response_id: str, starting_after: int) -> AsyncIterator[bytes]:
+        """The SSE frames of a run's events after `starting_after`, live until the run ends."""
+        position = starting_after + 1
+        while True:
+            local = self._local.get(response_id)
+            if local is not None:  # ours: read the frames in memory, woken on every change
+                changed = local.changed
+                frames = local.frames[position:]
+                if frames:
+                    position += len(frames)
+                    yield b"".join(frames)
+                elif local.done:
+                    return
+                else:
+                    await changed.wait()
+                continue
+            frames = await self.runs.events(response_id, position)
+            if frames:
+                position += len(frames)
+                yield b"".join(frames)
+                continue
+            record: RunRecord | None = await self.runs.get(response_id)
+            if record is None:
+                return
+            if record.closed:
+                if record.length is None or position >= record.length:
+                    return
+                continue
+            if record.expired(self.runs.clock()):
+                await self._expire(response_id)
+                continue
+            await asyncio.sleep(self.poll_s)
