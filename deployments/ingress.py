@@ -7,6 +7,7 @@ turn prompt tokens into token batches.
 from __future__ import annotations
 
 import logging
+import os
 from typing import AsyncIterator
 
 from ray import serve
@@ -16,10 +17,10 @@ from ray.serve.handle import DeploymentHandle
 
 from deployments import use_serve_logging
 from serve_app.api import ModelFamily, ServedModel, create_app
-from serve_app.config import AppConfig, ModelConfig
+from serve_app.config import AppConfig, ModelConfig, StoreConfig
 from serve_app.protocol.harmony import HarmonyModel
 from serve_app.protocol.tokens import GenerationRequest, TokenBatch
-from serve_app.store import InMemoryStore
+from serve_app.state import MemoryStore, Store
 
 logger = logging.getLogger("ray.serve")
 
@@ -72,14 +73,32 @@ def model_family(model: ModelConfig) -> ModelFamily:
     )
 
 
+def open_store(config: StoreConfig, embedded: DeploymentHandle | None) -> Store:
+    """The configured store backend, as seen from an ingress replica."""
+    if config.type == "memory":
+        return MemoryStore(max_entries=config.max_entries, max_bytes=config.max_bytes)
+    if config.type == "redis":
+        from serve_app.state.redis import RedisStore
+
+        url = config.redis_url()
+        assert url, "checked when the app was built"
+        password = os.environ.get(config.password_env) or None
+        return RedisStore(url, password=password, key_prefix=config.key_prefix, timeout_s=config.timeout_s)
+    from deployments.store import HandleStore
+
+    assert embedded is not None, "build_app binds the store deployment"
+    return HandleStore(embedded)
+
+
 @serve.ingress()
 class ResponsesIngress:
     """Ray Serve deployment class; the app is built on the replica from the typed config."""
 
-    def __init__(self, app_config: dict, engines: dict[str, DeploymentHandle]) -> None:
+    def __init__(self, app_config: dict, engines: dict[str, DeploymentHandle], store: DeploymentHandle | None = None) -> None:
         use_serve_logging()
         self.config = AppConfig.model_validate(app_config)
         self.engines = engines
+        self.store = store  # the embedded store deployment, if configured
 
     def __serve_build_asgi_app__(self):
         models = [
@@ -88,7 +107,9 @@ class ResponsesIngress:
         ]
         return create_app(
             models,
-            store=InMemoryStore(self.config.store_max_entries),
+            store=open_store(self.config.store, self.store),
+            store_timeout_s=self.config.store.timeout_s,
+            store_ttl_s=self.config.store.ttl_s,
             api_key=self.config.api_key,
             max_request_bytes=self.config.max_request_bytes,
         )

@@ -82,6 +82,9 @@ def build_app(args: dict[str, Any] | None = None) -> Application:
     except ValidationError as exc:
         raise ValueError(f"invalid responses-serve application args:\n{exc}") from None
 
+    if config.store.type == "redis" and not config.store.redis_url():
+        raise ValueError("store type 'redis' needs store.url (redis://host:6379/0) or the REDIS_URL environment variable")
+
     engines = {
         model.name: serve.deployment(EngineServer)
         .options(name=model.deployment_name, **_with_vocabulary_env(engine_deployment_options(model)))
@@ -91,7 +94,21 @@ def build_app(args: dict[str, Any] | None = None) -> Application:
     ingress = serve.deployment(ResponsesIngress).options(
         name="ResponsesIngress", **_with_vocabulary_env(config.ingress.serve_options())
     )
-    return ingress.bind(config.model_dump(), engines)
+    return ingress.bind(config.model_dump(), engines, _store_deployment(config))
+
+
+def _store_deployment(config: AppConfig):
+    """The embedded store's deployment (one replica), or None for an external/per-replica store."""
+    if config.store.type != "embedded":
+        return None
+    from deployments.store import StoreServer
+
+    store = config.store
+    return (
+        serve.deployment(StoreServer)
+        .options(name="ResponseStore", **store.deployment.serve_options())
+        .bind(store.max_entries, store.max_bytes)
+    )
 
 
 # A ready Application with the default args, for `serve build serve_app.app:app` (which needs

@@ -224,12 +224,56 @@ class ModelConfig(_Strict):
         return "EngineServer-" + re.sub(r"[^A-Za-z0-9_.-]", "_", self.name)
 
 
+class StoreConfig(_Strict):
+    """Where stored responses (and everything else that outlives a request) are kept.
+
+    embedded: a store deployment of its own in this Serve app (one replica, in memory,
+      bounded, lost when it restarts); every ingress replica on any node reaches it.
+    redis: a Redis or Valkey server (production: survives restarts, shared by apps).
+    memory: each ingress replica's own memory: one replica only (tests, debugging).
+    """
+
+    type: Literal["embedded", "redis", "memory"] = "embedded"
+    url: str | None = Field(None, description="redis: redis://host:6379/0 (default: $REDIS_URL); no password in it")
+    password_env: str = Field("REDIS_PASSWORD", description="redis: the environment variable holding the password, if any")
+    key_prefix: str = Field("responses-serve:", min_length=1, description="redis: prefix of every key (apps sharing a server differ here)")
+    ttl_s: float = Field(30 * 24 * 3600.0, gt=0, description="how long a stored response is kept (OpenAI: 30 days)")
+    max_entries: int = Field(100_000, ge=1, description="embedded/memory: keys kept; the oldest go first")
+    max_bytes: int = Field(1 << 30, ge=1024, description="embedded/memory: bytes of keys and values kept; the oldest go first")
+    timeout_s: float = Field(2.0, gt=0, description="every store call ends within this; a store slower than that is down (503)")
+    deployment: DeploymentConfig = Field(
+        default_factory=lambda: DeploymentConfig(num_replicas=1, max_ongoing_requests=100_000, ray_actor_options={"num_cpus": 0}),
+        description="embedded: Serve options of the store deployment (always one replica)",
+    )
+
+    @field_validator("url")
+    @classmethod
+    def _no_password_in_url(cls, url: str | None) -> str | None:
+        if url is not None:
+            from urllib.parse import urlsplit
+
+            if urlsplit(url).password:
+                raise ValueError("put the Redis password in the environment variable named by password_env (e.g. from a Kubernetes Secret), not in url")
+        return url
+
+    @model_validator(mode="after")
+    def _one_store_replica(self) -> StoreConfig:
+        if self.deployment.num_replicas not in (None, 1) or self.deployment.autoscaling_config is not None:
+            raise ValueError("the embedded store runs exactly one replica: leave store.deployment.num_replicas at 1, without autoscaling")
+        return self
+
+    def redis_url(self) -> str | None:
+        import os
+
+        return self.url or os.environ.get("REDIS_URL")
+
+
 class AppConfig(_Strict):
     models: list[ModelConfig] = Field(min_length=1)
     ingress: DeploymentConfig = Field(default_factory=lambda: DeploymentConfig(max_ongoing_requests=1024))
     api_key: str | None = Field(None, description="require `Authorization: Bearer <api_key>` on /v1/*")
     max_request_bytes: int = Field(8 * 1024 * 1024, ge=1024)
-    store_max_entries: int = Field(10_000, ge=0, description="responses kept for previous_response_id, per ingress replica")
+    store: StoreConfig = Field(default_factory=StoreConfig)
 
     @field_validator("models")
     @classmethod
@@ -238,3 +282,16 @@ class AppConfig(_Strict):
             if len(set(names)) != len(names):
                 raise ValueError(f"model names must be unique (also after replacing characters other than letters, digits, '_', '.', '-'), got {names}")
         return models
+
+    @model_validator(mode="after")
+    def _store_serves_every_replica(self) -> AppConfig:
+        ingress = self.ingress
+        several = ingress.autoscaling_config is not None or ingress.num_replicas not in (None, 1)
+        if self.store.type == "memory" and several:
+            raise ValueError(
+                "store type 'memory' keeps responses inside one ingress replica, but ingress runs "
+                f"{'autoscaled' if ingress.autoscaling_config is not None else ingress.num_replicas} replicas: a follow-up "
+                "landing on another replica would not find them. Set store: {type: embedded} (one cluster) or "
+                "store: {type: redis, url: ...}, or ingress.num_replicas: 1"
+            )
+        return self

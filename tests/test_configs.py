@@ -124,7 +124,29 @@ def test_serve_build_generates_a_valid_config(tmp_path):
     schema = ServeDeploySchema.model_validate(yaml.safe_load(out.read_text()))
     (application,) = schema.applications
     assert application.import_path == "serve_app.app:app"
-    assert {d.name for d in application.deployments} == {"EngineServer-gpt-oss-replay", "ResponsesIngress"}
+    assert {d.name for d in application.deployments} == {"EngineServer-gpt-oss-replay", "ResponsesIngress", "ResponseStore"}
+
+
+def test_a_store_that_cannot_serve_every_ingress_replica_is_refused(monkeypatch):
+    from serve_app.app import build_app
+
+    models = [{"name": "m"}]
+    for ingress in ({"num_replicas": 2}, {"num_replicas": "auto"}, {"autoscaling_config": {"min_replicas": 1, "max_replicas": 4}}):
+        with pytest.raises(ValueError, match="store type 'memory' keeps responses inside one ingress replica.*type: embedded"):
+            AppConfig.model_validate({"models": models, "ingress": ingress, "store": {"type": "memory"}})
+        for store in ({"type": "embedded"}, {"type": "redis", "url": "redis://r:6379/0"}):
+            AppConfig.model_validate({"models": models, "ingress": ingress, "store": store})
+    AppConfig.model_validate({"models": models, "ingress": {"num_replicas": 1}, "store": {"type": "memory"}})
+    with pytest.raises(ValueError, match="password_env"):
+        AppConfig.model_validate({"models": models, "store": {"type": "redis", "url": "redis://:secret@r:6379/0"}})
+    with pytest.raises(ValueError, match="exactly one replica"):
+        AppConfig.model_validate({"models": models, "store": {"deployment": {"num_replicas": 2}}})
+    monkeypatch.delenv("REDIS_URL", raising=False)
+    with pytest.raises(ValueError, match="REDIS_URL"):
+        build_app({"models": models, "store": {"type": "redis"}})
+    monkeypatch.setenv("REDIS_URL", "redis://r:6379/0")
+    bound = build_app({"models": models, "store": {"type": "redis"}})._bound_deployment
+    assert bound.init_args[2] is None  # no store deployment: the replicas talk to Redis
 
 
 def test_chat_template_config_checks():

@@ -1,0 +1,150 @@
+"""`/v1/responses`: create, retrieve, delete, list input items."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import time
+from typing import AsyncIterator
+
+from fastapi import APIRouter, Request
+from fastapi.responses import Response, StreamingResponse
+from openai.types.responses import ResponseStreamEvent
+
+from serve_app.protocol.errors import APIError, invalid_request, model_not_found, server_error
+from serve_app.protocol.request import parse_request
+from serve_app.protocol.sse import encode_events
+from serve_app.run import Turn, run_turn, start_turn
+from serve_app.state import ResponseStore
+
+logger = logging.getLogger("responses_serve")
+
+router = APIRouter()
+
+
+def _json(data: str | bytes, status_code: int = 200) -> Response:
+    return Response(data, status_code=status_code, media_type="application/json")
+
+
+def _not_found(response_id: str) -> APIError:
+    return APIError(f"No response found with id '{response_id}'.", status_code=404, param="response_id", code="not_found")
+
+
+@router.post("/v1/responses")
+async def create_response(http_request: Request) -> Response:
+    state = http_request.app.state
+    started = time.perf_counter()
+    request = parse_request(await read_body(http_request, state.max_request_bytes))
+    model = state.served.get(request.model)
+    if model is None:
+        raise model_not_found(request.model)
+    responses: ResponseStore = state.responses
+    turn = await start_turn(request, model, responses)
+    logger.info(
+        "response %s: model=%s stream=%s prompt_tokens=%d max_tokens=%d",
+        turn.generation.request_id, model.name, request.stream, len(turn.prompt), turn.generation.max_tokens,
+    )
+    events = run_turn(turn, responses)
+    if request.stream:
+        return StreamingResponse(
+            _sse(events, turn, started),
+            media_type="text/event-stream",
+            headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+        )
+    async with contextlib.aclosing(events):
+        async for _ in events:
+            pass
+    _log_finished(turn, started)
+    if turn.store_error is not None:
+        raise turn.store_error
+    response = turn.stream.response
+    if response.status == "failed":
+        raise server_error(response.error.message, status_code=503)
+    # The same serialization as the terminal event of a stream: one source of truth.
+    return _json(response.model_dump_json())
+
+
+@router.get("/v1/responses/{response_id}")
+async def retrieve_response(response_id: str, request: Request) -> Response:
+    turn = await request.app.state.responses.get(response_id)
+    if turn is None:
+        raise _not_found(response_id)
+    return _json(turn.response.model_dump_json())
+
+
+@router.delete("/v1/responses/{response_id}")
+async def delete_response(response_id: str, request: Request) -> Response:
+    if not await request.app.state.responses.delete(response_id):
+        raise _not_found(response_id)
+    # What the OpenAI API answers (the SDK's `responses.delete` returns None and ignores it).
+    return _json(f'{{"id":"{response_id}","object":"response","deleted":true}}')
+
+
+@router.get("/v1/responses/{response_id}/input_items")
+async def list_input_items(response_id: str, request: Request) -> Response:
+    # `include` is accepted and needs nothing: stored items are whole.
+    query = request.query_params
+    after, order, limit_text = query.get("after"), query.get("order", "desc"), query.get("limit", "20")
+    if not limit_text.isdigit() or not 1 <= int(limit_text) <= 100:
+        raise invalid_request(f"Invalid 'limit': '{limit_text}'. It must be an integer between 1 and 100.", param="limit")
+    limit = int(limit_text)
+    if order not in ("asc", "desc"):
+        raise invalid_request(f"Invalid 'order': '{order}'. It must be 'asc' or 'desc'.", param="order")
+    items = await request.app.state.responses.input_items(response_id)
+    if items is None:
+        raise _not_found(response_id)
+    if order == "desc":
+        items.reverse()
+    start = 0
+    if after is not None:
+        ids = [item.id for item in items]
+        if after not in ids:
+            raise invalid_request(f"No input item with id '{after}' in response '{response_id}'.", param="after")
+        start = ids.index(after) + 1
+    page = items[start : start + limit]
+    body = {
+        "object": "list",
+        "data": [item.model_dump(mode="json", exclude_none=True) for item in page],
+        "first_id": page[0].id if page else None,
+        "last_id": page[-1].id if page else None,
+        "has_more": start + limit < len(items),
+    }
+    return _json(json.dumps(body, separators=(",", ":")))
+
+
+def _log_finished(turn: Turn, started: float) -> None:
+    response = turn.stream.response
+    usage = response.usage
+    logger.info(
+        "response %s: %s output_tokens=%d in %.3fs",
+        response.id, response.status, usage.output_tokens if usage else 0, time.perf_counter() - started,
+    )
+
+
+async def _sse(events: AsyncIterator[list[ResponseStreamEvent]], turn: Turn, started: float) -> AsyncIterator[bytes]:
+    try:
+        async with contextlib.aclosing(events):
+            async for batch_events in events:
+                yield encode_events(batch_events)
+    finally:
+        if turn.stream.finished:
+            _log_finished(turn, started)
+        else:
+            logger.info("response %s: client went away, generation aborted", turn.stream.response.id)
+
+
+async def read_body(request: Request, limit: int) -> bytes:
+    declared = request.headers.get("content-length")
+    too_large = APIError(
+        f"The request body is larger than this server accepts ({limit} bytes).", status_code=413, code="request_too_large"
+    )
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise too_large
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise too_large
+        chunks.append(chunk)
+    return b"".join(chunks)

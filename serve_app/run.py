@@ -1,0 +1,143 @@
+"""The run of one response, apart from HTTP: history in, events out, the result stored.
+
+    turn = await start_turn(request, model, responses)   # history from the store, prompt
+    async for events in run_turn(turn, responses): ...    # a list of events per token batch
+
+The HTTP routes (serve_app/routes/) stream or collect these events; background runs drive
+the same generator. Imports `protocol` and `state`, never FastAPI.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from dataclasses import dataclass, field
+from typing import AsyncIterator, Protocol
+
+from openai.types.responses import ResponseError, ResponseFailedEvent, ResponseStreamEvent
+
+from .protocol.errors import invalid_request
+from .protocol.harmony import HarmonyModel, HistoryItem
+from .protocol.items import CompletionParser, ItemSink
+from .protocol.request import ResponsesRequest
+from .protocol.stream import ResponseStream, new_id
+from .protocol.tokens import GenerationRequest, TokenBatch
+from .state import ResponseStore, StoreUnavailable
+
+logger = logging.getLogger("responses_serve")
+
+
+class TokenSource(Protocol):
+    def generate(self, request: GenerationRequest) -> AsyncIterator[TokenBatch]: ...
+
+
+class ModelFamily(Protocol):
+    """How a kind of model is prompted and parsed (`HarmonyModel`, `ChatTemplateModel`)."""
+
+    stop_token_ids: list[int]
+
+    def render_prompt(self, request: ResponsesRequest, history: list[HistoryItem]) -> list[int]: ...
+    def parser(self, sink: ItemSink, prompt: list[int]) -> CompletionParser: ...
+
+
+@dataclass(frozen=True, slots=True)
+class ServedModel:
+    name: str
+    source: TokenSource
+    max_model_len: int = 131_072
+    family: ModelFamily = field(default_factory=HarmonyModel)
+    owned_by: str = "responses-serve"
+
+
+@dataclass(slots=True)
+class Turn:
+    """One response being made: the request, this turn's own input, and its stream."""
+
+    request: ResponsesRequest
+    model: ServedModel
+    input_items: list[HistoryItem]
+    prompt: list[int]
+    generation: GenerationRequest
+    stream: ResponseStream
+    store_error: StoreUnavailable | None = None  # set when the finished response could not be stored
+
+
+async def start_turn(request: ResponsesRequest, model: ServedModel, responses: ResponseStore) -> Turn:
+    """Rebuild the history (a store read only with `previous_response_id`) and render the prompt."""
+    input_items = request.input_items()
+    history = input_items
+    if request.previous_response_id is not None:
+        history = await responses.history(request.previous_response_id) + input_items
+    prompt = model.family.render_prompt(request, history)
+    generation = generation_request(request, prompt, model)
+    stream = ResponseStream(request, response_id=generation.request_id, parser_factory=lambda sink: model.family.parser(sink, prompt))
+    return Turn(request, model, input_items, prompt, generation, stream)
+
+
+async def run_turn(turn: Turn, responses: ResponseStore) -> AsyncIterator[list[ResponseStreamEvent]]:
+    """The events of `turn`. With `store`, a finished response is stored before its terminal
+    event goes out; if the store fails, that event becomes `response.failed`, so a client
+    never holds the id of a response that is not there."""
+    stream = turn.stream
+    async with contextlib.aclosing(engine_events(stream, turn.model.source, turn.generation)) as batches:
+        async for events in batches:
+            if stream.finished and turn.request.store and stream.response.status in ("completed", "incomplete"):
+                try:
+                    await responses.save(stream.response, turn.input_items)
+                except StoreUnavailable as exc:
+                    logger.warning("response %s: not stored: %s", stream.response.id, exc.message)
+                    turn.store_error = exc
+                    events = events[:-1] + [_failed(stream, events[-1], exc.message)]
+            yield events
+
+
+def _failed(stream: ResponseStream, terminal: ResponseStreamEvent, message: str) -> ResponseFailedEvent:
+    response = stream.response
+    response.status = "failed"
+    response.error = ResponseError(code="server_error", message=f"The response was generated but could not be stored: {message}")
+    response.completed_at = None
+    response.incomplete_details = None
+    return ResponseFailedEvent(type="response.failed", response=response, sequence_number=terminal.sequence_number)
+
+
+async def engine_events(stream: ResponseStream, source: TokenSource, generation: GenerationRequest) -> AsyncIterator[list[ResponseStreamEvent]]:
+    """Events of one response, a list per token batch. Ends with exactly one terminal event."""
+    yield stream.start()
+    try:
+        # aclosing: a client that goes away closes this generator, which must close (and so
+        # abort) the engine stream at once rather than whenever the GC gets to it.
+        async with contextlib.aclosing(source.generate(generation)) as batches:
+            # Read the source to its end even after the last batch, so a finished engine
+            # call ends normally instead of being cancelled.
+            async for batch in batches:
+                if stream.finished:
+                    logger.warning("response %s: engine sent tokens after its last batch", stream.response.id)
+                    continue
+                if events := stream.feed(batch):
+                    yield events
+        if not stream.finished:  # the source ended without a finish reason: a normal stop
+            yield stream.feed(TokenBatch([], finish_reason="stop"))
+    except Exception as exc:  # engine died or raised: the client still gets a proper ending
+        logger.exception("response %s: engine stream failed", stream.response.id)
+        yield stream.fail(f"The engine failed while generating this response: {type(exc).__name__}: {exc}")
+
+
+def generation_request(request: ResponsesRequest, prompt: list[int], model: ServedModel) -> GenerationRequest:
+    max_model_len = model.max_model_len
+    room = max_model_len - len(prompt)
+    if room < 1:
+        raise invalid_request(
+            f"This model's maximum context length is {max_model_len} tokens, but the input has "
+            f"{len(prompt)} tokens. Shorten the input.",
+            param="input",
+            code="context_length_exceeded",
+        )
+    max_tokens = min(request.max_output_tokens or room, room)
+    return GenerationRequest(
+        request_id=new_id("resp"),
+        prompt_token_ids=prompt,
+        stop_token_ids=model.family.stop_token_ids,
+        max_tokens=max_tokens,
+        temperature=request.temperature,
+        top_p=request.top_p,
+    )
