@@ -8,8 +8,9 @@ bytes and the SSE bytes is the same code in both cases.
 
 from __future__ import annotations
 
+import contextlib
 import logging
-from typing import Sequence
+from typing import AsyncIterator, Sequence
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
@@ -23,10 +24,15 @@ from .protocol.request import ResponsesRequest
 from .protocol.sse import encode_events
 from .protocol.stream import ResponseStream
 from .protocol.tokens import TokenBatch
+from .background import BackgroundRuns
+from .routes import background as background_routes
+from .routes import conversations as conversations_routes
 from .routes import responses as responses_routes
 from .run import ModelFamily, ServedModel, TokenSource
 from .state import BoundedStore, MemoryStore, ResponseStore, Store
+from .state.conversations import ConversationStore
 from .state.responses import DEFAULT_TTL_S
+from .state.runs import RunStore
 
 __all__ = ["ModelFamily", "ServedModel", "TokenSource", "create_app"]
 
@@ -34,6 +40,7 @@ logger = logging.getLogger("responses_serve")
 
 DEFAULT_MAX_REQUEST_BYTES = 8 * 1024 * 1024
 DEFAULT_STORE_TIMEOUT_S = 2.0
+DEFAULT_BACKGROUND_DRAIN_S = 15.0  # within Serve's default graceful_shutdown_timeout_s (20 s)
 
 
 def create_app(
@@ -44,16 +51,21 @@ def create_app(
     store_ttl_s: float = DEFAULT_TTL_S,
     api_key: str | None = None,
     max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
+    replica_id: str | None = None,
+    background_drain_s: float = DEFAULT_BACKGROUND_DRAIN_S,
 ) -> FastAPI:
     """`store`: where responses are kept (default: this process's memory, for one replica)."""
     _warm_up()
     served = {model.name: model for model in models}
-    app = FastAPI(title="responses-serve", docs_url=None, redoc_url=None)
+    app = FastAPI(title="responses-serve", docs_url=None, redoc_url=None, lifespan=_drain_background_runs)
     # What the routers read (serve_app/routes/): every store call is time-bounded.
     app.state.served = served
     app.state.store = BoundedStore(store if store is not None else MemoryStore(), store_timeout_s)
     app.state.responses = ResponseStore(app.state.store, store_ttl_s)
     app.state.max_request_bytes = max_request_bytes
+    app.state.conversations = ConversationStore(app.state.store, store_ttl_s)
+    app.state.background = BackgroundRuns(app.state.responses, RunStore(app.state.store, store_ttl_s), replica_id=replica_id)
+    app.state.background_drain_s = background_drain_s
 
     @app.exception_handler(APIError)
     async def _api_error(_: Request, exc: APIError) -> JSONResponse:
@@ -89,7 +101,17 @@ def create_app(
         return {"object": "list", "data": data}
 
     app.include_router(responses_routes.router)
+    app.include_router(background_routes.router)
+    app.include_router(conversations_routes.router)
     return app
+
+
+@contextlib.asynccontextmanager
+async def _drain_background_runs(app: FastAPI) -> AsyncIterator[None]:
+    """On shutdown (Serve runs the ASGI lifespan when it stops a replica), wait for this
+    replica's background runs: Serve's drain only counts HTTP requests."""
+    yield
+    await app.state.background.drain(app.state.background_drain_s)
 
 
 def _warm_up() -> None:

@@ -23,6 +23,8 @@ from .protocol.request import ResponsesRequest
 from .protocol.stream import ResponseStream, new_id
 from .protocol.tokens import GenerationRequest, TokenBatch
 from .state import ResponseStore, StoreUnavailable
+from .state.conversations import ConversationStore, conversation_not_found
+from .state.responses import with_ids
 
 logger = logging.getLogger("responses_serve")
 
@@ -60,18 +62,27 @@ class Turn:
     generation: GenerationRequest
     stream: ResponseStream
     store_error: StoreUnavailable | None = None  # set when the finished response could not be stored
+    conversations: ConversationStore | None = None  # with the `conversation` parameter
 
 
-async def start_turn(request: ResponsesRequest, model: ServedModel, responses: ResponseStore) -> Turn:
-    """Rebuild the history (a store read only with `previous_response_id`) and render the prompt."""
-    input_items = request.input_items()
+async def start_turn(
+    request: ResponsesRequest, model: ServedModel, responses: ResponseStore, conversations: ConversationStore | None = None
+) -> Turn:
+    """Rebuild the history (a store read only with `previous_response_id` or `conversation`)
+    and render the prompt."""
+    input_items = with_ids(request.input_items())  # the same ids in input_items and a conversation
     history = input_items
     if request.previous_response_id is not None:
         history = await responses.history(request.previous_response_id) + input_items
+    conversation_id = request.conversation_id
+    if conversation_id is not None:
+        if conversations is None or await conversations.get(conversation_id) is None:
+            raise conversation_not_found(conversation_id, param="conversation")
+        history = await conversations.history(conversation_id) + input_items
     prompt = model.family.render_prompt(request, history)
     generation = generation_request(request, prompt, model)
     stream = ResponseStream(request, response_id=generation.request_id, parser_factory=lambda sink: model.family.parser(sink, prompt))
-    return Turn(request, model, input_items, prompt, generation, stream)
+    return Turn(request, model, input_items, prompt, generation, stream, conversations=conversations)
 
 
 async def run_turn(turn: Turn, responses: ResponseStore) -> AsyncIterator[list[ResponseStreamEvent]]:
@@ -81,9 +92,12 @@ async def run_turn(turn: Turn, responses: ResponseStore) -> AsyncIterator[list[R
     stream = turn.stream
     async with contextlib.aclosing(engine_events(stream, turn.model.source, turn.generation)) as batches:
         async for events in batches:
-            if stream.finished and turn.request.store and stream.response.status in ("completed", "incomplete"):
+            if stream.finished and stream.response.status in ("completed", "incomplete"):
                 try:
-                    await responses.save(stream.response, turn.input_items)
+                    if turn.request.store:
+                        await responses.save(stream.response, turn.input_items)
+                    if turn.request.conversation_id is not None:  # the turn's input and output, in one append
+                        await turn.conversations.append(turn.request.conversation_id, turn.input_items + list(stream.response.output))
                 except StoreUnavailable as exc:
                     logger.warning("response %s: not stored: %s", stream.response.id, exc.message)
                     turn.store_error = exc

@@ -15,6 +15,7 @@ from openai.types.responses import ResponseStreamEvent
 from serve_app.protocol.errors import APIError, invalid_request, model_not_found, server_error
 from serve_app.protocol.request import parse_request
 from serve_app.protocol.sse import encode_events
+from serve_app.routes.background import current_response, follow_response, start_background, wants_stream
 from serve_app.run import Turn, run_turn, start_turn
 from serve_app.state import ResponseStore
 
@@ -40,11 +41,13 @@ async def create_response(http_request: Request) -> Response:
     if model is None:
         raise model_not_found(request.model)
     responses: ResponseStore = state.responses
-    turn = await start_turn(request, model, responses)
+    turn = await start_turn(request, model, responses, state.conversations)
     logger.info(
         "response %s: model=%s stream=%s prompt_tokens=%d max_tokens=%d",
         turn.generation.request_id, model.name, request.stream, len(turn.prompt), turn.generation.max_tokens,
     )
+    if request.background:
+        return await start_background(turn, state)
     events = run_turn(turn, responses)
     if request.stream:
         return StreamingResponse(
@@ -67,10 +70,9 @@ async def create_response(http_request: Request) -> Response:
 
 @router.get("/v1/responses/{response_id}")
 async def retrieve_response(response_id: str, request: Request) -> Response:
-    turn = await request.app.state.responses.get(response_id)
-    if turn is None:
-        raise _not_found(response_id)
-    return _json(turn.response.model_dump_json())
+    if wants_stream(request.query_params):  # a background response's events, live
+        return await follow_response(response_id, request)
+    return _json((await current_response(response_id, request)).model_dump_json())
 
 
 @router.delete("/v1/responses/{response_id}")

@@ -20,6 +20,7 @@ import openai
 from openai.types.conversations import Conversation
 from pydantic import TypeAdapter
 
+from serve_app.protocol.errors import APIError
 from serve_app.protocol.harmony import HistoryItem
 from serve_app.protocol.request import InputItem
 from serve_app.protocol.stream import new_id
@@ -28,6 +29,10 @@ from .responses import as_response_item, with_ids
 from .store import Store
 
 _INPUT_ITEM = TypeAdapter(InputItem)
+
+
+def conversation_not_found(conversation_id: str, param: str = "conversation_id") -> APIError:
+    return APIError(f"Conversation with id '{conversation_id}' not found.", status_code=404, param=param, code="not_found")
 
 
 def conversation_key(conversation_id: str) -> str:
