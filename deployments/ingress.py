@@ -90,6 +90,17 @@ def open_store(config: StoreConfig, embedded: DeploymentHandle | None) -> Store:
     return HandleStore(embedded)
 
 
+SERVE_GRACEFUL_SHUTDOWN_S = 20.0  # Serve's default graceful_shutdown_timeout_s
+
+
+def background_drain_s(config: AppConfig) -> float:
+    """How long a stopping ingress replica waits for its background runs: the replica's
+    graceful shutdown budget, less a margin for the rest of its shutdown (Serve kills it
+    when the budget is spent; what is left by then is failed by lease expiry)."""
+    budget = config.ingress.graceful_shutdown_timeout_s
+    return max(1.0, (SERVE_GRACEFUL_SHUTDOWN_S if budget is None else budget) - 5.0)
+
+
 @serve.ingress()
 class ResponsesIngress:
     """Ray Serve deployment class; the app is built on the replica from the typed config."""
@@ -112,4 +123,5 @@ class ResponsesIngress:
             store_ttl_s=self.config.store.ttl_s,
             api_key=self.config.api_key,
             max_request_bytes=self.config.max_request_bytes,
+            background_drain_s=background_drain_s(self.config),
         )
