@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import logging
 import os
 import socket
@@ -108,7 +109,11 @@ class BackgroundRuns:
         await self.runs.create(response.id, self.replica_id)
         local = _LocalRun(response.id)
         self._local[response.id] = local
-        local.task = asyncio.create_task(self._run(local, stream, events, finish), name=f"background {response.id}")
+        # A context of its own: not the HTTP request's, whose cancellation (the client going
+        # away) Serve would pass on to the engine call made in it.
+        local.task = asyncio.create_task(
+            self._run(local, stream, events, finish), name=f"background {response.id}", context=contextvars.Context()
+        )
         return snapshot
 
     async def _run(self, local: _LocalRun, stream: ResponseStream, events: AsyncIterator[list[ResponseStreamEvent]], finish: Finish) -> None:
@@ -143,8 +148,8 @@ class BackgroundRuns:
                 local.add(stream.cancel())
             elif local.stop_reason == "shutdown":
                 local.add(stream.fail("The server shut down before this background response finished."))
-            elif local.stop_reason != "lost":
-                raise
+            elif local.stop_reason != "lost":  # not ours: still end it properly
+                local.add(stream.fail("The background response was interrupted."))
 
     async def _flush_until(self, local: _LocalRun, generation: asyncio.Task) -> None:
         """Append new frames to the store's log until generation is over and all are in."""
