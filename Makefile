@@ -8,9 +8,10 @@ STAMP := $(VENV)/.installed
 FLAVOUR ?= $(shell nvidia-smi >/dev/null 2>&1 && echo gpu || echo cpu)
 export RAY_AUTH_MODE ?= disabled
 export RAY_USAGE_STATS_ENABLED ?= 0
-# Ingress replicas serve HTTP themselves, without Serve's proxy actor in the path (one hop
-# fewer; in bench.stack within ±10 % of the proxy, either way: see README). 0 for the proxy.
-export RAY_SERVE_ENABLE_DIRECT_INGRESS ?= 1
+# Serve's HTTP proxy in front of the ingress replicas: demo.yaml runs two of them and the
+# proxy spreads requests over both (as on KubeRay). Direct ingress (1: each replica serves
+# HTTP on a port of its own) was within ±10 % in bench.stack, but one port reaches one replica.
+export RAY_SERVE_ENABLE_DIRECT_INGRESS ?= 0
 
 .PHONY: install serve test bench clean
 
@@ -41,6 +42,7 @@ serve: $(STAMP)
 	$(VENV)/bin/serve run serve_app/configs/demo.yaml
 
 test: $(STAMP)
+	$(VENV)/bin/lint-imports
 	$(PY) -m pytest -q
 
 bench: $(STAMP)

