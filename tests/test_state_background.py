@@ -1,5 +1,5 @@
 """Background-run records and event logs, and conversations, on every store backend
-(in-process memory and a real redis-server): the primitives background responses and the
+(in-process memory, the embedded store deployment, a real redis-server): the primitives background responses and the
 Conversations API are built from."""
 
 from __future__ import annotations
