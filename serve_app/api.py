@@ -32,7 +32,7 @@ from .run import ModelFamily, ServedModel, TokenSource
 from .state import BoundedStore, MemoryStore, ResponseStore, Store
 from .state.conversations import ConversationStore
 from .state.responses import DEFAULT_TTL_S
-from .state.runs import RunStore
+from .state.runs import EVENTS_TTL_S, RunStore
 
 __all__ = ["ModelFamily", "ServedModel", "TokenSource", "create_app"]
 
@@ -64,7 +64,7 @@ def create_app(
     app.state.responses = ResponseStore(app.state.store, store_ttl_s)
     app.state.max_request_bytes = max_request_bytes
     app.state.conversations = ConversationStore(app.state.store, store_ttl_s)
-    app.state.background = BackgroundRuns(app.state.responses, RunStore(app.state.store, store_ttl_s), replica_id=replica_id)
+    app.state.background = BackgroundRuns(app.state.responses, RunStore(app.state.store, min(store_ttl_s, EVENTS_TTL_S)), replica_id=replica_id)
     app.state.background_drain_s = background_drain_s
 
     @app.exception_handler(APIError)

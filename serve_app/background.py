@@ -152,7 +152,10 @@ class BackgroundRuns:
                 local.add(stream.fail("The background response was interrupted."))
 
     async def _flush_until(self, local: _LocalRun, generation: asyncio.Task) -> None:
-        """Append new frames to the store's log until generation is over and all are in."""
+        """Append new frames to the store's log until generation is over and all are in.
+        A store down for longer than the lease: the run is given up (a reader fails it)."""
+        loop = asyncio.get_running_loop()
+        failing_since: float | None = None
         while True:
             changed = local.changed
             if local.flushed < len(local.frames):
@@ -160,9 +163,16 @@ class BackgroundRuns:
                 try:
                     appended = await self.runs.append(local.response_id, frames, at=local.flushed)
                 except StoreUnavailable:
+                    failing_since = failing_since or loop.time()
+                    if loop.time() - failing_since > self.runs.lease_s:
+                        logger.error("background response %s: store unavailable too long; given up", local.response_id)
+                        self._stop(local, "lost", generation)
+                        local.stop_reason = "lost"
+                        return
                     logger.warning("background response %s: store unavailable, retrying the append", local.response_id)
                     await asyncio.sleep(self.poll_s)
                     continue
+                failing_since = None
                 if not appended:  # someone declared this run failed: it is not ours any more
                     self._stop(local, "lost", generation)
                     return

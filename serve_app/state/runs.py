@@ -24,6 +24,7 @@ from typing import Callable
 from .store import Store
 
 DEFAULT_LEASE_S = 10.0
+EVENTS_TTL_S = 24 * 3600.0  # a run's record and event log: for resuming streams, not for keeping
 _CAS_ATTEMPTS = 20
 
 
@@ -56,10 +57,11 @@ class RunRecord:
 
 
 class RunStore:
-    """Records and event logs of background runs. `clock` is wall-clock time: leases are
-    compared across replicas and nodes."""
+    """Records and event logs of background runs, kept `ttl_s` (default a day; the response
+    itself is stored as long as any). `clock` is wall-clock time: leases are compared
+    across replicas and nodes."""
 
-    def __init__(self, store: Store, ttl_s: float, lease_s: float = DEFAULT_LEASE_S, clock: Callable[[], float] = time.time) -> None:
+    def __init__(self, store: Store, ttl_s: float = EVENTS_TTL_S, lease_s: float = DEFAULT_LEASE_S, clock: Callable[[], float] = time.time) -> None:
         self.store = store
         self.ttl_s = ttl_s
         self.lease_s = lease_s
