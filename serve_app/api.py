@@ -8,6 +8,7 @@ bytes and the SSE bytes is the same code in both cases.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 from typing import AsyncIterator, Sequence
@@ -40,6 +41,7 @@ logger = logging.getLogger("responses_serve")
 
 DEFAULT_MAX_REQUEST_BYTES = 8 * 1024 * 1024
 DEFAULT_STORE_TIMEOUT_S = 2.0
+SWEEP_EVERY_S = 10.0
 DEFAULT_BACKGROUND_DRAIN_S = 15.0  # within Serve's default graceful_shutdown_timeout_s (20 s)
 
 
@@ -108,10 +110,14 @@ def create_app(
 
 @contextlib.asynccontextmanager
 async def _drain_background_runs(app: FastAPI) -> AsyncIterator[None]:
-    """On shutdown (Serve runs the ASGI lifespan when it stops a replica), wait for this
-    replica's background runs: Serve's drain only counts HTTP requests."""
+    """While up, sweep for background runs whose replica is gone; on shutdown (Serve runs the
+    ASGI lifespan when it stops a replica), wait for this replica's background runs: Serve's
+    drain only counts HTTP requests."""
+    background: BackgroundRuns = app.state.background
+    sweeper = asyncio.create_task(background.sweep_forever(SWEEP_EVERY_S))
     yield
-    await app.state.background.drain(app.state.background_drain_s)
+    sweeper.cancel()
+    await background.drain(app.state.background_drain_s)
 
 
 def _warm_up() -> None:

@@ -17,6 +17,7 @@ import contextlib
 import contextvars
 import logging
 import os
+import random
 import socket
 from dataclasses import dataclass, field
 from typing import AsyncIterator, Awaitable, Callable
@@ -231,6 +232,27 @@ class BackgroundRuns:
             await self._expire(response.id)
         turn = await self.responses.get(response.id)
         return turn.response if turn is not None else response
+
+    async def sweep(self) -> None:
+        """Fail every open run whose lease ran out, whether or not anyone reads it (so a
+        follow-up with `previous_response_id` does not wait for a dead run either)."""
+        now = self.runs.clock()
+        for response_id in await self.runs.open_runs():
+            record = await self.runs.get(response_id)
+            if record is None or record.closed:
+                await self.runs.forget(response_id)
+            elif record.expired(now):
+                await self._expire(response_id)
+
+    async def sweep_forever(self, every_s: float) -> None:
+        """Each replica sweeps every `every_s` seconds (a lease is 10 s: an orphan is failed
+        within a lease and a sweep of its expiry)."""
+        while True:
+            await asyncio.sleep(every_s * random.uniform(0.5, 1.5))  # replicas out of step
+            try:
+                await self.sweep()
+            except Exception:  # the store is down: next time
+                logger.warning("background runs: sweep failed", exc_info=True)
 
     async def _expire(self, response_id: str) -> None:
         """Declare a run whose lease ran out failed: a `response.failed` event at the end of

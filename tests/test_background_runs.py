@@ -122,3 +122,24 @@ async def test_follow_from_another_replica_sees_every_event_once():
     assert remote == local
     assert remote[-1]["type"] == "response.completed" and [e["sequence_number"] for e in remote] == list(range(len(remote)))
     assert await collect(reader, response_id, after=len(remote) - 2) == remote[-1:]
+
+
+async def test_a_sweep_fails_orphans_nobody_reads():
+    store, clock = MemoryStore(), Clock()
+    owner, sweeper = replica(store, clock, "a"), replica(store, clock, "b")
+    done = await start(owner, ReplayBackend(), "finished")
+    while owner.running:
+        await asyncio.sleep(0.01)
+    orphan = await start(owner, ReplayBackend(ReplayConfig(step_delay_s=0.05)), "w" * 2000)
+    assert await sweeper.runs.open_runs() == [orphan]  # a closed run leaves the list
+    await sweeper.sweep()
+    assert (await sweeper.responses.get(orphan)).response.status == "in_progress"  # its lease holds
+    owner.renew_s = 3600
+    await asyncio.sleep(0.05)
+    clock.now += 11
+    await sweeper.sweep()
+    assert (await sweeper.responses.get(orphan)).response.status == "failed"
+    assert (await sweeper.responses.get(done)).response.status == "completed"
+    assert await sweeper.runs.open_runs() == []
+    while owner.running:
+        await asyncio.sleep(0.01)

@@ -28,6 +28,9 @@ EVENTS_TTL_S = 24 * 3600.0  # a run's record and event log: for resuming streams
 _CAS_ATTEMPTS = 20
 
 
+OPEN_RUNS_KEY = "runs:open"  # ids of runs not closed yet, for the sweepers
+
+
 def run_key(response_id: str) -> str:
     return f"run:{response_id}"
 
@@ -71,7 +74,15 @@ class RunStore:
         record = RunRecord(owner=owner, lease_until=self.clock() + self.lease_s)
         if not await self.store.compare_and_set(run_key(response_id), None, record.encode(), ttl_s=self.ttl_s):
             raise RuntimeError(f"background run {response_id} exists already")
+        await self.store.append(OPEN_RUNS_KEY, [response_id.encode()], ttl_s=self.ttl_s)
         return record
+
+    async def open_runs(self) -> list[str]:
+        return [value.decode() for value in await self.store.range(OPEN_RUNS_KEY)]
+
+    async def forget(self, response_id: str) -> None:
+        """Off the list of open runs (closed, or gone with its TTL)."""
+        await self.store.remove(OPEN_RUNS_KEY, response_id.encode())
 
     async def get(self, response_id: str) -> RunRecord | None:
         data = await self.store.get(run_key(response_id))
@@ -106,9 +117,11 @@ class RunStore:
 
     async def close(self, response_id: str, length: int, status: str) -> RunRecord | None:
         """Mark the run over with `length` events; a no-op if someone closed it first."""
-        return await self.update(
+        record = await self.update(
             response_id, lambda r: None if r.closed else replace(r, closed=True, length=length, status=status)
         )
+        await self.forget(response_id)
+        return record
 
     async def append(self, response_id: str, frames: list[bytes], at: int) -> bool:
         """Append events whose first sequence number is `at`; False if position `at` is
