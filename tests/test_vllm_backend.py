@@ -116,8 +116,7 @@ def test_engine_args_from_config_builds_vllm_args(tmp_path: Path) -> None:
 
     from deployments.backends.vllm import engine_args_from_config
 
-    # A local folder as the model: with HF_HUB_OFFLINE set (other tests set it) a bare
-    # name would be looked up in the hub cache.
+    # A local folder as the model: a bare name would be looked up on the hub.
     args = engine_args_from_config(
         VLLMBackendConfig(
             model=str(tmp_path), tensor_parallel_size=8, pipeline_parallel_size=2,
