@@ -21,6 +21,7 @@ from openai_harmony import Message, Role
 from openai.types.responses import ResponseStreamEvent
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from .auth import APIKeyMiddleware
 from .protocol.errors import APIError, invalid_request, model_not_found, server_error
 from .protocol.harmony import HarmonyModel, HistoryItem, render_completion, render_prompt
 from .protocol.items import CompletionParser, ItemSink
@@ -74,9 +75,10 @@ async def _run(stream: ResponseStream, source: TokenSource, generation: Generati
                     yield events
         if not stream.finished:  # the source ended without a finish reason: a normal stop
             yield stream.feed(TokenBatch([], finish_reason="stop"))
-    except Exception as exc:  # engine died or raised: the client still gets a proper ending
+    except Exception:  # engine died or raised: the client still gets a proper ending
+        # Ray's errors carry actor ids, pids and node IPs: the details go to the log only.
         logger.exception("response %s: engine stream failed", stream.response.id)
-        yield stream.fail(f"The engine failed while generating this response: {type(exc).__name__}: {exc}")
+        yield stream.fail(f"The engine failed while generating this response ({stream.response.id}). Please try again.")
 
 
 def create_app(
@@ -107,13 +109,8 @@ def create_app(
         error = server_error("The server had an error while processing your request.")
         return JSONResponse(error.body(), status_code=500)
 
-    @app.middleware("http")
-    async def _auth(request: Request, call_next):
-        authorized = request.headers.get("authorization") == f"Bearer {api_key}"
-        if api_key and request.url.path.startswith("/v1/") and not authorized:
-            error = APIError("Incorrect API key provided.", status_code=401, code="invalid_api_key")
-            return JSONResponse(error.body(), status_code=401)
-        return await call_next(request)
+    if api_key:  # pure ASGI, and only when a key is set: streams pass through untouched
+        app.add_middleware(APIKeyMiddleware, api_key=api_key)
 
     @app.get("/health")
     async def health() -> dict[str, str]:
