@@ -13,7 +13,7 @@ import asyncio
 import os
 import contextlib
 import logging
-from typing import AsyncIterator
+from typing import AsyncIterator, Callable
 
 import ray
 from ray.serve.metrics import Counter
@@ -23,6 +23,31 @@ from serve_app.config import CoalesceConfig, ModelConfig
 from serve_app.protocol.tokens import GenerationRequest, TokenBatch
 
 logger = logging.getLogger("ray.serve")
+
+_failed_metrics: set[str] = set()  # metrics whose error was logged already
+
+
+def record_metric(update: Callable[[float], object], value: float | None) -> None:
+    """Apply one metric update (`counter.inc`, `histogram.observe`, `gauge.set`) so that it
+    can never fail the request it reports on: a None is skipped, an error (a negative count,
+    the metrics agent...) is logged once per metric and the tokens keep flowing."""
+    if value is None:
+        return
+    try:
+        update(value)
+    except Exception:  # noqa: BLE001 - bookkeeping must not end a stream
+        metric = getattr(update, "__self__", update)
+        name = getattr(metric, "info", {}).get("name", repr(metric))
+        if name not in _failed_metrics:
+            _failed_metrics.add(name)
+            logger.exception("metric %s: update with %r failed (logged once; requests go on)", name, value)
+
+
+def count(counter: Counter, value: int | None) -> None:
+    """Add to a counter. Ray's `Counter.inc` refuses 0, which is normal here (an ngram step
+    whose drafts were all rejected, a last batch with no tokens): nothing to add."""
+    if value != 0:
+        record_metric(counter.inc, value)
 
 
 async def coalesce(batches: AsyncIterator[TokenBatch], window_s: float, max_tokens: int) -> AsyncIterator[TokenBatch]:
@@ -104,21 +129,26 @@ class EngineServer:
         try:
             async with contextlib.aclosing(source) as batches:
                 async for batch in batches:
-                    self.counts["ray_objects"] += 1
-                    self.counts["tokens"] += len(batch.token_ids)
-                    self._metric_objects.inc()
-                    self._metric_tokens.inc(len(batch.token_ids))
-                    if batch.num_draft_tokens:
-                        self.counts["draft_tokens"] += batch.num_draft_tokens
-                        self.counts["accepted_tokens"] += batch.num_accepted_tokens
-                        self._metric_drafted.inc(batch.num_draft_tokens)
-                        self._metric_accepted.inc(batch.num_accepted_tokens)
+                    self._account(batch)
                     yield batch
         except (asyncio.CancelledError, GeneratorExit):
             self.counts["aborted"] += 1
             logger.info("request %s cancelled by the caller: aborting", request.request_id)
             await asyncio.shield(self.backend.abort(request.request_id))
             raise
+
+    def _account(self, batch: TokenBatch) -> None:
+        """Bookkeeping of one outgoing batch; nothing here can fail the request."""
+        tokens = len(batch.token_ids)
+        drafted, accepted = batch.num_draft_tokens or 0, batch.num_accepted_tokens or 0
+        self.counts["ray_objects"] += 1
+        self.counts["tokens"] += tokens
+        self.counts["draft_tokens"] += drafted
+        self.counts["accepted_tokens"] += accepted
+        count(self._metric_objects, 1)
+        count(self._metric_tokens, tokens)
+        count(self._metric_drafted, drafted)
+        count(self._metric_accepted, accepted)
 
     async def _counted(self, batches: AsyncIterator[TokenBatch]) -> AsyncIterator[TokenBatch]:
         async with contextlib.aclosing(batches):
@@ -131,7 +161,8 @@ class EngineServer:
         stats = {
             **self.counts,
             "running": self.backend.num_running(),
-            "actor_name": ray.get_runtime_context().get_actor_name(),
+            # (Serve's local testing mode runs without Ray: asking would start a cluster.)
+            "actor_name": ray.get_runtime_context().get_actor_name() if ray.is_initialized() else None,
             "pid": os.getpid(),
         }
         if hasattr(self.backend, "spec_decode_stats"):  # vLLM: engine-wide drafted/accepted totals

@@ -19,6 +19,7 @@ from openai.types import Model
 from openai_harmony import Message, Role
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from .auth import APIKeyMiddleware
 from .protocol.errors import APIError, server_error
 from .protocol.harmony import render_completion, render_prompt
 from .protocol.request import ResponsesRequest
@@ -85,13 +86,8 @@ def create_app(
         error = server_error("The server had an error while processing your request.")
         return JSONResponse(error.body(), status_code=500)
 
-    @app.middleware("http")
-    async def _auth(request: Request, call_next):
-        authorized = request.headers.get("authorization") == f"Bearer {api_key}"
-        if api_key and request.url.path.startswith("/v1/") and not authorized:
-            error = APIError("Incorrect API key provided.", status_code=401, code="invalid_api_key")
-            return JSONResponse(error.body(), status_code=401)
-        return await call_next(request)
+    if api_key:  # pure ASGI, and only when a key is set: streams pass through untouched
+        app.add_middleware(APIKeyMiddleware, api_key=api_key)
 
     @app.get("/health")
     async def health() -> dict[str, str]:

@@ -131,9 +131,10 @@ async def engine_events(stream: ResponseStream, source: TokenSource, generation:
                     yield events
         if not stream.finished:  # the source ended without a finish reason: a normal stop
             yield stream.feed(TokenBatch([], finish_reason="stop"))
-    except Exception as exc:  # engine died or raised: the client still gets a proper ending
+    except Exception:  # engine died or raised: the client still gets a proper ending
+        # Ray's errors carry actor ids, pids and node IPs: the details go to the log only.
         logger.exception("response %s: engine stream failed", stream.response.id)
-        yield stream.fail(f"The engine failed while generating this response: {type(exc).__name__}: {exc}")
+        yield stream.fail(f"The engine failed while generating this response ({stream.response.id}). Please try again.")
 
 
 def generation_request(request: ResponsesRequest, prompt: list[int], model: ServedModel) -> GenerationRequest:

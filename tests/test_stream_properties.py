@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -148,14 +149,20 @@ def test_engine_failure_closes_open_item_then_fails():
     assert terminal.output[0].status == "incomplete"
 
 
-def test_unparseable_completion_fails_cleanly():
+def test_unparseable_completion_fails_cleanly(caplog):
     complete = render_completion([_assistant("first", "final")])[:-1] + render_completion([_assistant("x", "final")])[-1:]
     complete[-1] = 200007  # <|end|>: a message ends and another must start
     stream = ResponseStream(REQUEST)
     # Text where harmony expects <|start|> is not valid harmony.
-    events = stream.start() + stream.feed(TokenBatch(complete + [1000, 1000], finish_reason="stop"))
+    with caplog.at_level(logging.ERROR, logger="responses_serve"):
+        events = stream.start() + stream.feed(TokenBatch(complete + [1000, 1000], finish_reason="stop"))
     terminal = check_stream(events)
-    assert terminal.status == "failed" and "could not be parsed" in terminal.error.message
+    # The client gets a plain message with the response id; the parser's error and its
+    # traceback go to the log.
+    assert terminal.status == "failed"
+    assert terminal.error.message == f"The model produced output that could not be parsed (response {terminal.id})."
+    [record] = [r for r in caplog.records if terminal.id in r.getMessage()]
+    assert record.exc_info is not None and "Traceback" in caplog.text
     assert [(item.status, item.content[0].text) for item in terminal.output] == [("completed", "first")]
 
 

@@ -116,8 +116,7 @@ def test_engine_args_from_config_builds_vllm_args(tmp_path: Path) -> None:
 
     from deployments.backends.vllm import engine_args_from_config
 
-    # A local folder as the model: with HF_HUB_OFFLINE set (other tests set it) a bare
-    # name would be looked up in the hub cache.
+    # A local folder as the model: a bare name would be looked up on the hub.
     args = engine_args_from_config(
         VLLMBackendConfig(
             model=str(tmp_path), tensor_parallel_size=8, pipeline_parallel_size=2,
@@ -377,6 +376,33 @@ class TestTinyLlama(EngineSuite):
     @classmethod
     def checkpoint(cls, tiny_llama: Path) -> Path:
         return tiny_llama
+
+    def test_rejected_drafts_flow_through_the_engine_server(self, engines: dict[str, Any]) -> None:
+        """A request whose every draft is rejected (drafts > 0, accepted == 0) completes
+        through a real `EngineServer` and its Ray counters (Ray refuses `Counter.inc(0)`)."""
+        from deployments.engine import EngineServer
+
+        loop, spec = engines["loop"], engines["spec"]
+        prompt = _chat_prompt(engines["checkpoint"], "Tell me a very long story.")
+        # This random model repeats one token X after this prompt. Put the prompt once more
+        # in front, followed by X and four other tokens: after the first X, ngram matches
+        # "...prompt end, X" there and drafts the four tokens, which the model rejects.
+        loop_token = _tokens(loop.run(_collect(spec.generate(_request("x", prompt, max_tokens=1)))))[0]
+        others = [t for t in (100, 200, 300, 400, 500) if t != loop_token][:4]
+        crafted = prompt + [loop_token, *others] + prompt
+
+        async def serve_one() -> tuple[list[TokenBatch], dict[str, Any]]:
+            server = object.__new__(EngineServer)
+            await server.__init__({"name": "tiny-ngram"})  # as Serve awaits the async constructor
+            server.backend = spec
+            batches = [b async for b in server.generate(_request("rejected", crafted, max_tokens=2))]
+            return batches, await server.stats()
+
+        batches, stats = loop.run(serve_one())
+        assert _tokens(batches) == [loop_token, loop_token]  # the model did what the prompt is built on
+        assert batches[-1].finish_reason == "length"
+        assert batches[-1].num_draft_tokens > 0 and batches[-1].num_accepted_tokens == 0
+        assert stats["draft_tokens"] > 0 and stats["accepted_tokens"] == 0 and stats["tokens"] == 2
 
     def test_zz_dead_engine_fails_stream_and_health(self, engines: dict[str, Any]) -> None:
         """Runs last in the class: it kills the plain engine's engine-core process."""

@@ -10,10 +10,14 @@ multi-byte characters fall across tokens as a real model's would:
 2. the system turn offers NAME (`<tools>`) and the last user text is `call NAME [JSON]` ->
    `<think>Calling NAME.</think>` then `<tool_call>{"name": NAME, "arguments": JSON}</tool_call>`
    (JSON as written, default `{}`);
-3. otherwise -> `<think>The user wrote N characters.</think>` then the user text (echo).
+3. otherwise -> `<think>The user wrote N characters.</think>` then the user text (echo),
+   exactly: whitespace at its end is kept (the end of the output is not a tag), and a text
+   that starts with whitespace is written with no think block before it (whitespace right
+   after `</think>` is the template's formatting, dropped by the parser).
 
-A prompt that already opened `<think>` gets the reasoning without its opening tag; one whose
-think block is closed (thinking off) gets no reasoning.
+A prompt that already opened `<think>` gets the reasoning without its opening tag (an echo's
+leading whitespace then follows `</think>` and is lost, as a real model's would be); one
+whose think block is closed (thinking off) gets no reasoning.
 """
 
 from __future__ import annotations
@@ -65,8 +69,8 @@ def script_qwen3_completion(prompt_token_ids: list[int]) -> list[int]:
     prompt = tokenizer.decode(prompt_token_ids, skip_special_tokens=False)
     reasoning, answer = _answer(prompt)
     opened = prompt[prompt.rfind(_GENERATION_PROMPT) + len(_GENERATION_PROMPT) :]
-    if "</think>" in opened:  # thinking turned off by the template
-        text = answer
+    if "</think>" in opened or (answer[:1].isspace() and "<think>" not in opened):
+        text = answer  # thinking off, or an answer whose leading whitespace must survive
     elif "<think>" in opened:  # the template opened the think block
         text = f"{reasoning}\n</think>\n\n{answer}"
     else:

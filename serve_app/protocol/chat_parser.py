@@ -21,8 +21,11 @@ Rules (the same whatever the token and batch boundaries):
   `arguments` (a JSON string holding one is accepted too). Otherwise the whole block, tags
   included, is text of the item it interrupted: malformed calls are never lost and a call is
   never half-emitted. `NS.NAME` is function NAME of namespace NS.
-- Whitespace at the start and end of each item (the template's formatting around tags) is
-  dropped; whitespace inside an item is kept, released once more text follows it.
+- Whitespace adjacent to a tag (the template's formatting: `\n\n` after `</think>`, before
+  `<tool_call>`) is dropped; a prompt-opened `<think>` counts as a tag before the output.
+  The start and end of the output are not tags: whitespace there is the model's text, kept
+  (without parsers the message is exactly the decoded completion). Whitespace inside an
+  item is kept; trailing whitespace is held until what follows decides.
 
 vLLM's streaming parsers (`ReasoningParserManager`, `ToolParserManager`) are not used on this
 path: `deepseek_r1` needs `<think>` to be a single vocabulary token (it refuses other
@@ -73,7 +76,8 @@ class TaggedTextParser:
         self._pending = ""  # undecided text: a possible tag prefix, or a tool-call body
         self._scanned = 0  # how much of a pending tool-call body is known to hold no end tag
         self._open: Literal["reasoning", "message"] | None = None
-        self._held_space = ""  # whitespace at the end of the open item, released if text follows
+        self._held_space = ""  # trailing whitespace, dropped if a tag follows, else released
+        self._after_tag = self.state == "reasoning"  # leading whitespace here touches a tag
         self._at_start = not in_reasoning  # nothing output yet: a `<think>` may open reasoning
         self._call_from: State = "content"
 
@@ -122,6 +126,8 @@ class TaggedTextParser:
             self._end_call(pending, closed=False)
         else:
             self.add_text(pending)  # a tag prefix that never completed is text
+        if self._held_space and not (self._open is None and self._after_tag):
+            self._write("")  # the end of the output is not a tag: its whitespace is text
         self._close()
 
     # -- tags --------------------------------------------------------------------------------
@@ -153,11 +159,12 @@ class TaggedTextParser:
         think, tool_call = self._tags.think, self._tags.tool_call
         self._at_start = False
         if think and tag == think[0]:
-            self.state = "reasoning"
+            self._close()  # only whitespace came before it
+            self.state, self._after_tag = "reasoning", True
         elif think and tag == think[1]:
             self._close()
-            self.state = "content"
-        else:
+            self.state, self._after_tag = "content", True
+        else:  # held whitespace waits: a malformed call is text, and it stood between them
             assert tool_call and tag == tool_call[0]
             self._call_from, self.state = self.state, "tool_call"
             self._scanned = 0
@@ -188,7 +195,7 @@ class TaggedTextParser:
         name, arguments = call
         namespace, _, function = name.rpartition(".")
         self._close()
-        self.state = "content"
+        self.state, self._after_tag = "content", True
         self._sink.open_function_call(function, namespace or None)
         self._sink.add_text(arguments)
         self._sink.close_item()
@@ -197,25 +204,27 @@ class TaggedTextParser:
 
     def add_text(self, text: str) -> None:
         """Text of the current state's item, known to hold no tag."""
-        if not text:
+        body = text.rstrip()
+        if not body:  # whitespace only: what follows decides whether it is text
+            self._held_space += text
             return
+        self._write(body)
+        self._held_space = text[len(body) :]
+
+    def _write(self, body: str) -> None:
+        """Write the held whitespace and `body` to the open item (opening one if needed)."""
+        text, self._held_space = self._held_space + body, ""
         if self._open is None:
-            text = text.lstrip()  # the template's formatting before an item, not its text
-            if not text:
-                return
-            self._at_start = False
+            if self._after_tag:  # the template's formatting after a tag, not the item's text
+                text = text.lstrip()
+            self._at_start = self._after_tag = False
             if self.state == "reasoning":
                 self._sink.open_reasoning()
                 self._open = "reasoning"
             else:
                 self._sink.open_message("final_answer")
                 self._open = "message"
-        body = text.rstrip()
-        if not body:
-            self._held_space += text
-            return
-        self._sink.add_text(self._held_space + body if self._held_space else body)
-        self._held_space = text[len(body) :]
+        self._sink.add_text(text)
 
     def _close(self) -> None:
         if self._open is not None:

@@ -208,9 +208,10 @@ class ResponseStream:
             self._parser.feed(batch.token_ids)
             if finish_reason in ("length", "stop"):
                 self._parser.end()  # text the parser still held is part of the output
-        except Exception as exc:  # the model wrote something the parser cannot parse
-            logger.warning("response %s: unparseable completion: %s", self.response.id, exc)
-            return self.fail(f"The model produced output that could not be parsed: {exc}")
+        except Exception:  # the model wrote something the parser cannot parse
+            # The details (the parser's view of the model's output) go to the log, not the client.
+            logger.exception("response %s: the completion could not be parsed", self.response.id)
+            return self.fail(f"The model produced output that could not be parsed (response {self.response.id}).")
         if finish_reason is not None:
             if finish_reason == "abort":
                 return self.fail("The generation was aborted by the engine.")

@@ -1,0 +1,64 @@
+"""Metrics can never end a stream: an `EngineServer` (Serve's local testing mode, real Ray
+metrics, no cluster) fed batches that Ray's `Counter.inc` would refuse."""
+
+from __future__ import annotations
+
+import logging
+from typing import AsyncIterator
+
+import pytest
+from ray import serve
+
+from deployments import engine
+from deployments.engine import EngineServer
+from serve_app.protocol.tokens import GenerationRequest, TokenBatch
+
+# An ngram step whose drafts were all rejected, a step with None counters, a count that
+# cannot be (negative), and a last batch with no tokens.
+BATCHES = [
+    TokenBatch([1, 2], num_prompt_tokens=3, num_draft_tokens=4, num_accepted_tokens=0),
+    TokenBatch([3], num_draft_tokens=None, num_accepted_tokens=None),  # type: ignore[arg-type]
+    TokenBatch([4], num_draft_tokens=-1),
+    TokenBatch([5], num_draft_tokens=-2),
+    TokenBatch([], finish_reason="stop", num_draft_tokens=3, num_accepted_tokens=0),
+]
+
+
+class _StubBackend:
+    """Stands in for the engine: this is bookkeeping, not generation."""
+
+    async def generate(self, request: GenerationRequest) -> AsyncIterator[TokenBatch]:
+        for batch in BATCHES:
+            yield TokenBatch(**{name: getattr(batch, name) for name in TokenBatch.__slots__})
+
+    async def abort(self, request_id: str) -> None:
+        pass
+
+    def num_running(self) -> int:
+        return 0
+
+    async def check_health(self) -> None:
+        pass
+
+
+@pytest.mark.parametrize("coalescing", [False, True])
+def test_zero_accepted_drafts_and_bad_counts_never_fail_the_stream(monkeypatch, caplog, coalescing):
+    monkeypatch.setattr(engine, "make_backend", lambda config: _StubBackend())
+    monkeypatch.setattr(engine, "_failed_metrics", set())
+    config = {"name": "stub", "coalesce": {"enabled": coalescing, "window_ms": 0, "max_tokens": 1}}
+    handle = serve.run(serve.deployment(EngineServer).bind(config), _local_testing_mode=True)
+    # Serve's replica set-up stops "ray.serve" from propagating to caplog's root handler.
+    monkeypatch.setattr(engine.logger, "handlers", [*engine.logger.handlers, caplog.handler])
+    with caplog.at_level(logging.ERROR, logger="ray.serve"):
+        batches = list(handle.options(stream=True).generate.remote(GenerationRequest("r1", [7, 8, 9])))
+        batches += list(handle.options(stream=True).generate.remote(GenerationRequest("r2", [7, 8, 9])))
+    tokens = [t for b in batches for t in b.token_ids]
+    assert tokens == [1, 2, 3, 4, 5] * 2
+    assert [b.finish_reason for b in batches].count("stop") == 2
+    stats = handle.stats.remote().result()
+    assert stats["tokens"] == 10 and stats["requests"] == 2
+    assert stats["draft_tokens"] == 2 * (4 - 1 - 2 + 3) and stats["accepted_tokens"] == 0
+    # The negative draft counts: logged once (with the traceback), not once per batch.
+    failures = [r for r in caplog.records if "responses_serve_spec_draft_tokens" in r.getMessage()]
+    assert len(failures) == 1 and failures[0].exc_info is not None
+    assert "value must be >0" in caplog.text
