@@ -19,6 +19,7 @@ from serve_app.api import ModelFamily, ServedModel, create_app
 from serve_app.config import AppConfig, ModelConfig
 from serve_app.protocol.harmony import HarmonyModel
 from serve_app.protocol.tokens import GenerationRequest, TokenBatch
+from serve_app.reasoning_keys import reasoning_keys
 from serve_app.store import InMemoryStore
 
 logger = logging.getLogger("ray.serve")
@@ -76,10 +77,13 @@ def model_family(model: ModelConfig) -> ModelFamily:
 class ResponsesIngress:
     """Ray Serve deployment class; the app is built on the replica from the typed config."""
 
-    def __init__(self, app_config: dict, engines: dict[str, DeploymentHandle]) -> None:
+    def __init__(self, app_config: dict, engines: dict[str, DeploymentHandle], reasoning_key: str | None = None) -> None:
+        """`reasoning_key`: the application's own key for encrypted reasoning, made by
+        `build_app` so that all replicas share it; used only without configured keys."""
         use_serve_logging()
         self.config = AppConfig.model_validate(app_config)
         self.engines = engines
+        self.reasoning_key = reasoning_key
 
     def __serve_build_asgi_app__(self):
         models = [
@@ -91,4 +95,5 @@ class ResponsesIngress:
             store=InMemoryStore(self.config.store_max_entries),
             api_key=self.config.api_key,
             max_request_bytes=self.config.max_request_bytes,
+            reasoning_keys=reasoning_keys(fallback=self.reasoning_key),
         )

@@ -21,13 +21,17 @@ from openai_harmony import Message, Role
 from openai.types.responses import ResponseStreamEvent
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from .protocol.encrypted_reasoning import INCLUDE as ENCRYPTED_REASONING, ReasoningCipher, open_reasoning_items
 from .protocol.errors import APIError, invalid_request, model_not_found, server_error
 from .protocol.harmony import HarmonyModel, HistoryItem, render_completion, render_prompt
 from .protocol.items import CompletionParser, ItemSink
+from .protocol.logprobs import LogprobFormatter
 from .protocol.request import ResponsesRequest, parse_request
 from .protocol.sse import encode_events
 from .protocol.stream import ResponseStream, new_id
 from .protocol.tokens import GenerationRequest, TokenBatch
+from .reasoning_keys import reasoning_keys as configured_reasoning_keys
+from .routes_input_tokens import input_tokens_router
 from .store import InMemoryStore
 
 logger = logging.getLogger("responses_serve")
@@ -46,6 +50,8 @@ class ModelFamily(Protocol):
 
     def render_prompt(self, request: ResponsesRequest, history: list[HistoryItem]) -> list[int]: ...
     def parser(self, sink: ItemSink, prompt: list[int]) -> CompletionParser: ...
+    def token_bytes(self, token_id: int) -> bytes: ...
+    def writes_text(self, token_id: int) -> bool: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,8 +91,12 @@ def create_app(
     store: InMemoryStore | None = None,
     api_key: str | None = None,
     max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
+    reasoning_keys: Sequence[str] | None = None,
 ) -> FastAPI:
+    """`reasoning_keys`: Fernet keys sealing reasoning items' `encrypted_content` (the first
+    encrypts); None: `RESPONSES_SERVE_REASONING_KEYS`, else a key of this process."""
     _warm_up()
+    cipher = ReasoningCipher(reasoning_keys or configured_reasoning_keys())
     served = {model.name: model for model in models}
     store = store if store is not None else InMemoryStore()
     app = FastAPI(title="responses-serve", docs_url=None, redoc_url=None)
@@ -131,17 +141,29 @@ def create_app(
             raise APIError(f"No response found with id '{response_id}'.", status_code=404, param="response_id", code="not_found")
         return Response(stored.response.model_dump_json(), media_type="application/json")
 
+    def render(request: ResponsesRequest) -> tuple[ServedModel, list[HistoryItem], list[int]]:
+        """The model, the conversation and the prompt tokens the engine gets for a request."""
+        model = served.get(request.model)
+        if model is None:
+            raise model_not_found(request.model)
+        history = _history(request, store, cipher)
+        return model, history, model.family.render_prompt(request, history)
+
+    app.include_router(input_tokens_router(render, lambda http_request: _read_body(http_request, max_request_bytes)))
+
     @app.post("/v1/responses")
     async def create_response(http_request: Request) -> Response:
         started = time.perf_counter()
         request = parse_request(await _read_body(http_request, max_request_bytes))
-        model = served.get(request.model)
-        if model is None:
-            raise model_not_found(request.model)
-        history = _history(request, store)
-        prompt = model.family.render_prompt(request, history)
+        model, history, prompt = render(request)
         generation = _generation_request(request, prompt, model)
-        stream = ResponseStream(request, response_id=generation.request_id, parser_factory=lambda sink: model.family.parser(sink, prompt))
+        stream = ResponseStream(
+            request,
+            response_id=generation.request_id,
+            parser_factory=lambda sink: model.family.parser(sink, prompt),
+            logprobs=LogprobFormatter(model.family) if request.logprobs is not None else None,
+            encrypt_reasoning=cipher.encrypt if ENCRYPTED_REASONING in request.include else None,
+        )
         logger.info(
             "response %s: model=%s stream=%s prompt_tokens=%d max_tokens=%d",
             generation.request_id, model.name, request.stream, len(prompt), generation.max_tokens,
@@ -218,8 +240,8 @@ async def _read_body(request: Request, limit: int) -> bytes:
     return b"".join(chunks)
 
 
-def _history(request: ResponsesRequest, store: InMemoryStore) -> list[HistoryItem]:
-    items = request.input_items()
+def _history(request: ResponsesRequest, store: InMemoryStore, cipher: ReasoningCipher) -> list[HistoryItem]:
+    items = open_reasoning_items(request.input_items(), cipher)
     if request.previous_response_id is None:
         return items
     stored = store.get(request.previous_response_id)
@@ -250,4 +272,5 @@ def _generation_request(request: ResponsesRequest, prompt: list[int], model: Ser
         max_tokens=max_tokens,
         temperature=request.temperature,
         top_p=request.top_p,
+        logprobs=request.logprobs,
     )

@@ -277,3 +277,16 @@ class HarmonyModel:
 
     def parser(self, sink: ItemSink, prompt: list[int]) -> HarmonyParser:
         return HarmonyParser(sink)  # harmony completions start in a fresh message whatever the prompt
+
+    def token_bytes(self, token_id: int) -> bytes:
+        """A token's bytes in the o200k_harmony encoding (logprobs)."""
+        try:
+            return bytes(harmony_encoding()._inner.decode_bytes([token_id]))
+        except HarmonyError:  # an id past the vocabulary (the model's is padded): no text
+            return b""
+
+    def writes_text(self, token_id: int) -> bool:
+        try:
+            return not harmony_encoding().is_special_token(token_id)
+        except HarmonyError:
+            return False

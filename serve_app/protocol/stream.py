@@ -47,13 +47,15 @@ from openai.types.responses import (
 )
 from openai.types.responses.response import IncompleteDetails
 from openai.types.responses.response_error import ResponseError
+from openai.types.responses.response_output_text import Logprob
 from openai.types.responses.response_reasoning_item import Content as ReasoningContent
 from openai.types.responses.response_usage import InputTokensDetails, OutputTokensDetails, ResponseUsage
 
 from .harmony import HarmonyParser
 from .items import CompletionParser
+from .logprobs import LogprobFormatter, for_delta, for_done
 from .request import ResponsesRequest
-from .tokens import TokenBatch
+from .tokens import TokenBatch, TokenLogprobs
 
 logger = logging.getLogger("responses_serve.stream")
 
@@ -136,6 +138,8 @@ class _OpenItem:
     phase: str | None = None
     parts: list[str] = field(default_factory=list)  # every delta, in order
     unsent: str = ""  # text added since the last delta event
+    logprobs: list[Logprob] = field(default_factory=list)  # messages, when asked for: every token's
+    unsent_logprobs: list[Logprob] = field(default_factory=list)  # those of `unsent`
 
 
 class ResponseStream:
@@ -149,7 +153,11 @@ class ResponseStream:
         model: str | None = None,
         response_id: str | None = None,
         parser_factory: Callable[[ResponseStream], CompletionParser] = HarmonyParser,
+        logprobs: LogprobFormatter | None = None,
+        encrypt_reasoning: Callable[[str], str] | None = None,
     ) -> None:
+        """`logprobs`: report the output text's logprobs (batches must carry them);
+        `encrypt_reasoning`: give reasoning items `encrypted_content` (its text, encrypted)."""
         self._events: list[ResponseStreamEvent] = []
         self._sequence_number = 0
         self._item: _OpenItem | None = None
@@ -157,6 +165,17 @@ class ResponseStream:
         self._output_tokens = 0
         self._prompt_tokens = 0
         self._cached_tokens = 0
+        self._encrypt_reasoning = encrypt_reasoning
+        # Logprobs: every token is parsed on its own, and its logprob goes to the delta holding
+        # the first output text it contributes to. A token whose text is held back (part of a
+        # character, a possible tag, whitespace) waits in `_pending`; when text comes out, it
+        # is the end of what the tokens since the last text wrote, so the last of them that
+        # cover its bytes are its tokens. The others contributed no output text and report
+        # none: headers, end tokens, tags, whitespace trimmed at an item's edges (and reasoning
+        # and call arguments: only output text has logprobs in the API).
+        self._logprob_format = logprobs
+        self._current: tuple[int, TokenLogprobs] | None = None
+        self._pending: list[tuple[int, TokenLogprobs]] = []
         self.finished = False
         self.response = Response(
             id=response_id or new_id("resp"),
@@ -171,6 +190,7 @@ class ResponseStream:
             parallel_tool_calls=request.parallel_tool_calls,
             temperature=request.temperature,
             top_p=request.top_p,
+            top_logprobs=request.top_logprobs,
             max_output_tokens=request.max_output_tokens,
             previous_response_id=request.previous_response_id,
             reasoning=request.reasoning.model_dump() if request.reasoning else None,
@@ -203,7 +223,10 @@ class ResponseStream:
         self._output_tokens += len(batch.token_ids)
         finish_reason = batch.finish_reason
         try:
-            self._parser.feed(batch.token_ids)
+            if self._logprob_format is not None and batch.logprobs is not None:
+                self._feed_with_logprobs(batch)
+            else:
+                self._parser.feed(batch.token_ids)
             if finish_reason in ("length", "stop"):
                 self._parser.end()  # text the parser still held is part of the output
         except Exception as exc:  # the model wrote something the parser cannot parse
@@ -215,6 +238,19 @@ class ResponseStream:
             if finish_reason in ("length", "stop"):
                 self._finish("completed" if finish_reason == "stop" else "incomplete")
         return self._drain()
+
+    def _feed_with_logprobs(self, batch: TokenBatch) -> None:
+        if len(batch.logprobs) != len(batch.token_ids):  # an engine bug: keep the text, not the logprobs
+            logger.warning("response %s: %d logprobs for %d tokens", self.response.id, len(batch.logprobs), len(batch.token_ids))
+            self._parser.feed(batch.token_ids)
+            return
+        feed = self._parser.feed
+        for token in zip(batch.token_ids, batch.logprobs):
+            self._current = token
+            feed([token[0]])
+            if self._current is not None:  # no text came out of it (yet)
+                self._pending.append(self._current)
+                self._current = None
 
     def fail(self, message: str) -> list[ResponseStreamEvent]:
         """End with `response.failed`: open items are closed first, so none is left dangling."""
@@ -256,12 +292,15 @@ class ResponseStream:
             item = self._item
         item.parts.append(text)
         item.unsent += text
+        if self._logprob_format is not None:
+            self._attribute_logprobs(item, text)
 
     def close_item(self, status: str = "completed") -> None:
         item = self._item
         if item is None:
             return
         self._flush_delta()
+        self._pending = []  # tokens that wrote none of its text (end token, trailing space)
         text = "".join(item.parts)
         where = {"item_id": item.id, "output_index": item.output_index, "sequence_number": 0}
         if item.kind == "reasoning":
@@ -271,11 +310,13 @@ class ResponseStream:
                 type="reasoning",
                 summary=[],
                 content=[ReasoningContent(type="reasoning_text", text=text)],
+                encrypted_content=self._encrypt_reasoning(text) if self._encrypt_reasoning else None,
                 status=status,
             )
         elif item.kind == "message":
-            part = ResponseOutputText(type="output_text", text=text, annotations=[], logprobs=[])
-            self._emit(ResponseTextDoneEvent(type="response.output_text.done", content_index=0, text=text, logprobs=[], **where))
+            part = ResponseOutputText(type="output_text", text=text, annotations=[], logprobs=item.logprobs)
+            logprobs = for_done(item.logprobs) if item.logprobs else []
+            self._emit(ResponseTextDoneEvent(type="response.output_text.done", content_index=0, text=text, logprobs=logprobs, **where))
             self._emit(ResponseContentPartDoneEvent(type="response.content_part.done", content_index=0, part=part, **where))
             done = ResponseOutputMessage(
                 id=item.id, type="message", role="assistant", status=status, content=[part], phase=item.phase
@@ -335,9 +376,34 @@ class ResponseStream:
             return
         fields = item.delta_template.copy()
         fields["delta"], fields["sequence_number"] = item.unsent, self._sequence_number
+        if item.unsent_logprobs:
+            fields["logprobs"] = for_delta(item.unsent_logprobs)
+            item.unsent_logprobs = []
         self._events.append(item.make_delta(fields))
         self._sequence_number += 1
         item.unsent = ""
+
+    def _attribute_logprobs(self, item: _OpenItem, text: str) -> None:
+        """`text` came out: the last tokens since the last text that cover its bytes wrote it
+        (but for the unfinished character the current token may end with)."""
+        written = self._logprob_format.written
+        need = len(text.encode())
+        tokens = []
+        if self._current is not None:
+            tokens.append(self._current)
+            need -= written(self._current[0], held=True)
+            self._current = None
+        for token in reversed(self._pending):
+            if need <= 0:
+                break
+            if size := written(token[0]):
+                tokens.append(token)
+                need -= size
+        self._pending = []
+        if item.kind == "message" and tokens:
+            entries = [self._logprob_format.logprob(token, logprobs) for token, logprobs in reversed(tokens)]
+            item.logprobs += entries
+            item.unsent_logprobs += entries
 
     def _drain(self) -> list[ResponseStreamEvent]:
         self._flush_delta()

@@ -1,0 +1,117 @@
+"""Output-text logprobs (`include: ["message.output_text.logprobs"]`) as the SDK models them.
+
+The engine reports, per sampled token, its logprob and the top alternatives as token ids
+(`TokenLogprobs`); a model family knows each token's bytes (harmony: the o200k encoding;
+chat-template models: the tokenizer's vocabulary). This module turns the two into the SDK's
+`Logprob` objects: with `bytes` for the output_text content part, without for the delta and
+done events (the SDK has one class per place, with the same meaning).
+
+Values that JSON cannot carry never leave here: an alternative with logprob `-inf` (a token
+the sampler could not pick: structured outputs mask candidates so) is left out of
+`top_logprobs`, so a token may list fewer than `top_logprobs` alternatives; a sampled
+token's non-finite logprob is reported as -9999.0, the floor the OpenAI API itself uses.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Protocol
+
+from openai.types.responses import response_text_delta_event as delta_types
+from openai.types.responses import response_text_done_event as done_types
+from openai.types.responses.response_output_text import Logprob, LogprobTopLogprob
+
+from .tokens import TokenLogprobs
+
+LOGPROB_FLOOR = -9999.0
+
+
+def token_string(raw: bytes) -> str:
+    """A token's text; a token that is part of a UTF-8 character is written as its bytes, the
+    way the OpenAI API writes them (`bytes:\\xe4\\xb8`)."""
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError:
+        return "bytes:" + "".join(f"\\x{byte:02x}" for byte in raw)
+
+
+class TokenVocabulary(Protocol):
+    """What a model family tells of its tokens (`HarmonyModel`, `ChatTemplateModel`)."""
+
+    def token_bytes(self, token_id: int) -> bytes:
+        """The token's own bytes (special tokens too: they may be candidates)."""
+
+    def writes_text(self, token_id: int) -> bool:
+        """Whether the token writes its bytes into the completion text (special ones do not)."""
+
+
+class LogprobFormatter:
+    """Builds the SDK's logprob objects of one model's tokens (token texts cached)."""
+
+    def __init__(self, vocabulary: TokenVocabulary) -> None:
+        self._token_bytes = vocabulary.token_bytes
+        self._writes_text = vocabulary.writes_text
+        self._tokens: dict[int, tuple[str, list[int]]] = {}
+
+    def written(self, token_id: int, *, held: bool = False) -> int:
+        """How many bytes of text the token writes; `held`: less an unfinished UTF-8
+        character at its end (held back until the next token)."""
+        if not self._writes_text(token_id):
+            return 0
+        raw = bytes(self._token(token_id)[1])
+        return len(raw) - _unfinished_tail(raw) if held else len(raw)
+
+    def _token(self, token_id: int) -> tuple[str, list[int]]:
+        token = self._tokens.get(token_id)
+        if token is None:
+            raw = self._token_bytes(token_id)
+            token = self._tokens[token_id] = (token_string(raw), list(raw))
+        return token
+
+    def logprob(self, token_id: int, logprobs: TokenLogprobs) -> Logprob:
+        """The output_text part's entry of one sampled token."""
+        sampled, alternatives = logprobs
+        text, raw = self._token(token_id)
+        top = []
+        for alternative, value in alternatives:
+            if math.isfinite(value):
+                alt_text, alt_raw = self._token(alternative)
+                top.append(LogprobTopLogprob(token=alt_text, bytes=alt_raw, logprob=value))
+        value = sampled if math.isfinite(sampled) else LOGPROB_FLOOR
+        return Logprob(token=text, bytes=raw, logprob=value, top_logprobs=top)
+
+
+def _unfinished_tail(raw: bytes) -> int:
+    """Bytes at the end of `raw` that start a UTF-8 character they do not finish."""
+    for back in range(1, min(4, len(raw)) + 1):
+        byte = raw[-back]
+        if byte & 0xC0 != 0x80:  # not a continuation byte: the character's first byte
+            size = 2 if byte >= 0xC0 else 1
+            size = 3 if byte >= 0xE0 else size
+            size = 4 if byte >= 0xF0 else size
+            return back if size > back else 0
+    return 0
+
+
+def for_delta(logprobs: list[Logprob]) -> list[delta_types.Logprob]:
+    """The same entries as `response.output_text.delta` carries them (no bytes)."""
+    return [
+        delta_types.Logprob(
+            token=entry.token,
+            logprob=entry.logprob,
+            top_logprobs=[delta_types.LogprobTopLogprob(token=t.token, logprob=t.logprob) for t in entry.top_logprobs],
+        )
+        for entry in logprobs
+    ]
+
+
+def for_done(logprobs: list[Logprob]) -> list[done_types.Logprob]:
+    """The same entries as `response.output_text.done` carries them (no bytes)."""
+    return [
+        done_types.Logprob(
+            token=entry.token,
+            logprob=entry.logprob,
+            top_logprobs=[done_types.LogprobTopLogprob(token=t.token, logprob=t.logprob) for t in entry.top_logprobs],
+        )
+        for entry in logprobs
+    ]
