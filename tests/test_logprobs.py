@@ -207,3 +207,25 @@ def test_bad_logprob_requests(inprocess_url):
         for value in (21, -1, "three", 2.5, [3]):
             error = assert_openai_error(http.post("/responses", json={"model": "gpt-oss-replay", "input": "x", "top_logprobs": value}), 400)
             assert error["param"] == "top_logprobs"
+
+
+@pytest.mark.parametrize(
+    "completion,in_reasoning,expected",
+    [
+        ("<\n", False, "<"),  # a held "<" shows with the next token; the trailing newline is trimmed
+        ("<tool_call>{bad json", False, "<tool_call>{bad json"),  # a malformed call is text, tags included
+        ("Thinking.\n</think>\n\nParis é!", True, "Paris é!"),  # the end tag and blank lines are not the answer's
+        ("<think>Hm</think>A <tool_call>\n{\"name\": \"f\", \"arguments\": {}}\n</tool_call>", False, "A"),
+    ],
+)
+def test_chat_template_tokens_of_exactly_the_text(chat_model, completion, in_reasoning, expected):
+    tokenizer = chat_model.tokenizer
+    tokens = tokenizer.encode(completion, add_special_tokens=False) + [tokenizer.eos_token_id]
+    factory = lambda sink: chat_model.completion_parser(sink, in_reasoning=in_reasoning)  # noqa: E731
+    for batches in ([tokens], [[t] for t in tokens]):
+        ((_, _, part, text),) = message_logprobs(run_stream(tokens, batches, chat_model, factory)).values()
+        assert text == expected
+        written = [bytes(e["bytes"]) for e in part]
+        # Joined, the message's tokens write its text; each one is needed for it.
+        assert expected in b"".join(written).decode()
+        assert all(expected not in b"".join(written[:i] + written[i + 1 :]).decode("utf-8", "replace") for i in range(len(written)))

@@ -88,6 +88,14 @@ class TaggedTextParser:
         return state == "reasoning" or self._at_start
 
     @property
+    def held_text(self) -> str:
+        """Text that may still come out: trailing whitespace, a possible tag, and in a call its
+        start tag and body (a malformed call is text after all)."""
+        if self.state == "tool_call" and self._tags.tool_call:
+            return self._held_space + self._tags.tool_call[0] + self._pending
+        return self._held_space + self._pending
+
+    @property
     def undecided(self) -> bool:
         """Whether text is held back (a possible tag, or a tool-call body)."""
         return bool(self._pending) or self.state == "tool_call"
@@ -424,3 +432,8 @@ class ChatCompletionParser:
     def end(self) -> None:
         self._text.feed(self._detokenizer.flush())
         self._text.end()
+
+    @property
+    def held_text(self) -> str:
+        """Decoded text held back for now (a possible tag, a call body, whitespace)."""
+        return self._text.held_text

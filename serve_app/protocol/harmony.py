@@ -214,6 +214,7 @@ class HarmonyParser:
         self._in_content = False
         self._in_reasoning = False
         self.reasoning_tokens = 0
+        self.held_text = ""  # harmony holds back only the bytes of an unfinished character
 
     def feed(self, token_ids: Iterable[int]) -> None:
         # The hot loop: one harmony call per token and one getter per content token, state

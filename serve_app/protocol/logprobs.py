@@ -53,13 +53,9 @@ class LogprobFormatter:
         self._writes_text = vocabulary.writes_text
         self._tokens: dict[int, tuple[str, list[int]]] = {}
 
-    def written(self, token_id: int, *, held: bool = False) -> int:
-        """How many bytes of text the token writes; `held`: less an unfinished UTF-8
-        character at its end (held back until the next token)."""
-        if not self._writes_text(token_id):
-            return 0
-        raw = bytes(self._token(token_id)[1])
-        return len(raw) - _unfinished_tail(raw) if held else len(raw)
+    def token_text(self, token_id: int) -> bytes:
+        """The bytes the token writes into the completion text (none for special tokens)."""
+        return bytes(self._token(token_id)[1]) if self._writes_text(token_id) else b""
 
     def _token(self, token_id: int) -> tuple[str, list[int]]:
         token = self._tokens.get(token_id)
@@ -81,7 +77,7 @@ class LogprobFormatter:
         return Logprob(token=text, bytes=raw, logprob=value, top_logprobs=top)
 
 
-def _unfinished_tail(raw: bytes) -> int:
+def unfinished_utf8_tail(raw: bytes) -> int:
     """Bytes at the end of `raw` that start a UTF-8 character they do not finish."""
     for back in range(1, min(4, len(raw)) + 1):
         byte = raw[-back]

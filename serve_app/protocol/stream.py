@@ -53,7 +53,7 @@ from openai.types.responses.response_usage import InputTokensDetails, OutputToke
 
 from .harmony import HarmonyParser
 from .items import CompletionParser
-from .logprobs import LogprobFormatter, for_delta, for_done
+from .logprobs import LogprobFormatter, for_delta, for_done, unfinished_utf8_tail
 from .request import ResponsesRequest
 from .tokens import TokenBatch, TokenLogprobs
 
@@ -125,6 +125,19 @@ def new_id(prefix: str) -> str:
     return f"{prefix}_{uuid.uuid4().hex}"
 
 
+@dataclass(frozen=True, slots=True)
+class _PendingToken:
+    """A token whose logprobs are not attributed yet, and where its bytes are in `_written`."""
+
+    token_id: int
+    logprobs: TokenLogprobs
+    start: int
+    end: int
+
+    def shifted(self, offset: int) -> _PendingToken:
+        return _PendingToken(self.token_id, self.logprobs, self.start - offset, self.end - offset)
+
+
 @dataclass(slots=True)
 class _OpenItem:
     kind: ItemKind
@@ -167,15 +180,13 @@ class ResponseStream:
         self._cached_tokens = 0
         self._encrypt_reasoning = encrypt_reasoning
         # Logprobs: every token is parsed on its own, and its logprob goes to the delta holding
-        # the first output text it contributes to. A token whose text is held back (part of a
-        # character, a possible tag, whitespace) waits in `_pending`; when text comes out, it
-        # is the end of what the tokens since the last text wrote, so the last of them that
-        # cover its bytes are its tokens. The others contributed no output text and report
-        # none: headers, end tokens, tags, whitespace trimmed at an item's edges (and reasoning
-        # and call arguments: only output text has logprobs in the API).
+        # the first output text it contributes to (`_attribute`). Tokens that contribute none
+        # report none: headers, end tokens, tags, whitespace trimmed at an item's edges (and
+        # reasoning and call arguments: only output text has logprobs in the API).
         self._logprob_format = logprobs
-        self._current: tuple[int, TokenLogprobs] | None = None
-        self._pending: list[tuple[int, TokenLogprobs]] = []
+        self._pending: list[_PendingToken] = []  # fed, not attributed yet: their text may be held
+        self._written = b""  # what the pending tokens wrote, from the first one's start
+        self._released: list[tuple[_OpenItem, bytes]] = []  # text that came out since, in order
         self.finished = False
         self.response = Response(
             id=response_id or new_id("resp"),
@@ -223,12 +234,15 @@ class ResponseStream:
         self._output_tokens += len(batch.token_ids)
         finish_reason = batch.finish_reason
         try:
-            if self._logprob_format is not None and batch.logprobs is not None:
+            with_logprobs = self._logprob_format is not None and batch.logprobs is not None
+            if with_logprobs:
                 self._feed_with_logprobs(batch)
             else:
                 self._parser.feed(batch.token_ids)
             if finish_reason in ("length", "stop"):
                 self._parser.end()  # text the parser still held is part of the output
+                if with_logprobs:
+                    self._attribute(settled=True)
         except Exception as exc:  # the model wrote something the parser cannot parse
             logger.warning("response %s: unparseable completion: %s", self.response.id, exc)
             return self.fail(f"The model produced output that could not be parsed: {exc}")
@@ -244,13 +258,13 @@ class ResponseStream:
             logger.warning("response %s: %d logprobs for %d tokens", self.response.id, len(batch.logprobs), len(batch.token_ids))
             self._parser.feed(batch.token_ids)
             return
-        feed = self._parser.feed
-        for token in zip(batch.token_ids, batch.logprobs):
-            self._current = token
-            feed([token[0]])
-            if self._current is not None:  # no text came out of it (yet)
-                self._pending.append(self._current)
-                self._current = None
+        feed, written = self._parser.feed, self._logprob_format.token_text
+        for token, logprobs in zip(batch.token_ids, batch.logprobs):
+            start = len(self._written)
+            self._written += written(token)
+            self._pending.append(_PendingToken(token, logprobs, start, len(self._written)))
+            feed([token])
+            self._attribute(settled=True)
 
     def fail(self, message: str) -> list[ResponseStreamEvent]:
         """End with `response.failed`: open items are closed first, so none is left dangling."""
@@ -293,14 +307,15 @@ class ResponseStream:
         item.parts.append(text)
         item.unsent += text
         if self._logprob_format is not None:
-            self._attribute_logprobs(item, text)
+            self._released.append((item, text.encode()))
 
     def close_item(self, status: str = "completed") -> None:
         item = self._item
         if item is None:
             return
+        if self._logprob_format is not None:
+            self._attribute(settled=False)  # all of its text is out: its logprobs are complete
         self._flush_delta()
-        self._pending = []  # tokens that wrote none of its text (end token, trailing space)
         text = "".join(item.parts)
         where = {"item_id": item.id, "output_index": item.output_index, "sequence_number": 0}
         if item.kind == "reasoning":
@@ -383,27 +398,45 @@ class ResponseStream:
         self._sequence_number += 1
         item.unsent = ""
 
-    def _attribute_logprobs(self, item: _OpenItem, text: str) -> None:
-        """`text` came out: the last tokens since the last text that cover its bytes wrote it
-        (but for the unfinished character the current token may end with)."""
-        written = self._logprob_format.written
-        need = len(text.encode())
-        tokens = []
-        if self._current is not None:
-            tokens.append(self._current)
-            need -= written(self._current[0], held=True)
-            self._current = None
-        for token in reversed(self._pending):
-            if need <= 0:
-                break
-            if size := written(token[0]):
-                tokens.append(token)
-                need -= size
-        self._pending = []
-        if item.kind == "message" and tokens:
-            entries = [self._logprob_format.logprob(token, logprobs) for token, logprobs in reversed(tokens)]
-            item.logprobs += entries
-            item.unsent_logprobs += entries
+    def _attribute(self, *, settled: bool) -> None:
+        """Give the pending tokens whose bytes the released text came from their logprobs.
+
+        The text that came out is literal text the tokens wrote, in order, with what the
+        parser dropped between (headers, tags, trimmed whitespace): each piece is found in
+        the pending tokens' bytes after the previous one, and a token goes with the first
+        piece it overlaps. `settled` (between tokens): the parser holds only the unfinished
+        character at the end and its `held_text`, so a token entirely before that and
+        overlapping nothing wrote only dropped text. Otherwise (an item closes while a token
+        is parsed) only tokens before the end of the last piece can be known to be dropped.
+        """
+        written = self._written
+        consumed = len(written)
+        if settled:
+            consumed -= unfinished_utf8_tail(written) + len(getattr(self._parser, "held_text", "").encode())
+        spans, cursor = [], 0
+        for item, piece in self._released:
+            at = written.find(piece, cursor, consumed if settled else len(written))
+            at = cursor if at < 0 else at  # not literal (call arguments are re-serialized): assume next
+            spans.append((item, at, at + len(piece)))
+            cursor = at + len(piece)
+        self._released = []
+        keep: list[_PendingToken] = []
+        for token in self._pending:
+            overlaps = (item for item, start, end in spans if start < token.end and token.start < end)
+            item = next(overlaps, None) if token.start < token.end else None  # special tokens write nothing
+            if item is not None:
+                if item.kind == "message":
+                    entry = self._logprob_format.logprob(token.token_id, token.logprobs)
+                    item.logprobs.append(entry)
+                    item.unsent_logprobs.append(entry)
+            elif token.end > (consumed if settled else cursor):
+                keep.append(token)  # its text may still come out
+        if keep:
+            offset = keep[0].start
+            self._pending = [token.shifted(offset) for token in keep]
+            self._written = written[offset:]
+        else:
+            self._pending, self._written = [], b""
 
     def _drain(self) -> list[ResponseStreamEvent]:
         self._flush_delta()
