@@ -164,3 +164,17 @@ def test_no_blob_unless_included_and_the_store_still_works(app):
     sealed = app.sdk.responses.create(model="gpt-oss-replay", input="hello", include=["reasoning.encrypted_content"])
     follow = app.sdk.responses.create(model="gpt-oss-replay", input="again", previous_response_id=sealed.id)
     assert follow.output_text == "again"
+
+
+def test_keys_from_the_environment(monkeypatch, caplog):
+    from serve_app.protocol.encrypted_reasoning import ReasoningCipher
+    from serve_app.reasoning_keys import ENV_VAR, reasoning_keys
+
+    monkeypatch.setenv(ENV_VAR, f" {KEY_2} ,{KEY_1},")
+    assert reasoning_keys(fallback="unused") == [KEY_2, KEY_1]  # the first encrypts
+    monkeypatch.delenv(ENV_VAR)
+    assert reasoning_keys(fallback=KEY_1) == [KEY_1]  # the application's own key, with a warning
+    assert ENV_VAR in caplog.text
+    assert len(reasoning_keys()) == 1  # in-process: a key of this process
+    with pytest.raises(ValueError, match="reasoning key #2 is not a Fernet key"):
+        ReasoningCipher([KEY_1, "not-a-key"])  # a bad key fails at start-up, not per request
