@@ -229,3 +229,27 @@ def test_chat_template_tokens_of_exactly_the_text(chat_model, completion, in_rea
         # Joined, the message's tokens write its text; each one is needed for it.
         assert expected in b"".join(written).decode()
         assert all(expected not in b"".join(written[:i] + written[i + 1 :]).decode("utf-8", "replace") for i in range(len(written)))
+
+
+def test_token_bytes_of_the_vocabularies(chat_model):
+    """Each candidate is named by its own bytes: special tokens too; ids past the vocabulary
+    (models pad theirs) are empty."""
+    from serve_app.protocol.chat_parser import Vocabulary
+    from tests.test_chat_parser_properties import sentencepiece_tokenizer
+
+    tokenizer = chat_model.tokenizer
+    (zurich,) = tokenizer.encode(" Zürich", add_special_tokens=False)[:1]
+    assert chat_model.token_bytes(zurich) == b" Z"
+    assert chat_model.token_bytes(tokenizer.eos_token_id) == tokenizer.eos_token.encode()
+    assert not chat_model.writes_text(tokenizer.eos_token_id) and chat_model.writes_text(zurich)
+    assert chat_model.token_bytes(len(tokenizer) + 5) == b""
+    harmony = HarmonyModel()
+    assert harmony.token_bytes(200002) == b"<|return|>" and not harmony.writes_text(200002)
+    assert harmony.token_bytes(10**6) == b"" and harmony.token_bytes(13225) == b"Hello"
+
+    llama2 = sentencepiece_tokenizer.__wrapped__()  # the fixture's function: a Llama-2-style vocabulary
+    vocabulary = Vocabulary(llama2, skip_ids=llama2.all_special_ids)
+    to_id = llama2.convert_tokens_to_ids
+    assert vocabulary.bytes_of(to_id("▁Hello")) == b" Hello"  # the space its piece stands for
+    assert vocabulary.bytes_of(to_id("<0xE6>")) == b"\xe6"  # byte fallback
+    assert vocabulary.bytes_of(to_id("think")) == b"think"
