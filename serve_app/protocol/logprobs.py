@@ -51,27 +51,29 @@ class LogprobFormatter:
     def __init__(self, vocabulary: TokenVocabulary) -> None:
         self._token_bytes = vocabulary.token_bytes
         self._writes_text = vocabulary.writes_text
-        self._tokens: dict[int, tuple[str, list[int]]] = {}
+        self._tokens: dict[int, tuple[str, list[int], bytes]] = {}
 
     def token_text(self, token_id: int) -> bytes:
         """The bytes the token writes into the completion text (none for special tokens)."""
-        return bytes(self._token(token_id)[1]) if self._writes_text(token_id) else b""
+        return self._token(token_id)[2]
 
-    def _token(self, token_id: int) -> tuple[str, list[int]]:
+    def _token(self, token_id: int) -> tuple[str, list[int], bytes]:
+        """(token string, its bytes as the API lists them, the bytes it writes into the text)."""
         token = self._tokens.get(token_id)
         if token is None:
             raw = self._token_bytes(token_id)
-            token = self._tokens[token_id] = (token_string(raw), list(raw))
+            written = raw if self._writes_text(token_id) else b""
+            token = self._tokens[token_id] = (token_string(raw), list(raw), written)
         return token
 
     def logprob(self, token_id: int, logprobs: TokenLogprobs) -> Logprob:
         """The output_text part's entry of one sampled token."""
         sampled, alternatives = logprobs
-        text, raw = self._token(token_id)
+        text, raw, _ = self._token(token_id)
         top = []
         for alternative, value in alternatives:
             if math.isfinite(value):
-                alt_text, alt_raw = self._token(alternative)
+                alt_text, alt_raw, _ = self._token(alternative)
                 top.append(LogprobTopLogprob(token=alt_text, bytes=alt_raw, logprob=value))
         value = sampled if math.isfinite(sampled) else LOGPROB_FLOOR
         return Logprob(token=text, bytes=raw, logprob=value, top_logprobs=top)
