@@ -21,9 +21,26 @@ from openai.types.responses import response_text_delta_event as delta_types
 from openai.types.responses import response_text_done_event as done_types
 from openai.types.responses.response_output_text import Logprob, LogprobTopLogprob
 
+from .construct import trusted_constructor
 from .tokens import TokenLogprobs
 
 LOGPROB_FLOOR = -9999.0
+
+# Built from values made here (no validation: these are most of the cost of logprobs);
+# the fields are checked against the SDK's at import.
+_LOGPROB, _TOP = trusted_constructor(Logprob), trusted_constructor(LogprobTopLogprob)
+_DELTA, _DELTA_TOP = trusted_constructor(delta_types.Logprob), trusted_constructor(delta_types.LogprobTopLogprob)
+_DONE, _DONE_TOP = trusted_constructor(done_types.Logprob), trusted_constructor(done_types.LogprobTopLogprob)
+for _cls, _fields in (
+    (Logprob, ["token", "bytes", "logprob", "top_logprobs"]),
+    (LogprobTopLogprob, ["token", "bytes", "logprob"]),
+    (delta_types.Logprob, ["token", "logprob", "top_logprobs"]),
+    (delta_types.LogprobTopLogprob, ["token", "logprob"]),
+    (done_types.Logprob, ["token", "logprob", "top_logprobs"]),
+    (done_types.LogprobTopLogprob, ["token", "logprob"]),
+):
+    if list(_cls.model_fields) != _fields:  # the SDK changed: fail at import, not on the wire
+        raise TypeError(f"{_cls.__module__}.{_cls.__name__} has fields {list(_cls.model_fields)}, not {_fields}")
 
 
 def token_string(raw: bytes) -> str:
@@ -74,9 +91,9 @@ class LogprobFormatter:
         for alternative, value in alternatives:
             if math.isfinite(value):
                 alt_text, alt_raw, _ = self._token(alternative)
-                top.append(LogprobTopLogprob(token=alt_text, bytes=alt_raw, logprob=value))
-        value = sampled if math.isfinite(sampled) else LOGPROB_FLOOR
-        return Logprob(token=text, bytes=raw, logprob=value, top_logprobs=top)
+                top.append(_TOP({"token": alt_text, "bytes": alt_raw, "logprob": float(value)}))
+        value = float(sampled) if math.isfinite(sampled) else LOGPROB_FLOOR
+        return _LOGPROB({"token": text, "bytes": raw, "logprob": value, "top_logprobs": top})
 
 
 def unfinished_utf8_tail(raw: bytes) -> int:
@@ -94,11 +111,11 @@ def unfinished_utf8_tail(raw: bytes) -> int:
 def for_delta(logprobs: list[Logprob]) -> list[delta_types.Logprob]:
     """The same entries as `response.output_text.delta` carries them (no bytes)."""
     return [
-        delta_types.Logprob(
-            token=entry.token,
-            logprob=entry.logprob,
-            top_logprobs=[delta_types.LogprobTopLogprob(token=t.token, logprob=t.logprob) for t in entry.top_logprobs],
-        )
+        _DELTA({
+            "token": entry.token,
+            "logprob": entry.logprob,
+            "top_logprobs": [_DELTA_TOP({"token": t.token, "logprob": t.logprob}) for t in entry.top_logprobs],
+        })
         for entry in logprobs
     ]
 
@@ -106,10 +123,10 @@ def for_delta(logprobs: list[Logprob]) -> list[delta_types.Logprob]:
 def for_done(logprobs: list[Logprob]) -> list[done_types.Logprob]:
     """The same entries as `response.output_text.done` carries them (no bytes)."""
     return [
-        done_types.Logprob(
-            token=entry.token,
-            logprob=entry.logprob,
-            top_logprobs=[done_types.LogprobTopLogprob(token=t.token, logprob=t.logprob) for t in entry.top_logprobs],
-        )
+        _DONE({
+            "token": entry.token,
+            "logprob": entry.logprob,
+            "top_logprobs": [_DONE_TOP({"token": t.token, "logprob": t.logprob}) for t in entry.top_logprobs],
+        })
         for entry in logprobs
     ]

@@ -53,6 +53,7 @@ from openai.types.responses.response_usage import InputTokensDetails, OutputToke
 
 from .harmony import HarmonyParser
 from .items import CompletionParser
+from .construct import trusted_constructor as _trusted_constructor
 from .logprobs import LogprobFormatter, for_delta, for_done, unfinished_utf8_tail
 from .request import ResponsesRequest
 from .tokens import TokenBatch, TokenLogprobs
@@ -61,26 +62,6 @@ logger = logging.getLogger("responses_serve.stream")
 
 ItemKind = Literal["reasoning", "message", "function_call"]
 _ID_PREFIX: dict[ItemKind, str] = {"reasoning": "rs", "message": "msg", "function_call": "fc"}
-
-
-def _trusted_constructor(cls: type[BaseModel]) -> Callable[[dict[str, Any]], Any]:
-    """`cls.model_construct(**values)` for values of every field, with the right types, built
-    by this module: no validation, as pydantic's `model_construct` does it, at a fraction of
-    its cost (it resolves aliases and defaults field by field, and openai's override of it
-    converts nested dicts) and half the cost of validating."""
-    fields_set = set(cls.model_fields)  # shared: every field is in it, so setting one adds nothing
-    extra_allowed = cls.model_config.get("extra") == "allow"
-    setattr_ = object.__setattr__
-
-    def construct(values: dict[str, Any]) -> Any:
-        model = cls.__new__(cls)
-        setattr_(model, "__dict__", values)
-        setattr_(model, "__pydantic_fields_set__", fields_set)
-        setattr_(model, "__pydantic_extra__", {} if extra_allowed else None)
-        setattr_(model, "__pydantic_private__", None)
-        return model
-
-    return construct
 
 
 class _DeltaEvents:
@@ -127,15 +108,13 @@ def new_id(prefix: str) -> str:
 
 @dataclass(frozen=True, slots=True)
 class _PendingToken:
-    """A token whose logprobs are not attributed yet, and where its bytes are in `_written`."""
+    """A token whose logprobs are not attributed yet, and where its bytes are in the text
+    the tokens wrote (offsets from the start of the completion)."""
 
     token_id: int
     logprobs: TokenLogprobs
     start: int
     end: int
-
-    def shifted(self, offset: int) -> _PendingToken:
-        return _PendingToken(self.token_id, self.logprobs, self.start - offset, self.end - offset)
 
 
 @dataclass(slots=True)
@@ -185,7 +164,8 @@ class ResponseStream:
         # reasoning and call arguments: only output text has logprobs in the API).
         self._logprob_format = logprobs
         self._pending: list[_PendingToken] = []  # fed, not attributed yet: their text may be held
-        self._written = b""  # what the pending tokens wrote, from the first one's start
+        self._written = bytearray()  # what the pending tokens wrote, from offset `_written_at`
+        self._written_at = 0
         self._released: list[tuple[_OpenItem, bytes]] = []  # text that came out since, in order
         self.finished = False
         self.response = Response(
@@ -258,11 +238,11 @@ class ResponseStream:
             logger.warning("response %s: %d logprobs for %d tokens", self.response.id, len(batch.logprobs), len(batch.token_ids))
             self._parser.feed(batch.token_ids)
             return
-        feed, written = self._parser.feed, self._logprob_format.token_text
+        feed, token_text = self._parser.feed, self._logprob_format.token_text
         for token, logprobs in zip(batch.token_ids, batch.logprobs):
-            start = len(self._written)
-            self._written += written(token)
-            self._pending.append(_PendingToken(token, logprobs, start, len(self._written)))
+            start, raw = self._written_at + len(self._written), token_text(token)
+            self._written += raw
+            self._pending.append(_PendingToken(token, logprobs, start, start + len(raw)))
             feed([token])
             self._attribute(settled=True)
 
@@ -409,34 +389,43 @@ class ResponseStream:
         overlapping nothing wrote only dropped text. Otherwise (an item closes while a token
         is parsed) only tokens before the end of the last piece can be known to be dropped.
         """
-        written = self._written
-        consumed = len(written)
+        written, base = self._written, self._written_at
+        consumed = base + len(written)  # offsets from the start of the completion
         if settled:
             consumed -= unfinished_utf8_tail(written) + len(getattr(self._parser, "held_text", "").encode())
-        spans, cursor = [], 0
-        for item, piece in self._released:
-            at = written.find(piece, cursor, consumed if settled else len(written))
-            at = cursor if at < 0 else at  # not literal (call arguments are re-serialized): assume next
-            spans.append((item, at, at + len(piece)))
-            cursor = at + len(piece)
-        self._released = []
-        keep: list[_PendingToken] = []
-        for token in self._pending:
-            overlaps = (item for item, start, end in spans if start < token.end and token.start < end)
-            item = next(overlaps, None) if token.start < token.end else None  # special tokens write nothing
-            if item is not None:
-                if item.kind == "message":
-                    entry = self._logprob_format.logprob(token.token_id, token.logprobs)
-                    item.logprobs.append(entry)
-                    item.unsent_logprobs.append(entry)
-            elif token.end > (consumed if settled else cursor):
-                keep.append(token)  # its text may still come out
-        if keep:
-            offset = keep[0].start
-            self._pending = [token.shifted(offset) for token in keep]
-            self._written = written[offset:]
+        elif not self._released:
+            return
+        pending = self._pending
+        if not self._released:  # nothing came out: drop the tokens that can no longer show
+            drop = 0
+            while drop < len(pending) and pending[drop].end <= consumed:
+                drop += 1
+            del pending[:drop]
         else:
-            self._pending, self._written = [], b""
+            spans, cursor = [], 0
+            for item, piece in self._released:
+                at = written.find(piece, cursor, (consumed if settled else base + len(written)) - base)
+                at = cursor if at < 0 else at  # not literal (call arguments are re-serialized): assume next
+                spans.append((item, base + at, base + at + len(piece)))
+                cursor = at + len(piece)
+            self._released = []
+            limit = consumed if settled else base + cursor
+            keep: list[_PendingToken] = []
+            for token in pending:
+                overlaps = (item for item, start, end in spans if start < token.end and token.start < end)
+                item = next(overlaps, None) if token.start < token.end else None  # special tokens write nothing
+                if item is not None:
+                    if item.kind == "message":
+                        entry = self._logprob_format.logprob(token.token_id, token.logprobs)
+                        item.logprobs.append(entry)
+                        item.unsent_logprobs.append(entry)
+                elif token.end > limit:
+                    keep.append(token)  # its text may still come out
+            self._pending = pending = keep
+        # Keep the bytes from the first pending token on.
+        new_base = pending[0].start if pending else base + len(written)
+        del written[: new_base - base]
+        self._written_at = new_base
 
     def _drain(self) -> list[ResponseStreamEvent]:
         self._flush_delta()
