@@ -166,15 +166,19 @@ def test_no_blob_unless_included_and_the_store_still_works(app):
     assert follow.output_text == "again"
 
 
-def test_keys_from_the_environment(monkeypatch, caplog):
+def test_keys_from_the_environment(monkeypatch):
+    from serve_app import reasoning_keys as module
     from serve_app.protocol.encrypted_reasoning import ReasoningCipher
     from serve_app.reasoning_keys import ENV_VAR, reasoning_keys
+
+    warnings: list[str] = []
+    monkeypatch.setattr(module.logger, "warning", lambda message, *args: warnings.append(message % args))
 
     monkeypatch.setenv(ENV_VAR, f" {KEY_2} ,{KEY_1},")
     assert reasoning_keys(fallback="unused") == [KEY_2, KEY_1]  # the first encrypts
     monkeypatch.delenv(ENV_VAR)
     assert reasoning_keys(fallback=KEY_1) == [KEY_1]  # the application's own key, with a warning
-    assert ENV_VAR in caplog.text
+    assert ENV_VAR in warnings[0] and "application deployment" in warnings[0]
     assert len(reasoning_keys()) == 1  # in-process: a key of this process
     with pytest.raises(ValueError, match="reasoning key #2 is not a Fernet key"):
         ReasoningCipher([KEY_1, "not-a-key"])  # a bad key fails at start-up, not per request
