@@ -26,7 +26,8 @@ from typing import Callable
 
 from openai_harmony import Message, Role, StreamableParser
 
-from serve_app.protocol.harmony import HarmonyParser, render_completion
+from serve_app.protocol.harmony import HarmonyModel, HarmonyParser, render_completion
+from serve_app.protocol.logprobs import LogprobFormatter
 from serve_app.protocol.request import ResponsesRequest
 from serve_app.protocol.sse import encode_events
 from serve_app.protocol.stream import ResponseStream
@@ -130,11 +131,22 @@ def time_vllm_parsers(tokenizer, tokens: list[int]) -> dict[str, float]:
     return results
 
 
-def time_hot_path(batches: list[list[int]], request: ResponsesRequest, parser_factory: Callable = HarmonyParser) -> tuple[float, int]:
-    stream = ResponseStream(request, parser_factory=parser_factory)
+def time_hot_path(
+    batches: list[list[int]], request: ResponsesRequest, parser_factory: Callable = HarmonyParser, vocabulary=None
+) -> tuple[float, int]:
+    """`vocabulary` (a model family): with output-text logprobs, 5 alternatives per token."""
+    logprobs = LogprobFormatter(vocabulary) if vocabulary is not None else None
+    stream = ResponseStream(request, parser_factory=parser_factory, logprobs=logprobs)
     # The engine's TokenBatches are the input (the ingress receives them ready-made from Ray).
     last = len(batches) - 1
-    token_batches = [TokenBatch(batch, finish_reason="stop" if index == last else None) for index, batch in enumerate(batches)]
+    token_batches = [
+        TokenBatch(
+            batch,
+            finish_reason="stop" if index == last else None,
+            logprobs=[(-0.5, [(t + k, -0.5 - k) for k in range(5)]) for t in batch] if logprobs else None,
+        )
+        for index, batch in enumerate(batches)
+    ]
     wire = 0
     start = time.perf_counter()
     wire += len(encode_events(stream.start()))
@@ -156,10 +168,15 @@ def compare(
     rounds: int,
     parser_factory: Callable = HarmonyParser,
     references: tuple[Timer, ...] = (),
+    vocabulary=None,
 ) -> float:
     """Alternating rounds of the floor, the hot path and any reference paths (shown, not part
-    of the ratio); prints a table, returns the hot path's ratio to the floor."""
+    of the ratio); prints a table, returns the hot path's ratio to the floor. `vocabulary` (a
+    model family): also time the hot path with output-text logprobs (a reference)."""
     batches = steps(tokens)
+    if vocabulary is not None:
+        with_logprobs = lambda: time_hot_path(batches, request, parser_factory, vocabulary)[0]  # noqa: E731
+        references += (("hot path with logprobs (top 5)", with_logprobs),)
     time_hot_path(batches[:2000], request, parser_factory)  # warm-up: imports, caches
     floor_times, hot_times = [], []
     reference_times: list[list[float]] = [[] for _ in references]
@@ -187,13 +204,17 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=120_000)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--family", choices=["harmony", "chat_template", "both"], default="both")
+    parser.add_argument("--logprobs", action="store_true", help="also time the hot path with output-text logprobs")
     parser.add_argument("--vllm-tokens", type=int, default=5000, help="tokens to time vLLM's own parsers on (they slow down with length)")
     args = parser.parse_args()
 
     if args.family in ("harmony", "both"):
         tokens = long_completion(args.tokens)
         request = ResponsesRequest(model="gpt-oss-replay", input="bench")
-        ratio = compare("harmony", ("StreamableParser.process", lambda: time_parser(tokens)), tokens, request, args.rounds)
+        ratio = compare(
+            "harmony", ("StreamableParser.process", lambda: time_parser(tokens)), tokens, request, args.rounds,
+            vocabulary=HarmonyModel() if args.logprobs else None,
+        )  # fmt: skip
         print(f"ratio_to_parser={ratio:.2f}")
     if args.family in ("chat_template", "both"):
         from serve_app.config import SMOLLM2
@@ -212,6 +233,7 @@ def main() -> None:
             args.rounds,
             lambda sink: model.parser(sink, []),
             references=(("reference: tokenizer.decode([token])", lambda: time_transformers_decode(tokenizer, tokens)),),
+            vocabulary=model if args.logprobs else None,
         )
         print(f"ratio_to_decode={ratio:.2f}")
         try:

@@ -20,6 +20,7 @@ from serve_app.api import ModelFamily, ServedModel, create_app
 from serve_app.config import AppConfig, ModelConfig, StoreConfig
 from serve_app.protocol.harmony import HarmonyModel
 from serve_app.protocol.tokens import GenerationRequest, TokenBatch
+from serve_app.reasoning_keys import reasoning_keys
 from serve_app.state import MemoryStore, Store
 
 logger = logging.getLogger("ray.serve")
@@ -105,11 +106,21 @@ def background_drain_s(config: AppConfig) -> float:
 class ResponsesIngress:
     """Ray Serve deployment class; the app is built on the replica from the typed config."""
 
-    def __init__(self, app_config: dict, engines: dict[str, DeploymentHandle], store: DeploymentHandle | None = None) -> None:
+    def __init__(
+        self,
+        app_config: dict,
+        engines: dict[str, DeploymentHandle],
+        store: DeploymentHandle | None = None,
+        reasoning_key: str | None = None,
+    ) -> None:
+        """`store`: the embedded store deployment, if configured. `reasoning_key`: the
+        application's own key for encrypted reasoning, made by `build_app` so that all
+        replicas share it; used only without configured keys."""
         use_serve_logging()
         self.config = AppConfig.model_validate(app_config)
         self.engines = engines
-        self.store = store  # the embedded store deployment, if configured
+        self.store = store
+        self.reasoning_key = reasoning_key
 
     def __serve_build_asgi_app__(self):
         models = [
@@ -124,4 +135,5 @@ class ResponsesIngress:
             api_key=self.config.api_key,
             max_request_bytes=self.config.max_request_bytes,
             background_drain_s=background_drain_s(self.config),
+            reasoning_keys=reasoning_keys(fallback=self.reasoning_key),
         )

@@ -20,6 +20,7 @@ from openai_harmony import Message, Role
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from .auth import APIKeyMiddleware
+from .protocol.encrypted_reasoning import ReasoningCipher
 from .protocol.errors import APIError, server_error
 from .protocol.harmony import render_completion, render_prompt
 from .protocol.request import ResponsesRequest
@@ -27,7 +28,9 @@ from .protocol.sse import encode_events
 from .protocol.stream import ResponseStream
 from .protocol.tokens import TokenBatch
 from .background import BackgroundRuns
+from .reasoning_keys import reasoning_keys as configured_reasoning_keys
 from .routes import background as background_routes
+from .routes import input_tokens as input_tokens_routes
 from .routes import conversations as conversations_routes
 from .routes import responses as responses_routes
 from .run import ModelFamily, ServedModel, TokenSource
@@ -56,8 +59,11 @@ def create_app(
     max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
     replica_id: str | None = None,
     background_drain_s: float = DEFAULT_BACKGROUND_DRAIN_S,
+    reasoning_keys: Sequence[str] | None = None,
 ) -> FastAPI:
-    """`store`: where responses are kept (default: this process's memory, for one replica)."""
+    """`store`: where responses are kept (default: this process's memory, for one replica).
+    `reasoning_keys`: Fernet keys sealing reasoning items' `encrypted_content` (the first
+    encrypts); None: `RESPONSES_SERVE_REASONING_KEYS`, else a key of this process."""
     _warm_up()
     served = {model.name: model for model in models}
     app = FastAPI(title="responses-serve", docs_url=None, redoc_url=None, lifespan=_drain_background_runs)
@@ -69,6 +75,7 @@ def create_app(
     app.state.conversations = ConversationStore(app.state.store, store_ttl_s)
     app.state.background = BackgroundRuns(app.state.responses, RunStore(app.state.store, min(store_ttl_s, EVENTS_TTL_S)), replica_id=replica_id)
     app.state.background_drain_s = background_drain_s
+    app.state.cipher = ReasoningCipher(reasoning_keys or configured_reasoning_keys())
 
     @app.exception_handler(APIError)
     async def _api_error(_: Request, exc: APIError) -> JSONResponse:
@@ -98,6 +105,7 @@ def create_app(
         data = [Model(id=m.name, object="model", created=0, owned_by=m.owned_by).model_dump() for m in served.values()]
         return {"object": "list", "data": data}
 
+    app.include_router(input_tokens_routes.router)  # before /v1/responses/{response_id}
     app.include_router(responses_routes.router)
     app.include_router(background_routes.router)
     app.include_router(conversations_routes.router)

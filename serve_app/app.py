@@ -14,6 +14,7 @@ from ray import serve
 from ray.serve import Application
 
 from serve_app.config import AppConfig, ModelConfig, VLLMBackendConfig
+from serve_app.protocol.encrypted_reasoning import ReasoningCipher
 from serve_app.vocab import ENV_VAR
 
 DEFAULT_ARGS: dict[str, Any] = {
@@ -94,7 +95,9 @@ def build_app(args: dict[str, Any] | None = None) -> Application:
     ingress = serve.deployment(ResponsesIngress).options(
         name="ResponsesIngress", **_with_vocabulary_env(config.ingress.serve_options())
     )
-    return ingress.bind(config.model_dump(), engines, _store_deployment(config))
+    # Encrypted reasoning without configured keys: one key for all ingress replicas of this
+    # deployment (serve_app/reasoning_keys.py).
+    return ingress.bind(config.model_dump(), engines, _store_deployment(config), ReasoningCipher.generate_key())
 
 
 def _store_deployment(config: AppConfig):

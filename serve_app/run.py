@@ -1,6 +1,6 @@
 """The run of one response, apart from HTTP: history in, events out, the result stored.
 
-    turn = await start_turn(request, model, responses)   # history from the store, prompt
+    turn = await start_turn(request, model, responses, conversations, cipher)  # history, prompt
     async for events in run_turn(turn, responses): ...    # a list of events per token batch
 
 The HTTP routes (serve_app/routes/) stream or collect these events; background runs drive
@@ -16,9 +16,11 @@ from typing import AsyncIterator, Protocol
 
 from openai.types.responses import ResponseError, ResponseFailedEvent, ResponseStreamEvent
 
+from .protocol.encrypted_reasoning import INCLUDE as ENCRYPTED_REASONING, ReasoningCipher, open_reasoning_items
 from .protocol.errors import invalid_request
 from .protocol.harmony import HarmonyModel, HistoryItem
 from .protocol.items import CompletionParser, ItemSink
+from .protocol.logprobs import LogprobFormatter
 from .protocol.request import ResponsesRequest
 from .protocol.stream import ResponseStream, new_id
 from .protocol.tokens import GenerationRequest, TokenBatch
@@ -40,6 +42,8 @@ class ModelFamily(Protocol):
 
     def render_prompt(self, request: ResponsesRequest, history: list[HistoryItem]) -> list[int]: ...
     def parser(self, sink: ItemSink, prompt: list[int]) -> CompletionParser: ...
+    def token_bytes(self, token_id: int) -> bytes: ...
+    def writes_text(self, token_id: int) -> bool: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,12 +69,17 @@ class Turn:
     conversations: ConversationStore | None = None  # with the `conversation` parameter
 
 
-async def start_turn(
-    request: ResponsesRequest, model: ServedModel, responses: ResponseStore, conversations: ConversationStore | None = None
-) -> Turn:
-    """Rebuild the history (a store read only with `previous_response_id` or `conversation`)
-    and render the prompt."""
-    input_items = with_ids(request.input_items())  # the same ids in input_items and a conversation
+async def render_turn(
+    request: ResponsesRequest,
+    model: ServedModel,
+    responses: ResponseStore,
+    conversations: ConversationStore | None,
+    cipher: ReasoningCipher,
+) -> tuple[list[HistoryItem], list[int]]:
+    """This turn's own input items and the prompt tokens: the history is rebuilt (a store
+    read only with `previous_response_id` or `conversation`), encrypted reasoning opened."""
+    # The same ids in input_items and a conversation.
+    input_items = with_ids(open_reasoning_items(request.input_items(), cipher))
     history = input_items
     if request.previous_response_id is not None:
         history = await responses.history(request.previous_response_id) + input_items
@@ -79,9 +88,26 @@ async def start_turn(
         if conversations is None or await conversations.get(conversation_id) is None:
             raise conversation_not_found(conversation_id, param="conversation")
         history = await conversations.history(conversation_id) + input_items
-    prompt = model.family.render_prompt(request, history)
+    return input_items, model.family.render_prompt(request, history)
+
+
+async def start_turn(
+    request: ResponsesRequest,
+    model: ServedModel,
+    responses: ResponseStore,
+    conversations: ConversationStore | None,
+    cipher: ReasoningCipher,
+) -> Turn:
+    """The history and prompt of `render_turn`, the engine request and the event stream."""
+    input_items, prompt = await render_turn(request, model, responses, conversations, cipher)
     generation = generation_request(request, prompt, model)
-    stream = ResponseStream(request, response_id=generation.request_id, parser_factory=lambda sink: model.family.parser(sink, prompt))
+    stream = ResponseStream(
+        request,
+        response_id=generation.request_id,
+        parser_factory=lambda sink: model.family.parser(sink, prompt),
+        logprobs=LogprobFormatter(model.family) if request.logprobs is not None else None,
+        encrypt_reasoning=cipher.encrypt if ENCRYPTED_REASONING in request.include else None,
+    )
     return Turn(request, model, input_items, prompt, generation, stream, conversations=conversations)
 
 
@@ -155,4 +181,5 @@ def generation_request(request: ResponsesRequest, prompt: list[int], model: Serv
         max_tokens=max_tokens,
         temperature=request.temperature,
         top_p=request.top_p,
+        logprobs=request.logprobs,
     )

@@ -139,10 +139,12 @@ def codex_shaped_request(base_url: str, model: str = MODEL) -> None:
     terminal = events[-1]["response"]
     call = [item for item in terminal["output"] if item["type"] == "function_call"][0]
     assert (call["name"], json.loads(call["arguments"])) == ("shell", {"command": ["ls"]})
-    # Codex's next turn: reasoning with encrypted_content null, the call with id and status, the output.
+    # include asked for it: the reasoning is sealed, not readable in the blob.
     reasoning = [item for item in terminal["output"] if item["type"] == "reasoning"][0]
+    assert reasoning["encrypted_content"] and reasoning["content"][0]["text"] not in reasoning["encrypted_content"]
+    # Codex's next turn: the reasoning item as it came (content null), the call with id and status, the output.
     body["input"] += [
-        {"type": "reasoning", "id": reasoning["id"], "summary": [], "content": None, "encrypted_content": None},
+        {"type": "reasoning", "id": reasoning["id"], "summary": [], "content": None, "encrypted_content": reasoning["encrypted_content"]},
         {"type": "function_call", "id": call["id"], "status": "completed", "call_id": call["call_id"], "name": "shell", "arguments": call["arguments"]},
         {"type": "function_call_output", "id": "fco_1", "call_id": call["call_id"], "output": "README.md"},
     ]
@@ -154,6 +156,31 @@ def codex_shaped_request(base_url: str, model: str = MODEL) -> None:
     events = raw_stream(base_url, body)
     call = [item for item in events[-1]["response"]["output"] if item["type"] == "function_call"][0]
     assert (call["namespace"], call["name"]) == ("mcp_fs", "read_file")
+
+
+def input_tokens_count(base_url: str, model: str = MODEL) -> None:
+    """`responses.input_tokens.count` gives the prompt length the same request has when created."""
+    sdk = client(base_url)
+    user = {"role": "user", "content": 'call get_weather {"city": "Paris"}'}
+    first = sdk.responses.create(model=model, input=[user], tools=[WEATHER_TOOL], instructions="Be brief.")
+    count = sdk.responses.input_tokens.count(model=model, input=[user], tools=[WEATHER_TOOL], instructions="Be brief.")
+    assert count.object == "response.input_tokens"
+    assert count.input_tokens == first.usage.input_tokens
+    call = [item for item in first.output if item.type == "function_call"][0]
+    history = [user] + [item.model_dump(exclude_none=True) for item in first.output]
+    history.append({"type": "function_call_output", "call_id": call.call_id, "output": "sunny"})
+    count = sdk.responses.input_tokens.count(model=model, input=history, tools=[WEATHER_TOOL])
+    second = sdk.responses.create(model=model, input=history, tools=[WEATHER_TOOL])
+    assert count.input_tokens == second.usage.input_tokens > first.usage.input_tokens
+    chained = sdk.responses.input_tokens.count(
+        model=model, previous_response_id=first.id, tools=[WEATHER_TOOL],
+        input=[{"type": "function_call_output", "call_id": call.call_id, "output": "sunny"}],
+    )
+    assert chained.input_tokens == second.usage.input_tokens
+    with httpx.Client(timeout=30) as http:  # validated like a create request
+        for body, status in (({"model": "no-such-model", "input": "hi"}, 404), ({"model": model}, 400), ({"model": model, "input": "hi", "tools": [{"type": "function"}]}, 400)):
+            response = http.post(f"{base_url}/responses/input_tokens", json=body)
+            assert response.status_code == status and set(response.json()["error"]) == {"message", "type", "param", "code"}
 
 
 def max_output_tokens_incomplete(base_url: str, model: str = MODEL) -> None:
@@ -217,6 +244,7 @@ ALL = [
     stream_helper_accumulates,
     tool_call_round_trip,
     codex_shaped_request,
+    input_tokens_count,
     max_output_tokens_incomplete,
     whitespace_is_kept,
     unknown_model_404,

@@ -7,8 +7,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from serve_app.protocol.encrypted_reasoning import ReasoningCipher
+
 MODEL = "gpt-oss-replay"
 TOOL = {"type": "function", "name": "get_weather", "parameters": {"type": "object", "properties": {}}}
+# Reasoning sealed with a key this server does not have.
+FOREIGN_BLOB = ReasoningCipher([ReasoningCipher.generate_key()]).encrypt("someone else's thoughts")
 
 # (name, body, expected status, expected param or None, expected code or None)
 CASES = [
@@ -50,6 +54,14 @@ CASES = [
     ("conversation_bad_type", {"model": MODEL, "input": "hi", "conversation": 5}, 400, "conversation", "invalid_type"),
     ("metadata_too_many", {"model": MODEL, "input": "hi", "metadata": {str(i): "v" for i in range(17)}}, 400, "metadata", "invalid_value"),
     ("json_schema_format", {"model": MODEL, "input": "hi", "text": {"format": {"type": "json_schema", "name": "x", "schema": {}}}}, 400, "text.format.type", "invalid_value"),
+    ("top_logprobs_too_high", {"model": MODEL, "input": "hi", "include": ["message.output_text.logprobs"], "top_logprobs": 21}, 400, "top_logprobs", "invalid_value"),
+    ("top_logprobs_negative", {"model": MODEL, "input": "hi", "top_logprobs": -1}, 400, "top_logprobs", "invalid_value"),
+    ("top_logprobs_string", {"model": MODEL, "input": "hi", "top_logprobs": "five"}, 400, "top_logprobs", "invalid_value"),
+    ("include_unknown_value", {"model": MODEL, "input": "hi", "include": ["message.output_text.everything"]}, 400, "include[0]", "invalid_value"),
+    ("include_not_a_list", {"model": MODEL, "input": "hi", "include": "reasoning.encrypted_content"}, 400, "include", "invalid_type"),
+    ("encrypted_content_garbage", {"model": MODEL, "input": [{"role": "user", "content": "hi"}, {"type": "reasoning", "summary": [], "encrypted_content": "not a sealed blob"}]}, 400, "input[1].encrypted_content", "invalid_encrypted_content"),
+    ("encrypted_content_foreign_key", {"model": MODEL, "input": [{"type": "reasoning", "summary": [], "encrypted_content": FOREIGN_BLOB}, {"role": "user", "content": "hi"}]}, 400, "input[0].encrypted_content", "invalid_encrypted_content"),
+    ("encrypted_content_wrong_type", {"model": MODEL, "input": [{"type": "reasoning", "summary": [], "encrypted_content": 42}]}, 400, "input[0].encrypted_content", "invalid_type"),
     ("oversize_body", {"model": MODEL, "input": "x" * (2 * 1024 * 1024)}, 413, None, "request_too_large"),
     ("context_too_long", {"model": MODEL, "input": " a" * 300_000}, 400, "input", "context_length_exceeded"),
 ]
@@ -95,7 +107,7 @@ json_values = st.recursive(
     max_leaves=8,
 )
 fields = st.sampled_from(
-    ["model", "input", "tools", "tool_choice", "max_output_tokens", "temperature", "reasoning", "metadata", "stream", "include", "text"]
+    ["model", "input", "tools", "tool_choice", "max_output_tokens", "temperature", "reasoning", "metadata", "stream", "include", "text", "top_logprobs"]
 )
 
 

@@ -362,6 +362,59 @@ class EngineSuite:
         assert spec.num_running() == 0 and spec.num_unfinished_engine_requests() == 0
         loop.run(spec.abort("unknown-id"))  # a no-op
 
+    def test_logprobs_aligned_and_greedy_picks_the_top_one(self, engines: dict[str, Any]) -> None:
+        loop, spec, plain = engines["loop"], engines["spec"], engines["plain"]
+        prompt = _chat_prompt(engines["checkpoint"], "Repeat this text exactly: " + REPEAT_TEXT)
+        runs = {}
+        for name, backend in (("spec", spec), ("plain", plain)):
+            request = _request(f"lp-{name}", prompt, max_tokens=24)
+            request.logprobs = 3
+            batches = loop.run(_collect(backend.generate(request)))
+            for batch in batches:
+                assert batch.logprobs is not None and len(batch.logprobs) == len(batch.token_ids)
+                for token, (sampled, top) in zip(batch.token_ids, batch.logprobs):
+                    assert len(top) == 3 and [lp for _, lp in top] == sorted((lp for _, lp in top), reverse=True)
+                    assert top[0] == (token, sampled)  # temperature 0: the sampled token is the most likely
+            runs[name] = [(t, lp) for b in batches for t, lp in zip(b.token_ids, b.logprobs)]
+        # Speculative decoding reports the same tokens, with the same logprobs.
+        assert [t for t, _ in runs["spec"]] == [t for t, _ in runs["plain"]]
+        for (_, (a, _)), (_, (b, _)) in zip(runs["spec"], runs["plain"]):
+            assert a == pytest.approx(b, abs=1e-3)
+
+    def test_masked_candidates_never_reach_json(self, engines: dict[str, Any]) -> None:
+        """Structured outputs mask candidates; vLLM reports them at -inf."""
+        import json
+        import math
+
+        from vllm import SamplingParams
+        from vllm.inputs.engine import tokens_input
+        from vllm.sampling_params import StructuredOutputsParams
+
+        from deployments.backends.vllm import token_logprobs
+        from serve_app.protocol.chat_template import ChatTemplateModel
+        from serve_app.protocol.logprobs import LogprobFormatter
+        from serve_app.smollm2 import load_tokenizer
+
+        loop, plain = engines["loop"], engines["plain"]
+        prompt = _chat_prompt(engines["checkpoint"], "Give me a JSON object with a name.")
+        schema = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 8}}, "required": ["name"]}
+        params = SamplingParams(
+            temperature=0, max_tokens=16, logprobs=20, detokenize=False,
+            structured_outputs=StructuredOutputsParams(json=schema),
+        )  # fmt: skip
+
+        async def run() -> list:
+            return [out.outputs[0] async for out in plain.engine.generate(tokens_input(prompt), params, "masked")]
+
+        completion = loop.run(run())[-1]
+        logprobs = token_logprobs(completion, 20)
+        assert any(not math.isfinite(lp) for _, top in logprobs for _, lp in top)  # masked ones are there
+        formatter = LogprobFormatter(ChatTemplateModel(load_tokenizer(str(engines["checkpoint"]))))
+        for token, entry in zip(completion.token_ids, logprobs):
+            wire = formatter.logprob(token, entry).model_dump_json()
+            parsed = json.loads(wire, parse_constant=lambda name: pytest.fail(f"{name} in {wire}"))
+            assert all(math.isfinite(t["logprob"]) for t in parsed["top_logprobs"])
+
     def test_prompt_too_long_is_an_error_not_a_hang(self, engines: dict[str, Any]) -> None:
         loop, plain = engines["loop"], engines["plain"]
         with pytest.raises(Exception, match="longer than the maximum model length"):

@@ -60,6 +60,43 @@ def test_stream_equals_non_stream_at_temperature_0(vllm_url, model):
         assert "Paris" in response.output_text
 
 
+@pytest.mark.parametrize("model", ["tiny-plain", "smollm2-135m-instruct"])
+def test_logprobs_from_the_engine(vllm_url, model):
+    """The engine's own logprobs: one per text token, aligned with the text, the greedy token
+    the most likely one, streaming equal to non-streaming."""
+    text = "What is the capital of France? Answer in one sentence."
+    kwargs = {"include": ["message.output_text.logprobs"], "top_logprobs": 3, "max_output_tokens": 24}
+    response = _create(vllm_url, model, text, **kwargs)
+    part = response.output[0].content[0]
+    assert 0 < len(part.logprobs) <= response.usage.output_tokens
+    for entry in part.logprobs:
+        assert entry.logprob <= 0 and 1 <= len(entry.top_logprobs) <= 3
+        best = entry.top_logprobs[0]
+        assert (best.token, best.bytes) == (entry.token, entry.bytes)  # temperature 0
+        assert best.logprob == pytest.approx(entry.logprob, abs=1e-4)
+        assert [t.logprob for t in entry.top_logprobs] == sorted((t.logprob for t in entry.top_logprobs), reverse=True)
+    written = b"".join(bytes(entry.bytes) for entry in part.logprobs).decode("utf-8", "replace")
+    assert written.strip() == part.text  # the tokens write the text (item edges trimmed)
+
+    events = _stream(vllm_url, model, text, **kwargs)
+    deltas = [e for e in events if e["type"] == "response.output_text.delta"]
+    assert all(d["logprobs"] for d in deltas)
+    streamed = [(entry["token"], entry["logprob"]) for d in deltas for entry in d["logprobs"]]
+    final = events[-1]["response"]["output"][0]["content"][0]
+    assert streamed == [(entry["token"], entry["logprob"]) for entry in final["logprobs"]]
+    assert final["text"] == part.text
+    assert [entry["token"] for entry in final["logprobs"]] == [entry.token for entry in part.logprobs]
+    assert [entry["logprob"] for entry in final["logprobs"]] == pytest.approx([entry.logprob for entry in part.logprobs], abs=1e-3)
+
+
+def test_input_tokens_count_is_the_engine_prompt(vllm_url):
+    sdk = sdk_scenarios.client(vllm_url)
+    text = "What is the capital of France?"
+    count = sdk.responses.input_tokens.count(model="smollm2-135m-instruct", input=text, instructions="Be brief.")
+    response = _create(vllm_url, "smollm2-135m-instruct", text, instructions="Be brief.", max_output_tokens=2)
+    assert count.input_tokens == response.usage.input_tokens  # vLLM's own count of the prompt it got
+
+
 def test_ngram_speculation_gives_multi_token_steps_and_the_same_tokens(vllm_url):
     before = _stats("tiny-ngram")
     speculative = _create(vllm_url, "tiny-ngram", REPEAT, max_output_tokens=64)

@@ -10,6 +10,9 @@ and streams it in seeded engine-like steps of a few tokens:
 2. the request offers NAME and the last user text is `call NAME [JSON]` -> analysis
    `Calling NAME.`, then a commentary call `to=functions.NAME` with the JSON (default `{}`);
 3. otherwise -> analysis `The user wrote N characters.`, then a final message echoing it.
+
+Logprobs, when asked for, tell the script's certainty: every token has logprob 0.0
+(probability 1) and is its own only alternative; no other token was possible.
 """
 
 from __future__ import annotations
@@ -149,6 +152,7 @@ class ReplayBackend:
                     finish_reason=finish_reason if position >= len(tokens) else None,
                     num_prompt_tokens=len(request.prompt_token_ids) if first else None,
                     num_cached_tokens=0 if first else None,
+                    logprobs=None if request.logprobs is None else [(0.0, [(t, 0.0)] if request.logprobs else []) for t in step],
                 )
                 first = False
         finally:

@@ -24,7 +24,7 @@ from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any, Literal
 
 from serve_app.config import VLLMBackendConfig
-from serve_app.protocol.tokens import FinishReason, GenerationRequest, TokenBatch
+from serve_app.protocol.tokens import FinishReason, GenerationRequest, TokenBatch, TokenLogprobs
 
 if TYPE_CHECKING:  # only for annotations: vLLM is optional at import time
     from vllm.engine.arg_utils import AsyncEngineArgs
@@ -250,6 +250,8 @@ class VLLMBackend:
             sampling["temperature"] = request.temperature
         if request.top_p is not None:
             sampling["top_p"] = request.top_p
+        if request.logprobs is not None:  # the sampled token's logprob and the top-k
+            sampling["logprobs"] = request.logprobs
 
         request_id = request.request_id
         self._running.add(request_id)
@@ -266,6 +268,8 @@ class VLLMBackend:
             async for out in outputs:
                 completion = out.outputs[0]
                 batch = TokenBatch(token_ids=list(completion.token_ids))
+                if request.logprobs is not None:
+                    batch.logprobs = token_logprobs(completion, request.logprobs)
                 if first:
                     first = False
                     batch.num_prompt_tokens = len(out.prompt_token_ids or request.prompt_token_ids)
@@ -319,6 +323,17 @@ class VLLMBackend:
         if self.engine is not None:
             self.engine.shutdown()
             self.engine = None
+
+
+def token_logprobs(completion: Any, top: int) -> list[TokenLogprobs]:
+    """vLLM's logprobs of a delta's tokens: per position a dict {token id: Logprob(logprob,
+    rank)} holding the sampled token (at its own rank) and ranks 1..top."""
+    positions = completion.logprobs or []
+    out: list[TokenLogprobs] = []
+    for token_id, position in zip(completion.token_ids, positions):
+        ranked = sorted(position.items(), key=lambda entry: entry[1].rank or 0)
+        out.append((position[token_id].logprob, [(t, lp.logprob) for t, lp in ranked if lp.rank is not None and lp.rank <= top]))
+    return out
 
 
 async def _shielded(awaitable: Any) -> None:

@@ -92,6 +92,14 @@ class TaggedTextParser:
         return state == "reasoning" or self._at_start
 
     @property
+    def held_text(self) -> str:
+        """Text that may still come out: trailing whitespace, a possible tag, and in a call its
+        start tag and body (a malformed call is text after all)."""
+        if self.state == "tool_call" and self._tags.tool_call:
+            return self._held_space + self._tags.tool_call[0] + self._pending
+        return self._held_space + self._pending
+
+    @property
     def undecided(self) -> bool:
         """Whether text is held back (a possible tag, or a tool-call body)."""
         return bool(self._pending) or self.state == "tool_call"
@@ -281,7 +289,14 @@ class Vocabulary:
         # Tokens that need one-at-a-time handling: skipped ones, and those that write a "<"
         # (every tag starts with one; a "<" is one byte, so it always lies within one token).
         self.not_plain_ids = self.skip_ids | {i for i, text in enumerate(texts) if "<" in text}
-        self.token_bytes = _byte_level_bytes(backend, texts, self.skip_ids)
+        raw = _byte_level_bytes(backend, texts)
+        self.token_bytes = None if raw is None else [b"" if i in self.skip_ids else b for i, b in enumerate(raw)]
+        # Each token's own bytes, special tokens included (logprobs name every candidate).
+        self._own_bytes = raw if raw is not None else [_piece_bytes(backend.id_to_token(i) or "", text) for i, text in enumerate(texts)]
+
+    def bytes_of(self, token_id: int) -> bytes:
+        """The bytes a token writes on its own (b"" for an id past the vocabulary)."""
+        return self._own_bytes[token_id] if 0 <= token_id < len(self._own_bytes) else b""
 
     def detokenizer(self) -> Detokenizer:
         if self.token_bytes is not None:
@@ -289,7 +304,18 @@ class Vocabulary:
         return StreamDetokenizer(self._backend, self.skip_ids, self.not_plain_ids)
 
 
-def _byte_level_bytes(backend: Any, texts: list[str], skip_ids: frozenset[int]) -> list[bytes] | None:
+def _piece_bytes(piece: str, text: str) -> bytes:
+    """A SentencePiece-style token's bytes: `<0xNN>` is that byte, `▁` a space; other
+    vocabularies' tokens are their decoded text."""
+    if len(piece) == 6 and piece.startswith("<0x") and piece.endswith(">"):
+        try:
+            return bytes([int(piece[3:5], 16)])
+        except ValueError:
+            pass
+    return piece.replace("\u2581", " ").encode() if "\u2581" in piece else text.encode()
+
+
+def _byte_level_bytes(backend: Any, texts: list[str]) -> list[bytes] | None:
     """The bytes each token writes, if the vocabulary is byte-level BPE (Qwen, Llama 3,
     DeepSeek, SmolLM2 ...): its decoder maps each character of a token to one byte (a token
     with a character outside that alphabet, an added token, writes its own UTF-8) and
@@ -311,7 +337,7 @@ def _byte_level_bytes(backend: Any, texts: list[str], skip_ids: frozenset[int]) 
         if raw.decode("utf-8", "replace") != text:
             logger.warning("token %d decodes to %r, not as its bytes %r: decoding with DecodeStream", token_id, text, raw)
             return None
-        table.append(b"" if token_id in skip_ids else raw)
+        table.append(raw)
     return table
 
 
@@ -415,3 +441,8 @@ class ChatCompletionParser:
     def end(self) -> None:
         self._text.feed(self._detokenizer.flush())
         self._text.end()
+
+    @property
+    def held_text(self) -> str:
+        """Decoded text held back for now (a possible tag, a call body, whitespace)."""
+        return self._text.held_text

@@ -152,6 +152,10 @@ class ChatTemplateModel:
         # Special tokens (end of turn ...) are not text, unless a tag is one in this vocabulary.
         tag_ids = {tokenizer.convert_tokens_to_ids(tag) for tag in self.tags.all()}
         self.vocabulary = Vocabulary(tokenizer, skip_ids=set(tokenizer.all_special_ids) - tag_ids)
+        self.token_bytes = self.vocabulary.bytes_of  # logprobs
+
+    def writes_text(self, token_id: int) -> bool:
+        return token_id not in self.vocabulary.skip_ids
 
     def render_prompt(self, request: ResponsesRequest, history: list[HistoryItem]) -> list[int]:
         tool_calls = self.tags.tool_call is not None

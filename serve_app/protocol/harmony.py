@@ -214,6 +214,7 @@ class HarmonyParser:
         self._in_content = False
         self._in_reasoning = False
         self.reasoning_tokens = 0
+        self.held_text = ""  # harmony holds back only the bytes of an unfinished character
 
     def feed(self, token_ids: Iterable[int]) -> None:
         # The hot loop: one harmony call per token and one getter per content token, state
@@ -277,3 +278,16 @@ class HarmonyModel:
 
     def parser(self, sink: ItemSink, prompt: list[int]) -> HarmonyParser:
         return HarmonyParser(sink)  # harmony completions start in a fresh message whatever the prompt
+
+    def token_bytes(self, token_id: int) -> bytes:
+        """A token's bytes in the o200k_harmony encoding (logprobs)."""
+        try:
+            return bytes(harmony_encoding()._inner.decode_bytes([token_id]))
+        except HarmonyError:  # an id past the vocabulary (the model's is padded): no text
+            return b""
+
+    def writes_text(self, token_id: int) -> bool:
+        try:
+            return not harmony_encoding().is_special_token(token_id)
+        except HarmonyError:
+            return False

@@ -23,6 +23,7 @@ class CompletionParser(Protocol):
     """Turns completion tokens into item operations on an `ItemSink`."""
 
     reasoning_tokens: int
+    held_text: str  # decoded text held back for now (logprobs: its tokens have not shown yet)
 
     def feed(self, token_ids: list[int]) -> None: ...
     def end(self) -> None: ...

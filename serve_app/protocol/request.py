@@ -14,6 +14,8 @@ from typing import Annotated, Any, Literal, TypeVar, Union
 import jsonschema
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, ValidationError, field_validator, model_validator
 
+from openai.types.responses import ResponseIncludable
+
 from .errors import APIError, from_validation_error, invalid_request
 
 _Model = TypeVar("_Model", bound=BaseModel)
@@ -243,7 +245,9 @@ class ResponsesRequest(_Lenient):
     tool_choice: Union[Literal["auto", "none", "required"], NamedFunctionChoice, HostedTool] = "auto"
     parallel_tool_calls: bool = True
     reasoning: ReasoningConfig | None = None
-    include: list[str] = Field(default_factory=list)
+    # The SDK's values; those about hosted tools this server does not run include nothing.
+    include: list[ResponseIncludable] = Field(default_factory=list)
+    top_logprobs: int | None = Field(default=None, ge=0, le=20)
     max_output_tokens: int | None = Field(default=None, ge=1)
     temperature: float | None = Field(default=None, ge=0, le=2)
     top_p: float | None = Field(default=None, gt=0, le=1)
@@ -296,6 +300,12 @@ class ResponsesRequest(_Lenient):
 
     def namespace_tools(self) -> list[NamespaceTool]:
         return [t for t in self.tools if isinstance(t, NamespaceTool)]
+
+    @property
+    def logprobs(self) -> int | None:
+        """Alternatives per token the engine must report (0: the sampled token only), or None
+        when the output text's logprobs are not asked for."""
+        return (self.top_logprobs or 0) if "message.output_text.logprobs" in self.include else None
 
     def offers_tools(self) -> bool:
         return self.tool_choice != "none" and bool(self.function_tools() or any(n.functions for n in self.namespace_tools()))

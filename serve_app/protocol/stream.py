@@ -47,38 +47,21 @@ from openai.types.responses import (
 )
 from openai.types.responses.response import IncompleteDetails
 from openai.types.responses.response_error import ResponseError
+from openai.types.responses.response_output_text import Logprob
 from openai.types.responses.response_reasoning_item import Content as ReasoningContent
 from openai.types.responses.response_usage import InputTokensDetails, OutputTokensDetails, ResponseUsage
 
 from .harmony import HarmonyParser
 from .items import CompletionParser
+from .construct import trusted_constructor as _trusted_constructor
+from .logprobs import LogprobFormatter, for_delta, for_done, unfinished_utf8_tail
 from .request import ResponsesRequest
-from .tokens import TokenBatch
+from .tokens import TokenBatch, TokenLogprobs
 
 logger = logging.getLogger("responses_serve.stream")
 
 ItemKind = Literal["reasoning", "message", "function_call"]
 _ID_PREFIX: dict[ItemKind, str] = {"reasoning": "rs", "message": "msg", "function_call": "fc"}
-
-
-def _trusted_constructor(cls: type[BaseModel]) -> Callable[[dict[str, Any]], Any]:
-    """`cls.model_construct(**values)` for values of every field, with the right types, built
-    by this module: no validation, as pydantic's `model_construct` does it, at a fraction of
-    its cost (it resolves aliases and defaults field by field, and openai's override of it
-    converts nested dicts) and half the cost of validating."""
-    fields_set = set(cls.model_fields)  # shared: every field is in it, so setting one adds nothing
-    extra_allowed = cls.model_config.get("extra") == "allow"
-    setattr_ = object.__setattr__
-
-    def construct(values: dict[str, Any]) -> Any:
-        model = cls.__new__(cls)
-        setattr_(model, "__dict__", values)
-        setattr_(model, "__pydantic_fields_set__", fields_set)
-        setattr_(model, "__pydantic_extra__", {} if extra_allowed else None)
-        setattr_(model, "__pydantic_private__", None)
-        return model
-
-    return construct
 
 
 class _DeltaEvents:
@@ -123,6 +106,17 @@ def new_id(prefix: str) -> str:
     return f"{prefix}_{uuid.uuid4().hex}"
 
 
+@dataclass(frozen=True, slots=True)
+class _PendingToken:
+    """A token whose logprobs are not attributed yet, and where its bytes are in the text
+    the tokens wrote (offsets from the start of the completion)."""
+
+    token_id: int
+    logprobs: TokenLogprobs
+    start: int
+    end: int
+
+
 @dataclass(slots=True)
 class _OpenItem:
     kind: ItemKind
@@ -136,6 +130,8 @@ class _OpenItem:
     phase: str | None = None
     parts: list[str] = field(default_factory=list)  # every delta, in order
     unsent: str = ""  # text added since the last delta event
+    logprobs: list[Logprob] = field(default_factory=list)  # messages, when asked for: every token's
+    unsent_logprobs: list[Logprob] = field(default_factory=list)  # those of `unsent`
 
 
 class ResponseStream:
@@ -149,7 +145,11 @@ class ResponseStream:
         model: str | None = None,
         response_id: str | None = None,
         parser_factory: Callable[[ResponseStream], CompletionParser] = HarmonyParser,
+        logprobs: LogprobFormatter | None = None,
+        encrypt_reasoning: Callable[[str], str] | None = None,
     ) -> None:
+        """`logprobs`: report the output text's logprobs (batches must carry them);
+        `encrypt_reasoning`: give reasoning items `encrypted_content` (its text, encrypted)."""
         self._events: list[ResponseStreamEvent] = []
         self._sequence_number = 0
         self._item: _OpenItem | None = None
@@ -157,6 +157,16 @@ class ResponseStream:
         self._output_tokens = 0
         self._prompt_tokens = 0
         self._cached_tokens = 0
+        self._encrypt_reasoning = encrypt_reasoning
+        # Logprobs: every token is parsed on its own, and its logprob goes to the delta holding
+        # the first output text it contributes to (`_attribute`). Tokens that contribute none
+        # report none: headers, end tokens, tags, whitespace trimmed at an item's edges (and
+        # reasoning and call arguments: only output text has logprobs in the API).
+        self._logprob_format = logprobs
+        self._pending: list[_PendingToken] = []  # fed, not attributed yet: their text may be held
+        self._written = bytearray()  # what the pending tokens wrote, from offset `_written_at`
+        self._written_at = 0
+        self._released: list[tuple[_OpenItem, bytes]] = []  # text that came out since, in order
         self.finished = False
         self.response = Response(
             id=response_id or new_id("resp"),
@@ -171,6 +181,7 @@ class ResponseStream:
             parallel_tool_calls=request.parallel_tool_calls,
             temperature=request.temperature,
             top_p=request.top_p,
+            top_logprobs=request.top_logprobs,
             max_output_tokens=request.max_output_tokens,
             previous_response_id=request.previous_response_id,
             background=request.background,
@@ -205,9 +216,15 @@ class ResponseStream:
         self._output_tokens += len(batch.token_ids)
         finish_reason = batch.finish_reason
         try:
-            self._parser.feed(batch.token_ids)
+            with_logprobs = self._logprob_format is not None and batch.logprobs is not None
+            if with_logprobs:
+                self._feed_with_logprobs(batch)
+            else:
+                self._parser.feed(batch.token_ids)
             if finish_reason in ("length", "stop"):
                 self._parser.end()  # text the parser still held is part of the output
+                if with_logprobs:
+                    self._attribute(settled=True)
         except Exception:  # the model wrote something the parser cannot parse
             # The details (the parser's view of the model's output) go to the log, not the client.
             logger.exception("response %s: the completion could not be parsed", self.response.id)
@@ -218,6 +235,19 @@ class ResponseStream:
             if finish_reason in ("length", "stop"):
                 self._finish("completed" if finish_reason == "stop" else "incomplete")
         return self._drain()
+
+    def _feed_with_logprobs(self, batch: TokenBatch) -> None:
+        if len(batch.logprobs) != len(batch.token_ids):  # an engine bug: keep the text, not the logprobs
+            logger.warning("response %s: %d logprobs for %d tokens", self.response.id, len(batch.logprobs), len(batch.token_ids))
+            self._parser.feed(batch.token_ids)
+            return
+        feed, token_text = self._parser.feed, self._logprob_format.token_text
+        for token, logprobs in zip(batch.token_ids, batch.logprobs):
+            start, raw = self._written_at + len(self._written), token_text(token)
+            self._written += raw
+            self._pending.append(_PendingToken(token, logprobs, start, start + len(raw)))
+            feed([token])
+            self._attribute(settled=True)
 
     def fail(self, message: str) -> list[ResponseStreamEvent]:
         """End with `response.failed`: open items are closed first, so none is left dangling."""
@@ -266,11 +296,15 @@ class ResponseStream:
             item = self._item
         item.parts.append(text)
         item.unsent += text
+        if self._logprob_format is not None:
+            self._released.append((item, text.encode()))
 
     def close_item(self, status: str = "completed") -> None:
         item = self._item
         if item is None:
             return
+        if self._logprob_format is not None:
+            self._attribute(settled=False)  # all of its text is out: its logprobs are complete
         self._flush_delta()
         text = "".join(item.parts)
         where = {"item_id": item.id, "output_index": item.output_index, "sequence_number": 0}
@@ -281,11 +315,13 @@ class ResponseStream:
                 type="reasoning",
                 summary=[],
                 content=[ReasoningContent(type="reasoning_text", text=text)],
+                encrypted_content=self._encrypt_reasoning(text) if self._encrypt_reasoning else None,
                 status=status,
             )
         elif item.kind == "message":
-            part = ResponseOutputText(type="output_text", text=text, annotations=[], logprobs=[])
-            self._emit(ResponseTextDoneEvent(type="response.output_text.done", content_index=0, text=text, logprobs=[], **where))
+            part = ResponseOutputText(type="output_text", text=text, annotations=[], logprobs=item.logprobs)
+            logprobs = for_done(item.logprobs) if item.logprobs else []
+            self._emit(ResponseTextDoneEvent(type="response.output_text.done", content_index=0, text=text, logprobs=logprobs, **where))
             self._emit(ResponseContentPartDoneEvent(type="response.content_part.done", content_index=0, part=part, **where))
             done = ResponseOutputMessage(
                 id=item.id, type="message", role="assistant", status=status, content=[part], phase=item.phase
@@ -345,9 +381,61 @@ class ResponseStream:
             return
         fields = item.delta_template.copy()
         fields["delta"], fields["sequence_number"] = item.unsent, self._sequence_number
+        if item.unsent_logprobs:
+            fields["logprobs"] = for_delta(item.unsent_logprobs)
+            item.unsent_logprobs = []
         self._events.append(item.make_delta(fields))
         self._sequence_number += 1
         item.unsent = ""
+
+    def _attribute(self, *, settled: bool) -> None:
+        """Give the pending tokens whose bytes the released text came from their logprobs.
+
+        The text that came out is literal text the tokens wrote, in order, with what the
+        parser dropped between (headers, tags, trimmed whitespace): each piece is found in
+        the pending tokens' bytes after the previous one, and a token goes with the first
+        piece it overlaps. `settled` (between tokens): the parser holds only the unfinished
+        character at the end and its `held_text`, so a token entirely before that and
+        overlapping nothing wrote only dropped text. Otherwise (an item closes while a token
+        is parsed) only tokens before the end of the last piece can be known to be dropped.
+        """
+        written, base = self._written, self._written_at
+        consumed = base + len(written)  # offsets from the start of the completion
+        if settled:
+            consumed -= unfinished_utf8_tail(written) + len(getattr(self._parser, "held_text", "").encode())
+        elif not self._released:
+            return
+        pending = self._pending
+        if not self._released:  # nothing came out: drop the tokens that can no longer show
+            drop = 0
+            while drop < len(pending) and pending[drop].end <= consumed:
+                drop += 1
+            del pending[:drop]
+        else:
+            spans, cursor = [], 0
+            for item, piece in self._released:
+                at = written.find(piece, cursor, (consumed if settled else base + len(written)) - base)
+                at = cursor if at < 0 else at  # not literal (call arguments are re-serialized): assume next
+                spans.append((item, base + at, base + at + len(piece)))
+                cursor = at + len(piece)
+            self._released = []
+            limit = consumed if settled else base + cursor
+            keep: list[_PendingToken] = []
+            for token in pending:
+                overlaps = (item for item, start, end in spans if start < token.end and token.start < end)
+                item = next(overlaps, None) if token.start < token.end else None  # special tokens write nothing
+                if item is not None:
+                    if item.kind == "message":
+                        entry = self._logprob_format.logprob(token.token_id, token.logprobs)
+                        item.logprobs.append(entry)
+                        item.unsent_logprobs.append(entry)
+                elif token.end > limit:
+                    keep.append(token)  # its text may still come out
+            self._pending = pending = keep
+        # Keep the bytes from the first pending token on.
+        new_base = pending[0].start if pending else base + len(written)
+        del written[: new_base - base]
+        self._written_at = new_base
 
     def _drain(self) -> list[ResponseStreamEvent]:
         self._flush_delta()

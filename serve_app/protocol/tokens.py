@@ -7,6 +7,10 @@ from typing import Literal
 
 FinishReason = Literal["stop", "length", "abort"]
 
+# The engine's logprobs of one sampled token: its own logprob and the top alternatives as
+# (token id, logprob), best first (the sampled token among them when it ranks that high).
+TokenLogprobs = tuple[float, list[tuple[int, float]]]
+
 
 @dataclass(slots=True)
 class GenerationRequest:
@@ -19,6 +23,7 @@ class GenerationRequest:
     temperature: float | None = None
     top_p: float | None = None
     seed: int | None = None
+    logprobs: int | None = None  # report logprobs with this many alternatives per token (0: none)
 
 
 @dataclass(slots=True)
@@ -35,10 +40,13 @@ class TokenBatch:
     num_cached_tokens: int | None = None
     num_draft_tokens: int = 0
     num_accepted_tokens: int = 0
+    logprobs: list[TokenLogprobs] | None = None  # aligned with token_ids, when requested
 
     def merge(self, later: TokenBatch) -> None:
         """Append a later batch of the same request (engine-side coalescing)."""
         self.token_ids.extend(later.token_ids)
+        if self.logprobs is not None and later.logprobs is not None:
+            self.logprobs.extend(later.logprobs)
         self.finish_reason = later.finish_reason
         if self.num_prompt_tokens is None:
             self.num_prompt_tokens = later.num_prompt_tokens

@@ -41,7 +41,7 @@ async def create_response(http_request: Request) -> Response:
     if model is None:
         raise model_not_found(request.model)
     responses: ResponseStore = state.responses
-    turn = await start_turn(request, model, responses, state.conversations)
+    turn = await start_turn(request, model, responses, state.conversations, state.cipher)
     logger.info(
         "response %s: model=%s stream=%s prompt_tokens=%d max_tokens=%d",
         turn.generation.request_id, model.name, request.stream, len(turn.prompt), turn.generation.max_tokens,
