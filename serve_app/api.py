@@ -27,7 +27,7 @@ from .protocol.items import CompletionParser, ItemSink
 from .protocol.request import ResponsesRequest, parse_request
 from .protocol.sse import encode_events
 from .protocol.stream import ResponseStream, new_id
-from .protocol.tokens import GenerationRequest, TokenBatch
+from .protocol.tokens import GenerationRequest, OutputConstraint, TokenBatch
 from .store import InMemoryStore
 
 logger = logging.getLogger("responses_serve")
@@ -46,6 +46,7 @@ class ModelFamily(Protocol):
 
     def render_prompt(self, request: ResponsesRequest, history: list[HistoryItem]) -> list[int]: ...
     def parser(self, sink: ItemSink, prompt: list[int]) -> CompletionParser: ...
+    def constraint(self, request: ResponsesRequest, prompt: list[int]) -> OutputConstraint | None: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -250,4 +251,5 @@ def _generation_request(request: ResponsesRequest, prompt: list[int], model: Ser
         max_tokens=max_tokens,
         temperature=request.temperature,
         top_p=request.top_p,
+        constraint=model.family.constraint(request, prompt),
     )

@@ -250,6 +250,10 @@ class VLLMBackend:
             sampling["temperature"] = request.temperature
         if request.top_p is not None:
             sampling["top_p"] = request.top_p
+        if request.constraint is not None:  # text.format / tool_choice: xgrammar masks the logits
+            from vllm.sampling_params import StructuredOutputsParams
+
+            sampling["structured_outputs"] = StructuredOutputsParams(**request.constraint.engine)
 
         request_id = request.request_id
         self._running.add(request_id)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import datetime
 import functools
+import json
 from dataclasses import dataclass
 from typing import Iterable
 
@@ -31,9 +32,11 @@ from openai_harmony import (
 )
 
 from ..vocab import harmony_encoding
+from .constraints import harmony_format, plan, structural_tag
 from .errors import invalid_request
 from .items import ItemSink
 from .request import (
+    JSONSchemaFormat,
     FunctionCallItem,
     FunctionCallOutputItem,
     FunctionTool,
@@ -41,6 +44,7 @@ from .request import (
     ReasoningItem,
     ResponsesRequest,
 )
+from .tokens import OutputConstraint
 
 FUNCTIONS_NAMESPACE = "functions"
 _EFFORTS = {
@@ -66,8 +70,20 @@ def _tool_description(tool: FunctionTool) -> ToolDescription:
     return ToolDescription.new(tool.name, tool.description or "", parameters=tool.parameters)
 
 
+def _response_format(request: ResponsesRequest) -> list[str]:
+    """harmony's `# Response Formats` section for a json_schema answer (openai-harmony has no
+    builder for it: it follows the instructions in the developer message)."""
+    fmt = request.text.format if request.text else None
+    if not isinstance(fmt, JSONSchemaFormat):
+        return []
+    description = f"// {fmt.description}\n" if fmt.description else ""
+    return [f"# Response Formats\n\n## {fmt.name}\n\n{description}{json.dumps(fmt.schema_)}"]
+
+
 def _developer_message(request: ResponsesRequest, leading_instructions: list[str]) -> Message | None:
-    instructions = "\n\n".join(([request.instructions] if request.instructions else []) + leading_instructions)
+    instructions = "\n\n".join(
+        ([request.instructions] if request.instructions else []) + leading_instructions + _response_format(request)
+    )
     content = DeveloperContent.new()
     if instructions:
         content = content.with_instructions(instructions)
@@ -277,3 +293,9 @@ class HarmonyModel:
 
     def parser(self, sink: ItemSink, prompt: list[int]) -> HarmonyParser:
         return HarmonyParser(sink)  # harmony completions start in a fresh message whatever the prompt
+
+    def constraint(self, request: ResponsesRequest, prompt: list[int]) -> OutputConstraint | None:
+        """text.format / tool_choice as a structural tag over harmony messages (free analysis)."""
+        if (what := plan(request)) is None:
+            return None
+        return what.constraint(structural_tag(harmony_format(what)))

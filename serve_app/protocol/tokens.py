@@ -3,9 +3,22 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 FinishReason = Literal["stop", "length", "abort"]
+
+
+@dataclass(slots=True)
+class OutputConstraint:
+    """What the completion must obey (`text.format`, `tool_choice`; see `constraints.py`).
+
+    `engine` is for real engines: keyword arguments of vLLM's `StructuredOutputsParams`. The
+    rest says the same in plain terms, for scripted backends."""
+
+    engine: dict[str, Any]
+    answer_schema: dict[str, Any] | None = None  # the answer is a JSON instance of this schema
+    tool_choice: Literal["auto", "required", "none"] = "auto"
+    functions: dict[str, Any] = field(default_factory=dict)  # may be called: name -> argument schema
 
 
 @dataclass(slots=True)
@@ -19,6 +32,7 @@ class GenerationRequest:
     temperature: float | None = None
     top_p: float | None = None
     seed: int | None = None
+    constraint: OutputConstraint | None = None  # structured outputs / enforced tool_choice
 
 
 @dataclass(slots=True)
