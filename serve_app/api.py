@@ -130,7 +130,7 @@ def create_app(
         stored = store.get(response_id)
         if stored is None:
             raise APIError(f"No response found with id '{response_id}'.", status_code=404, param="response_id", code="not_found")
-        return Response(stored.response.model_dump_json(), media_type="application/json")
+        return Response(stored.response.model_dump_json(by_alias=True), media_type="application/json")
 
     @app.post("/v1/responses")
     async def create_response(http_request: Request) -> Response:
@@ -171,7 +171,7 @@ def create_app(
         if response.status == "failed":
             raise server_error(response.error.message, status_code=503)
         # The same serialization as the terminal event of a stream: one source of truth.
-        return Response(response.model_dump_json(), media_type="application/json")
+        return Response(response.model_dump_json(by_alias=True), media_type="application/json")
 
     return app
 

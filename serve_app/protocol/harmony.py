@@ -214,6 +214,16 @@ def _split_recipient(recipient: str) -> tuple[str, str | None]:
     return name, (None if namespace == FUNCTIONS_NAMESPACE else namespace)
 
 
+def _normalize_recipient(recipient: str | None) -> str | None:
+    """A function recipient (`functions.NAME`, `NS.NAME`), or None. harmony's parser reads the
+    content type of `<|channel|>final <|constrain|>json` (how a constrained answer starts) as a
+    recipient: `<|constrain|>json`, or `json` (vLLM's `_normalize_recipient` strips the same)."""
+    if not recipient:
+        return None
+    recipient = recipient.split("<|constrain|>", 1)[0].strip()
+    return recipient if "." in recipient else None
+
+
 class HarmonyParser:
     """Feeds completion tokens one at a time to harmony's `StreamableParser`.
 
@@ -263,9 +273,9 @@ class HarmonyParser:
     def _open_item(self) -> bool:
         """Open the item the just-completed header announces; True if it is reasoning."""
         parser = self._parser
-        recipient = parser.current_recipient
+        recipient = _normalize_recipient(parser.current_recipient)
         channel = parser.current_channel
-        if recipient and recipient != "assistant":
+        if recipient:
             self._sink.open_function_call(*_split_recipient(recipient))
         elif channel == "analysis":
             self._sink.open_reasoning()
