@@ -188,7 +188,7 @@ class ChatTemplateModel:
         engine = chat_template_constraint(
             what, think=self.tags.think, in_reasoning=self.opens_reasoning(prompt), tool_calls=self.tags.tool_call is not None
         )
-        return what.constraint(engine)
+        return None if engine is None else what.constraint(engine)
 
     def parser(self, sink: ItemSink, prompt: list[int]) -> ChatCompletionParser:
         return self.completion_parser(sink, in_reasoning=self.opens_reasoning(prompt))

@@ -179,14 +179,16 @@ def _hermes_calls(functions: dict[str, Any]) -> list[dict[str, Any]]:
 
 def chat_template_constraint(
     plan: Plan, *, think: tuple[str, str] | None, in_reasoning: bool, tool_calls: bool
-) -> dict[str, Any]:
+) -> dict[str, Any] | None:
     """vLLM structured-output kwargs for a chat-template model: `think` are its reasoning tags
     (reasoning stays free: opened by the prompt, or optional), `tool_calls` whether it has
-    the hermes tool parser."""
+    the hermes tool parser. None when there is nothing to enforce."""
     options: list[dict[str, Any]] = []
     calls = plan.functions if plan.calls != "none" and tool_calls else {}
     if plan.calls == "required" and not calls:
         raise invalid_request("tool_choice requires a function call, and there is no function this model can call.", param="tool_choice")
+    if plan.answer is None and not tool_calls:
+        return None  # without a tool parser no call can come out: free text is all there is
     if plan.calls != "required":
         if plan.answer is not None:
             options.append(_json(plan.answer))
