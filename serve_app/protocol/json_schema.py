@@ -10,6 +10,7 @@ comes from `jsonschema` (every keyword with validation meaning in drafts 7 and 2
 from __future__ import annotations
 
 import re
+from re import _constants as sre, _parser as sre_parse  # the stdlib's regex parser: no new dependency
 from typing import Any, Iterator
 
 import jsonschema
@@ -179,10 +180,7 @@ def _string(schema: dict[str, Any]) -> str:
     if "format" in schema:
         return FORMAT_EXAMPLES[schema["format"]]
     if "pattern" in schema:
-        for candidate in ("example", "a", "A", "0", "abc", "123", "a1", "", "x-1"):
-            if re.search(schema["pattern"], candidate):
-                return candidate
-        raise UnsupportedSchema(f"no example string for pattern {schema['pattern']!r}")
+        return _regex_example(schema["pattern"])
     low, high = schema.get("minLength", 0), schema.get("maxLength")
     text = "example"
     if len(text) < low:
@@ -203,3 +201,69 @@ def _number(schema: dict[str, Any], kind: str) -> int | float:
             if check.is_valid(value):
                 return value
     raise UnsupportedSchema(f"no {kind} satisfies {bounds}")
+
+
+_CATEGORY_EXAMPLES = {sre.CATEGORY_DIGIT: "0", sre.CATEGORY_WORD: "a", sre.CATEGORY_SPACE: " ", sre.CATEGORY_NOT_DIGIT: "a", sre.CATEGORY_NOT_WORD: "-", sre.CATEGORY_NOT_SPACE: "a"}
+
+
+def _regex_example(pattern: str) -> str:
+    """The shortest-repetition string the pattern matches (first branch, first character of
+    each class): deterministic, checked with `re` before it is used."""
+
+    def write(tokens) -> str:
+        out = []
+        for op, arg in tokens:
+            if op is sre.LITERAL:
+                out.append(chr(arg))
+            elif op is sre.ANY:
+                out.append("a")
+            elif op is sre.NOT_LITERAL:
+                out.append("b" if arg == ord("a") else "a")
+            elif op is sre.IN:
+                out.append(_class_example(arg))
+            elif op in (sre.MAX_REPEAT, sre.MIN_REPEAT, getattr(sre, "POSSESSIVE_REPEAT", None)):
+                low, _, sub = arg
+                out.append(write(sub) * low)
+            elif op is sre.SUBPATTERN:
+                out.append(write(arg[-1]))
+            elif op is sre.BRANCH:
+                out.append(write(arg[1][0]))
+            elif op is sre.CATEGORY:
+                out.append(_CATEGORY_EXAMPLES.get(arg, "a"))
+            elif op is sre.AT:
+                continue
+            else:
+                raise UnsupportedSchema(f"no example string for pattern {pattern!r}")
+        return "".join(out)
+
+    example = write(sre_parse.parse(pattern))
+    if re.search(pattern, example) is None:
+        raise UnsupportedSchema(f"no example string for pattern {pattern!r}")
+    return example
+
+
+def _class_example(items) -> str:
+    negated = items and items[0][0] is sre.NEGATE
+    if negated:
+        for candidate in "a0 -_xZ":
+            if not any(_in_class(candidate, op, arg) for op, arg in items[1:]):
+                return candidate
+        raise UnsupportedSchema("no example for a negated character class")
+    op, arg = items[0]
+    if op is sre.LITERAL:
+        return chr(arg)
+    if op is sre.RANGE:
+        return chr(arg[0])
+    if op is sre.CATEGORY:
+        return _CATEGORY_EXAMPLES.get(arg, "a")
+    raise UnsupportedSchema("no example for a character class")
+
+
+def _in_class(char: str, op, arg) -> bool:
+    if op is sre.LITERAL:
+        return char == chr(arg)
+    if op is sre.RANGE:
+        return arg[0] <= ord(char) <= arg[1]
+    if op is sre.CATEGORY:
+        return {sre.CATEGORY_DIGIT: char.isdigit(), sre.CATEGORY_WORD: char.isalnum() or char == "_", sre.CATEGORY_SPACE: char.isspace()}.get(arg, False)
+    return False
