@@ -91,7 +91,10 @@ def harmony_case(req: ResponsesRequest):
 
 def test_harmony_json_answer_after_free_analysis(harmony_compiler):
     compiler, stops = harmony_compiler
-    constraint, completion = harmony_case(request(text=JSON_FORMAT))
+    req = request(text=JSON_FORMAT)
+    prompt = harmony_encoding().decode_utf8(HarmonyModel().render_prompt(req, req.input_items()))
+    assert f"# Response Formats\n\n## plan\n\n{json.dumps(SCHEMA)}<|end|>" in prompt  # gpt-oss is told the schema
+    constraint, completion = harmony_case(req)
     text = harmony_encoding().decode_utf8(completion)
     assert text.startswith("<|channel|>analysis<|message|>The user wrote")  # reasoning: any text
     assert accepts(compiler, constraint.engine, completion, stops)
