@@ -17,6 +17,7 @@ xgr = pytest.importorskip("xgrammar")
 from deployments.backends.replay import script_completion  # noqa: E402
 from deployments.backends.replay_qwen3 import script_qwen3_completion  # noqa: E402
 from serve_app.protocol.chat_template import ChatTemplateModel  # noqa: E402
+from serve_app.protocol.constraints import JSON_MAX_WHITESPACE  # noqa: E402
 from serve_app.protocol.harmony import HarmonyModel, render_completion  # noqa: E402
 from serve_app.protocol.request import ResponsesRequest  # noqa: E402
 from serve_app.vocab import VOCAB_FILE, ensure_vocabulary, harmony_encoding  # noqa: E402
@@ -68,10 +69,7 @@ def harmony_tokens(text: str) -> list[int]:
 def accepts(compiler, engine: dict, tokens: list[int], stops: list[int]) -> bool:
     """Feed tokens as vLLM does (one `accept_token` each); True if all are accepted and the
     grammar ends with the completion's stop token."""
-    if "structural_tag" in engine:
-        compiled = compiler.compile_structural_tag(engine["structural_tag"])
-    else:
-        compiled = compiler.compile_json_schema(json.dumps(engine["json"]))
+    compiled = compiler.compile_structural_tag(engine["structural_tag"])
     matcher = xgr.GrammarMatcher(compiled, override_stop_tokens=stops)
     return all(matcher.accept_token(t) for t in tokens) and matcher.is_terminated()
 
@@ -132,6 +130,18 @@ def test_harmony_required_named_allowed_and_none(harmony_compiler):
     assert not accepts(compiler, none.engine, harmony_tokens(call_time), stops)
 
 
+def without_whitespace_cap(node):
+    """Our one difference from vLLM's tags: JSON bodies allow one whitespace between tokens."""
+    if isinstance(node, dict):
+        if node.get("type") == "json_schema":
+            assert node["max_whitespace_cnt"] == JSON_MAX_WHITESPACE
+            node = {**node, "max_whitespace_cnt": None}
+        return {key: without_whitespace_cap(value) for key, value in node.items()}
+    if isinstance(node, list):
+        return [without_whitespace_cap(value) for value in node]
+    return node
+
+
 @pytest.mark.skipif(not have_vllm(), reason="needs vllm")
 def test_harmony_constraints_equal_vllms_own():
     from vllm.entrypoints.openai.responses.protocol import ResponsesRequest as VLLMResponsesRequest
@@ -140,7 +150,7 @@ def test_harmony_constraints_equal_vllms_own():
 
     def ours(req: ResponsesRequest) -> dict:
         tag = json.loads(HarmonyModel().constraint(req, []).engine["structural_tag"])
-        return xgr.StructuralTag.model_validate(tag).model_dump()
+        return without_whitespace_cap(xgr.StructuralTag.model_validate(tag).model_dump())
 
     vllm_json = _adjust_output_format(VLLMResponsesRequest(model="m", input="hello", text=JSON_FORMAT))
     assert ours(request(text=JSON_FORMAT)) == json.loads(vllm_json.structured_outputs.structural_tag)
@@ -222,10 +232,16 @@ def test_plain_chat_template_gets_vllms_json_constraint(smollm2):
     tokenizer, compiler = smollm2
     model = ChatTemplateModel(tokenizer)
     req = request(text=JSON_FORMAT)
-    constraint = model.constraint(req, model.render_prompt(req, req.input_items()))
-    assert constraint.engine == {"json": SCHEMA}
+    prompt = model.render_prompt(req, req.input_items())
+    constraint = model.constraint(req, prompt)
+    fmt = json.loads(constraint.engine["structural_tag"])["format"]
+    assert fmt == {"type": "json_schema", "json_schema": SCHEMA, "max_whitespace_cnt": JSON_MAX_WHITESPACE}
+    stops = [tokenizer.eos_token_id]
+    assert accepts(compiler, constraint.engine, tokenizer.encode('{"city": "Oslo", "days": 2}') + stops, stops)
+    assert not accepts(compiler, constraint.engine, tokenizer.encode('{"city":  "Oslo", "days": 2}') + stops, stops)  # two spaces
+    assert not accepts(compiler, constraint.engine, tokenizer.encode('{"city": "Oslo"}') + stops, stops)
     json_object = request(input="Answer in JSON.", text={"format": {"type": "json_object"}})
-    assert model.constraint(json_object, []).engine == {"json": {"type": "object"}}
+    assert json.loads(model.constraint(json_object, []).engine["structural_tag"])["format"]["json_schema"] == {"type": "object"}
     with pytest.raises(Exception, match="no function this model can call"):
         model.constraint(request(tools=[TIME], tool_choice="required"), [])
     assert model.constraint(request(tools=[TIME], tool_choice="none"), []) is None  # no tool parser: no call possible

@@ -16,7 +16,8 @@ leaves the reasoning free and constrains only what follows it, the way vLLM 0.32
   free `<think>...</think>` block (opened by the prompt, or optional). vLLM gates reasoning
   with an engine-wide `reasoning_parser`; here the gate is part of the per-request grammar,
   so one engine serves thinking and non-thinking templates alike.
-A plain answer schema with nothing before it is vLLM's ordinary `json` constraint.
+Every JSON body (answer, arguments) allows at most one whitespace character between tokens
+(see `JSON_MAX_WHITESPACE`): that is the one difference from vLLM's tags.
 
 The constraint also travels in plain form (answer schema, callable functions) so that the
 scripted replay models obey it too.
@@ -102,8 +103,15 @@ def _tag(begin: str, content: dict[str, Any], end: str | list[str]) -> dict[str,
     return {"type": "tag", "begin": begin, "content": content, "end": end}
 
 
+# At most one whitespace character between JSON tokens. xgrammar otherwise allows any run of
+# whitespace, and small models (SmolLM2 here) fill `max_output_tokens` with newlines between
+# the keys of an unfinished object. vLLM's remedy, `disable_any_whitespace`, is engine-wide;
+# this is the same per request.
+JSON_MAX_WHITESPACE = 1
+
+
 def _json(schema: Any) -> dict[str, Any]:
-    return {"type": "json_schema", "json_schema": schema}
+    return {"type": "json_schema", "json_schema": schema, "max_whitespace_cnt": JSON_MAX_WHITESPACE}
 
 
 def _any_text(excludes: list[str] | None = None) -> dict[str, Any]:
@@ -203,7 +211,7 @@ def chat_template_constraint(
         )
     answer = _or(options)
     if think is None:
-        return {"json": plan.answer} if answer == _json(plan.answer) else structural_tag(answer)
+        return structural_tag(answer)
     start, end = think
     reasoning = _tag("", _any_text(), end) if in_reasoning else _optional(_tag(start, _any_text(), end))
     # Templates put a blank line between the reasoning and the answer.
