@@ -23,7 +23,7 @@ from .protocol.items import CompletionParser, ItemSink
 from .protocol.logprobs import LogprobFormatter
 from .protocol.request import ResponsesRequest
 from .protocol.stream import ResponseStream, new_id
-from .protocol.tokens import GenerationRequest, TokenBatch
+from .protocol.tokens import GenerationRequest, OutputConstraint, TokenBatch
 from .state import ResponseStore, StoreUnavailable
 from .state.conversations import ConversationStore, conversation_not_found
 from .state.responses import with_ids
@@ -44,6 +44,7 @@ class ModelFamily(Protocol):
     def parser(self, sink: ItemSink, prompt: list[int]) -> CompletionParser: ...
     def token_bytes(self, token_id: int) -> bytes: ...
     def writes_text(self, token_id: int) -> bool: ...
+    def constraint(self, request: ResponsesRequest, prompt: list[int]) -> OutputConstraint | None: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -182,4 +183,5 @@ def generation_request(request: ResponsesRequest, prompt: list[int], model: Serv
         temperature=request.temperature,
         top_p=request.top_p,
         logprobs=request.logprobs,
+        constraint=model.family.constraint(request, prompt),
     )

@@ -57,7 +57,7 @@ def check_stream(raw_events: Iterable[Any], allow_replacement: bool = False) -> 
 
     `allow_replacement`: for models with random weights, whose bytes may not be UTF-8.
     """
-    dicts = [e if isinstance(e, dict) else e.model_dump(mode="json", exclude_unset=True) for e in raw_events]
+    dicts = [e if isinstance(e, dict) else e.model_dump(mode="json", exclude_unset=True, by_alias=True) for e in raw_events]
     events = [_EVENT.validate_python(d) for d in dicts]  # rule 7: the SDK's own schema
     assert events, "empty stream"
 

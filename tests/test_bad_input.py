@@ -42,7 +42,14 @@ CASES = [
     ("tool_schema_not_object", {"model": MODEL, "input": "hi", "tools": [{"type": "function", "name": "f", "parameters": {"type": "string"}}]}, 400, "tools[0].parameters", "invalid_value"),
     ("tool_schema_wrong_type", {"model": MODEL, "input": "hi", "tools": [{"type": "function", "name": "f", "parameters": [1, 2]}]}, 400, "tools[0].parameters", "invalid_type"),
     ("duplicate_tools", {"model": MODEL, "input": "hi", "tools": [TOOL, TOOL]}, 400, None, "invalid_value"),
-    ("tool_choice_unknown_function", {"model": MODEL, "input": "hi", "tools": [TOOL], "tool_choice": {"type": "function", "name": "nope"}}, 400, None, "invalid_value"),
+    ("tool_choice_unknown_function", {"model": MODEL, "input": "hi", "tools": [TOOL], "tool_choice": {"type": "function", "name": "nope"}}, 400, "tool_choice", "invalid_value"),
+    ("tool_choice_function_without_name", {"model": MODEL, "input": "hi", "tools": [TOOL], "tool_choice": {"type": "function"}}, 400, "tool_choice.name", "missing_required_parameter"),
+    ("tool_choice_required_without_tools", {"model": MODEL, "input": "hi", "tool_choice": "required"}, 400, "tool_choice", "invalid_value"),
+    ("tool_choice_wrong_type", {"model": MODEL, "input": "hi", "tools": [TOOL], "tool_choice": 7}, 400, "tool_choice", "invalid_value"),
+    ("allowed_tools_unknown_function", {"model": MODEL, "input": "hi", "tools": [TOOL], "tool_choice": {"type": "allowed_tools", "mode": "auto", "tools": [{"type": "function", "name": "nope"}]}}, 400, "tool_choice.tools[0].name", "invalid_value"),
+    ("allowed_tools_bad_mode", {"model": MODEL, "input": "hi", "tools": [TOOL], "tool_choice": {"type": "allowed_tools", "mode": "always", "tools": [{"type": "function", "name": "get_weather"}]}}, 400, "tool_choice.mode", "invalid_value"),
+    ("allowed_tools_empty", {"model": MODEL, "input": "hi", "tools": [TOOL], "tool_choice": {"type": "allowed_tools", "mode": "required", "tools": []}}, 400, "tool_choice.tools", "invalid_value"),
+    ("allowed_tools_not_a_list", {"model": MODEL, "input": "hi", "tools": [TOOL], "tool_choice": {"type": "allowed_tools", "mode": "auto", "tools": "get_weather"}}, 400, "tool_choice.tools", "invalid_type"),
     ("tool_choice_bad_string", {"model": MODEL, "input": "hi", "tool_choice": "always"}, 400, "tool_choice", "invalid_value"),
     ("output_without_call", {"model": MODEL, "input": [{"role": "user", "content": "hi"}, {"type": "function_call_output", "call_id": "call_missing", "output": "x"}]}, 400, "input[1].call_id", "invalid_value"),
     ("output_missing_call_id", {"model": MODEL, "input": [{"type": "function_call_output", "output": "x"}]}, 400, "input[0].call_id", "missing_required_parameter"),
@@ -53,7 +60,6 @@ CASES = [
     ("conversation_and_previous_response", {"model": MODEL, "input": "hi", "conversation": "conv_1", "previous_response_id": "resp_1"}, 400, "conversation", "mutually_exclusive_parameters"),
     ("conversation_bad_type", {"model": MODEL, "input": "hi", "conversation": 5}, 400, "conversation", "invalid_type"),
     ("metadata_too_many", {"model": MODEL, "input": "hi", "metadata": {str(i): "v" for i in range(17)}}, 400, "metadata", "invalid_value"),
-    ("json_schema_format", {"model": MODEL, "input": "hi", "text": {"format": {"type": "json_schema", "name": "x", "schema": {}}}}, 400, "text.format.type", "invalid_value"),
     ("top_logprobs_too_high", {"model": MODEL, "input": "hi", "include": ["message.output_text.logprobs"], "top_logprobs": 21}, 400, "top_logprobs", "invalid_value"),
     ("top_logprobs_negative", {"model": MODEL, "input": "hi", "top_logprobs": -1}, 400, "top_logprobs", "invalid_value"),
     ("top_logprobs_string", {"model": MODEL, "input": "hi", "top_logprobs": "five"}, 400, "top_logprobs", "invalid_value"),
@@ -62,6 +68,17 @@ CASES = [
     ("encrypted_content_garbage", {"model": MODEL, "input": [{"role": "user", "content": "hi"}, {"type": "reasoning", "summary": [], "encrypted_content": "not a sealed blob"}]}, 400, "input[1].encrypted_content", "invalid_encrypted_content"),
     ("encrypted_content_foreign_key", {"model": MODEL, "input": [{"type": "reasoning", "summary": [], "encrypted_content": FOREIGN_BLOB}, {"role": "user", "content": "hi"}]}, 400, "input[0].encrypted_content", "invalid_encrypted_content"),
     ("encrypted_content_wrong_type", {"model": MODEL, "input": [{"type": "reasoning", "summary": [], "encrypted_content": 42}]}, 400, "input[0].encrypted_content", "invalid_type"),
+    ("text_format_unknown_type", {"model": MODEL, "input": "hi", "text": {"format": {"type": "xml"}}}, 400, "text.format", "invalid_value"),
+    ("text_format_wrong_type", {"model": MODEL, "input": "hi", "text": {"format": "json"}}, 400, "text.format", "invalid_value"),
+    ("json_schema_not_json_schema", {"model": MODEL, "input": "hi", "text": {"format": {"type": "json_schema", "name": "x", "schema": {"type": "nope"}}}}, 400, "text.format.schema", "invalid_value"),
+    ("json_schema_schema_wrong_type", {"model": MODEL, "input": "hi", "text": {"format": {"type": "json_schema", "name": "x", "schema": [1, 2]}}}, 400, "text.format.schema", "invalid_type"),
+    ("json_schema_missing_schema", {"model": MODEL, "input": "hi", "text": {"format": {"type": "json_schema", "name": "x"}}}, 400, "text.format.schema", "missing_required_parameter"),
+    ("json_schema_missing_name", {"model": MODEL, "input": "hi", "text": {"format": {"type": "json_schema", "schema": {"type": "object"}}}}, 400, "text.format.name", "missing_required_parameter"),
+    ("json_schema_bad_name", {"model": MODEL, "input": "hi", "text": {"format": {"type": "json_schema", "name": "a b", "schema": {"type": "object"}}}}, 400, "text.format.name", "invalid_value"),
+    ("json_schema_strict_wrong_type", {"model": MODEL, "input": "hi", "text": {"format": {"type": "json_schema", "name": "x", "strict": "sometimes", "schema": {"type": "object"}}}}, 400, "text.format.strict", "invalid_value"),
+    ("json_schema_unsupported_feature", {"model": MODEL, "input": "hi", "text": {"format": {"type": "json_schema", "name": "x", "schema": {"type": "object", "properties": {"n": {"type": "integer", "multipleOf": 3}}}}}}, 400, "text.format.schema", "invalid_value"),
+    ("json_schema_strict_not_closed", {"model": MODEL, "input": "hi", "text": {"format": {"type": "json_schema", "name": "x", "strict": True, "schema": {"type": "object", "properties": {"a": {"type": "string"}}}}}}, 400, "text.format", "invalid_value"),
+    ("json_object_without_json_word", {"model": MODEL, "input": "hi", "text": {"format": {"type": "json_object"}}}, 400, "input", "invalid_value"),
     ("oversize_body", {"model": MODEL, "input": "x" * (2 * 1024 * 1024)}, 413, None, "request_too_large"),
     ("context_too_long", {"model": MODEL, "input": " a" * 300_000}, 400, "input", "context_length_exceeded"),
 ]
@@ -119,3 +136,22 @@ def test_fuzzed_fields_never_500(http, field, value):
     assert response.status_code < 500, response.text
     if response.status_code >= 400:
         assert_openai_error(response, response.status_code)
+
+
+@pytest.mark.parametrize(
+    "schema,feature",
+    [
+        ({"type": "object", "properties": {"n": {"type": "integer", "multipleOf": 3}}}, "multipleOf"),
+        ({"type": "object", "not": {"required": ["a"]}}, "not"),
+        ({"type": "array", "items": {"type": "string"}, "uniqueItems": True}, "uniqueItems"),
+        ({"type": "object", "patternProperties": {"^x": {"type": "string"}}}, "patternProperties"),
+        ({"allOf": [{"type": "string"}, {"enum": ["yes", "no"]}]}, "allOf"),
+        ({"type": "object", "properties": {"when": {"type": "string", "format": "iso-week"}}}, "iso-week"),
+        ({"$ref": "https://example.com/schema.json"}, "https://example.com/schema.json"),
+    ],
+)
+def test_unsupported_schema_feature_is_named(http, schema, feature):
+    body = {"model": MODEL, "input": "hi", "text": {"format": {"type": "json_schema", "name": "x", "schema": schema}}}
+    error = assert_openai_error(http.post("/responses", json=body), 400)
+    assert error["param"] == "text.format.schema"
+    assert f"'{feature}'" in error["message"]

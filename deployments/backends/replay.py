@@ -13,6 +13,11 @@ and streams it in seeded engine-like steps of a few tokens:
 
 Logprobs, when asked for, tell the script's certainty: every token has logprob 0.0
 (probability 1) and is its own only alternative; no other token was possible.
+
+A request's `OutputConstraint` (text.format, tool_choice) is obeyed as a real engine's grammar
+would make a model obey it (`obey`): only the functions it allows are called; `required`
+calls one even when the user did not ask (the first allowed, with an instance of its argument
+schema); a JSON answer schema turns the answer into an instance of it.
 """
 
 from __future__ import annotations
@@ -22,12 +27,15 @@ import json
 import random
 import re
 from dataclasses import dataclass
-from typing import AsyncIterator, Callable
+from typing import Any, AsyncIterator, Callable
+
+import jsonschema
 
 from openai_harmony import Message, Role
 
 from serve_app.protocol.harmony import FUNCTIONS_NAMESPACE, render_completion
-from serve_app.protocol.tokens import GenerationRequest, TokenBatch
+from serve_app.protocol.json_schema import instance
+from serve_app.protocol.tokens import GenerationRequest, OutputConstraint, TokenBatch
 from serve_app.vocab import harmony_encoding
 
 _NAMESPACE_BLOCK = re.compile(r"^namespace (\w+) \{\n(.*?)^\} // namespace \1", re.M | re.S)
@@ -63,7 +71,44 @@ def _assistant(text: str, channel: str) -> Message:
     return Message.from_role_and_content(Role.ASSISTANT, text).with_channel(channel)
 
 
-def script_completion(prompt_token_ids: list[int]) -> list[int]:
+@dataclass(frozen=True)
+class Call:
+    name: str
+    arguments: str
+
+
+@dataclass(frozen=True)
+class Answer:
+    text: str
+    is_json: bool = False
+
+
+def obey(
+    constraint: OutputConstraint | None, offered: set[str], *, wanted_call: tuple[str, str] | None, answer: str
+) -> Call | Answer:
+    """The script's choice (`wanted_call` or `answer`) made to fit the request's constraint."""
+    if constraint is None:
+        return Call(*wanted_call) if wanted_call and wanted_call[0] in offered else Answer(answer)
+    callable_ = {name: schema for name, schema in constraint.functions.items() if name in offered}
+    if constraint.tool_choice != "none":
+        if wanted_call and wanted_call[0] in callable_:
+            return Call(wanted_call[0], _arguments(wanted_call[1], callable_[wanted_call[0]]))
+        if constraint.tool_choice == "required" and callable_:
+            name, schema = next(iter(callable_.items()))
+            return Call(name, _arguments(None, schema))
+    if constraint.answer_schema is not None:
+        return Answer(json.dumps(instance(constraint.answer_schema)), is_json=True)
+    return Answer(answer)
+
+
+def _arguments(written: str | None, schema: Any) -> str:
+    """The arguments as written when they fit the function's schema, else an instance of it."""
+    if written is not None and (schema is True or jsonschema.Draft202012Validator(schema).is_valid(json.loads(written))):
+        return written
+    return json.dumps(instance(schema))
+
+
+def script_completion(prompt_token_ids: list[int], constraint: OutputConstraint | None = None) -> list[int]:
     """The completion the rules above give for this prompt."""
     encoding = harmony_encoding()
     # Drop the trailing `<|start|>assistant` the prompt is rendered for completion with.
@@ -73,33 +118,35 @@ def script_completion(prompt_token_ids: list[int]) -> list[int]:
         return "".join(getattr(part, "text", "") for part in message.content)
 
     last = conversation[-1] if conversation else None
+    offered = _offered_functions([text_of(m) for m in conversation if m.author.role == Role.DEVELOPER])
+    wanted_call = None
     if last is not None and last.author.role == Role.TOOL:
         name = (last.author.name or "").removeprefix(f"{FUNCTIONS_NAMESPACE}.")
+        reasoning, answer = f"The tool {name} returned a result.", f"Tool {name} returned: {text_of(last)}"
+    else:
+        user_texts = [text_of(m) for m in conversation if m.author.role == Role.USER]
+        user_text = user_texts[-1] if user_texts else ""
+        reasoning, answer = f"The user wrote {len(user_text)} characters.", user_text
+        wanted_call = _wanted_call(user_text)
+    choice = obey(constraint, offered, wanted_call=wanted_call, answer=answer)
+    if isinstance(choice, Call):
+        recipient = choice.name if "." in choice.name else f"{FUNCTIONS_NAMESPACE}.{choice.name}"
         return render_completion(
             [
-                _assistant(f"The tool {name} returned a result.", "analysis"),
-                _assistant(f"Tool {name} returned: {text_of(last)}", "final"),
+                _assistant(f"Calling {choice.name}.", "analysis"),
+                _assistant(choice.arguments, "commentary").with_recipient(recipient).with_content_type("<|constrain|>json"),
             ]
         )
+    final = _assistant(choice.text, "final")
+    return render_completion([_assistant(reasoning, "analysis"), final.with_content_type("<|constrain|>json") if choice.is_json else final])
 
-    user_texts = [text_of(m) for m in conversation if m.author.role == Role.USER]
-    user_text = user_texts[-1] if user_texts else ""
-    offered = _offered_functions([text_of(m) for m in conversation if m.author.role == Role.DEVELOPER])
+
+def _wanted_call(user_text: str) -> tuple[str, str] | None:
+    """`call NAME [JSON object]` -> (NAME, JSON), else None."""
     call = _CALL.fullmatch(user_text)
-    if call and call.group(1) in offered:
-        name, arguments = call.group(1), call.group(2) or "{}"
-        if _is_json_object(arguments):
-            recipient = name if "." in name else f"{FUNCTIONS_NAMESPACE}.{name}"
-            return render_completion(
-                [
-                    _assistant(f"Calling {name}.", "analysis"),
-                    _assistant(arguments, "commentary").with_recipient(recipient).with_content_type("<|constrain|>json"),
-                ]
-            )
-
-    return render_completion(
-        [_assistant(f"The user wrote {len(user_text)} characters.", "analysis"), _assistant(user_text, "final")]
-    )
+    if call is None or not _is_json_object(call.group(2) or "{}"):
+        return None
+    return call.group(1), call.group(2) or "{}"
 
 
 def _is_json_object(text: str) -> bool:
@@ -112,9 +159,13 @@ def _is_json_object(text: str) -> bool:
 class ReplayBackend:
     """The engine interface of `deployments.backends.Backend`, with a scripted model."""
 
-    def __init__(self, config: ReplayConfig | None = None, script: Callable[[list[int]], list[int]] = script_completion) -> None:
+    def __init__(
+        self,
+        config: ReplayConfig | None = None,
+        script: Callable[[list[int], OutputConstraint | None], list[int]] = script_completion,
+    ) -> None:
         self.config = config or ReplayConfig()
-        self._script = script  # prompt token ids -> completion token ids
+        self._script = script  # (prompt token ids, constraint) -> completion token ids
         self._running: set[str] = set()
         self._aborted: set[str] = set()
         self.num_steps = 0  # engine steps produced, over all requests (for tests and benchmarks)
@@ -131,7 +182,7 @@ class ReplayBackend:
 
     async def generate(self, request: GenerationRequest) -> AsyncIterator[TokenBatch]:
         config = self.config
-        tokens = self._script(request.prompt_token_ids)
+        tokens = self._script(request.prompt_token_ids, request.constraint)
         finish_reason = "stop"
         if request.max_tokens is not None and len(tokens) > request.max_tokens:
             tokens, finish_reason = tokens[: request.max_tokens], "length"

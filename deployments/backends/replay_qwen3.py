@@ -28,7 +28,9 @@ import re
 from serve_app.config import SMOLLM2
 from serve_app.smollm2 import load_tokenizer
 
-from .replay import _CALL, _is_json_object
+from serve_app.protocol.tokens import OutputConstraint
+
+from .replay import Call, _wanted_call, obey
 
 _TURN = re.compile(r"<\|im_start\|>(\w+)\n(.*?)<\|im_end\|>", re.S)
 _TOOLS = re.compile(r"<tools>\n(.*?)\n</tools>", re.S)
@@ -44,30 +46,32 @@ def _offered_functions(system: str) -> set[str]:
     return {json.loads(line)["function"]["name"] for line in block.group(1).splitlines() if line.strip()}
 
 
-def _answer(prompt: str) -> tuple[str, str]:
+def _answer(prompt: str, constraint: OutputConstraint | None) -> tuple[str, str]:
     """(reasoning, answer) the rules give for a rendered prompt."""
     turns = _TURN.findall(prompt)
     system = turns[0][1] if turns and turns[0][0] == "system" else ""
     last_role, last_text = turns[-1] if turns else ("", "")
     results = _TOOL_RESPONSE.findall(last_text) if last_role == "user" else []
+    wanted_call = None
     if results:
         calls = [name for role, text in turns if role == "assistant" for name in _TOOL_CALL_NAME.findall(text)]
         name = calls[-1] if calls else "unknown"
-        return f"The tool {name} returned a result.", f"Tool {name} returned: {results[-1]}"
-    user_texts = [text for role, text in turns if role == "user" and not _TOOL_RESPONSE.search(text)]
-    user_text = user_texts[-1] if user_texts else ""
-    call = _CALL.fullmatch(user_text)
-    if call and call.group(1) in _offered_functions(system):
-        name, arguments = call.group(1), call.group(2) or "{}"
-        if _is_json_object(arguments):
-            return f"Calling {name}.", f'<tool_call>\n{{"name": "{name}", "arguments": {arguments}}}\n</tool_call>'
-    return f"The user wrote {len(user_text)} characters.", user_text
+        reasoning, answer = f"The tool {name} returned a result.", f"Tool {name} returned: {results[-1]}"
+    else:
+        user_texts = [text for role, text in turns if role == "user" and not _TOOL_RESPONSE.search(text)]
+        user_text = user_texts[-1] if user_texts else ""
+        reasoning, answer = f"The user wrote {len(user_text)} characters.", user_text
+        wanted_call = _wanted_call(user_text)
+    choice = obey(constraint, _offered_functions(system), wanted_call=wanted_call, answer=answer)
+    if isinstance(choice, Call):
+        return f"Calling {choice.name}.", f'<tool_call>\n{{"name": "{choice.name}", "arguments": {choice.arguments}}}\n</tool_call>'
+    return reasoning, choice.text
 
 
-def script_qwen3_completion(prompt_token_ids: list[int]) -> list[int]:
+def script_qwen3_completion(prompt_token_ids: list[int], constraint: OutputConstraint | None = None) -> list[int]:
     tokenizer = load_tokenizer(SMOLLM2)
     prompt = tokenizer.decode(prompt_token_ids, skip_special_tokens=False)
-    reasoning, answer = _answer(prompt)
+    reasoning, answer = _answer(prompt, constraint)
     opened = prompt[prompt.rfind(_GENERATION_PROMPT) + len(_GENERATION_PROMPT) :]
     if "</think>" in opened or (answer[:1].isspace() and "<think>" not in opened):
         text = answer  # thinking off, or an answer whose leading whitespace must survive

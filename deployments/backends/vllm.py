@@ -252,6 +252,10 @@ class VLLMBackend:
             sampling["top_p"] = request.top_p
         if request.logprobs is not None:  # the sampled token's logprob and the top-k
             sampling["logprobs"] = request.logprobs
+        if request.constraint is not None:  # text.format / tool_choice: xgrammar masks the logits
+            from vllm.sampling_params import StructuredOutputsParams
+
+            sampling["structured_outputs"] = StructuredOutputsParams(**request.constraint.engine)
 
         request_id = request.request_id
         self._running.add(request_id)

@@ -23,10 +23,12 @@ from typing import Any
 from jinja2 import TemplateError
 
 from .chat_parser import ChatCompletionParser, TaggedTextParser, Tags, Vocabulary
+from .constraints import chat_template_constraint, plan
 from .errors import invalid_request
 from .harmony import HistoryItem
 from .items import ItemSink
 from .request import FunctionCallItem, FunctionCallOutputItem, FunctionTool, MessageItem, ReasoningItem, ResponsesRequest
+from .tokens import OutputConstraint
 
 REASONING_PARSERS: dict[str, tuple[str, str]] = {
     "qwen3": ("<think>", "</think>"),
@@ -182,6 +184,15 @@ class ChatTemplateModel:
             return False
         tail = self.tokenizer.decode(prompt[-16:], skip_special_tokens=False)
         return tail.rstrip().endswith(self.tags.think[0])
+
+    def constraint(self, request: ResponsesRequest, prompt: list[int]) -> OutputConstraint | None:
+        """text.format / tool_choice as vLLM structured outputs; reasoning stays free."""
+        if (what := plan(request)) is None:
+            return None
+        engine = chat_template_constraint(
+            what, think=self.tags.think, in_reasoning=self.opens_reasoning(prompt), tool_calls=self.tags.tool_call is not None
+        )
+        return None if engine is None else what.constraint(engine)
 
     def parser(self, sink: ItemSink, prompt: list[int]) -> ChatCompletionParser:
         return self.completion_parser(sink, in_reasoning=self.opens_reasoning(prompt))

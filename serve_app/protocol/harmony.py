@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import datetime
 import functools
+import json
 from dataclasses import dataclass
 from typing import Iterable
 
@@ -31,9 +32,11 @@ from openai_harmony import (
 )
 
 from ..vocab import harmony_encoding
+from .constraints import harmony_format, plan, structural_tag
 from .errors import invalid_request
 from .items import ItemSink
 from .request import (
+    JSONSchemaFormat,
     FunctionCallItem,
     FunctionCallOutputItem,
     FunctionTool,
@@ -41,6 +44,7 @@ from .request import (
     ReasoningItem,
     ResponsesRequest,
 )
+from .tokens import OutputConstraint
 
 FUNCTIONS_NAMESPACE = "functions"
 _EFFORTS = {
@@ -66,8 +70,20 @@ def _tool_description(tool: FunctionTool) -> ToolDescription:
     return ToolDescription.new(tool.name, tool.description or "", parameters=tool.parameters)
 
 
+def _response_format(request: ResponsesRequest) -> list[str]:
+    """harmony's `# Response Formats` section for a json_schema answer (openai-harmony has no
+    builder for it: it follows the instructions in the developer message)."""
+    fmt = request.text.format if request.text else None
+    if not isinstance(fmt, JSONSchemaFormat):
+        return []
+    description = f"// {fmt.description}\n" if fmt.description else ""
+    return [f"# Response Formats\n\n## {fmt.name}\n\n{description}{json.dumps(fmt.schema_)}"]
+
+
 def _developer_message(request: ResponsesRequest, leading_instructions: list[str]) -> Message | None:
-    instructions = "\n\n".join(([request.instructions] if request.instructions else []) + leading_instructions)
+    instructions = "\n\n".join(
+        ([request.instructions] if request.instructions else []) + leading_instructions + _response_format(request)
+    )
     content = DeveloperContent.new()
     if instructions:
         content = content.with_instructions(instructions)
@@ -198,6 +214,16 @@ def _split_recipient(recipient: str) -> tuple[str, str | None]:
     return name, (None if namespace == FUNCTIONS_NAMESPACE else namespace)
 
 
+def _normalize_recipient(recipient: str | None) -> str | None:
+    """A function recipient (`functions.NAME`, `NS.NAME`), or None. harmony's parser reads the
+    content type of `<|channel|>final <|constrain|>json` (how a constrained answer starts) as a
+    recipient: `<|constrain|>json`, or `json` (vLLM's `_normalize_recipient` strips the same)."""
+    if not recipient:
+        return None
+    recipient = recipient.split("<|constrain|>", 1)[0].strip()
+    return recipient if "." in recipient else None
+
+
 class HarmonyParser:
     """Feeds completion tokens one at a time to harmony's `StreamableParser`.
 
@@ -248,9 +274,9 @@ class HarmonyParser:
     def _open_item(self) -> bool:
         """Open the item the just-completed header announces; True if it is reasoning."""
         parser = self._parser
-        recipient = parser.current_recipient
+        recipient = _normalize_recipient(parser.current_recipient)
         channel = parser.current_channel
-        if recipient and recipient != "assistant":
+        if recipient:
             self._sink.open_function_call(*_split_recipient(recipient))
         elif channel == "analysis":
             self._sink.open_reasoning()
@@ -291,3 +317,9 @@ class HarmonyModel:
             return not harmony_encoding().is_special_token(token_id)
         except HarmonyError:
             return False
+
+    def constraint(self, request: ResponsesRequest, prompt: list[int]) -> OutputConstraint | None:
+        """text.format / tool_choice as a structural tag over harmony messages (free analysis)."""
+        if (what := plan(request)) is None:
+            return None
+        return what.constraint(structural_tag(harmony_format(what)))

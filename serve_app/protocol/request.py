@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, Validatio
 from openai.types.responses import ResponseIncludable
 
 from .errors import APIError, from_validation_error, invalid_request
+from .json_schema import check_schema, strict_problem
 
 _Model = TypeVar("_Model", bound=BaseModel)
 FUNCTION_NAME_PATTERN = r"^[a-zA-Z0-9_\-]{1,64}$"
@@ -211,6 +212,43 @@ class NamedFunctionChoice(_Lenient):
     name: str
 
 
+class AllowedToolRef(_Lenient):
+    type: str
+    name: str | None = None
+
+    @model_validator(mode="after")
+    def _named_function(self) -> AllowedToolRef:
+        if self.type == "function" and not self.name:
+            raise ValueError("a function in allowed_tools needs a 'name'")
+        return self
+
+
+class AllowedToolsChoice(_Lenient):
+    """Only these tools may be called; `required`: one of them must be."""
+
+    type: Literal["allowed_tools"]
+    mode: Literal["auto", "required"]
+    tools: list[AllowedToolRef] = Field(min_length=1)
+
+
+def _choice_tag(value: Any) -> str | None:
+    kind = value.get("type") if isinstance(value, dict) else getattr(value, "type", None)
+    if kind in ("function", "allowed_tools"):
+        return f"choice:{kind}"
+    return "choice:hosted" if isinstance(kind, str) else None
+
+
+# A hosted tool type (`web_search`, ...) is accepted and never enforced (it is not offered).
+ToolChoiceObject = Annotated[
+    Union[
+        Annotated[NamedFunctionChoice, Tag("choice:function")],
+        Annotated[AllowedToolsChoice, Tag("choice:allowed_tools")],
+        Annotated[HostedTool, Tag("choice:hosted")],
+    ],
+    Discriminator(_choice_tag, custom_error_type="invalid_value", custom_error_message="a tool_choice object needs a string 'type'"),
+]
+
+
 class ReasoningConfig(_Lenient):
     effort: Literal["none", "minimal", "low", "medium", "high", "xhigh"] | None = None
     summary: Literal["auto", "concise", "detailed"] | None = None
@@ -220,8 +258,53 @@ class TextFormat(_Lenient):
     type: Literal["text"] = "text"
 
 
+class JSONSchemaFormat(_Lenient):
+    """Structured outputs: the answer is JSON valid against `schema` (enforced by the engine's
+    grammar). `strict: true` also makes OpenAI's strict-mode rules apply to the schema."""
+
+    model_config = ConfigDict(extra="ignore", populate_by_name=True)
+    type: Literal["json_schema"]
+    name: str = Field(pattern=FUNCTION_NAME_PATTERN)
+    schema_: dict[str, Any] = Field(alias="schema")
+    description: str | None = None
+    strict: bool | None = None
+
+    @field_validator("schema_")
+    @classmethod
+    def _enforceable(cls, schema: dict[str, Any]) -> dict[str, Any]:
+        check_schema(schema)  # not JSON Schema, or a feature the grammar cannot enforce -> 400
+        return schema
+
+    @model_validator(mode="after")
+    def _strict_rules(self) -> JSONSchemaFormat:
+        if self.strict and (problem := strict_problem(self.schema_)):
+            raise ValueError(f"Invalid schema for response_format '{self.name}' (strict): {problem}")
+        return self
+
+
+class JSONObjectFormat(_Lenient):
+    type: Literal["json_object"]
+
+
+def _format_tag(value: Any) -> str | None:
+    kind = value.get("type") if isinstance(value, dict) else getattr(value, "type", None)
+    return f"format:{kind}" if kind in ("text", "json_schema", "json_object") else None
+
+
+AnyTextFormat = Annotated[
+    Union[
+        Annotated[TextFormat, Tag("format:text")],
+        Annotated[JSONSchemaFormat, Tag("format:json_schema")],
+        Annotated[JSONObjectFormat, Tag("format:json_object")],
+    ],
+    Discriminator(_format_tag, custom_error_type="invalid_value", custom_error_message=(
+        "text.format must be of type 'text', 'json_schema' or 'json_object'"
+    )),
+]
+
+
 class TextConfig(_Lenient):
-    format: TextFormat | None = None
+    format: AnyTextFormat | None = None
 
 
 def check_metadata(value: dict[str, str] | None) -> dict[str, str] | None:
@@ -242,7 +325,7 @@ class ResponsesRequest(_Lenient):
     input: Union[str, list[InputItem]]
     instructions: str | None = None
     tools: list[Tool] = Field(default_factory=list)
-    tool_choice: Union[Literal["auto", "none", "required"], NamedFunctionChoice, HostedTool] = "auto"
+    tool_choice: Union[Literal["auto", "none", "required"], ToolChoiceObject] = "auto"
     parallel_tool_calls: bool = True
     reasoning: ReasoningConfig | None = None
     # The SDK's values; those about hosted tools this server does not run include nothing.
@@ -280,9 +363,32 @@ class ResponsesRequest(_Lenient):
         duplicates = {n for n in names if names.count(n) > 1}
         if duplicates:
             raise ValueError(f"duplicate function tool names: {sorted(duplicates)}")
-        if isinstance(self.tool_choice, NamedFunctionChoice) and self.tool_choice.name not in names:
-            raise ValueError(f"tool_choice names function '{self.tool_choice.name}', which is not in tools")
         return self
+
+    def check_consistency(self) -> None:
+        """What the fields only mean together (400s that name the field)."""
+        names = {f.name for f in self.function_tools()}
+        names |= {f"{ns.name}.{f.name}" for ns in self.namespace_tools() for f in ns.functions}
+        choice = self.tool_choice
+        if isinstance(choice, NamedFunctionChoice) and choice.name not in names:
+            raise invalid_request(f"tool_choice names function '{choice.name}', which is not in tools.", param="tool_choice")
+        if isinstance(choice, AllowedToolsChoice):
+            for index, tool in enumerate(choice.tools):
+                if tool.type == "function" and tool.name not in names:
+                    raise invalid_request(
+                        f"tool_choice.tools[{index}] names function '{tool.name}', which is not in tools.",
+                        param=f"tool_choice.tools[{index}].name",
+                    )
+        if choice == "required" and not names:
+            raise invalid_request("tool_choice 'required' needs at least one function tool in tools.", param="tool_choice")
+        fmt = self.text.format if self.text else None
+        if isinstance(fmt, JSONObjectFormat):
+            texts = [self.instructions or ""] + [getattr(item, "text", "") for item in self.input_items()]
+            if not any("json" in text.lower() for text in texts):
+                raise invalid_request(
+                    "'input' must contain the word 'json' in some form to use 'text.format' of type 'json_object'.",
+                    param="input",
+                )
 
     # -- views used by rendering --
 
@@ -333,6 +439,7 @@ def parse_request(body: bytes) -> ResponsesRequest:
     """Bytes of the HTTP body -> a validated request, or an `APIError` (400)."""
     request = parse_body(body, ResponsesRequest)
     _check_combinations(request)
+    request.check_consistency()
     return request
 
 

@@ -14,7 +14,8 @@ def frame(event: ResponseStreamEvent) -> bytes:
     prefix = _PREFIX.get(event.type)
     if prefix is None:
         prefix = _PREFIX[event.type] = b"event: " + event.type.encode() + b"\ndata: "
-    return prefix + event.__pydantic_serializer__.to_json(event) + b"\n\n"
+    # by_alias: the SDK names fields `schema_` / `async_` whose wire names are `schema` / `async`.
+    return prefix + event.__pydantic_serializer__.to_json(event, by_alias=True) + b"\n\n"
 
 
 def encode_events(events: Sequence[ResponseStreamEvent]) -> bytes:

@@ -191,7 +191,7 @@ class ResponseStream:
             store=request.store,
             user=request.user,
             prompt_cache_key=request.prompt_cache_key,
-            text={"format": {"type": "text"}},
+            text={"format": request.text.format.model_dump(by_alias=True) if request.text and request.text.format else {"type": "text"}},
             error=None,
             incomplete_details=None,
             usage=None,

@@ -3,13 +3,26 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 FinishReason = Literal["stop", "length", "abort"]
 
 # The engine's logprobs of one sampled token: its own logprob and the top alternatives as
 # (token id, logprob), best first (the sampled token among them when it ranks that high).
 TokenLogprobs = tuple[float, list[tuple[int, float]]]
+
+
+@dataclass(slots=True)
+class OutputConstraint:
+    """What the completion must obey (`text.format`, `tool_choice`; see `constraints.py`).
+
+    `engine` is for real engines: keyword arguments of vLLM's `StructuredOutputsParams`. The
+    rest says the same in plain terms, for scripted backends."""
+
+    engine: dict[str, Any]
+    answer_schema: dict[str, Any] | None = None  # the answer is a JSON instance of this schema
+    tool_choice: Literal["auto", "required", "none"] = "auto"
+    functions: dict[str, Any] = field(default_factory=dict)  # may be called: name -> argument schema
 
 
 @dataclass(slots=True)
@@ -24,6 +37,7 @@ class GenerationRequest:
     top_p: float | None = None
     seed: int | None = None
     logprobs: int | None = None  # report logprobs with this many alternatives per token (0: none)
+    constraint: OutputConstraint | None = None  # structured outputs / enforced tool_choice
 
 
 @dataclass(slots=True)

@@ -41,7 +41,7 @@ async def start_background(turn: Turn, state) -> Response:
     snapshot = await background.start(turn.stream, run_turn(turn, responses), turn.input_items, finish)
     if turn.request.stream:
         return _event_stream(background.follow(snapshot.id, -1), background)
-    return Response(snapshot.model_dump_json(), media_type="application/json", headers=_headers(background))
+    return Response(snapshot.model_dump_json(by_alias=True), media_type="application/json", headers=_headers(background))
 
 
 def _event_stream(frames: AsyncIterator[bytes], background: BackgroundRuns) -> StreamingResponse:
@@ -87,4 +87,4 @@ async def current_response(response_id: str, request: Request):
 async def cancel_response(response_id: str, request: Request) -> Response:
     background: BackgroundRuns = request.app.state.background
     response = await background.cancel(response_id)
-    return Response(response.model_dump_json(), media_type="application/json", headers=_headers(background))
+    return Response(response.model_dump_json(by_alias=True), media_type="application/json", headers=_headers(background))

@@ -65,14 +65,14 @@ async def create_response(http_request: Request) -> Response:
     if response.status == "failed":
         raise server_error(response.error.message, status_code=503)
     # The same serialization as the terminal event of a stream: one source of truth.
-    return _json(response.model_dump_json())
+    return _json(response.model_dump_json(by_alias=True))
 
 
 @router.get("/v1/responses/{response_id}")
 async def retrieve_response(response_id: str, request: Request) -> Response:
     if wants_stream(request.query_params):  # a background response's events, live
         return await follow_response(response_id, request)
-    return _json((await current_response(response_id, request)).model_dump_json())
+    return _json((await current_response(response_id, request)).model_dump_json(by_alias=True))
 
 
 @router.delete("/v1/responses/{response_id}")

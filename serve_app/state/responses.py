@@ -61,7 +61,7 @@ class StoredTurn:
             {
                 "previous_response_id": self.previous_response_id,
                 "input": [item.model_dump(mode="json", exclude_none=True) for item in self.input],
-                "response": self.response.model_dump(mode="json"),
+                "response": self.response.model_dump(mode="json", by_alias=True),
             },
             separators=(",", ":"),
         ).encode()

@@ -1,0 +1,218 @@
+"""What a completion must obey (`text.format`, `tool_choice`), as an engine constraint.
+
+`plan()` reads the request: the schema the answer must match (json_schema, json_object), and
+which functions may be called, whether one must be (`required`, a named function,
+`allowed_tools`) or none may (`none`). Each model family turns the plan into vLLM structured
+outputs (`StructuredOutputsParams` keyword arguments): an xgrammar **structural tag** that
+leaves the reasoning free and constrains only what follows it, the way vLLM 0.32 does it —
+
+- harmony (gpt-oss): vLLM's `vllm/parser/harmony.py` tags: an optional `analysis` message,
+  then (when calls are allowed) an optional commentary preamble, then one of: a `final`
+  message whose body is the JSON schema (or any text), or a call `to=functions.NAME` whose
+  body is the function's argument schema. The same begin strings and end tags as vLLM's, so a
+  harmony constraint here equals vLLM's own for the same request.
+- chat templates (hermes tool calls, `<think>` reasoning): vLLM's `hermes` tags
+  (`<tool_call>\\n{"name": "NAME", "arguments": ` + arguments + `}\\n</tool_call>`), after a
+  free `<think>...</think>` block (opened by the prompt, or optional). vLLM gates reasoning
+  with an engine-wide `reasoning_parser`; here the gate is part of the per-request grammar,
+  so one engine serves thinking and non-thinking templates alike.
+Every JSON body (answer, arguments) allows at most one whitespace character between tokens
+(see `JSON_MAX_WHITESPACE`): that is the one difference from vLLM's tags.
+
+The constraint also travels in plain form (answer schema, callable functions) so that the
+scripted replay models obey it too.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from .errors import invalid_request
+from .json_schema import UnsupportedSchema, check_schema
+from .request import AllowedToolsChoice, FunctionTool, NamedFunctionChoice, ResponsesRequest
+from .tokens import OutputConstraint
+
+CallMode = Literal["auto", "required", "none"]
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    answer: dict[str, Any] | None  # JSON schema of the answer; None: free text
+    calls: CallMode
+    functions: dict[str, Any]  # qualified name -> argument schema (True: any JSON) that may be called
+    single_call: bool  # at most one call (a named function, parallel_tool_calls false)
+
+    def constraint(self, engine: dict[str, Any]) -> OutputConstraint:
+        return OutputConstraint(
+            engine=engine, answer_schema=self.answer, tool_choice=self.calls, functions=dict(self.functions)
+        )
+
+
+def _arguments_schema(tool: FunctionTool) -> Any:
+    """A strict (or unmarked) tool's parameters, when they are enforceable; else any JSON."""
+    if tool.strict is False or tool.parameters is None:
+        return True
+    try:
+        check_schema(tool.parameters)
+    except (UnsupportedSchema, ValueError):
+        return True
+    return tool.parameters
+
+
+def callable_functions(request: ResponsesRequest) -> dict[str, Any]:
+    functions = {tool.name: _arguments_schema(tool) for tool in request.function_tools()}
+    for namespace in request.namespace_tools():
+        functions.update({f"{namespace.name}.{tool.name}": _arguments_schema(tool) for tool in namespace.functions})
+    return functions
+
+
+def plan(request: ResponsesRequest) -> Plan | None:
+    """What to enforce for this request; None when nothing is (free text, tool_choice auto)."""
+    fmt = request.text.format if request.text else None
+    answer: dict[str, Any] | None = None
+    if fmt is not None and fmt.type == "json_schema":
+        answer = fmt.schema_
+    elif fmt is not None and fmt.type == "json_object":
+        answer = {"type": "object"}
+    functions = callable_functions(request)
+    choice = request.tool_choice
+    calls: CallMode = "auto"
+    single = not request.parallel_tool_calls
+    if choice == "none":
+        calls, functions = "none", {}
+    elif choice == "required":
+        calls = "required"
+    elif isinstance(choice, NamedFunctionChoice):
+        calls, functions, single = "required", {choice.name: functions[choice.name]}, True
+    elif isinstance(choice, AllowedToolsChoice):
+        allowed = {tool.name for tool in choice.tools if tool.type == "function"}
+        calls, functions = choice.mode, {n: s for n, s in functions.items() if n in allowed}
+    if answer is None and calls == "auto" and not isinstance(choice, AllowedToolsChoice):
+        return None
+    if calls == "none" and answer is None and not callable_functions(request):
+        return None  # no tools in the request: nothing to forbid
+    return Plan(answer, calls, functions, single)
+
+
+# --- xgrammar structural-tag formats (plain dicts: the protocol does not import xgrammar) ---
+
+
+def _tag(begin: str, content: dict[str, Any], end: str | list[str]) -> dict[str, Any]:
+    return {"type": "tag", "begin": begin, "content": content, "end": end}
+
+
+# At most one whitespace character between JSON tokens. xgrammar otherwise allows any run of
+# whitespace, and small models (SmolLM2 here) fill `max_output_tokens` with newlines between
+# the keys of an unfinished object. vLLM's remedy, `disable_any_whitespace`, is engine-wide;
+# this is the same per request.
+JSON_MAX_WHITESPACE = 1
+
+
+def _json(schema: Any) -> dict[str, Any]:
+    return {"type": "json_schema", "json_schema": schema, "max_whitespace_cnt": JSON_MAX_WHITESPACE}
+
+
+def _any_text(excludes: list[str] | None = None) -> dict[str, Any]:
+    return {"type": "any_text", "excludes": excludes} if excludes else {"type": "any_text"}
+
+
+def _seq(*elements: dict[str, Any]) -> dict[str, Any]:
+    return {"type": "sequence", "elements": list(elements)}
+
+
+def _or(elements: list[dict[str, Any]]) -> dict[str, Any]:
+    return elements[0] if len(elements) == 1 else {"type": "or", "elements": elements}
+
+
+def _optional(content: dict[str, Any]) -> dict[str, Any]:
+    return {"type": "optional", "content": content}
+
+
+def structural_tag(fmt: dict[str, Any]) -> dict[str, Any]:
+    """vLLM `StructuredOutputsParams` keyword arguments for one structural-tag format."""
+    return {"structural_tag": json.dumps({"type": "structural_tag", "format": fmt})}
+
+
+# harmony: vLLM's begin and end strings (`vllm/parser/harmony.py`). The stop tokens
+# (`<|return|>`, `<|call|>`) are the empty end: xgrammar lets the engine stop there.
+HARMONY_JSON_CONSTRAINS = [" json", " <|constrain|>json"]
+HARMONY_END = ["<|end|>", ""]
+HARMONY_FINAL = "<|channel|>final{constrain}<|message|>"
+HARMONY_CALL_CHANNELS = ["<|channel|>commentary", "<|channel|>analysis", "<|channel|>final"]
+HARMONY_CALL_BEGINS = [" to={recipient}{channel}{constrain}<|message|>", "{channel} to={recipient}{constrain}<|message|>"]
+
+
+def _harmony_message(channel: str) -> dict[str, Any]:
+    return _optional(_seq(_tag(f"<|channel|>{channel}<|message|>", _any_text(), "<|end|>"), {"type": "const_string", "value": "<|start|>assistant"}))
+
+
+def harmony_format(plan: Plan) -> dict[str, Any]:
+    """Free analysis first (harmony keeps reasoning unconstrained), then the answer or a call."""
+    options: list[dict[str, Any]] = []
+    if plan.calls != "required":
+        if plan.answer is not None:
+            options += [_tag(HARMONY_FINAL.format(constrain=c), _json(plan.answer), HARMONY_END) for c in HARMONY_JSON_CONSTRAINS]
+        else:
+            options += [_tag(HARMONY_FINAL.format(constrain=c), _any_text(), HARMONY_END) for c in HARMONY_JSON_CONSTRAINS + [""]]
+    calls = plan.functions if plan.calls != "none" else {}
+    for name, arguments in calls.items():
+        recipient = name if "." in name else f"functions.{name}"
+        options += [
+            _tag(begin.format(recipient=recipient, channel=channel, constrain=constrain), _json(arguments), HARMONY_END)
+            for begin in HARMONY_CALL_BEGINS
+            for constrain in HARMONY_JSON_CONSTRAINS
+            for channel in HARMONY_CALL_CHANNELS
+        ]
+    if not options:
+        raise invalid_request("tool_choice leaves no function this model may call.", param="tool_choice")
+    elements = [_harmony_message("analysis")]
+    if calls:
+        elements.append(_harmony_message("commentary"))  # a preamble before the call
+    return _seq(*elements, _or(options))
+
+
+HERMES_CALL_BEGINS = [('<tool_call>\n{"name": "', "}\n</tool_call>"), ('<tool_call>{"name": "', "}</tool_call>")]
+TOOL_CALL_TAG = "<tool_call>"
+
+
+def _hermes_calls(functions: dict[str, Any]) -> list[dict[str, Any]]:
+    return [
+        _tag(begin + name + '", "arguments": ', _json(arguments), end)
+        for name, arguments in functions.items()
+        for begin, end in HERMES_CALL_BEGINS
+    ]
+
+
+def chat_template_constraint(
+    plan: Plan, *, think: tuple[str, str] | None, in_reasoning: bool, tool_calls: bool
+) -> dict[str, Any] | None:
+    """vLLM structured-output kwargs for a chat-template model: `think` are its reasoning tags
+    (reasoning stays free: opened by the prompt, or optional), `tool_calls` whether it has
+    the hermes tool parser. None when there is nothing to enforce."""
+    options: list[dict[str, Any]] = []
+    calls = plan.functions if plan.calls != "none" and tool_calls else {}
+    if plan.calls == "required" and not calls:
+        raise invalid_request("tool_choice requires a function call, and there is no function this model can call.", param="tool_choice")
+    if plan.answer is None and not tool_calls:
+        return None  # without a tool parser no call can come out: free text is all there is
+    if plan.calls != "required":
+        if plan.answer is not None:
+            options.append(_json(plan.answer))
+        elif calls:  # text, and calls only to the allowed functions (vLLM's hermes "auto")
+            options.append({"type": "triggered_tags", "triggers": [TOOL_CALL_TAG], "tags": _hermes_calls(calls)})
+            calls = {}
+        else:
+            options.append(_any_text([TOOL_CALL_TAG] if tool_calls else None))
+    if calls:
+        options.append(
+            {"type": "tags_with_separator", "tags": _hermes_calls(calls), "separator": "", "at_least_one": True, "stop_after_first": plan.single_call}
+        )
+    answer = _or(options)
+    if think is None:
+        return structural_tag(answer)
+    start, end = think
+    reasoning = _tag("", _any_text(), end) if in_reasoning else _optional(_tag(start, _any_text(), end))
+    # Templates put a blank line between the reasoning and the answer.
+    return structural_tag(_seq(reasoning, {"type": "regex", "pattern": r"\s{0,4}"}, answer))

@@ -1,0 +1,67 @@
+"""The supported JSON Schema subset: what is refused (named), and the replay models'
+deterministic instances, which must validate (formats included) against their schema."""
+
+from __future__ import annotations
+
+import jsonschema
+import pytest
+
+from serve_app.protocol.json_schema import FORMAT_EXAMPLES, UnsupportedSchema, check_schema, instance, strict_problem
+
+SCHEMAS = [
+    {"type": "object", "properties": {"a": {"type": "string", "minLength": 12}, "b": {"type": "string", "maxLength": 3}}},
+    {"type": "object", "properties": {"n": {"type": "integer", "minimum": 5, "maximum": 9}, "x": {"type": "number", "exclusiveMinimum": 2.5}}},
+    {"type": "object", "properties": {"n": {"type": "integer", "exclusiveMaximum": -3}, "m": {"type": "integer", "exclusiveMinimum": 0.5}}},
+    {"type": "array", "items": {"type": "boolean"}, "minItems": 3, "maxItems": 4},
+    {"type": "array", "prefixItems": [{"const": 1}, {"type": "null"}], "items": False},
+    {"type": ["null", "string"], "enum": [None, "x"]},
+    {"anyOf": [{"$ref": "#/$defs/p"}, {"type": "null"}], "$defs": {"p": {"type": "object", "properties": {"q": {"$ref": "#/definitions/r"}}, "required": ["q"]}}, "definitions": {"r": {"type": "string", "enum": ["z"]}}},
+    {"type": "object", "properties": {f: {"type": "string", "format": f} for f in FORMAT_EXAMPLES}},
+    {"type": "object", "properties": {"code": {"type": "string", "pattern": "^[A-Z]{3}-\\d{2,4}$"}, "mail": {"type": "string", "pattern": "^[^@]+@[a-z]+\\.(com|org)$"}}},
+    {"type": "object", "additionalProperties": {"type": "integer"}},
+]
+
+
+@pytest.mark.parametrize("schema", SCHEMAS)
+def test_instances_validate(schema):
+    check_schema(schema)
+    value = instance(schema)
+    jsonschema.validate(value, schema, format_checker=jsonschema.Draft202012Validator.FORMAT_CHECKER)
+    assert instance(schema) == value  # deterministic
+
+
+@pytest.mark.parametrize(
+    "schema,named",
+    [
+        ({"type": "object", "not": {}}, "'not'"),
+        ({"type": "object", "properties": {"a": {"oneOf": [{"type": "string"}, {"type": "integer"}]}}}, "'oneOf' (at schema.properties.a)"),
+        ({"type": "array", "contains": {"type": "string"}}, "'contains'"),
+        ({"type": "object", "if": {"required": ["a"]}, "then": {"required": ["b"]}}, "'if'"),
+        ({"type": "string", "pattern": "a+", "maxLength": 3}, "'pattern'/'format' together with"),
+        ({"type": "object", "minProperties": 1}, "'minProperties'"),
+    ],
+)
+def test_unsupported_features_are_named(schema, named):
+    with pytest.raises(UnsupportedSchema, match=named.replace("(", r"\(").replace(")", r"\)")):
+        check_schema(schema)
+
+
+def test_a_property_named_like_a_keyword_is_fine():
+    check_schema({"type": "object", "properties": {"not": {"type": "string"}, "allOf": {"type": "integer"}}})
+
+
+def test_not_json_schema():
+    for schema in ({"type": "nope"}, {"properties": 5}, {"required": "a"}):
+        with pytest.raises(ValueError) as info:
+            check_schema(schema)
+        assert not isinstance(info.value, UnsupportedSchema)
+
+
+def test_strict_rules():
+    closed = {"type": "object", "properties": {"a": {"type": "object", "properties": {}, "additionalProperties": False}}, "required": ["a"], "additionalProperties": False}
+    assert strict_problem(closed) is None
+    assert "additionalProperties" in strict_problem({**closed, "additionalProperties": True})
+    assert "missing 'a'" in strict_problem({**closed, "required": []})
+    nested_open = {**closed, "properties": {"a": {"type": "object", "properties": {}}}}
+    assert "schema.properties.a" in strict_problem(nested_open)
+    assert "root" in strict_problem({"type": "array"})
