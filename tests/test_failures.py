@@ -152,7 +152,7 @@ def test_non_stream_failure_is_a_503_with_an_openai_error(broken_url, caplog):
     assert response.status_code == 503
     error = response.json()["error"]
     assert error["type"] == "server_error"
-    response_id = re.search(r"resp_\w+", error["message"]).group()  # to quote to support
+    response_id = re.search(r"resp_\w+", error["message"]).group()  # the id a client quotes to support
     _assert_plain(error["message"], response_id)
     _assert_logged_with_traceback(caplog, response_id)
 
