@@ -80,7 +80,7 @@ async def delete_response(response_id: str, request: Request) -> Response:
     if not await request.app.state.responses.delete(response_id):
         raise _not_found(response_id)
     # What the OpenAI API answers (the SDK's `responses.delete` returns None and ignores it).
-    return _json(f'{{"id":"{response_id}","object":"response","deleted":true}}')
+    return _json(json.dumps({"id": response_id, "object": "response", "deleted": True}))
 
 
 @router.get("/v1/responses/{response_id}/input_items")

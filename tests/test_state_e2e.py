@@ -1,0 +1,75 @@
+"""The stateful endpoints through a real Serve cluster: 2 ingress replicas behind Serve's
+HTTP proxy sharing the embedded store deployment (tests/conftest.py `serve_url`). With a
+store per replica about half of these follow-ups and GETs failed; every one must pass."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from tests import stateful_scenarios
+
+
+def test_two_ingress_replicas_behind_the_proxy(serve_url):
+    from ray import serve
+
+    status = serve.status().applications["responses"]
+    ingress = status.deployments["ResponsesIngress"]
+    assert ingress.status == "HEALTHY" and ingress.replica_states.get("RUNNING") == 2
+    assert status.deployments["ResponseStore"].replica_states.get("RUNNING") == 1
+
+
+@pytest.mark.parametrize("scenario", stateful_scenarios.SCENARIOS, ids=lambda f: f.__name__)
+def test_stateful_scenario(serve_url, scenario):
+    scenario(serve_url)
+
+
+def test_both_replicas_served_the_conversations(serve_url, tmp_path_factory):
+    """The scenarios above really crossed replicas: each ingress replica's log names
+    responses it created (so a per-replica store would have failed them)."""
+    stateful_scenarios.conversations_from_any_replica(serve_url, n=10)
+    logs = list(tmp_path_factory.getbasetemp().glob("**/logs/serve/replica_responses_ResponsesIngress_*.log"))
+    created = [set(re.findall(r"response (resp_[0-9a-f]+): model=", log.read_text(errors="replace"))) for log in logs]
+    assert len([ids for ids in created if ids]) == 2, [len(ids) for ids in created]
+
+
+@pytest.fixture(scope="module")
+def redis_serve_url(serve_url, redis_server):
+    """A second app in the same cluster, 2 ingress replicas on the store Redis; the
+    password reaches the replicas through the environment only."""
+    from ray import serve
+
+    from serve_app.app import build_app
+
+    env = {"env_vars": {"REDIS_PASSWORD": redis_server.password}}
+    args = {
+        "models": [{"name": "gpt-oss-replay", "engine": {"num_replicas": 1, "ray_actor_options": {"num_cpus": 0}}}],
+        "ingress": {"num_replicas": 2, "max_ongoing_requests": 1024, "ray_actor_options": {"num_cpus": 0, "runtime_env": env}},
+        "store": {"type": "redis", "url": redis_server.url, "key_prefix": "e2e-redis:"},
+    }
+    serve.run(build_app(args), name="responses-redis", route_prefix="/redis")
+    try:
+        yield serve_url.replace("/v1", "/redis/v1")
+    finally:
+        serve.delete("responses-redis")
+
+
+@pytest.mark.parametrize(
+    "scenario",
+    [stateful_scenarios.conversations_from_any_replica, stateful_scenarios.delete_then_404, stateful_scenarios.input_items_paging],
+    ids=lambda f: f.__name__,
+)
+def test_stateful_scenario_on_redis(redis_serve_url, scenario):
+    scenario(redis_serve_url)
+
+
+def test_redis_keys_have_the_prefix_and_a_ttl(redis_serve_url, redis_server):
+    import redis
+
+    stateful_scenarios.two_turns(stateful_scenarios.OpenAI(base_url=redis_serve_url, api_key="unused"), "ttl")
+    client = redis.Redis.from_url(redis_server.url, password=redis_server.password)
+    keys = list(client.scan_iter("e2e-redis:response:*"))
+    assert len(keys) >= 2
+    assert all(0 < client.pttl(key) <= 30 * 24 * 3600 * 1000 for key in keys)
+    client.close()
