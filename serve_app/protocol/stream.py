@@ -205,7 +205,8 @@ class ResponseStream:
         try:
             self._parser.feed(batch.token_ids)
             if finish_reason in ("length", "stop"):
-                self._parser.end()  # text the parser still held is part of the output
+                # Text the parser still held is part of the output.
+                self._parser.end(truncated=finish_reason == "length")
         except Exception as exc:  # the model wrote something the parser cannot parse
             logger.warning("response %s: unparseable completion: %s", self.response.id, exc)
             return self.fail(f"The model produced output that could not be parsed: {exc}")
@@ -229,7 +230,7 @@ class ResponseStream:
         item = self._open("reasoning")
         self._emit_added(ResponseReasoningItem(id=item.id, type="reasoning", summary=[], content=[], status="in_progress"))
 
-    def open_message(self, phase: str) -> None:
+    def open_message(self, phase: str | None) -> None:
         item = self._open("message", phase=phase)
         self._emit_added(
             ResponseOutputMessage(id=item.id, type="message", role="assistant", status="in_progress", content=[], phase=phase)
