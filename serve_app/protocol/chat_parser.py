@@ -438,7 +438,7 @@ class ChatCompletionParser:
                 self.reasoning_tokens += 1
             text.feed(piece)
 
-    def end(self) -> None:
+    def end(self, truncated: bool = False) -> None:
         self._text.feed(self._detokenizer.flush())
         self._text.end()
 

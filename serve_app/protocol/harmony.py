@@ -14,8 +14,12 @@ from __future__ import annotations
 import datetime
 import functools
 import json
+import logging
+import re
 from dataclasses import dataclass
-from typing import Iterable
+from typing import Any, Iterable
+
+import regex
 
 from openai_harmony import (
     Author,
@@ -55,6 +59,8 @@ _EFFORTS = {
     "high": ReasoningEffort.HIGH,
     "xhigh": ReasoningEffort.HIGH,
 }
+
+logger = logging.getLogger("responses_serve.harmony")
 
 HistoryItem = MessageItem | FunctionCallItem | FunctionCallOutputItem | ReasoningItem
 
@@ -194,6 +200,7 @@ def stop_token_ids() -> list[int]:
 class _Specials:
     message: int  # <|message|>: the header is complete, content follows
     ends: frozenset[int]  # <|end|>, <|return|>, <|call|>: the message is complete
+    stops: frozenset[int]  # <|return|>, <|call|>: the engine stopped on it
 
     @classmethod
     @functools.cache
@@ -204,7 +211,22 @@ class _Specials:
             (token_id,) = encoding.encode(text, allowed_special="all")
             return token_id
 
-        return cls(token("<|message|>"), frozenset(token(t) for t in ("<|end|>", "<|return|>", "<|call|>")))
+        stops = frozenset(token(t) for t in ("<|return|>", "<|call|>"))
+        return cls(token("<|message|>"), stops | {token("<|end|>")}, stops)
+
+
+_CHANNELS = (None, "analysis", "commentary", "final")
+# A recipient that names a tool: `NAME` or `NS.NAME` with identifier-like parts
+# (`functions.` or `<|start|>user` name none).
+_TOOL_NAME = re.compile(r"[A-Za-z_][\w-]*(\.[A-Za-z_][\w-]*)*")
+_CONTENT_TYPE = re.compile(r"(<\|constrain\|>)?[\w./+-]+")
+# A well-formed assistant header (as text), for telling a header the token limit cut from
+# garbage; `regex` matches partially (a prefix of a possible match).
+_RECIPIENT = r"[A-Za-z_][\w.-]*"
+_HEADER = regex.compile(
+    rf"(<\|start\|>assistant)?( to={_RECIPIENT})?"
+    rf"(<\|channel\|>(analysis|commentary|final)( to={_RECIPIENT})?( ?(<\|constrain\|>)?[\w./+-]+)?)?"
+)
 
 
 def _split_recipient(recipient: str) -> tuple[str, str | None]:
@@ -214,14 +236,13 @@ def _split_recipient(recipient: str) -> tuple[str, str | None]:
     return name, (None if namespace == FUNCTIONS_NAMESPACE else namespace)
 
 
-def _normalize_recipient(recipient: str | None) -> str | None:
-    """A function recipient (`functions.NAME`, `NS.NAME`), or None. harmony's parser reads the
-    content type of `<|channel|>final <|constrain|>json` (how a constrained answer starts) as a
-    recipient: `<|constrain|>json`, or `json` (vLLM's `_normalize_recipient` strips the same)."""
-    if not recipient:
-        return None
-    recipient = recipient.split("<|constrain|>", 1)[0].strip()
-    return recipient if "." in recipient else None
+def _without_constrain(recipient: str | None) -> str | None:
+    """The recipient without a content type harmony's parser read into it: after the channel,
+    `<|constrain|>json` (how a constrained answer starts) comes back as (part of) the
+    recipient (vLLM's `_normalize_recipient` strips the same)."""
+    if not recipient or "<|constrain|>" not in recipient:
+        return recipient
+    return recipient.split("<|constrain|>", 1)[0].strip() or None
 
 
 class HarmonyParser:
@@ -230,17 +251,35 @@ class HarmonyParser:
     The header of a message is complete at `<|message|>`: that is where its item opens
     (the channel and recipient are known). Content deltas go to the open item; an end token
     closes it. Batch boundaries never matter because every token is handled on its own.
+
+    Nothing the model writes is lost or fatal, however malformed (random weights write
+    special tokens in any order). Harmony itself keeps special tokens inside content as
+    text; the parser recovers from the rest:
+    - a token other than `<|start|>` after a message's end implies the missing `<|start|>`:
+      it begins the next header;
+    - a header harmony rejects, or whose role, channel, recipient or content type is not
+      one an assistant message can have, makes a *raw* message: a `message` item without a
+      `phase` whose text is the header as written (special tokens spelled out) followed by
+      the content;
+    - a header the completion ends in (no `<|message|>` came) becomes a raw message too.
     """
 
     def __init__(self, sink: ItemSink) -> None:
         self._specials = _Specials.load()
         self._sink = sink
-        # The Rust parser directly: the Python wrapper adds a call per token on the hot path.
-        self._parser = StreamableParser(harmony_encoding(), Role.ASSISTANT)._inner
+        self._parser = self._new_parser()
+        self._header: list[int] = []  # the tokens of the header being read, to show it raw
+        self._header_valid = True  # False once harmony rejected the header
         self._in_content = False
         self._in_reasoning = False
         self.reasoning_tokens = 0
         self.held_text = ""  # harmony holds back only the bytes of an unfinished character
+
+    @staticmethod
+    def _new_parser() -> Any:
+        # The Rust parser directly: the Python wrapper adds a call per token on the hot path.
+        # It starts in an assistant header (the prompt ends with `<|start|>assistant`).
+        return StreamableParser(harmony_encoding(), Role.ASSISTANT)._inner
 
     def feed(self, token_ids: Iterable[int]) -> None:
         # The hot loop: one harmony call per token and one getter per content token, state
@@ -248,49 +287,98 @@ class HarmonyParser:
         parser, sink = self._parser, self._sink
         process, message, ends = parser.process, self._specials.message, self._specials.ends
         in_content, in_reasoning = self._in_content, self._in_reasoning
+        header = self._header
         deltas: list[str] = []
         for token in token_ids:
-            process(token)
             if in_content:
+                process(token)  # harmony never rejects content: stray specials are text
                 if token in ends:
                     if deltas:
                         sink.add_text("".join(deltas))
                         deltas.clear()
                     in_content = in_reasoning = False
                     sink.close_item()
+                    header.clear()
                     continue
                 if in_reasoning:
                     self.reasoning_tokens += 1
                 delta = parser.last_content_delta
                 if delta:
                     deltas.append(delta)
-            elif token == message:
+                continue
+            header.append(token)
+            try:
+                process(token)
+            except HarmonyError:
+                parser = self._parser = self._recover(token)
+                process = parser.process
+            if token == message:
                 in_reasoning = self._open_item()
                 in_content = True
         self._in_content, self._in_reasoning = in_content, in_reasoning
         if deltas:
             sink.add_text("".join(deltas))
 
+    def _recover(self, token: int) -> Any:
+        """Harmony rejected `token` outside content; return a fresh parser that has taken it."""
+        if len(self._header) > 1:
+            # A header harmony cannot parse (at its `<|message|>`): shown raw.
+            self._header_valid = False
+        # else `token` came where `<|start|>` must: it is the first token of the next header.
+        parser = self._new_parser()
+        parser.process(token)  # a fresh header takes any token (`<|message|>`: an empty header)
+        return parser
+
     def _open_item(self) -> bool:
         """Open the item the just-completed header announces; True if it is reasoning."""
-        parser = self._parser
-        recipient = _normalize_recipient(parser.current_recipient)
-        channel = parser.current_channel
-        if recipient:
-            self._sink.open_function_call(*_split_recipient(recipient))
+        parser, sink = self._parser, self._sink
+        recipient, channel, content_type = _without_constrain(parser.current_recipient), parser.current_channel, parser.current_content_type
+        valid, self._header_valid = self._header_valid, True
+        if not (
+            valid
+            and parser.current_role == "assistant"
+            and channel in _CHANNELS
+            and (not recipient or recipient == "assistant" or self._names_tool(recipient))
+            and (content_type is None or _CONTENT_TYPE.fullmatch(content_type))
+        ):
+            self._open_raw()
+        elif recipient and recipient != "assistant":
+            sink.open_function_call(*_split_recipient(recipient))
         elif channel == "analysis":
-            self._sink.open_reasoning()
+            sink.open_reasoning()
             return True
         else:
-            self._sink.open_message("commentary" if channel == "commentary" else "final_answer")
+            sink.open_message("commentary" if channel == "commentary" else "final_answer")
         return False
 
-    def end(self) -> None:
-        """The engine stopped: let harmony flush what it buffered for the open message."""
+    def _names_tool(self, recipient: str) -> bool:
+        # Harmony also reads stray header words as a recipient (`final blah`): a call needs
+        # an identifier-like name written as `to=NAME`.
+        return bool(_TOOL_NAME.fullmatch(recipient)) and f"to={recipient}" in harmony_encoding().decode(self._header)
+
+    def _open_raw(self) -> None:
+        """A raw message: the header as written, special tokens spelled out (`<|channel|>`)."""
+        header = self._header
+        logger.warning("harmony: malformed message header %r shown as text", harmony_encoding().decode(header)[:200])
+        self._sink.open_message(None)
+        self._sink.add_text(harmony_encoding().decode(header))
+
+    def end(self, truncated: bool = False) -> None:
+        """The engine stopped. Flush what harmony buffered for the open message; show an
+        unfinished header (without the stop token it ended on) as a raw message, unless
+        the token limit cut a header that was well-formed so far (`truncated`): nothing
+        but structure is lost then."""
         if self._in_content:
             self._parser.process_eos()
             if delta := self._parser.last_content_delta:
                 self._sink.add_text(delta)
+            return
+        header = self._header
+        if header and header[-1] in self._specials.stops:
+            header.pop()
+        if header and not (truncated and _HEADER.fullmatch(harmony_encoding().decode(header), partial=True)):
+            self._open_raw()
+        header.clear()
 
 
 class HarmonyModel:

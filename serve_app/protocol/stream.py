@@ -222,7 +222,8 @@ class ResponseStream:
             else:
                 self._parser.feed(batch.token_ids)
             if finish_reason in ("length", "stop"):
-                self._parser.end()  # text the parser still held is part of the output
+                # Text the parser still held is part of the output.
+                self._parser.end(truncated=finish_reason == "length")
                 if with_logprobs:
                     self._attribute(settled=True)
         except Exception:  # the model wrote something the parser cannot parse
@@ -269,7 +270,7 @@ class ResponseStream:
         item = self._open("reasoning")
         self._emit_added(ResponseReasoningItem(id=item.id, type="reasoning", summary=[], content=[], status="in_progress"))
 
-    def open_message(self, phase: str) -> None:
+    def open_message(self, phase: str | None) -> None:
         item = self._open("message", phase=phase)
         self._emit_added(
             ResponseOutputMessage(id=item.id, type="message", role="assistant", status="in_progress", content=[], phase=phase)
