@@ -9,7 +9,7 @@ done events (the SDK has one class per place, with the same meaning).
 Values that JSON cannot carry never leave here: an alternative with logprob `-inf` (a token
 the sampler could not pick: structured outputs mask candidates so) is left out of
 `top_logprobs`, so a token may list fewer than `top_logprobs` alternatives; a sampled
-token's non-finite logprob is reported as -9999.0, the floor the OpenAI API itself uses.
+token's non-finite logprob is reported as -9999.0 (a finite floor).
 """
 
 from __future__ import annotations
