@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
+import ray
 from ray.exceptions import ActorDiedError, ActorUnavailableError, RayActorError
 from ray.serve.exceptions import BackPressureError, DeploymentUnavailableError
 from ray.serve.handle import DeploymentHandle
@@ -52,8 +53,8 @@ class StoreServer:
     async def remove(self, key: str, value: bytes) -> bool:
         return await self.store.remove(key, value)
 
-    async def stats(self) -> dict[str, int]:
-        return self.store.stats()
+    async def stats(self) -> dict:
+        return {**self.store.stats(), "actor_name": ray.get_runtime_context().get_actor_name()}
 
 
 class HandleStore:

@@ -73,3 +73,37 @@ def test_redis_keys_have_the_prefix_and_a_ttl(redis_serve_url, redis_server):
     assert len(keys) >= 2
     assert all(0 < client.pttl(key) <= 30 * 24 * 3600 * 1000 for key in keys)
     client.close()
+
+
+def test_embedded_store_replica_killed_then_replaced(serve_url):
+    """The store replica dies: stateful calls get 503 store_unavailable at once (no hang),
+    stateless ones still work; Serve replaces it and everything works again — without what
+    was stored before (the embedded store's limit; Redis keeps it)."""
+    import time
+
+    import openai
+    import ray
+    from ray import serve
+
+    sdk = stateful_scenarios.OpenAI(base_url=serve_url, api_key="unused", max_retries=0, timeout=60)
+    before = sdk.responses.create(model=stateful_scenarios.MODEL, input="before the store dies")
+    store = serve.get_deployment_handle("ResponseStore", app_name="responses")
+    actor_name = store.stats.remote().result(timeout_s=30)["actor_name"]
+    ray.kill(ray.get_actor(actor_name, namespace="serve"), no_restart=True)
+
+    with pytest.raises(openai.InternalServerError) as error:
+        sdk.responses.retrieve(before.id)
+    assert error.value.status_code == 503 and error.value.body["code"] == "store_unavailable"
+    assert sdk.responses.create(model=stateful_scenarios.MODEL, input="stateless", store=False).output_text == "stateless"
+
+    deadline = time.monotonic() + 90
+    while True:
+        try:
+            first, second = stateful_scenarios.two_turns(sdk, "after the store came back")
+            break
+        except openai.InternalServerError:
+            assert time.monotonic() < deadline, "the store deployment was not replaced"
+            time.sleep(1)
+    assert sdk.responses.retrieve(second.id).output_text == second.output_text
+    with pytest.raises(openai.NotFoundError):
+        sdk.responses.retrieve(before.id)

@@ -159,11 +159,13 @@ class ResponseStore:
         if any of them is gone (deleted or expired): a history with a hole is no history.
         Reading a chain gives its records a fresh TTL, so a live conversation keeps its past."""
         turns: list[StoredTurn] = []
+        seen: set[str] = set()
         next_id: str | None = response_id
-        while next_id is not None:
+        while next_id is not None:  # one read per turn: a chain of n turns costs n round trips
             turn = await self.get(next_id)
-            if turn is None or any(t.response.id == next_id for t in turns):
+            if turn is None or next_id in seen:
                 return None
+            seen.add(next_id)
             turns.append(turn)
             next_id = turn.previous_response_id
         turns.reverse()
