@@ -15,6 +15,7 @@ from ray.serve.exceptions import BackPressureError
 from ray.serve.handle import DeploymentHandle
 
 from deployments import use_serve_logging
+from deployments.metrics import RayServeMetrics
 from serve_app.api import ModelFamily, ServedModel, create_app
 from serve_app.config import AppConfig, ModelConfig
 from serve_app.protocol.harmony import HarmonyModel
@@ -91,4 +92,5 @@ class ResponsesIngress:
             store=InMemoryStore(self.config.store_max_entries),
             api_key=self.config.api_key,
             max_request_bytes=self.config.max_request_bytes,
+            metrics=RayServeMetrics(),
         )

@@ -28,6 +28,7 @@ from .protocol.request import ResponsesRequest, parse_request
 from .protocol.sse import encode_events
 from .protocol.stream import ResponseStream, new_id
 from .protocol.tokens import GenerationRequest, TokenBatch
+from .metrics import GuardedMetrics, Metrics, NoMetrics, RequestTrace
 from .store import InMemoryStore
 
 logger = logging.getLogger("responses_serve")
@@ -57,7 +58,9 @@ class ServedModel:
     owned_by: str = "responses-serve"
 
 
-async def _run(stream: ResponseStream, source: TokenSource, generation: GenerationRequest) -> AsyncIterator[list[ResponseStreamEvent]]:
+async def _run(
+    stream: ResponseStream, source: TokenSource, generation: GenerationRequest, trace: RequestTrace
+) -> AsyncIterator[list[ResponseStreamEvent]]:
     """Events of one response, a list per token batch. Ends with exactly one terminal event."""
     yield stream.start()
     try:
@@ -70,6 +73,7 @@ async def _run(stream: ResponseStream, source: TokenSource, generation: Generati
                 if stream.finished:
                     logger.warning("response %s: engine sent tokens after its last batch", stream.response.id)
                     continue
+                trace.saw(batch)
                 if events := stream.feed(batch):
                     yield events
         if not stream.finished:  # the source ended without a finish reason: a normal stop
@@ -85,14 +89,23 @@ def create_app(
     store: InMemoryStore | None = None,
     api_key: str | None = None,
     max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
+    metrics: Metrics | None = None,
 ) -> FastAPI:
     _warm_up()
     served = {model.name: model for model in models}
     store = store if store is not None else InMemoryStore()
+    metrics = GuardedMetrics(metrics or NoMetrics())
+
+    def report(trace: RequestTrace | None, status, code: str | None = None) -> None:
+        """Report a request once, when it ends (the error handlers see it too)."""
+        if trace is not None and not trace.reported:
+            trace.reported = True
+            metrics.request_finished(trace.outcome(status, code))
     app = FastAPI(title="responses-serve", docs_url=None, redoc_url=None)
 
     @app.exception_handler(APIError)
-    async def _api_error(_: Request, exc: APIError) -> JSONResponse:
+    async def _api_error(request: Request, exc: APIError) -> JSONResponse:
+        report(getattr(request.state, "trace", None), "rejected", exc.code)
         return JSONResponse(exc.body(), status_code=exc.status_code)
 
     @app.exception_handler(StarletteHTTPException)
@@ -102,9 +115,10 @@ def create_app(
         return JSONResponse(error.body(), status_code=exc.status_code)
 
     @app.exception_handler(Exception)
-    async def _unexpected(_: Request, exc: Exception) -> JSONResponse:
+    async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
         logger.exception("unexpected error")
         error = server_error("The server had an error while processing your request.")
+        report(getattr(request.state, "trace", None), "rejected", error.code)
         return JSONResponse(error.body(), status_code=500)
 
     @app.middleware("http")
@@ -133,11 +147,12 @@ def create_app(
 
     @app.post("/v1/responses")
     async def create_response(http_request: Request) -> Response:
-        started = time.perf_counter()
+        trace = http_request.state.trace = RequestTrace()
         request = parse_request(await _read_body(http_request, max_request_bytes))
         model = served.get(request.model)
         if model is None:
             raise model_not_found(request.model)
+        trace.model = model.name
         history = _history(request, store)
         prompt = model.family.render_prompt(request, history)
         generation = _generation_request(request, prompt, model)
@@ -154,16 +169,17 @@ def create_app(
             usage = response.usage
             logger.info(
                 "response %s: %s output_tokens=%d in %.3fs",
-                response.id, response.status, usage.output_tokens if usage else 0, time.perf_counter() - started,
+                response.id, response.status, usage.output_tokens if usage else 0, time.perf_counter() - trace.started,
             )
+            report(trace, response.status, response.error.code if response.error else None)
 
         if request.stream:
             return StreamingResponse(
-                _sse(_run(stream, model.source, generation), stream, finished),
+                _sse(_run(stream, model.source, generation, trace), stream, finished, lambda: report(trace, "cancelled"), metrics),
                 media_type="text/event-stream",
                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
             )
-        async for _ in _run(stream, model.source, generation):
+        async for _ in _run(stream, model.source, generation, trace):
             pass
         finished()
         response = stream.response
@@ -190,16 +206,22 @@ def _warm_up() -> None:
     encode_events(stream.start() + stream.feed(TokenBatch(completion, finish_reason="stop")))
 
 
-async def _sse(events: AsyncIterator[list[ResponseStreamEvent]], stream: ResponseStream, finished) -> AsyncIterator[bytes]:
+async def _sse(
+    events: AsyncIterator[list[ResponseStreamEvent]], stream: ResponseStream, finished, cancelled, metrics: Metrics
+) -> AsyncIterator[bytes]:
+    model = stream.response.model
+    metrics.stream_opened(model)
     try:
         async with contextlib.aclosing(events):
             async for batch_events in events:
                 yield encode_events(batch_events)
     finally:
+        metrics.stream_closed(model)
         if stream.finished:
             finished()
         else:
             logger.info("response %s: client went away, generation aborted", stream.response.id)
+            cancelled()
 
 
 async def _read_body(request: Request, limit: int) -> bytes:
