@@ -8,6 +8,7 @@ bytes and the SSE bytes is the same code in both cases.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import time
@@ -21,6 +22,7 @@ from openai_harmony import Message, Role
 from openai.types.responses import ResponseStreamEvent
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from .metrics import GuardedMetrics, Metrics, NoMetrics, RequestTrace
 from .protocol.errors import APIError, invalid_request, model_not_found, server_error
 from .protocol.harmony import HarmonyModel, HistoryItem, render_completion, render_prompt
 from .protocol.items import CompletionParser, ItemSink
@@ -28,7 +30,6 @@ from .protocol.request import ResponsesRequest, parse_request
 from .protocol.sse import encode_events
 from .protocol.stream import ResponseStream, new_id
 from .protocol.tokens import GenerationRequest, TokenBatch
-from .metrics import GuardedMetrics, Metrics, NoMetrics, RequestTrace
 from .store import InMemoryStore
 
 logger = logging.getLogger("responses_serve")
@@ -101,6 +102,7 @@ def create_app(
         if trace is not None and not trace.reported:
             trace.reported = True
             metrics.request_finished(trace.outcome(status, code))
+
     app = FastAPI(title="responses-serve", docs_url=None, redoc_url=None)
 
     @app.exception_handler(APIError)
@@ -179,8 +181,12 @@ def create_app(
                 media_type="text/event-stream",
                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
             )
-        async for _ in _run(stream, model.source, generation, trace):
-            pass
+        try:
+            async for _ in _run(stream, model.source, generation, trace):
+                pass
+        except asyncio.CancelledError:  # Serve cancels the request when its client goes away
+            report(trace, "cancelled")
+            raise
         finished()
         response = stream.response
         if response.status == "failed":

@@ -226,7 +226,10 @@ def test_prometheus_endpoint_shows_open_streams_and_cancellations(serve_url, met
         assert opened == {**before, "open": before["open"] + 1}  # seen while the stream is open
         time.sleep(30)  # not a timing assertion: the series must still be there after Ray's TTL
         assert read(scrape(metrics_port)) == opened
-    closed = {"open": before["open"], "cancelled": before["cancelled"] + 1}
+    # A non-streaming request whose client gives up: Serve cancels it.
+    with pytest.raises(httpx.TimeoutException):
+        httpx.post(f"{serve_url}/responses", json={**body, "stream": False}, timeout=3)
+    closed = {"open": before["open"], "cancelled": before["cancelled"] + 2}
     assert poll(metrics_port, closed, read) == closed
 
 
