@@ -280,11 +280,11 @@ def plot(runs: list[list[dict]], memory: list[dict[str, float]], model: str, pat
     for number, rows in enumerate(runs, start=1):
         levels = [r["concurrency"] for r in rows]
         axes[0].plot(levels, [r["tokens_per_s"] for r in rows], marker="o", label=f"run {number}")
-        for q, style in ((50, "-"), (99, "--")):
-            axes[1].plot(levels, [r[f"ttft_p{q}_ms"] for r in rows], style, marker="o", label=f"TTFT p{q}, run {number}")
-            axes[1].plot(levels, [r[f"itl_p{q}_ms"] for r in rows], style, marker="x", label=f"ITL p{q}, run {number}")
+    for metric, color in (("ttft", "tab:blue"), ("itl", "tab:orange")):
+        for q, style in ((50, "-"), (90, ":"), (99, "--")):
+            axes[1].plot(levels, [r[f"{metric}_p{q}_ms"] for r in runs[-1]], style, color=color, marker="o", label=f"{metric.upper()} p{q}")
     axes[0].set_title("output tokens/s")
-    axes[1].set_title("latency, ms (log)")
+    axes[1].set_title(f"latency, ms (log), run {len(runs)}")
     axes[1].set_yscale("log")
     for axis in axes[:2]:
         axis.set_xscale("log", base=2)
