@@ -48,6 +48,7 @@ test: $(STAMP)
 bench: $(STAMP)
 	$(PY) -m bench.hotpath
 	$(PY) -m bench.stack
+	$(PY) -m bench.load --serve bench/load-serve.yaml
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis

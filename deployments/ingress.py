@@ -16,6 +16,7 @@ from ray.serve.exceptions import BackPressureError
 from ray.serve.handle import DeploymentHandle
 
 from deployments import use_serve_logging
+from deployments.metrics import RayServeMetrics
 from serve_app.api import ModelFamily, ServedModel, create_app
 from serve_app.config import AppConfig, ModelConfig, StoreConfig
 from serve_app.protocol.harmony import HarmonyModel
@@ -136,4 +137,5 @@ class ResponsesIngress:
             max_request_bytes=self.config.max_request_bytes,
             background_drain_s=background_drain_s(self.config),
             reasoning_keys=reasoning_keys(fallback=self.reasoning_key),
+            metrics=RayServeMetrics(),
         )

@@ -20,6 +20,7 @@ from openai_harmony import Message, Role
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from .auth import APIKeyMiddleware
+from .metrics import GuardedMetrics, Metrics, NoMetrics, report_once
 from .protocol.encrypted_reasoning import ReasoningCipher
 from .protocol.errors import APIError, server_error
 from .protocol.harmony import render_completion, render_prompt
@@ -60,6 +61,7 @@ def create_app(
     replica_id: str | None = None,
     background_drain_s: float = DEFAULT_BACKGROUND_DRAIN_S,
     reasoning_keys: Sequence[str] | None = None,
+    metrics: Metrics | None = None,
 ) -> FastAPI:
     """`store`: where responses are kept (default: this process's memory, for one replica).
     `reasoning_keys`: Fernet keys sealing reasoning items' `encrypted_content` (the first
@@ -76,9 +78,11 @@ def create_app(
     app.state.background = BackgroundRuns(app.state.responses, RunStore(app.state.store, min(store_ttl_s, EVENTS_TTL_S)), replica_id=replica_id)
     app.state.background_drain_s = background_drain_s
     app.state.cipher = ReasoningCipher(reasoning_keys or configured_reasoning_keys())
+    app.state.metrics = metrics = GuardedMetrics(metrics or NoMetrics())
 
     @app.exception_handler(APIError)
-    async def _api_error(_: Request, exc: APIError) -> JSONResponse:
+    async def _api_error(request: Request, exc: APIError) -> JSONResponse:
+        report_once(metrics, getattr(request.state, "trace", None), "rejected", exc.code)
         return JSONResponse(exc.body(), status_code=exc.status_code)
 
     @app.exception_handler(StarletteHTTPException)
@@ -88,9 +92,10 @@ def create_app(
         return JSONResponse(error.body(), status_code=exc.status_code)
 
     @app.exception_handler(Exception)
-    async def _unexpected(_: Request, exc: Exception) -> JSONResponse:
+    async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
         logger.exception("unexpected error")
         error = server_error("The server had an error while processing your request.")
+        report_once(metrics, getattr(request.state, "trace", None), "rejected", error.code)
         return JSONResponse(error.body(), status_code=500)
 
     if api_key:  # pure ASGI, and only when a key is set: streams pass through untouched

