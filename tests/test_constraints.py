@@ -194,6 +194,16 @@ def test_qwen3_json_answer_after_free_thinking(smollm2, thinking):
         assert not accepts(compiler, constraint.engine, tokenizer.encode(wrong) + stops, stops), wrong
 
 
+def test_qwen3_thinking_off_allows_no_think_block(smollm2):
+    """enable_thinking false closes the think block in the prompt: the answer comes at once."""
+    tokenizer, compiler = smollm2
+    constraint, completion = qwen3_case(tokenizer, request(text=JSON_FORMAT), enable_thinking=False)
+    stops = [tokenizer.eos_token_id]
+    assert "<think>" not in tokenizer.decode(completion)
+    assert accepts(compiler, constraint.engine, completion, stops)
+    assert not accepts(compiler, constraint.engine, tokenizer.encode('<think>\nhm\n</think>\n\n{"city": "Oslo", "days": 2}') + stops, stops)
+
+
 def test_qwen3_tool_choice(smollm2):
     tokenizer, compiler = smollm2
     stops = [tokenizer.eos_token_id]

@@ -148,3 +148,15 @@ def test_replica_killed_mid_stream_fails_streams_then_recovers(serve_url):
         return response.output_text == "back again"
 
     assert _wait_until(recovered, timeout_s=90, interval_s=1.0)
+
+
+@pytest.mark.parametrize("model", sdk_scenarios.REPLAY_MODELS)
+def test_structured_outputs_and_tool_choice_through_serve(serve_url, model):
+    """The constraint travels with the GenerationRequest through the engine deployment."""
+    from tests import test_structured_outputs as structured
+
+    structured.test_json_schema_answer_validates_streaming_and_not(serve_url, model)
+    structured.test_tool_choice_required_calls_a_tool_on_a_plain_message(serve_url, model)
+    structured.test_named_function_and_allowed_tools_only_call_those(serve_url, model)
+    structured.test_tool_choice_none_never_calls(serve_url, model)
+    structured.test_agents_sdk_output_type_runs_end_to_end(serve_url, model)

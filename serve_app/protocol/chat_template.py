@@ -189,10 +189,19 @@ class ChatTemplateModel:
         """text.format / tool_choice as vLLM structured outputs; reasoning stays free."""
         if (what := plan(request)) is None:
             return None
+        # A prompt that closed the think block (thinking off) gets none (vLLM: `is_reasoning_end`).
+        think = None if self.closes_reasoning(prompt) else self.tags.think
         engine = chat_template_constraint(
-            what, think=self.tags.think, in_reasoning=self.opens_reasoning(prompt), tool_calls=self.tags.tool_call is not None
+            what, think=think, in_reasoning=self.opens_reasoning(prompt), tool_calls=self.tags.tool_call is not None
         )
         return None if engine is None else what.constraint(engine)
+
+    def closes_reasoning(self, prompt: list[int]) -> bool:
+        """Whether the prompt ends with a closed think block (`enable_thinking: false`)."""
+        if self.tags.think is None:
+            return False
+        tail = self.tokenizer.decode(prompt[-16:], skip_special_tokens=False)
+        return tail.rstrip().endswith(self.tags.think[1])
 
     def parser(self, sink: ItemSink, prompt: list[int]) -> ChatCompletionParser:
         return self.completion_parser(sink, in_reasoning=self.opens_reasoning(prompt))
