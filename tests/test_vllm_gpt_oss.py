@@ -16,7 +16,6 @@ import time
 import httpx
 import pytest
 
-from deployments import engine as engine_module
 from tests import sdk_scenarios
 from tests.conftest import engine_stats, have_vllm
 from tests.contract import check_stream
@@ -82,10 +81,6 @@ def test_max_output_tokens_incomplete(serve_url):
     assert _items(events[-1]["response"]["output"]) == _items(response.output)
 
 
-@pytest.mark.skipif(
-    not hasattr(engine_module, "record_metric"),
-    reason="needs the issue-10 fix (EngineServer's Counter.inc(0) failed streams whose ngram drafts were all rejected)",
-)
 def test_random_sampling_many_prompts_keep_the_contract(serve_url):
     """Temperature 1: every stream a different random mix of special tokens, header words
     and arbitrary ids; all streams concurrent, so the engine batches them."""
