@@ -12,7 +12,7 @@ import contextlib
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import AsyncIterator, Protocol, Sequence
+from typing import AsyncIterator, Awaitable, Callable, Protocol, Sequence
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
@@ -21,7 +21,7 @@ from openai_harmony import Message, Role
 from openai.types.responses import ResponseStreamEvent
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from .protocol.errors import APIError, invalid_request, model_not_found, server_error
+from .protocol.errors import APIError, invalid_request, model_not_found, model_unavailable, server_error
 from .protocol.harmony import HarmonyModel, HistoryItem, render_completion, render_prompt
 from .protocol.items import CompletionParser, ItemSink
 from .protocol.request import ResponsesRequest, parse_request
@@ -55,6 +55,9 @@ class ServedModel:
     max_model_len: int = 131_072
     family: ModelFamily = field(default_factory=HarmonyModel)
     owned_by: str = "responses-serve"
+    # Why the model cannot take requests now (e.g. its engine deployment has no running
+    # replica), or None: such requests get a 503 instead of waiting for an engine.
+    unavailable: Callable[[str], Awaitable[str | None]] | None = None
 
 
 async def _run(stream: ResponseStream, source: TokenSource, generation: GenerationRequest) -> AsyncIterator[list[ResponseStreamEvent]]:
@@ -138,6 +141,8 @@ def create_app(
         model = served.get(request.model)
         if model is None:
             raise model_not_found(request.model)
+        if model.unavailable is not None and (state := await model.unavailable(model.name)):
+            raise model_unavailable(model.name, state)
         history = _history(request, store)
         prompt = model.family.render_prompt(request, history)
         generation = _generation_request(request, prompt, model)

@@ -169,7 +169,10 @@ class DeploymentConfig(_Strict):
         None, description="Serve's autoscaling_config: min_replicas, max_replicas, target_ongoing_requests, ..."
     )
     max_ongoing_requests: int = Field(256, ge=1, description="concurrent requests per replica (Serve's default of 5 queues streams)")
-    ray_actor_options: dict[str, Any] = Field(default_factory=dict, description="num_cpus, num_gpus, accelerator_type, runtime_env, ...")
+    ray_actor_options: dict[str, Any] = Field(
+        default_factory=dict, description="num_cpus, num_gpus, accelerator_type, label_selector, runtime_env, ..."
+    )
+    max_replicas_per_node: int | None = Field(None, ge=1, description="spread replicas: losing a node loses at most this many")
     health_check_period_s: float | None = Field(None, gt=0)
     health_check_timeout_s: float | None = Field(None, gt=0)
     graceful_shutdown_timeout_s: float | None = Field(None, ge=0)

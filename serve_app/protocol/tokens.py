@@ -19,6 +19,9 @@ class GenerationRequest:
     temperature: float | None = None
     top_p: float | None = None
     seed: int | None = None
+    # Who consumes the stream (inside Ray: the ingress replica's actor name), so the engine
+    # can abort requests whose consumer died; None: not watched.
+    caller: str | None = None
 
 
 @dataclass(slots=True)
