@@ -4,18 +4,24 @@ The ingress calls `handle.options(stream=True).generate.remote(request)`; every 
 generator yields is one Ray object (~0.5 ms of CPU here), so deltas are coalesced: the first
 batch goes out at once, later ones are merged for a short window or up to a token count.
 When the caller goes away, Serve cancels this generator; the `CancelledError` aborts the
-backend request so no engine work outlives its client.
+backend request so no engine work outlives its client. A caller that *dies* (its ingress
+replica killed or lost with its node) cancels nothing: Ray keeps running an actor's streaming
+generator whose owner is gone (backpressure, which would notice, is not available for
+async actors). So the replica watches the callers of its running requests (`CallerWatch`)
+and cancels the requests of a dead one the same way.
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import os
 import contextlib
 import logging
 from typing import AsyncIterator, Callable
 
 import ray
+from ray.serve._private.constants import SERVE_NAMESPACE
 from ray.serve.metrics import Counter
 
 from deployments.backends import make_backend
@@ -101,6 +107,71 @@ async def coalesce(batches: AsyncIterator[TokenBatch], window_s: float, max_toke
         await iterator.aclose()
 
 
+# How often the callers of running requests are checked (one GCS lookup per distinct caller).
+CALLER_CHECK_PERIOD_S = 2.0
+
+
+def _actor_alive(name: str) -> bool:
+    """Whether the named Serve replica actor is alive.
+
+    Serve names its replica actors in its own namespace, which is not the namespace of the
+    job a replica runs in (the driver's): look it up there explicitly.
+    """
+    try:
+        ray.get_actor(name, namespace=SERVE_NAMESPACE)
+    except ValueError:  # unknown name: dead actors give up their names
+        return False
+    return True
+
+
+class CallerWatch:
+    """Cancels the requests whose caller (the ingress replica reading the stream) died.
+
+    Each running request registers the asyncio task that drives its generator; cancelling
+    that task is what Serve does when a live caller cancels, so the abort path is the same.
+    """
+
+    def __init__(self, period_s: float = CALLER_CHECK_PERIOD_S) -> None:
+        self._period_s = period_s
+        self._running: dict[str, tuple[str, asyncio.Task]] = {}  # request id -> caller, task
+        self._watcher: asyncio.Task | None = None
+
+    @contextlib.contextmanager
+    def watching(self, request: GenerationRequest):
+        task = asyncio.current_task()
+        if request.caller is None or task is None:
+            yield
+            return
+        if self._watcher is None or self._watcher.done():  # started on the loop requests run on
+            self._watcher = asyncio.create_task(self._watch())
+        self._running[request.request_id] = (request.caller, task)
+        try:
+            yield
+        finally:
+            self._running.pop(request.request_id, None)
+
+    def callers(self) -> dict[str, int]:
+        """Running requests per caller."""
+        return dict(collections.Counter(caller for caller, _ in self._running.values()))
+
+    async def _watch(self) -> None:
+        while True:
+            await asyncio.sleep(self._period_s)
+            callers = {caller for caller, _ in self._running.values()}
+            for caller in callers:
+                try:
+                    alive = await asyncio.to_thread(_actor_alive, caller)
+                except Exception:  # noqa: BLE001 - GCS trouble: no verdict, ask again later
+                    logger.warning("could not check caller %s", caller, exc_info=True)
+                    continue
+                if alive:
+                    continue
+                orphans = [(rid, task) for rid, (c, task) in self._running.items() if c == caller]
+                logger.warning("caller %s is gone: aborting its %d running requests", caller, len(orphans))
+                for _, task in orphans:
+                    task.cancel()
+
+
 class EngineServer:
     """Ray Serve deployment class (options come from `ModelConfig.engine`)."""
 
@@ -119,6 +190,7 @@ class EngineServer:
         self._metric_objects = Counter("responses_serve_engine_objects", "TokenBatch objects yielded to Ray")
         self._metric_drafted = Counter("responses_serve_spec_draft_tokens", "speculative tokens drafted")
         self._metric_accepted = Counter("responses_serve_spec_accepted_tokens", "speculative tokens accepted")
+        self._callers = CallerWatch()
         logger.info("EngineServer for %s started with %s backend", self.config.name, self.config.backend.type)
 
     async def generate(self, request: GenerationRequest) -> AsyncIterator[TokenBatch]:
@@ -127,10 +199,11 @@ class EngineServer:
         if self.coalescing.enabled:
             source = coalesce(source, self.coalescing.window_ms / 1000, self.coalescing.max_tokens)
         try:
-            async with contextlib.aclosing(source) as batches:
-                async for batch in batches:
-                    self._account(batch)
-                    yield batch
+            with self._callers.watching(request):
+                async with contextlib.aclosing(source) as batches:
+                    async for batch in batches:
+                        self._account(batch)
+                        yield batch
         except (asyncio.CancelledError, GeneratorExit):
             self.counts["aborted"] += 1
             logger.info("request %s cancelled by the caller: aborting", request.request_id)
@@ -161,6 +234,7 @@ class EngineServer:
         stats = {
             **self.counts,
             "running": self.backend.num_running(),
+            "callers": self._callers.callers(),  # running requests per ingress replica
             # (Serve's local testing mode runs without Ray: asking would start a cluster.)
             "actor_name": ray.get_runtime_context().get_actor_name() if ray.is_initialized() else None,
             "pid": os.getpid(),

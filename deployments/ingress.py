@@ -6,10 +6,13 @@ turn prompt tokens into token batches.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
+import time
 from typing import AsyncIterator
 
+import ray
 from ray import serve
 from ray.exceptions import ActorDiedError, ActorUnavailableError, RayActorError
 from ray.serve.exceptions import BackPressureError
@@ -33,10 +36,14 @@ _REPLICA_GONE = (ActorDiedError, ActorUnavailableError, RayActorError, BackPress
 class HandleTokenSource:
     """`TokenSource` over an `EngineServer` deployment handle (Ray object streaming)."""
 
-    def __init__(self, handle: DeploymentHandle) -> None:
+    def __init__(self, handle: DeploymentHandle, caller: str | None = None) -> None:
         self._handle = handle.options(stream=True)
+        self._caller = caller
 
     async def generate(self, request: GenerationRequest) -> AsyncIterator[TokenBatch]:
+        # Ray does not cancel an actor's streaming generator when its caller dies: the
+        # engine watches the caller named here and aborts what it was generating for it.
+        request.caller = self._caller
         for attempt in (1, 2):
             response = self._handle.generate.remote(request)
             received = ended = False
@@ -55,6 +62,59 @@ class HandleTokenSource:
                 # a stream read to its end needs no cancel (that would be a Ray call per request).
                 if not ended:
                     response.cancel()
+
+
+class EngineAvailability:
+    """Which models have an engine replica to serve them, from Serve's own status.
+
+    A request for a model whose engine deployment has no running replica (its replicas
+    cannot start — a bad model path, OOM at load — or are all lost) would wait in the
+    handle's queue until one appears, possibly forever. The ingress answers it with a 503
+    at once instead (the deployment's status for the client, Serve's message in the log;
+    `serve status` shows it too). A background poll keeps the view
+    fresh; an "unavailable" verdict is re-checked before it is used, so a model that just
+    came up is not refused on a stale view.
+    """
+
+    def __init__(self, deployments: dict[str, str], period_s: float = 2.0, recheck_after_s: float = 0.5) -> None:
+        self._deployments = deployments  # model name -> engine deployment name
+        self._period_s, self._recheck_after_s = period_s, recheck_after_s
+        self._reasons: dict[str, str] = {}  # model name -> its deployment's status, when unavailable
+        self._checked_at = 0.0
+        self._lock = asyncio.Lock()
+        self._poller: asyncio.Task | None = None
+
+    async def unavailable(self, model: str) -> str | None:
+        if self._poller is None:  # started on the loop that serves requests
+            self._poller = asyncio.create_task(self._poll())
+        stale = time.monotonic() - self._checked_at > self._recheck_after_s
+        if stale and (not self._checked_at or model in self._reasons):  # no view yet, or a refusal
+            await self._refresh()
+        return self._reasons.get(model)
+
+    async def _poll(self) -> None:
+        while True:
+            await self._refresh()
+            await asyncio.sleep(self._period_s)
+
+    async def _refresh(self) -> None:
+        async with self._lock:
+            if time.monotonic() - self._checked_at < 0.05:  # refreshed while we waited
+                return
+            try:
+                status = await asyncio.to_thread(serve.status)
+                app = status.applications[serve.get_replica_context().app_name]
+            except Exception:  # noqa: BLE001 - no verdict without a status: keep the last one
+                logger.warning("could not read Serve's status", exc_info=True)
+                return
+            reasons = {}
+            for model, name in self._deployments.items():
+                deployment = app.deployments.get(name)
+                if deployment is None or deployment.replica_states.get("RUNNING", 0) == 0:
+                    reasons[model] = deployment.status.value if deployment else "NOT_DEPLOYED"
+                    if model not in self._reasons:  # the why (Serve's message) for the logs only
+                        logger.warning("model %s is unavailable (%s): %s", model, reasons[model], deployment and deployment.message)
+            self._reasons, self._checked_at = reasons, time.monotonic()
 
 
 def model_family(model: ModelConfig) -> ModelFamily:
@@ -124,8 +184,13 @@ class ResponsesIngress:
         self.reasoning_key = reasoning_key
 
     def __serve_build_asgi_app__(self):
+        caller = ray.get_runtime_context().get_actor_name()
+        availability = EngineAvailability({model.name: model.deployment_name for model in self.config.models})
         models = [
-            ServedModel(model.name, HandleTokenSource(self.engines[model.name]), model.max_model_len, model_family(model))
+            ServedModel(
+                model.name, HandleTokenSource(self.engines[model.name], caller), model.max_model_len, model_family(model),
+                unavailable=availability.unavailable,
+            )
             for model in self.config.models
         ]
         return create_app(

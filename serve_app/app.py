@@ -50,11 +50,12 @@ def engine_deployment_options(model: ModelConfig) -> dict[str, Any]:
     One GPU: the replica takes it (`num_gpus: 1`). Several (tensor/pipeline parallel): a
     placement group with a bundle per GPU worker; the replica sits in bundle 0 and vLLM's
     Ray executor places its workers into the bundles. GPU requests keep engine replicas off
-    CPU-only nodes (a KubeRay head with `num-gpus: 0`).
+    CPU-only nodes (a KubeRay head with `num-gpus: 0`). Every backend is placed here, from
+    its `EnginePlacement` fields: a replay engine with `device: gpu` like a vLLM one.
     """
     options = model.engine.serve_options()
     backend = model.backend
-    if not isinstance(backend, VLLMBackendConfig) or backend.device != "gpu":
+    if backend.device != "gpu":
         return options
     actor = dict(options.get("ray_actor_options", {}))
     if backend.world_size == 1:

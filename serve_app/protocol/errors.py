@@ -50,6 +50,16 @@ def model_not_found(model: str) -> APIError:
     )
 
 
+def model_unavailable(model: str, state: str) -> APIError:
+    return APIError(
+        f"The model '{model}' is unavailable: no engine replica is running ({state}). Try again later.",
+        status_code=503,
+        param="model",
+        code="model_unavailable",
+        type="server_error",
+    )
+
+
 def server_error(message: str, *, status_code: int = 500, code: str = "server_error") -> APIError:
     return APIError(message, status_code=status_code, code=code, type="server_error")
 

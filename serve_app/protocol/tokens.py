@@ -38,6 +38,9 @@ class GenerationRequest:
     seed: int | None = None
     logprobs: int | None = None  # report logprobs with this many alternatives per token (0: none)
     constraint: OutputConstraint | None = None  # structured outputs / enforced tool_choice
+    # Who consumes the stream (inside Ray: the ingress replica's actor name), so the engine
+    # can abort requests whose consumer died; None: not watched.
+    caller: str | None = None
 
 
 @dataclass(slots=True)

@@ -13,7 +13,7 @@ from fastapi.responses import Response, StreamingResponse
 from openai.types.responses import ResponseStreamEvent
 
 from serve_app.metrics import Metrics, RequestTrace, report_once
-from serve_app.protocol.errors import APIError, invalid_request, model_not_found, server_error
+from serve_app.protocol.errors import APIError, invalid_request, model_not_found, model_unavailable, server_error
 from serve_app.protocol.request import parse_request
 from serve_app.protocol.sse import encode_events
 from serve_app.routes.background import current_response, follow_response, start_background, wants_stream
@@ -42,6 +42,8 @@ async def create_response(http_request: Request) -> Response:
     if model is None:
         raise model_not_found(request.model)
     trace.model = model.name
+    if model.unavailable is not None and (why := await model.unavailable(model.name)):
+        raise model_unavailable(model.name, why)
     responses: ResponseStore = state.responses
     turn = await start_turn(request, model, responses, state.conversations, state.cipher)
     turn.trace = trace

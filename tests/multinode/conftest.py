@@ -1,0 +1,109 @@
+"""One simulated multi-node Ray cluster (Ray's own `ray.cluster_utils.Cluster`) per session.
+
+A pytest process holds one Ray connection, and the session `serve_url` cluster of
+`tests/conftest.py` is another: these tests are marked `multinode`, deselected by default
+(pyproject's addopts), and run in their own pytest process: `pytest -m multinode`
+(`make test` runs both).
+
+The cluster: a CPU-only head, two "GPU" workers declaring 2 and 4 GPUs (logical: the replay
+backend touches no CUDA), one CPU worker. CPU nodes carry the `CPU_ONLY` label, which the
+ingress selects, so no ingress replica takes a GPU node's place.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterator
+
+import pytest
+
+from tests.conftest import free_port
+
+CPU_ONLY = {"responses-serve/node": "cpu"}
+GPU_NODES = {"gpu-a": 2, "gpu-b": 4}
+
+
+def pytest_collection_modifyitems(items):
+    here = os.path.dirname(__file__)
+    for item in items:
+        if str(item.fspath).startswith(here):
+            item.add_marker(pytest.mark.multinode)
+
+
+@dataclass
+class SimCluster:
+    cluster: Any  # ray.cluster_utils.Cluster
+    http: str  # the Serve proxy, http://127.0.0.1:PORT
+    gpu_nodes: dict[str, Any] = field(default_factory=dict)  # name -> ray._private.node.Node
+
+    def add_gpu_node(self, name: str) -> Any:
+        node = self.cluster.add_node(num_cpus=2, num_gpus=GPU_NODES[name])
+        self.gpu_nodes[name] = node
+        return node
+
+
+@pytest.fixture(scope="session")
+def sim_cluster() -> Iterator[SimCluster]:
+    import ray
+    from ray import serve
+    from ray.cluster_utils import Cluster
+
+    # All nodes share one machine's address: the proxy's preference for the ingress replica
+    # on its own node would send every request to the head's. Spread them like on many hosts.
+    os.environ.setdefault("RAY_SERVE_PROXY_PREFER_LOCAL_NODE_ROUTING", "0")
+    cluster = Cluster(
+        initialize_head=True,
+        connect=True,
+        head_node_args={
+            "num_cpus": 1, "num_gpus": 0, "labels": CPU_ONLY,
+            "gcs_server_port": free_port(), "dashboard_port": free_port(), "ray_client_server_port": free_port(),
+        },
+    )  # fmt: skip
+    sim = SimCluster(cluster, http="")
+    try:
+        for name in GPU_NODES:
+            sim.add_gpu_node(name)
+        cluster.add_node(num_cpus=1, num_gpus=0, labels=CPU_ONLY)
+        cluster.wait_for_nodes()
+        port = free_port()
+        serve.start(http_options={"host": "127.0.0.1", "port": port})
+        sim.http = f"http://127.0.0.1:{port}"
+        yield sim
+    finally:
+        ray.shutdown()
+        cluster.shutdown()
+
+
+def wait_until(predicate: Callable[[], Any], timeout_s: float, interval_s: float = 0.2) -> Any:
+    """Poll until `predicate()` is truthy or the time is up; returns its last value."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = predicate()
+        if value or time.monotonic() > deadline:
+            return value
+        time.sleep(interval_s)
+
+
+def alive_replicas(app: str, deployment: str) -> list:
+    """Ray's own view (state API) of the live replica actors of a deployment."""
+    from ray.util.state import list_actors
+
+    actors = list_actors(filters=[("state", "=", "ALIVE")], detail=True, limit=10_000, raise_on_missing_output=False)
+    return [a for a in actors if a.class_name == f"ServeReplica:{app}:{deployment}"]
+
+
+def node_gpus() -> dict[str, float]:
+    """Node id -> GPUs it declares, for the nodes alive now (Ray's state API)."""
+    from ray.util.state import list_nodes
+
+    return {n.node_id: n.resources_total.get("GPU", 0.0) for n in list_nodes(filters=[("state", "=", "ALIVE")], detail=True)}
+
+
+def running_replicas(app: str, deployment: str) -> int:
+    from ray import serve
+
+    application = serve.status().applications.get(app)
+    status = application.deployments.get(deployment) if application else None
+    return status.replica_states.get("RUNNING", 0) if status else 0
