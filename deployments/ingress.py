@@ -136,4 +136,5 @@ class ResponsesIngress:
             max_request_bytes=self.config.max_request_bytes,
             background_drain_s=background_drain_s(self.config),
             reasoning_keys=reasoning_keys(fallback=self.reasoning_key),
+            max_stream_duration_s=self.config.max_stream_duration_s,
         )
