@@ -203,4 +203,5 @@ class ResponsesIngress:
             background_drain_s=background_drain_s(self.config),
             reasoning_keys=reasoning_keys(fallback=self.reasoning_key),
             metrics=RayServeMetrics(),
+            max_stream_duration_s=self.config.max_stream_duration_s,
         )

@@ -62,10 +62,12 @@ def create_app(
     background_drain_s: float = DEFAULT_BACKGROUND_DRAIN_S,
     reasoning_keys: Sequence[str] | None = None,
     metrics: Metrics | None = None,
+    max_stream_duration_s: float | None = None,
 ) -> FastAPI:
     """`store`: where responses are kept (default: this process's memory, for one replica).
     `reasoning_keys`: Fernet keys sealing reasoning items' `encrypted_content` (the first
-    encrypts); None: `RESPONSES_SERVE_REASONING_KEYS`, else a key of this process."""
+    encrypts); None: `RESPONSES_SERVE_REASONING_KEYS`, else a key of this process.
+    `max_stream_duration_s`: a response generating longer is ended with `response.failed`."""
     _warm_up()
     served = {model.name: model for model in models}
     app = FastAPI(title="responses-serve", docs_url=None, redoc_url=None, lifespan=_drain_background_runs)
@@ -77,6 +79,7 @@ def create_app(
     app.state.conversations = ConversationStore(app.state.store, store_ttl_s)
     app.state.background = BackgroundRuns(app.state.responses, RunStore(app.state.store, min(store_ttl_s, EVENTS_TTL_S)), replica_id=replica_id)
     app.state.background_drain_s = background_drain_s
+    app.state.max_stream_duration_s = max_stream_duration_s
     app.state.cipher = ReasoningCipher(reasoning_keys or configured_reasoning_keys())
     app.state.metrics = metrics = GuardedMetrics(metrics or NoMetrics())
 

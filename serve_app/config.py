@@ -285,12 +285,25 @@ class StoreConfig(_Strict):
         return self.url or os.environ.get("REDIS_URL")
 
 
+# The drain: Serve kills a stopping replica `graceful_shutdown_timeout_s` after it stopped
+# taking requests (20 s by default), while LLM streams run for minutes. Unless set, the
+# ingress's and engines' budget is the longest stream plus this margin for the rest of the
+# replica's shutdown.
+DEFAULT_MAX_STREAM_DURATION_S = 900.0
+SHUTDOWN_MARGIN_S = 30.0
+
+
 class AppConfig(_Strict):
     models: list[ModelConfig] = Field(min_length=1)
     ingress: DeploymentConfig = Field(default_factory=lambda: DeploymentConfig(max_ongoing_requests=1024))
     api_key: str | None = Field(None, description="require `Authorization: Bearer <api_key>` on /v1/*")
     max_request_bytes: int = Field(8 * 1024 * 1024, ge=1024)
     store: StoreConfig = Field(default_factory=StoreConfig)
+    max_stream_duration_s: float = Field(
+        DEFAULT_MAX_STREAM_DURATION_S,
+        gt=0,
+        description="longest a response may generate; a replica picked for downscaling waits this long (plus a margin) for its streams",
+    )
 
     @field_validator("models")
     @classmethod
@@ -311,4 +324,20 @@ class AppConfig(_Strict):
                 "landing on another replica would not find them. Set store: {type: embedded} (one cluster) or "
                 "store: {type: redis, url: ...}, or ingress.num_replicas: 1"
             )
+        return self
+
+    @model_validator(mode="after")
+    def _drain_outlasts_streams(self) -> AppConfig:
+        """Set Serve's drain of the ingress and engine replicas from the longest stream."""
+        budget = self.max_stream_duration_s + SHUTDOWN_MARGIN_S
+        for name, deployment in [("ingress", self.ingress), *((f"models[{m.name!r}].engine", m.engine) for m in self.models)]:
+            given = deployment.graceful_shutdown_timeout_s
+            if given is None:
+                deployment.graceful_shutdown_timeout_s = budget
+            elif given < self.max_stream_duration_s:
+                raise ValueError(
+                    f"{name}.graceful_shutdown_timeout_s ({given:g} s) is shorter than max_stream_duration_s "
+                    f"({self.max_stream_duration_s:g} s): a replica scaled down would cut its streams. "
+                    "Leave it out (it defaults to max_stream_duration_s plus a margin) or raise it"
+                )
         return self

@@ -9,6 +9,7 @@ the same generator. Imports `protocol` and `state`, never FastAPI.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 from dataclasses import dataclass, field
@@ -117,12 +118,12 @@ async def start_turn(
     return Turn(request, model, input_items, prompt, generation, stream, conversations=conversations)
 
 
-async def run_turn(turn: Turn, responses: ResponseStore) -> AsyncIterator[list[ResponseStreamEvent]]:
+async def run_turn(turn: Turn, responses: ResponseStore, max_duration_s: float | None = None) -> AsyncIterator[list[ResponseStreamEvent]]:
     """The events of `turn`. With `store`, a finished response is stored before its terminal
     event goes out; if the store fails, that event becomes `response.failed`, so a client
-    never holds the id of a response that is not there."""
+    never holds the id of a response that is not there. `max_duration_s`: see `engine_events`."""
     stream = turn.stream
-    async with contextlib.aclosing(engine_events(stream, turn.model.source, turn.generation, turn.trace)) as batches:
+    async with contextlib.aclosing(engine_events(stream, turn.model.source, turn.generation, turn.trace, max_duration_s)) as batches:
         async for events in batches:
             if stream.finished and stream.response.status in ("completed", "incomplete"):
                 try:
@@ -147,9 +148,17 @@ def _failed(stream: ResponseStream, terminal: ResponseStreamEvent, message: str)
 
 
 async def engine_events(
-    stream: ResponseStream, source: TokenSource, generation: GenerationRequest, trace: RequestTrace | None = None
+    stream: ResponseStream,
+    source: TokenSource,
+    generation: GenerationRequest,
+    trace: RequestTrace | None = None,
+    max_duration_s: float | None = None,
 ) -> AsyncIterator[list[ResponseStreamEvent]]:
-    """Events of one response, a list per token batch. Ends with exactly one terminal event."""
+    """Events of one response, a list per token batch. Ends with exactly one terminal event.
+
+    A response still generating after `max_duration_s` is ended here with `response.failed`
+    (and its engine request aborted): the replica's drain is sized for that maximum, so a
+    stream is ended by us, cleanly, before Serve would kill the replica under it."""
     yield stream.start()
     try:
         # aclosing: a client that goes away closes this generator, which must close (and so
@@ -157,7 +166,7 @@ async def engine_events(
         async with contextlib.aclosing(source.generate(generation)) as batches:
             # Read the source to its end even after the last batch, so a finished engine
             # call ends normally instead of being cancelled.
-            async for batch in batches:
+            async for batch in _until(batches, max_duration_s):
                 if stream.finished:
                     logger.warning("response %s: engine sent tokens after its last batch", stream.response.id)
                     continue
@@ -167,10 +176,40 @@ async def engine_events(
                     yield events
         if not stream.finished:  # the source ended without a finish reason: a normal stop
             yield stream.feed(TokenBatch([], finish_reason="stop"))
+    except StreamTooLong:
+        logger.warning("response %s: still generating after %g s, the maximum stream duration: ended", stream.response.id, max_duration_s)
+        yield stream.fail(
+            f"The response was still being generated after {max_duration_s:g} s, this server's maximum stream "
+            "duration, and was ended. Ask for fewer output tokens (max_output_tokens)."
+        )
     except Exception:  # engine died or raised: the client still gets a proper ending
         # Ray's errors carry actor ids, pids and node IPs: the details go to the log only.
         logger.exception("response %s: engine stream failed", stream.response.id)
         yield stream.fail(f"The engine failed while generating this response ({stream.response.id}). Please try again.")
+
+
+class StreamTooLong(Exception):
+    """The engine stream passed its maximum duration."""
+
+
+async def _until(batches: AsyncIterator[TokenBatch], max_duration_s: float | None) -> AsyncIterator[TokenBatch]:
+    """`batches`, ended by `StreamTooLong` once `max_duration_s` have passed; the wait for a
+    batch is cancelled then, which aborts the engine request (the source's `finally`)."""
+    if max_duration_s is None:
+        async for batch in batches:
+            yield batch
+        return
+    deadline = asyncio.get_running_loop().time() + max_duration_s
+    while True:
+        try:
+            # The timeout covers only the wait for the next batch, never our consumer's work.
+            async with asyncio.timeout_at(deadline):
+                batch = await anext(batches)
+        except StopAsyncIteration:
+            return
+        except TimeoutError:
+            raise StreamTooLong from None
+        yield batch
 
 
 def generation_request(request: ResponsesRequest, prompt: list[int], model: ServedModel) -> GenerationRequest:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import jsonschema
+import kubernetes_validate
 import pytest
 import yaml
 from ray.serve.schema import ServeDeploySchema
@@ -13,8 +14,15 @@ from serve_app.config import AppConfig
 
 ROOT = Path(__file__).parent.parent
 MANIFESTS = sorted((ROOT / "k8s").glob("*.yaml"))
-# KubeRay's CRD (data for development and CI only; the product never reads it).
-CRD = ROOT.parent / "shared" / "kuberay" / "ray.io_rayservices.yaml"
+# KubeRay's CRD (data for development and CI only; the product never reads it): shared/ beside
+# the repository (a clone, CI) or beside the folder of work trees (/work/wt/<name>).
+CRD = next(
+    (c for c in (base / "shared" / "kuberay" / "ray.io_rayservices.yaml" for base in (ROOT.parent, ROOT.parent.parent)) if c.is_file()),
+    ROOT.parent / "shared" / "kuberay" / "ray.io_rayservices.yaml",
+)
+# Each manifest serves one config file's applications.
+SERVES = {"rayservice-gpt-oss-20b.yaml": "gpt-oss-20b.yaml", "rayservice-gpt-oss-120b.yaml": "gpt-oss-120b.yaml"}
+SECRET_REF = {"secretKeyRef": {"name": "responses-serve-redis", "key": "password"}}
 
 
 @pytest.fixture(scope="module")
@@ -38,7 +46,80 @@ def test_manifest_is_a_valid_rayservice(path, rayservice_schema):
     assert manifest["spec"]["rayClusterConfig"]["headGroupSpec"]["rayStartParams"]["num-gpus"] == "0"
 
 
-def test_rayservice_serves_the_gpt_oss_20b_config():
-    manifest = yaml.safe_load((ROOT / "k8s" / "rayservice-gpt-oss-20b.yaml").read_text())
-    config = yaml.safe_load((ROOT / "serve_app" / "configs" / "gpt-oss-20b.yaml").read_text())
+def test_every_manifest_serves_a_config():
+    assert sorted(p.name for p in MANIFESTS) == sorted(SERVES)
+
+
+@pytest.mark.parametrize("name", sorted(SERVES))
+def test_rayservice_serves_its_config(name):
+    manifest = yaml.safe_load((ROOT / "k8s" / name).read_text())
+    config = yaml.safe_load((ROOT / "serve_app" / "configs" / SERVES[name]).read_text())
     assert yaml.safe_load(manifest["spec"]["serveConfigV2"])["applications"] == config["applications"]
+
+
+def _groups(manifest: dict) -> list[dict]:
+    cluster = manifest["spec"]["rayClusterConfig"]
+    return [cluster["headGroupSpec"], *cluster["workerGroupSpecs"]]
+
+
+@pytest.mark.parametrize("path", MANIFESTS, ids=lambda p: p.name)
+def test_pod_templates_are_valid_kubernetes(path):
+    """The pods KubeRay makes from each group's template, against Kubernetes' own schema."""
+    for group in _groups(yaml.safe_load(path.read_text())):
+        document = {"apiVersion": "v1", "kind": "PodTemplate", "metadata": {"name": "ray-pod"}, "template": group["template"]}
+        kubernetes_validate.validate(document, kubernetes_validate.latest_version(), strict=True)
+
+
+@pytest.mark.parametrize("path", MANIFESTS, ids=lambda p: p.name)
+def test_gcs_fault_tolerance_uses_the_store_redis(path):
+    manifest = yaml.safe_load(path.read_text())
+    (service,) = [d for d in yaml.safe_load_all((ROOT / "k8s" / "store" / "redis.yaml").read_text()) if d["kind"] == "Service"]
+    options = manifest["spec"]["rayClusterConfig"]["gcsFaultToleranceOptions"]
+    assert options["redisAddress"] == f"{service['metadata']['name']}:{service['spec']['ports'][0]['port']}"
+    assert options["redisPassword"] == {"valueFrom": SECRET_REF}
+    # KubeRay names each cluster's GCS keys itself: an upgrade's new cluster must not share them.
+    assert "externalStorageNamespace" not in options
+
+
+@pytest.mark.parametrize("path", MANIFESTS, ids=lambda p: p.name)
+def test_pods_and_upgrades_outlast_the_longest_stream(path):
+    """Serve's drain of the ingress and engines, Kubernetes' grace period of the worker pods and
+    the old cluster's life after an upgrade are all at least the app's maximum stream duration."""
+    manifest = yaml.safe_load(path.read_text())
+    (application,) = yaml.safe_load(manifest["spec"]["serveConfigV2"])["applications"]
+    config = AppConfig.model_validate(application["args"])
+    longest = config.max_stream_duration_s
+    drains = [config.ingress.serve_options()["graceful_shutdown_timeout_s"]]
+    drains += [model.engine.serve_options()["graceful_shutdown_timeout_s"] for model in config.models]
+    assert all(drain >= longest for drain in drains)
+    for group in manifest["spec"]["rayClusterConfig"]["workerGroupSpecs"]:
+        assert group["template"]["spec"]["terminationGracePeriodSeconds"] >= max(drains)
+    assert manifest["spec"]["rayClusterDeletionDelaySeconds"] >= max(drains)
+    assert manifest["spec"]["upgradeStrategy"]["type"] == "NewCluster"  # zero-downtime upgrades
+
+
+@pytest.mark.parametrize("path", MANIFESTS, ids=lambda p: p.name)
+def test_probes_and_secrets(path):
+    manifest = yaml.safe_load(path.read_text())
+    keys = {"name": "RESPONSES_SERVE_REASONING_KEYS", "valueFrom": {"secretKeyRef": {"name": "responses-serve-reasoning-keys", "key": "keys"}}}
+    for group in _groups(manifest):
+        (container,) = group["template"]["spec"]["containers"]
+        assert keys in container["env"]  # every replica seals and opens reasoning with the same keys
+        assert not any("value" in e for e in container["env"] if e["name"] in ("REDIS_PASSWORD", keys["name"]))
+        assert "livenessProbe" not in container  # KubeRay's (raylet only): no restarts for a slow model
+    for group in manifest["spec"]["rayClusterConfig"]["workerGroupSpecs"]:
+        (container,) = group["template"]["spec"]["containers"]
+        probe = " ".join(container["readinessProbe"]["exec"]["command"])
+        # KubeRay's own checks (raylet, Serve proxy), and our app's /health through the proxy.
+        for url in ("localhost:52365/api/local_raylet_healthz", "localhost:8000/-/healthz", "localhost:8000/health"):
+            assert url in probe
+
+
+def test_gpt_oss_120b_pods_hold_one_tensor_parallel_engine():
+    manifest = yaml.safe_load((ROOT / "k8s" / "rayservice-gpt-oss-120b.yaml").read_text())
+    (application,) = yaml.safe_load(manifest["spec"]["serveConfigV2"])["applications"]
+    (model,) = AppConfig.model_validate(application["args"]).models
+    assert model.backend.tensor_parallel_size == 4
+    (gpu,) = [g for g in manifest["spec"]["rayClusterConfig"]["workerGroupSpecs"] if g["groupName"] == "gpu"]
+    (container,) = gpu["template"]["spec"]["containers"]
+    assert container["resources"]["limits"]["nvidia.com/gpu"] == model.backend.world_size

@@ -38,7 +38,7 @@ async def start_background(turn: Turn, state) -> Response:
         if response.status not in ("completed", "incomplete") or turn.store_error is not None:
             await responses.save(response, turn.input_items)
 
-    snapshot = await background.start(turn.stream, run_turn(turn, responses), turn.input_items, finish)
+    snapshot = await background.start(turn.stream, run_turn(turn, responses, state.max_stream_duration_s), turn.input_items, finish)
     if turn.request.stream:
         return _event_stream(background.follow(snapshot.id, -1), background)
     return Response(snapshot.model_dump_json(by_alias=True), media_type="application/json", headers=_headers(background))

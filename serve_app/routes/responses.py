@@ -53,7 +53,7 @@ async def create_response(http_request: Request) -> Response:
     )
     if request.background:
         return await start_background(turn, state)
-    events = run_turn(turn, responses)
+    events = run_turn(turn, responses, state.max_stream_duration_s)
     if request.stream:
         return StreamingResponse(
             _sse(events, turn, state.metrics),
