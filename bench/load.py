@@ -168,7 +168,8 @@ def replica_rss_mb(server_pid: int | None) -> dict[str, float]:
         try:
             title = " ".join(process.cmdline())
             if "ServeReplica:" in title:
-                deployment = title.split("ServeReplica:", 1)[1].split()[0].split(":")[-1]
+                # The title is ray::ServeReplica:APP:DEPLOYMENT[.METHOD while a call runs]
+                deployment = title.split("ServeReplica:", 1)[1].split()[0].split(":")[-1].split(".")[0]
                 rss[deployment] = rss.get(deployment, 0.0) + process.memory_info().rss / 2**20
         except psutil.Error:
             continue
