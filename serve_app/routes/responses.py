@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import logging
@@ -60,9 +61,13 @@ async def create_response(http_request: Request) -> Response:
             media_type="text/event-stream",
             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
         )
-    async with contextlib.aclosing(events):
-        async for _ in events:
-            pass
+    try:
+        async with contextlib.aclosing(events):
+            async for _ in events:
+                pass
+    except asyncio.CancelledError:  # Serve cancels the request when its client goes away
+        report_once(state.metrics, trace, "cancelled")
+        raise
     _finished(turn, state.metrics)
     if turn.store_error is not None:
         raise turn.store_error
