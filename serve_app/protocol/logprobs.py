@@ -110,23 +110,21 @@ def unfinished_utf8_tail(raw: bytes) -> int:
 
 def for_delta(logprobs: list[Logprob]) -> list[delta_types.Logprob]:
     """The same entries as `response.output_text.delta` carries them (no bytes)."""
-    return [
-        _DELTA({
-            "token": entry.token,
-            "logprob": entry.logprob,
-            "top_logprobs": [_DELTA_TOP({"token": t.token, "logprob": t.logprob}) for t in entry.top_logprobs],
-        })
-        for entry in logprobs
-    ]
+    return _without_bytes(logprobs, _DELTA, _DELTA_TOP)
 
 
 def for_done(logprobs: list[Logprob]) -> list[done_types.Logprob]:
     """The same entries as `response.output_text.done` carries them (no bytes)."""
+    return _without_bytes(logprobs, _DONE, _DONE_TOP)
+
+
+def _without_bytes(logprobs: list[Logprob], entry_type, top_type) -> list:
+    """The entries rebuilt with an event's own logprob types (the SDK has one pair per event)."""
     return [
-        _DONE({
+        entry_type({
             "token": entry.token,
             "logprob": entry.logprob,
-            "top_logprobs": [_DONE_TOP({"token": t.token, "logprob": t.logprob}) for t in entry.top_logprobs],
+            "top_logprobs": [top_type({"token": t.token, "logprob": t.logprob}) for t in entry.top_logprobs],
         })
         for entry in logprobs
     ]
