@@ -222,6 +222,16 @@ def serve_url(tmp_path_factory, metrics_port) -> Iterator[str]:
         ray.shutdown()  # takes Serve down with the local cluster (serve.shutdown() waits ~30 s)
 
 
+def wait_until(predicate, timeout_s: float, interval_s: float = 0.05):
+    """Poll until `predicate()` is truthy or the time is up; returns its last value."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = predicate()
+        if value or time.monotonic() > deadline:
+            return value
+        time.sleep(interval_s)
+
+
 def engine_stats(model: str) -> dict:
     from ray import serve
 

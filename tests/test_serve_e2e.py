@@ -14,7 +14,7 @@ import httpx
 import pytest
 
 from tests import sdk_scenarios
-from tests.conftest import engine_stats, have_vllm
+from tests.conftest import engine_stats, have_vllm, wait_until
 from tests.contract import check_stream, parse_sse
 
 LONG_TEXT = "Ray object streaming carries token batches; ünïcödé 日本語 👍🏽. " * 12
@@ -38,15 +38,6 @@ def test_models_listed(serve_url):
     assert ids == (replay | vllm if have_vllm() else replay)
 
 
-def _wait_until(predicate, timeout_s: float, interval_s: float = 0.05):
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = predicate()
-        if value or time.monotonic() > deadline:
-            return value
-        time.sleep(interval_s)
-
-
 def test_client_disconnects_abort_engine_requests(serve_url):
     model = "gpt-oss-replay-slow"
     before = engine_stats(model)
@@ -67,7 +58,7 @@ def test_client_disconnects_abort_engine_requests(serve_url):
 
     with concurrent.futures.ThreadPoolExecutor(20) as pool:
         finished = sum(pool.map(cut_stream, range(20)))
-    assert _wait_until(lambda: engine_stats(model)["running"] == 0, timeout_s=2.0), engine_stats(model)
+    assert wait_until(lambda: engine_stats(model)["running"] == 0, timeout_s=2.0), engine_stats(model)
     after = engine_stats(model)
     reached_engine = after["requests"] - before["requests"]
     # A client cut right after `response.created` may leave before its engine call starts;
@@ -129,7 +120,7 @@ def test_replica_killed_mid_stream_fails_streams_then_recovers(serve_url):
     futures = [started.submit(open_stream, i) for i in range(5)]
     # Kill only once every stream has tokens: before that, the ingress would rightly retry
     # the request once on the restarted replica.
-    assert _wait_until(lambda: all(mid_stream), timeout_s=30)
+    assert wait_until(lambda: all(mid_stream), timeout_s=30)
     killed_at = time.monotonic()
     _kill_replica(model)
     for future in futures:
@@ -147,7 +138,7 @@ def test_replica_killed_mid_stream_fails_streams_then_recovers(serve_url):
             return False
         return response.output_text == "back again"
 
-    assert _wait_until(recovered, timeout_s=90, interval_s=1.0)
+    assert wait_until(recovered, timeout_s=90, interval_s=1.0)
 
 
 @pytest.mark.parametrize("model", sdk_scenarios.REPLAY_MODELS)

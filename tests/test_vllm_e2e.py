@@ -17,7 +17,7 @@ import httpx
 import pytest
 
 from tests import sdk_scenarios
-from tests.conftest import engine_stats
+from tests.conftest import engine_stats, wait_until
 from tests.contract import check_stream
 
 try:
@@ -142,13 +142,8 @@ def test_cut_streams_abort_every_vllm_request(vllm_url):
 
     with concurrent.futures.ThreadPoolExecutor(20) as pool:
         list(pool.map(cut, range(20)))
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
-        stats = _stats(model)
-        if stats["running"] == 0 and stats["engine_unfinished"] == 0:
-            break
-        time.sleep(0.2)
-    assert stats["running"] == 0 and stats["engine_unfinished"] == 0, stats
+    idle = lambda: (stats := _stats(model))["running"] == 0 and stats["engine_unfinished"] == 0  # noqa: E731
+    assert wait_until(idle, timeout_s=10, interval_s=0.2), _stats(model)
     assert _create(vllm_url, model, "still serving", max_output_tokens=3).status == "incomplete"
 
 

@@ -11,13 +11,12 @@ stream must still keep the contract, and nothing the model wrote may be lost (se
 from __future__ import annotations
 
 import concurrent.futures
-import time
 
 import httpx
 import pytest
 
 from tests import sdk_scenarios
-from tests.conftest import engine_stats, have_vllm
+from tests.conftest import engine_stats, have_vllm, wait_until
 from tests.contract import check_stream
 
 if not have_vllm():
@@ -114,13 +113,8 @@ def test_cut_streams_abort_every_engine_request(serve_url):
 
     with concurrent.futures.ThreadPoolExecutor(12) as pool:
         list(pool.map(cut, range(12)))
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
-        stats = engine_stats(MODEL)
-        if stats["running"] == 0 and stats["engine_unfinished"] == 0:
-            break
-        time.sleep(0.2)
-    assert stats["running"] == 0 and stats["engine_unfinished"] == 0, stats
+    idle = lambda: (stats := engine_stats(MODEL))["running"] == 0 and stats["engine_unfinished"] == 0  # noqa: E731
+    assert wait_until(idle, timeout_s=10, interval_s=0.2), engine_stats(MODEL)
     response = _create(serve_url, "still serving", temperature=0, max_output_tokens=3)
     assert response.status == "incomplete"
     check_stream(_stream(serve_url, "and streaming", temperature=0, max_output_tokens=3), allow_replacement=True)

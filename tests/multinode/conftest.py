@@ -13,9 +13,8 @@ ingress selects, so no ingress replica takes a GPU node's place.
 from __future__ import annotations
 
 import os
-import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator
+from typing import Any, Iterator
 
 import pytest
 
@@ -74,16 +73,6 @@ def sim_cluster() -> Iterator[SimCluster]:
     finally:
         ray.shutdown()
         cluster.shutdown()
-
-
-def wait_until(predicate: Callable[[], Any], timeout_s: float, interval_s: float = 0.2) -> Any:
-    """Poll until `predicate()` is truthy or the time is up; returns its last value."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = predicate()
-        if value or time.monotonic() > deadline:
-            return value
-        time.sleep(interval_s)
 
 
 def alive_replicas(app: str, deployment: str) -> list:

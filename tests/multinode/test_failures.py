@@ -24,7 +24,8 @@ import pytest
 
 from tests import sdk_scenarios
 from tests.contract import check_stream, parse_sse
-from tests.multinode.conftest import CPU_ONLY, alive_replicas, running_replicas, wait_until
+from tests.conftest import wait_until
+from tests.multinode.conftest import CPU_ONLY, alive_replicas, running_replicas
 
 APP = "failures"
 BAD_MODEL_PATH = "/nonexistent/responses-serve/gpt-oss-broken"
