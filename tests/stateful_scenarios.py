@@ -32,14 +32,16 @@ def two_turns(sdk: OpenAI, tag: str):
     return first, second
 
 
-def conversations_from_any_replica(base_url: str, n: int = 20) -> None:
-    """n two-turn conversations (4 at a time), each id read back, follow-ups never lost."""
+def conversations_from_any_replica(base_url: str, n: int = 20) -> set[str]:
+    """n two-turn conversations (4 at a time), each id read back, follow-ups never lost.
+    Returns the ids of the responses it created."""
     sdk = OpenAI(base_url=base_url, api_key="unused", max_retries=0, timeout=120)
     with concurrent.futures.ThreadPoolExecutor(4) as pool:
         pairs = list(pool.map(lambda i: two_turns(sdk, f"conversation {i}"), range(n)))
     for first, second in pairs:
         for created in (first, second):
             assert sdk.responses.retrieve(created.id) == created
+    return {created.id for pair in pairs for created in pair}
 
 
 def delete_then_404(base_url: str) -> None:
