@@ -16,8 +16,8 @@ from grafana_foundation_sdk.cog.encoder import JSONEncoder
 from grafana_foundation_sdk.models.dashboard import DashboardCursorSync, DataSourceRef
 
 from deployments.metrics import (
-    ACCEPTED_TOKENS, CACHED_TOKENS, DRAFT_TOKENS, E2E, OUTPUT_TOKENS, PROMPT_TOKENS, REQUESTS, STREAMS_OPEN, TPOT, TTFT,
-    MetricSpec,
+    ACCEPTED_TOKENS, BACKGROUND_RUNS, CACHED_TOKENS, DRAFT_TOKENS, E2E, OUTPUT_TOKENS, PROMPT_TOKENS, REQUESTS, STORE_BYTES,
+    STORE_ENTRIES, STREAMS_OPEN, TPOT, TTFT, MetricSpec,
 )  # fmt: skip
 
 OUTPUT = Path(__file__).resolve().parent.parent / "k8s" / "grafana" / "responses-serve.json"
@@ -119,6 +119,23 @@ def build() -> dashboard.Dashboard:
                    _query(_rate(ACCEPTED_TOKENS, "_total", "model"), "accepted/s {{model}}"),
                    _query(spec_rate, "acceptance rate {{model}}"),
                    description="acceptance rate = accepted / drafted tokens (right axis would be 0..1)")
+        )  # fmt: skip
+        .with_row(dashboard.Row("State"))
+        .with_panel(
+            _panel("Background responses running", "short",
+                   _query(f"sum by (application) ({BACKGROUND_RUNS.exported}{{{_APP}}})", "{{application}}"),
+                   description=BACKGROUND_RUNS.description + "; they end in the requests panel with their final status",
+                   width=8)
+        )  # fmt: skip
+        .with_panel(
+            _panel("Embedded store entries", "short",
+                   _query(f"sum by (application) ({STORE_ENTRIES.exported}{{{_APP}}})", "{{application}}"),
+                   description=STORE_ENTRIES.description + " (a Redis store: watch Redis itself)", width=8)
+        )  # fmt: skip
+        .with_panel(
+            _panel("Embedded store size", "bytes",
+                   _query(f"sum by (application) ({STORE_BYTES.exported}{{{_APP}}})", "{{application}}"),
+                   description=STORE_BYTES.description, width=8)
         )  # fmt: skip
         .with_row(dashboard.Row("Ray Serve replicas and queues"))
         .with_panel(

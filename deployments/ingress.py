@@ -201,6 +201,8 @@ class ResponsesIngress:
             api_key=self.config.api_key,
             max_request_bytes=self.config.max_request_bytes,
             background_drain_s=background_drain_s(self.config),
+            # Serve's own id of this replica (its log file is named after it), not host:pid.
+            replica_id=serve.get_replica_context().replica_id.unique_id,
             reasoning_keys=reasoning_keys(fallback=self.reasoning_key),
             metrics=RayServeMetrics(),
             max_stream_duration_s=self.config.max_stream_duration_s,

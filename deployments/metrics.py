@@ -4,9 +4,9 @@ Ray adds the `ray_` prefix on export (counters also get `_total`); Serve tags ev
 with `application`, `deployment` and `replica`. `METRICS` lists what this app defines, so the
 dashboard (`k8s/dashboard.py`) and its test can check every panel against it.
 
-Store and background-run metrics (stored responses, runs in flight) belong here too, as
-gauges set by the state layer (issue 11) once it lands: add them to `METRICS` and a method
-to `serve_app.metrics.Metrics` (with its no-op), and the dashboard test covers them.
+Gauges are re-set every `GAUGE_REFRESH_S` by a thread, so their series stay in the scrape
+while nothing changes: streams and background runs open per ingress replica, and the
+embedded store's entries and bytes (`export_store_size`, run by the store replica).
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ import logging
 import threading
 import time
 from dataclasses import dataclass
+from typing import Callable
 
 from ray.serve.metrics import Counter, Gauge, Histogram
 
@@ -57,8 +58,14 @@ OUTPUT_TOKENS = MetricSpec(PREFIX + "output_tokens", "counter", "completion toke
 DRAFT_TOKENS = MetricSpec(PREFIX + "speculative_draft_tokens", "counter", "speculative decoding: tokens drafted")
 ACCEPTED_TOKENS = MetricSpec(PREFIX + "speculative_accepted_tokens", "counter", "speculative decoding: drafted tokens accepted")
 STREAMS_OPEN = MetricSpec(PREFIX + "streams_open", "gauge", "SSE streams open on this ingress replica")
+BACKGROUND_RUNS = MetricSpec(PREFIX + "background_runs", "gauge", "background responses running on this ingress replica", ())
+STORE_ENTRIES = MetricSpec(PREFIX + "store_entries", "gauge", "keys held by the embedded store (responses, runs, logs, conversations)", ())
+STORE_BYTES = MetricSpec(PREFIX + "store_bytes", "gauge", "bytes held by the embedded store (its max_bytes bound counts these)", ())
 
-METRICS = [REQUESTS, TTFT, TPOT, E2E, PROMPT_TOKENS, CACHED_TOKENS, OUTPUT_TOKENS, DRAFT_TOKENS, ACCEPTED_TOKENS, STREAMS_OPEN]
+METRICS = [
+    REQUESTS, TTFT, TPOT, E2E, PROMPT_TOKENS, CACHED_TOKENS, OUTPUT_TOKENS, DRAFT_TOKENS, ACCEPTED_TOKENS, STREAMS_OPEN,
+    BACKGROUND_RUNS, STORE_ENTRIES, STORE_BYTES,
+]  # fmt: skip
 _BUCKETS = {TTFT: TTFT_BUCKETS, TPOT: TPOT_BUCKETS, E2E: E2E_BUCKETS}
 
 
@@ -74,9 +81,10 @@ class RayServeMetrics:
     """One per ingress replica: a request reports once, a stream when it opens and closes."""
 
     def __init__(self) -> None:
-        self._metrics = {spec: _make(spec) for spec in METRICS}
+        self._metrics = {spec: _make(spec) for spec in METRICS if spec not in (STORE_ENTRIES, STORE_BYTES)}
         self._open: dict[str, int] = {}
-        threading.Thread(target=self._refresh_gauges, name="metrics-gauges", daemon=True).start()
+        self._background = 0
+        _refresh_forever(self._set_gauges)
 
     def request_finished(self, outcome: RequestOutcome) -> None:
         model = {"model": outcome.model}
@@ -102,15 +110,41 @@ class RayServeMetrics:
     def stream_closed(self, model: str) -> None:
         self._set_open(model, -1)
 
+    def background_runs(self, running: int) -> None:
+        self._background = running
+        self._metrics[BACKGROUND_RUNS].set(running)
+
     def _set_open(self, model: str, change: int) -> None:
         count = self._open[model] = self._open.get(model, 0) + change
         self._metrics[STREAMS_OPEN].set(count, {"model": model})
 
-    def _refresh_gauges(self) -> None:
+    def _set_gauges(self) -> None:
+        for model, count in list(self._open.items()):
+            self._metrics[STREAMS_OPEN].set(count, {"model": model})
+        self._metrics[BACKGROUND_RUNS].set(self._background)
+
+
+def export_store_size(stats: Callable[[], dict[str, int]]) -> None:
+    """The embedded store replica's size as gauges (`stats()`: its `entries` and `bytes`)."""
+    entries, size = _make(STORE_ENTRIES), _make(STORE_BYTES)
+
+    def set_gauges() -> None:
+        now = stats()
+        entries.set(now["entries"])
+        size.set(now["bytes"])
+
+    _refresh_forever(set_gauges)
+
+
+def _refresh_forever(set_gauges: Callable[[], None]) -> None:
+    """Call `set_gauges` now and then every GAUGE_REFRESH_S, in a daemon thread."""
+
+    def loop() -> None:
         while True:
-            time.sleep(GAUGE_REFRESH_S)
             try:
-                for model, count in list(self._open.items()):
-                    self._metrics[STREAMS_OPEN].set(count, {"model": model})
+                set_gauges()
             except Exception:  # noqa: BLE001 - keep refreshing; the requests never notice
                 logger.exception("metrics: refreshing the gauges failed")
+            time.sleep(GAUGE_REFRESH_S)
+
+    threading.Thread(target=loop, name="metrics-gauges", daemon=True).start()

@@ -15,6 +15,7 @@ from ray.exceptions import ActorDiedError, ActorUnavailableError, RayActorError
 from ray.serve.exceptions import BackPressureError, DeploymentUnavailableError
 from ray.serve.handle import DeploymentHandle
 
+from deployments.metrics import export_store_size
 from serve_app.state import MemoryStore, StoreUnavailable
 
 _GONE = (ActorDiedError, ActorUnavailableError, RayActorError, BackPressureError, DeploymentUnavailableError)
@@ -25,6 +26,7 @@ class StoreServer:
 
     def __init__(self, max_entries: int, max_bytes: int) -> None:
         self.store = MemoryStore(max_entries=max_entries, max_bytes=max_bytes)
+        export_store_size(self.store.stats)
 
     async def get(self, key: str) -> bytes | None:
         return await self.store.get(key)

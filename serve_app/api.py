@@ -77,11 +77,14 @@ def create_app(
     app.state.responses = ResponseStore(app.state.store, store_ttl_s)
     app.state.max_request_bytes = max_request_bytes
     app.state.conversations = ConversationStore(app.state.store, store_ttl_s)
-    app.state.background = BackgroundRuns(app.state.responses, RunStore(app.state.store, min(store_ttl_s, EVENTS_TTL_S)), replica_id=replica_id)
+    app.state.metrics = metrics = GuardedMetrics(metrics or NoMetrics())
+    app.state.background = BackgroundRuns(
+        app.state.responses, RunStore(app.state.store, min(store_ttl_s, EVENTS_TTL_S)),
+        replica_id=replica_id, on_running=metrics.background_runs,
+    )  # fmt: skip
     app.state.background_drain_s = background_drain_s
     app.state.max_stream_duration_s = max_stream_duration_s
     app.state.cipher = ReasoningCipher(reasoning_keys or configured_reasoning_keys())
-    app.state.metrics = metrics = GuardedMetrics(metrics or NoMetrics())
 
     @app.exception_handler(APIError)
     async def _api_error(request: Request, exc: APIError) -> JSONResponse:

@@ -19,6 +19,7 @@ import logging
 import os
 import random
 import socket
+import uuid
 from dataclasses import dataclass, field
 from typing import AsyncIterator, Awaitable, Callable
 
@@ -40,7 +41,9 @@ _ACTIVE = ("queued", "in_progress")
 
 
 def default_replica_id() -> str:
-    return f"{socket.gethostname()}:{os.getpid()}"
+    """Random: it is sent to clients (`x-responses-serve-replica`), so it names no host or
+    process; the log line at start-up maps it to them."""
+    return uuid.uuid4().hex[:16]
 
 
 def not_found(response_id: str) -> APIError:
@@ -82,13 +85,17 @@ class BackgroundRuns:
         replica_id: str | None = None,
         renew_s: float = 0.5,
         poll_s: float = 0.1,
+        on_running: Callable[[int], None] = lambda running: None,
     ) -> None:
+        """`on_running` is told how many runs this replica has whenever that changes (metrics)."""
         self.responses = responses
         self.runs = runs
         self.replica_id = replica_id or default_replica_id()
+        logger.info("background runs: replica id %s is %s pid %d", self.replica_id, socket.gethostname(), os.getpid())
         self.renew_s = renew_s
         self.poll_s = poll_s
         self._local: dict[str, _LocalRun] = {}
+        self._on_running = on_running
 
     @property
     def running(self) -> int:
@@ -110,6 +117,7 @@ class BackgroundRuns:
         await self.runs.create(response.id, self.replica_id)
         local = _LocalRun(response.id)
         self._local[response.id] = local
+        self._on_running(len(self._local))
         # A context of its own: not the HTTP request's, whose cancellation (the client going
         # away) Serve would pass on to the engine call made in it.
         local.task = asyncio.create_task(
@@ -120,6 +128,8 @@ class BackgroundRuns:
     async def _run(self, local: _LocalRun, stream: ResponseStream, events: AsyncIterator[list[ResponseStreamEvent]], finish: Finish) -> None:
         response_id = local.response_id
         generation = local.generation = asyncio.create_task(self._generate(local, stream, events))
+        # Its end wakes the flusher even when it added no events (cancelled before any output).
+        generation.add_done_callback(lambda _: local.notify())
         watcher = asyncio.create_task(self._watch(local, generation))
         flusher = asyncio.create_task(self._flush_until(local, generation))
         try:
@@ -137,6 +147,7 @@ class BackgroundRuns:
             local.done = True
             local.notify()
             self._local.pop(response_id, None)
+            self._on_running(len(self._local))
 
     @staticmethod
     async def _generate(local: _LocalRun, stream: ResponseStream, events: AsyncIterator[list[ResponseStreamEvent]]) -> None:
@@ -301,6 +312,20 @@ class BackgroundRuns:
             if record is not None and record.expired(self.runs.clock()):
                 await self._expire(response_id)
         return await self.background_response(response_id)
+
+    async def delete(self, response_id: str) -> bool:
+        """Delete a stored response. A running background one is cancelled first (its engine
+        request aborted, its end stored by its replica), so that nothing generates for a
+        response that is gone and its end cannot write it back; its event log goes too."""
+        turn = await self.responses.get(response_id)
+        if turn is None:
+            return False
+        if turn.response.background:
+            if turn.response.status in _ACTIVE:
+                await self.cancel(response_id)
+            await self.runs.delete(response_id)
+            await self.runs.forget(response_id)
+        return await self.responses.delete(response_id)
 
     async def follow(self, response_id: str, starting_after: int) -> AsyncIterator[bytes]:
         """The SSE frames of a run's events after `starting_after`, live until the run ends."""

@@ -83,6 +83,7 @@ class Metrics(Protocol):
     def request_finished(self, outcome: RequestOutcome) -> None: ...
     def stream_opened(self, model: str) -> None: ...
     def stream_closed(self, model: str) -> None: ...
+    def background_runs(self, running: int) -> None: ...  # background responses running here
 
 
 class NoMetrics:
@@ -95,6 +96,9 @@ class NoMetrics:
         pass
 
     def stream_closed(self, model: str) -> None:
+        pass
+
+    def background_runs(self, running: int) -> None:
         pass
 
 
@@ -113,6 +117,9 @@ class GuardedMetrics:
 
     def stream_closed(self, model: str) -> None:
         self._call(self._metrics.stream_closed, model)
+
+    def background_runs(self, running: int) -> None:
+        self._call(self._metrics.background_runs, running)
 
     def _call(self, method, argument) -> None:
         try:

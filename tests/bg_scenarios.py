@@ -82,6 +82,41 @@ def background_cancel(base_url: str, slow_model: str) -> str:
     return created.id
 
 
+def background_cancel_at_once(base_url: str, slow_model: str) -> None:
+    """Cancel before any output exists (the run has no event to add): `cancelled` at once,
+    not `failed` when the lease runs out."""
+    sdk = client(base_url)
+    created = sdk.responses.create(model=slow_model, input=LONG_TEXT, background=True)
+    cancelled = sdk.responses.cancel(created.id)
+    assert (cancelled.status, cancelled.error) == ("cancelled", None)
+    assert sdk.responses.retrieve(created.id).status == "cancelled"
+
+
+def background_delete_while_running(base_url: str, slow_model: str) -> str:
+    """DELETE a running background response: its generation stops (the caller checks the
+    engine), it is gone for GET, cancel and its event stream; returns its id."""
+    sdk = client(base_url)
+    created = sdk.responses.create(model=slow_model, input=LONG_TEXT, background=True)
+    with httpx.Client(timeout=60) as http:
+        with http.stream("GET", f"{base_url}/responses/{created.id}", params={"stream": "true"}) as stream:
+            for line in stream.iter_lines():  # generation is under way
+                if line == "event: response.output_text.delta":
+                    break
+        deleted = http.delete(f"{base_url}/responses/{created.id}")
+        assert deleted.status_code == 200, deleted.text
+        assert deleted.json() == {"id": created.id, "object": "response", "deleted": True}
+        for call in (
+            lambda: sdk.responses.retrieve(created.id),
+            lambda: sdk.responses.cancel(created.id),
+            lambda: sdk.responses.delete(created.id),
+        ):
+            with pytest.raises(openai.NotFoundError):
+                call()
+        events = http.get(f"{base_url}/responses/{created.id}", params={"stream": "true"})
+        assert events.status_code == 404, events.text
+    return created.id
+
+
 def background_stream_resume(base_url: str, slow_model: str, cut_after: int = 12, other_replica: bool = False) -> None:
     """Start a background stream, cut it after `cut_after` events, resume with `starting_after`:
     every event once, in order, nothing missing. With `other_replica`, retry until the

@@ -51,7 +51,23 @@ def test_agents_sdk_conversations_session(serve_url):
     bg_scenarios.agents_session(serve_url, MODEL)
 
 
-def test_killed_replica_leaves_no_background_response_in_progress(serve_url):
+def _replica_pid(replica_id: str) -> int:
+    """The header names the replica by Serve's id (opaque to clients); Ray knows its process."""
+    from ray.util.state import list_actors
+
+    name = f"SERVE_REPLICA::responses#ResponsesIngress#{replica_id}"
+    (actor,) = list_actors(filters=[("name", "=", name), ("state", "=", "ALIVE")], detail=True)
+    return actor.pid
+
+
+def test_delete_while_running_aborts_the_engine_request(serve_url):
+    before = engine_stats(SLOW)["aborted"]
+    bg_scenarios.background_delete_while_running(serve_url, SLOW)
+    after = engine_stats(SLOW)
+    assert after["aborted"] == before + 1 and after["running"] == 0
+
+
+def _replica_pid_no_background_response_in_progress(serve_url):
     """SIGKILL the ingress replica running a background response: the run's lease runs out
     and the next reader, on any replica, ends it `failed`. Last in this file: Serve then
     restarts the replica, and the test waits until both serve again."""
@@ -62,12 +78,12 @@ def test_killed_replica_leaves_no_background_response_in_progress(serve_url):
         created = http.post(f"{serve_url}/responses", json=body)
         assert created.status_code == 200, created.text
         response_id = created.json()["id"]
-        host, pid = created.headers[bg_scenarios.REPLICA_HEADER].rsplit(":", 1)
+        pid = _replica_pid(created.headers[bg_scenarios.REPLICA_HEADER])
         with http.stream("GET", f"{serve_url}/responses/{response_id}", params={"stream": "true"}) as stream:
             for line in stream.iter_lines():  # generation is under way
                 if line == "event: response.output_text.delta":
                     break
-        os.kill(int(pid), signal.SIGKILL)
+        os.kill(pid, signal.SIGKILL)
 
         def ended():
             try:  # while Serve notices the dead replica, a request may fail: ask again

@@ -46,6 +46,16 @@ def test_background_cancel_stops_the_engine(bg_url, slow_backend):
     assert slow_backend.num_running() == 0
 
 
+def test_cancel_before_any_output(bg_url, slow_backend):
+    bg_scenarios.background_cancel_at_once(bg_url, SLOW)
+    assert slow_backend.num_running() == 0
+
+
+def test_delete_while_running_stops_the_engine(bg_url, slow_backend):
+    bg_scenarios.background_delete_while_running(bg_url, SLOW)
+    assert slow_backend.num_running() == 0
+
+
 def test_background_stream_cut_and_resumed(bg_url):
     bg_scenarios.background_stream_resume(bg_url, SLOW)
 

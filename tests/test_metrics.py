@@ -17,12 +17,12 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from deployments.metrics import (
-    ACCEPTED_TOKENS, CACHED_TOKENS, DRAFT_TOKENS, E2E, METRICS, OUTPUT_TOKENS, PROMPT_TOKENS, REQUESTS, STREAMS_OPEN, TPOT,
-    TTFT,
+    ACCEPTED_TOKENS, BACKGROUND_RUNS, CACHED_TOKENS, DRAFT_TOKENS, E2E, METRICS, OUTPUT_TOKENS, PROMPT_TOKENS, REQUESTS,
+    STORE_BYTES, STORE_ENTRIES, STREAMS_OPEN, TPOT, TTFT,
 )  # fmt: skip
 from serve_app.api import ServedModel, create_app
 from serve_app.metrics import RequestOutcome
-from tests.conftest import engine_stats, have_vllm, uvicorn_server
+from tests.conftest import engine_stats, have_vllm, uvicorn_server, wait_until
 from tests.contract import check_stream, parse_sse
 from tests.sdk_scenarios import raw_stream
 
@@ -37,6 +37,7 @@ class Recorder:
         self.outcomes: list[RequestOutcome] = []
         self.open: Counter[str] = Counter()
         self.most_open = 0
+        self.background: list[int] = []  # every background_runs() report
 
     def request_finished(self, outcome: RequestOutcome) -> None:
         self.outcomes.append(outcome)
@@ -48,6 +49,9 @@ class Recorder:
     def stream_closed(self, model: str) -> None:
         self.open[model] -= 1
 
+    def background_runs(self, running: int) -> None:
+        self.background.append(running)
+
 
 class Broken:
     """A metrics backend that raises on every call."""
@@ -55,7 +59,7 @@ class Broken:
     def request_finished(self, outcome: RequestOutcome) -> None:
         raise ValueError("value must be >0, got 0")
 
-    stream_opened = stream_closed = request_finished
+    stream_opened = stream_closed = background_runs = request_finished
 
 
 def _serve(replay_backend, metrics):
@@ -110,6 +114,27 @@ def test_a_client_that_goes_away_is_counted_cancelled(replay_backend):
     assert (outcome.status, outcome.code) == ("cancelled", "")
     assert outcome.output_tokens > 0 and outcome.ttft_s is not None
     assert recorder.open["gpt-oss-replay"] == 0
+
+
+def test_a_background_response_is_reported_when_its_run_ends(replay_backend):
+    from deployments.backends.replay import ReplayBackend, ReplayConfig
+
+    recorder = Recorder()
+    slow = ReplayBackend(ReplayConfig(step_delay_s=0.02))
+    app = create_app([ServedModel("gpt-oss-replay", replay_backend), ServedModel("slow", slow)], metrics=recorder)
+    with uvicorn_server(app) as url, httpx.Client(base_url=url, timeout=30) as http:
+        done = http.post("/responses", json={"model": "gpt-oss-replay", "input": "in the background", "background": True}).json()
+        running = http.post("/responses", json={"model": "slow", "input": "a long answer " * 200, "background": True}).json()
+        assert done["status"] == running["status"] == "in_progress"
+        cancelled = http.post(f"/responses/{running['id']}/cancel").json()
+        finished = wait_until(lambda: http.get(f"/responses/{done['id']}").json()["status"] == "completed", 10)
+        usage = http.get(f"/responses/{done['id']}").json()["usage"]
+    assert cancelled["status"] == "cancelled" and finished
+    got = sorted((o.model, o.status) for o in recorder.outcomes)
+    assert got == [("gpt-oss-replay", "completed"), ("slow", "cancelled")]
+    [completed] = [o for o in recorder.outcomes if o.status == "completed"]
+    assert completed.output_tokens == usage["output_tokens"] and completed.ttft_s is not None
+    assert max(recorder.background) >= 1 and recorder.background[-1] == 0  # counted while they ran
 
 
 def test_a_failing_metrics_backend_never_fails_a_request(replay_backend):
@@ -252,6 +277,40 @@ def test_prometheus_endpoint_counts_speculative_tokens(serve_url, metrics_port):
     assert drafted > 0  # ngram speculation drafted on this repetitive prompt
     expected = {"drafted": before["drafted"] + drafted, "accepted": before["accepted"] + accepted}
     assert poll(metrics_port, expected, read) == expected
+
+
+def test_prometheus_endpoint_shows_background_runs_and_the_store_size(serve_url, metrics_port):
+    from ray import serve
+
+    app = {"application": "responses"}
+
+    def read(families: dict) -> dict:
+        return {
+            "running": total(families, BACKGROUND_RUNS, **app),
+            "completed": total(families, REQUESTS, "_total", status="completed", model=MODEL),
+            "cancelled": total(families, REQUESTS, "_total", status="cancelled", model=MODEL),
+        }
+
+    before = poll(metrics_port, {**read(scrape(metrics_port)), "running": 0}, read)
+    with httpx.Client(base_url=serve_url, timeout=60) as http:
+        body = {"model": MODEL, "input": "a long background answer " * 300, "background": True}
+        running = http.post("/responses", json=body).json()
+        assert poll(metrics_port, {**before, "running": 1}, read) == {**before, "running": 1}
+        assert http.post(f"/responses/{running['id']}/cancel").json()["status"] == "cancelled"
+        short = http.post("/responses", json={"model": MODEL, "input": "short", "background": True}).json()
+        assert wait_until(lambda: http.get(f"/responses/{short['id']}").json()["status"] == "completed", 60)
+    after = {"running": 0, "completed": before["completed"] + 1, "cancelled": before["cancelled"] + 1}
+    assert poll(metrics_port, after, read) == after
+
+    # The embedded store's gauges are what the store replica itself counts.
+    store = serve.get_deployment_handle("ResponseStore", app_name="responses")
+
+    def size_matches() -> bool:
+        families, stats = scrape(metrics_port), store.stats.remote().result()
+        return (total(families, STORE_ENTRIES, **app), total(families, STORE_BYTES, **app)) == (stats["entries"], stats["bytes"])
+
+    assert wait_until(size_matches, 60, interval_s=0.5)
+    assert total(scrape(metrics_port), STORE_ENTRIES, **app) > 0
 
 
 def test_metric_names_are_unique_and_prefixed():

@@ -87,7 +87,7 @@ async def retrieve_response(response_id: str, request: Request) -> Response:
 
 @router.delete("/v1/responses/{response_id}")
 async def delete_response(response_id: str, request: Request) -> Response:
-    if not await request.app.state.responses.delete(response_id):
+    if not await request.app.state.background.delete(response_id):
         raise _not_found(response_id)
     # What the OpenAI API answers (the SDK's `responses.delete` returns None and ignores it).
     return _json(json.dumps({"id": response_id, "object": "response", "deleted": True}))
