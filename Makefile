@@ -41,11 +41,12 @@ endif
 serve: $(STAMP)
 	$(VENV)/bin/serve run serve_app/configs/demo.yaml
 
-# The multi-node tests need a Ray cluster of their own (another pytest process):
-# `$(PY) -m pytest -q -m multinode`. Not in `make test` yet: see README "Scaling and failure".
+# The multi-node tests (tests/multinode) need a Ray cluster of their own: a second pytest
+# process (one Ray connection per process), after the main suite.
 test: $(STAMP)
 	$(VENV)/bin/lint-imports
 	$(PY) -m pytest -q
+	$(PY) -m pytest -q -m multinode
 
 bench: $(STAMP)
 	$(PY) -m bench.hotpath

@@ -22,6 +22,8 @@ CRD = next(
 )
 # Each manifest serves one config file's applications.
 SERVES = {"rayservice-gpt-oss-20b.yaml": "gpt-oss-20b.yaml", "rayservice-gpt-oss-120b.yaml": "gpt-oss-120b.yaml"}
+# The Ray node label of the CPU nodes (head, CPU workers), which the ingress selects.
+CPU_NODE_LABEL = {"responses-serve/node": "cpu"}
 SECRET_REF = {"secretKeyRef": {"name": "responses-serve-redis", "key": "password"}}
 
 
@@ -50,16 +52,40 @@ def test_every_manifest_serves_a_config():
     assert sorted(p.name for p in MANIFESTS) == sorted(SERVES)
 
 
+def _ingress_label_selector(application: dict) -> dict:
+    return application["args"]["ingress"]["ray_actor_options"]["label_selector"]
+
+
 @pytest.mark.parametrize("name", sorted(SERVES))
 def test_rayservice_serves_its_config(name):
+    """The config file's applications, plus what only a labelled cluster can take: the
+    ingress held to CPU nodes (a single machine's `serve run` has no node labels)."""
     manifest = yaml.safe_load((ROOT / "k8s" / name).read_text())
     config = yaml.safe_load((ROOT / "serve_app" / "configs" / SERVES[name]).read_text())
-    assert yaml.safe_load(manifest["spec"]["serveConfigV2"])["applications"] == config["applications"]
+    applications = yaml.safe_load(manifest["spec"]["serveConfigV2"])["applications"]
+    for application in applications:
+        assert _ingress_label_selector(application) == CPU_NODE_LABEL
+        del application["args"]["ingress"]["ray_actor_options"]["label_selector"]
+    assert applications == config["applications"]
 
 
 def _groups(manifest: dict) -> list[dict]:
     cluster = manifest["spec"]["rayClusterConfig"]
     return [cluster["headGroupSpec"], *cluster["workerGroupSpecs"]]
+
+
+@pytest.mark.parametrize("path", MANIFESTS, ids=lambda p: p.name)
+def test_ingress_lands_on_cpu_nodes_only(path):
+    """The Ray node labels (KubeRay's group `labels`) that the ingress selects: on the head
+    and the CPU workers, never on a group that has GPUs."""
+    manifest = yaml.safe_load(path.read_text())
+    (application,) = yaml.safe_load(manifest["spec"]["serveConfigV2"])["applications"]
+    selector = _ingress_label_selector(application)
+    for group in _groups(manifest):
+        (container,) = group["template"]["spec"]["containers"]
+        has_gpus = "nvidia.com/gpu" in container["resources"].get("limits", {})
+        selected = selector.items() <= group.get("labels", {}).items()
+        assert selected != has_gpus, group.get("groupName", "head")
 
 
 @pytest.mark.parametrize("path", MANIFESTS, ids=lambda p: p.name)

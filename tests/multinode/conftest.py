@@ -52,6 +52,12 @@ def sim_cluster() -> Iterator[SimCluster]:
     # All nodes share one machine's address: the proxy's preference for the ingress replica
     # on its own node would send every request to the head's. Spread them like on many hosts.
     os.environ.setdefault("RAY_SERVE_PROXY_PREFER_LOCAL_NODE_ROUTING", "0")
+    # Serve runs a proxy on the head and on every node with a replica (GPU nodes included),
+    # and here they all bind one address: on one port the kernel spreads the clients'
+    # connections over all of them (SO_REUSEPORT), and a removed GPU node would cut the
+    # streams its proxy relayed, whatever their engine. Clients talk to the head's proxy
+    # (like a load balancer in front of the CPU nodes); the workers' proxies get another port.
+    os.environ.setdefault("RAY_SERVE_WORKER_PROXY_HTTP_PORT", str(free_port()))
     cluster = Cluster(
         initialize_head=True,
         connect=True,
@@ -76,18 +82,21 @@ def sim_cluster() -> Iterator[SimCluster]:
 
 
 def alive_replicas(app: str, deployment: str) -> list:
-    """Ray's own view (state API) of the live replica actors of a deployment."""
+    """Ray's own view (the GCS actor table, through the state API) of the live replica actors
+    of a deployment. After a node loss the state API has called its answer truncated (its
+    total is not what the GCS returned), hence `raise_on_missing_output=False`: the callers
+    check the count against Serve's."""
     from ray.util.state import list_actors
 
-    actors = list_actors(filters=[("state", "=", "ALIVE")], detail=True, limit=10_000, raise_on_missing_output=False)
-    return [a for a in actors if a.class_name == f"ServeReplica:{app}:{deployment}"]
+    filters = [("class_name", "=", f"ServeReplica:{app}:{deployment}"), ("state", "=", "ALIVE")]
+    return list_actors(filters=filters, detail=True, limit=10_000, raise_on_missing_output=False)
 
 
 def node_gpus() -> dict[str, float]:
-    """Node id -> GPUs it declares, for the nodes alive now (Ray's state API)."""
-    from ray.util.state import list_nodes
+    """Node id -> GPUs it declares, for the nodes alive now (the GCS node table)."""
+    import ray
 
-    return {n.node_id: n.resources_total.get("GPU", 0.0) for n in list_nodes(filters=[("state", "=", "ALIVE")], detail=True)}
+    return {n["NodeID"]: n["Resources"].get("GPU", 0.0) for n in ray.nodes() if n["Alive"]}
 
 
 def running_replicas(app: str, deployment: str) -> int:
