@@ -54,8 +54,9 @@ class Plan:
     ramp_down_s: float  # from `streams` down to `tail_streams`
     tail_streams: int  # kept open while the replicas scale down: a scale-down with streams on it
     tail_s: float
-    words: int  # words of input echoed back (about 5.5 output tokens each), one token per engine step
+    words: int  # words of input echoed back (about 4.5 output tokens each), one token per engine step
     step_delay_ms: float
+    downscale_delay_s: float  # Serve's: long enough that the fall to the tail is one step down to 1 replica
     settle_s: float  # after the load, how long to wait for the replicas to come back to 1
 
     @property
@@ -69,8 +70,12 @@ class Plan:
 
 
 # The tail outlasts one stream (the streams of the hold end), the downscale delay and a margin.
-FULL = Plan(streams=9, ramp_up_s=30, hold_s=60, ramp_down_s=30, tail_streams=2, tail_s=95, words=64, step_delay_ms=200, settle_s=90)  # streams of ~70 s
-SHORT = Plan(streams=8, ramp_up_s=8, hold_s=6, ramp_down_s=6, tail_streams=2, tail_s=24, words=22, step_delay_ms=100, settle_s=45)  # streams of ~12 s
+FULL = Plan(
+    streams=9, ramp_up_s=30, hold_s=60, ramp_down_s=30, tail_streams=2, tail_s=110, words=80, step_delay_ms=200, downscale_delay_s=15, settle_s=90
+)  # streams of ~70 s
+SHORT = Plan(
+    streams=8, ramp_up_s=8, hold_s=6, ramp_down_s=6, tail_streams=2, tail_s=24, words=22, step_delay_ms=100, downscale_delay_s=5, settle_s=45
+)  # streams of ~12 s
 
 
 def app_args(plan: Plan) -> dict:
@@ -79,7 +84,7 @@ def app_args(plan: Plan) -> dict:
         "max_replicas": 3,
         "target_ongoing_requests": TARGET_ONGOING,  # reachable on this box: 3 replicas at 5+ open streams
         "upscale_delay_s": 2,
-        "downscale_delay_s": 5,
+        "downscale_delay_s": plan.downscale_delay_s,
         "metrics_interval_s": 0.5,
         "look_back_period_s": 2,
     }
@@ -105,6 +110,7 @@ class Tally:
     completed: set[int] = field(default_factory=set)
     failures: list[str] = field(default_factory=list)
     durations: list[float] = field(default_factory=list)
+    started_at: dict[int, float] = field(default_factory=dict)  # stream -> t it started
     seen_draining: set[int] = field(default_factory=set)  # streams open while a replica was draining requests
     draining: dict[str, dict] = field(default_factory=dict)  # replica id -> deployment, first/last t, peak in flight
 
@@ -158,8 +164,8 @@ def sample_serve() -> dict:
     statuses = serve.status().applications[APP].deployments
     controller = _get_global_client()._controller
     sample = {"replicas": {}, "stopping": {}}
-    for name in DEPLOYMENTS:
-        sample["replicas"][name] = dict(statuses[name].replica_states)
+    for name, label in DEPLOYMENTS.items():
+        sample["replicas"][label] = dict(statuses[name].replica_states)
         # Which replicas are stopping, and what they still serve: the controller's own
         # bookkeeping (the hook Serve's tests use) and each replica's count of its requests.
         replicas = ray.get(controller._dump_replica_states_for_testing.remote(DeploymentID(name=name, app_name=APP)))
@@ -169,7 +175,7 @@ def sample_serve() -> dict:
                 in_flight[replica.replica_id.unique_id] = ray.get(replica.actor_handle.get_num_ongoing_requests.remote(), timeout=5)
             except Exception:  # already gone (or going): nothing in flight to count
                 in_flight[replica.replica_id.unique_id] = None
-        sample["stopping"][name] = in_flight
+        sample["stopping"][label] = in_flight
     return sample
 
 
@@ -187,14 +193,19 @@ async def run_load(url: str, plan: Plan, sample_of=sample_serve) -> tuple[Tally,
             while t < plan.load_s and tally.open < target_streams(plan, t):
                 tally.started += 1
                 tally.open += 1
+                tally.started_at[index] = t
                 open_ids.add(index)
                 tasks.add(asyncio.create_task(one_stream(session, url, index, plan, tally, open_ids)))
                 index += 1
             tasks = {task for task in tasks if not task.done()}
             sample = await asyncio.to_thread(sample_of)
-            for name, in_flight in sample["stopping"].items():
+            for label, in_flight in sample["stopping"].items():
                 for replica, n in in_flight.items():
-                    seen = tally.draining.setdefault(replica, {"deployment": DEPLOYMENTS[name], "first_t": t, "peak_in_flight": 0})
+                    # How long the open streams (one of them on this replica, if any) had run when it was picked.
+                    ages = sorted(round(t - tally.started_at[i], 1) for i in open_ids)
+                    seen = tally.draining.setdefault(
+                        replica, {"deployment": label, "first_t": round(t, 1), "peak_in_flight": 0, "open_stream_ages_s": ages}
+                    )
                     seen["last_t"] = t
                     seen["peak_in_flight"] = max(seen["peak_in_flight"], n or 0)
                     if n:
@@ -223,12 +234,12 @@ def timeline(plan: Plan, samples: list[dict]) -> dict:
     after_hold = plan.ramp_up_s + plan.hold_s
     low = next((s["t"] for s in samples if s["t"] >= after_hold and s["open_streams"] <= TARGET_ONGOING), None)
     out = {"load_above_one_replica_t": high, "load_back_to_one_replica_t": low}
-    for name, label in DEPLOYMENTS.items():
-        running = [s["replicas"][name].get("RUNNING", 0) for s in samples]
+    for label in DEPLOYMENTS.values():
+        running = [s["replicas"][label].get("RUNNING", 0) for s in samples]
         peak = max(running)
         peak_at = next(i for i, n in enumerate(running) if n == peak)
         back = next(
-            (s["t"] for s in samples[peak_at:] if s["replicas"][name].get("RUNNING", 0) == 1 and len(s["replicas"][name]) == 1),
+            (s["t"] for s in samples[peak_at:] if s["replicas"][label].get("RUNNING", 0) == 1 and len(s["replicas"][label]) == 1),
             None,
         )
         out[label] = {
@@ -248,16 +259,16 @@ def plot(samples: list[dict], path: Path, title: str) -> None:
 
     t = [s["t"] for s in samples]
     fig, axes = plt.subplots(3, 1, sharex=True, figsize=(9, 7), height_ratios=(1, 1, 1.4))
-    for ax, (name, label), color in zip(axes, DEPLOYMENTS.items(), ("tab:blue", "tab:orange")):
-        ax.step(t, [s["replicas"][name].get("RUNNING", 0) for s in samples], where="post", color=color, linewidth=2, label="running")
-        ax.step(t, [s["replicas"][name].get("STOPPING", 0) for s in samples], where="post", color=color, linestyle=":", label="stopping (draining)")
+    for ax, label, color in zip(axes, DEPLOYMENTS.values(), ("tab:blue", "tab:orange")):
+        ax.step(t, [s["replicas"][label].get("RUNNING", 0) for s in samples], where="post", color=color, linewidth=2, label="running")
+        ax.step(t, [s["replicas"][label].get("STOPPING", 0) for s in samples], where="post", color=color, linestyle=":", label="stopping (draining)")
         ax.set_ylabel(f"{label} replicas")
         ax.set_yticks(range(4))
         ax.legend(loc="upper right", fontsize=8)
     bottom = axes[-1]
     bottom.plot(t, [s["open_streams"] for s in samples], color="black", label="open streams")
-    for (name, label), color, width in zip(DEPLOYMENTS.items(), ("tab:blue", "tab:orange"), (5, 1.5)):  # often equal
-        in_flight = [sum(n or 0 for n in s["stopping"][name].values()) for s in samples]
+    for label, color, width in zip(DEPLOYMENTS.values(), ("tab:blue", "tab:orange"), (5, 1.5)):  # often equal
+        in_flight = [sum(n or 0 for n in s["stopping"][label].values()) for s in samples]
         bottom.step(t, in_flight, where="post", color=color, linewidth=width, alpha=0.8, label=f"streams on stopping {label} replicas")
     bottom.set_ylabel("streams")
     bottom.set_xlabel("seconds")
@@ -266,6 +277,13 @@ def plot(samples: list[dict], path: Path, title: str) -> None:
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=100)
+
+
+def dumps(summary: dict) -> str:
+    """The summary as indented JSON, with one line per sample (a short, diffable file)."""
+    head = json.dumps({k: v for k, v in summary.items() if k != "samples"}, indent=1)
+    samples = ",\n  ".join(json.dumps(s, separators=(",", ":")) for s in summary["samples"])
+    return head[: -len("\n}")] + f',\n "samples": [\n  {samples}\n ]\n}}\n'
 
 
 def free_port() -> int:
@@ -318,8 +336,8 @@ def main() -> None:
     tally, samples = run(plan)
     wall_s = time.monotonic() - began
 
-    peak = {name: max(s["replicas"][name].get("RUNNING", 0) for s in samples) for name in DEPLOYMENTS}
-    final = {name: samples[-1]["replicas"][name].get("RUNNING", 0) for name in DEPLOYMENTS}
+    peak = {label: max(s["replicas"][label].get("RUNNING", 0) for s in samples) for label in DEPLOYMENTS.values()}
+    final = {label: samples[-1]["replicas"][label].get("RUNNING", 0) for label in DEPLOYMENTS.values()}
     longest = max(tally.durations, default=0.0)
     drained = {
         replica: {**seen, "draining_s": round(seen["last_t"] - seen["first_t"], 1)} for replica, seen in tally.draining.items()
@@ -334,10 +352,10 @@ def main() -> None:
         "completed": len(tally.completed),
         "failed_streams": len(tally.failures),
         "failures": tally.failures[:20],
-        "peak_engine_replicas": peak[ENGINE],
-        "peak_ingress_replicas": peak[INGRESS],
-        "final_engine_replicas": final[ENGINE],
-        "final_ingress_replicas": final[INGRESS],
+        "peak_engine_replicas": peak['engine'],
+        "peak_ingress_replicas": peak['ingress'],
+        "final_engine_replicas": final['engine'],
+        "final_ingress_replicas": final['ingress'],
         "open_while_stopping": tally.open_while_stopping,
         "drained_requests": drained_requests,
         "stopped_replicas": drained,
@@ -348,18 +366,22 @@ def main() -> None:
     }
     name = "autoscale-short" if args.short else "autoscale"
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / f"{name}.json").write_text(json.dumps(summary, indent=1))
+    (args.out / f"{name}.json").write_text(dumps(summary))
     plot(samples, args.out / f"{name}.png", f"replay engine, {plan.step_delay_ms:g} ms/token, up to {plan.streams} streams")
     for failure in tally.failures[:20]:
         print("FAILED", failure)
     for replica, seen in drained.items():
-        print(f"stopped {seen['deployment']} replica {replica}: draining {seen['draining_s']} s, {seen['peak_in_flight']} requests in flight")
+        ages = seen["open_stream_ages_s"]
+        print(
+            f"stopped {seen['deployment']} replica {replica} at {seen['first_t']:.0f} s: draining {seen['draining_s']} s, "
+            f"{seen['peak_in_flight']} requests in flight; the open streams had run {ages[0] if ages else '-'}..{ages[-1] if ages else '-'} s"
+        )
     for label in DEPLOYMENTS.values():
         print(f"{label}: scale-up {times[label]['scale_up_s']} s, scale-down {times[label]['scale_down_s']} s")
     print(f"wall {wall_s:.0f} s, plot and samples: {args.out / name}.png/.json")
     print(
-        f"failed_streams={len(tally.failures)} peak_replicas={max(peak.values())} peak_engine_replicas={peak[ENGINE]} "
-        f"peak_ingress_replicas={peak[INGRESS]} final_engine_replicas={final[ENGINE]} final_ingress_replicas={final[INGRESS]} "
+        f"failed_streams={len(tally.failures)} peak_replicas={max(peak.values())} peak_engine_replicas={peak['engine']} "
+        f"peak_ingress_replicas={peak['ingress']} final_engine_replicas={final['engine']} final_ingress_replicas={final['ingress']} "
         f"streams={tally.started} open_while_stopping={tally.open_while_stopping} drained_requests={drained_requests} "
         f"longest_stream_s={longest:.1f}"
     )
