@@ -1,17 +1,21 @@
 """Autoscaling under a load ramp: replicas scale up and back down, no stream is cut.
 
-    python -m bench.autoscale            # full: streams of ~60 s, about 5 minutes
-    python -m bench.autoscale --short    # the test's version, about 2 minutes
+    python -m bench.autoscale            # full: streams of ~70 s, about 6 minutes
+    python -m bench.autoscale --short    # the test's version (tests/multinode/test_autoscale.py)
 
 A local Ray cluster and Serve app (127.0.0.1 only) with autoscaling on the engine and the
 ingress (min 1, max 3, small targets, short delays); the replay backend with a step delay,
-so every stream lasts long. A load generator ramps concurrent streams up, holds, ramps down;
-each stream is read to its end and checked by the event contract (tests/contract.py) and
-for its text. Replicas per deployment (`serve.status()`) and open streams are sampled every
-second. Streams still running when a replica of their deployment is stopping (picked for
-downscaling, draining) are counted. Writes bench/results/autoscale.png and autoscale.json;
-the last line is
+so every stream lasts long. A load generator ramps concurrent streams up, holds, ramps down
+to a tail of 2 streams and holds that (the replicas now have far less to do than their
+target: Serve picks two of each deployment to stop while the tail streams run on them), then
+stops. Each stream is read to its end and checked by the event contract (tests/contract.py)
+and for its text. Every second: replicas per deployment and state (`serve.status()`), open
+streams, and for each replica being stopped (draining) the requests still in flight on it
+(the Serve controller's view of its replicas, and the replica's own count). Writes
+bench/results/autoscale.png and autoscale.json (`autoscale-short.*` for `--short`); the
+last line is
 `failed_streams=N peak_replicas=N peak_engine_replicas=N peak_ingress_replicas=N ...`.
+The Ray cluster is shut down on every way out (error, Ctrl-C, SIGTERM).
 """
 
 from __future__ import annotations
@@ -19,11 +23,14 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import math
 import os
+import shutil
+import signal
 import socket
 import tempfile
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import aiohttp
@@ -31,9 +38,12 @@ import aiohttp
 from tests.contract import check_stream, parse_sse
 
 RESULTS = Path(__file__).parent / "results"
+APP = "responses"
 MODEL = "replay-slow"
 ENGINE = "EngineServer-" + MODEL
 INGRESS = "ResponsesIngress"
+DEPLOYMENTS = {ENGINE: "engine", INGRESS: "ingress"}
+TARGET_ONGOING = 2  # Serve's target_ongoing_requests of both deployments
 
 
 @dataclass(frozen=True)
@@ -41,23 +51,40 @@ class Plan:
     streams: int  # concurrent streams at the hold
     ramp_up_s: float
     hold_s: float
-    ramp_down_s: float
-    words: int  # words of input echoed back (about 9 output tokens each: reasoning and answer), one token per engine step
+    ramp_down_s: float  # from `streams` down to `tail_streams`
+    tail_streams: int  # kept open while the replicas scale down: a scale-down with streams on it
+    tail_s: float
+    words: int  # words of input echoed back (about 4.5 output tokens each), one token per engine step
     step_delay_ms: float
+    downscale_delay_s: float  # Serve's: long enough that the fall to the tail is one step down to 1 replica
     settle_s: float  # after the load, how long to wait for the replicas to come back to 1
 
+    @property
+    def load_s(self) -> float:
+        return self.ramp_up_s + self.hold_s + self.ramp_down_s + self.tail_s
 
-FULL = Plan(streams=9, ramp_up_s=30, hold_s=60, ramp_down_s=30, words=40, step_delay_ms=200, settle_s=90)  # streams of ~70 s
-SHORT = Plan(streams=8, ramp_up_s=8, hold_s=12, ramp_down_s=8, words=20, step_delay_ms=100, settle_s=60)  # streams of ~18 s
+    @property
+    def max_stream_duration_s(self) -> float:
+        """The app's stated longest stream (its drain budget follows): twice the expected."""
+        return 2 * 6 * self.words * self.step_delay_ms / 1000 + 30
+
+
+# The tail outlasts one stream (the streams of the hold end), the downscale delay and a margin.
+FULL = Plan(
+    streams=9, ramp_up_s=30, hold_s=60, ramp_down_s=30, tail_streams=2, tail_s=110, words=80, step_delay_ms=200, downscale_delay_s=15, settle_s=90
+)  # streams of ~70 s
+SHORT = Plan(
+    streams=8, ramp_up_s=8, hold_s=6, ramp_down_s=6, tail_streams=2, tail_s=24, words=22, step_delay_ms=100, downscale_delay_s=5, settle_s=45
+)  # streams of ~12 s
 
 
 def app_args(plan: Plan) -> dict:
     autoscaling = {
         "min_replicas": 1,
         "max_replicas": 3,
-        "target_ongoing_requests": 2,  # reachable on this box: 3 replicas at 6 open streams
+        "target_ongoing_requests": TARGET_ONGOING,  # reachable on this box: 3 replicas at 5+ open streams
         "upscale_delay_s": 2,
-        "downscale_delay_s": 5,
+        "downscale_delay_s": plan.downscale_delay_s,
         "metrics_interval_s": 0.5,
         "look_back_period_s": 2,
     }
@@ -71,20 +98,26 @@ def app_args(plan: Plan) -> dict:
             }
         ],
         "ingress": deployment,
-        # The drain budget (Serve's graceful_shutdown_timeout_s) comes from this.
-        "max_stream_duration_s": 2 * 10 * plan.words * plan.step_delay_ms / 1000 + 30,
+        # Serve's drain budget (graceful_shutdown_timeout_s) of both deployments comes from this.
+        "max_stream_duration_s": plan.max_stream_duration_s,
     }
 
 
 @dataclass
 class Tally:
     started: int = 0
-    completed: int = 0
-    failures: list[str] = field(default_factory=list)
     open: int = 0
+    completed: set[int] = field(default_factory=set)
+    failures: list[str] = field(default_factory=list)
     durations: list[float] = field(default_factory=list)
-    open_while_stopping: int = 0  # streams that were open at a sample where a replica was stopping
-    _seen_stopping: set[int] = field(default_factory=set)
+    started_at: dict[int, float] = field(default_factory=dict)  # stream -> t it started
+    seen_draining: set[int] = field(default_factory=set)  # streams open while a replica was draining requests
+    draining: dict[str, dict] = field(default_factory=dict)  # replica id -> deployment, first/last t, peak in flight
+
+    @property
+    def open_while_stopping(self) -> int:
+        """Streams open while a stopping replica still had requests in flight, that completed."""
+        return len(self.seen_draining & self.completed)
 
 
 async def one_stream(session: aiohttp.ClientSession, url: str, index: int, plan: Plan, tally: Tally, open_ids: set[int]) -> None:
@@ -98,7 +131,7 @@ async def one_stream(session: aiohttp.ClientSession, url: str, index: int, plan:
         terminal = check_stream(parse_sse(raw))
         assert terminal.status == "completed", f"ended {terminal.status}"
         assert terminal.output_text == text, "text differs from the input it echoes"
-        tally.completed += 1
+        tally.completed.add(index)
         tally.durations.append(time.monotonic() - started)
     except Exception as exc:  # every way a stream can go wrong is a failed stream
         tally.failures.append(f"stream {index}: {type(exc).__name__}: {exc}"[:300])
@@ -108,7 +141,7 @@ async def one_stream(session: aiohttp.ClientSession, url: str, index: int, plan:
 
 
 def target_streams(plan: Plan, t: float) -> int:
-    """Concurrent streams wanted at `t` s into the load: up, hold, down."""
+    """Concurrent streams wanted at `t` s into the load: up, hold, down, tail, none."""
     if t < plan.ramp_up_s:
         return 1 + int((plan.streams - 1) * t / plan.ramp_up_s)
     t -= plan.ramp_up_s
@@ -116,55 +149,106 @@ def target_streams(plan: Plan, t: float) -> int:
         return plan.streams
     t -= plan.hold_s
     if t < plan.ramp_down_s:
-        return max(1, plan.streams - int(plan.streams * t / plan.ramp_down_s))
-    return 0
+        return max(plan.tail_streams, plan.streams - math.ceil((plan.streams - plan.tail_streams) * t / plan.ramp_down_s))
+    t -= plan.ramp_down_s
+    return plan.tail_streams if t < plan.tail_s else 0
 
 
-def replica_counts() -> dict[str, dict[str, int]]:
+def sample_serve() -> dict:
+    """Replicas per deployment and state, and the requests in flight on each stopping replica."""
+    import ray
     from ray import serve
+    from ray.serve._private.common import DeploymentID, ReplicaState
+    from ray.serve.context import _get_global_client
 
-    deployments = serve.status().applications["responses"].deployments
-    return {name: dict(deployments[name].replica_states) for name in (ENGINE, INGRESS)}
+    statuses = serve.status().applications[APP].deployments
+    controller = _get_global_client()._controller
+    sample = {"replicas": {}, "stopping": {}}
+    for name, label in DEPLOYMENTS.items():
+        sample["replicas"][label] = dict(statuses[name].replica_states)
+        # Which replicas are stopping, and what they still serve: the controller's own
+        # bookkeeping (the hook Serve's tests use) and each replica's count of its requests.
+        replicas = ray.get(controller._dump_replica_states_for_testing.remote(DeploymentID(name=name, app_name=APP)))
+        in_flight = {}
+        for replica in replicas.get([ReplicaState.STOPPING]):
+            try:
+                in_flight[replica.replica_id.unique_id] = ray.get(replica.actor_handle.get_num_ongoing_requests.remote(), timeout=5)
+            except Exception:  # already gone (or going): nothing in flight to count
+                in_flight[replica.replica_id.unique_id] = None
+        sample["stopping"][label] = in_flight
+    return sample
 
 
-async def run_load(url: str, plan: Plan, counts_of=replica_counts) -> tuple[Tally, list[dict]]:
+async def run_load(url: str, plan: Plan, sample_of=sample_serve) -> tuple[Tally, list[dict]]:
     tally, samples, open_ids, tasks = Tally(), [], set(), set()
-    load_s = plan.ramp_up_s + plan.hold_s + plan.ramp_down_s
     begin = time.monotonic()
     connector = aiohttp.TCPConnector(limit=plan.streams * 2 + 8)
-    timeout = aiohttp.ClientTimeout(total=app_args(plan)["max_stream_duration_s"] + 60)
+    timeout = aiohttp.ClientTimeout(total=plan.max_stream_duration_s + 60)
     async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
         index = 0
         settled_at = None
         while True:
             t = time.monotonic() - begin
             # Starts: keep `target_streams` open while the load runs.
-            while t < load_s and tally.open < target_streams(plan, t):
+            while t < plan.load_s and tally.open < target_streams(plan, t):
                 tally.started += 1
                 tally.open += 1
+                tally.started_at[index] = t
                 open_ids.add(index)
                 tasks.add(asyncio.create_task(one_stream(session, url, index, plan, tally, open_ids)))
                 index += 1
             tasks = {task for task in tasks if not task.done()}
-            counts = await asyncio.to_thread(counts_of)
-            if any(states.get("STOPPING") for states in counts.values()):
-                tally._seen_stopping |= open_ids
-            samples.append({"t": round(t, 2), "open_streams": tally.open, "replicas": counts})
-            running = {name: states.get("RUNNING", 0) for name, states in counts.items()}
-            if t >= load_s and not tasks:
-                if all(n == 1 for n in running.values()) and not any(s.get("STOPPING") for s in counts.values()):
-                    break  # scaled back down
+            sample = await asyncio.to_thread(sample_of)
+            for label, in_flight in sample["stopping"].items():
+                for replica, n in in_flight.items():
+                    # How long the open streams (one of them on this replica, if any) had run when it was picked.
+                    ages = sorted(round(t - tally.started_at[i], 1) for i in open_ids)
+                    seen = tally.draining.setdefault(
+                        replica, {"deployment": label, "first_t": round(t, 1), "peak_in_flight": 0, "open_stream_ages_s": ages}
+                    )
+                    seen["last_t"] = t
+                    seen["peak_in_flight"] = max(seen["peak_in_flight"], n or 0)
+                    if n:
+                        tally.seen_draining |= open_ids
+            samples.append({"t": round(t, 2), "open_streams": tally.open, **sample})
+            counts = sample["replicas"]
+            if t >= plan.load_s and not tasks:
+                if all(states.get("RUNNING", 0) == 1 and len(states) == 1 for states in counts.values()):
+                    break  # scaled back down: one replica each, nothing starting or stopping
                 settled_at = settled_at or time.monotonic()
                 if time.monotonic() - settled_at > plan.settle_s:
                     break
-            if t > load_s + plan.settle_s + app_args(plan)["max_stream_duration_s"] + 60:
+            if t > plan.load_s + plan.settle_s + plan.max_stream_duration_s + 60:
                 tally.failures.append("the load did not end in time")
                 break
-            await asyncio.sleep(1.0)
+            await asyncio.sleep(max(0.0, begin + t + 1.0 - time.monotonic()))
         for task in tasks:
             task.cancel()
-    tally.open_while_stopping = len(tally._seen_stopping)
     return tally, samples
+
+
+def timeline(plan: Plan, samples: list[dict]) -> dict:
+    """When each deployment reached its peak after the load first asked for more than one
+    replica, and came back to one after it last asked for one (Serve's delays included)."""
+    high = next((s["t"] for s in samples if s["open_streams"] > TARGET_ONGOING), None)
+    after_hold = plan.ramp_up_s + plan.hold_s
+    low = next((s["t"] for s in samples if s["t"] >= after_hold and s["open_streams"] <= TARGET_ONGOING), None)
+    out = {"load_above_one_replica_t": high, "load_back_to_one_replica_t": low}
+    for label in DEPLOYMENTS.values():
+        running = [s["replicas"][label].get("RUNNING", 0) for s in samples]
+        peak = max(running)
+        peak_at = next(i for i, n in enumerate(running) if n == peak)
+        back = next(
+            (s["t"] for s in samples[peak_at:] if s["replicas"][label].get("RUNNING", 0) == 1 and len(s["replicas"][label]) == 1),
+            None,
+        )
+        out[label] = {
+            "peak_t": samples[peak_at]["t"],
+            "back_to_one_t": back,
+            "scale_up_s": None if high is None else round(samples[peak_at]["t"] - high, 1),
+            "scale_down_s": None if low is None or back is None else round(back - low, 1),
+        }
+    return out
 
 
 def plot(samples: list[dict], path: Path, title: str) -> None:
@@ -174,25 +258,68 @@ def plot(samples: list[dict], path: Path, title: str) -> None:
     import matplotlib.pyplot as plt
 
     t = [s["t"] for s in samples]
-    fig, (top, bottom) = plt.subplots(2, 1, sharex=True, figsize=(9, 6))
-    for name, label in ((ENGINE, "engine"), (INGRESS, "ingress")):
-        top.step(t, [s["replicas"][name].get("RUNNING", 0) for s in samples], where="post", label=f"{label} running")
-        top.step(t, [s["replicas"][name].get("STOPPING", 0) for s in samples], where="post", linestyle=":", label=f"{label} stopping")
-    top.set_ylabel("replicas")
-    top.legend(loc="upper right", fontsize=8)
-    bottom.plot(t, [s["open_streams"] for s in samples], color="black")
-    bottom.set_ylabel("open streams")
+    fig, axes = plt.subplots(3, 1, sharex=True, figsize=(9, 7), height_ratios=(1, 1, 1.4))
+    for ax, label, color in zip(axes, DEPLOYMENTS.values(), ("tab:blue", "tab:orange")):
+        ax.step(t, [s["replicas"][label].get("RUNNING", 0) for s in samples], where="post", color=color, linewidth=2, label="running")
+        ax.step(t, [s["replicas"][label].get("STOPPING", 0) for s in samples], where="post", color=color, linestyle=":", label="stopping (draining)")
+        ax.set_ylabel(f"{label} replicas")
+        ax.set_yticks(range(4))
+        ax.legend(loc="upper right", fontsize=8)
+    bottom = axes[-1]
+    bottom.plot(t, [s["open_streams"] for s in samples], color="black", label="open streams")
+    for label, color, width in zip(DEPLOYMENTS.values(), ("tab:blue", "tab:orange"), (5, 1.5)):  # often equal
+        in_flight = [sum(n or 0 for n in s["stopping"][label].values()) for s in samples]
+        bottom.step(t, in_flight, where="post", color=color, linewidth=width, alpha=0.8, label=f"streams on stopping {label} replicas")
+    bottom.set_ylabel("streams")
     bottom.set_xlabel("seconds")
+    bottom.legend(loc="upper right", fontsize=8)
     fig.suptitle(title)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=100)
 
 
+def dumps(summary: dict) -> str:
+    """The summary as indented JSON, with one line per sample (a short, diffable file)."""
+    head = json.dumps({k: v for k, v in summary.items() if k != "samples"}, indent=1)
+    samples = ",\n  ".join(json.dumps(s, separators=(",", ":")) for s in summary["samples"])
+    return head[: -len("\n}")] + f',\n "samples": [\n  {samples}\n ]\n}}\n'
+
+
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
+
+
+def _interrupt(signum, frame):
+    raise KeyboardInterrupt(f"signal {signum}")  # unwinds through the `finally` that stops Ray
+
+
+def run(plan: Plan) -> tuple[Tally, list[dict]]:
+    """Start a local Ray cluster and the app, run the load, always stop the cluster."""
+    import ray
+    from ray import serve
+
+    from serve_app.app import build_app
+
+    temp_dir = tempfile.mkdtemp(prefix="ray-autoscale-", dir="/tmp")
+    signal.signal(signal.SIGTERM, _interrupt)  # a test's timeout, `kill`: as Ctrl-C
+    ok = False
+    try:
+        ray.init(num_cpus=2, include_dashboard=False, _temp_dir=temp_dir, log_to_driver=False)
+        port = free_port()
+        serve.start(http_options={"host": "127.0.0.1", "port": port})
+        serve.run(build_app(app_args(plan)), name=APP, route_prefix="/")
+        result = asyncio.run(run_load(f"http://127.0.0.1:{port}/v1", plan))
+        ok = True
+        return result
+    finally:
+        ray.shutdown()  # stops every process this driver's cluster started
+        if ok:
+            shutil.rmtree(temp_dir, ignore_errors=True)
+        else:
+            print(f"Ray's logs: {temp_dir}/session_latest/logs", flush=True)
 
 
 def main() -> None:
@@ -203,49 +330,60 @@ def main() -> None:
     plan = SHORT if args.short else FULL
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    os.environ.setdefault("RAY_SERVE_ENABLE_DIRECT_INGRESS", "0")  # the proxy spreads streams over the ingress replicas
 
-    import ray
-    from ray import serve
+    began = time.monotonic()
+    tally, samples = run(plan)
+    wall_s = time.monotonic() - began
 
-    from serve_app.app import build_app
-
-    temp_dir = tempfile.mkdtemp(prefix="ray-autoscale-", dir="/tmp")
-    ray.init(num_cpus=2, include_dashboard=False, _temp_dir=temp_dir, log_to_driver=False)
-    try:
-        port = free_port()
-        serve.start(http_options={"host": "127.0.0.1", "port": port})
-        serve.run(build_app(app_args(plan)), name="responses", route_prefix="/")
-        tally, samples = asyncio.run(run_load(f"http://127.0.0.1:{port}/v1", plan))
-    finally:
-        ray.shutdown()
-
-    peak = {name: max(s["replicas"][name].get("RUNNING", 0) for s in samples) for name in (ENGINE, INGRESS)}
-    final = {name: samples[-1]["replicas"][name].get("RUNNING", 0) for name in (ENGINE, INGRESS)}
+    peak = {label: max(s["replicas"][label].get("RUNNING", 0) for s in samples) for label in DEPLOYMENTS.values()}
+    final = {label: samples[-1]["replicas"][label].get("RUNNING", 0) for label in DEPLOYMENTS.values()}
     longest = max(tally.durations, default=0.0)
+    drained = {
+        replica: {**seen, "draining_s": round(seen["last_t"] - seen["first_t"], 1)} for replica, seen in tally.draining.items()
+    }
+    drained_requests = sum(seen["peak_in_flight"] for seen in drained.values())
+    times = timeline(plan, samples)
     summary = {
-        "plan": plan.__dict__,
+        "plan": asdict(plan),
+        "app_args": app_args(plan),
+        "wall_s": round(wall_s, 1),
         "streams": tally.started,
-        "completed": tally.completed,
+        "completed": len(tally.completed),
         "failed_streams": len(tally.failures),
         "failures": tally.failures[:20],
-        "peak_engine_replicas": peak[ENGINE],
-        "peak_ingress_replicas": peak[INGRESS],
-        "final_engine_replicas": final[ENGINE],
-        "final_ingress_replicas": final[INGRESS],
-        "streams_open_while_a_replica_stopped": tally.open_while_stopping,
+        "peak_engine_replicas": peak['engine'],
+        "peak_ingress_replicas": peak['ingress'],
+        "final_engine_replicas": final['engine'],
+        "final_ingress_replicas": final['ingress'],
+        "open_while_stopping": tally.open_while_stopping,
+        "drained_requests": drained_requests,
+        "stopped_replicas": drained,
         "longest_stream_s": round(longest, 1),
+        "median_stream_s": round(sorted(tally.durations)[len(tally.durations) // 2], 1) if tally.durations else None,
+        "timeline": times,
         "samples": samples,
     }
     name = "autoscale-short" if args.short else "autoscale"
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / f"{name}.json").write_text(json.dumps(summary, indent=1))
+    (args.out / f"{name}.json").write_text(dumps(summary))
     plot(samples, args.out / f"{name}.png", f"replay engine, {plan.step_delay_ms:g} ms/token, up to {plan.streams} streams")
     for failure in tally.failures[:20]:
         print("FAILED", failure)
+    for replica, seen in drained.items():
+        ages = seen["open_stream_ages_s"]
+        print(
+            f"stopped {seen['deployment']} replica {replica} at {seen['first_t']:.0f} s: draining {seen['draining_s']} s, "
+            f"{seen['peak_in_flight']} requests in flight; the open streams had run {ages[0] if ages else '-'}..{ages[-1] if ages else '-'} s"
+        )
+    for label in DEPLOYMENTS.values():
+        print(f"{label}: scale-up {times[label]['scale_up_s']} s, scale-down {times[label]['scale_down_s']} s")
+    print(f"wall {wall_s:.0f} s, plot and samples: {args.out / name}.png/.json")
     print(
-        f"failed_streams={len(tally.failures)} peak_replicas={max(peak.values())} peak_engine_replicas={peak[ENGINE]} "
-        f"peak_ingress_replicas={peak[INGRESS]} final_engine_replicas={final[ENGINE]} final_ingress_replicas={final[INGRESS]} "
-        f"streams={tally.started} open_while_stopping={tally.open_while_stopping} longest_stream_s={longest:.1f}"
+        f"failed_streams={len(tally.failures)} peak_replicas={max(peak.values())} peak_engine_replicas={peak['engine']} "
+        f"peak_ingress_replicas={peak['ingress']} final_engine_replicas={final['engine']} final_ingress_replicas={final['ingress']} "
+        f"streams={tally.started} open_while_stopping={tally.open_while_stopping} drained_requests={drained_requests} "
+        f"longest_stream_s={longest:.1f}"
     )
 
 
