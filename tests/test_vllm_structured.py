@@ -5,22 +5,19 @@ template with the `qwen3` reasoning and `hermes` tool parsers (tools rendered he
 
 A 135M model does not follow a schema or a tool protocol by itself; every answer here that
 parses, validates and calls only what tool_choice allows does so because the grammar masked
-everything else. The engine runs in the uvicorn server's event loop (`AsyncLLM` binds to the
-loop of its first request). Run under `flock /tmp/heavy.lock`.
+everything else. The engine runs in the uvicorn server's event loop (tests/engine_server.py).
+Run under `flock /tmp/heavy.lock`.
 """
 
 from __future__ import annotations
 
-import asyncio
 import json
-import threading
-import time
 from collections.abc import Iterator
 
 import jsonschema
 import pytest
 
-from tests.conftest import free_port, have_vllm
+from tests.conftest import have_vllm
 from tests.contract import check_stream
 from tests.sdk_scenarios import client, output_texts
 
@@ -73,13 +70,11 @@ MAX_TOKENS = 160
 @pytest.fixture(scope="module")
 def engine_url() -> Iterator[str]:
     pytest.importorskip("gguf")
-    import uvicorn
-
-    from deployments.backends.vllm import VLLMBackend
-    from serve_app.api import ServedModel, create_app
+    from serve_app.api import ServedModel
     from serve_app.config import SMOLLM2, SpeculativeConfig, VLLMBackendConfig
     from serve_app.protocol.chat_template import ChatTemplateModel
     from serve_app.smollm2 import SmolLM2Unavailable, ensure_smollm2_checkpoint, load_tokenizer
+    from tests.engine_server import engine_app
 
     try:
         checkpoint = ensure_smollm2_checkpoint()
@@ -93,55 +88,19 @@ def engine_url() -> Iterator[str]:
         engine_kwargs={"enforce_eager": True, "seed": 0},
     )
     tokenizer = load_tokenizer(SMOLLM2)
-    port = free_port()
-    loop = asyncio.new_event_loop()
-    state: dict = {}
-    started = threading.Event()
 
-    def serve() -> None:
-        asyncio.set_event_loop(loop)
-        try:
-            backend = state["backend"] = loop.run_until_complete(_start(VLLMBackend, config))
-            models = [
-                ServedModel(PLAIN, backend, 2048, ChatTemplateModel(tokenizer)),
-                ServedModel(HERMES, backend, 2048, ChatTemplateModel(tokenizer, template="qwen3", reasoning_parser="qwen3", tool_parser="hermes")),
-                ServedModel(
-                    HERMES_NO_THINK, backend, 2048,
-                    ChatTemplateModel(tokenizer, template="qwen3", reasoning_parser="qwen3", tool_parser="hermes", template_kwargs={"enable_thinking": False}),
-                ),  # fmt: skip
-            ]
-            server = state["server"] = uvicorn.Server(uvicorn.Config(create_app(models), host="127.0.0.1", port=port, log_level="warning"))
-            loop.run_until_complete(server.serve())
-        except BaseException as exc:  # noqa: BLE001 - reported to the test thread
-            state["error"] = exc
-        finally:
-            started.set()
-            if "backend" in state:  # on its loop: the engine's output handler lives there
-                loop.run_until_complete(_stop(state["backend"]))
-            loop.close()
+    def models(backend) -> list[ServedModel]:
+        return [
+            ServedModel(PLAIN, backend, 2048, ChatTemplateModel(tokenizer)),
+            ServedModel(HERMES, backend, 2048, ChatTemplateModel(tokenizer, template="qwen3", reasoning_parser="qwen3", tool_parser="hermes")),
+            ServedModel(
+                HERMES_NO_THINK, backend, 2048,
+                ChatTemplateModel(tokenizer, template="qwen3", reasoning_parser="qwen3", tool_parser="hermes", template_kwargs={"enable_thinking": False}),
+            ),  # fmt: skip
+        ]
 
-    thread = threading.Thread(target=serve, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 900
-    while not (state.get("server") and state["server"].started) and "error" not in state:
-        assert time.monotonic() < deadline, "engine did not start"
-        time.sleep(0.2)
-    if "error" in state:
-        raise state["error"]
-    try:
-        yield f"http://127.0.0.1:{port}/v1"
-    finally:
-        state["server"].should_exit = True
-        thread.join(timeout=120)
-
-
-async def _start(cls, config):
-    return cls(config)  # blocking start inside the serving loop
-
-
-async def _stop(backend) -> None:
-    backend.shutdown()
-    await asyncio.sleep(0.1)  # let the cancelled output-handler task finish
+    with engine_app(config, models) as url:
+        yield url
 
 
 def _structured(url: str, model: str, prompt: str, schema: dict, stream: bool, temperature: float) -> dict:
@@ -184,15 +143,40 @@ def test_streaming_equals_non_streaming_at_temperature_zero(engine_url):
     assert streamed == _structured(engine_url, PLAIN, "Describe a person as JSON.", PERSON, False, 0.0)
 
 
+def _json_object_prefix(text: str) -> bool:
+    """True if `text` is a prefix of some JSON object (xgrammar's JSON grammar, as the engine's)."""
+    import xgrammar as xgr
+
+    from serve_app.config import SMOLLM2
+    from serve_app.smollm2 import load_tokenizer
+
+    info = xgr.TokenizerInfo.from_huggingface(load_tokenizer(SMOLLM2))
+    matcher = xgr.GrammarMatcher(xgr.GrammarCompiler(info).compile_json_schema('{"type": "object"}'))
+    return matcher.accept_string(text)
+
+
 def test_json_object(engine_url):
-    # An open object may go on until max_output_tokens (seen once in two runs at temperature 1):
-    # the grammar guarantees an object, not its length.
-    response = client(engine_url).responses.create(
-        model=PLAIN, input="Give me a JSON object about cats.", text={"format": {"type": "json_object"}}, max_output_tokens=MAX_TOKENS
-    )
-    assert response.output_text.startswith("{")
-    if response.status == "completed":
-        assert isinstance(json.loads(response.output_text), dict)
+    """An open object (`{"type": "object"}`) has no bound the grammar could close it by: a
+    completed answer parses as an object, streaming and not; one cut by max_output_tokens is
+    `incomplete` (as with OpenAI) and still a valid prefix of an object."""
+    completed = 0
+    for stream in (False, True):
+        for temperature in (0.0, 1.0):
+            body = {"model": PLAIN, "input": "Give me a JSON object about cats.", "temperature": temperature}
+            body |= {"text": {"format": {"type": "json_object"}}, "max_output_tokens": MAX_TOKENS}
+            if stream:
+                with client(engine_url).responses.create(**body, stream=True) as events:
+                    response = check_stream(list(events))
+            else:
+                response = client(engine_url).responses.create(**body)
+            assert response.output_text.startswith("{"), response.output_text
+            if response.status == "completed":
+                completed += 1
+                assert isinstance(json.loads(response.output_text), dict)
+            else:
+                assert response.status == "incomplete" and response.incomplete_details.reason == "max_output_tokens"
+                assert _json_object_prefix(response.output_text), response.output_text
+    assert completed  # the engine does finish objects (not only cut ones)
 
 
 def _calls(response) -> list[tuple[str, dict]]:
