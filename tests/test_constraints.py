@@ -179,6 +179,9 @@ def test_harmony_formats_llguidance_does_not_know_are_a_400():
     with pytest.raises(APIError) as caught:
         HarmonyModel().constraint(request(text={"format": {"type": "json_schema", "name": "x", "schema": schema}}), [])
     assert "uri-reference" in str(caught.value) and caught.value.param == "text.format.schema" and caught.value.status_code == 400
+    # a property named "format" is no format keyword
+    named_format = {"type": "object", "properties": {"format": {"type": "string"}}}
+    assert HarmonyModel().constraint(request(text={"format": {"type": "json_schema", "name": "x", "schema": named_format}}), []) is not None
 
 
 # --------------------------------------------------------------------------- chat templates

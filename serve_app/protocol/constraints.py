@@ -170,8 +170,8 @@ call_channel: <|channel|> ("commentary" | "analysis" | "final")
 
 def _unknown_format(schema: Any) -> str | None:
     if isinstance(schema, dict):
-        if schema.get("format") in LLGUIDANCE_UNKNOWN_FORMATS:
-            return schema["format"]
+        if isinstance(fmt := schema.get("format"), str) and fmt in LLGUIDANCE_UNKNOWN_FORMATS:
+            return fmt
         schema = list(schema.values())
     if isinstance(schema, list):
         return next((fmt for item in schema if (fmt := _unknown_format(item))), None)
