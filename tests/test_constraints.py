@@ -1,13 +1,15 @@
-"""The engine constraints (`serve_app/protocol/constraints.py`) checked with xgrammar, the
-grammar engine vLLM's structured outputs mask logits with, token by token as vLLM feeds it:
-- the harmony constraints are exactly vLLM 0.32's own for the same request;
+"""The engine constraints (`serve_app/protocol/constraints.py`) checked with the grammar
+engines vLLM's structured outputs mask logits with, token by token as vLLM feeds them:
+llguidance for harmony (over gpt-oss's tokenizer, `o200k_harmony`), xgrammar for chat
+templates (over SmolLM2's):
 - the replay models' completions (real harmony / SmolLM2 token ids, the shape a real model
-  writes) are accepted, reasoning included; what the constraint forbids is rejected.
+  writes) are accepted, reasoning included; what the constraint forbids is rejected;
+- harmony's special tokens are tokens: a header spelled with text tokens, or a special token
+  inside a JSON string, is rejected — both of which vLLM 0.32's own harmony tags accept.
 """
 
 from __future__ import annotations
 
-import base64
 import json
 
 import pytest
@@ -18,9 +20,9 @@ from deployments.backends.replay import script_completion  # noqa: E402
 from deployments.backends.replay_qwen3 import script_qwen3_completion  # noqa: E402
 from serve_app.protocol.chat_template import ChatTemplateModel  # noqa: E402
 from serve_app.protocol.constraints import JSON_MAX_WHITESPACE  # noqa: E402
-from serve_app.protocol.harmony import HarmonyModel, render_completion  # noqa: E402
+from serve_app.protocol.harmony import HarmonyModel  # noqa: E402
 from serve_app.protocol.request import ResponsesRequest  # noqa: E402
-from serve_app.vocab import VOCAB_FILE, ensure_vocabulary, harmony_encoding  # noqa: E402
+from serve_app.vocab import HARMONY_VOCAB_SIZE, ensure_harmony_tokenizer, harmony_encoding  # noqa: E402
 from tests.conftest import have_vllm  # noqa: E402
 
 SCHEMA = {
@@ -42,42 +44,37 @@ def request(**fields) -> ResponsesRequest:
 
 
 @pytest.fixture(scope="module")
-def harmony_tokenizer_info():
-    """o200k_harmony as xgrammar sees a tokenizer: every token's bytes, special tokens as their
-    text (`<|channel|>` ...), which is what a gpt-oss engine needs for structured outputs
-    (vLLM refuses them under `skip_tokenizer_init`: it builds this from the HF tokenizer)."""
-    encoding = harmony_encoding()
-    vocab: list[bytes] = []
-    for line in (ensure_vocabulary() / VOCAB_FILE).read_text().splitlines():
-        token, rank = line.split()
-        assert int(rank) == len(vocab)
-        vocab.append(base64.b64decode(token))
-    size = 201088
-    for token_id in range(len(vocab), size):
-        try:
-            vocab.append(encoding.decode_utf8([token_id]).encode())
-        except Exception:  # noqa: BLE001 - unused ids
-            vocab.append(f"<|reserved_{token_id}|>".encode())
-    stops = encoding.stop_tokens_for_assistant_actions()
-    return xgr.TokenizerInfo(vocab, vocab_type=xgr.VocabType.RAW, vocab_size=size, stop_token_ids=stops), stops
+def harmony_tokenizer():
+    """gpt-oss's tokenizer as the engine loads it (`tokenizer: o200k_harmony`)."""
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(ensure_harmony_tokenizer()), local_files_only=True)
+
+
+@pytest.fixture(scope="module")
+def ll_tokenizer(harmony_tokenizer):
+    """o200k_harmony as llguidance sees it: vLLM's guidance backend builds it the same way."""
+    llguidance_hf = pytest.importorskip("llguidance.hf")
+    return llguidance_hf.from_tokenizer(harmony_tokenizer, HARMONY_VOCAB_SIZE)
 
 
 def harmony_tokens(text: str) -> list[int]:
     return harmony_encoding().encode(text, allowed_special="all")
 
 
-def accepts(compiler, engine: dict, tokens: list[int], stops: list[int]) -> bool:
-    """Feed tokens as vLLM does (one `accept_token` each); True if all are accepted and the
-    grammar ends with the completion's stop token."""
-    compiled = compiler.compile_structural_tag(engine["structural_tag"])
-    matcher = xgr.GrammarMatcher(compiled, override_stop_tokens=stops)
-    return all(matcher.accept_token(t) for t in tokens) and matcher.is_terminated()
+def spelled(text: str) -> list[int]:
+    """`text` written with ordinary tokens only: `<|channel|>` as `<|` `channel` `|>`."""
+    return harmony_encoding().encode(text, disallowed_special=())
 
 
-@pytest.fixture(scope="module")
-def harmony_compiler(harmony_tokenizer_info):
-    info, stops = harmony_tokenizer_info
-    return xgr.GrammarCompiler(info), stops
+def ll_accepts(ll_tokenizer, engine: dict, tokens: list[int]) -> bool:
+    """Feed tokens as vLLM's guidance backend does; True if all are accepted and the grammar
+    may end there (the completion's stop token included)."""
+    import llguidance
+
+    matcher = llguidance.LLMatcher(ll_tokenizer, llguidance.grammar_from("lark", engine["grammar"]), log_level=0)
+    assert not matcher.get_error(), matcher.get_error()
+    return all(matcher.consume_token(t) for t in tokens) and matcher.is_accepting()
 
 
 def harmony_case(req: ResponsesRequest):
@@ -87,81 +84,116 @@ def harmony_case(req: ResponsesRequest):
     return constraint, script_completion(prompt, constraint)
 
 
-def test_harmony_json_answer_after_free_analysis(harmony_compiler):
-    compiler, stops = harmony_compiler
+def test_harmony_json_answer_after_free_analysis(ll_tokenizer):
     req = request(text=JSON_FORMAT)
     prompt = harmony_encoding().decode_utf8(HarmonyModel().render_prompt(req, req.input_items()))
     assert f"# Response Formats\n\n## plan\n\n{json.dumps(SCHEMA)}<|end|>" in prompt  # gpt-oss is told the schema
     constraint, completion = harmony_case(req)
     text = harmony_encoding().decode_utf8(completion)
     assert text.startswith("<|channel|>analysis<|message|>The user wrote")  # reasoning: any text
-    assert accepts(compiler, constraint.engine, completion, stops)
+    assert ll_accepts(ll_tokenizer, constraint.engine, completion)
+    free = harmony_tokens("<|channel|>analysis<|message|>") + spelled('{"not": json, <|end|> spelled} ~ 世界')
+    free += harmony_tokens('<|end|><|start|>assistant<|channel|>final<|message|>{"city": "Oslo", "days": 3}<|return|>')
+    assert ll_accepts(ll_tokenizer, constraint.engine, free)
     wrong = '<|channel|>analysis<|message|>x<|end|><|start|>assistant<|channel|>final <|constrain|>json<|message|>{"city": "Oslo"}<|return|>'
-    assert not accepts(compiler, constraint.engine, harmony_tokens(wrong), stops)  # "days" missing
+    assert not ll_accepts(ll_tokenizer, constraint.engine, harmony_tokens(wrong))  # "days" missing
     plain = "<|channel|>final<|message|>Oslo, 3 days<|return|>"
-    assert not accepts(compiler, constraint.engine, harmony_tokens(plain), stops)
+    assert not ll_accepts(ll_tokenizer, constraint.engine, harmony_tokens(plain))
 
 
-def test_harmony_required_named_allowed_and_none(harmony_compiler):
-    compiler, stops = harmony_compiler
+def test_harmony_special_tokens_are_tokens_not_text(ll_tokenizer):
+    """What the random tiny gpt-oss did under vLLM's own (text-level) harmony tags: a header
+    spelled with text tokens (the parser reads it as message text), a special token inside a
+    JSON string (it ends the message mid-answer). Ours rejects both."""
+    constraint, _ = harmony_case(request(text=JSON_FORMAT))
+    good = '<|channel|>final <|constrain|>json<|message|>{"city": "Oslo", "days": 3}<|return|>'
+    assert ll_accepts(ll_tokenizer, constraint.engine, harmony_tokens(good))
+    assert not ll_accepts(ll_tokenizer, constraint.engine, spelled("<|channel|>") + harmony_tokens(good.removeprefix("<|channel|>")))
+    inside = harmony_tokens('<|channel|>final<|message|>{"city": "Os') + harmony_tokens("<|end|>")
+    assert not ll_accepts(ll_tokenizer, constraint.engine, inside + harmony_tokens('lo", "days": 3}<|return|>'))
+    # the same text written with ordinary tokens is just text in a JSON string
+    assert ll_accepts(ll_tokenizer, constraint.engine, harmony_tokens('<|channel|>final<|message|>{"city": "Os') + spelled("<|end|>") + harmony_tokens('lo", "days": 3}<|return|>'))
+    # harmony reads `final json` as a message to a recipient "json", not as a final answer
+    assert not ll_accepts(ll_tokenizer, constraint.engine, harmony_tokens(good.replace(" <|constrain|>json", " json")))
+    # free analysis is any text, never a special token
+    analysis = harmony_tokens("<|channel|>analysis<|message|>a") + harmony_tokens("<|constrain|>") + harmony_tokens("b<|end|><|start|>assistant") + harmony_tokens(good)
+    assert not ll_accepts(ll_tokenizer, constraint.engine, analysis)
+
+
+@pytest.mark.skipif(not have_vllm(), reason="needs vllm")
+def test_vllms_own_harmony_tags_take_special_tokens_as_text(harmony_tokenizer):
+    """Why harmony does not use vLLM's tags: compiled by xgrammar (vLLM's default backend) over
+    the same tokenizer, they accept the spelled header, the `<|end|>` inside the answer, and
+    `final json`, which harmony does not read as a final answer."""
+    from vllm.entrypoints.openai.responses.protocol import ResponsesRequest as VLLMResponsesRequest
+    from vllm.parser.harmony import _adjust_output_format
+
+    tag = _adjust_output_format(VLLMResponsesRequest(model="m", input="hello", text=JSON_FORMAT)).structured_outputs.structural_tag
+    info = xgr.TokenizerInfo.from_huggingface(harmony_tokenizer, vocab_size=HARMONY_VOCAB_SIZE)
+    compiled = xgr.GrammarCompiler(info).compile_structural_tag(tag)
+
+    def accepts(tokens: list[int]) -> bool:
+        matcher = xgr.GrammarMatcher(compiled, override_stop_tokens=[200002, 200012])
+        return all(matcher.accept_token(t) for t in tokens) and matcher.is_terminated()
+
+    good = '<|channel|>final json<|message|>{"city": "Oslo", "days": 3}<|return|>'
+    assert accepts(harmony_tokens(good))
+    assert accepts(spelled("<|channel|>final json<|message|>") + harmony_tokens('{"city": "Oslo", "days": 3}<|return|>'))
+    assert accepts(harmony_tokens('<|channel|>final json<|message|>{"city": "Os<|end|>lo", "days": 3}<|return|>'))
+
+
+def test_harmony_required_named_allowed_and_none(ll_tokenizer):
     answer = "<|channel|>analysis<|message|>hm<|end|><|start|>assistant<|channel|>final<|message|>Hi!<|return|>"
     call_time = "<|channel|>analysis<|message|>hm<|end|><|start|>assistant to=functions.get_time<|channel|>commentary json<|message|>{}<|call|>"
     call_weather = ' to=functions.get_weather<|channel|>commentary <|constrain|>json<|message|>{"city": "Oslo", "days": 0}<|call|>'
 
     required, completion = harmony_case(request(tools=[WEATHER, TIME], tool_choice="required"))
-    assert accepts(compiler, required.engine, completion, stops)  # the replay calls get_weather
-    assert accepts(compiler, required.engine, harmony_tokens(call_time), stops)
-    assert not accepts(compiler, required.engine, harmony_tokens(answer), stops)
-    assert not accepts(compiler, required.engine, harmony_tokens(call_weather), stops)  # days < 1 (strict)
+    assert ll_accepts(ll_tokenizer, required.engine, completion)  # the replay calls get_weather
+    assert ll_accepts(ll_tokenizer, required.engine, harmony_tokens(call_time))
+    preamble = "<|channel|>commentary<|message|>Checking.<|end|><|start|>assistant<|channel|>commentary to=functions.get_time <|constrain|>json<|message|>{}<|call|>"
+    assert ll_accepts(ll_tokenizer, required.engine, harmony_tokens(preamble))
+    assert not ll_accepts(ll_tokenizer, required.engine, harmony_tokens(answer))
+    assert not ll_accepts(ll_tokenizer, required.engine, harmony_tokens(call_weather))  # days < 1 (strict)
+    assert not ll_accepts(ll_tokenizer, required.engine, spelled(" to=functions.get_time<|channel|>commentary json<|message|>") + harmony_tokens("{}<|call|>"))
 
     named, completion = harmony_case(request(tools=[WEATHER, TIME], tool_choice={"type": "function", "name": "get_time"}))
-    assert accepts(compiler, named.engine, completion, stops)
-    assert not accepts(compiler, named.engine, harmony_tokens(call_weather.replace('"days": 0', '"days": 2')), stops)
+    assert ll_accepts(ll_tokenizer, named.engine, completion)
+    assert not ll_accepts(ll_tokenizer, named.engine, harmony_tokens(call_weather.replace('"days": 0', '"days": 2')))
 
     allowed = {"type": "allowed_tools", "mode": "auto", "tools": [{"type": "function", "name": "get_time"}]}
     auto, completion = harmony_case(request(tools=[WEATHER, TIME], tool_choice=allowed))
-    assert accepts(compiler, auto.engine, harmony_tokens(answer), stops)
-    assert accepts(compiler, auto.engine, harmony_tokens(call_time), stops)
-    assert not accepts(compiler, auto.engine, harmony_tokens(call_weather.replace('"days": 0', '"days": 2')), stops)
+    assert ll_accepts(ll_tokenizer, auto.engine, harmony_tokens(answer))
+    assert ll_accepts(ll_tokenizer, auto.engine, harmony_tokens(call_time))
+    assert not ll_accepts(ll_tokenizer, auto.engine, harmony_tokens(call_weather.replace('"days": 0', '"days": 2')))
 
     none, completion = harmony_case(request(input="call get_time", tools=[WEATHER, TIME], tool_choice="none"))
     assert "to=functions" not in harmony_encoding().decode_utf8(completion)
-    assert accepts(compiler, none.engine, completion, stops)
-    assert not accepts(compiler, none.engine, harmony_tokens(call_time), stops)
+    assert ll_accepts(ll_tokenizer, none.engine, completion)
+    assert not ll_accepts(ll_tokenizer, none.engine, harmony_tokens(call_time))
 
 
-def without_whitespace_cap(node):
-    """Our one difference from vLLM's tags: JSON bodies allow one whitespace between tokens."""
-    if isinstance(node, dict):
-        if node.get("type") == "json_schema":
-            assert node["max_whitespace_cnt"] == JSON_MAX_WHITESPACE
-            node = {**node, "max_whitespace_cnt": None}
-        return {key: without_whitespace_cap(value) for key, value in node.items()}
-    if isinstance(node, list):
-        return [without_whitespace_cap(value) for value in node]
-    return node
+def test_harmony_formats_llguidance_does_not_know_are_a_400():
+    from serve_app.protocol.errors import APIError
 
-
-@pytest.mark.skipif(not have_vllm(), reason="needs vllm")
-def test_harmony_constraints_equal_vllms_own():
-    from vllm.entrypoints.openai.responses.protocol import ResponsesRequest as VLLMResponsesRequest
-    from vllm.parser.harmony import _adjust_output_format, get_harmony_structural_tag
-    from xgrammar.openai_tool_call_schema import FunctionToolParam
-
-    def ours(req: ResponsesRequest) -> dict:
-        tag = json.loads(HarmonyModel().constraint(req, []).engine["structural_tag"])
-        return without_whitespace_cap(xgr.StructuralTag.model_validate(tag).model_dump())
-
-    vllm_json = _adjust_output_format(VLLMResponsesRequest(model="m", input="hello", text=JSON_FORMAT))
-    assert ours(request(text=JSON_FORMAT)) == json.loads(vllm_json.structured_outputs.structural_tag)
-
-    tools = [FunctionToolParam.model_validate({"type": "function", "function": {k: v for k, v in t.items() if k != "type"}}) for t in (WEATHER, TIME)]
-    assert ours(request(tools=[WEATHER, TIME], tool_choice="required")) == get_harmony_structural_tag(tools, [], "required", True).model_dump()
-    named = request(tools=[WEATHER, TIME], tool_choice={"type": "function", "name": "get_weather"})
-    assert ours(named) == get_harmony_structural_tag(tools[:1], [], "forced", True).model_dump()
+    schema = {"type": "object", "properties": {"u": {"type": "string", "format": "uri-reference"}}}
+    with pytest.raises(APIError) as caught:
+        HarmonyModel().constraint(request(text={"format": {"type": "json_schema", "name": "x", "schema": schema}}), [])
+    assert "uri-reference" in str(caught.value) and caught.value.param == "text.format.schema" and caught.value.status_code == 400
+    # a property named "format" is no format keyword
+    named_format = {"type": "object", "properties": {"format": {"type": "string"}}}
+    assert HarmonyModel().constraint(request(text={"format": {"type": "json_schema", "name": "x", "schema": named_format}}), []) is not None
 
 
 # --------------------------------------------------------------------------- chat templates
+
+
+def accepts(compiler, engine: dict, tokens: list[int], stops: list[int]) -> bool:
+    """Feed tokens as vLLM's xgrammar backend does (one `accept_token` each); True if all are
+    accepted and the grammar ends with the completion's stop token."""
+    compiled = compiler.compile_structural_tag(engine["structural_tag"])
+    matcher = xgr.GrammarMatcher(compiled, override_stop_tokens=stops)
+    return all(matcher.accept_token(t) for t in tokens) and matcher.is_terminated()
+
 
 
 @pytest.fixture(scope="module")

@@ -135,6 +135,23 @@ def test_engine_args_from_config_builds_vllm_args(tmp_path: Path) -> None:
     assert args.max_num_seqs == 32 and args.disable_log_stats is False
 
 
+@requires_vllm
+def test_harmony_models_get_the_guidance_backend(tmp_path: Path) -> None:
+    """Harmony constraints are llguidance grammars: a harmony model's engine is started with
+    vLLM's `guidance` structured-outputs backend unless its config says otherwise."""
+    from serve_app.config import ModelConfig
+
+    from deployments.backends.vllm import engine_args_from_config
+
+    harmony = ModelConfig.model_validate({"name": "g", "backend": {"type": "vllm", "model": str(tmp_path), "tokenizer": "o200k_harmony"}})
+    assert engine_args_from_config(harmony.backend).structured_outputs_config.backend == "guidance"
+    chat = ModelConfig.model_validate({"name": "c", "family": "chat_template", "backend": {"type": "vllm", "model": str(tmp_path)}})
+    assert engine_args_from_config(chat.backend).structured_outputs_config.backend == "auto"  # vLLM's default: xgrammar
+    chosen = {"structured_outputs_config": {"backend": "xgrammar"}}
+    kept = ModelConfig.model_validate({"name": "g", "backend": {"type": "vllm", "model": str(tmp_path), "engine_kwargs": chosen}})
+    assert engine_args_from_config(kept.backend).structured_outputs_config.backend == "xgrammar"
+
+
 def test_smollm2_conversion_runs_once_under_concurrency(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -40,3 +40,43 @@ def test_a_missing_directory_names_the_variable(tmp_path, monkeypatch):
 
 def test_encoding_is_loaded_once():
     assert vocab.harmony_encoding() is vocab.harmony_encoding()
+
+
+def test_the_harmony_tokenizer_is_gpt_oss_s_from_local_files(tmp_path, monkeypatch):
+    """`tokenizer: o200k_harmony` (what a gpt-oss engine needs for structured outputs): the
+    same ids as the harmony encoding for any text, special tokens included, and the same
+    bytes per id for xgrammar (the vocabulary vLLM's structured outputs mask over)."""
+    import random
+
+    import tiktoken.load
+    from transformers import AutoTokenizer
+
+    xgr = pytest.importorskip("xgrammar")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    directory = vocab.ensure_harmony_tokenizer()
+    assert directory == tmp_path / "responses-serve" / "tiktoken" / "o200k_harmony"
+    tokenizer = AutoTokenizer.from_pretrained(str(directory), local_files_only=True)
+    encoding = vocab.harmony_encoding()
+    ranks = tiktoken.load.load_tiktoken_bpe(str(vocab.ensure_vocabulary() / vocab.VOCAB_FILE))
+    token_bytes = {rank: token for token, rank in ranks.items()}
+    for token_id in range(len(token_bytes), vocab.HARMONY_VOCAB_SIZE):
+        token_bytes[token_id] = encoding.decode_utf8([token_id]).encode()
+
+    rng = random.Random(0)
+    texts = [
+        "Hello, world! It's 12345 o'clock.\n\n  indented\ttab\r\n",
+        "I'M SHOUTING they'RE  café naïve — “quotes” 😀 世界 Привет مرحبا",
+        '<|start|>assistant<|channel|>final <|constrain|>json<|message|>{"a": 1}<|return|>',
+        "def f(x):\n    return x**2 // 3\n",
+    ]
+    texts += [b"".join(token_bytes[rng.randrange(len(ranks))] for _ in range(30)).decode(errors="replace") for _ in range(200)]
+    for text in texts:
+        ids = encoding.encode(text, allowed_special="all")
+        assert tokenizer.encode(text, add_special_tokens=False) == ids, text
+        assert tokenizer.decode(ids) == text
+    assert tokenizer.eos_token_id == 200002 and tokenizer.convert_tokens_to_ids("<|channel|>") == 200005
+
+    info = xgr.TokenizerInfo.from_huggingface(tokenizer, vocab_size=vocab.HARMONY_VOCAB_SIZE)
+    assert info.vocab_type == xgr.VocabType.BYTE_LEVEL
+    assert info.decoded_vocab == [token_bytes[i] for i in range(vocab.HARMONY_VOCAB_SIZE)]
+    assert vocab.ensure_harmony_tokenizer() == directory  # built once, then reused

@@ -7,7 +7,7 @@ tokens): the output head's rows for them are scaled up, and the embeddings domin
 residual stream, so the next token depends mostly on the last one. At temperature 0 the
 output then falls into short cycles that ngram speculation drafts and verifies; at
 temperature 1 it is a random mix of special tokens, header words and arbitrary ids.
-No tokenizer is saved: the engine runs with `skip_tokenizer_init=True` (token ids in and out).
+No tokenizer is saved: engines load gpt-oss's, built offline (`tokenizer: o200k_harmony`).
 """
 
 from __future__ import annotations

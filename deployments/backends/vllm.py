@@ -75,9 +75,13 @@ def _engine_kwargs(cfg: VLLMBackendConfig) -> dict[str, Any]:
 
 def engine_args_from_config(cfg: VLLMBackendConfig) -> AsyncEngineArgs:
     """Build vLLM's `AsyncEngineArgs` (pure: starts nothing, touches no GPU)."""
+    from vllm.config import StructuredOutputsConfig
     from vllm.engine.arg_utils import AsyncEngineArgs
 
-    return AsyncEngineArgs(**_engine_kwargs(cfg))
+    kwargs = _engine_kwargs(cfg)
+    if isinstance(kwargs.get("structured_outputs_config"), dict):  # from YAML: vLLM wants its config object
+        kwargs["structured_outputs_config"] = StructuredOutputsConfig(**kwargs["structured_outputs_config"])
+    return AsyncEngineArgs(**kwargs)
 
 
 PlacementStrategy = Literal["STRICT_PACK", "PACK"]
@@ -213,11 +217,13 @@ class VLLMBackend:
         from vllm.v1.engine.async_llm import AsyncLLM
 
         from serve_app.smollm2 import resolve_model_path
+        from serve_app.vocab import HARMONY_TOKENIZER, ensure_harmony_tokenizer
 
+        tokenizer = self.config.tokenizer or self.config.model
         resolved = self.config.model_copy(
             update={
                 "model": resolve_model_path(self.config.model),
-                "tokenizer": resolve_model_path(self.config.tokenizer or self.config.model),
+                "tokenizer": str(ensure_harmony_tokenizer()) if tokenizer == HARMONY_TOKENIZER else resolve_model_path(tokenizer),
             }
         )
         self.engine = AsyncLLM.from_engine_args(

@@ -6,18 +6,18 @@ which functions may be called, whether one must be (`required`, a named function
 outputs (`StructuredOutputsParams` keyword arguments): an xgrammar **structural tag** that
 leaves the reasoning free and constrains only what follows it, the way vLLM 0.32 does it —
 
-- harmony (gpt-oss): vLLM's `vllm/parser/harmony.py` tags: an optional `analysis` message,
-  then (when calls are allowed) an optional commentary preamble, then one of: a `final`
-  message whose body is the JSON schema (or any text), or a call `to=functions.NAME` whose
-  body is the function's argument schema. The same begin strings and end tags as vLLM's, so a
-  harmony constraint here equals vLLM's own for the same request.
+- harmony (gpt-oss): the shape of vLLM's `vllm/parser/harmony.py` tags (an optional
+  `analysis` message, then (when calls are allowed) an optional commentary preamble, then one
+  of: a `final` message whose body is the JSON schema (or any text), or a call
+  `to=functions.NAME` whose body is the function's argument schema), written as an llguidance
+  grammar in which harmony's special tokens are tokens, never text (see `harmony_grammar`).
 - chat templates (hermes tool calls, `<think>` reasoning): vLLM's `hermes` tags
   (`<tool_call>\\n{"name": "NAME", "arguments": ` + arguments + `}\\n</tool_call>`), after a
   free `<think>...</think>` block (opened by the prompt, or optional). vLLM gates reasoning
   with an engine-wide `reasoning_parser`; here the gate is part of the per-request grammar,
   so one engine serves thinking and non-thinking templates alike.
 Every JSON body (answer, arguments) allows at most one whitespace character between tokens
-(see `JSON_MAX_WHITESPACE`): that is the one difference from vLLM's tags.
+(see `JSON_MAX_WHITESPACE`; harmony: `LLGUIDANCE_JSON_OPTIONS`), which vLLM's tags do not bound.
 
 The constraint also travels in plain form (answer schema, callable functions) so that the
 scripted replay models obey it too.
@@ -135,42 +135,79 @@ def structural_tag(fmt: dict[str, Any]) -> dict[str, Any]:
     return {"structural_tag": json.dumps({"type": "structural_tag", "format": fmt})}
 
 
-# harmony: vLLM's begin and end strings (`vllm/parser/harmony.py`). The stop tokens
-# (`<|return|>`, `<|call|>`) are the empty end: xgrammar lets the engine stop there.
-HARMONY_JSON_CONSTRAINS = [" json", " <|constrain|>json"]
-HARMONY_END = ["<|end|>", ""]
-HARMONY_FINAL = "<|channel|>final{constrain}<|message|>"
-HARMONY_CALL_CHANNELS = ["<|channel|>commentary", "<|channel|>analysis", "<|channel|>final"]
-HARMONY_CALL_BEGINS = [" to={recipient}{channel}{constrain}<|message|>", "{channel} to={recipient}{constrain}<|message|>"]
+# --- harmony: a Lark grammar for llguidance, with harmony's special tokens as tokens ---
+#
+# vLLM's own harmony tags (`vllm/parser/harmony.py`) are xgrammar structural tags over *text*:
+# xgrammar sees `<|channel|>` as the string it decodes to, so a model may spell a header with
+# ordinary tokens (`<|` `channel` `|>`), which the harmony parser then reads as message text,
+# and may write a special token such as `<|end|>` inside a JSON string, which ends the message
+# mid-answer (tests/test_constraints.py shows both; under those tags every schema answer of
+# the random tiny gpt-oss came out as a raw message).
+# llguidance keeps special tokens apart from text: `<|channel|>` in a grammar is that one
+# token id, and no text rule (a JSON string, free analysis) can produce a special token. So
+# harmony constraints are llguidance grammars (vLLM `StructuredOutputsParams(grammar=...)`,
+# the engine's structured-outputs backend `guidance`); the shape is vLLM's: an optional free
+# `analysis` message, an optional commentary preamble when calls are allowed, then a `final`
+# message or a call `to=functions.NAME` (`json` / `<|constrain|>json`) in any of vLLM's header
+# orders, ending at its stop token. One header vLLM allows is left out: `<|channel|>final
+# json<|message|>`, which harmony reads as a message to a recipient `json`, not a final answer
+# (the random tiny gpt-oss wrote it); a final answer is `final<|message|>` or
+# `final <|constrain|>json<|message|>`.
+
+# Formats llguidance does not know (xgrammar does): 400 for an answer, any JSON for arguments.
+LLGUIDANCE_UNKNOWN_FORMATS = frozenset({"uri-reference", "uri-template", "json-pointer", "relative-json-pointer"})
+# JSON bodies as `json.dumps` writes them: no whitespace run for a small model to fill.
+LLGUIDANCE_JSON_OPTIONS = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
+HARMONY_GRAMMAR_HEAD = r"""
+analysis: <|channel|> "analysis" <|message|> TEXT <|end|> <|start|> "assistant"
+preamble: <|channel|> "commentary" <|message|> TEXT <|end|> <|start|> "assistant"
+TEXT: /(?s:.*)/
+constrain: " json" | " " <|constrain|> "json"
+final_header: <|channel|> "final" (" " <|constrain|> "json")? <|message|>
+call_channel: <|channel|> ("commentary" | "analysis" | "final")
+"""
 
 
-def _harmony_message(channel: str) -> dict[str, Any]:
-    return _optional(_seq(_tag(f"<|channel|>{channel}<|message|>", _any_text(), "<|end|>"), {"type": "const_string", "value": "<|start|>assistant"}))
+def _unknown_format(schema: Any) -> str | None:
+    if isinstance(schema, dict):
+        if isinstance(fmt := schema.get("format"), str) and fmt in LLGUIDANCE_UNKNOWN_FORMATS:
+            return fmt
+        schema = list(schema.values())
+    if isinstance(schema, list):
+        return next((fmt for item in schema if (fmt := _unknown_format(item))), None)
+    return None
 
 
-def harmony_format(plan: Plan) -> dict[str, Any]:
-    """Free analysis first (harmony keeps reasoning unconstrained), then the answer or a call."""
-    options: list[dict[str, Any]] = []
+def _lark_json(schema: Any) -> str:
+    if schema is True:
+        schema = {}
+    return "%json " + json.dumps({**schema, "x-guidance": LLGUIDANCE_JSON_OPTIONS})
+
+
+def harmony_grammar(plan: Plan) -> dict[str, Any]:
+    """vLLM structured-output kwargs: free analysis first (harmony keeps reasoning
+    unconstrained), then the answer or a call."""
+    if plan.answer is not None and (fmt := _unknown_format(plan.answer)):
+        raise invalid_request(f"string format '{fmt}' is not supported for this model's structured outputs.", param="text.format.schema")
+    rules: list[str] = []
+    options: list[str] = []
     if plan.calls != "required":
+        options.append("final")
         if plan.answer is not None:
-            options += [_tag(HARMONY_FINAL.format(constrain=c), _json(plan.answer), HARMONY_END) for c in HARMONY_JSON_CONSTRAINS]
+            rules.append("final: final_header answer (<|end|> | <|return|>)")
+            rules.append(f"answer: {_lark_json(plan.answer)}")
         else:
-            options += [_tag(HARMONY_FINAL.format(constrain=c), _any_text(), HARMONY_END) for c in HARMONY_JSON_CONSTRAINS + [""]]
+            rules.append("final: final_header TEXT (<|end|> | <|return|>)")
     calls = plan.functions if plan.calls != "none" else {}
-    for name, arguments in calls.items():
-        recipient = name if "." in name else f"functions.{name}"
-        options += [
-            _tag(begin.format(recipient=recipient, channel=channel, constrain=constrain), _json(arguments), HARMONY_END)
-            for begin in HARMONY_CALL_BEGINS
-            for constrain in HARMONY_JSON_CONSTRAINS
-            for channel in HARMONY_CALL_CHANNELS
-        ]
+    for i, (name, arguments) in enumerate(calls.items()):
+        recipient = json.dumps(" to=" + (name if "." in name else f"functions.{name}"))
+        options.append(f"call_{i}")
+        rules.append(f"call_{i}: ({recipient} call_channel | call_channel {recipient}) constrain <|message|> arguments_{i} (<|call|> | <|end|>)")
+        rules.append(f"arguments_{i}: {_lark_json(True if _unknown_format(arguments) else arguments)}")
     if not options:
         raise invalid_request("tool_choice leaves no function this model may call.", param="tool_choice")
-    elements = [_harmony_message("analysis")]
-    if calls:
-        elements.append(_harmony_message("commentary"))  # a preamble before the call
-    return _seq(*elements, _or(options))
+    start = "start: analysis? " + ("preamble? " if calls else "") + "(" + " | ".join(options) + ")"
+    return {"grammar": "\n".join([start, HARMONY_GRAMMAR_HEAD.strip(), *rules]) + "\n"}
 
 
 HERMES_CALL_BEGINS = [('<tool_call>\n{"name": "', "}\n</tool_call>"), ('<tool_call>{"name": "', "}</tool_call>")]

@@ -36,7 +36,7 @@ from openai_harmony import (
 )
 
 from ..vocab import harmony_encoding
-from .constraints import harmony_format, plan, structural_tag
+from .constraints import harmony_grammar, plan
 from .errors import invalid_request
 from .items import ItemSink
 from .request import (
@@ -407,7 +407,7 @@ class HarmonyModel:
             return False
 
     def constraint(self, request: ResponsesRequest, prompt: list[int]) -> OutputConstraint | None:
-        """text.format / tool_choice as a structural tag over harmony messages (free analysis)."""
+        """text.format / tool_choice as an llguidance grammar over harmony messages (free analysis)."""
         if (what := plan(request)) is None:
             return None
-        return what.constraint(structural_tag(harmony_format(what)))
+        return what.constraint(harmony_grammar(what))

