@@ -153,6 +153,28 @@ async def round_at(url: str, concurrency: int, requests: int, max_tokens: int) -
     }
 
 
+def wait_model_ready(url: str, process: subprocess.Popen, timeout_s: float) -> None:
+    """Until one short request for MODEL succeeds: `/health` answers before the engine is up
+    (our ingress is healthy while the engine replica still loads; it answers 503 meanwhile)."""
+    import urllib.error
+    import urllib.request
+
+    body = json.dumps({"model": MODEL, "input": "hi", "max_output_tokens": 1, "temperature": 0}).encode()
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"server exited with {process.returncode}")
+        request = urllib.request.Request(f"{url}/v1/responses", body, {"Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(request, timeout=60) as response:
+                if response.status == 200:
+                    return
+        except (OSError, urllib.error.HTTPError):
+            pass
+        time.sleep(1)
+    raise RuntimeError(f"{MODEL} at {url} did not answer within {timeout_s:.0f} s")
+
+
 def measure(url: str, concurrencies: list[int], max_tokens: int) -> dict[int, dict]:
     asyncio.run(round_at(url, 2, 2, max_tokens))  # warm-up: first requests pay one-off costs
     rows = {}
@@ -173,6 +195,7 @@ def run_vllm(port: int, concurrencies: list[int], max_tokens: int, start_timeout
                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
     try:
         wait_healthy(f"http://127.0.0.1:{port}", process, timeout_s=start_timeout_s)
+        wait_model_ready(f"http://127.0.0.1:{port}", process, start_timeout_s)
         return measure(f"http://127.0.0.1:{port}", concurrencies, max_tokens)
     finally:
         stop_group(process)
@@ -186,6 +209,7 @@ def run_ours(port: int, concurrencies: list[int], max_tokens: int, start_timeout
                                start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
     try:
         wait_healthy(f"http://127.0.0.1:{port}", process, timeout_s=start_timeout_s)
+        wait_model_ready(f"http://127.0.0.1:{port}", process, start_timeout_s)
         return measure(f"http://127.0.0.1:{port}", concurrencies, max_tokens)
     finally:
         stop_group(process)
