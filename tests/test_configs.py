@@ -198,3 +198,23 @@ def test_qwen3_gpu_config_maps_to_two_gpus_with_vllms_parsers():
     options = engine_deployment_options(model)
     assert options["placement_group_bundles"] == [{"GPU": 1.0, "CPU": 1.0}, {"GPU": 1.0}]
     assert options["placement_group_strategy"] == "STRICT_PACK"
+
+
+def test_replicas_run_serve_single_loop_unless_a_deployment_says_otherwise(monkeypatch):
+    """Our replicas run user code and handle routers on one event loop (serve_app/app.py
+    REPLICA_ENV, measured in bench.vs_vllm); a deployment's own env_vars win."""
+    from serve_app.app import REPLICA_ENV, build_app
+    from serve_app.vocab import ENV_VAR
+
+    monkeypatch.delenv(ENV_VAR, raising=False)  # else the vocabulary is passed on too
+
+    own = {"RAY_SERVE_RUN_USER_CODE_IN_SEPARATE_THREAD": "1", "MINE": "x"}
+    ingress = {"ray_actor_options": {"num_cpus": 0, "runtime_env": {"env_vars": own, "pip": ["six"]}}}
+    bound = build_app({"models": [{"name": "c"}], "ingress": ingress})._bound_deployment
+    engine = bound.init_args[1]["c"]._bound_deployment
+    store = bound.init_args[2]._bound_deployment
+    for deployment in (engine, store):
+        assert deployment.ray_actor_options["runtime_env"]["env_vars"] == REPLICA_ENV
+    assert REPLICA_ENV == {"RAY_SERVE_RUN_USER_CODE_IN_SEPARATE_THREAD": "0", "RAY_SERVE_RUN_ROUTER_IN_SEPARATE_LOOP": "0"}
+    ingress_env = bound.ray_actor_options["runtime_env"]
+    assert ingress_env["env_vars"] == {**REPLICA_ENV, **own} and ingress_env["pip"] == ["six"]
