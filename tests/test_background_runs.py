@@ -11,7 +11,7 @@ import pytest
 from deployments.backends.replay import ReplayBackend, ReplayConfig
 from serve_app.background import BackgroundRuns
 from serve_app.protocol.request import ResponsesRequest
-from serve_app.protocol.stream import ResponseStream
+from serve_app.protocol.stream import ResponseStream, new_id
 from serve_app.protocol.tokens import GenerationRequest
 from serve_app.run import engine_events
 from serve_app.state import MemoryStore, ResponseStore
@@ -44,7 +44,7 @@ async def start(runs: BackgroundRuns, backend: ReplayBackend, text: str) -> str:
     request = ResponsesRequest(model="m", input=text, background=True)
     family = HarmonyModel()
     prompt = family.render_prompt(request, request.input_items())
-    generation = GenerationRequest(request_id="resp_" + str(id(request)), prompt_token_ids=prompt, stop_token_ids=family.stop_token_ids, max_tokens=10_000)
+    generation = GenerationRequest(request_id=new_id("resp"), prompt_token_ids=prompt, stop_token_ids=family.stop_token_ids, max_tokens=10_000)
     stream = ResponseStream(request, response_id=generation.request_id, parser_factory=lambda sink: family.parser(sink, prompt))
 
     async def finish(response) -> None:
