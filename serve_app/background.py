@@ -26,7 +26,7 @@ from typing import AsyncIterator, Awaitable, Callable
 from openai.types.responses import Response, ResponseFailedEvent, ResponseStreamEvent
 from openai.types.responses.response_error import ResponseError
 
-from .protocol.errors import APIError, invalid_request
+from .protocol.errors import invalid_request, response_not_found
 from .protocol.harmony import HistoryItem
 from .protocol.sse import frame
 from .protocol.stream import ResponseStream
@@ -44,10 +44,6 @@ def default_replica_id() -> str:
     """Random: it is sent to clients (`x-responses-serve-replica`), so it names no host or
     process; the log line at start-up maps it to them."""
     return uuid.uuid4().hex[:16]
-
-
-def not_found(response_id: str) -> APIError:
-    return APIError(f"No response found with id '{response_id}'.", status_code=404, param="response_id", code="not_found")
 
 
 @dataclass(eq=False)
@@ -292,7 +288,7 @@ class BackgroundRuns:
     async def background_response(self, response_id: str) -> Response:
         turn = await self.responses.get(response_id)
         if turn is None:
-            raise not_found(response_id)
+            raise response_not_found(response_id)
         return turn.response
 
     async def cancel(self, response_id: str, wait_s: float | None = None) -> Response:

@@ -50,6 +50,10 @@ def model_not_found(model: str) -> APIError:
     )
 
 
+def response_not_found(response_id: str) -> APIError:
+    return APIError(f"No response found with id '{response_id}'.", status_code=404, param="response_id", code="not_found")
+
+
 def model_unavailable(model: str, state: str) -> APIError:
     return APIError(
         f"The model '{model}' is unavailable: no engine replica is running ({state}). Try again later.",

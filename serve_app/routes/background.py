@@ -11,9 +11,9 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response, StreamingResponse
 from starlette.datastructures import QueryParams
 
-from serve_app.background import BackgroundRuns, not_found
+from serve_app.background import BackgroundRuns
 from serve_app.metrics import report_once
-from serve_app.protocol.errors import invalid_request
+from serve_app.protocol.errors import invalid_request, response_not_found
 from serve_app.run import Turn, run_turn
 
 router = APIRouter()
@@ -82,7 +82,7 @@ async def current_response(response_id: str, request: Request):
     background: BackgroundRuns = request.app.state.background
     turn = await request.app.state.responses.get(response_id)
     if turn is None:
-        raise not_found(response_id)
+        raise response_not_found(response_id)
     return await background.refresh(turn.response)
 
 

@@ -14,7 +14,7 @@ from fastapi.responses import Response, StreamingResponse
 from openai.types.responses import ResponseStreamEvent
 
 from serve_app.metrics import Metrics, RequestTrace, report_once
-from serve_app.protocol.errors import APIError, invalid_request, model_not_found, model_unavailable, server_error
+from serve_app.protocol.errors import APIError, invalid_request, model_not_found, model_unavailable, response_not_found, server_error
 from serve_app.protocol.request import parse_request
 from serve_app.protocol.sse import encode_events
 from serve_app.routes.background import current_response, follow_response, start_background, wants_stream
@@ -28,10 +28,6 @@ router = APIRouter()
 
 def _json(data: str | bytes, status_code: int = 200) -> Response:
     return Response(data, status_code=status_code, media_type="application/json")
-
-
-def _not_found(response_id: str) -> APIError:
-    return APIError(f"No response found with id '{response_id}'.", status_code=404, param="response_id", code="not_found")
 
 
 @router.post("/v1/responses")
@@ -88,7 +84,7 @@ async def retrieve_response(response_id: str, request: Request) -> Response:
 @router.delete("/v1/responses/{response_id}")
 async def delete_response(response_id: str, request: Request) -> Response:
     if not await request.app.state.background.delete(response_id):
-        raise _not_found(response_id)
+        raise response_not_found(response_id)
     # What the OpenAI API answers (the SDK's `responses.delete` returns None and ignores it).
     return _json(json.dumps({"id": response_id, "object": "response", "deleted": True}))
 
@@ -105,7 +101,7 @@ async def list_input_items(response_id: str, request: Request) -> Response:
         raise invalid_request(f"Invalid 'order': '{order}'. It must be 'asc' or 'desc'.", param="order")
     items = await request.app.state.responses.input_items(response_id)
     if items is None:
-        raise _not_found(response_id)
+        raise response_not_found(response_id)
     if order == "desc":
         items.reverse()
     start = 0
