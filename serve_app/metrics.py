@@ -14,6 +14,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
+from openai.types.responses import Response
+
 from .protocol.tokens import TokenBatch
 
 logger = logging.getLogger("responses_serve")
@@ -135,3 +137,8 @@ def report_once(metrics: Metrics, trace: RequestTrace | None, status: Status, co
     if trace is not None and not trace.reported:
         trace.reported = True
         metrics.request_finished(trace.outcome(status, code))
+
+
+def report_response(metrics: Metrics, trace: RequestTrace | None, response: Response) -> None:
+    """Report a request that ended with `response`: its status and its error's code."""
+    report_once(metrics, trace, response.status, response.error.code if response.error else None)

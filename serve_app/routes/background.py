@@ -12,7 +12,7 @@ from fastapi.responses import Response, StreamingResponse
 from starlette.datastructures import QueryParams
 
 from serve_app.background import BackgroundRuns
-from serve_app.metrics import report_once
+from serve_app.metrics import report_response
 from serve_app.protocol.errors import invalid_request, response_not_found
 from serve_app.run import Turn, run_turn
 
@@ -35,7 +35,7 @@ async def start_background(turn: Turn, state) -> Response:
 
     async def finish(response) -> None:
         # The request is counted when its run ends, like a stream when it closes.
-        report_once(state.metrics, turn.trace, response.status, response.error.code if response.error else None)
+        report_response(state.metrics, turn.trace, response)
         # run_turn stored a completed/incomplete one already; a background response is
         # retrievable whatever its end (failed, cancelled).
         if response.status not in ("completed", "incomplete") or turn.store_error is not None:

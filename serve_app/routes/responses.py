@@ -13,7 +13,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response, StreamingResponse
 from openai.types.responses import ResponseStreamEvent
 
-from serve_app.metrics import Metrics, RequestTrace, report_once
+from serve_app.metrics import Metrics, RequestTrace, report_once, report_response
 from serve_app.protocol.errors import APIError, invalid_request, model_not_found, model_unavailable, response_not_found, server_error
 from serve_app.protocol.request import parse_request
 from serve_app.protocol.sse import encode_events
@@ -129,7 +129,7 @@ def _finished(turn: Turn, metrics: Metrics) -> None:
         "response %s: %s output_tokens=%d in %.3fs",
         response.id, response.status, usage.output_tokens if usage else 0, time.perf_counter() - turn.trace.started,
     )
-    report_once(metrics, turn.trace, response.status, response.error.code if response.error else None)
+    report_response(metrics, turn.trace, response)
 
 
 async def _sse(events: AsyncIterator[list[ResponseStreamEvent]], turn: Turn, metrics: Metrics) -> AsyncIterator[bytes]:
