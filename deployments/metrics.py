@@ -62,10 +62,12 @@ BACKGROUND_RUNS = MetricSpec(PREFIX + "background_runs", "gauge", "background re
 STORE_ENTRIES = MetricSpec(PREFIX + "store_entries", "gauge", "keys held by the embedded store (responses, runs, logs, conversations)", ())
 STORE_BYTES = MetricSpec(PREFIX + "store_bytes", "gauge", "bytes held by the embedded store (its max_bytes bound counts these)", ())
 
-METRICS = [
+INGRESS_METRICS = [
     REQUESTS, TTFT, TPOT, E2E, PROMPT_TOKENS, CACHED_TOKENS, OUTPUT_TOKENS, DRAFT_TOKENS, ACCEPTED_TOKENS, STREAMS_OPEN,
-    BACKGROUND_RUNS, STORE_ENTRIES, STORE_BYTES,
+    BACKGROUND_RUNS,
 ]  # fmt: skip
+STORE_METRICS = [STORE_ENTRIES, STORE_BYTES]  # set by the embedded store's replica
+METRICS = INGRESS_METRICS + STORE_METRICS
 _BUCKETS = {TTFT: TTFT_BUCKETS, TPOT: TPOT_BUCKETS, E2E: E2E_BUCKETS}
 
 
@@ -81,7 +83,7 @@ class RayServeMetrics:
     """One per ingress replica: a request reports once, a stream when it opens and closes."""
 
     def __init__(self) -> None:
-        self._metrics = {spec: _make(spec) for spec in METRICS if spec not in (STORE_ENTRIES, STORE_BYTES)}
+        self._metrics = {spec: _make(spec) for spec in INGRESS_METRICS}
         self._open: dict[str, int] = {}
         self._background = 0
         _refresh_forever(self._set_gauges)

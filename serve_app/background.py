@@ -320,7 +320,6 @@ class BackgroundRuns:
             if turn.response.status in _ACTIVE:
                 await self.cancel(response_id)
             await self.runs.delete(response_id)
-            await self.runs.forget(response_id)
         return await self.responses.delete(response_id)
 
     async def follow(self, response_id: str, starting_after: int) -> AsyncIterator[bytes]:

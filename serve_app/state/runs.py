@@ -136,5 +136,7 @@ class RunStore:
         return await self.store.length(events_key(response_id))
 
     async def delete(self, response_id: str) -> None:
+        """A run and all trace of it: record, event log, place among the open runs."""
         await self.store.delete(run_key(response_id))
         await self.store.delete(events_key(response_id))
+        await self.forget(response_id)
