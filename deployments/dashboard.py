@@ -58,6 +58,17 @@ def _rate(spec: MetricSpec, suffix: str, by: str, matchers: str = _MODEL) -> str
     return f"sum by ({by}) (rate({spec.exported}{suffix}{{{matchers}}}{_RATE}))"
 
 
+def _sum_by(by: str, metric: str, legend: str, rate: bool = False) -> prometheus.Dataquery:
+    """`metric` of the selected application(s), summed per `by` (its rate with `rate`)."""
+    series = f"{metric}{{{_APP}}}"
+    return _query(f"sum by ({by}) ({f'rate({series}{_RATE})' if rate else series})", legend)
+
+
+def _state_panel(title: str, unit: str, spec: MetricSpec, description: str) -> timeseries.Panel:
+    """One gauge of the app's state per application, a third of the row wide."""
+    return _panel(title, unit, _sum_by("application", spec.exported, "{{application}}"), description=description, width=8)
+
+
 def _quantiles(spec: MetricSpec, title: str) -> timeseries.Panel:
     queries = [
         _query(f"histogram_quantile({q}, {_rate(spec, '_bucket', 'le, model')})", f"p{round(q * 100)} {{{{model}}}}")
@@ -121,39 +132,28 @@ def build() -> dashboard.Dashboard:
                    description="acceptance rate = accepted / drafted tokens (right axis would be 0..1)")
         )  # fmt: skip
         .with_row(dashboard.Row("State"))
-        .with_panel(
-            _panel("Background responses running", "short",
-                   _query(f"sum by (application) ({BACKGROUND_RUNS.exported}{{{_APP}}})", "{{application}}"),
-                   description=BACKGROUND_RUNS.description + "; they end in the requests panel with their final status",
-                   width=8)
-        )  # fmt: skip
-        .with_panel(
-            _panel("Embedded store entries", "short",
-                   _query(f"sum by (application) ({STORE_ENTRIES.exported}{{{_APP}}})", "{{application}}"),
-                   description=STORE_ENTRIES.description + " (a Redis store: watch Redis itself)", width=8)
-        )  # fmt: skip
-        .with_panel(
-            _panel("Embedded store size", "bytes",
-                   _query(f"sum by (application) ({STORE_BYTES.exported}{{{_APP}}})", "{{application}}"),
-                   description=STORE_BYTES.description, width=8)
-        )  # fmt: skip
+        .with_panel(_state_panel("Background responses running", "short", BACKGROUND_RUNS,
+                                 BACKGROUND_RUNS.description + "; they end in the requests panel with their final status"))
+        .with_panel(_state_panel("Embedded store entries", "short", STORE_ENTRIES,
+                                 STORE_ENTRIES.description + " (a Redis store: watch Redis itself)"))
+        .with_panel(_state_panel("Embedded store size", "bytes", STORE_BYTES, STORE_BYTES.description))
         .with_row(dashboard.Row("Ray Serve replicas and queues"))
         .with_panel(
             _panel("Healthy replicas (and autoscaling target)", "short",
-                   _query(f"sum by (deployment) (ray_serve_deployment_replica_healthy{{{_APP}}})", "healthy {{deployment}}"),
-                   _query(f"sum by (deployment) (ray_serve_autoscaling_target_replicas{{{_APP}}})", "target {{deployment}}"))
+                   _sum_by("deployment", "ray_serve_deployment_replica_healthy", "healthy {{deployment}}"),
+                   _sum_by("deployment", "ray_serve_autoscaling_target_replicas", "target {{deployment}}"))
         )  # fmt: skip
         .with_panel(
             _panel("Requests at replicas and queued", "short",
-                   _query(f"sum by (deployment) (ray_serve_num_ongoing_requests_at_replicas{{{_APP}}})", "ongoing {{deployment}}"),
-                   _query(f"sum by (deployment) (ray_serve_replica_processing_queries{{{_APP}}})", "processing {{deployment}}"),
-                   _query(f"sum by (deployment) (ray_serve_deployment_queued_queries{{{_APP}}})", "queued {{deployment}}"),
+                   _sum_by("deployment", "ray_serve_num_ongoing_requests_at_replicas", "ongoing {{deployment}}"),
+                   _sum_by("deployment", "ray_serve_replica_processing_queries", "processing {{deployment}}"),
+                   _sum_by("deployment", "ray_serve_deployment_queued_queries", "queued {{deployment}}"),
                    description="queued: waiting in a handle for a replica with room (max_ongoing_requests)")
         )  # fmt: skip
         .with_panel(
             _panel("Replica requests and errors/s", "reqps",
-                   _query(f"sum by (deployment) (rate(ray_serve_deployment_request_counter_total{{{_APP}}}{_RATE}))", "requests {{deployment}}"),
-                   _query(f"sum by (deployment) (rate(ray_serve_deployment_error_counter_total{{{_APP}}}{_RATE}))", "errors {{deployment}}"))
+                   _sum_by("deployment", "ray_serve_deployment_request_counter_total", "requests {{deployment}}", rate=True),
+                   _sum_by("deployment", "ray_serve_deployment_error_counter_total", "errors {{deployment}}", rate=True))
         )  # fmt: skip
         .with_panel(
             _panel("Replica processing latency p99", "ms",
