@@ -38,6 +38,19 @@ def raw_stream(base_url: str, body: dict, allow_replacement: bool = False) -> li
     return events
 
 
+def cut_streams(base_url: str, bodies: list[dict]) -> None:
+    """Open a stream per body, all at once, each client going away after 1 to 4 chunks."""
+
+    def cut(index: int, body: dict) -> None:
+        with httpx.Client(timeout=60) as http, http.stream("POST", f"{base_url}/responses", json=body) as response:
+            for count, _ in enumerate(response.iter_raw()):
+                if count >= 1 + index % 4:
+                    break
+
+    with concurrent.futures.ThreadPoolExecutor(len(bodies)) as pool:
+        list(pool.map(cut, range(len(bodies)), bodies))
+
+
 def output_texts(response) -> list[tuple[str, str]]:
     out = []
     for item in response.output:

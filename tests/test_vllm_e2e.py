@@ -7,7 +7,6 @@ ngram speculation: chat-template models (one message item). Skipped without vLLM
 
 from __future__ import annotations
 
-import concurrent.futures
 import os
 import signal
 import subprocess
@@ -132,16 +131,8 @@ def test_max_output_tokens_incomplete(vllm_url):
 def test_cut_streams_abort_every_vllm_request(vllm_url):
     model = "tiny-plain"
 
-    def cut(index: int) -> None:
-        with httpx.Client(timeout=60) as http:
-            body = {"model": model, "input": f"{index}: tell a long story", "stream": True, "max_output_tokens": 400}
-            with http.stream("POST", f"{vllm_url}/responses", json=body) as response:
-                for count, _ in enumerate(response.iter_raw()):
-                    if count >= 1 + index % 4:
-                        break
-
-    with concurrent.futures.ThreadPoolExecutor(20) as pool:
-        list(pool.map(cut, range(20)))
+    bodies = [{"model": model, "input": f"{index}: tell a long story", "stream": True, "max_output_tokens": 400} for index in range(20)]
+    sdk_scenarios.cut_streams(vllm_url, bodies)
     idle = lambda: (stats := _stats(model))["running"] == 0 and stats["engine_unfinished"] == 0  # noqa: E731
     assert wait_until(idle, timeout_s=10, interval_s=0.2), _stats(model)
     assert _create(vllm_url, model, "still serving", max_output_tokens=3).status == "incomplete"

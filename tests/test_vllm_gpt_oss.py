@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import concurrent.futures
 
-import httpx
 import pytest
 
 from tests import sdk_scenarios
@@ -102,17 +101,11 @@ def test_random_sampling_many_prompts_keep_the_contract(serve_url):
 
 
 def test_cut_streams_abort_every_engine_request(serve_url):
-    def cut(index: int) -> None:
-        with httpx.Client(timeout=60) as http:
-            body = {"model": MODEL, "input": f"{index}: a long story", "stream": True,
-                    "max_output_tokens": 600, "temperature": 0}  # fmt: skip
-            with http.stream("POST", f"{serve_url}/responses", json=body) as response:
-                for count, _ in enumerate(response.iter_raw()):
-                    if count >= 1 + index % 4:
-                        break
-
-    with concurrent.futures.ThreadPoolExecutor(12) as pool:
-        list(pool.map(cut, range(12)))
+    bodies = [
+        {"model": MODEL, "input": f"{index}: a long story", "stream": True, "max_output_tokens": 600, "temperature": 0}
+        for index in range(12)
+    ]
+    sdk_scenarios.cut_streams(serve_url, bodies)
     idle = lambda: (stats := engine_stats(MODEL))["running"] == 0 and stats["engine_unfinished"] == 0  # noqa: E731
     assert wait_until(idle, timeout_s=10, interval_s=0.2), engine_stats(MODEL)
     response = _create(serve_url, "still serving", temperature=0, max_output_tokens=3)
