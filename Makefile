@@ -42,11 +42,12 @@ serve: $(STAMP)
 	$(VENV)/bin/serve run serve_app/configs/demo.yaml
 
 # The multi-node tests (tests/multinode) need a Ray cluster of their own: a second pytest
-# process (one Ray connection per process), after the main suite.
+# process (one Ray connection per process), after the main suite. CI's budget is 30 min:
+# the slowest tests are listed at the end of each run, to see where the time goes.
 test: $(STAMP)
 	$(VENV)/bin/lint-imports
-	$(PY) -m pytest -q
-	$(PY) -m pytest -q -m multinode
+	$(PY) -m pytest -q --durations=15
+	$(PY) -m pytest -q -m multinode --durations=5
 
 bench: $(STAMP)
 	$(PY) -m bench.hotpath
