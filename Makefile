@@ -12,6 +12,8 @@ export RAY_USAGE_STATS_ENABLED ?= 0
 # proxy spreads requests over both (as on KubeRay). Direct ingress (1: each replica serves
 # HTTP on a port of its own) was within ±10 % in bench.stack, but one port reaches one replica.
 export RAY_SERVE_ENABLE_DIRECT_INGRESS ?= 0
+# serve_app/app.py CLUSTER_ENV (the Serve controller's loop period; see README).
+export RAY_SERVE_CONTROL_LOOP_INTERVAL_S ?= 0.5
 
 .PHONY: install serve test bench clean
 

@@ -41,6 +41,7 @@ import aiohttp
 import yaml
 
 from bench.stack import serve_config, wait_healthy
+from serve_app.app import CLUSTER_ENV
 
 MODEL = "smollm2"
 NGRAM = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 2, "prompt_lookup_max": 4}
@@ -205,7 +206,9 @@ def run_vllm(port: int, concurrencies: list[int], max_tokens: int, start_timeout
 
 
 def run_ours(port: int, concurrencies: list[int], max_tokens: int, start_timeout_s: float, window_ms: float, via: str = "proxy") -> dict[int, dict]:
-    env = {**os.environ, "RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0", "RAY_SERVE_ENABLE_DIRECT_INGRESS": "1"}
+    # The cluster-wide settings `make serve` and the RayService manifests apply (an exported
+    # value wins, as with the Makefile's `?=`).
+    env = {**CLUSTER_ENV, **os.environ, "RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0", "RAY_SERVE_ENABLE_DIRECT_INGRESS": "1"}
     if via == "replica":
         # Direct ingress: the ingress replica serves HTTP on its own port (the first of this
         # range); the client talks to it as a load balancer in front of the replicas would,

@@ -185,11 +185,14 @@ class EngineServer:
             "requests": 0, "aborted": 0, "engine_batches": 0, "ray_objects": 0, "tokens": 0,
             "draft_tokens": 0, "accepted_tokens": 0,
         }  # fmt: skip
-        # Serve tags these with the deployment (one per model) and replica.
-        self._metric_tokens = Counter("responses_serve_engine_tokens", "completion tokens streamed")
-        self._metric_objects = Counter("responses_serve_engine_objects", "TokenBatch objects yielded to Ray")
-        self._metric_drafted = Counter("responses_serve_spec_draft_tokens", "speculative tokens drafted")
-        self._metric_accepted = Counter("responses_serve_spec_accepted_tokens", "speculative tokens accepted")
+        # Serve tags these with the deployment (one per model) and replica. Exported once per
+        # request, when it ends: four `Counter.inc` per batch were ~13 % of this replica's CPU.
+        self._metrics = {
+            "ray_objects": Counter("responses_serve_engine_objects", "TokenBatch objects yielded to Ray"),
+            "tokens": Counter("responses_serve_engine_tokens", "completion tokens streamed"),
+            "draft_tokens": Counter("responses_serve_spec_draft_tokens", "speculative tokens drafted"),
+            "accepted_tokens": Counter("responses_serve_spec_accepted_tokens", "speculative tokens accepted"),
+        }
         self._callers = CallerWatch()
         logger.info("EngineServer for %s started with %s backend", self.config.name, self.config.backend.type)
 
@@ -198,30 +201,31 @@ class EngineServer:
         source = self._counted(self.backend.generate(request))
         if self.coalescing.enabled:
             source = coalesce(source, self.coalescing.window_ms / 1000, self.coalescing.max_tokens)
+        totals = dict.fromkeys(self._metrics, 0)  # this request's, for the Ray counters
         try:
             with self._callers.watching(request):
                 async with contextlib.aclosing(source) as batches:
                     async for batch in batches:
-                        self._account(batch)
+                        self._account(batch, totals)
                         yield batch
         except (asyncio.CancelledError, GeneratorExit):
             self.counts["aborted"] += 1
             logger.info("request %s cancelled by the caller: aborting", request.request_id)
             await asyncio.shield(self.backend.abort(request.request_id))
             raise
+        finally:  # completed, aborted or failed: what was streamed is counted
+            for name, metric in self._metrics.items():
+                count(metric, totals[name])
 
-    def _account(self, batch: TokenBatch) -> None:
+    def _account(self, batch: TokenBatch, totals: dict[str, int]) -> None:
         """Bookkeeping of one outgoing batch; nothing here can fail the request."""
         tokens = len(batch.token_ids)
         drafted, accepted = batch.num_draft_tokens or 0, batch.num_accepted_tokens or 0
-        self.counts["ray_objects"] += 1
-        self.counts["tokens"] += tokens
-        self.counts["draft_tokens"] += drafted
-        self.counts["accepted_tokens"] += accepted
-        count(self._metric_objects, 1)
-        count(self._metric_tokens, tokens)
-        count(self._metric_drafted, drafted)
-        count(self._metric_accepted, accepted)
+        for counts in (self.counts, totals):
+            counts["ray_objects"] += 1
+            counts["tokens"] += tokens
+            counts["draft_tokens"] += drafted
+            counts["accepted_tokens"] += accepted
 
     async def _counted(self, batches: AsyncIterator[TokenBatch]) -> AsyncIterator[TokenBatch]:
         async with contextlib.aclosing(batches):

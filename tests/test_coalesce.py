@@ -77,3 +77,15 @@ def test_cancelling_the_consumer_closes_the_engine_stream():
         await asyncio.wait_for(closed.wait(), 1)
 
     asyncio.run(consume_then_cancel())
+
+
+def test_a_token_batch_pickles_every_field_and_stays_a_token_batch():
+    """Ray pickles one `TokenBatch` per object (`__reduce__`: constructor and fields)."""
+    import pickle
+
+    import ray.cloudpickle
+
+    batch = TokenBatch([5, 6], "length", 7, 3, 4, 2, [(-0.1, [(5, -0.1)]), (-0.2, [(6, -0.2), (9, -1.5)])])
+    for dumps in (pickle.dumps, ray.cloudpickle.dumps):
+        copy = pickle.loads(dumps(batch, protocol=5))
+        assert type(copy) is TokenBatch and copy == batch and copy is not batch

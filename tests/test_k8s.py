@@ -149,3 +149,20 @@ def test_gpt_oss_120b_pods_hold_one_tensor_parallel_engine():
     (gpu,) = [g for g in manifest["spec"]["rayClusterConfig"]["workerGroupSpecs"] if g["groupName"] == "gpu"]
     (container,) = gpu["template"]["spec"]["containers"]
     assert container["resources"]["limits"]["nvidia.com/gpu"] == model.backend.world_size
+
+
+@pytest.mark.parametrize("path", [ROOT / "k8s" / name for name in SERVES], ids=lambda p: p.name)
+def test_the_cluster_wide_serve_settings_are_the_same_for_make_serve_and_kuberay(path):
+    """serve_app/app.py CLUSTER_ENV (read by the Serve controller, on the head): the head
+    container sets each of them, and the Makefile exports the same values for `make serve`."""
+    import re
+
+    from serve_app.app import CLUSTER_ENV
+
+    manifest = yaml.safe_load(path.read_text())
+    [head] = manifest["spec"]["rayClusterConfig"]["headGroupSpec"]["template"]["spec"]["containers"]
+    env = {e["name"]: e.get("value") for e in head["env"]}
+    make = dict(re.findall(r"^export (\w+) \?= (\S+)$", (ROOT / "Makefile").read_text(), re.M))
+    assert CLUSTER_ENV  # something to check
+    for name, value in CLUSTER_ENV.items():
+        assert env[name] == value and make[name] == value
