@@ -1,0 +1,52 @@
+"""Replica memory reports (deployments/memory.py): what bench.load reads after each run to
+tell a leak in Python (objects, traced allocation sites) from the allocator (RSS vs heap)."""
+
+from __future__ import annotations
+
+import tracemalloc
+
+from deployments.memory import memory_report
+from serve_app.config import ModelConfig
+from tests import sdk_scenarios
+from tests.conftest import E2E_APP, engine_stats
+
+
+class Kept:
+    pass
+
+
+def test_report_names_the_type_and_line_that_grew():
+    kept: list[Kept] = []
+    memory_report(trace_frames=4)  # starts tracing: the baseline
+    try:
+        kept.extend(Kept() for _ in range(5000))
+        report = memory_report(top=50)
+    finally:
+        tracemalloc.stop()
+    assert report["types_grew"]["Kept"] == 5000
+    assert report["traced_mb"] > 0
+    assert any(f"{__file__.rsplit('/', 1)[-1]}:" in line for line in report["lines_grew"][:3])
+    assert "traced_mb" not in memory_report()  # off again: no tracing figures, no stale diff
+
+
+def test_ingress_and_engine_replicas_report_their_own_memory(serve_url):
+    from ray import serve
+
+    handles = {
+        name: serve.get_deployment_handle(name, app_name=E2E_APP)
+        for name in ("ResponsesIngress", ModelConfig(name="gpt-oss-replay").deployment_name)
+    }
+    first = {name: handle.memory.remote().result(timeout_s=60) for name, handle in handles.items()}
+    sdk_scenarios.raw_stream(serve_url, {"model": "gpt-oss-replay", "input": "memory, please"})
+    second = {name: handle.memory.remote().result(timeout_s=60) for name, handle in handles.items()}
+
+    engine = ModelConfig(name="gpt-oss-replay").deployment_name
+    assert first[engine]["pid"] == second[engine]["pid"] == engine_stats("gpt-oss-replay")["pid"]
+    assert first["ResponsesIngress"]["pid"] != first[engine]["pid"]  # each replica reads itself
+    for reading in second.values():
+        assert reading["rss_mb"] > 0 and reading["objects"] > 10_000 and reading["threads"] > 1
+        assert sum(reading["types"].values()) <= reading["objects"]
+        assert "types_grew" in reading  # a diff against the first reading
+        assert "traced_mb" not in reading  # tracing is off unless asked for
+        # glibc's heap (or jemalloc, preloaded, which has no mallinfo) is reported
+        assert reading["jemalloc"] or reading["malloc"]["in_use_mb"] > 0
