@@ -6,6 +6,7 @@ from __future__ import annotations
 import tracemalloc
 
 from deployments.memory import memory_report
+from serve_app.app import REPLICA_ENV
 from serve_app.config import ModelConfig
 from tests import sdk_scenarios
 from tests.conftest import E2E_APP, engine_stats
@@ -48,5 +49,6 @@ def test_ingress_and_engine_replicas_report_their_own_memory(serve_url):
         assert sum(reading["types"].values()) <= reading["objects"]
         assert "types_grew" in reading  # a diff against the first reading
         assert "traced_mb" not in reading  # tracing is off unless asked for
+        assert reading["malloc_arena_max"] == REPLICA_ENV["MALLOC_ARENA_MAX"]  # the env reached the replica
         # glibc's heap (or jemalloc, preloaded, which has no mallinfo) is reported
         assert reading["jemalloc"] or reading["malloc"]["in_use_mb"] > 0
