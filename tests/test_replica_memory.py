@@ -45,7 +45,9 @@ def test_ingress_and_engine_replicas_report_their_own_memory(serve_url):
     assert first[engine]["pid"] == second[engine]["pid"] == engine_stats("gpt-oss-replay")["pid"]
     assert first["ResponsesIngress"]["pid"] != first[engine]["pid"]  # each replica reads itself
     for reading in second.values():
-        assert reading["rss_mb"] > 0 and reading["objects"] > 10_000 and reading["threads"] > 1
+        assert reading["rss_mb"] > 0 and reading["threads"] > 1
+        # Serve freezes what the replica made while starting; together a replica's worth
+        assert reading["objects"] + reading["frozen_objects"] > 10_000
         assert sum(reading["types"].values()) <= reading["objects"]
         assert "types_grew" in reading  # a diff against the first reading
         assert "traced_mb" not in reading  # tracing is off unless asked for
