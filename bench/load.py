@@ -255,7 +255,10 @@ def main() -> None:
             from serve_app.config import ModelConfig
 
             deployments = [ModelConfig(name=args.model).deployment_name, "ResponsesIngress"]
-            replicas = ReplicaMemory(args.ray_address, args.app, deployments, args.tracemalloc, args.malloc_trim)
+            try:
+                replicas = ReplicaMemory(args.ray_address, args.app, deployments, args.tracemalloc, args.malloc_trim)
+            except ConnectionError as exc:  # a server elsewhere: its cluster is not reachable from here
+                print(f"replica memory not read ({exc}); --ray-address none skips it", file=sys.stderr)
         runs, memory = [], [replicas.read() if replicas else {}]
         for repeat in range(args.repeats):
             rows = []
