@@ -9,10 +9,11 @@ after another (a progress bar counts them). Every stream goes through the contra
 (`tests/contract.py`) and the lost-token check; the figures per level are TTFT (request sent
 -> first text delta), ITL (gaps between successive SSE chunks that carry deltas, as vLLM's
 benchmark defines it; a chunk is one engine batch) at p50/p90/p99, output tokens/s and
-requests/s. The whole ramp runs `--repeats` times; the resident memory (RSS) of the ingress
-and engine replica processes is read before the first run and after each, so growth across
-runs shows. Memory needs the server's process tree: with `--serve`, or `--server-pid` of a
-running `serve run` (e.g. `make serve`) on this machine.
+requests/s. The whole ramp runs `--repeats` times; the ingress and engine replicas report
+their own memory (`memory()`, deployments/memory.py: RSS, glibc heap in use and free, gc
+objects, with `--tracemalloc` Python-traced memory and the allocation sites that grew)
+before the first run and after each, so growth across runs shows. Reading it joins the
+server's Ray cluster (`--ray-address`, `auto`: the one on this machine, e.g. `make serve`).
 
 Lost tokens (harmony models, e.g. gpt-oss-replay): the items the deltas carried, rendered back
 into harmony completion tokens (analysis / final / commentary messages, `<|return|>` or
@@ -20,16 +21,18 @@ into harmony completion tokens (analysis / final / commentary messages, `<|retur
 report `lost=n/a`.
 
 Writes bench/results/load.json and load.png; the last line is
-`violations=N lost=N tokens_per_s@C=... ttft_p50_ms@C=... itl_p99_ms@C=... rss_growth_mb=...`.
+`violations=N lost=N tokens_per_s@C=... ttft_p50_ms@C=... itl_p99_ms@C=... rss_growth_mb=...
+heap_growth_mb=... traced_growth_mb=... objects_growth=...` (after run 1 -> after the last run,
+summed over the replicas).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -159,21 +162,45 @@ async def level(url: str, model: str, concurrency: int, per_client: int, harmony
     }
 
 
-def replica_rss_mb(server_pid: int | None) -> dict[str, float]:
-    """RSS of each Serve replica process under the server's process tree, by deployment."""
-    if server_pid is None:
-        return {}
-    rss: dict[str, float] = {}
-    for process in psutil.Process(server_pid).children(recursive=True):
-        try:
-            title = " ".join(process.cmdline())
-            if "ServeReplica:" in title:
-                # The title is ray::ServeReplica:APP:DEPLOYMENT[.METHOD while a call runs]
-                deployment = title.split("ServeReplica:", 1)[1].split()[0].split(":")[-1].split(".")[0]
-                rss[deployment] = rss.get(deployment, 0.0) + process.memory_info().rss / 2**20
-        except psutil.Error:
-            continue
-    return rss
+class ReplicaMemory:
+    """Each replica's own memory report (`memory()`, deployments/memory.py) through Serve
+    handles: this process joins the server's Ray cluster as a driver. One replica per
+    deployment is read (the handle picks it; run one replica each to follow one process)."""
+
+    def __init__(self, address: str, app: str, deployments: list[str], trace_frames: int, trim: bool) -> None:
+        import ray
+        from ray import serve
+
+        for name, value in (("RAY_AUTH_MODE", "disabled"), ("RAY_USAGE_STATS_ENABLED", "0")):
+            os.environ.setdefault(name, value)
+        ray.init(address=address, log_to_driver=False, logging_level="WARNING")
+        self.handles = {name: serve.get_deployment_handle(name, app_name=app) for name in deployments}
+        self.trace_frames, self.trim = trace_frames, trim
+
+    def close(self) -> None:
+        import ray
+
+        ray.shutdown()  # before the server goes: a driver of a cluster going down logs errors
+
+    def read(self) -> dict[str, dict]:
+        return {
+            name: handle.memory.remote(trace_frames=self.trace_frames, trim=self.trim).result(timeout_s=120)
+            for name, handle in self.handles.items()
+        }
+
+
+def cluster_address(server: subprocess.Popen, timeout_s: float = 60) -> str:
+    """The GCS address of the cluster `serve run` started (its raylet's `--gcs-address`): on
+    a shared machine `auto` may find another cluster."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        for child in psutil.Process(server.pid).children(recursive=True):
+            with contextlib.suppress(psutil.Error):
+                for argument in child.cmdline():
+                    if argument.startswith("--gcs-address="):
+                        return argument.split("=", 1)[1]
+        time.sleep(0.5)
+    raise RuntimeError("no raylet under the server's process tree")
 
 
 def start_server(config: Path, port: int) -> subprocess.Popen:
@@ -202,22 +229,37 @@ def main() -> None:
     )  # fmt: skip
     parser.add_argument("--serve", type=Path, help="a Serve config to start with `serve run` (its port is replaced)")
     parser.add_argument("--port", type=int, default=8766, help="HTTP port for --serve")
-    parser.add_argument("--server-pid", type=int, help="pid of a running `serve run`, for replica memory")
+    parser.add_argument(
+        "--ray-address", default="auto",
+        help="the server's Ray cluster, to read the replicas' memory (`none`: skip); with --serve, the one it started",
+    )  # fmt: skip
+    parser.add_argument("--app", default="responses", help="the Serve application's name (as in the config)")
+    parser.add_argument("--tracemalloc", type=int, default=0, metavar="FRAMES", help="trace Python allocations in the replicas from the first reading on")
+    parser.add_argument("--malloc-trim", action="store_true", help="after each reading, have the replicas return free heap to the OS (malloc_trim)")
     args = parser.parse_args()
     levels = [int(n) for n in args.concurrency.split(",")]
     harmony = "gpt-oss" in args.model
 
     process = None
-    server_pid = args.server_pid
     url = args.url
     if args.serve:
         process = start_server(args.serve, args.port)
-        server_pid = process.pid
         url = f"http://127.0.0.1:{args.port}/v1"
     try:
         if process is not None:
             wait_healthy(url.removesuffix("/v1"), process)
-        runs, memory = [], [replica_rss_mb(server_pid)]
+        replicas = None
+        if process is not None and args.ray_address != "none":
+            args.ray_address = cluster_address(process)
+        if args.ray_address != "none":
+            from serve_app.config import ModelConfig
+
+            deployments = [ModelConfig(name=args.model).deployment_name, "ResponsesIngress"]
+            try:
+                replicas = ReplicaMemory(args.ray_address, args.app, deployments, args.tracemalloc, args.malloc_trim)
+            except ConnectionError as exc:  # a server elsewhere: its cluster is not reachable from here
+                print(f"replica memory not read ({exc}); --ray-address none skips it", file=sys.stderr)
+        runs, memory = [], [replicas.read() if replicas else {}]
         for repeat in range(args.repeats):
             rows = []
             for concurrency in levels:
@@ -225,7 +267,11 @@ def main() -> None:
                 with tqdm(total=total, desc=f"run {repeat + 1} C={concurrency}", unit="req", leave=False) as progress:
                     rows.append(asyncio.run(level(url, args.model, concurrency, args.requests_per_client, harmony, args.store, progress)))
             runs.append(rows)
-            memory.append(replica_rss_mb(server_pid))
+            memory.append(replicas.read() if replicas else {})
+            RESULTS.mkdir(exist_ok=True)  # so far (a long series can be followed, or cut short)
+            (RESULTS / "load.json").write_text(json.dumps({"runs": runs, "memory": memory}, indent=2))
+        if replicas:
+            replicas.close()
     finally:
         if process is not None:
             stop(process)
@@ -233,7 +279,15 @@ def main() -> None:
     report(runs, memory, args, harmony)
 
 
-def report(runs: list[list[dict]], memory: list[dict[str, float]], args, harmony: bool) -> None:
+MEMORY_COLUMNS = (("RSS", "rss_mb"), ("heap", "in_use_mb"), ("free", "free_mb"), ("traced", "traced_mb"))
+
+
+def memory_figure(reading: dict, key: str) -> float:
+    value = (reading.get("malloc") or {}).get(key) if key in ("in_use_mb", "free_mb") else reading.get(key)
+    return float("nan") if value is None else value
+
+
+def report(runs: list[list[dict]], memory: list[dict[str, dict]], args, harmony: bool) -> None:
     header = f"{'run':>3}{'C':>5}{'reqs':>6}{'tok/s':>9}{'req/s':>7}{'TTFT p50':>10}{'p90':>8}{'p99':>8}{'ITL p50':>9}{'p90':>7}{'p99':>7}{'viol':>6}{'lost':>6}"
     print(f"\nbench.load: model={args.model}, {args.requests_per_client} streaming requests per client, store={args.store}; times in ms")
     print(header)
@@ -247,31 +301,48 @@ def report(runs: list[list[dict]], memory: list[dict[str, float]], args, harmony
             )
             if r["first_violation"]:
                 print(f"      first violation: {r['first_violation']}")
-    if memory and memory[0]:
-        print("\nreplica RSS, MB:  " + "  ".join(f"{name}" for name in sorted(memory[0])))
+    names = sorted(memory[0]) if memory and memory[0] else []
+    for name in names:
+        print(f"\n{name} (pid {memory[0][name]['pid']}): MB (RSS; malloc heap in use, freed but held; Python traced), gc objects, threads")
+        print(f"  {'':<12}" + "".join(f"{title:>8}" for title, _ in MEMORY_COLUMNS) + f"{'objects':>10}{'threads':>8}" + ("  RSS after trim" if args.malloc_trim else ""))
         for index, snapshot in enumerate(memory):
+            reading = snapshot[name]
             label = "before" if index == 0 else f"after run {index}"
-            print(f"  {label:<14}" + "  ".join(f"{snapshot.get(name, float('nan')):.0f}" for name in sorted(memory[0])))
+            figures = "".join(f"{memory_figure(reading, key):>8.1f}" for _, key in MEMORY_COLUMNS)
+            trimmed = f"{reading['rss_after_trim_mb']:>16.1f}" if "rss_after_trim_mb" in reading else ""
+            print(f"  {label:<12}{figures}{reading['objects']:>10}{reading.get('threads', '?'):>8}{trimmed}")
+            if index > 1:  # what grew since the previous reading, after the warm-up run
+                grew = ", ".join(f"{t} {n:+d}" for t, n in reading.get("types_grew", {}).items())
+                print(f"      objects grew: {grew or '-'}")
+                for line in reading.get("lines_grew", [])[:3]:
+                    print(f"      {line}")
     RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "load.json").write_text(json.dumps({"runs": runs, "rss_mb": memory}, indent=2))
+    (RESULTS / "load.json").write_text(json.dumps({"runs": runs, "memory": memory}, indent=2))
     plot(runs, memory, args.model, RESULTS / "load.png")
 
     violations = sum(r["violations"] for rows in runs for r in rows)
     lost = "n/a" if not harmony else sum(r["lost_tokens"] for rows in runs for r in rows)
     top = runs[-1][-1]
     # Growth from after the first run (warm: caches, pools filled) to after the last.
-    growth = "n/a"
-    if len(memory) > 2 and memory[1]:
-        growth = f"{sum(memory[-1].values()) - sum(memory[1].values()):+.0f}"
+    growth = "rss_growth_mb=n/a"
+    if len(memory) > 2 and names:
+        warm, last = memory[1], memory[-1]
+        figures = []
+        for label, key, digits in (("rss_growth_mb", "rss_mb", 0), ("heap_growth_mb", "in_use_mb", 1), ("traced_growth_mb", "traced_mb", 2)):
+            grew = sum(memory_figure(last[n], key) - memory_figure(warm[n], key) for n in names)
+            if grew == grew:  # not NaN: measured (no heap figures under jemalloc, no traced ones unless tracing)
+                figures.append(f"{label}={grew:+.{digits}f}")
+        figures.append(f"objects_growth={sum(last[n]['objects'] - warm[n]['objects'] for n in names):+d}")
+        growth = " ".join(figures)
     c = top["concurrency"]
     print(
         f"violations={violations} lost={lost} tokens_per_s@{c}={top['tokens_per_s']:.0f} ttft_p50_ms@{c}={top['ttft_p50_ms']:.0f} "
         f"ttft_p99_ms@{c}={top['ttft_p99_ms']:.0f} itl_p50_ms@{c}={top['itl_p50_ms']:.1f} itl_p99_ms@{c}={top['itl_p99_ms']:.1f} "
-        f"rss_growth_mb={growth}"
+        f"{growth}"
     )
 
 
-def plot(runs: list[list[dict]], memory: list[dict[str, float]], model: str, path: Path) -> None:
+def plot(runs: list[list[dict]], memory: list[dict[str, dict]], model: str, path: Path) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -294,10 +365,12 @@ def plot(runs: list[list[dict]], memory: list[dict[str, float]], model: str, pat
     if memory and memory[0]:
         names = sorted(memory[0])
         labels = ["before"] + [f"after {i}" for i in range(1, len(memory))]
-        for name in names:
-            axes[2].plot(labels, [m.get(name, float("nan")) for m in memory], marker="o", label=name)
+        for name, color in zip(names, ("tab:blue", "tab:orange", "tab:green")):
+            axes[2].plot(labels, [m[name]["rss_mb"] for m in memory], marker="o", color=color, label=f"{name} RSS")
+            axes[2].plot(labels, [memory_figure(m[name], "in_use_mb") for m in memory], "--", marker=".", color=color, label=f"{name} heap in use")
         axes[2].legend(fontsize=7)
-    axes[2].set_title("replica RSS, MB")
+        axes[2].tick_params(axis="x", labelsize=7, rotation=45)
+    axes[2].set_title("replica memory, MB")
     fig.suptitle(f"bench.load: {model}, streaming, every stream contract-checked")
     fig.tight_layout()
     fig.savefig(path, dpi=110)

@@ -25,6 +25,7 @@ from ray.serve._private.constants import SERVE_NAMESPACE
 from ray.serve.metrics import Counter
 
 from deployments.backends import make_backend
+from deployments.memory import memory_report
 from serve_app.config import CoalesceConfig, ModelConfig
 from serve_app.protocol.tokens import GenerationRequest, TokenBatch
 
@@ -247,6 +248,10 @@ class EngineServer:
             stats["spec_decode"] = self.backend.spec_decode_stats()
             stats["engine_unfinished"] = self.backend.num_unfinished_engine_requests()
         return stats
+
+    async def memory(self, top: int = 8, trace_frames: int = 0, trim: bool = False) -> dict:
+        """This replica's memory (deployments/memory.py; a measuring tool: not cheap)."""
+        return memory_report(top, trace_frames, trim)
 
     async def check_health(self) -> None:
         """Serve calls this periodically: a dead engine fails it and the replica is replaced."""

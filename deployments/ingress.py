@@ -19,6 +19,7 @@ from ray.serve.exceptions import BackPressureError
 from ray.serve.handle import DeploymentHandle
 
 from deployments import use_serve_logging
+from deployments.memory import memory_report
 from deployments.metrics import RayServeMetrics
 from serve_app.api import ModelFamily, ServedModel, create_app
 from serve_app.config import AppConfig, ModelConfig, StoreConfig
@@ -227,3 +228,7 @@ class ResponsesIngress:
             metrics=RayServeMetrics(),
             max_stream_duration_s=self.config.max_stream_duration_s,
         )
+
+    async def memory(self, top: int = 8, trace_frames: int = 0, trim: bool = False) -> dict:
+        """This replica's memory (deployments/memory.py; a measuring tool: not cheap)."""
+        return memory_report(top, trace_frames, trim)

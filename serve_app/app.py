@@ -38,6 +38,10 @@ DEFAULT_ARGS: dict[str, Any] = {
 REPLICA_ENV = {
     "RAY_SERVE_RUN_USER_CODE_IN_SEPARATE_THREAD": "0",
     "RAY_SERVE_RUN_ROUTER_IN_SEPARATE_LOOP": "0",
+    # glibc's malloc gives each thread that allocates an arena of its own, up to 8 per core; a
+    # replica's ~35 threads (Ray's core worker, gRPC, Serve) fragment them and RSS keeps
+    # growing under load (README "Load"). Two arenas: measured with bench.load.
+    "MALLOC_ARENA_MAX": "2",
 }
 
 # Cluster-wide Ray Serve settings: these are read by the Serve controller, which no runtime_env

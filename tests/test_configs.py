@@ -202,7 +202,8 @@ def test_qwen3_gpu_config_maps_to_two_gpus_with_vllms_parsers():
 
 def test_replicas_run_serve_single_loop_unless_a_deployment_says_otherwise(monkeypatch):
     """Our replicas run user code and handle routers on one event loop (serve_app/app.py
-    REPLICA_ENV, measured in bench.vs_vllm); a deployment's own env_vars win."""
+    REPLICA_ENV, measured in bench.vs_vllm) with two malloc arenas (bench.load); a
+    deployment's own env_vars win."""
     from serve_app.app import REPLICA_ENV, build_app
     from serve_app.vocab import ENV_VAR
 
@@ -215,6 +216,9 @@ def test_replicas_run_serve_single_loop_unless_a_deployment_says_otherwise(monke
     store = bound.init_args[2]._bound_deployment
     for deployment in (engine, store):
         assert deployment.ray_actor_options["runtime_env"]["env_vars"] == REPLICA_ENV
-    assert REPLICA_ENV == {"RAY_SERVE_RUN_USER_CODE_IN_SEPARATE_THREAD": "0", "RAY_SERVE_RUN_ROUTER_IN_SEPARATE_LOOP": "0"}
+    assert REPLICA_ENV == {
+        "RAY_SERVE_RUN_USER_CODE_IN_SEPARATE_THREAD": "0", "RAY_SERVE_RUN_ROUTER_IN_SEPARATE_LOOP": "0",
+        "MALLOC_ARENA_MAX": "2",  # glibc arenas: replica RSS growth under load (README "Load")
+    }  # fmt: skip
     ingress_env = bound.ray_actor_options["runtime_env"]
     assert ingress_env["env_vars"] == {**REPLICA_ENV, **own} and ingress_env["pip"] == ["six"]

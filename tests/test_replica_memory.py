@@ -1,0 +1,62 @@
+"""Replica memory reports (deployments/memory.py): what bench.load reads after each run to
+tell a leak in Python (objects, traced allocation sites) from the allocator (RSS vs heap)."""
+
+from __future__ import annotations
+
+import tracemalloc
+
+from deployments.memory import memory_report
+from serve_app.app import REPLICA_ENV
+from serve_app.config import ModelConfig
+from tests import sdk_scenarios
+from tests.conftest import E2E_APP, engine_stats
+
+
+class Kept:
+    pass
+
+
+def test_report_names_the_type_and_line_that_grew():
+    kept: list[Kept] = []
+    memory_report(trace_frames=4)  # starts tracing: the baseline
+    try:
+        kept.extend(Kept() for _ in range(5000))
+        report = memory_report(top=50)
+    finally:
+        tracemalloc.stop()
+    assert report["types_grew"]["Kept"] == 5000
+    assert report["traced_mb"] > 0
+    assert any(f"{__file__.rsplit('/', 1)[-1]}:" in line for line in report["lines_grew"][:3])
+    assert "traced_mb" not in memory_report()  # off again: no tracing figures, no stale diff
+
+
+def test_ingress_and_engine_replicas_report_their_own_memory(serve_url):
+    from ray import serve
+
+    engine = ModelConfig(name="gpt-oss-replay").deployment_name
+    handles = {name: serve.get_deployment_handle(name, app_name=E2E_APP) for name in ("ResponsesIngress", engine)}
+    readings: dict[str, list[dict]] = {name: [] for name in handles}
+    for _ in range(3):  # the session has 2 ingress replicas: one of them is read twice
+        sdk_scenarios.raw_stream(serve_url, {"model": "gpt-oss-replay", "input": "memory, please"})
+        for name, handle in handles.items():
+            readings[name].append(handle.memory.remote().result(timeout_s=60))
+
+    ingress_pids = {r["pid"] for r in readings["ResponsesIngress"]}
+    assert {r["pid"] for r in readings[engine]} == {engine_stats("gpt-oss-replay")["pid"]}
+    assert engine_stats("gpt-oss-replay")["pid"] not in ingress_pids  # each replica reads itself
+    by_replica: dict[int, list[dict]] = {}
+    for reading in readings["ResponsesIngress"] + readings[engine]:
+        by_replica.setdefault(reading["pid"], []).append(reading)
+    assert any(len(by_replica[pid]) > 1 for pid in ingress_pids)
+    for replica in by_replica.values():
+        # each replica diffs against its own previous reading, none before its first
+        assert "types_grew" not in replica[0] and all("types_grew" in r for r in replica[1:])
+        for reading in replica:
+            assert reading["rss_mb"] > 0 and reading["threads"] > 1
+            # Serve freezes what the replica made while starting; together a replica's worth
+            assert reading["objects"] + reading["frozen_objects"] > 10_000
+            assert sum(reading["types"].values()) <= reading["objects"]
+            assert "traced_mb" not in reading  # tracing is off unless asked for
+            assert reading["malloc_arena_max"] == REPLICA_ENV["MALLOC_ARENA_MAX"]  # the env reached the replica
+            # glibc's heap (or jemalloc, preloaded, which has no mallinfo) is reported
+            assert reading["jemalloc"] or reading["malloc"]["in_use_mb"] > 0
