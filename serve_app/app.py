@@ -46,7 +46,7 @@ REPLICA_ENV = {
 
 # Cluster-wide Ray Serve settings: these are read by the Serve controller, which no runtime_env
 # of ours reaches, so they are set where the cluster starts — the Makefile (`make serve`), the
-# RayService head container (k8s/), bench.vs_vllm; tests/test_configs.py checks they agree.
+# RayService head container (k8s/), bench.vs_vllm; tests/test_k8s.py checks they agree.
 # The controller's reconcile loop runs every 0.5 s instead of Serve's 0.1 s: at 10 per second
 # it was our largest fixed CPU cost beside the engine (README "Against vLLM's own server");
 # replica starts, health results and scaling decisions are acted on up to 0.4 s later
