@@ -16,13 +16,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import gc
 import json
 import subprocess
 import sys
 import threading
 import time
-import tracemalloc
 
 from tqdm import tqdm
 
@@ -33,33 +31,26 @@ TOP_LINES = 5
 
 
 def serve_child(port: int) -> None:
-    """The child: serve the app, then answer each line on stdin with a JSON measurement."""
-    import psutil
+    """The child: serve the app, then answer each line on stdin with a JSON measurement
+    (`deployments/memory.py`'s report, the one Serve replicas give bench.load)."""
     import uvicorn
 
     from deployments.local import replay_models
+    from deployments.memory import memory_report
     from serve_app.api import create_app
 
     server = uvicorn.Server(uvicorn.Config(create_app(replay_models(10.0)), host="127.0.0.1", port=port, log_level="warning"))
     threading.Thread(target=server.run, daemon=True).start()
     while not server.started:
         time.sleep(0.05)
-    tracemalloc.start(4)  # after the imports and start-up: those are not what we look for
-    process, previous = psutil.Process(), None
     print(json.dumps({"ready": True}), flush=True)
     for _ in sys.stdin:
-        gc.collect()
-        snapshot = tracemalloc.take_snapshot().filter_traces([tracemalloc.Filter(False, tracemalloc.__file__)])
-        grew = []
-        if previous is not None:
-            for stat in snapshot.compare_to(previous, "lineno")[:TOP_LINES]:
-                frame = stat.traceback[0]
-                grew.append(f"{stat.size_diff / 1e3:+.1f} kB {stat.count_diff:+d} blocks {frame.filename}:{frame.lineno}")
-        previous = snapshot
+        # The first reading starts tracing: after the imports and start-up, not what we look for.
+        report = memory_report(top=TOP_LINES, trace_frames=4)
         print(
             json.dumps({
-                "rss_mb": process.memory_info().rss / 1e6, "traced_kb": tracemalloc.get_traced_memory()[0] / 1e3,
-                "objects": len(gc.get_objects()), "grew": grew,
+                "rss_mb": report["rss_mb"], "traced_kb": report["traced_mb"] * 2**10,
+                "objects": report["objects"], "grew": report.get("lines_grew", []),
             }),
             flush=True,
         )  # fmt: skip
