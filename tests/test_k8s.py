@@ -151,7 +151,7 @@ def test_gpt_oss_120b_pods_hold_one_tensor_parallel_engine():
     assert container["resources"]["limits"]["nvidia.com/gpu"] == model.backend.world_size
 
 
-@pytest.mark.parametrize("path", [ROOT / "k8s" / name for name in SERVES], ids=lambda p: p.name)
+@pytest.mark.parametrize("path", MANIFESTS, ids=lambda p: p.name)
 def test_the_cluster_wide_serve_settings_are_the_same_for_make_serve_and_kuberay(path):
     """serve_app/app.py CLUSTER_ENV (read by the Serve controller, on the head): the head
     container sets each of them, and the Makefile exports the same values for `make serve`."""
@@ -160,7 +160,7 @@ def test_the_cluster_wide_serve_settings_are_the_same_for_make_serve_and_kuberay
     from serve_app.app import CLUSTER_ENV
 
     manifest = yaml.safe_load(path.read_text())
-    [head] = manifest["spec"]["rayClusterConfig"]["headGroupSpec"]["template"]["spec"]["containers"]
+    (head,) = _groups(manifest)[0]["template"]["spec"]["containers"]
     env = {e["name"]: e.get("value") for e in head["env"]}
     make = dict(re.findall(r"^export (\w+) \?= (\S+)$", (ROOT / "Makefile").read_text(), re.M))
     assert CLUSTER_ENV  # something to check
