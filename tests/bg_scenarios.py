@@ -5,12 +5,12 @@ replicas: the same assertions whichever stack serves the app."""
 from __future__ import annotations
 
 import concurrent.futures
-import time
 
 import httpx
 import openai
 import pytest
 
+from tests import conftest
 from tests.contract import check_stream, parse_sse  # noqa: F401 - parse_sse for the e2e suite
 from tests.sdk_scenarios import client
 
@@ -20,13 +20,10 @@ GUARD_S = 120  # a hang guard for polling loops, not a timing assertion
 
 
 def wait_until(predicate, what: str):
-    deadline = time.monotonic() + GUARD_S
-    while True:
-        value = predicate()
-        if value:
-            return value
-        assert time.monotonic() < deadline, f"gave up waiting for {what}"
-        time.sleep(0.05)
+    """`conftest.wait_until` within the hang guard; not getting there fails the test."""
+    value = conftest.wait_until(predicate, GUARD_S)
+    assert value, f"gave up waiting for {what}"
+    return value
 
 
 def status_code(call) -> int:
@@ -124,7 +121,6 @@ def background_stream_resume(base_url: str, slow_model: str, cut_after: int = 12
     body = {"model": slow_model, "input": LONG_TEXT, "background": True, "stream": True}
     for _ in range(40):
         with httpx.Client(timeout=60) as http:
-            first: list[bytes] = []
             with http.stream("POST", f"{base_url}/responses", json=body) as response:
                 assert response.status_code == 200, response.read()
                 owner = response.headers[REPLICA_HEADER]
