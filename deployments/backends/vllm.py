@@ -17,12 +17,14 @@ The engine runs in spawned processes: scripts that create a `VLLMBackend` need a
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import threading
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any, Literal
 
+from deployments.cpu_cores import cores_for_cpu_engine, format_cores
 from serve_app.config import EnginePlacement, VLLMBackendConfig
 from serve_app.protocol.tokens import FinishReason, GenerationRequest, TokenBatch, TokenLogprobs
 
@@ -226,10 +228,16 @@ class VLLMBackend:
                 "tokenizer": str(ensure_harmony_tokenizer()) if tokenizer == HARMONY_TOKENIZER else resolve_model_path(tokenizer),
             }
         )
-        self.engine = AsyncLLM.from_engine_args(
-            engine_args_from_config(resolved),
-            stat_loggers=[_stat_logger_factory(self._spec_counters)],
-        )
+        # On CPU the model gets cores of its own when this replica was started on fewer
+        # cores than its node has (deployments/cpu_cores.py); on GPU nothing changes.
+        cores = cores_for_cpu_engine() if self.config.device == "cpu" else contextlib.nullcontext(set())
+        with cores as model_cores:
+            self.engine = AsyncLLM.from_engine_args(
+                engine_args_from_config(resolved),
+                stat_loggers=[_stat_logger_factory(self._spec_counters)],
+            )
+        if model_cores:
+            logger.info("vLLM's CPU worker is bound to cores %s; this replica and its engine core run on the others", format_cores(model_cores))
 
     def _engine(self) -> AsyncLLM:
         if self.engine is None:

@@ -1,0 +1,110 @@
+"""Cores for a vLLM engine on CPU, and the other cores for everything else on its node.
+
+vLLM's CPU worker binds its OpenMP threads to cores (`VLLM_CPU_OMP_THREADS_BIND`; `auto`
+takes every core the process may use but the last, which it leaves to its scheduler).
+Whatever else runs on those cores takes time from the model: on a 2-core box our stack
+(ingress, Serve's proxy and controller, Ray's daemons) took a fifth of the worker's core
+(README, "Against vLLM's own server"). So a node that runs a CPU engine starts Ray on the
+serving cores only (`python -m deployments.cpu_cores serve run ...`, which `make serve`
+uses, or `taskset -c ...`), everything Ray starts inherits them, and the engine replica
+gives its model the node's other cores (`cores_for_cpu_engine`). A node started on all its
+cores keeps vLLM's own rule; an explicit `VLLM_CPU_OMP_THREADS_BIND` always wins.
+
+    python -m deployments.cpu_cores COMMAND [ARG ...]
+
+runs COMMAND on the serving cores: `RESPONSES_SERVE_CPUS` (a list such as `1` or `6-7`,
+`all` for no pinning), by default the last core of the ones this process may use (none are
+set aside on a 1-core machine).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+from collections.abc import Iterable, Iterator
+
+import psutil
+
+OMP_BIND = "VLLM_CPU_OMP_THREADS_BIND"
+SERVING_CPUS = "RESPONSES_SERVE_CPUS"
+
+
+def parse_cores(text: str) -> set[int]:
+    """`0,2-3` -> {0, 2, 3} (the kernel's and taskset's list format)."""
+    cores: set[int] = set()
+    for part in text.split(","):
+        first, _, last = part.strip().partition("-")
+        cores.update(range(int(first), int(last or first) + 1))
+    return cores
+
+
+def format_cores(cores: Iterable[int]) -> str:
+    return ",".join(str(core) for core in sorted(cores))
+
+
+def serving_cores(available: set[int], setting: str | None) -> set[int] | None:
+    """The cores Ray and Serve run on, or None to leave the affinity alone."""
+    if setting is not None and setting.strip():
+        if setting.strip() == "all":
+            return None
+        cores = parse_cores(setting)
+        if not cores <= available:
+            raise ValueError(f"{SERVING_CPUS}={setting}: cores {format_cores(cores - available)} are not available")
+        return cores
+    return {max(available)} if len(available) > 1 else None
+
+
+def set_thread_affinity(pid: int, cores: set[int]) -> None:
+    """Move every thread of a process (sched_setaffinity acts on one thread)."""
+    with contextlib.suppress(FileNotFoundError, ProcessLookupError):
+        for tid in os.listdir(f"/proc/{pid}/task"):
+            with contextlib.suppress(ProcessLookupError):  # the thread just ended
+                os.sched_setaffinity(int(tid), cores)
+
+
+@contextlib.contextmanager
+def cores_for_cpu_engine() -> Iterator[set[int]]:
+    """Around the start of a vLLM CPU engine in this process: yields the cores its worker is
+    bound to (empty: vLLM's own rule applies).
+
+    When this process was started on fewer cores than the node has, the starting thread is
+    widened to the whole node (vLLM's processes inherit it; OpenMP refuses a core outside the
+    inherited set) and the worker is bound to the cores this process was not given. Once the
+    engine is up, every thread of this process (vLLM's included) and of every engine process
+    but the worker go back to the given cores, so the model's cores run the model only.
+    """
+    given = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, range(os.cpu_count() or 1))  # the kernel keeps what the cgroup allows
+    spare = os.sched_getaffinity(0) - given
+    if not spare or OMP_BIND in os.environ:
+        os.sched_setaffinity(0, given)
+        yield set()
+        return
+    os.environ[OMP_BIND] = format_cores(spare)
+    try:
+        yield spare
+    finally:
+        del os.environ[OMP_BIND]
+        set_thread_affinity(os.getpid(), given)  # threads vLLM started here inherited the widening
+        for child in psutil.Process().children(recursive=True):
+            with contextlib.suppress(psutil.Error, ProcessLookupError):
+                if not os.sched_getaffinity(child.pid) <= spare:  # not a bound worker
+                    set_thread_affinity(child.pid, given)
+
+
+def main(argv: list[str]) -> None:
+    if not argv:
+        sys.exit(__doc__)
+    try:
+        cores = serving_cores(os.sched_getaffinity(0), os.environ.get(SERVING_CPUS))
+    except ValueError as error:
+        sys.exit(str(error))
+    if cores is not None:
+        os.sched_setaffinity(0, cores)
+        print(f"serving on cores {format_cores(cores)}; a vLLM engine on CPU gets the others", file=sys.stderr)
+    os.execvp(argv[0], argv)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

