@@ -279,11 +279,17 @@ def main() -> None:
     report(runs, memory, args, harmony)
 
 
-MEMORY_COLUMNS = (("RSS", "rss_mb"), ("heap", "in_use_mb"), ("free", "free_mb"), ("traced", "traced_mb"))
+MEMORY_COLUMNS = (("RSS", "rss_mb"), ("anon", "anon"), ("file", "file"), ("shmem", "shmem"),
+                  ("heap", "in_use_mb"), ("free", "free_mb"), ("traced", "traced_mb"))  # fmt: skip
 
 
 def memory_figure(reading: dict, key: str) -> float:
-    value = (reading.get("malloc") or {}).get(key) if key in ("in_use_mb", "free_mb") else reading.get(key)
+    if key in ("in_use_mb", "free_mb"):
+        value = (reading.get("malloc") or {}).get(key)
+    elif key in ("anon", "file", "shmem"):
+        value = (reading.get("rss_kinds_mb") or {}).get(key)
+    else:
+        value = reading.get(key)
     return float("nan") if value is None else value
 
 
@@ -303,7 +309,7 @@ def report(runs: list[list[dict]], memory: list[dict[str, dict]], args, harmony:
                 print(f"      first violation: {r['first_violation']}")
     names = sorted(memory[0]) if memory and memory[0] else []
     for name in names:
-        print(f"\n{name} (pid {memory[0][name]['pid']}): MB (RSS; malloc heap in use, freed but held; Python traced), gc objects, threads")
+        print(f"\n{name} (pid {memory[0][name]['pid']}): MB (RSS and its anon/file/shmem pages; malloc heap in use, freed but held; Python traced), gc objects, threads")
         print(f"  {'':<12}" + "".join(f"{title:>8}" for title, _ in MEMORY_COLUMNS) + f"{'objects':>10}{'threads':>8}" + ("  RSS after trim" if args.malloc_trim else ""))
         for index, snapshot in enumerate(memory):
             reading = snapshot[name]
@@ -328,7 +334,7 @@ def report(runs: list[list[dict]], memory: list[dict[str, dict]], args, harmony:
     if len(memory) > 2 and names:
         warm, last = memory[1], memory[-1]
         figures = []
-        for label, key, digits in (("rss_growth_mb", "rss_mb", 0), ("heap_growth_mb", "in_use_mb", 1), ("traced_growth_mb", "traced_mb", 2)):
+        for label, key, digits in (("rss_growth_mb", "rss_mb", 0), ("anon_growth_mb", "anon", 1), ("heap_growth_mb", "in_use_mb", 1), ("traced_growth_mb", "traced_mb", 2)):
             grew = sum(memory_figure(last[n], key) - memory_figure(warm[n], key) for n in names)
             if grew == grew:  # not NaN: measured (no heap figures under jemalloc, no traced ones unless tracing)
                 figures.append(f"{label}={grew:+.{digits}f}")

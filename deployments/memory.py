@@ -5,7 +5,10 @@ Nothing here runs unless asked: a call costs a full garbage collection and a wal
 objects (~0.1-0.5 s on the replica's event loop), so it is a measuring tool, not a health
 check. Layers, so that growth can be told apart:
 
-- `rss_mb`: the process's resident memory (what the OS and Kubernetes count);
+- `rss_mb`: the process's resident memory (what the OS and Kubernetes count), and its
+  kinds (`rss_kinds_mb`): `anon` (the process's own heap, stacks, Python's arenas: where a
+  leak shows), `file` (pages of mapped files such as shared libraries, read in as code
+  paths are first run) and `shmem` (shared memory mapped in, e.g. Ray's object store);
 - `malloc`: glibc's heap (`mallinfo2`): bytes in use by live allocations vs. bytes freed but
   kept by the allocator (RSS growth with flat `in_use_mb` is the allocator, not a leak);
 - `objects` / `types_grew`: objects the garbage collector tracks (not counting those Serve
@@ -64,6 +67,17 @@ def rss_mb() -> float:
         return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
 
 
+def rss_kinds_mb() -> dict[str, float]:
+    """The RSS by kind, from /proc/self/status (`RssAnon`, `RssFile`, `RssShmem`, in kB)."""
+    kinds = {}
+    with open("/proc/self/status") as status:
+        for line in status:
+            name, _, value = line.partition(":")
+            if name in ("RssAnon", "RssFile", "RssShmem"):
+                kinds[name.removeprefix("Rss").lower()] = int(value.split()[0]) / 2**10
+    return kinds
+
+
 def memory_report(top: int = 8, trace_frames: int = 0, trim: bool = False) -> dict:
     """This process's memory, and what grew since the previous call (see the module doc).
 
@@ -74,7 +88,7 @@ def memory_report(top: int = 8, trace_frames: int = 0, trim: bool = False) -> di
     gc.collect()
     counts = collections.Counter(type(obj).__qualname__ for obj in gc.get_objects())
     report: dict = {
-        "pid": os.getpid(), "rss_mb": rss_mb(), "malloc": malloc_info(),
+        "pid": os.getpid(), "rss_mb": rss_mb(), "rss_kinds_mb": rss_kinds_mb(), "malloc": malloc_info(),
         # Serve freezes what a replica made while starting (`gc.freeze()`); the collector no
         # longer walks those, and they are not counted in `objects`.
         "objects": counts.total(), "frozen_objects": gc.get_freeze_count(),

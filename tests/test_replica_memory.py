@@ -60,3 +60,15 @@ def test_ingress_and_engine_replicas_report_their_own_memory(serve_url):
             assert reading["malloc_arena_max"] == REPLICA_ENV["MALLOC_ARENA_MAX"]  # the env reached the replica
             # glibc's heap (or jemalloc, preloaded, which has no mallinfo) is reported
             assert reading["jemalloc"] or reading["malloc"]["in_use_mb"] > 0
+
+
+def test_rss_kinds_add_up_and_a_leak_shows_as_anon():
+    before = memory_report()
+    kinds = before["rss_kinds_mb"]
+    assert set(kinds) == {"anon", "file", "shmem"}
+    assert abs(sum(kinds.values()) - before["rss_mb"]) < 16  # two reads of a live process
+    held = bytearray(64 * 2**20)  # zero-filled: every page is touched
+    after = memory_report()
+    assert after["rss_kinds_mb"]["anon"] - kinds["anon"] > 60
+    assert abs(after["rss_kinds_mb"]["file"] - kinds["file"]) < 8
+    del held
