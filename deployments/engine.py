@@ -24,6 +24,7 @@ import ray
 from ray.serve._private.constants import SERVE_NAMESPACE
 from ray.serve.metrics import Counter
 
+from deployments import use_serve_logging
 from deployments.backends import make_backend
 from deployments.memory import memory_report
 from serve_app.config import CoalesceConfig, ModelConfig
@@ -178,6 +179,7 @@ class EngineServer:
 
     async def __init__(self, model_config: dict) -> None:
         # async: vLLM's AsyncLLM binds to the event loop it is created on, the replica's.
+        use_serve_logging()  # the backends' own logs (`responses_serve.*`) in this replica's log
         self.config = ModelConfig.model_validate(model_config)
         self.backend = make_backend(self.config.backend)
         self.coalescing: CoalesceConfig = self.config.coalesce
