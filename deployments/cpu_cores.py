@@ -8,7 +8,8 @@ Whatever else runs on those cores takes time from the model: on a 2-core box our
 serving cores only (`python -m deployments.cpu_cores serve run ...`, which `make serve`
 uses, or `taskset -c ...`), everything Ray starts inherits them, and the engine replica
 gives its model the node's other cores (`cores_for_cpu_engine`). A node started on all its
-cores keeps vLLM's own rule; an explicit `VLLM_CPU_OMP_THREADS_BIND` always wins.
+cores keeps vLLM's own rule. An explicit `VLLM_CPU_OMP_THREADS_BIND` turns all this off (the
+cores it names must then be among the replica's own).
 
     python -m deployments.cpu_cores COMMAND [ARG ...]
 

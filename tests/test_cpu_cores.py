@@ -75,6 +75,22 @@ def test_a_process_on_every_core_keeps_vllms_own_rule() -> None:
     assert os.sched_getaffinity(0) == before
 
 
+@needs_two_cores
+def test_an_explicit_binding_turns_it_off() -> None:
+    probe = (
+        "import os, json; from deployments.cpu_cores import cores_for_cpu_engine\n"
+        "with cores_for_cpu_engine() as cores: inside = sorted(os.sched_getaffinity(0))\n"
+        "print(json.dumps([sorted(cores), inside, os.environ['VLLM_CPU_OMP_THREADS_BIND']]))"
+    )
+    serving = str(max(CORES))
+    result = subprocess.run(
+        [sys.executable, "-m", "deployments.cpu_cores", sys.executable, "-c", probe],
+        env={**os.environ, SERVING_CPUS: serving, "VLLM_CPU_OMP_THREADS_BIND": serving},
+        capture_output=True, text=True, check=True, timeout=60,
+    )  # fmt: skip
+    assert json.loads(result.stdout) == [[], [int(serving)], serving]  # not widened, not changed
+
+
 # A child started on the serving core: inside `cores_for_cpu_engine` it starts a "worker" that
 # binds itself as OpenMP does (to the cores in VLLM_CPU_OMP_THREADS_BIND, which it can only do
 # within the set it inherited) and a "scheduler" with threads; then reports every thread's cores.
