@@ -12,6 +12,7 @@ import os
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 from hypothesis import given
@@ -21,6 +22,7 @@ from deployments.cpu_cores import SERVING_CPUS, cores_for_cpu_engine, format_cor
 from serve_app.app import REPLICA_ENV
 from tests.test_vllm_backend import requires_vllm
 
+REPO = Path(__file__).resolve().parents[1]  # the engine script runs from a temporary folder
 CORES = os.sched_getaffinity(0)
 needs_two_cores = pytest.mark.skipif(len(CORES) < 2, reason="needs 2 cores to set one aside")
 
@@ -181,7 +183,7 @@ def test_vllm_cpu_worker_alone_on_the_model_cores(tmp_path) -> None:
     script.write_text(REAL_ENGINE)
     result = subprocess.run(
         [sys.executable, "-m", "deployments.cpu_cores", sys.executable, str(script)],
-        env={**os.environ, SERVING_CPUS: format_cores(serving), "PYTHONPATH": os.getcwd(), **REPLICA_ENV},
+        env={**os.environ, SERVING_CPUS: format_cores(serving), "PYTHONPATH": str(REPO), **REPLICA_ENV},
         capture_output=True, text=True, timeout=600,
     )  # fmt: skip
     line = next((line for line in result.stdout.splitlines() if line.startswith("REPORT ")), None)
