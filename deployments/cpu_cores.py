@@ -75,10 +75,13 @@ def cores_for_cpu_engine() -> Iterator[set[int]]:
     engine is up, every thread of this process (vLLM's included) and of every engine process
     but the worker go back to the given cores, so the model's cores run the model only.
     """
+    if OMP_BIND in os.environ:  # the deployment placed the worker itself
+        yield set()
+        return
     given = os.sched_getaffinity(0)
     os.sched_setaffinity(0, range(os.cpu_count() or 1))  # the kernel keeps what the cgroup allows
     spare = os.sched_getaffinity(0) - given
-    if not spare or OMP_BIND in os.environ:
+    if not spare:  # started on every core: vLLM's own rule
         os.sched_setaffinity(0, given)
         yield set()
         return
