@@ -77,11 +77,16 @@ def held(lock: str | None) -> Iterator[None]:
 
 
 def stop_group(process: subprocess.Popen) -> None:
-    """Stop a server started in its own session, with every process it spawned."""
+    """Stop a server started in its own session, with every process it spawned.
+
+    SIGTERM to the server itself: `serve run` and vLLM's server both shut down cleanly on it
+    (SIGINT is ignored by a server started from a non-interactive shell's background job).
+    Killing the group is the fallback only: Ray's actors run in process groups of their own,
+    and an HAProxy that Serve started outlives a killed Ray (holding its ports)."""
     if process.poll() is not None:
         return
     with contextlib.suppress(ProcessLookupError):
-        os.killpg(process.pid, signal.SIGINT)
+        os.kill(process.pid, signal.SIGTERM)
     try:
         process.wait(timeout=60)
     except subprocess.TimeoutExpired:
