@@ -8,12 +8,13 @@ STAMP := $(VENV)/.installed
 FLAVOUR ?= $(shell nvidia-smi >/dev/null 2>&1 && echo gpu || echo cpu)
 export RAY_AUTH_MODE ?= disabled
 export RAY_USAGE_STATS_ENABLED ?= 0
-# Serve's HTTP proxy in front of the ingress replicas: demo.yaml runs two of them and the
-# proxy spreads requests over both (as on KubeRay). Direct ingress (1: each replica serves
-# HTTP on a port of its own) was within ±10 % in bench.stack, but one port reaches one replica.
-export RAY_SERVE_ENABLE_DIRECT_INGRESS ?= 0
-# serve_app/app.py CLUSTER_ENV (the Serve controller's loop period; see README).
+# serve_app/app.py CLUSTER_ENV (see README "Configuration"): the Serve controller's loop
+# period, and Serve's HAProxy ingress on port 8000 spreading requests over the ingress
+# replicas (demo.yaml runs two) in place of its Python proxy actor (0: the proxy actor).
 export RAY_SERVE_CONTROL_LOOP_INTERVAL_S ?= 0.5
+export RAY_SERVE_ENABLE_HA_PROXY ?= 1
+# That HAProxy without kernel splicing, which hides a client's disconnect (deployments/haproxy.py).
+export RAY_SERVE_HAPROXY_BINARY_PATH ?= $(abspath $(VENV))/bin/responses-serve-haproxy
 
 .PHONY: install serve test bench clean
 

