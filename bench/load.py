@@ -45,7 +45,7 @@ import psutil
 import yaml
 from tqdm import tqdm
 
-from bench.stack import stop, wait_healthy
+from bench.stack import make_serve_env, stop, wait_healthy
 from tests.contract import check_stream, parse_sse
 
 RESULTS = Path(__file__).parent / "results"
@@ -209,7 +209,7 @@ def start_server(config: Path, port: int) -> subprocess.Popen:
     settings["http_options"] = {**settings.get("http_options", {}), "host": "127.0.0.1", "port": port}
     with tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False) as written:
         yaml.safe_dump(settings, written)
-    env = {"RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0", "RAY_SERVE_ENABLE_DIRECT_INGRESS": "1", **os.environ}
+    env = make_serve_env()  # HTTP through Serve's HAProxy ingress, as `make serve` runs
     return subprocess.Popen(
         [str(Path(sys.executable).parent / "serve"), "run", written.name],
         env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,

@@ -39,6 +39,16 @@ SERVE_MODES = {
 }
 
 
+def make_serve_env() -> dict[str, str]:
+    """The environment `make serve` starts Serve with: `CLUSTER_ENV` (Serve's HAProxy ingress)
+    and our HAProxy; an exported value wins, as with the Makefile's `?=`."""
+    from deployments import haproxy
+    from serve_app.app import CLUSTER_ENV
+
+    defaults = {"RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0", "RAY_SERVE_HAPROXY_BINARY_PATH": haproxy.installed_path()}
+    return {**CLUSTER_ENV, **defaults, **os.environ}
+
+
 def serve_config(port: int, models: list[dict], ingress: dict) -> dict:
     """A Serve config file (as a dict) for `serve run`: our app with these args, quiet logs."""
     return {
@@ -84,7 +94,9 @@ def wait_healthy(url: str, process: subprocess.Popen, timeout_s: float = 240) ->
 
 
 def stop(process: subprocess.Popen) -> None:
-    process.send_signal(signal.SIGINT)
+    # SIGTERM: `serve run` shuts Serve down on it (HAProxy included); a server started from a
+    # shell's background job ignores SIGINT (bench/vs_vllm.py `stop_group`).
+    process.send_signal(signal.SIGTERM)
     try:
         process.wait(timeout=60)
     except subprocess.TimeoutExpired:

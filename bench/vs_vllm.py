@@ -44,9 +44,7 @@ from pathlib import Path
 import aiohttp
 import yaml
 
-from bench.stack import serve_config, wait_healthy
-from deployments import haproxy
-from serve_app.app import CLUSTER_ENV
+from bench.stack import make_serve_env, serve_config, wait_healthy
 
 MODEL = "smollm2"
 NGRAM = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 2, "prompt_lookup_max": 4}
@@ -216,10 +214,8 @@ def run_vllm(port: int, concurrencies: list[int], max_tokens: int, start_timeout
 
 
 def run_ours(port: int, concurrencies: list[int], max_tokens: int, start_timeout_s: float, window_ms: float, via: str = "proxy") -> dict[int, dict]:
-    # The cluster-wide settings `make serve` and the RayService manifests apply (an exported
-    # value wins, as with the Makefile's `?=`).
-    env = {**CLUSTER_ENV, "RAY_SERVE_HAPROXY_BINARY_PATH": haproxy.installed_path(), **os.environ,
-           "RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0", "RAY_SERVE_ENABLE_DIRECT_INGRESS": "1"}  # fmt: skip
+    # The cluster-wide settings `make serve` and the RayService manifests apply.
+    env = {**make_serve_env(), "RAY_SERVE_ENABLE_DIRECT_INGRESS": "1"}
     if via == "replica":
         # Direct ingress: the ingress replica serves HTTP on its own port (the first of this
         # range); the client talks to it without Serve's HTTP front (still on `port`).
