@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import signal
@@ -94,13 +95,22 @@ def wait_healthy(url: str, process: subprocess.Popen, timeout_s: float = 240) ->
 
 
 def stop(process: subprocess.Popen) -> None:
-    # SIGTERM: `serve run` shuts Serve down on it (HAProxy included); a server started from a
-    # shell's background job ignores SIGINT (bench/vs_vllm.py `stop_group`).
-    process.send_signal(signal.SIGTERM)
+    """Stop a server: SIGTERM to it, then, after 60 s, SIGKILL to it or, if it was started in
+    a session of its own (`start_new_session`), to its whole process group.
+
+    `serve run` and vLLM's server both shut down cleanly on SIGTERM, HAProxy included (SIGINT
+    is ignored by a server started from a non-interactive shell's background job). The kill is
+    the fallback only: Ray's actors run in process groups of their own, and an HAProxy that
+    Serve started outlives a killed Ray (holding its ports)."""
+    process.send_signal(signal.SIGTERM)  # a no-op once the process has exited
     try:
         process.wait(timeout=60)
     except subprocess.TimeoutExpired:
-        process.kill()
+        with contextlib.suppress(ProcessLookupError):
+            if os.getpgid(process.pid) == process.pid:
+                os.killpg(process.pid, signal.SIGKILL)
+            else:
+                process.kill()
         process.wait()
 
 

@@ -44,7 +44,7 @@ from pathlib import Path
 import aiohttp
 import yaml
 
-from bench.stack import make_serve_env, serve_config, wait_healthy
+from bench.stack import make_serve_env, serve_config, stop, wait_healthy
 
 MODEL = "smollm2"
 NGRAM = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 2, "prompt_lookup_max": 4}
@@ -74,25 +74,6 @@ def held(lock: str | None) -> Iterator[None]:
             yield
         finally:
             fcntl.flock(handle, fcntl.LOCK_UN)
-
-
-def stop_group(process: subprocess.Popen) -> None:
-    """Stop a server started in its own session, with every process it spawned.
-
-    SIGTERM to the server itself: `serve run` and vLLM's server both shut down cleanly on it
-    (SIGINT is ignored by a server started from a non-interactive shell's background job).
-    Killing the group is the fallback only: Ray's actors run in process groups of their own,
-    and an HAProxy that Serve started outlives a killed Ray (holding its ports)."""
-    if process.poll() is not None:
-        return
-    with contextlib.suppress(ProcessLookupError):
-        os.kill(process.pid, signal.SIGTERM)
-    try:
-        process.wait(timeout=60)
-    except subprocess.TimeoutExpired:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(process.pid, signal.SIGKILL)
-        process.wait()
 
 
 def vllm_command(checkpoint: Path, port: int) -> list[str]:
@@ -210,7 +191,7 @@ def run_vllm(port: int, concurrencies: list[int], max_tokens: int, start_timeout
         wait_model_ready(f"http://127.0.0.1:{port}", process, start_timeout_s)
         return measure(f"http://127.0.0.1:{port}", concurrencies, max_tokens)
     finally:
-        stop_group(process)
+        stop(process)
 
 
 def run_ours(port: int, concurrencies: list[int], max_tokens: int, start_timeout_s: float, window_ms: float, via: str = "proxy") -> dict[int, dict]:
@@ -232,7 +213,7 @@ def run_ours(port: int, concurrencies: list[int], max_tokens: int, start_timeout
         wait_model_ready(url, process, start_timeout_s)
         return measure(url, concurrencies, max_tokens)
     finally:
-        stop_group(process)
+        stop(process)
         os.unlink(config.name)
 
 
