@@ -152,6 +152,36 @@ def test_harmony_models_get_the_guidance_backend(tmp_path: Path) -> None:
     assert engine_args_from_config(kept.backend).structured_outputs_config.backend == "xgrammar"
 
 
+def test_the_cpu_expand_kernel_keeps_the_callers_dtype() -> None:
+    """The speculative sampler spreads each request's temperature (float32), top_k (int32) and
+    top_p over its draft positions: values kept exactly, greedy's 0 written as 1."""
+    import torch
+
+    from deployments.backends.vllm_plugin import expand_kernel
+
+    cu_num_tokens = torch.tensor([2, 5, 6], dtype=torch.int32)  # 2, 3 and 1 positions
+    temperature = torch.empty(6, dtype=torch.float32)
+    expand_kernel(temperature, torch.tensor([0.0, 0.7, 1.3]), cu_num_tokens, 0, 1)
+    assert temperature.tolist() == pytest.approx([1.0, 1.0, 0.7, 0.7, 0.7, 1.3])
+    top_k = torch.empty(6, dtype=torch.int32)
+    expand_kernel(top_k, torch.tensor([5, 0, 40], dtype=torch.int32), cu_num_tokens, 0, 0)
+    assert top_k.tolist() == [5, 5, 0, 0, 0, 40] and top_k.dtype == torch.int32
+
+
+@requires_vllm
+def test_vllm_loads_the_plugin_that_replaces_the_cpu_expand_kernel() -> None:
+    from importlib.metadata import entry_points
+
+    from vllm.utils import cpu_triton_utils
+
+    from deployments.backends import vllm_plugin
+
+    plugins = {e.name: e.value for e in entry_points(group="vllm.general_plugins")}
+    assert plugins.get("responses_serve") == "deployments.backends.vllm_plugin:register"  # the installed package says so
+    vllm_plugin.register()
+    assert cpu_triton_utils._expand_kernel_impl is vllm_plugin.expand_kernel
+
+
 def test_smollm2_conversion_runs_once_under_concurrency(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -311,6 +341,23 @@ class EngineSuite:
         assert stats["num_draft_tokens"] > 0 and stats["num_accepted_tokens"] > 0
         assert 0 < stats["acceptance_rate"] <= 1 and stats["mean_acceptance_length"] > 1
         assert plain.spec_decode_stats()["num_draft_tokens"] == 0
+
+    def test_greedy_requests_batched_with_sampled_ones_keep_their_tokens(self, engines: dict[str, Any]) -> None:
+        """Temperature 0 decodes the same tokens whatever else the engine batches with it: with
+        ngram speculation, a sampled request in the batch once changed every greedy one (the
+        CPU sampler's bug that deployments/backends/vllm_plugin.py fixes)."""
+        loop, spec = engines["loop"], engines["spec"]
+        prompts = [_chat_prompt(engines["checkpoint"], text) for text in ("Repeat this text exactly: " + REPEAT_TEXT, "Write a short poem about the sea.")]
+        alone = [_tokens(loop.run(_collect(spec.generate(_request(f"alone-{i}", prompt))))) for i, prompt in enumerate(prompts)]
+
+        async def batched() -> list[list[TokenBatch]]:
+            sampled = [GenerationRequest(request_id=f"sampled-{i}", prompt_token_ids=prompt, max_tokens=48, temperature=1.0) for i, prompt in enumerate(prompts)]
+            greedy = [_request(f"greedy-{i}", prompt) for i, prompt in enumerate(prompts)]
+            return await asyncio.gather(*(_collect(spec.generate(request)) for request in greedy + sampled))
+
+        together = loop.run(batched())
+        assert [_tokens(batches) for batches in together[: len(prompts)]] == alone
+        assert max(len(b.token_ids) for batches in together for b in batches) > 1  # drafts were accepted in the batch
 
     def test_max_tokens_gives_length(self, engines: dict[str, Any]) -> None:
         loop, spec = engines["loop"], engines["spec"]
