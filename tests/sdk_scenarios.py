@@ -51,6 +51,14 @@ def cut_streams(base_url: str, bodies: list[dict]) -> None:
         list(pool.map(cut, range(len(bodies)), bodies))
 
 
+def in_parallel(call, cases: list[tuple]) -> list:
+    """`call(*case)` for every case at once, so that the engine batches them (a real engine
+    on 2 cores answers a dozen requests together in little more than one's time); the results
+    in order, the first failure raised."""
+    with concurrent.futures.ThreadPoolExecutor(len(cases)) as pool:
+        return list(pool.map(lambda case: call(*case), cases))
+
+
 def output_texts(response) -> list[tuple[str, str]]:
     out = []
     for item in response.output:

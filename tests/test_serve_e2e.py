@@ -34,7 +34,7 @@ def test_32_concurrent_streams(serve_url, model):
 def test_models_listed(serve_url):
     ids = {m.id for m in sdk_scenarios.client(serve_url).models.list()}
     replay = {"gpt-oss-replay", "qwen3-replay", "gpt-oss-replay-slow", "gpt-oss-replay-slow-raw", "gpt-oss-replay-metrics", "gpt-oss-replay-kill"}
-    vllm = {"tiny-ngram", "tiny-plain", "tiny-gpt-oss", "smollm2-135m-instruct"}
+    vllm = {"tiny-ngram", "tiny-gpt-oss", "smollm2-135m-instruct"}
     assert ids == (replay | vllm if have_vllm() else replay)
 
 

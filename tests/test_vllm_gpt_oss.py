@@ -111,24 +111,3 @@ def test_cut_streams_abort_every_engine_request(serve_url):
     response = _create(serve_url, "still serving", temperature=0, max_output_tokens=3)
     assert response.status == "incomplete"
     check_stream(_stream(serve_url, "and streaming", temperature=0, max_output_tokens=3), allow_replacement=True)
-
-
-def test_structured_outputs_through_serve(serve_url):
-    """The config path (tests/test_vllm_gpt_oss_structured.py has the rest): the replica builds
-    `tokenizer: o200k_harmony` and starts vLLM with the guidance backend harmony models get;
-    the final answer validates, a named function is the one call."""
-    import json
-
-    import jsonschema
-
-    from tests.test_vllm_gpt_oss_structured import SCHEMAS, TIME, TRIP, WEATHER
-
-    fmt = {"format": {"type": "json_schema", "name": "trip", "schema": TRIP, "strict": True}}
-    sdk = sdk_scenarios.client(serve_url)
-    response = sdk.responses.create(model=MODEL, input="Plan a trip.", text=fmt, temperature=1.0, max_output_tokens=400)
-    assert response.status == "completed", response.output
-    jsonschema.validate(json.loads(response.output_text), TRIP)
-    named = _create(serve_url, "Hi", tools=[WEATHER, TIME], tool_choice={"type": "function", "name": "get_time"}, max_output_tokens=400)
-    calls = [item for item in named.output if item.type == "function_call"]
-    assert [call.name for call in calls] == ["get_time"], named.output
-    jsonschema.validate(json.loads(calls[0].arguments), SCHEMAS["get_time"])

