@@ -40,9 +40,11 @@ plain = (
     .filter(lambda text: text and not any(tag in text for tag in TAGS))
 )
 names = st.sampled_from(["get_weather", "search", "fs.read_file", "a"])
+# String values may hold anything, the tags too: a grammar lets a model write `</tool_call>`
+# inside a string, and that does not end the call.
 arguments = st.dictionaries(
     st.sampled_from(["city", "q", "n", "path"]),
-    st.one_of(st.integers(-5, 10**6), st.booleans(), st.lists(text_pieces, max_size=6).map("".join)),
+    st.one_of(st.integers(-5, 10**6), st.booleans(), st.lists(st.sampled_from(PIECES + TAG_LIKE + TAGS), max_size=6).map("".join)),
     max_size=3,
 )
 MALFORMED = [
@@ -60,7 +62,6 @@ MALFORMED = [
 def valid_call(draw) -> tuple[str, tuple[str, str]]:
     name, args = draw(names), draw(arguments)
     body = json.dumps({"name": name, "arguments": args}, ensure_ascii=draw(st.booleans()))
-    assume(TOOL[1] not in body)
     pad = draw(st.sampled_from(["\n", "", " "]))
     return f"{TOOL[0]}{pad}{body}{pad}{TOOL[1]}", ("function_call", f"{name} {json.dumps(args, ensure_ascii=False)}")
 

@@ -188,12 +188,12 @@ def test_tool_choice_required_named_allowed_on_the_engine(engine_url):
     asks = [("Hello, how are you?", "required"), ("What is the weather in Paris?", named_choice), ("What time is it in Berlin?", allowed)]
     responses = in_parallel(_ask, [(engine_url, prompt, choice, temperature) for temperature in (0.0, 1.0) for prompt, choice in asks])
     for required, named, only in zip(responses[0::3], responses[1::3], responses[2::3], strict=True):
-        assert _calls(required), "tool_choice required: at least one call"
+        assert _calls(required), ("tool_choice required: at least one call", output_texts(required))
         for name, arguments in _calls(required):
             jsonschema.validate(arguments, schemas[name])
-        assert [name for name, _ in _calls(named)] == ["get_time"]
+        assert [name for name, _ in _calls(named)] == ["get_time"], output_texts(named)
         jsonschema.validate(_calls(named)[0][1], schemas["get_time"])
-        assert _calls(only) and {name for name, _ in _calls(only)} == {"get_weather"}
+        assert _calls(only) and {name for name, _ in _calls(only)} == {"get_weather"}, output_texts(only)
 
 
 def test_tool_choice_none_on_the_engine(engine_url):

@@ -16,7 +16,8 @@ Rules (the same whatever the token and batch boundaries):
 - The output starts inside reasoning when the prompt ends with an opened `<think>` (templates
   that think by default); otherwise a `<think>` before any other output opens reasoning.
   `</think>` ends it; so does a `<tool_call>` (a model may call a tool from its thoughts).
-- A `<tool_call>` body is held until its `</tool_call>` (or the end of the output) and becomes a
+- A `<tool_call>` body is held until its `</tool_call>` (or the end of the output; inside a
+  string of a JSON body, `</tool_call>` is the string's text) and becomes a
   `function_call` item only if it is a JSON object with a string `name` and an object
   `arguments` (a JSON string holding one is accepted too). Otherwise the whole block, tags
   included, is text of the item it interrupted: malformed calls are never lost and a call is
@@ -184,6 +185,8 @@ class TaggedTextParser:
         assert self._tags.tool_call
         end_tag = self._tags.tool_call[1]
         at = text.find(end_tag, self._scanned)
+        while at >= 0 and _inside_json_string(text[:at]):  # a value's text, not the end
+            at = text.find(end_tag, at + 1)
         if at < 0:
             self._pending = text
             self._scanned = max(0, len(text) - len(end_tag) + 1)
@@ -239,6 +242,23 @@ class TaggedTextParser:
             self._sink.close_item()
             self._open = None
         self._held_space = ""
+
+
+def _inside_json_string(body: str) -> bool:
+    """Whether a call body that is JSON so far ends inside one of its strings. Grammars allow
+    any text in a string value, `</tool_call>` too (SmolLM2 under tool_choice put it into a
+    `city` string: `"Berlin}}</tool_call>...`). A body that is not JSON never is."""
+    if not body.lstrip().startswith("{"):
+        return False
+    inside = escaped = False
+    for char in body:
+        if escaped:
+            escaped = False
+        elif char == "\\" and inside:
+            escaped = True
+        elif char == '"':
+            inside = not inside
+    return inside
 
 
 def parse_tool_call(body: str) -> tuple[str, str] | None:
