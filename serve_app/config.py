@@ -178,6 +178,9 @@ class DeploymentConfig(_Strict):
     health_check_period_s: float | None = Field(None, gt=0)
     health_check_timeout_s: float | None = Field(None, gt=0)
     graceful_shutdown_timeout_s: float | None = Field(None, ge=0)
+    max_constructor_retry_count: int | None = Field(
+        None, ge=1, description="replica starts that may fail before Serve marks the deployment DEPLOY_FAILED (Serve: 3 per replica, at most 20)"
+    )
 
     @model_validator(mode="after")
     def _one_scaling_mode(self) -> DeploymentConfig:

@@ -57,6 +57,19 @@ def test_build_app_binds_one_engine_per_model():
     assert sorted(e._bound_deployment.name for e in engines.values()) == ["EngineServer-a_b", "EngineServer-c"]
 
 
+def test_engine_start_attempts_reach_serve():
+    """`max_constructor_retry_count`: how many failed starts before DEPLOY_FAILED (an engine
+    that cannot load its model fails each start after a full vLLM import)."""
+    from serve_app.app import build_app
+
+    application = build_app({"models": [{"name": "a", "engine": {"num_replicas": 1, "max_constructor_retry_count": 1}}, {"name": "b"}]})
+    engines = application._bound_deployment.init_args[1]
+    assert engines["a"]._bound_deployment._deployment_config.max_constructor_retry_count == 1
+    assert engines["b"]._bound_deployment._deployment_config.max_constructor_retry_count == 20  # Serve's own default
+    with pytest.raises(ValueError):
+        build_app({"models": [{"name": "a", "engine": {"max_constructor_retry_count": 0}}]})
+
+
 def _gpu_model(**backend):
     from serve_app.config import ModelConfig
 

@@ -45,7 +45,11 @@ ARGS = {
         {
             "name": "broken",
             "backend": {"type": "vllm", "device": "cpu", "model": BAD_MODEL_PATH},
-            "engine": {**ENGINE, "num_replicas": 1, "ray_actor_options": {"num_cpus": 0, "runtime_env": {"env_vars": {"HF_HUB_OFFLINE": "1"}}}},
+            # One failed start is enough to show DEPLOY_FAILED (Serve's default tries 3 times, ~15 s each here).
+            "engine": {
+                **ENGINE, "num_replicas": 1, "max_constructor_retry_count": 1,
+                "ray_actor_options": {"num_cpus": 0, "runtime_env": {"env_vars": {"HF_HUB_OFFLINE": "1"}}},
+            },
         },
     ],
     "ingress": {
