@@ -4,7 +4,7 @@ Ray adds the `ray_` prefix on export (counters also get `_total`); Serve tags ev
 with `application`, `deployment` and `replica`. `METRICS` lists what this app defines, so the
 dashboard (`k8s/dashboard.py`) and its test can check every panel against it.
 
-Gauges are re-set every `GAUGE_REFRESH_S` by a thread, so their series stay in the scrape
+Gauges are re-set every `gauge_refresh_s()` by a thread, so their series stay in the scrape
 while nothing changes: streams and background runs open per ingress replica, and the
 embedded store's entries and bytes (`export_store_size`, run by the store replica).
 """
@@ -24,9 +24,23 @@ from serve_app.metrics import RequestOutcome
 logger = logging.getLogger("ray.serve")
 
 PREFIX = "responses_serve_"
-# Ray drops a gauge series that was not set for two report intervals (20 s by default), so
-# a stream open for minutes would vanish from the scrape: the gauges are re-set this often.
-GAUGE_REFRESH_S = 5.0
+
+
+def gauge_ttl_s(report_interval_ms: int | None = None) -> float:
+    """How long Ray keeps a gauge series that is not set again: two report intervals
+    (`RAY_metrics_report_interval_ms`, 10 s by default, at least 1 s), as Ray computes it."""
+    if report_interval_ms is None:
+        import ray
+
+        report_interval_ms = ray._config.metrics_report_interval_ms()
+    return 2 * max(report_interval_ms, 1000) / 1000
+
+
+def gauge_refresh_s(report_interval_ms: int | None = None) -> float:
+    """A stream open for minutes would vanish from the scrape: the gauges are re-set four
+    times per TTL (every 5 s by default; faster where Ray reports more often)."""
+    return gauge_ttl_s(report_interval_ms) / 4
+
 
 # Seconds. LLM serving spans milliseconds (a token of a small model) to minutes (a long
 # answer); the bounds follow vLLM's own histograms, with finer low ends for fast replicas.
@@ -139,7 +153,8 @@ def export_store_size(stats: Callable[[], dict[str, int]]) -> None:
 
 
 def _refresh_forever(set_gauges: Callable[[], None]) -> None:
-    """Call `set_gauges` now and then every GAUGE_REFRESH_S, in a daemon thread."""
+    """Call `set_gauges` now and then every `gauge_refresh_s()`, in a daemon thread."""
+    period_s = gauge_refresh_s()
 
     def loop() -> None:
         while True:
@@ -147,6 +162,6 @@ def _refresh_forever(set_gauges: Callable[[], None]) -> None:
                 set_gauges()
             except Exception:  # noqa: BLE001 - keep refreshing; the requests never notice
                 logger.exception("metrics: refreshing the gauges failed")
-            time.sleep(GAUGE_REFRESH_S)
+            time.sleep(period_s)
 
     threading.Thread(target=loop, name="metrics-gauges", daemon=True).start()

@@ -36,6 +36,10 @@ os.environ["RAY_SERVE_ENABLE_HA_PROXY"] = "1"
 os.environ["RAY_SERVE_HAPROXY_BINARY_PATH"] = haproxy.installed_path()  # no splicing, as `make serve`
 os.environ["RAY_SERVE_HAPROXY_STATS_PORT"] = str(free_port())
 os.environ["RAY_SERVE_HAPROXY_METRICS_PORT"] = str(free_port())
+# Ray's processes report metrics every 2 s instead of 10 s: the metric tests see what they
+# wait for sooner, and a gauge series not set again is dropped after 4 s instead of 20 s
+# (the gauges follow it: deployments/metrics.gauge_refresh_s).
+os.environ.setdefault("RAY_metrics_report_interval_ms", "2000")
 
 
 @contextmanager

@@ -18,7 +18,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from deployments.metrics import (
     ACCEPTED_TOKENS, BACKGROUND_RUNS, CACHED_TOKENS, DRAFT_TOKENS, E2E, METRICS, OUTPUT_TOKENS, PROMPT_TOKENS, REQUESTS,
-    STORE_BYTES, STORE_ENTRIES, STREAMS_OPEN, TPOT, TTFT,
+    STORE_BYTES, STORE_ENTRIES, STREAMS_OPEN, TPOT, TTFT, gauge_ttl_s,
 )  # fmt: skip
 from serve_app.api import ServedModel, create_app
 from serve_app.metrics import RequestOutcome
@@ -146,6 +146,15 @@ def test_a_failing_metrics_backend_never_fails_a_request(replay_backend):
         assert http.post("/responses", json={"model": "nope", "input": "x"}).status_code == 404
 
 
+def test_gauges_are_refreshed_within_rays_ttl_whatever_its_report_interval():
+    """Ray drops a gauge series not set for two report intervals (at least 1 s each); ours are
+    re-set four times as often, so an idle open stream never vanishes from the scrape."""
+    from deployments.metrics import gauge_refresh_s
+
+    assert [gauge_ttl_s(ms) for ms in (10_000, 2000, 300)] == [20.0, 4.0, 2.0]  # Ray's default, this session's, the floor
+    assert [gauge_refresh_s(ms) for ms in (10_000, 2000, 300)] == [5.0, 1.0, 0.5]
+
+
 # -- end to end: Ray's Prometheus endpoint -----------------------------------------------------
 
 
@@ -239,8 +248,9 @@ def test_prometheus_endpoint_shows_open_streams_and_cancellations(serve_url, met
         }
 
     before = read(scrape(metrics_port))
-    # ~3,000 output tokens at 50 ms per step of 1..4 tokens: open for ~60 s unless cut,
-    # longer than Ray keeps a gauge series that is not set again.
+    # ~3,000 output tokens at 50 ms per step of 1..4 tokens: open for ~60 s unless cut, much
+    # longer than Ray keeps a gauge series that is not set again (gauge_ttl_s: 4 s in this
+    # session, tests/conftest.py; 20 s by Ray's default).
     body = {"model": MODEL, "input": "keep this stream open " * 600, "stream": True}
     with httpx.Client(timeout=60) as http, http.stream("POST", f"{serve_url}/responses", json=body) as response:
         chunks = response.iter_raw()  # held: closing this iterator would close the connection
@@ -249,7 +259,7 @@ def test_prometheus_endpoint_shows_open_streams_and_cancellations(serve_url, met
                 break
         opened = poll(metrics_port, {**before, "open": before["open"] + 1}, read)
         assert opened == {**before, "open": before["open"] + 1}  # seen while the stream is open
-        time.sleep(30)  # not a timing assertion: the series must still be there after Ray's TTL
+        time.sleep(2 * gauge_ttl_s() + 2)  # not a timing assertion: the series must outlive Ray's TTL
         assert read(scrape(metrics_port)) == opened
     # A non-streaming request whose client gives up: Serve cancels it.
     with pytest.raises(httpx.TimeoutException):
