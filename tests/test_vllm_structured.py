@@ -173,8 +173,11 @@ def _calls(response) -> list[tuple[str, dict]]:
 
 
 def _ask(url: str, prompt: str, tool_choice, temperature: float = 0.0, completed: bool = True):
+    # Sampled, SmolLM2 may think past max_output_tokens (reasoning is free, as above): the
+    # sampled asks go to the template without the think block, where the call comes first.
+    model = HERMES if temperature == 0 else HERMES_NO_THINK
     response = client(url).responses.create(
-        model=HERMES, input=prompt, tools=[WEATHER, TIME], tool_choice=tool_choice, temperature=temperature, max_output_tokens=MAX_TOKENS
+        model=model, input=prompt, tools=[WEATHER, TIME], tool_choice=tool_choice, temperature=temperature, max_output_tokens=MAX_TOKENS
     )
     if completed:
         assert response.status == "completed", output_texts(response)
