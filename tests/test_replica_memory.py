@@ -3,6 +3,7 @@ tell a leak in Python (objects, traced allocation sites) from the allocator (RSS
 
 from __future__ import annotations
 
+import mmap
 import tracemalloc
 
 from deployments.memory import memory_report
@@ -67,8 +68,11 @@ def test_rss_kinds_add_up_and_a_leak_shows_as_anon():
     kinds = before["rss_kinds_mb"]
     assert set(kinds) == {"anon", "file", "shmem"}
     assert abs(sum(kinds.values()) - before["rss_mb"]) < 16  # two reads of a live process
-    held = bytearray(64 * 2**20)  # zero-filled: every page is touched
+    # Fresh pages, each written: a malloc'ed buffer may reuse free heap that is resident already
+    held = mmap.mmap(-1, 64 * 2**20, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)  # shared would be shmem
+    for offset in range(0, len(held), mmap.PAGESIZE):
+        held[offset] = 1
     after = memory_report()
     assert after["rss_kinds_mb"]["anon"] - kinds["anon"] > 60
     assert abs(after["rss_kinds_mb"]["file"] - kinds["file"]) < 8
-    del held
+    held.close()
