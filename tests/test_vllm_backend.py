@@ -290,6 +290,16 @@ class EngineSuite:
         assert 0 < stats["acceptance_rate"] <= 1 and stats["mean_acceptance_length"] > 1
         assert plain.spec_decode_stats()["num_draft_tokens"] == 0
 
+    def test_vllm_prometheus_logger_is_replaced_by_ours(self, engines: dict[str, Any]) -> None:
+        """vLLM's own Prometheus logger (unscrapable in a replica) is not built: ours, a
+        subclass, stands in for it and only counts speculative tokens."""
+        from vllm.v1.metrics.loggers import PrometheusStatLogger
+
+        for backend in (engines["spec"], engines["plain"]):
+            prometheus = [each for each in backend.engine.logger_manager.stat_loggers if isinstance(each, PrometheusStatLogger)]
+            assert [type(each).__name__ for each in prometheus] == ["_SpecDecodeStatLogger"]
+            assert not hasattr(prometheus[0], "gauge_scheduler_running")  # vLLM's metrics were not made
+
     def test_greedy_requests_batched_with_sampled_ones_keep_their_tokens(self, engines: dict[str, Any]) -> None:
         """Temperature 0 decodes the same tokens whatever else the engine batches with it: with
         ngram speculation, a sampled request in the batch once changed every greedy one (the
