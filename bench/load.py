@@ -336,7 +336,7 @@ def report(runs: list[list[dict]], memory: list[dict[str, dict]], args, harmony:
         figures = []
         for label, key, digits in (("rss_growth_mb", "rss_mb", 0), ("anon_growth_mb", "anon", 1), ("heap_growth_mb", "in_use_mb", 1), ("traced_growth_mb", "traced_mb", 2)):
             grew = sum(memory_figure(last[n], key) - memory_figure(warm[n], key) for n in names)
-            if grew == grew:  # not NaN: measured (no heap figures under jemalloc, no traced ones unless tracing)
+            if grew == grew:  # not NaN: measured (no traced figures unless tracing)
                 figures.append(f"{label}={grew:+.{digits}f}")
         figures.append(f"objects_growth={sum(last[n]['objects'] - warm[n]['objects'] for n in names):+d}")
         growth = " ".join(figures)

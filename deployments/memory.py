@@ -9,8 +9,9 @@ check. Layers, so that growth can be told apart:
   kinds (`rss_kinds_mb`): `anon` (the process's own heap, stacks, Python's arenas: where a
   leak shows), `file` (pages of mapped files such as shared libraries, read in as code
   paths are first run) and `shmem` (shared memory mapped in, e.g. Ray's object store);
-- `malloc`: glibc's heap (`mallinfo2`): bytes in use by live allocations vs. bytes freed but
-  kept by the allocator (RSS growth with flat `in_use_mb` is the allocator, not a leak);
+- `malloc`: the allocator's heap (jemalloc's statistics, or glibc's `mallinfo2`): bytes in
+  use by live allocations vs. bytes freed but kept by the allocator (RSS growth with flat
+  `in_use_mb` is the allocator, not a leak);
 - `objects` / `types_grew`: objects the garbage collector tracks (not counting those Serve
   froze after the replica started), and the types whose count
   grew most since the previous call (Python-level leaks: ours, Serve's, Ray's Python);
@@ -26,9 +27,27 @@ import ctypes
 import functools
 import gc
 import os
+import re
 import tracemalloc
 
+import ray
+
 _previous: dict = {"types": None, "snapshot": None}  # this process's last reading
+
+# Ray's wheel ships jemalloc for its own daemons. Preloaded into our replicas (REPLICA_ENV), it
+# ends the RSS growth that glibc's per-thread arenas showed from run to run under load
+# (ray-project/ray#53261; README "Load"). The path is this install's: a node with Ray
+# installed elsewhere has the loader skip it with a warning, and glibc's malloc serves.
+RAY_JEMALLOC = os.path.join(os.path.dirname(ray.__file__), "core", "libjemalloc.so")
+
+
+def unpreload(library: str) -> None:
+    """Take `library` out of this process's `LD_PRELOAD`, for the processes it starts next."""
+    kept = [entry for entry in re.split(r"[:\s]+", os.environ.get("LD_PRELOAD", "")) if entry and entry != library]
+    if kept:
+        os.environ["LD_PRELOAD"] = ":".join(kept)
+    else:
+        os.environ.pop("LD_PRELOAD", None)
 
 
 class _MallInfo2(ctypes.Structure):
@@ -41,15 +60,18 @@ def _libc() -> ctypes.CDLL:
 
 
 def malloc_info() -> dict | None:
-    """glibc's heap figures in MB (None under another allocator or libc)."""
+    """The allocator's heap in MB: live allocations (`in_use_mb`) and what it holds beyond them
+    (`free_mb`: freed but kept). jemalloc's (preloaded: REPLICA_ENV) from its statistics,
+    glibc's from `mallinfo2`; None under another allocator or libc."""
     libc = _libc()
+    if hasattr(libc, "mallctl"):  # jemalloc's API: it is the allocator of this process
+        return _jemalloc_info(libc)
     if not hasattr(libc, "mallinfo2"):
         return None
     libc.mallinfo2.restype = _MallInfo2
     info = libc.mallinfo2()
-    if info.arena == 0 and info.hblkhd == 0:  # e.g. jemalloc preloaded: glibc's heap unused
-        return None
     return {
+        "allocator": "glibc",
         "heap_mb": info.arena / 2**20,  # obtained with brk/mmap for the arenas
         "mmapped_mb": info.hblkhd / 2**20,  # large blocks, each its own mmap
         "in_use_mb": (info.uordblks + info.hblkhd) / 2**20,  # live allocations
@@ -57,9 +79,23 @@ def malloc_info() -> dict | None:
     }
 
 
-def _jemalloc_loaded() -> bool:
-    with open("/proc/self/maps") as maps:
-        return "jemalloc" in maps.read()
+def _jemalloc_info(lib: ctypes.CDLL) -> dict:
+    def read(name: bytes) -> int:
+        value, size = ctypes.c_size_t(), ctypes.c_size_t(ctypes.sizeof(ctypes.c_size_t))
+        if lib.mallctl(name, ctypes.byref(value), ctypes.byref(size), None, ctypes.c_size_t(0)) != 0:
+            raise OSError(f"jemalloc: mallctl {name.decode()} failed")
+        return value.value
+
+    epoch = ctypes.c_uint64(1)  # jemalloc's statistics are a snapshot, taken anew on each write
+    lib.mallctl(b"epoch", None, None, ctypes.byref(epoch), ctypes.c_size_t(ctypes.sizeof(epoch)))
+    allocated, resident = read(b"stats.allocated"), read(b"stats.resident")
+    return {
+        "allocator": "jemalloc",
+        "in_use_mb": allocated / 2**20,  # live allocations
+        # resident pages beyond them: freed pages not yet returned (jemalloc returns them after
+        # ~10 s), partly used pages and its own metadata
+        "free_mb": (resident - allocated) / 2**20,
+    }
 
 
 def rss_mb() -> float:
@@ -93,7 +129,6 @@ def memory_report(top: int = 8, trace_frames: int = 0, trim: bool = False) -> di
         # longer walks those, and they are not counted in `objects`.
         "objects": counts.total(), "frozen_objects": gc.get_freeze_count(),
         "threads": len(os.listdir("/proc/self/task")),  # glibc gives threads arenas of their own
-        "jemalloc": _jemalloc_loaded(),
         "malloc_arena_max": os.environ.get("MALLOC_ARENA_MAX"),  # glibc reads it at start-up
     }  # fmt: skip
     report["types"] = dict(counts.most_common(top))

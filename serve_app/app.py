@@ -13,7 +13,8 @@ from pydantic import ValidationError
 from ray import serve
 from ray.serve import Application
 
-from serve_app.config import AppConfig, ModelConfig, VLLMBackendConfig
+from deployments.memory import RAY_JEMALLOC
+from serve_app.config import AppConfig, ModelConfig
 from serve_app.protocol.encrypted_reasoning import ReasoningCipher
 from serve_app.vocab import ENV_VAR
 
@@ -40,7 +41,9 @@ REPLICA_ENV = {
     "RAY_SERVE_RUN_ROUTER_IN_SEPARATE_LOOP": "0",
     # glibc's malloc gives each thread that allocates an arena of its own, up to 8 per core; a
     # replica's ~35 threads (Ray's core worker, gRPC, Serve) fragment them and RSS keeps
-    # growing under load (README "Load"). Two arenas: measured with bench.load.
+    # growing under load (README "Load"). So the replicas allocate with jemalloc, which Ray
+    # ships; two glibc arenas where it cannot be loaded. Both measured with bench.load.
+    "LD_PRELOAD": RAY_JEMALLOC,
     "MALLOC_ARENA_MAX": "2",
 }
 

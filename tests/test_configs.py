@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -215,8 +216,9 @@ def test_qwen3_gpu_config_maps_to_two_gpus_with_vllms_parsers():
 
 def test_replicas_run_serve_single_loop_unless_a_deployment_says_otherwise(monkeypatch):
     """Our replicas run user code and handle routers on one event loop (serve_app/app.py
-    REPLICA_ENV, measured in bench.vs_vllm) with two malloc arenas (bench.load); a
+    REPLICA_ENV, measured in bench.vs_vllm) and allocate with Ray's jemalloc (bench.load); a
     deployment's own env_vars win."""
+    from deployments.memory import RAY_JEMALLOC
     from serve_app.app import REPLICA_ENV, build_app
     from serve_app.vocab import ENV_VAR
 
@@ -231,7 +233,9 @@ def test_replicas_run_serve_single_loop_unless_a_deployment_says_otherwise(monke
         assert deployment.ray_actor_options["runtime_env"]["env_vars"] == REPLICA_ENV
     assert REPLICA_ENV == {
         "RAY_SERVE_RUN_USER_CODE_IN_SEPARATE_THREAD": "0", "RAY_SERVE_RUN_ROUTER_IN_SEPARATE_LOOP": "0",
-        "MALLOC_ARENA_MAX": "2",  # glibc arenas: replica RSS growth under load (README "Load")
+        # the allocator: replica RSS growth under load (README "Load")
+        "LD_PRELOAD": RAY_JEMALLOC, "MALLOC_ARENA_MAX": "2",
     }  # fmt: skip
+    assert os.path.isfile(RAY_JEMALLOC)  # Ray's wheel ships it
     ingress_env = bound.ray_actor_options["runtime_env"]
     assert ingress_env["env_vars"] == {**REPLICA_ENV, **own} and ingress_env["pip"] == ["six"]

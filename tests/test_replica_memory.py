@@ -3,14 +3,24 @@ tell a leak in Python (objects, traced allocation sites) from the allocator (RSS
 
 from __future__ import annotations
 
+import json
 import mmap
+import os
+import subprocess
+import sys
+import textwrap
 import tracemalloc
+from pathlib import Path
 
-from deployments.memory import memory_report
+import pytest
+
+from deployments.memory import RAY_JEMALLOC, memory_report
 from serve_app.app import REPLICA_ENV
 from serve_app.config import ModelConfig
 from tests import sdk_scenarios
 from tests.conftest import E2E_APP, engine_stats
+
+REPO = Path(__file__).resolve().parents[1]
 
 
 class Kept:
@@ -59,8 +69,7 @@ def test_ingress_and_engine_replicas_report_their_own_memory(serve_url):
             assert sum(reading["types"].values()) <= reading["objects"]
             assert "traced_mb" not in reading  # tracing is off unless asked for
             assert reading["malloc_arena_max"] == REPLICA_ENV["MALLOC_ARENA_MAX"]  # the env reached the replica
-            # glibc's heap (or jemalloc, preloaded, which has no mallinfo) is reported
-            assert reading["jemalloc"] or reading["malloc"]["in_use_mb"] > 0
+            assert reading["malloc"]["allocator"] == "jemalloc" and reading["malloc"]["in_use_mb"] > 0  # preloaded
 
 
 def test_rss_kinds_add_up_and_a_leak_shows_as_anon():
@@ -76,3 +85,25 @@ def test_rss_kinds_add_up_and_a_leak_shows_as_anon():
     assert after["rss_kinds_mb"]["anon"] - kinds["anon"] > 60
     assert abs(after["rss_kinds_mb"]["file"] - kinds["file"]) < 8
     held.close()
+
+
+ALLOCATION = textwrap.dedent("""
+    import json
+    from deployments.memory import malloc_info
+    before = malloc_info()
+    held = b"x" * (64 * 2**20)
+    print(json.dumps([before, malloc_info()]))
+""")
+
+
+@pytest.mark.parametrize("preload", [RAY_JEMALLOC, ""], ids=["jemalloc", "glibc"])
+def test_heap_in_use_follows_a_live_allocation_under_either_allocator(preload):
+    """The replicas run on jemalloc (REPLICA_ENV), elsewhere glibc: both heaps are read."""
+    result = subprocess.run(
+        [sys.executable, "-c", ALLOCATION], env={**os.environ, "LD_PRELOAD": preload, "PYTHONPATH": str(REPO)},
+        capture_output=True, text=True, timeout=60, check=True,
+    )  # fmt: skip
+    before, after = json.loads(result.stdout)
+    assert before["allocator"] == after["allocator"] == ("jemalloc" if preload else "glibc")
+    assert after["in_use_mb"] - before["in_use_mb"] >= 64
+    assert after["free_mb"] >= 0

@@ -25,6 +25,7 @@ from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any, Literal
 
 from deployments.cpu_cores import cores_for_cpu_engine, format_cores
+from deployments.memory import RAY_JEMALLOC, unpreload
 from serve_app.config import EnginePlacement, VLLMBackendConfig
 from serve_app.protocol.tokens import FinishReason, GenerationRequest, TokenBatch, TokenLogprobs
 
@@ -231,10 +232,12 @@ class VLLMBackend:
         if self.engine is not None:
             return
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", DEFAULT_CPU_KVCACHE_SPACE_GIB)
-        # REPLICA_ENV's MALLOC_ARENA_MAX bounds this replica's own heap (glibc read it when the
-        # process started); vLLM's processes, spawned below, start with glibc's default: in the
-        # CPU worker two arenas made decoding ~15 % slower (README "Against vLLM's own server").
+        # REPLICA_ENV's allocator settings are for this replica's own heap (read when the
+        # process started); vLLM's processes, spawned below, start as vLLM's own server starts
+        # them: in the CPU worker two glibc arenas made decoding ~15 % slower (README "Against
+        # vLLM's own server").
         os.environ.pop("MALLOC_ARENA_MAX", None)
+        unpreload(RAY_JEMALLOC)
         from vllm.v1.engine.async_llm import AsyncLLM
 
         from serve_app.smollm2 import resolve_model_path
