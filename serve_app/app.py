@@ -13,7 +13,7 @@ from pydantic import ValidationError
 from ray import serve
 from ray.serve import Application
 
-from deployments.memory import RAY_JEMALLOC
+from deployments.memory import ALLOCATOR_ENV
 from serve_app.config import AppConfig, ModelConfig
 from serve_app.protocol.encrypted_reasoning import ReasoningCipher
 from serve_app.vocab import ENV_VAR
@@ -43,8 +43,7 @@ REPLICA_ENV = {
     # replica's ~35 threads (Ray's core worker, gRPC, Serve) fragment them and RSS keeps
     # growing under load (README "Load"). So the replicas allocate with jemalloc, which Ray
     # ships; two glibc arenas where it cannot be loaded. Both measured with bench.load.
-    "LD_PRELOAD": RAY_JEMALLOC,
-    "MALLOC_ARENA_MAX": "2",
+    **ALLOCATOR_ENV,
 }
 
 # Cluster-wide Ray Serve settings: these are read by the Serve controller, which no runtime_env

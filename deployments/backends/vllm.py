@@ -25,7 +25,7 @@ from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any, Literal
 
 from deployments.cpu_cores import cores_for_cpu_engine, format_cores
-from deployments.memory import RAY_JEMALLOC, unpreload
+from deployments.memory import drop_allocator_env
 from serve_app.config import EnginePlacement, VLLMBackendConfig
 from serve_app.protocol.tokens import FinishReason, GenerationRequest, TokenBatch, TokenLogprobs
 
@@ -236,8 +236,7 @@ class VLLMBackend:
         # process started); vLLM's processes, spawned below, start as vLLM's own server starts
         # them: in the CPU worker two glibc arenas made decoding ~15 % slower (README "Against
         # vLLM's own server").
-        os.environ.pop("MALLOC_ARENA_MAX", None)
-        unpreload(RAY_JEMALLOC)
+        drop_allocator_env()
         from vllm.v1.engine.async_llm import AsyncLLM
 
         from serve_app.smollm2 import resolve_model_path
