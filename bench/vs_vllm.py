@@ -18,7 +18,9 @@ server stores nothing unless started with VLLM_ENABLE_RESPONSES_API_STORE=1, wha
 request says; `--store`: `store: true`, and vLLM's store on), at each concurrency:
 output tokens/s (all output tokens / wall time of the round), TTFT p50 (first
 `output_text.delta`) and contract violations (tests/contract.py, the same validator on
-both servers' streams). Prints a table, `tokps_ratio@C` and `ttft_ratio@C` (ours / vLLM),
+both servers' streams), and the CPU each server's processes used during the round, by role
+(bench/cpu.py: vLLM's model worker, its engine core, and the serving stack around them, as
+average cores). Prints a table, `tokps_ratio@C` and `ttft_ratio@C` (ours / vLLM),
 writes bench/results/vs_vllm.{json,png}. With `--rounds N` the two servers take turns N times
 (each start fresh) and the figures are the medians: this machine's noise is larger than a
 single run can resolve. Every server start, request and round is bounded
@@ -45,6 +47,7 @@ from pathlib import Path
 import aiohttp
 import yaml
 
+from bench.cpu import ROLES, cores_by_role, cpu_seconds
 from bench.stack import make_serve_env, serve_config, stop, wait_healthy
 
 MODEL = "smollm2"
@@ -169,15 +172,18 @@ def wait_model_ready(url: str, process: subprocess.Popen, timeout_s: float) -> N
     raise RuntimeError(f"{MODEL} at {url} did not answer within {timeout_s:.0f} s")
 
 
-def measure(url: str, concurrencies: list[int], max_tokens: int, store: bool) -> dict[int, dict]:
+def measure(url: str, concurrencies: list[int], max_tokens: int, store: bool, server_pid: int) -> dict[int, dict]:
     asyncio.run(round_at(url, 2, 2, max_tokens, store))  # warm-up: first requests pay one-off costs
     rows = {}
     for concurrency in concurrencies:
         requests = max(len(PROMPTS), 2 * concurrency)  # every prompt at least once
+        before, start = cpu_seconds(server_pid), time.perf_counter()
         rows[concurrency] = asyncio.run(asyncio.wait_for(round_at(url, concurrency, requests, max_tokens, store), 900))
         row = rows[concurrency]
+        row["cpu_cores"] = cores_by_role(before, cpu_seconds(server_pid), time.perf_counter() - start)
+        cores = ", ".join(f"{name} {value:.2f}" for name, value in row["cpu_cores"].items())
         print(f"  C={concurrency}: {row['tokens_per_s']:.1f} tokens/s, TTFT p50 {row['ttft_p50_ms']:.0f} ms, "
-              f"{row['violations']}/{requests} streams with violations", flush=True)  # fmt: skip
+              f"{row['violations']}/{requests} streams with violations; cores used: {cores}", flush=True)  # fmt: skip
     return rows
 
 
@@ -192,7 +198,7 @@ def run_vllm(port: int, concurrencies: list[int], max_tokens: int, start_timeout
     try:
         wait_healthy(f"http://127.0.0.1:{port}", process, timeout_s=start_timeout_s)
         wait_model_ready(f"http://127.0.0.1:{port}", process, start_timeout_s)
-        return measure(f"http://127.0.0.1:{port}", concurrencies, max_tokens, store)
+        return measure(f"http://127.0.0.1:{port}", concurrencies, max_tokens, store, process.pid)
     finally:
         stop(process)
 
@@ -214,7 +220,7 @@ def run_ours(port: int, concurrencies: list[int], max_tokens: int, start_timeout
         url = f"http://127.0.0.1:{port + 1 if via == 'replica' else port}"
         wait_healthy(url, process, timeout_s=start_timeout_s)
         wait_model_ready(url, process, start_timeout_s)
-        return measure(url, concurrencies, max_tokens, store)
+        return measure(url, concurrencies, max_tokens, store, process.pid)
     finally:
         stop(process)
         os.unlink(config.name)
@@ -276,11 +282,13 @@ def main() -> None:
             print(f"  round {number}: " + " ".join(ratios(rounds["ours"][-1], rounds["vLLM"][-1], args.concurrency)), flush=True)
     results = {name: median_rows(rows, args.concurrency) for name, rows in rounds.items()}
 
-    print(f"\n{'server':<8}{'C':>4}{'requests':>10}{'tokens/s':>10}{'TTFT p50 ms':>13}{'violations':>12}")
+    print(f"\n{'server':<8}{'C':>4}{'requests':>10}{'tokens/s':>10}{'TTFT p50 ms':>13}{'violations':>12}"
+          "   cores: model worker / engine core / serving stack")  # fmt: skip
     for name, rows in results.items():
         for c in args.concurrency:
             row = rows[c]
-            print(f"{name:<8}{c:>4}{row['requests']:>10}{row['tokens_per_s']:>10.1f}{row['ttft_p50_ms']:>13.0f}{row['violations']:>12}")
+            cores = " / ".join(f"{row['cpu_cores'][role]:.2f}" for role in ROLES) if "cpu_cores" in row else "-"
+            print(f"{name:<8}{c:>4}{row['requests']:>10}{row['tokens_per_s']:>10.1f}{row['ttft_p50_ms']:>13.0f}{row['violations']:>12}   {cores}")
     for name, rows in results.items():
         example = next((rows[c]["example_violation"] for c in args.concurrency if rows[c]["example_violation"]), None)
         if example:
@@ -314,6 +322,9 @@ def median_rows(rounds: list[dict[int, dict]], concurrencies: list[int]) -> dict
             "violations": sum(row["violations"] for row in each),
             "example_violation": next((row["example_violation"] for row in each if row["example_violation"]), None),
         }
+        cpu = [row["cpu_cores"] for row in each if "cpu_cores" in row]  # (older results have none)
+        if cpu:
+            rows[c]["cpu_cores"] = {name: statistics.median(cores[name] for cores in cpu) for name in ROLES}
     return rows
 
 

@@ -23,7 +23,6 @@ from deployments.metrics import (
 from serve_app.api import ServedModel, create_app
 from serve_app.metrics import RequestOutcome
 from tests.conftest import engine_stats, have_vllm, uvicorn_server, wait_until
-from tests.contract import check_stream, parse_sse
 from tests.sdk_scenarios import raw_stream
 
 MODEL = "gpt-oss-replay-metrics"  # served by the session app for this file alone

@@ -1,0 +1,51 @@
+"""Where a server's CPU went during a measured round, by the role of each process.
+
+A vLLM engine on CPU is its model worker (the forward passes, bound to its own cores) and its
+engine core (scheduling; it spins while it waits for the worker); everything else in the
+server's process tree is the serving stack around them: vLLM's API server, or for ours Ray,
+Serve, HAProxy and our replicas. On a small machine the stack shares cores with the engine
+core, so a worker that is busy less of the time than under vLLM's server is the cost of the
+stack showing (README, "Against vLLM's own server").
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import psutil
+
+ROLES = ("model worker", "engine core", "serving stack")
+
+
+def role(process: psutil.Process) -> str:
+    """vLLM names its processes (setproctitle, which sets the kernel's 15-character name)."""
+    name = process.name()
+    if name.startswith("VLLM::Worker"):
+        return "model worker"
+    if name.startswith("VLLM::EngineCor"):
+        return "engine core"
+    return "serving stack"
+
+
+def cpu_seconds(root_pid: int) -> dict[int, tuple[str, float]]:
+    """pid -> (role, user + system CPU seconds) of `root_pid` and all its descendants."""
+    seconds = {}
+    root = psutil.Process(root_pid)
+    for process in [root, *root.children(recursive=True)]:
+        with contextlib.suppress(psutil.Error):  # gone while we looked: its CPU is lost, not wrong
+            times = process.cpu_times()
+            seconds[process.pid] = (role(process), times.user + times.system)
+    return seconds
+
+
+def cores_by_role(before: dict[int, tuple[str, float]], after: dict[int, tuple[str, float]], wall_s: float) -> dict[str, float]:
+    """Average cores each role used between two `cpu_seconds` snapshots `wall_s` apart.
+
+    A process started in between counts from zero; one that ended in between is missing (its
+    last seconds are not seen): rare during a round, and it can only make a role look smaller.
+    """
+    used = dict.fromkeys(ROLES, 0.0)
+    for pid, (name, seconds) in after.items():
+        start = before.get(pid)
+        used[name] += seconds - (start[1] if start and start[0] == name else 0.0)
+    return {name: value / wall_s for name, value in used.items()}
