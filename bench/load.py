@@ -309,14 +309,14 @@ def report(runs: list[list[dict]], memory: list[dict[str, dict]], args, harmony:
                 print(f"      first violation: {r['first_violation']}")
     names = sorted(memory[0]) if memory and memory[0] else []
     for name in names:
-        print(f"\n{name} (pid {memory[0][name]['pid']}): MB (RSS and its anon/file/shmem pages; malloc heap in use, freed but held; Python traced), gc objects, threads")
-        print(f"  {'':<12}" + "".join(f"{title:>8}" for title, _ in MEMORY_COLUMNS) + f"{'objects':>10}{'threads':>8}" + ("  RSS after trim" if args.malloc_trim else ""))
+        print(f"\n{name} (pid {memory[0][name]['pid']}): MB (RSS and its anon/file/shmem pages; malloc heap in use, freed but held; Python traced), gc objects, threads, established TCP connections")
+        print(f"  {'':<12}" + "".join(f"{title:>8}" for title, _ in MEMORY_COLUMNS) + f"{'objects':>10}{'threads':>8}{'TCP':>6}" + ("  RSS after trim" if args.malloc_trim else ""))
         for index, snapshot in enumerate(memory):
             reading = snapshot[name]
             label = "before" if index == 0 else f"after run {index}"
             figures = "".join(f"{memory_figure(reading, key):>8.1f}" for _, key in MEMORY_COLUMNS)
             trimmed = f"{reading['rss_after_trim_mb']:>16.1f}" if "rss_after_trim_mb" in reading else ""
-            print(f"  {label:<12}{figures}{reading['objects']:>10}{reading.get('threads', '?'):>8}{trimmed}")
+            print(f"  {label:<12}{figures}{reading['objects']:>10}{reading.get('threads', '?'):>8}{reading.get('tcp_connections', '?'):>6}{trimmed}")
             if index > 1:  # what grew since the previous reading, after the warm-up run
                 grew = ", ".join(f"{t} {n:+d}" for t, n in reading.get("types_grew", {}).items())
                 print(f"      objects grew: {grew or '-'}")

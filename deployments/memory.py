@@ -15,6 +15,9 @@ check. Layers, so that growth can be told apart:
 - `objects` / `types_grew`: objects the garbage collector tracks (not counting those Serve
   froze after the replica started), and the types whose count
   grew most since the previous call (Python-level leaks: ours, Serve's, Ray's Python);
+- `tcp_connections`: established TCP connections of the process. An ingress replica keeps
+  a little state per open HTTP connection (uvicorn's protocol and its last request), so its
+  objects follow the keep-alive connections its front (HAProxy) holds open;
 - `traced_mb` / `lines_grew`: with `trace_frames`, `tracemalloc` is started on the first
   call (after start-up, so imports are not counted) and later calls list the allocation
   sites (file:line, innermost frame first) that grew most since the previous call.
@@ -30,6 +33,7 @@ import os
 import re
 import tracemalloc
 
+import psutil
 import ray
 
 _previous: dict = {"types": None, "snapshot": None}  # this process's last reading
@@ -133,6 +137,7 @@ def memory_report(top: int = 8, trace_frames: int = 0, trim: bool = False) -> di
         # longer walks those, and they are not counted in `objects`.
         "objects": counts.total(), "frozen_objects": gc.get_freeze_count(),
         "threads": len(os.listdir("/proc/self/task")),  # glibc gives threads arenas of their own
+        "tcp_connections": sum(c.status == psutil.CONN_ESTABLISHED for c in psutil.Process().net_connections("tcp")),
         "malloc_arena_max": os.environ.get("MALLOC_ARENA_MAX"),  # glibc reads it at start-up
     }  # fmt: skip
     report["types"] = dict(counts.most_common(top))

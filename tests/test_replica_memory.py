@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import mmap
 import os
+import socket
 import subprocess
 import sys
 import textwrap
@@ -63,7 +64,7 @@ def test_ingress_and_engine_replicas_report_their_own_memory(serve_url):
         # each replica diffs against its own previous reading, none before its first
         assert "types_grew" not in replica[0] and all("types_grew" in r for r in replica[1:])
         for reading in replica:
-            assert reading["rss_mb"] > 0 and reading["threads"] > 1
+            assert reading["rss_mb"] > 0 and reading["threads"] > 1 and reading["tcp_connections"] > 0  # Ray's gRPC at least
             # Serve freezes what the replica made while starting; together a replica's worth
             assert reading["objects"] + reading["frozen_objects"] > 10_000
             assert sum(reading["types"].values()) <= reading["objects"]
@@ -107,3 +108,17 @@ def test_heap_in_use_follows_a_live_allocation_under_either_allocator(preload):
     assert before["allocator"] == after["allocator"] == ("jemalloc" if preload else "glibc")
     assert after["in_use_mb"] - before["in_use_mb"] >= 64
     assert after["free_mb"] >= 0
+
+
+def test_established_tcp_connections_are_counted():
+    before = memory_report()["tcp_connections"]
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        clients = [socket.create_connection(listener.getsockname()) for _ in range(3)]
+        servers = [listener.accept()[0] for _ in clients]
+        opened = memory_report()["tcp_connections"]
+        for end in clients + servers:
+            end.close()
+    assert opened - before >= 6  # both ends of each connection are this process's
+    assert memory_report()["tcp_connections"] <= opened - 6
