@@ -3,9 +3,10 @@
 A vLLM engine on CPU is its model worker (the forward passes, bound to its own cores) and its
 engine core (scheduling; it spins while it waits for the worker); everything else in the
 server's process tree is the serving stack around them: vLLM's API server, or for ours Ray,
-Serve, HAProxy and our replicas. On a small machine the stack shares cores with the engine
-core, so a worker that is busy less of the time than under vLLM's server is the cost of the
-stack showing (README, "Against vLLM's own server").
+Serve, HAProxy and our replicas. The worker and the engine core spin while they wait for each
+other, so their figures stay near a core whatever they do; the stack's is the cost of
+serving, and on a small machine, where the stack shares its cores with the engine core, the
+engine core's figure shows what it lost to it (README, "Against vLLM's own server").
 """
 
 from __future__ import annotations
