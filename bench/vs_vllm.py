@@ -22,10 +22,11 @@ both servers' streams), and the CPU each server's processes used during the roun
 (bench/cpu.py: vLLM's model worker, its engine core, and the serving stack around them, as
 average cores). Prints a table, `tokps_ratio@C` and `ttft_ratio@C` (ours / vLLM),
 writes bench/results/vs_vllm.{json,png}. With `--rounds N` the two servers take turns N times
-(each start fresh) and the figures are the medians: this machine's noise is larger than a
-single run can resolve. Every server start, request and round is bounded
-in time; servers are stopped on the way out. `--lock` holds that file (flock) only while a
-server runs, so other users of the machine get it between the phases.
+(each start fresh; which one goes first alternates from round to round) and the figures are
+the medians: this machine's noise is larger than a single run can resolve. Every server
+start, request and round is bounded in time; servers are stopped on the way out. `--lock`
+holds that file (flock) only while a server runs, so other users of the machine get it
+between the phases.
 """
 
 from __future__ import annotations
@@ -271,7 +272,10 @@ def main() -> None:
     if args.vllm_results:
         rounds["vLLM"] = [{int(c): row for c, row in json.loads(args.vllm_results.read_text())["vLLM"].items()}]
     for number in range(1, args.rounds + 1):
-        for name, run in (("vLLM", run_vllm), ("ours", run_ours)):
+        # Which server goes first alternates (vLLM, ours | ours, vLLM | ...): a drift of the
+        # shared machine over a round then favours neither.
+        order = (("vLLM", run_vllm), ("ours", run_ours))
+        for name, run in order if number % 2 else order[::-1]:
             if args.vllm_results and name == "vLLM":
                 continue
             print(f"{name} (round {number} of {args.rounds}) ...", flush=True)
