@@ -7,15 +7,23 @@ the end. For a non-streaming request that is a model generating for nobody, up t
 limit. `-dS` turns splicing off; Serve takes this wrapper as its binary through
 `RAY_SERVE_HAPROXY_BINARY_PATH` (set where the cluster starts: the Makefile, the RayService
 containers, the tests). Streams are not affected: their next write fails either way.
+
+HAProxy is a child of Serve's HAProxyManager actor, which stops it when Serve shuts down. Ray
+killed without that (SIGKILL, a crash, an OOM kill) left it running and holding port 8000, so
+the next `serve run` could not bind it: the wrapper asks the kernel to send HAProxy SIGTERM
+when the actor dies (Linux's parent-death signal, kept across the exec).
 """
 
 from __future__ import annotations
 
+import ctypes
 import os
+import signal
 import sys
 from pathlib import Path
 
 NAME = "responses-serve-haproxy"
+PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 
 
 def installed_path() -> str:
@@ -30,4 +38,16 @@ def main() -> None:
     # bundled binary (or a system `haproxy`) is found.
     os.environ.pop("RAY_SERVE_HAPROXY_BINARY_PATH", None)
     binary = get_haproxy_binary()
+    stop_with_parent()
     os.execv(binary, [binary, "-dS", *sys.argv[1:]])
+
+
+def stop_with_parent() -> None:
+    """SIGTERM to this process (HAProxy after the exec: a fast stop) when its parent dies."""
+    if not sys.platform.startswith("linux"):
+        return
+    parent = os.getppid()
+    if ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0) != 0:
+        return  # not available: Serve's own shutdown still stops HAProxy
+    if os.getppid() != parent:  # the parent died before the kernel was asked
+        sys.exit(f"{NAME}: the process that started it is gone")

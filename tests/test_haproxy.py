@@ -4,9 +4,15 @@ tests/test_serve_e2e.py::test_client_leaving_a_non_streaming_request_aborts_it."
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
+import socket
 import subprocess
+import sys
 import time
+
+import psutil
 
 from deployments import haproxy
 from tests.conftest import free_port, wait_until
@@ -36,3 +42,41 @@ def test_it_becomes_haproxy_in_place_with_splicing_off(tmp_path):
     finally:
         process.kill()
         process.wait()
+
+
+def test_it_stops_when_the_process_that_started_it_is_killed(tmp_path):
+    """Ray killed without Serve's shutdown (SIGKILL, a crash) must not leave HAProxy holding
+    its port: the kernel sends it SIGTERM when the actor that started it dies."""
+    port = free_port()
+    config = tmp_path / "haproxy.cfg"
+    config.write_text(f"defaults\n    mode http\n    timeout client 5s\nfrontend f\n    bind 127.0.0.1:{port}\n")
+    # A stand-in for Serve's HAProxyManager actor: it starts the wrapper and then waits.
+    starter = subprocess.Popen(
+        [sys.executable, "-c", "import subprocess, sys, time; "
+         f"p = subprocess.Popen([{haproxy.installed_path()!r}, '-db', '-f', {str(config)!r}]); "
+         "print(p.pid, flush=True); time.sleep(600)"],
+        stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    haproxy_pid = int(starter.stdout.readline())
+    try:
+        assert wait_until(lambda: listening(port), timeout_s=20)
+        starter.kill()
+        starter.wait()
+        assert wait_until(lambda: not running(haproxy_pid), timeout_s=20)
+        assert not listening(port)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(haproxy_pid, signal.SIGKILL)
+
+
+def listening(port: int) -> bool:
+    with socket.socket() as probe:
+        return probe.connect_ex(("127.0.0.1", port)) == 0
+
+
+def running(pid: int) -> bool:
+    """Alive and not a zombie (an orphan is reaped by whoever adopts it)."""
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
