@@ -4,7 +4,7 @@ vLLM's CPU worker binds its OpenMP threads to cores (`VLLM_CPU_OMP_THREADS_BIND`
 takes every core the process may use but the last, which it leaves to its scheduler).
 Whatever else runs on those cores takes time from the model: on a 2-core box our stack
 (ingress, Serve's proxy and controller, Ray's daemons) took a fifth of the worker's core
-(README, "Against vLLM's own server"). So a node that runs a CPU engine starts Ray on the
+(bench/HISTORY.md). So a node that runs a CPU engine starts Ray on the
 serving cores only (`python -m deployments.cpu_cores serve run ...`, which `make serve`
 uses, or `taskset -c ...`), everything Ray starts inherits them, and the engine replica
 gives its model the node's other cores (`cores_for_cpu_engine`). A node started on all its

@@ -34,8 +34,7 @@ DEFAULT_ARGS: dict[str, Any] = {
 # optimized" mode): the replica runs our code on its main event loop, and a handle's router
 # on the caller's loop, instead of one extra thread + loop each. Every request and every
 # streamed token batch otherwise crosses two more event loops (HTTP -> user loop -> router
-# loop -> engine, and back). Measured with bench.vs_vllm (README "Against vLLM's own
-# server"). A deployment's own `runtime_env.env_vars` override these.
+# loop -> engine, and back). Measured with bench.vs_vllm (bench/HISTORY.md). A deployment's own `runtime_env.env_vars` override these.
 REPLICA_ENV = {
     "RAY_SERVE_RUN_USER_CODE_IN_SEPARATE_THREAD": "0",
     "RAY_SERVE_RUN_ROUTER_IN_SEPARATE_LOOP": "0",
@@ -50,14 +49,14 @@ REPLICA_ENV = {
 # of ours reaches, so they are set where the cluster starts — the Makefile (`make serve`), the
 # RayService head container (k8s/), bench.vs_vllm; tests/test_k8s.py checks they agree.
 # The controller's reconcile loop runs every 0.5 s instead of Serve's 0.1 s: at 10 per second
-# it was our largest fixed CPU cost beside the engine (README "Against vLLM's own server");
+# it was our largest fixed CPU cost beside the engine (bench/HISTORY.md);
 # replica starts, health results and scaling decisions are acted on up to 0.4 s later
 # (autoscaling delays are measured in time, not loops).
 # HTTP comes in through Serve's HAProxy ingress (a C load balancer on every node, port 8000)
 # instead of its Python proxy actor: HAProxy spreads connections over the ingress replicas,
 # which serve HTTP on ports of their own (Serve's direct ingress), so each streamed token
 # crosses one Python process fewer. The proxy actor's hop cost a token's latency and CPU on
-# the cores the engine shares (README "Against vLLM's own server").
+# the cores the engine shares (bench/HISTORY.md).
 CLUSTER_ENV = {"RAY_SERVE_CONTROL_LOOP_INTERVAL_S": "0.5", "RAY_SERVE_ENABLE_HA_PROXY": "1"}
 
 

@@ -164,7 +164,7 @@ def _stat_logger_factory(counters: SpecDecodeCounters) -> Any:
     It also stands in for vLLM's `PrometheusStatLogger`, which vLLM adds unless a subclass of
     it is given: that one records every engine step into `prometheus_client` metrics that no
     one can scrape in a Ray replica (our metrics go through Ray's), and it was ~a quarter of
-    this replica's Python samples at 32 streams (README "Against vLLM's own server"). vLLM's
+    this replica's Python samples at 32 streams (bench/HISTORY.md). vLLM's
     periodic log line (`LoggingStatLogger`) stays.
     """
     from vllm.v1.metrics.loggers import PrometheusStatLogger
