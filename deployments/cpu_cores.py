@@ -29,6 +29,7 @@ import psutil
 
 OMP_BIND = "VLLM_CPU_OMP_THREADS_BIND"
 SERVING_CPUS = "RESPONSES_SERVE_CPUS"
+MAX_AFFINITY_WALKS = 100  # a process that keeps starting threads from unmoved ones: give up
 
 
 def parse_cores(text: str) -> set[int]:
@@ -57,8 +58,24 @@ def serving_cores(available: set[int], setting: str | None) -> set[int] | None:
 
 
 def set_thread_affinity(pid: int, cores: set[int]) -> None:
-    """Move every thread of a process (sched_setaffinity acts on one thread)."""
-    _each_thread(pid, lambda tid: os.sched_setaffinity(tid, cores))
+    """Move every thread of a process (sched_setaffinity acts on one thread).
+
+    A thread started meanwhile by one not moved yet inherits the old cores and is not in the
+    list being walked (vLLM's engine core still starts its output thread's ZMQ threads after it
+    reports ready): so the threads are walked again until a walk finds none to move. After that
+    walk every thread is on `cores`, and so is any thread started later.
+    """
+    for _ in range(MAX_AFFINITY_WALKS):
+        moved = []
+
+        def move(tid: int) -> None:
+            if os.sched_getaffinity(tid) != cores:
+                os.sched_setaffinity(tid, cores)
+                moved.append(tid)
+
+        _each_thread(pid, move)
+        if not moved:
+            return
 
 
 def set_thread_policy(pid: int, policy: int) -> None:

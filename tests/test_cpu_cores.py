@@ -18,7 +18,14 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from deployments.cpu_cores import SERVING_CPUS, cores_for_cpu_engine, format_cores, parse_cores, serving_cores
+from deployments.cpu_cores import (
+    SERVING_CPUS,
+    cores_for_cpu_engine,
+    format_cores,
+    parse_cores,
+    serving_cores,
+    set_thread_affinity,
+)
 from serve_app.app import REPLICA_ENV
 from tests.test_vllm_backend import requires_vllm
 
@@ -94,6 +101,49 @@ def test_an_explicit_binding_turns_it_off() -> None:
         capture_output=True, text=True, check=True, timeout=60,
     )  # fmt: skip
     assert json.loads(result.stdout) == [[], [int(serving)], serving]  # not widened, not changed
+
+
+# A thread that starts another one as soon as the process's main thread has been moved: the
+# walk over the threads (in the order they were started) has 2000 idle ones to move before it
+# reaches this one, which by then has started a thread the walk did not list.
+LATE_THREAD = textwrap.dedent("""
+    import os, threading, time
+    main = threading.get_native_id()
+    threading.stack_size(256 * 1024)
+    for _ in range(2000):
+        threading.Thread(target=time.sleep, args=(120,), daemon=True).start()
+    before, started = os.sched_getaffinity(main), threading.Event()
+
+    def start_one_when_main_moves():
+        while os.sched_getaffinity(main) == before:
+            pass
+        threading.Thread(target=time.sleep, args=(120,), daemon=True).start()
+        started.set()
+        time.sleep(120)
+
+    threading.Thread(target=start_one_when_main_moves, daemon=True).start()
+    print("ready", flush=True)
+    started.wait(timeout=60)
+    print(len(os.listdir("/proc/self/task")), flush=True)
+    time.sleep(120)
+""")
+
+
+@needs_two_cores
+def test_moving_a_process_catches_the_threads_it_starts_meanwhile() -> None:
+    """vLLM's engine core may still be starting threads when it is moved off the model's cores:
+    a thread started by one not moved yet must not keep the model's cores."""
+    target = {max(CORES)}
+    child = subprocess.Popen([sys.executable, "-c", LATE_THREAD], stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout.readline() == "ready\n"
+        set_thread_affinity(child.pid, target)
+        assert int(child.stdout.readline()) == 1 + 2000 + 1 + 1  # main, idle, the watcher, the late one
+        cores = {int(tid): os.sched_getaffinity(int(tid)) for tid in os.listdir(f"/proc/{child.pid}/task")}
+        assert all(c == target for c in cores.values()), {t: c for t, c in cores.items() if c != target}
+    finally:
+        child.kill()
+        child.wait()
 
 
 # A child started on the serving core: inside `cores_for_cpu_engine` it starts a "worker" that
