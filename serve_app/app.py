@@ -34,7 +34,8 @@ DEFAULT_ARGS: dict[str, Any] = {
 # optimized" mode): the replica runs our code on its main event loop, and a handle's router
 # on the caller's loop, instead of one extra thread + loop each. Every request and every
 # streamed token batch otherwise crosses two more event loops (HTTP -> user loop -> router
-# loop -> engine, and back). Measured with bench.vs_vllm (bench/HISTORY.md). A deployment's own `runtime_env.env_vars` override these.
+# loop -> engine, and back). Measured with bench.vs_vllm (bench/HISTORY.md). A deployment's
+# own `runtime_env.env_vars` override these.
 REPLICA_ENV = {
     "RAY_SERVE_RUN_USER_CODE_IN_SEPARATE_THREAD": "0",
     "RAY_SERVE_RUN_ROUTER_IN_SEPARATE_LOOP": "0",

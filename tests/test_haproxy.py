@@ -1,6 +1,6 @@
 """`responses-serve-haproxy` (deployments/haproxy.py): Serve's HAProxy with kernel splicing
-off. Whether it keeps a client's disconnect is shown end to end in
-tests/test_serve_e2e.py::test_client_leaving_a_non_streaming_request_aborts_it."""
+off, stopped when the process that started it dies. Whether it keeps a client's disconnect is
+shown end to end in tests/test_serve_e2e.py::test_client_leaving_a_non_streaming_request_aborts_it."""
 
 from __future__ import annotations
 
