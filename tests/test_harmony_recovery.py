@@ -13,6 +13,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from serve_app.protocol.harmony import MAX_HEADER_TOKENS
 from serve_app.protocol.request import ResponsesRequest
 from serve_app.protocol.stream import ResponseStream
 from serve_app.protocol.tokens import TokenBatch
@@ -121,7 +122,7 @@ def test_abort_mid_header_fails_cleanly():
 HEADER_WORDS = sorted({t for word in ["assistant", "user", "analysis", "final", "commentary", " to", "=",
                                       "functions", ".", "get_weather", " json", "{}", " ", "é", "世界"] for t in tokens(word)})
 random_tokens = st.lists(
-    st.one_of(st.sampled_from(SPECIALS), st.sampled_from(HEADER_WORDS), st.integers(0, 199997)), max_size=80
+    st.one_of(st.sampled_from(SPECIALS), st.sampled_from(HEADER_WORDS), st.integers(0, 199997)), max_size=3 * MAX_HEADER_TOKENS
 )
 
 
@@ -139,9 +140,50 @@ def test_random_tokens_never_break_the_stream(completion, sizes, finish):
     assert outputs[0] == outputs[1] == outputs[2]
 
 
+# Text tokens: any id but the special ones (parts of multi-byte characters and bytes that are
+# no character among them), more than a header can hold.
+text_tokens = st.lists(st.integers(0, 199997), min_size=1, max_size=3 * MAX_HEADER_TOKENS)
+
+
 @settings(max_examples=100, deadline=None)
-@given(st.lists(st.integers(0, 199997), min_size=1, max_size=60), st.lists(st.integers(1, 7), max_size=60))
+@given(text_tokens, st.lists(st.integers(1, 7), max_size=60))
 def test_text_without_structure_is_one_raw_message(completion, sizes):
     """Text tokens alone (no special token): all of it, decoded, in one raw message."""
     terminal = check_stream(run(partition(completion, sizes)), allow_replacement=True)
     assert items(terminal) == [(*RAW, ENCODING.decode(completion))]
+
+
+@settings(max_examples=100, deadline=None)
+@given(text_tokens, st.booleans(), st.lists(st.integers(1, 7), max_size=60))
+def test_content_is_every_token_decoded(content, ended, sizes):
+    """A message's text is its tokens as a decode shows them: harmony's own content deltas
+    lost the token after bytes that are no character when the message ended there."""
+    completion = tokens("<|channel|>final<|message|>") + content + (tokens("<|end|>") if ended else [])
+    terminal = check_stream(run(partition(completion, sizes)), allow_replacement=True)
+    assert items(terminal) == [("message", "final_answer", ENCODING.decode(content))]
+
+
+def test_a_header_too_long_to_be_one_is_shown_while_the_model_writes():
+    """Text where a header belongs is held back only up to MAX_HEADER_TOKENS tokens, not
+    until the completion ends: a random model's stream went a minute without an event."""
+    text = tokens("word " * (2 * MAX_HEADER_TOKENS))
+    stream = ResponseStream(REQUEST)
+    stream.start()
+    assert stream.feed(TokenBatch(text[: MAX_HEADER_TOKENS - 1])) == []
+    shown = stream.feed(TokenBatch(text[MAX_HEADER_TOKENS - 1 : MAX_HEADER_TOKENS]))
+    assert [e.type for e in shown] == ["response.output_item.added", "response.content_part.added", "response.output_text.delta"]
+    assert shown[0].item.phase is None and shown[-1].delta == ENCODING.decode(text[:MAX_HEADER_TOKENS])
+    after = text[MAX_HEADER_TOKENS : MAX_HEADER_TOKENS + 3]
+    assert [e.delta for e in stream.feed(TokenBatch(after))] == [ENCODING.decode(after)]  # the content, as it comes
+
+
+def test_a_long_header_is_cut_only_between_characters():
+    """At the limit inside a character, the header takes the tokens that finish it."""
+    clef = tokens(" 𝄞")  # " ", then one 4-byte character in three tokens
+    assert len(clef) == 4
+    text = tokens("a") * (MAX_HEADER_TOKENS - 2) + clef + tokens(" end")
+    events = run([[t] for t in text])
+    terminal = check_stream(events)  # no U+FFFD: no character was split
+    first = next(e for e in events if e.type == "response.output_text.delta")
+    assert first.delta == "a" * (MAX_HEADER_TOKENS - 2) + " 𝄞"
+    assert items(terminal) == [(*RAW, ENCODING.decode(text))]

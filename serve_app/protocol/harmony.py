@@ -11,6 +11,7 @@ Responses API's items:
 
 from __future__ import annotations
 
+import codecs
 import datetime
 import functools
 import json
@@ -39,6 +40,7 @@ from ..vocab import harmony_encoding
 from .constraints import harmony_grammar, plan
 from .errors import invalid_request
 from .items import ItemSink
+from .logprobs import unfinished_utf8_tail
 from .request import (
     JSONSchemaFormat,
     FunctionCallItem,
@@ -51,6 +53,11 @@ from .request import (
 from .tokens import OutputConstraint
 
 FUNCTIONS_NAMESPACE = "functions"
+# A header is a few words (`<|channel|>commentary to=functions.NAME <|constrain|>json`: ~10
+# tokens); one of this many tokens without `<|message|>` is text the model wrote where a
+# header belongs. It is shown then instead of held back to the end of the completion: a
+# random model's stream sat without an event for a minute.
+MAX_HEADER_TOKENS = 64
 _EFFORTS = {
     "none": ReasoningEffort.LOW,
     "minimal": ReasoningEffort.LOW,
@@ -245,6 +252,21 @@ def _without_constrain(recipient: str | None) -> str | None:
     return recipient.split("<|constrain|>", 1)[0].strip() or None
 
 
+_TOKEN_BYTES: dict[int, bytes] = {}  # the tokens seen so far (a dict lookup on the hot path)
+
+
+def token_bytes(token_id: int) -> bytes:
+    """A token's bytes in the o200k_harmony encoding (content text and logprobs); special
+    tokens as their names (`<|start|>`), as harmony writes them in content."""
+    if (raw := _TOKEN_BYTES.get(token_id)) is None:
+        try:
+            raw = bytes(harmony_encoding()._inner.decode_bytes([token_id]))
+        except HarmonyError:  # an id past the vocabulary (the model's is padded): no text
+            raw = b""
+        _TOKEN_BYTES[token_id] = raw
+    return raw
+
+
 class HarmonyParser:
     """Feeds completion tokens one at a time to harmony's `StreamableParser`.
 
@@ -261,7 +283,9 @@ class HarmonyParser:
       one an assistant message can have, makes a *raw* message: a `message` item without a
       `phase` whose text is the header as written (special tokens spelled out) followed by
       the content;
-    - a header the completion ends in (no `<|message|>` came) becomes a raw message too.
+    - a header the completion ends in (no `<|message|>` came) becomes a raw message too;
+    - so does a header that reaches `MAX_HEADER_TOKENS` (at the first token after which it
+      ends on a whole character): what follows is that message's content.
     """
 
     def __init__(self, sink: ItemSink) -> None:
@@ -272,8 +296,12 @@ class HarmonyParser:
         self._header_valid = True  # False once harmony rejected the header
         self._in_content = False
         self._in_reasoning = False
+        # Content is decoded here from its tokens' bytes, not taken from harmony's content
+        # deltas: those lost a message's last token when bytes that are no character came
+        # just before it, and an unfinished character at its end (random weights write both).
+        self._content = codecs.getincrementaldecoder("utf-8")("replace")
         self.reasoning_tokens = 0
-        self.held_text = ""  # harmony holds back only the bytes of an unfinished character
+        self.held_text = ""  # the decoder holds back only the bytes of an unfinished character
 
     @staticmethod
     def _new_parser() -> Any:
@@ -282,29 +310,29 @@ class HarmonyParser:
         return StreamableParser(harmony_encoding(), Role.ASSISTANT)._inner
 
     def feed(self, token_ids: Iterable[int]) -> None:
-        # The hot loop: one harmony call per token and one getter per content token, state
-        # in locals; the deltas of the batch are handed to the item in one piece.
-        parser, sink = self._parser, self._sink
+        # The hot loop: one harmony call and one lookup of its bytes per token, state in
+        # locals; an item's content bytes of the batch are decoded and handed on in one piece.
+        parser, sink, decode, known = self._parser, self._sink, self._content.decode, _TOKEN_BYTES.get
         process, message, ends = parser.process, self._specials.message, self._specials.ends
         in_content, in_reasoning = self._in_content, self._in_reasoning
         header = self._header
-        deltas: list[str] = []
+        content: list[bytes] = []
         for token in token_ids:
             if in_content:
                 process(token)  # harmony never rejects content: stray specials are text
                 if token in ends:
-                    if deltas:
-                        sink.add_text("".join(deltas))
-                        deltas.clear()
+                    # Bytes of a character the message ends inside: U+FFFD, as a decode shows them.
+                    if text := decode(b"".join(content), True):
+                        sink.add_text(text)
+                    content.clear()
                     in_content = in_reasoning = False
                     sink.close_item()
                     header.clear()
                     continue
                 if in_reasoning:
                     self.reasoning_tokens += 1
-                delta = parser.last_content_delta
-                if delta:
-                    deltas.append(delta)
+                raw = known(token)
+                content.append(raw if raw is not None else token_bytes(token))
                 continue
             header.append(token)
             try:
@@ -315,9 +343,12 @@ class HarmonyParser:
             if token == message:
                 in_reasoning = self._open_item()
                 in_content = True
+            elif len(header) >= MAX_HEADER_TOKENS and self._cut_long_header():
+                parser, in_content, in_reasoning = self._parser, True, False
+                process = parser.process
         self._in_content, self._in_reasoning = in_content, in_reasoning
-        if deltas:
-            sink.add_text("".join(deltas))
+        if content and (text := decode(b"".join(content))):
+            sink.add_text(text)
 
     def _recover(self, token: int) -> Any:
         """Harmony rejected `token` outside content; return a fresh parser that has taken it."""
@@ -328,6 +359,18 @@ class HarmonyParser:
         parser = self._new_parser()
         parser.process(token)  # a fresh header takes any token (`<|message|>`: an empty header)
         return parser
+
+    def _cut_long_header(self) -> bool:
+        """Show a header too long to be one as a raw message whose content is what follows;
+        False while it ends inside a character (the rest of it comes as content)."""
+        if unfinished_utf8_tail(b"".join(map(token_bytes, self._header))):
+            return False
+        self._open_raw()
+        self._header.clear()
+        self._header_valid = True
+        self._parser = self._new_parser()
+        self._parser.process(self._specials.message)  # an empty header: content follows
+        return True
 
     def _open_item(self) -> bool:
         """Open the item the just-completed header announces; True if it is reasoning."""
@@ -364,14 +407,16 @@ class HarmonyParser:
         self._sink.add_text(harmony_encoding().decode(header))
 
     def end(self, truncated: bool = False) -> None:
-        """The engine stopped. Flush what harmony buffered for the open message; show an
+        """The engine stopped. Flush what the decoder holds for the open message; show an
         unfinished header (without the stop token it ended on) as a raw message, unless
         the token limit cut a header that was well-formed so far (`truncated`): nothing
         but structure is lost then."""
         if self._in_content:
-            self._parser.process_eos()
-            if delta := self._parser.last_content_delta:
-                self._sink.add_text(delta)
+            # The model's last bytes that are no character: U+FFFD, as a decode shows them;
+            # not when the token limit cut a character (its other bytes were never written).
+            unfinished = self._content.decode(b"", True)
+            if unfinished and not truncated:
+                self._sink.add_text(unfinished)
             return
         header = self._header
         if header and header[-1] in self._specials.stops:
@@ -394,11 +439,7 @@ class HarmonyModel:
         return HarmonyParser(sink)  # harmony completions start in a fresh message whatever the prompt
 
     def token_bytes(self, token_id: int) -> bytes:
-        """A token's bytes in the o200k_harmony encoding (logprobs)."""
-        try:
-            return bytes(harmony_encoding()._inner.decode_bytes([token_id]))
-        except HarmonyError:  # an id past the vocabulary (the model's is padded): no text
-            return b""
+        return token_bytes(token_id)
 
     def writes_text(self, token_id: int) -> bool:
         try:
