@@ -55,6 +55,7 @@ MALFORMED = [
     '{"name": "f", "arguments": [1]}',
     '{"name": "f", "arguments": {"a": 1}',
     "",
+    "get_weather(city='Paris') <tool_c",  # no JSON object: text at once
 ]
 
 
@@ -168,6 +169,20 @@ def test_items_are_the_same_for_every_batching(tokenizer, case, sizes):
     tokens = tokenizer.encode(completion, add_special_tokens=False) + [tokenizer.eos_token_id]
     for batches in cuts(tokens, sizes):
         assert items_of(run(tokenizer, Tags(THINK, TOOL), in_reasoning, batches)) == expected
+
+
+def test_a_call_that_is_no_json_object_shows_as_it_comes(tokenizer):
+    """Only a JSON object can be a hermes call: other text after `<tool_call>` is shown as it
+    comes, not held until the output ends (a random model's stream sat silent behind one)."""
+    model = chat_model(tokenizer, Tags(THINK, TOOL))
+    stream = ResponseStream(ResponsesRequest(model="chat", input="x"), parser_factory=functools.partial(model.completion_parser, in_reasoning=False))
+    stream.start()
+    text = "Hi <tool_call>\nget_weather(city=Paris) and more"
+    events = stream.feed(TokenBatch(tokenizer.encode(text, add_special_tokens=False)))
+    assert "".join(e.delta for e in events if e.type == "response.output_text.delta") == text
+    # A body that is JSON so far is held: it may still be a call.
+    events = stream.feed(TokenBatch(tokenizer.encode(' <tool_call>\n{"name": "f"', add_special_tokens=False)))
+    assert [e.type for e in events] == []
 
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])

@@ -21,7 +21,8 @@ Rules (the same whatever the token and batch boundaries):
   `function_call` item only if it is a JSON object with a string `name` and an object
   `arguments` (a JSON string holding one is accepted too). Otherwise the whole block, tags
   included, is text of the item it interrupted: malformed calls are never lost and a call is
-  never half-emitted. `NS.NAME` is function NAME of namespace NS.
+  never half-emitted. A body that does not start with `{` is that text at once (what follows
+  is parsed as if no `<tool_call>` had come). `NS.NAME` is function NAME of namespace NS.
 - Whitespace adjacent to a tag (the template's formatting: `\n\n` after `</think>`, before
   `<tool_call>`) is dropped; a prompt-opened `<think>` counts as a tag before the output.
   The start and end of the output are not tags: whitespace there is the model's text, kept
@@ -183,7 +184,14 @@ class TaggedTextParser:
     def _scan_call(self, text: str) -> str:
         """Look for the end tag of the open call; returns the text after it ("" if not yet)."""
         assert self._tags.tool_call
-        end_tag = self._tags.tool_call[1]
+        start_tag, end_tag = self._tags.tool_call
+        if next((char for char in text if not char.isspace()), "{") != "{":
+            # No JSON object can start here: text at once, not held to the end of the output
+            # (a random model's stream sat silent behind an unterminated `<tool_call>`).
+            logger.warning("a tool call that does not start with a JSON object stays text: %.200r", text)
+            self.state = self._call_from
+            self.add_text(start_tag)
+            return text
         at = text.find(end_tag, self._scanned)
         while at >= 0 and _inside_json_string(text[:at]):  # a value's text, not the end
             at = text.find(end_tag, at + 1)
