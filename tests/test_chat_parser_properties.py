@@ -174,8 +174,8 @@ def test_items_are_the_same_for_every_batching(tokenizer, case, sizes):
 def test_a_call_that_is_no_json_object_shows_as_it_comes(tokenizer):
     """Only a JSON object can be a hermes call: other text after `<tool_call>` is shown as it
     comes, not held until the output ends (a random model's stream sat silent behind one)."""
-    model = chat_model(tokenizer, Tags(THINK, TOOL))
-    stream = ResponseStream(ResponsesRequest(model="chat", input="x"), parser_factory=functools.partial(model.completion_parser, in_reasoning=False))
+    parser = functools.partial(chat_model(tokenizer, Tags(THINK, TOOL)).completion_parser, in_reasoning=False)
+    stream = ResponseStream(ResponsesRequest(model="chat", input="x"), parser_factory=parser)
     stream.start()
     text = "Hi <tool_call>\nget_weather(city=Paris) and more"
     events = stream.feed(TokenBatch(tokenizer.encode(text, add_special_tokens=False)))
