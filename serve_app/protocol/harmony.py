@@ -252,19 +252,33 @@ def _without_constrain(recipient: str | None) -> str | None:
     return recipient.split("<|constrain|>", 1)[0].strip() or None
 
 
-_TOKEN_BYTES: dict[int, bytes] = {}  # the tokens seen so far (a dict lookup on the hot path)
+class _TokenBytes(dict[int, bytes]):
+    """Each token's bytes in the o200k_harmony encoding, looked up once (content text and
+    logprobs); special tokens as their names (`<|start|>`), as harmony writes them in content.
+    A dict, so that the hot path's lookups are C calls (`map(_TOKEN_BYTES.__getitem__, ...)`)."""
 
-
-def token_bytes(token_id: int) -> bytes:
-    """A token's bytes in the o200k_harmony encoding (content text and logprobs); special
-    tokens as their names (`<|start|>`), as harmony writes them in content."""
-    if (raw := _TOKEN_BYTES.get(token_id)) is None:
+    def __missing__(self, token_id: int) -> bytes:
         try:
             raw = bytes(harmony_encoding()._inner.decode_bytes([token_id]))
         except HarmonyError:  # an id past the vocabulary (the model's is padded): no text
             raw = b""
-        _TOKEN_BYTES[token_id] = raw
-    return raw
+        self[token_id] = raw
+        return raw
+
+
+_TOKEN_BYTES = _TokenBytes()
+token_bytes = _TOKEN_BYTES.__getitem__
+
+
+def _utf8(data: bytes, *, final: bool) -> tuple[str, bytes]:
+    """`data` as text, and the bytes of a character it ends inside (for the next call; U+FFFD
+    when `final`): what Python's incremental UTF-8 decoder gives, in one C call when the
+    bytes are whole characters (the decoder's own `decode` is Python, ~0.5 µs a batch)."""
+    try:
+        return data.decode(), b""
+    except UnicodeDecodeError:
+        text, used = codecs.utf_8_decode(data, "replace", final)
+        return text, data[used:]
 
 
 class HarmonyParser:
@@ -299,9 +313,9 @@ class HarmonyParser:
         # Content is decoded here from its tokens' bytes, not taken from harmony's content
         # deltas: those lost a message's last token when bytes that are no character came
         # just before it, and an unfinished character at its end (random weights write both).
-        self._content = codecs.getincrementaldecoder("utf-8")("replace")
+        self._unfinished = b""  # the bytes of a character the content's tokens have not finished
         self.reasoning_tokens = 0
-        self.held_text = ""  # the decoder holds back only the bytes of an unfinished character
+        self.held_text = ""  # no text is held back: only the bytes of an unfinished character
 
     @staticmethod
     def _new_parser() -> Any:
@@ -310,19 +324,20 @@ class HarmonyParser:
         return StreamableParser(harmony_encoding(), Role.ASSISTANT)._inner
 
     def feed(self, token_ids: Iterable[int]) -> None:
-        # The hot loop: one harmony call and one lookup of its bytes per token, state in
-        # locals; an item's content bytes of the batch are decoded and handed on in one piece.
-        parser, sink, decode, known = self._parser, self._sink, self._content.decode, _TOKEN_BYTES.get
+        # The hot loop: one harmony call per token, state in locals; an item's content
+        # tokens of the batch are turned into bytes, decoded and handed on in one piece.
+        parser, sink = self._parser, self._sink
         process, message, ends = parser.process, self._specials.message, self._specials.ends
         in_content, in_reasoning = self._in_content, self._in_reasoning
         header = self._header
-        content: list[bytes] = []
+        content: list[int] = []
         for token in token_ids:
             if in_content:
                 process(token)  # harmony never rejects content: stray specials are text
                 if token in ends:
                     # Bytes of a character the message ends inside: U+FFFD, as a decode shows them.
-                    if text := decode(b"".join(content), True):
+                    text, self._unfinished = _utf8(self._unfinished + b"".join(map(token_bytes, content)), final=True)
+                    if text:
                         sink.add_text(text)
                     content.clear()
                     in_content = in_reasoning = False
@@ -331,8 +346,7 @@ class HarmonyParser:
                     continue
                 if in_reasoning:
                     self.reasoning_tokens += 1
-                raw = known(token)
-                content.append(raw if raw is not None else token_bytes(token))
+                content.append(token)
                 continue
             header.append(token)
             try:
@@ -347,8 +361,10 @@ class HarmonyParser:
                 parser, in_content, in_reasoning = self._parser, True, False
                 process = parser.process
         self._in_content, self._in_reasoning = in_content, in_reasoning
-        if content and (text := decode(b"".join(content))):
-            sink.add_text(text)
+        if content:
+            text, self._unfinished = _utf8(self._unfinished + b"".join(map(token_bytes, content)), final=False)
+            if text:
+                sink.add_text(text)
 
     def _recover(self, token: int) -> Any:
         """Harmony rejected `token` outside content; return a fresh parser that has taken it."""
@@ -414,7 +430,7 @@ class HarmonyParser:
         if self._in_content:
             # The model's last bytes that are no character: U+FFFD, as a decode shows them;
             # not when the token limit cut a character (its other bytes were never written).
-            unfinished = self._content.decode(b"", True)
+            unfinished, self._unfinished = _utf8(self._unfinished, final=True)
             if unfinished and not truncated:
                 self._sink.add_text(unfinished)
             return
