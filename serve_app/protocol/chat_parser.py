@@ -4,7 +4,7 @@ function-call items.
 Two small steps, both pure, joined by `ChatCompletionParser`:
 - `Detokenizer`: token ids -> text. It holds back the bytes of a character not finished
   yet, so no character is split, replaced or emitted twice: byte-level vocabularies (most
-  chat models) by joining each token's bytes into Python's incremental UTF-8 decoder, others
+  chat models) by joining each token's bytes into an incremental UTF-8 decoder (`utf8.py`), others
   with `tokenizers`' `DecodeStream`. A batch is decoded at once when none of its tokens can
   write a `<` (so no tag can start in it), otherwise a token at a time, so that where
   reasoning ends is known per token (`reasoning_tokens`).
@@ -38,13 +38,13 @@ mirrored here, and tests check this parser against their non-streaming extractio
 
 from __future__ import annotations
 
-import codecs
 import json
 import logging
 from dataclasses import dataclass
 from typing import Any, Iterable, Literal, Protocol
 
 from .items import ItemSink
+from .utf8 import Utf8Decoder
 
 logger = logging.getLogger("responses_serve.chat_parser")
 
@@ -370,14 +370,14 @@ def _byte_level_bytes(backend: Any, texts: list[str]) -> list[bytes] | None:
 
 
 class ByteLevelDetokenizer:
-    """A byte-level vocabulary's tokens joined as bytes and decoded by Python's incremental
-    UTF-8 decoder, which holds back only the bytes of a character not finished yet: one
-    lookup per token and one C call per batch, several times cheaper than a decode call."""
+    """A byte-level vocabulary's tokens joined as bytes and decoded as UTF-8 (`Utf8Decoder`),
+    holding back only the bytes of a character not finished yet: one lookup per token and
+    one C call per batch, several times cheaper than a decode call."""
 
     def __init__(self, token_bytes: list[bytes], not_plain_ids: frozenset[int]) -> None:
         self._bytes = token_bytes
         self._not_plain = not_plain_ids
-        self._utf8 = codecs.getincrementaldecoder("utf-8")("replace")
+        self._utf8 = Utf8Decoder()
 
     def text(self, token_ids: list[int]) -> str:
         return self._utf8.decode(b"".join(self._bytes_of(token_ids)))

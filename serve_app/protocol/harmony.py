@@ -11,7 +11,6 @@ Responses API's items:
 
 from __future__ import annotations
 
-import codecs
 import datetime
 import functools
 import json
@@ -51,6 +50,7 @@ from .request import (
     ResponsesRequest,
 )
 from .tokens import OutputConstraint
+from .utf8 import Utf8Decoder
 
 FUNCTIONS_NAMESPACE = "functions"
 # A header is a few words (`<|channel|>commentary to=functions.NAME <|constrain|>json`: ~10
@@ -270,17 +270,6 @@ _TOKEN_BYTES = _TokenBytes()
 token_bytes = _TOKEN_BYTES.__getitem__
 
 
-def _utf8(data: bytes, *, final: bool) -> tuple[str, bytes]:
-    """`data` as text, and the bytes of a character it ends inside (for the next call; U+FFFD
-    when `final`): what Python's incremental UTF-8 decoder gives, in one C call when the
-    bytes are whole characters (the decoder's own `decode` is Python, ~0.5 µs a batch)."""
-    try:
-        return data.decode(), b""
-    except UnicodeDecodeError:
-        text, used = codecs.utf_8_decode(data, "replace", final)
-        return text, data[used:]
-
-
 class HarmonyParser:
     """Feeds completion tokens one at a time to harmony's `StreamableParser`.
 
@@ -313,7 +302,7 @@ class HarmonyParser:
         # Content is decoded here from its tokens' bytes, not taken from harmony's content
         # deltas: those lost a message's last token when bytes that are no character came
         # just before it, and an unfinished character at its end (random weights write both).
-        self._unfinished = b""  # the bytes of a character the content's tokens have not finished
+        self._content = Utf8Decoder()
         self.reasoning_tokens = 0
         self.held_text = ""  # no text is held back: only the bytes of an unfinished character
 
@@ -326,7 +315,7 @@ class HarmonyParser:
     def feed(self, token_ids: Iterable[int]) -> None:
         # The hot loop: one harmony call per token, state in locals; an item's content
         # tokens of the batch are turned into bytes, decoded and handed on in one piece.
-        parser, sink = self._parser, self._sink
+        parser, sink, decode = self._parser, self._sink, self._content.decode
         process, message, ends = parser.process, self._specials.message, self._specials.ends
         in_content, in_reasoning = self._in_content, self._in_reasoning
         header = self._header
@@ -336,8 +325,7 @@ class HarmonyParser:
                 process(token)  # harmony never rejects content: stray specials are text
                 if token in ends:
                     # Bytes of a character the message ends inside: U+FFFD, as a decode shows them.
-                    text, self._unfinished = _utf8(self._unfinished + b"".join(map(token_bytes, content)), final=True)
-                    if text:
+                    if text := decode(b"".join(map(token_bytes, content)), True):
                         sink.add_text(text)
                     content.clear()
                     in_content = in_reasoning = False
@@ -361,10 +349,8 @@ class HarmonyParser:
                 parser, in_content, in_reasoning = self._parser, True, False
                 process = parser.process
         self._in_content, self._in_reasoning = in_content, in_reasoning
-        if content:
-            text, self._unfinished = _utf8(self._unfinished + b"".join(map(token_bytes, content)), final=False)
-            if text:
-                sink.add_text(text)
+        if content and (text := decode(b"".join(map(token_bytes, content)))):
+            sink.add_text(text)
 
     def _recover(self, token: int) -> Any:
         """Harmony rejected `token` outside content; return a fresh parser that has taken it."""
@@ -430,7 +416,7 @@ class HarmonyParser:
         if self._in_content:
             # The model's last bytes that are no character: U+FFFD, as a decode shows them;
             # not when the token limit cut a character (its other bytes were never written).
-            unfinished, self._unfinished = _utf8(self._unfinished, final=True)
+            unfinished = self._content.decode(b"", True)
             if unfinished and not truncated:
                 self._sink.add_text(unfinished)
             return
