@@ -227,6 +227,7 @@ class ResponsesIngress:
             reasoning_keys=reasoning_keys(fallback=self.reasoning_key),
             metrics=RayServeMetrics(),
             max_stream_duration_s=self.config.max_stream_duration_s,
+            sse_keepalive_s=self.config.sse_keepalive_s,
         )
 
     async def memory(self, top: int = 8, trace_frames: int = 0, trim: bool = False) -> dict:

@@ -47,6 +47,7 @@ logger = logging.getLogger("responses_serve")
 DEFAULT_MAX_REQUEST_BYTES = 8 * 1024 * 1024
 DEFAULT_STORE_TIMEOUT_S = 2.0
 SWEEP_EVERY_S = 10.0
+DEFAULT_SSE_KEEPALIVE_S = 15.0  # below the 60 s idle timeout of common load balancers
 DEFAULT_BACKGROUND_DRAIN_S = 15.0  # within Serve's default graceful_shutdown_timeout_s (20 s)
 
 
@@ -63,11 +64,13 @@ def create_app(
     reasoning_keys: Sequence[str] | None = None,
     metrics: Metrics | None = None,
     max_stream_duration_s: float | None = None,
+    sse_keepalive_s: float | None = DEFAULT_SSE_KEEPALIVE_S,
 ) -> FastAPI:
     """`store`: where responses are kept (default: this process's memory, for one replica).
     `reasoning_keys`: Fernet keys sealing reasoning items' `encrypted_content` (the first
     encrypts); None: `RESPONSES_SERVE_REASONING_KEYS`, else a key of this process.
-    `max_stream_duration_s`: a response generating longer is ended with `response.failed`."""
+    `max_stream_duration_s`: a response generating longer is ended with `response.failed`.
+    `sse_keepalive_s`: a stream quiet this long gets an SSE comment (None or 0: never)."""
     _warm_up()
     served = {model.name: model for model in models}
     app = FastAPI(title="responses-serve", docs_url=None, redoc_url=None, lifespan=_drain_background_runs)
@@ -84,6 +87,7 @@ def create_app(
     )  # fmt: skip
     app.state.background_drain_s = background_drain_s
     app.state.max_stream_duration_s = max_stream_duration_s
+    app.state.sse_keepalive_s = sse_keepalive_s
     app.state.cipher = ReasoningCipher(reasoning_keys or configured_reasoning_keys())
 
     @app.exception_handler(APIError)

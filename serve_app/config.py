@@ -312,6 +312,11 @@ class AppConfig(_Strict):
         gt=0,
         description="longest a response may generate; a replica picked for downscaling waits this long (plus a margin) for its streams",
     )
+    sse_keepalive_s: float = Field(
+        15.0,
+        ge=0,
+        description="a stream with nothing to send this long gets an SSE comment line, so load balancers keep it open (0: never)",
+    )
 
     @field_validator("models")
     @classmethod

@@ -124,12 +124,14 @@ def background_stream_resume(base_url: str, slow_model: str, cut_after: int = 12
             with http.stream("POST", f"{base_url}/responses", json=body) as response:
                 assert response.status_code == 200, response.read()
                 owner = response.headers[REPLICA_HEADER]
-                buffer = b""
+                buffer, blocks = b"", []
                 for chunk in response.iter_bytes():  # the client goes away after `cut_after` events
                     buffer += chunk
-                    if buffer.count(b"\n\n") >= cut_after:
+                    # Whole events only; keep-alive comments are not events.
+                    blocks = [block for block in buffer.split(b"\n\n")[:-1] if not block.startswith(b":")]
+                    if len(blocks) >= cut_after:
                         break
-            head = parse_sse(b"\n\n".join(buffer.split(b"\n\n")[:cut_after]) + b"\n\n")
+            head = parse_sse(b"\n\n".join(blocks[:cut_after]) + b"\n\n")
             assert [e["sequence_number"] for e in head] == list(range(cut_after))
             response_id = head[0]["response"]["id"]
             resumed = http.get(f"{base_url}/responses/{response_id}", params={"stream": "true", "starting_after": cut_after - 1})

@@ -139,6 +139,9 @@ E2E_ARGS = {
     # Two replicas sharing the embedded store: a follow-up or GET may land on either.
     "ingress": {"num_replicas": 2, "max_ongoing_requests": 1024, "ray_actor_options": {"num_cpus": 0}},
     "store": {"type": "embedded"},
+    # Shorter than the slow model's 100 ms coalescing window: its streams carry keep-alive
+    # comments between events, so every suite's client reads streams that have them.
+    "sse_keepalive_s": 0.05,
 }
 
 

@@ -22,12 +22,15 @@ _DELTA = {"response.output_text.delta", "response.reasoning_text.delta", "respon
 
 
 def parse_sse(raw: bytes) -> list[dict[str, Any]]:
-    """SSE bytes -> event dicts, checking the framing (`event:` line matches `data.type`)."""
+    """SSE bytes -> event dicts, checking the framing (`event:` line matches `data.type`).
+    Comment blocks (the server's keep-alives, `: ...`) are skipped, as SSE clients do."""
     events = []
     text = raw.decode("utf-8")
     assert text.endswith("\n\n"), "stream must end with a complete event"
     for block in text.split("\n\n")[:-1]:
         lines = block.split("\n")
+        if all(line.startswith(":") for line in lines):
+            continue
         assert len(lines) == 2 and lines[0].startswith("event: ") and lines[1].startswith("data: "), block[:200]
         data = json.loads(lines[1][len("data: ") :])
         assert data["type"] == lines[0][len("event: ") :]

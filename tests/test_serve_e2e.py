@@ -13,6 +13,7 @@ import time
 import httpx
 import pytest
 
+from serve_app.routes.event_stream import KEEPALIVE
 from tests import sdk_scenarios
 from tests.conftest import engine_stats, have_vllm, wait_until
 from tests.contract import check_stream, parse_sse
@@ -109,6 +110,19 @@ def test_coalescing_fewer_objects_same_events(serve_url):
         return collapsed, items
 
     assert shape(coalesced_events) == shape(raw_events)
+
+
+def test_keepalives_pass_through_haproxy(serve_url):
+    """The session app's keep-alive (50 ms) is shorter than the slow model's 100 ms batches:
+    comments reach the client between events, and the SDK reads the stream as without them."""
+    body = {"model": "gpt-oss-replay-slow", "input": "keep me company"}
+    raw = httpx.post(f"{serve_url}/responses", json={**body, "stream": True}, timeout=60).content
+    assert KEEPALIVE in raw
+    events = parse_sse(raw)
+    check_stream(events)
+    streamed = list(sdk_scenarios.client(serve_url).responses.create(**body, stream=True))
+    assert [e.type for e in streamed if not e.type.endswith(".delta")] == [e["type"] for e in events if not e["type"].endswith(".delta")]
+    assert streamed[-1].response.output_text == events[-1]["response"]["output"][-1]["content"][0]["text"] == "keep me company"
 
 
 def _kill_replica(model: str) -> None:

@@ -8,18 +8,18 @@ from __future__ import annotations
 from typing import AsyncIterator
 
 from fastapi import APIRouter, Request
-from fastapi.responses import Response, StreamingResponse
+from fastapi.responses import Response
 from starlette.datastructures import QueryParams
 
 from serve_app.background import BackgroundRuns
 from serve_app.metrics import report_response
 from serve_app.protocol.errors import invalid_request, response_not_found
+from serve_app.routes.event_stream import EventStreamResponse
 from serve_app.run import Turn, run_turn
 
 router = APIRouter()
 
 REPLICA_HEADER = "x-responses-serve-replica"
-_SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
 
 def _headers(background: BackgroundRuns) -> dict[str, str]:
@@ -43,12 +43,12 @@ async def start_background(turn: Turn, state) -> Response:
 
     snapshot = await background.start(turn.stream, run_turn(turn, responses, state.max_stream_duration_s), turn.input_items, finish)
     if turn.request.stream:
-        return _event_stream(background.follow(snapshot.id, -1), background)
+        return _event_stream(background.follow(snapshot.id, -1), background, state.sse_keepalive_s)
     return Response(snapshot.model_dump_json(by_alias=True), media_type="application/json", headers=_headers(background))
 
 
-def _event_stream(frames: AsyncIterator[bytes], background: BackgroundRuns) -> StreamingResponse:
-    return StreamingResponse(frames, media_type="text/event-stream", headers={**_SSE_HEADERS, **_headers(background)})
+def _event_stream(frames: AsyncIterator[bytes], background: BackgroundRuns, keepalive_s: float | None) -> EventStreamResponse:
+    return EventStreamResponse(frames, keepalive_s, headers=_headers(background))
 
 
 def wants_stream(query: QueryParams) -> bool:
@@ -58,7 +58,7 @@ def wants_stream(query: QueryParams) -> bool:
     return value == "true"
 
 
-async def follow_response(response_id: str, request: Request) -> StreamingResponse:
+async def follow_response(response_id: str, request: Request) -> EventStreamResponse:
     """`GET /v1/responses/{id}?stream=true[&starting_after=N]`: the events after N, live."""
     background: BackgroundRuns = request.app.state.background
     text = request.query_params.get("starting_after", "-1")
@@ -74,7 +74,7 @@ async def follow_response(response_id: str, request: Request) -> StreamingRespon
             f"Response '{response_id}' was not created with 'background': true; only background responses can be streamed.",
             param="stream",
         )
-    return _event_stream(background.follow(response_id, starting_after), background)
+    return _event_stream(background.follow(response_id, starting_after), background, request.app.state.sse_keepalive_s)
 
 
 async def current_response(response_id: str, request: Request):

@@ -10,7 +10,7 @@ import time
 from typing import AsyncIterator
 
 from fastapi import APIRouter, Request
-from fastapi.responses import Response, StreamingResponse
+from fastapi.responses import Response
 from openai.types.responses import ResponseStreamEvent
 
 from serve_app.metrics import Metrics, RequestTrace, report_once, report_response
@@ -18,6 +18,7 @@ from serve_app.protocol.errors import APIError, invalid_request, model_not_found
 from serve_app.protocol.request import parse_request
 from serve_app.protocol.sse import encode_events
 from serve_app.routes.background import current_response, follow_response, start_background, wants_stream
+from serve_app.routes.event_stream import EventStreamResponse
 from serve_app.run import Turn, run_turn, start_turn
 from serve_app.state import ResponseStore
 
@@ -52,11 +53,7 @@ async def create_response(http_request: Request) -> Response:
         return await start_background(turn, state)
     events = run_turn(turn, responses, state.max_stream_duration_s)
     if request.stream:
-        return StreamingResponse(
-            _sse(events, turn, state.metrics),
-            media_type="text/event-stream",
-            headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
-        )
+        return EventStreamResponse(_sse(events, turn, state.metrics), state.sse_keepalive_s)
     try:
         async with contextlib.aclosing(events):
             async for _ in events:

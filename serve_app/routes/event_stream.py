@@ -1,0 +1,62 @@
+"""The HTTP side of a stream of server-sent events, with keep-alive comments.
+
+A stream can be quiet for long: a request queued at a busy engine before its first token, a
+chat-template tool call held until its JSON is whole, a background response followed while
+it waits. Load balancers in front of a server close connections idle longer than their
+timeout (60 s on many), which would cut such a stream without a terminal event. So when
+`keepalive_s` passes with nothing written, the response writes an SSE comment, which every
+SSE client skips (the `openai` SDK's decoder, Codex's, the WHATWG spec).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from typing import AsyncIterator
+
+from starlette.responses import StreamingResponse
+from starlette.types import Send
+
+KEEPALIVE = b": keep-alive\n\n"
+HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}  # X-Accel: nginx must not buffer it
+
+
+class EventStreamResponse(StreamingResponse):
+    """`text/event-stream` of `frames` (whole events), with `KEEPALIVE` after `keepalive_s`
+    of quiet (None or 0: never)."""
+
+    media_type = "text/event-stream"
+
+    def __init__(self, frames: AsyncIterator[bytes], keepalive_s: float | None, headers: dict[str, str] | None = None) -> None:
+        super().__init__(frames, headers={**HEADERS, **(headers or {})})
+        self.keepalive_s = keepalive_s
+        self._last_write = 0.0
+
+    async def stream_response(self, send: Send) -> None:
+        await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
+        loop = asyncio.get_running_loop()
+        self._last_write = loop.time()
+        keepalive = asyncio.create_task(self._keep_alive(send)) if self.keepalive_s else None
+        try:
+            async for frame in self.body_iterator:
+                self._last_write = loop.time()
+                await send({"type": "http.response.body", "body": frame, "more_body": True})
+        finally:
+            # Before the last write: no comment may follow the end of the body.
+            if keepalive is not None:
+                keepalive.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await keepalive
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+    async def _keep_alive(self, send: Send) -> None:
+        """Sends are whole messages (the ASGI server writes each at once), so a comment can
+        only fall between two events."""
+        loop = asyncio.get_running_loop()
+        while True:
+            quiet = loop.time() - self._last_write
+            if quiet < self.keepalive_s:
+                await asyncio.sleep(self.keepalive_s - quiet)
+                continue
+            self._last_write = loop.time()
+            await send({"type": "http.response.body", "body": KEEPALIVE, "more_body": True})
