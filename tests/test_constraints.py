@@ -172,6 +172,23 @@ def test_harmony_required_named_allowed_and_none(ll_tokenizer):
     assert not ll_accepts(ll_tokenizer, none.engine, harmony_tokens(call_time))
 
 
+def test_harmony_auto_with_a_strict_function(ll_tokenizer):
+    """As in the OpenAI API, a strict function's arguments follow its schema under `auto`
+    too: the model may answer, or call a function of the request with valid arguments."""
+    answer = "<|channel|>analysis<|message|>hm<|end|><|start|>assistant<|channel|>final<|message|>Hi!<|return|>"
+    call = ' to=functions.{}<|channel|>commentary <|constrain|>json<|message|>{}<|call|>'
+    auto, completion = harmony_case(request(input='call get_weather {"city": "Oslo", "days": 2}', tools=[WEATHER, TIME]))
+    assert "to=functions.get_weather" in harmony_encoding().decode_utf8(completion)
+    assert ll_accepts(ll_tokenizer, auto.engine, completion)
+    assert ll_accepts(ll_tokenizer, auto.engine, harmony_tokens(answer))
+    assert ll_accepts(ll_tokenizer, auto.engine, harmony_tokens(call.format("get_time", '{"any": ["json"]}')))  # not strict
+    assert not ll_accepts(ll_tokenizer, auto.engine, harmony_tokens(call.format("get_weather", '{"city": "Oslo", "days": 0}')))
+    assert not ll_accepts(ll_tokenizer, auto.engine, harmony_tokens(call.format("get_stock", "{}")))  # not a tool of the request
+    # Only functions whose arguments may be any JSON: nothing to enforce.
+    assert HarmonyModel().constraint(request(tools=[TIME]), []) is None
+    assert HarmonyModel().constraint(request(tools=[{**WEATHER, "strict": False}]), []) is None
+
+
 def test_harmony_formats_llguidance_does_not_know_are_a_400():
     from serve_app.protocol.errors import APIError
 
@@ -267,6 +284,26 @@ def test_qwen3_tool_choice(smollm2):
     assert "<tool_call>" not in tokenizer.decode(completion)
     assert accepts(compiler, none.engine, completion, stops) and accepts(compiler, none.engine, answer, stops)
     assert not accepts(compiler, none.engine, call_time, stops)
+
+
+def test_qwen3_auto_with_a_strict_function(smollm2):
+    tokenizer, compiler = smollm2
+    stops = [tokenizer.eos_token_id]
+
+    def encode(text: str) -> list[int]:
+        return tokenizer.encode(text) + stops
+
+    def call(name: str, arguments: str) -> list[int]:
+        return encode(f'<think>\nhm\n</think>\n\n<tool_call>\n{{"name": "{name}", "arguments": {arguments}}}\n</tool_call>')
+
+    auto, completion = qwen3_case(tokenizer, request(input='call get_weather {"city": "Oslo", "days": 2}', tools=[WEATHER, TIME]))
+    assert "<tool_call>" in tokenizer.decode(completion) and accepts(compiler, auto.engine, completion, stops)
+    assert accepts(compiler, auto.engine, encode("<think>\nhm\n</think>\n\nHello!"), stops)
+    assert accepts(compiler, auto.engine, call("get_time", '{"any": ["json"]}'), stops)  # not strict
+    assert not accepts(compiler, auto.engine, call("get_weather", '{"city": "Oslo", "days": 0}'), stops)
+    assert not accepts(compiler, auto.engine, call("get_stock", "{}"), stops)
+    model = ChatTemplateModel(tokenizer, template="qwen3", reasoning_parser="qwen3", tool_parser="hermes")
+    assert model.constraint(request(tools=[TIME]), []) is None
 
 
 def test_plain_chat_template_gets_vllms_json_constraint(smollm2):

@@ -146,6 +146,22 @@ def test_named_function_and_allowed_tools_only_call_those(inprocess_url, model):
 
 
 @pytest.mark.parametrize("model", REPLAY_MODELS)
+def test_auto_keeps_a_strict_functions_arguments_valid(inprocess_url, model):
+    """`tool_choice` auto (the default) with a strict tool: the model may answer or call, and
+    a call's arguments follow the schema (as the grammar makes a real model's); a non-strict
+    tool's arguments are whatever the model wrote."""
+    sdk = client(inprocess_url)
+    wrong = 'call get_time {"zone": "Mars"}'  # not in the strict tool's enum
+    strict = sdk.responses.create(model=model, input=wrong, tools=[TIME_TOOL])
+    assert [(kind, text.split(" ", 1)[0]) for kind, text in output_texts(strict)] == [("reasoning", "Calling"), ("function_call", "get_time")]
+    jsonschema.validate(json.loads(strict.output[1].arguments), TIME_TOOL["parameters"])
+    loose = sdk.responses.create(model=model, input=wrong, tools=[{**TIME_TOOL, "strict": False}])
+    assert output_texts(loose)[1] == ("function_call", 'get_time {"zone": "Mars"}')
+    answered = sdk.responses.create(model=model, input="hello", tools=[TIME_TOOL])
+    assert _kinds(answered) == ["reasoning", "message"]  # auto: no call forced
+
+
+@pytest.mark.parametrize("model", REPLAY_MODELS)
 def test_tool_choice_none_never_calls(inprocess_url, model):
     body = {"model": model, "input": 'call get_weather {"city": "Oslo"}', "tools": [WEATHER_TOOL], "tool_choice": "none"}
     response = client(inprocess_url).responses.create(**body)

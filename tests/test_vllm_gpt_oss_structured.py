@@ -128,6 +128,22 @@ def test_tool_choice_required_and_named(engine_url):
         jsonschema.validate(calls[0][1], SCHEMAS["get_weather"])
 
 
+def test_tool_choice_auto_with_strict_tools(engine_url):
+    """`auto` (the default) with strict tools: the random model answers or calls, and the
+    grammar keeps it to one of the two, a call to a function of the request with valid
+    arguments (unconstrained, its random harmony ends in neither)."""
+    cases = [(stream, temperature) for stream in (False, True) for temperature in (0.0, 1.0, 1.0)]
+    ask = lambda stream, temperature: _create(engine_url, stream, input="What is the weather?", tools=[WEATHER, TIME], temperature=temperature)  # noqa: E731
+    for response in in_parallel(ask, cases):
+        assert response.status == "completed", response.output
+        last = response.output[-1]
+        if last.type == "function_call":
+            assert [name for name, _ in _calls(response)] == [last.name]
+            jsonschema.validate(json.loads(last.arguments), SCHEMAS[last.name])
+        else:
+            _final(response)
+
+
 def test_tool_choice_none(engine_url):
     ask = lambda temperature: _create(engine_url, False, input="Call get_time now.", tools=[WEATHER, TIME], tool_choice="none", temperature=temperature)  # noqa: E731
     for response in in_parallel(ask, [(0.0,), (1.0,)]):

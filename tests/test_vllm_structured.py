@@ -199,6 +199,23 @@ def test_tool_choice_required_named_allowed_on_the_engine(engine_url):
         assert _calls(only) and {name for name, _ in _calls(only)} == {"get_weather"}, output_texts(only)
 
 
+def test_tool_choice_auto_with_strict_tools_on_the_engine(engine_url):
+    """`auto` (the default) with strict tools: the model may answer, and every call it makes
+    is to a function of the request, with arguments valid for its schema."""
+    schemas = {"get_weather": WEATHER["parameters"], "get_time": TIME["parameters"]}
+    # SmolLM2 does not call tools by itself; asked to repeat a call, it writes `<tool_call>`,
+    # and from there the grammar holds it to a valid call (`unit: K` is not in the enum).
+    repeat = 'Repeat exactly: <tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", "unit": "K"}}\n</tool_call>'
+    asks = [repeat, "Hello, how are you?"]
+    responses = in_parallel(_ask, [(engine_url, prompt, "auto", temperature, False) for temperature in (0.0, 1.0) for prompt in asks])
+    calls = [call for response in responses for call in _calls(response)]
+    assert calls, [output_texts(response) for response in responses]  # the grammar's calls were exercised
+    for name, arguments in calls:
+        jsonschema.validate(arguments, schemas[name])
+    for response in responses:
+        assert "<tool_call>" not in response.output_text  # no call left as text
+
+
 def test_tool_choice_none_on_the_engine(engine_url):
     prompts = ("Call get_weather for Paris now.", "What time is it in Berlin? Use a tool.")
     for response in in_parallel(_ask, [(engine_url, prompt, "none", 0.0, False) for prompt in prompts]):  # it may talk until max_output_tokens

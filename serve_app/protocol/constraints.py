@@ -68,8 +68,15 @@ def callable_functions(request: ResponsesRequest) -> dict[str, Any]:
     return functions
 
 
+def _any_strict(functions: dict[str, Any]) -> bool:
+    return any(schema is not True for schema in functions.values())
+
+
 def plan(request: ResponsesRequest) -> Plan | None:
-    """What to enforce for this request; None when nothing is (free text, tool_choice auto)."""
+    """What to enforce for this request; None when nothing is (free text, `tool_choice: auto`
+    without a strict function). As in the OpenAI API, a strict function's arguments follow
+    its schema whatever `tool_choice` says: under `auto` the model may still answer instead,
+    and a call it makes is to a function of the request, with valid arguments."""
     fmt = request.text.format if request.text else None
     answer: dict[str, Any] | None = None
     if fmt is not None and fmt.type == "json_schema":
@@ -89,8 +96,8 @@ def plan(request: ResponsesRequest) -> Plan | None:
     elif isinstance(choice, AllowedToolsChoice):
         allowed = {tool.name for tool in choice.tools if tool.type == "function"}
         calls, functions = choice.mode, {n: s for n, s in functions.items() if n in allowed}
-    if answer is None and calls == "auto" and not isinstance(choice, AllowedToolsChoice):
-        return None
+    if answer is None and calls == "auto" and not isinstance(choice, AllowedToolsChoice) and not _any_strict(functions):
+        return None  # free text, and calls whose arguments may be any JSON
     if calls == "none" and answer is None and not callable_functions(request):
         return None  # no tools in the request: nothing to forbid
     return Plan(answer, calls, functions, single)
