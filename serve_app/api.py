@@ -29,6 +29,7 @@ from .protocol.sse import encode_events
 from .protocol.stream import ResponseStream
 from .protocol.tokens import TokenBatch
 from .background import BackgroundRuns
+from .config import DEFAULT_SSE_KEEPALIVE_S
 from .reasoning_keys import reasoning_keys as configured_reasoning_keys
 from .routes import background as background_routes
 from .routes import input_tokens as input_tokens_routes
@@ -47,7 +48,6 @@ logger = logging.getLogger("responses_serve")
 DEFAULT_MAX_REQUEST_BYTES = 8 * 1024 * 1024
 DEFAULT_STORE_TIMEOUT_S = 2.0
 SWEEP_EVERY_S = 10.0
-DEFAULT_SSE_KEEPALIVE_S = 15.0  # below the 60 s idle timeout of common load balancers
 DEFAULT_BACKGROUND_DRAIN_S = 15.0  # within Serve's default graceful_shutdown_timeout_s (20 s)
 
 

@@ -298,6 +298,7 @@ class StoreConfig(_Strict):
 # ingress's and engines' budget is the longest stream plus this margin for the rest of the
 # replica's shutdown.
 DEFAULT_MAX_STREAM_DURATION_S = 900.0
+DEFAULT_SSE_KEEPALIVE_S = 15.0  # below the 60 s idle timeout of common load balancers
 SHUTDOWN_MARGIN_S = 30.0
 
 
@@ -313,7 +314,7 @@ class AppConfig(_Strict):
         description="longest a response may generate; a replica picked for downscaling waits this long (plus a margin) for its streams",
     )
     sse_keepalive_s: float = Field(
-        15.0,
+        DEFAULT_SSE_KEEPALIVE_S,
         ge=0,
         description="a stream with nothing to send this long gets an SSE comment line, so load balancers keep it open (0: never)",
     )
