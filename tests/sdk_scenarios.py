@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import concurrent.futures
 import json
+from collections.abc import Iterator
 
 import httpx
 from openai import OpenAI
 
+from serve_app.routes.event_stream import KEEPALIVE
 from tests.contract import check_stream, parse_sse
 
 MODEL = "gpt-oss-replay"
@@ -38,12 +40,17 @@ def raw_stream(base_url: str, body: dict, allow_replacement: bool = False) -> li
     return events
 
 
+def event_chunks(response: httpx.Response) -> Iterator[bytes]:
+    """The raw chunks of a stream that carry events: keep-alive comments alone are skipped."""
+    return (chunk for chunk in response.iter_raw() if chunk.replace(KEEPALIVE, b""))
+
+
 def cut_streams(base_url: str, bodies: list[dict]) -> None:
     """Open a stream per body, all at once, each client going away after 1 to 4 chunks."""
 
     def cut(index: int, body: dict) -> None:
         with httpx.Client(timeout=60) as http, http.stream("POST", f"{base_url}/responses", json=body) as response:
-            for count, _ in enumerate(response.iter_raw()):
+            for count, _ in enumerate(event_chunks(response)):
                 if count >= 1 + index % 4:
                     break
 

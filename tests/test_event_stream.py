@@ -18,6 +18,16 @@ from tests.sdk_scenarios import client
 
 FIRST, SECOND = b"event: a\ndata: {}\n\n", b"event: b\ndata: {}\n\n"
 SCOPE = {"type": "http", "asgi": {"spec_version": "2.4"}, "method": "GET", "path": "/"}
+# uvicorn (Serve's direct ingress too) speaks ASGI 2.3: Starlette then also listens for the
+# client's disconnect, in a task group with the stream.
+SCOPE_2_3 = {**SCOPE, "asgi": {"spec_version": "2.3"}}
+
+
+async def until(condition, timeout_s: float = 30.0) -> None:
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while not condition():
+        assert asyncio.get_running_loop().time() < deadline, "timed out"
+        await asyncio.sleep(0.01)
 
 
 async def frames(gap_s: float, closed: list[str] | None = None):
@@ -72,8 +82,7 @@ def test_a_cancelled_stream_stops_its_keepalives_and_closes_its_events():
             sent.append(message)
 
         task = asyncio.create_task(EventStreamResponse(frames(3600, closed), keepalive_s=0.02)(SCOPE, None, send))
-        while sum(m.get("body") == KEEPALIVE for m in sent) < 2:
-            await asyncio.sleep(0.01)
+        await until(lambda: sum(m.get("body") == KEEPALIVE for m in sent) >= 2)
         task.cancel()  # what Serve does when the client goes away
         with pytest.raises(asyncio.CancelledError):
             await task
@@ -81,6 +90,32 @@ def test_a_cancelled_stream_stops_its_keepalives_and_closes_its_events():
         await asyncio.sleep(0.2)
         assert len(sent) == count  # no keep-alive after the end
         assert closed == ["closed"]  # the events' generator was closed: generation stops
+
+    asyncio.run(scenario())
+
+
+def test_a_client_disconnect_stops_keepalives_and_closes_events():
+    """The production path (ASGI 2.3): the client goes away while the stream is quiet."""
+
+    async def scenario():
+        sent, closed, gone = [], [], asyncio.Event()
+
+        async def send(message):
+            sent.append(message)
+
+        async def receive():
+            await gone.wait()
+            return {"type": "http.disconnect"}
+
+        response = EventStreamResponse(frames(3600, closed), keepalive_s=0.02)
+        task = asyncio.create_task(response(SCOPE_2_3, receive, send))
+        await until(lambda: sum(m.get("body") == KEEPALIVE for m in sent) >= 2)
+        gone.set()
+        await asyncio.wait_for(task, 30)  # the response ends by itself
+        count = len(sent)
+        await asyncio.sleep(0.2)
+        assert len(sent) == count and sent[-1].get("more_body") is not False
+        await until(lambda: closed == ["closed"])  # the events' generator was closed: generation stops
 
     asyncio.run(scenario())
 
@@ -105,7 +140,8 @@ def test_clients_read_a_stream_with_keepalives(slow_url):
     body = {"model": "slow", "input": "hello there", "stream": True}
     raw = httpx.post(f"{slow_url}/responses", json=body, timeout=60).content
     assert raw.count(KEEPALIVE) >= 2
-    assert b"\n\n" + KEEPALIVE in raw or raw.startswith(KEEPALIVE)  # only ever between events
+    at = [i for i in range(len(raw)) if raw.startswith(KEEPALIVE, i)]
+    assert all(raw[i - 2 : i] == b"\n\n" for i in at)  # only ever after a whole event
     events = parse_sse(raw)
     check_stream(events)
     assert events[-1]["response"]["output"][-1]["content"][0]["text"] == "hello there"

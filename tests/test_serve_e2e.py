@@ -51,7 +51,7 @@ def test_client_disconnects_abort_engine_requests(serve_url):
         with httpx.Client(timeout=30) as http, http.stream("POST", f"{serve_url}/responses", json=body) as response:
             assert response.status_code == 200
             raw = b""
-            for read, chunk in enumerate(response.iter_raw(), start=1):
+            for read, chunk in enumerate(sdk_scenarios.event_chunks(response), start=1):
                 raw += chunk
                 if read >= chunks_to_read:
                     break  # leaving the block closes the connection mid-stream

@@ -11,11 +11,13 @@ SSE client skips (the `openai` SDK's decoder, Codex's, the WHATWG spec).
 from __future__ import annotations
 
 import asyncio
-import contextlib
+import logging
 from typing import AsyncIterator
 
 from starlette.responses import StreamingResponse
 from starlette.types import Send
+
+logger = logging.getLogger("responses_serve")
 
 KEEPALIVE = b": keep-alive\n\n"
 HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}  # X-Accel: nginx must not buffer it
@@ -42,11 +44,13 @@ class EventStreamResponse(StreamingResponse):
                 self._last_write = loop.time()
                 await send({"type": "http.response.body", "body": frame, "more_body": True})
         finally:
-            # Before the last write: no comment may follow the end of the body.
+            # Before the last write: no comment may follow the end of the body. `wait`, not
+            # `await keepalive`: a cancellation of this task must go on propagating.
             if keepalive is not None:
                 keepalive.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await keepalive
+                await asyncio.wait([keepalive])
+                if not keepalive.cancelled() and (error := keepalive.exception()) is not None:
+                    logger.warning("SSE keep-alives stopped early: %r", error)
         await send({"type": "http.response.body", "body": b"", "more_body": False})
 
     async def _keep_alive(self, send: Send) -> None:
