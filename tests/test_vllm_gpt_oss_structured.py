@@ -131,16 +131,18 @@ def test_tool_choice_required_and_named(engine_url):
 def test_tool_choice_auto_with_strict_tools(engine_url):
     """`auto` (the default) with strict tools: the random model answers or calls, and the
     grammar keeps it to one of the two, a call to a function of the request with valid
-    arguments (unconstrained, its random harmony ends in neither)."""
+    arguments (unconstrained, its random harmony is a raw message, no answer, no call)."""
     cases = [(stream, temperature) for stream in (False, True) for temperature in (0.0, 1.0, 1.0)]
     ask = lambda stream, temperature: _create(engine_url, stream, input="What is the weather?", tools=[WEATHER, TIME], temperature=temperature)  # noqa: E731
-    for response in in_parallel(ask, cases):
-        assert response.status == "completed", response.output
+    for (_, temperature), response in zip(cases, in_parallel(ask, cases), strict=True):
+        # Sampled, it may write free analysis or a free answer until max_output_tokens.
+        assert response.status == "completed" or temperature > 0, response.output
+        assert all(item.phase == "final_answer" for item in response.output if item.type == "message"), response.output
         last = response.output[-1]
         if last.type == "function_call":
             assert [name for name, _ in _calls(response)] == [last.name]
             jsonschema.validate(json.loads(last.arguments), SCHEMAS[last.name])
-        else:
+        elif response.status == "completed":
             _final(response)
 
 
