@@ -302,6 +302,11 @@ def test_qwen3_auto_with_a_strict_function(smollm2):
     assert accepts(compiler, auto.engine, call("get_time", '{"any": ["json"]}'), stops)  # not strict
     assert not accepts(compiler, auto.engine, call("get_weather", '{"city": "Oslo", "days": 0}'), stops)
     assert not accepts(compiler, auto.engine, call("get_stock", "{}"), stops)
+    two = encode('<tool_call>\n{"name": "get_time", "arguments": {}}\n</tool_call><tool_call>\n{"name": "get_time", "arguments": {}}\n</tool_call>')
+    assert accepts(compiler, auto.engine, two, stops)
+    single, _ = qwen3_case(tokenizer, request(tools=[WEATHER, TIME], parallel_tool_calls=False))
+    assert not accepts(compiler, single.engine, two, stops)  # parallel_tool_calls false: one call
+    assert accepts(compiler, single.engine, call("get_time", "{}"), stops)
     model = ChatTemplateModel(tokenizer, template="qwen3", reasoning_parser="qwen3", tool_parser="hermes")
     assert model.constraint(request(tools=[TIME]), []) is None
 

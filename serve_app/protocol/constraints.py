@@ -245,7 +245,9 @@ def chat_template_constraint(
         if plan.answer is not None:
             options.append(_json(plan.answer))
         elif calls:  # text, and calls only to the allowed functions (vLLM's hermes "auto")
-            options.append({"type": "triggered_tags", "triggers": [TOOL_CALL_TAG], "tags": _hermes_calls(calls)})
+            options.append(
+                {"type": "triggered_tags", "triggers": [TOOL_CALL_TAG], "tags": _hermes_calls(calls), "stop_after_first": plan.single_call}
+            )
             calls = {}
         else:
             options.append(_any_text([TOOL_CALL_TAG] if tool_calls else None))
