@@ -39,11 +39,19 @@ def test_instances_validate(schema):
         ({"type": "object", "if": {"required": ["a"]}, "then": {"required": ["b"]}}, "'if'"),
         ({"type": "string", "pattern": "a+", "maxLength": 3}, "'pattern'/'format' together with"),
         ({"type": "object", "minProperties": 1}, "'minProperties'"),
+        ({"type": "object", "properties": {"p": {"type": "string", "pattern": "^(?!admin).+$"}}}, "(at schema.properties.p): lookaround"),
+        ({"type": "string", "pattern": "(a+)-\\1"}, "backreferences"),
+        ({"type": "string", "pattern": "x|(y(?<=y))*"}, "lookaround"),
     ],
 )
 def test_unsupported_features_are_named(schema, named):
     with pytest.raises(UnsupportedSchema, match=named.replace("(", r"\(").replace(")", r"\)")):
         check_schema(schema)
+
+
+def test_regular_patterns_are_fine():
+    for pattern in ("^[A-Z]{3}-\\d{2,4}$", "(a|b)+?c", "^(?:x|y){2}$"):
+        check_schema({"type": "string", "pattern": pattern})
 
 
 def test_a_property_named_like_a_keyword_is_fine():

@@ -67,11 +67,39 @@ def check_schema(schema: Any) -> None:
         fmt = node.get("format")
         if fmt is not None and fmt not in FORMAT_EXAMPLES:
             raise UnsupportedSchema(f"string format '{fmt}' (at {path}) is not supported by this server's structured outputs")
+        if isinstance(pattern := node.get("pattern"), str) and (problem := regex_problem(pattern)):
+            raise UnsupportedSchema(f"'pattern' {pattern!r} (at {path}): {problem}")
         if ("pattern" in node or "format" in node) and ("minLength" in node or "maxLength" in node):
             raise UnsupportedSchema(f"'pattern'/'format' together with 'minLength'/'maxLength' (at {path}) is not supported")
         ref = node.get("$ref")
         if ref is not None and not (ref == "#" or ref.startswith(("#/$defs/", "#/definitions/"))):
             raise UnsupportedSchema(f"'$ref' to '{ref}' (at {path}): only local references ('#/$defs/...') are supported")
+
+
+# Grammar engines match regular languages: no lookaround, no backreferences.
+_IRREGULAR = {sre.ASSERT: "lookaround", sre.ASSERT_NOT: "lookaround", sre.GROUPREF: "backreferences", sre.GROUPREF_EXISTS: "conditional groups"}
+
+
+def regex_problem(pattern: str) -> str | None:
+    """Why a grammar cannot enforce `pattern` (xgrammar and llguidance alike), or None.
+    (`check_schema` has refused a pattern `re` cannot read: jsonschema checks it.)"""
+    try:
+        tokens = list(sre_parse.parse(pattern))
+    except re.error:
+        return None
+    while tokens:
+        op, arg = tokens.pop()
+        if op in _IRREGULAR:
+            return f"{_IRREGULAR[op]} cannot be enforced by a grammar"
+        if op is sre.SUBPATTERN:
+            tokens.extend(arg[-1])
+        elif op in (sre.MAX_REPEAT, sre.MIN_REPEAT, getattr(sre, "POSSESSIVE_REPEAT", None)):
+            tokens.extend(arg[2])
+        elif op is sre.BRANCH:
+            tokens.extend(token for branch in arg[1] for token in branch)
+        elif op is getattr(sre, "ATOMIC_GROUP", None):
+            tokens.extend(arg)
+    return None
 
 
 def strict_problem(schema: dict[str, Any]) -> str | None:
