@@ -39,7 +39,6 @@ from ..vocab import harmony_encoding
 from .constraints import harmony_grammar, plan
 from .errors import invalid_request
 from .items import ItemSink
-from .logprobs import unfinished_utf8_tail
 from .request import (
     JSONSchemaFormat,
     FunctionCallItem,
@@ -50,7 +49,7 @@ from .request import (
     ResponsesRequest,
 )
 from .tokens import OutputConstraint
-from .utf8 import Utf8Decoder
+from .utf8 import Utf8Decoder, unfinished_utf8_tail
 
 FUNCTIONS_NAMESPACE = "functions"
 # A header is a few words (`<|channel|>commentary to=functions.NAME <|constrain|>json`: ~10

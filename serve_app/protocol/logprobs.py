@@ -96,18 +96,6 @@ class LogprobFormatter:
         return _LOGPROB({"token": text, "bytes": raw, "logprob": value, "top_logprobs": top})
 
 
-def unfinished_utf8_tail(raw: bytes) -> int:
-    """Bytes at the end of `raw` that start a UTF-8 character they do not finish."""
-    for back in range(1, min(4, len(raw)) + 1):
-        byte = raw[-back]
-        if byte & 0xC0 != 0x80:  # not a continuation byte: the character's first byte
-            size = 2 if byte >= 0xC0 else 1
-            size = 3 if byte >= 0xE0 else size
-            size = 4 if byte >= 0xF0 else size
-            return back if size > back else 0
-    return 0
-
-
 def for_delta(logprobs: list[Logprob]) -> list[delta_types.Logprob]:
     """The same entries as `response.output_text.delta` carries them (no bytes)."""
     return _without_bytes(logprobs, _DELTA, _DELTA_TOP)

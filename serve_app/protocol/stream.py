@@ -54,9 +54,10 @@ from openai.types.responses.response_usage import InputTokensDetails, OutputToke
 from .harmony import HarmonyParser
 from .items import CompletionParser
 from .construct import trusted_constructor as _trusted_constructor
-from .logprobs import LogprobFormatter, for_delta, for_done, unfinished_utf8_tail
+from .logprobs import LogprobFormatter, for_delta, for_done
 from .request import ResponsesRequest
 from .tokens import TokenBatch, TokenLogprobs
+from .utf8 import unfinished_utf8_tail
 
 logger = logging.getLogger("responses_serve.stream")
 

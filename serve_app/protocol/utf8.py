@@ -1,5 +1,5 @@
 """Token bytes -> text for the parsers that decode bytes themselves (byte-level chat
-vocabularies, harmony content)."""
+vocabularies, harmony content), and where a character is left unfinished."""
 
 from __future__ import annotations
 
@@ -29,3 +29,15 @@ class Utf8Decoder:
             return text
         self._held = b""
         return text
+
+
+def unfinished_utf8_tail(raw: bytes) -> int:
+    """Bytes at the end of `raw` that start a UTF-8 character they do not finish."""
+    for back in range(1, min(4, len(raw)) + 1):
+        byte = raw[-back]
+        if byte & 0xC0 != 0x80:  # not a continuation byte: the character's first byte
+            size = 2 if byte >= 0xC0 else 1
+            size = 3 if byte >= 0xE0 else size
+            size = 4 if byte >= 0xF0 else size
+            return back if size > back else 0
+    return 0
