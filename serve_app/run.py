@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 from dataclasses import dataclass, field
 from typing import AsyncIterator, Awaitable, Callable, Protocol
@@ -26,6 +27,7 @@ from .protocol.logprobs import LogprobFormatter
 from .protocol.request import ResponsesRequest
 from .protocol.stream import ResponseStream, new_id
 from .protocol.tokens import GenerationRequest, OutputConstraint, TokenBatch
+from .protocol.truncation import fit_to_context, output_reserve
 from .state import ResponseStore, StoreUnavailable
 from .state.conversations import ConversationStore, conversation_not_found
 from .state.responses import with_ids
@@ -95,7 +97,14 @@ async def render_turn(
         if conversations is None or await conversations.get(conversation_id) is None:
             raise conversation_not_found(conversation_id, param="conversation")
         history = await conversations.history(conversation_id) + input_items
-    return input_items, model.family.render_prompt(request, history)
+    render = functools.partial(model.family.render_prompt, request)
+    if request.truncation != "auto":
+        return input_items, render(history)
+    budget = model.max_model_len - output_reserve(request.max_output_tokens, model.max_model_len)
+    prompt, dropped = fit_to_context(render, history, budget)
+    if dropped:
+        logger.info("truncation auto: %d of %d items dropped, %d prompt tokens", dropped, len(history), len(prompt))
+    return input_items, prompt
 
 
 async def start_turn(

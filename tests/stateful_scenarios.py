@@ -118,4 +118,24 @@ def streamed_then_continued(base_url: str) -> None:
     assert follow.status == "completed"
 
 
-SCENARIOS = [conversations_from_any_replica, delete_then_404, input_items_paging, not_stored, streamed_then_continued]
+def chain_longer_than_the_context(base_url: str) -> None:
+    """A `previous_response_id` chain past the model's 131,072 tokens (o200k: " a" is one
+    token): "disabled" refuses it, "auto" drops the oldest turn the store gave back, and the
+    stored history stays whole, so later turns keep working."""
+    sdk = OpenAI(base_url=base_url, api_key="unused", max_retries=0, timeout=120)
+    first = sdk.responses.create(model=MODEL, input="first" + " a" * 70_000, max_output_tokens=8)
+    second_input = "second" + " b" * 70_000
+    with pytest.raises(openai.BadRequestError) as error:
+        sdk.responses.create(model=MODEL, input=second_input, previous_response_id=first.id, max_output_tokens=8)
+    assert error.value.body["code"] == "context_length_exceeded"
+    second = sdk.responses.create(model=MODEL, input=second_input, previous_response_id=first.id, max_output_tokens=8, truncation="auto")
+    assert (first.status, second.status, second.truncation) == ("incomplete", "incomplete", "auto")
+    assert first.usage.input_tokens - 100 < second.usage.input_tokens < first.usage.input_tokens + 100  # the first turn went
+    third = sdk.responses.create(model=MODEL, input="third", previous_response_id=second.id, truncation="auto")
+    assert third.output_text == "third"
+    assert second.usage.input_tokens < third.usage.input_tokens < second.usage.input_tokens + 100
+    kept = list(sdk.responses.input_items.list(third.id, order="asc", limit=100))
+    assert kept[0].content[0].text.startswith("first") and kept[-1].content[0].text == "third"
+
+
+SCENARIOS = [conversations_from_any_replica, delete_then_404, input_items_paging, not_stored, streamed_then_continued, chain_longer_than_the_context]

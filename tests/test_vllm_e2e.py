@@ -13,6 +13,7 @@ import subprocess
 import time
 
 import httpx
+import openai
 import pytest
 
 from tests import sdk_scenarios
@@ -93,6 +94,24 @@ def test_input_tokens_count_is_the_engine_prompt(vllm_url):
     count = sdk.responses.input_tokens.count(model="smollm2-135m-instruct", input=text, instructions="Be brief.")
     response = _create(vllm_url, "smollm2-135m-instruct", text, instructions="Be brief.", max_output_tokens=2)
     assert count.input_tokens == response.usage.input_tokens  # vLLM's own count of the prompt it got
+
+
+def test_truncation_auto_fits_the_engine_context(vllm_url):
+    """A conversation longer than SmolLM2's context here (1,024 tokens): "disabled" is a 400;
+    "auto" drops old turns and vLLM takes the prompt: the last question is answered."""
+    sdk = sdk_scenarios.client(vllm_url)
+    conversation: list[dict] = []
+    for turn in range(12):
+        conversation += [{"role": "user", "content": f"Note {turn}: " + "The sky is blue today. " * 20}, {"role": "assistant", "content": "Noted."}]
+    conversation.append({"role": "user", "content": "What is the capital of France? Answer in one sentence."})
+    with pytest.raises(openai.BadRequestError) as error:
+        _create(vllm_url, "smollm2-135m-instruct", conversation, max_output_tokens=40)
+    assert error.value.body["code"] == "context_length_exceeded"
+    response = _create(vllm_url, "smollm2-135m-instruct", conversation, max_output_tokens=40, truncation="auto")
+    assert response.status in ("completed", "incomplete") and "Paris" in response.output_text
+    assert 1024 - 40 - 200 < response.usage.input_tokens <= 1024 - 40  # vLLM's count: one turn short of the limit at most
+    count = sdk.responses.input_tokens.count(model="smollm2-135m-instruct", input=conversation, truncation="auto", extra_body={"max_output_tokens": 40})
+    assert count.input_tokens == response.usage.input_tokens
 
 
 def test_ngram_speculation_gives_multi_token_steps(vllm_url):

@@ -343,6 +343,8 @@ class ResponsesRequest(_Lenient):
     user: str | None = None
     prompt_cache_key: str | None = None
     text: TextConfig | None = None
+    # "auto": the oldest items are dropped to fit the context (protocol/truncation.py).
+    truncation: Literal["auto", "disabled"] | None = "disabled"
 
     @field_validator("input")
     @classmethod

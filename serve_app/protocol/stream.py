@@ -192,6 +192,7 @@ class ResponseStream:
             store=request.store,
             user=request.user,
             prompt_cache_key=request.prompt_cache_key,
+            truncation=request.truncation or "disabled",
             text={"format": request.text.format.model_dump(by_alias=True) if request.text and request.text.format else {"type": "text"}},
             error=None,
             incomplete_details=None,
