@@ -88,13 +88,18 @@ def _final(response):
 def test_final_answer_validates_and_analysis_stays_free(engine_url):
     fmt = {"format": {"type": "json_schema", "name": "trip", "schema": TRIP, "strict": True}}
     cases = [(prompt, stream, temperature) for prompt in ("Plan a trip to Paris.", "Tell me a joke.") for stream in (False, True) for temperature in (0.0, 1.0)]
-    responses = in_parallel(lambda prompt, stream, temperature: _create(engine_url, stream, input=prompt, text=fmt, temperature=temperature), cases)
+    ask = lambda prompt, stream, temperature: _create(engine_url, stream, input=prompt, text=fmt, temperature=temperature)  # noqa: E731
     reasoning: list[str] = []
-    for response in responses:
-        assert response.status == "completed", response.output
-        jsonschema.validate(json.loads(_final(response)), TRIP)
-        assert not _calls(response)
-        reasoning.append(_reasoning(response))
+    # The random model may go straight to `final` (once, all 8 of a round did, in a batch
+    # that happened to favour it): more sampled rounds until some analysis shows up.
+    for round_cases in (cases, *[cases[1::2]] * 3):
+        for response in in_parallel(ask, round_cases):
+            assert response.status == "completed", response.output
+            jsonschema.validate(json.loads(_final(response)), TRIP)
+            assert not _calls(response)
+            reasoning.append(_reasoning(response))
+        if any(text.strip() for text in reasoning):
+            break
     # Only the final channel is constrained: the analysis the model wrote first is its own
     # random text, no JSON and nothing like the schema.
     free = [text for text in reasoning if text.strip()]
