@@ -24,7 +24,7 @@ from deployments.metrics import RayServeMetrics
 from serve_app.api import ModelFamily, ServedModel, create_app
 from serve_app.config import AppConfig, ModelConfig, StoreConfig
 from serve_app.protocol.harmony import HarmonyModel
-from serve_app.protocol.tokens import GenerationRequest, TokenBatch
+from serve_app.protocol.tokens import EngineRejected, GenerationRequest, TokenBatch
 from serve_app.reasoning_keys import reasoning_keys
 from serve_app.state import MemoryStore, Store
 
@@ -54,8 +54,10 @@ class HandleTokenSource:
                     yield batch
                 ended = True
                 return
-            except _REPLICA_GONE as exc:
-                if received or attempt == 2:
+            except (*_REPLICA_GONE, EngineRejected) as exc:
+                # A refusal is retried only when the engine was busy (vLLM's admission
+                # control: "try again … on a different instance"), never the request's fault.
+                if received or attempt == 2 or (isinstance(exc, EngineRejected) and exc.client_error):
                     raise
                 logger.warning("request %s: engine replica unavailable before the first token (%s); retrying once", request.request_id, exc)
             finally:

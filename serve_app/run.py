@@ -26,7 +26,7 @@ from .protocol.items import CompletionParser, ItemSink
 from .protocol.logprobs import LogprobFormatter
 from .protocol.request import ResponsesRequest
 from .protocol.stream import ResponseStream, new_id
-from .protocol.tokens import GenerationRequest, OutputConstraint, TokenBatch
+from .protocol.tokens import EngineRejected, GenerationRequest, OutputConstraint, TokenBatch
 from .protocol.truncation import fit_to_context, output_reserve
 from .state import ResponseStore, StoreUnavailable
 from .state.conversations import ConversationStore, conversation_not_found
@@ -190,6 +190,12 @@ async def engine_events(
         yield stream.fail(
             f"The response was still being generated after {max_duration_s:g} s, this server's maximum stream "
             "duration, and was ended. Ask for fewer output tokens (max_output_tokens)."
+        )
+    except EngineRejected as exc:  # vLLM's validation or admission control: its words are for the client
+        logger.warning("response %s: the engine refused it: %s", stream.response.id, exc.reason)
+        yield stream.fail(
+            f"The engine refused this request: {exc.reason}" if exc.client_error else exc.reason,
+            code="invalid_prompt" if exc.client_error else "server_error",
         )
     except Exception:  # engine died or raised: the client still gets a proper ending
         # Ray's errors carry actor ids, pids and node IPs: the details go to the log only.

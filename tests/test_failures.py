@@ -14,7 +14,7 @@ from deployments.backends.replay import ReplayBackend
 from deployments.ingress import HandleTokenSource
 from serve_app.api import ServedModel, create_app
 from serve_app.auth import APIKeyMiddleware
-from serve_app.protocol.tokens import GenerationRequest, TokenBatch
+from serve_app.protocol.tokens import EngineRejected, GenerationRequest, TokenBatch
 from tests.conftest import uvicorn_server
 from tests.contract import check_stream, parse_sse
 
@@ -22,8 +22,8 @@ from tests.contract import check_stream, parse_sse
 class _FakeResponse:
     """What `handle.options(stream=True).generate.remote()` returns: an async iterator."""
 
-    def __init__(self, batches: list[TokenBatch], fail_after: int | None) -> None:
-        self._batches, self._fail_after, self.cancelled = batches, fail_after, False
+    def __init__(self, batches: list[TokenBatch], fail_after: int | None, error) -> None:
+        self._batches, self._fail_after, self._error, self.cancelled = batches, fail_after, error, False
 
     def __aiter__(self):
         return self._iterate()
@@ -31,25 +31,25 @@ class _FakeResponse:
     async def _iterate(self):
         for index, batch in enumerate(self._batches):
             if index == self._fail_after:
-                raise ActorDiedError()
+                raise self._error()
             yield batch
         if self._fail_after is not None and self._fail_after >= len(self._batches):
-            raise ActorDiedError()
+            raise self._error()
 
     def cancel(self) -> None:
         self.cancelled = True
 
 
 class _FakeHandle:
-    def __init__(self, plans: list[int | None]) -> None:
-        self.plans, self.calls = plans, []
+    def __init__(self, plans: list[int | None], error=ActorDiedError) -> None:
+        self.plans, self.error, self.calls = plans, error, []
         self.generate = self
 
     def options(self, **_):
         return self
 
     def remote(self, request):
-        response = _FakeResponse([TokenBatch([1, 2]), TokenBatch([3], finish_reason="stop")], self.plans[len(self.calls)])
+        response = _FakeResponse([TokenBatch([1, 2]), TokenBatch([3], finish_reason="stop")], self.plans[len(self.calls)], self.error)
         self.calls.append(response)
         return response
 
@@ -80,6 +80,24 @@ def test_replica_gone_after_tokens_is_not_retried():
     with pytest.raises(ActorDiedError):
         asyncio.run(_collect(HandleTokenSource(handle), REQUEST))
     assert len(handle.calls) == 1 and handle.calls[0].cancelled
+
+
+def _refused(client_error: bool):
+    return lambda: RayTaskError("generate", "Traceback ...", EngineRejected("no", client_error)).as_instanceof_cause()
+
+
+def test_busy_engine_is_retried_once_a_refused_request_never():
+    busy = _FakeHandle([0, None], error=_refused(client_error=False))
+    assert asyncio.run(_collect(HandleTokenSource(busy), REQUEST)) == [1, 2, 3]
+    assert len(busy.calls) == 2
+    refused = _FakeHandle([0, None], error=_refused(client_error=True))  # the request's fault: no retry
+    with pytest.raises(EngineRejected):
+        asyncio.run(_collect(HandleTokenSource(refused), REQUEST))
+    assert len(refused.calls) == 1
+    busy_twice = _FakeHandle([0, 0], error=_refused(client_error=False))
+    with pytest.raises(EngineRejected):
+        asyncio.run(_collect(HandleTokenSource(busy_twice), REQUEST))
+    assert len(busy_twice.calls) == 2
 
 
 # What a handle raises when the engine replica's generator failed: Ray's error, whose text
@@ -155,6 +173,53 @@ def test_non_stream_failure_is_a_503_with_an_openai_error(broken_url, caplog):
     response_id = re.search(r"resp_\w+", error["message"]).group()  # the id a client quotes to support
     _assert_plain(error["message"], response_id)
     _assert_logged_with_traceback(caplog, response_id)
+
+
+class _RefusingBackend:
+    """An engine replica whose vLLM refuses every request (Ray's error, as the handle raises
+    it): as the client's fault, or because the engine is too busy."""
+
+    def __init__(self, client_error: bool) -> None:
+        self.client_error = client_error
+
+    async def generate(self, request):
+        reason = REFUSED if self.client_error else BUSY
+        error = RayTaskError(
+            "generate", "Traceback (most recent call last): ...", EngineRejected(reason, self.client_error),
+            pid=4242, ip="10.1.2.3", actor_id="8f3c1d2e9a7b6c5d4e3f2a1b01000000",
+        )
+        raise error.as_instanceof_cause()
+        yield  # an async generator, as a backend's generate is
+
+
+REFUSED = "Requested sample logprobs of 8, which is greater than max allowed: 5"
+BUSY = "The engine is currently busy and cannot accept new requests. Please try again later or on a different instance."
+
+
+@pytest.fixture(scope="module")
+def refusing_url():
+    models = [ServedModel("refusing", _RefusingBackend(client_error=True)), ServedModel("busy", _RefusingBackend(client_error=False))]
+    with uvicorn_server(create_app(models)) as url:
+        yield url
+
+
+@pytest.mark.parametrize(
+    "model, status, kind, code, reason",
+    [("refusing", 400, "invalid_request_error", "invalid_prompt", REFUSED), ("busy", 503, "server_error", "server_error", BUSY)],
+)
+def test_engine_refusals_keep_their_reason_and_status(refusing_url, model, status, kind, code, reason):
+    """The engine's request validation is the client's fault (400, `invalid_prompt` in a
+    stream), its admission control a 503 to retry; both with vLLM's words, no internals."""
+    with httpx.Client(timeout=30) as http:
+        plain = http.post(f"{refusing_url}/responses", json={"model": model, "input": "hi"})
+        streamed = http.post(f"{refusing_url}/responses", json={"model": model, "input": "hi", "stream": True})
+    assert plain.status_code == status
+    error = plain.json()["error"]
+    assert (error["type"], error["code"]) == (kind, code) and reason in error["message"]
+    terminal = check_stream(parse_sse(streamed.content))
+    assert terminal.status == "failed" and terminal.error.code == code and reason in terminal.error.message
+    for message in (error["message"], terminal.error.message):
+        assert not [internal for internal in ("4242", "10.1.2.3", "8f3c1d2e", "RayTaskError", "Traceback") if internal in message]
 
 
 def test_api_key_is_required_when_configured(broken_url):

@@ -27,7 +27,7 @@ import pytest
 
 from deployments.backends.vllm import _engine_kwargs, placement_bundles
 from serve_app.config import SpeculativeConfig, VLLMBackendConfig
-from serve_app.protocol.tokens import GenerationRequest, TokenBatch
+from serve_app.protocol.tokens import EngineRejected, GenerationRequest, TokenBatch
 from tests.conftest import VLLM_NGRAM, in_process_engine_config
 from tests.engine_server import EngineHost
 
@@ -437,10 +437,17 @@ class EngineSuite:
             parsed = json.loads(wire, parse_constant=lambda name: pytest.fail(f"{name} in {wire}"))
             assert all(math.isfinite(t["logprob"]) for t in parsed["top_logprobs"])
 
-    def test_prompt_too_long_is_an_error_not_a_hang(self, engines: dict[str, Any]) -> None:
+    def test_requests_vllm_refuses_are_rejections_not_hangs(self, engines: dict[str, Any]) -> None:
+        """vLLM's request validation (a prompt past the context, more logprobs than its
+        `max_logprobs`) is `EngineRejected` as the client's fault, with vLLM's words and
+        without its "(parameter=…)" suffix; the engine stays healthy."""
         loop, plain = engines["loop"], engines["plain"]
-        with pytest.raises(Exception, match="longer than the maximum model length"):
-            loop.run(_collect(plain.generate(_request("long", [1] * 2000))))
+        too_many = _request("logprobs", [1, 2, 3])
+        too_many.logprobs = 21  # vLLM's default max_logprobs is 20
+        for request, words in ((_request("long", [1] * 2000), "longer than the maximum model length"), (too_many, "logprobs of 21")):
+            with pytest.raises(EngineRejected, match=words) as rejected:
+                loop.run(_collect(plain.generate(request)))
+            assert rejected.value.client_error and "parameter=" not in rejected.value.reason
         assert plain.num_running() == 0
         loop.run(plain.check_health())
 
@@ -478,6 +485,32 @@ class TestTinyLlama(EngineSuite):
         assert batches[-1].finish_reason == "length"
         assert batches[-1].num_draft_tokens > 0 and batches[-1].num_accepted_tokens == 0
         assert stats["draft_tokens"] > 0 and stats["accepted_tokens"] == 0 and stats["tokens"] == 2
+
+    def test_admission_control_is_a_rejection_to_retry(self, engines: dict[str, Any]) -> None:
+        """vLLM's admission control (`max_num_queued_reqs`) refusing a request is
+        `EngineRejected` not as the client's fault (a 503 to retry), with vLLM's words."""
+        loop, plain = engines["loop"], engines["plain"]
+        prompt = _chat_prompt(engines["checkpoint"], "Tell me a very long story.")
+        config = plain.engine.scheduler_config
+        config.max_num_queued_reqs = 1  # what engine_kwargs {"max_num_queued_reqs": 1} sets; read per request
+
+        async def second_while_first_runs() -> EngineRejected:
+            first = plain.generate(_request("first", prompt, max_tokens=200))
+            await anext(first)  # running: the engine holds one request
+            try:
+                with pytest.raises(EngineRejected) as rejected:
+                    await _collect(plain.generate(_request("second", prompt)))
+                return rejected.value
+            finally:
+                await first.aclose()
+
+        try:
+            rejected = loop.run(second_while_first_runs())
+        finally:
+            config.max_num_queued_reqs = None
+        assert not rejected.client_error and "busy" in rejected.reason
+        assert plain.num_running() == 0
+        assert _tokens(loop.run(_collect(plain.generate(_request("after", prompt, max_tokens=2)))))
 
     def test_zz_dead_engine_fails_stream_and_health(self, engines: dict[str, Any]) -> None:
         """Runs last in the class: it kills the plain engine's engine-core process."""

@@ -17,7 +17,7 @@ import openai
 import pytest
 
 from tests import sdk_scenarios
-from tests.conftest import engine_stats, have_vllm, wait_until
+from tests.conftest import TINY_MAX_LOGPROBS, engine_stats, have_vllm, wait_until
 from tests.contract import check_stream
 
 if not have_vllm():  # the session app then serves no vLLM model
@@ -112,6 +112,24 @@ def test_truncation_auto_fits_the_engine_context(vllm_url):
     assert 1024 - 40 - 200 < response.usage.input_tokens <= 1024 - 40  # vLLM's count: one turn short of the limit at most
     count = sdk.responses.input_tokens.count(model="smollm2-135m-instruct", input=conversation, truncation="auto", extra_body={"max_output_tokens": 40})
     assert count.input_tokens == response.usage.input_tokens
+
+
+def test_requests_the_engine_refuses_are_400s_not_outages(vllm_url):
+    """tiny-ngram's engine has max_logprobs 5 (tests/conftest.py): asking 8 passes our
+    checks and is refused by vLLM. Not "the engine failed, try again": a 400 naming the
+    reason, or in a stream `response.failed` with `invalid_prompt`; the engine keeps serving."""
+    kwargs = {"include": ["message.output_text.logprobs"], "top_logprobs": TINY_MAX_LOGPROBS + 3, "max_output_tokens": 8}
+    with pytest.raises(openai.BadRequestError) as error:
+        _create(vllm_url, "tiny-ngram", "Hello", **kwargs)
+    body = error.value.body
+    assert body["code"] == "invalid_prompt" and body["type"] == "invalid_request_error"
+    assert f"logprobs of {TINY_MAX_LOGPROBS + 3}" in body["message"] and "max allowed: 5" in body["message"]
+    events = _stream(vllm_url, "tiny-ngram", "Hello", **kwargs)  # the contract checked, one terminal event
+    assert events[-1]["type"] == "response.failed"
+    assert events[-1]["response"]["error"]["code"] == "invalid_prompt"
+    assert "max allowed: 5" in events[-1]["response"]["error"]["message"]
+    ok = _create(vllm_url, "tiny-ngram", "Hello", **{**kwargs, "top_logprobs": TINY_MAX_LOGPROBS})
+    assert ok.status in ("completed", "incomplete")
 
 
 def test_ngram_speculation_gives_multi_token_steps(vllm_url):

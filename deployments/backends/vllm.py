@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from deployments.cpu_cores import cores_for_cpu_engine, format_cores
 from deployments.memory import drop_allocator_env
 from serve_app.config import EnginePlacement, VLLMBackendConfig
-from serve_app.protocol.tokens import FinishReason, GenerationRequest, TokenBatch, TokenLogprobs
+from serve_app.protocol.tokens import EngineRejected, FinishReason, GenerationRequest, TokenBatch, TokenLogprobs
 
 if TYPE_CHECKING:  # only for annotations: vLLM is optional at import time
     from vllm.engine.arg_utils import AsyncEngineArgs
@@ -208,6 +208,18 @@ _FINISH_REASONS: dict[str, FinishReason] = {
 }
 
 
+def _rejection(exc: Exception) -> EngineRejected:
+    """vLLM refusing a request, as `EngineRejected`: a client error (`VLLMClientError`, e.g.
+    a request over `max_logprobs`) is the request's fault; a graceful HTTP error (admission
+    control: `max_num_queued_reqs`, `max_num_queued_tokens`) keeps its status, a 503 asking
+    the client to try again."""
+    from vllm.exceptions import GracefulHTTPError
+
+    if isinstance(exc, GracefulHTTPError):
+        return EngineRejected(exc.message, client_error=exc.http_status < 500)
+    return EngineRejected(str(exc.args[0] if exc.args else exc), client_error=True)  # without vLLM's "(parameter=…)"
+
+
 class EngineRequestError(RuntimeError):
     """vLLM finished a request with finish_reason "error" (e.g. a KV-transfer failure)."""
 
@@ -268,6 +280,7 @@ class VLLMBackend:
     async def generate(self, request: GenerationRequest) -> AsyncIterator[TokenBatch]:
         """Stream one `TokenBatch` per engine delta; the last one has `finish_reason`."""
         from vllm import SamplingParams
+        from vllm.exceptions import GracefulHTTPError, VLLMClientError
         from vllm.inputs.engine import tokens_input
         from vllm.sampling_params import RequestOutputKind
 
@@ -327,6 +340,8 @@ class VLLMBackend:
                             j * count for j, count in enumerate(metrics.histogram)
                         )
                 yield batch
+        except (VLLMClientError, GracefulHTTPError) as exc:  # refused: anything else is the engine failing
+            raise _rejection(exc) from None
         finally:
             self._running.discard(request_id)
             if not finished:

@@ -252,10 +252,11 @@ class ResponseStream:
             feed([token])
             self._attribute(settled=True)
 
-    def fail(self, message: str) -> list[ResponseStreamEvent]:
-        """End with `response.failed`: open items are closed first, so none is left dangling."""
+    def fail(self, message: str, code: Literal["server_error", "invalid_prompt"] = "server_error") -> list[ResponseStreamEvent]:
+        """End with `response.failed`: open items are closed first, so none is left dangling.
+        `invalid_prompt`: the request's own fault (the engine refused it)."""
         if not self.finished:
-            self.response.error = ResponseError(code="server_error", message=message)
+            self.response.error = ResponseError(code=code, message=message)
             self._finish("failed")
         return self._drain()
 

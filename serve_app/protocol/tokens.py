@@ -13,6 +13,16 @@ FinishReason = Literal["stop", "length", "abort"]
 TokenLogprobs = tuple[float, list[tuple[int, float]]]
 
 
+class EngineRejected(Exception):
+    """The engine refused a request before generating anything: vLLM's request validation
+    (`client_error`: the request can never be served as it is, e.g. more logprobs than the
+    engine's `max_logprobs`) or its admission control (too busy now: try again)."""
+
+    def __init__(self, reason: str, client_error: bool) -> None:
+        super().__init__(reason, client_error)  # both in args: Ray pickles it to the ingress
+        self.reason, self.client_error = reason, client_error
+
+
 @dataclass(slots=True)
 class OutputConstraint:
     """What the completion must obey (`text.format`, `tool_choice`; see `constraints.py`).

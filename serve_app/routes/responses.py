@@ -66,6 +66,8 @@ async def create_response(http_request: Request) -> Response:
         raise turn.store_error
     response = turn.stream.response
     if response.status == "failed":
+        if response.error.code == "invalid_prompt":  # the engine refused the request itself
+            raise invalid_request(response.error.message, code="invalid_prompt")
         raise server_error(response.error.message, status_code=503)
     # The same serialization as the terminal event of a stream: one source of truth.
     return _json(response.model_dump_json(by_alias=True))
