@@ -22,7 +22,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from .auth import APIKeyMiddleware
 from .metrics import GuardedMetrics, Metrics, NoMetrics, report_once
 from .protocol.encrypted_reasoning import ReasoningCipher
-from .protocol.errors import APIError, server_error
+from .protocol.errors import APIError, model_not_found, server_error
 from .protocol.harmony import render_completion, render_prompt
 from .protocol.request import ResponsesRequest
 from .protocol.sse import encode_events
@@ -115,10 +115,18 @@ def create_app(
     async def health() -> dict[str, str]:
         return {"status": "ok"}
 
+    def model_entry(model: ServedModel) -> dict:
+        return Model(id=model.name, object="model", created=0, owned_by=model.owned_by).model_dump()
+
     @app.get("/v1/models")
     async def list_models() -> dict:
-        data = [Model(id=m.name, object="model", created=0, owned_by=m.owned_by).model_dump() for m in served.values()]
-        return {"object": "list", "data": data}
+        return {"object": "list", "data": [model_entry(m) for m in served.values()]}
+
+    @app.get("/v1/models/{model:path}")  # `path`: a model name may hold "/" (org/model)
+    async def retrieve_model(model: str) -> dict:
+        if model not in served:
+            raise model_not_found(model)
+        return model_entry(served[model])
 
     app.include_router(input_tokens_routes.router)  # before /v1/responses/{response_id}
     app.include_router(responses_routes.router)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import openai
 import pytest
 
 from tests import sdk_scenarios
@@ -27,6 +28,11 @@ def test_16_concurrent_streams(inprocess_url, replay_backend):
 def test_models_and_retrieve(inprocess_url):
     sdk = sdk_scenarios.client(inprocess_url)
     assert [m.id for m in sdk.models.list()] == ["gpt-oss-replay", "qwen3-replay", "qwen3-replay-thinking"]
+    assert sdk.models.retrieve("qwen3-replay") == next(m for m in sdk.models.list() if m.id == "qwen3-replay")
+    for missing in ("nope", "org/nope"):
+        with pytest.raises(openai.NotFoundError) as error:
+            sdk.models.retrieve(missing)
+        assert (error.value.body["code"], error.value.body["param"]) == ("model_not_found", "model")
     created = sdk.responses.create(model="gpt-oss-replay", input="keep me")
     assert sdk.responses.retrieve(created.id).output_text == "keep me"
     not_stored = sdk.responses.create(model="gpt-oss-replay", input="forget me", store=False)

@@ -37,6 +37,7 @@ def test_models_listed(serve_url):
     replay = {"gpt-oss-replay", "qwen3-replay", "gpt-oss-replay-slow", "gpt-oss-replay-slow-raw", "gpt-oss-replay-metrics", "gpt-oss-replay-kill"}
     vllm = {"tiny-ngram", "tiny-gpt-oss", "smollm2-135m-instruct"}
     assert ids == (replay | vllm if have_vllm() else replay)
+    assert sdk_scenarios.client(serve_url).models.retrieve("qwen3-replay").id == "qwen3-replay"
 
 
 def test_client_disconnects_abort_engine_requests(serve_url):
