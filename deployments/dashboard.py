@@ -17,7 +17,7 @@ from grafana_foundation_sdk.models.dashboard import DashboardCursorSync, DataSou
 
 from deployments.metrics import (
     ACCEPTED_TOKENS, BACKGROUND_RUNS, CACHED_TOKENS, DRAFT_TOKENS, E2E, OUTPUT_TOKENS, PROMPT_TOKENS, REQUESTS, STORE_BYTES,
-    STORE_ENTRIES, STREAMS_OPEN, TPOT, TTFT, MetricSpec,
+    STORE_ENTRIES, STREAMS_OPEN, TPOT, TRUNCATED, TTFT, MetricSpec,
 )  # fmt: skip
 
 OUTPUT = Path(__file__).resolve().parent.parent / "k8s" / "grafana" / "responses-serve.json"
@@ -100,7 +100,8 @@ def build() -> dashboard.Dashboard:
         .with_panel(
             _panel("Requests/s by model and status", "reqps",
                    _query(f"sum by (model, status) (rate({requests}{{{_MODEL}}}{_RATE}))", "{{model}} {{status}}"),
-                   description=REQUESTS.description)
+                   _query(_rate(TRUNCATED, "_total", "model"), "truncated {{model}}"),
+                   description=REQUESTS.description + "; truncated: " + TRUNCATED.description)
         )  # fmt: skip
         .with_panel(
             _panel("Errors/s by code", "reqps",

@@ -71,14 +71,15 @@ CACHED_TOKENS = MetricSpec(PREFIX + "cached_tokens", "counter", "prompt tokens s
 OUTPUT_TOKENS = MetricSpec(PREFIX + "output_tokens", "counter", "completion tokens")
 DRAFT_TOKENS = MetricSpec(PREFIX + "speculative_draft_tokens", "counter", "speculative decoding: tokens drafted")
 ACCEPTED_TOKENS = MetricSpec(PREFIX + "speculative_accepted_tokens", "counter", "speculative decoding: drafted tokens accepted")
+TRUNCATED = MetricSpec(PREFIX + "truncated_requests", "counter", 'requests whose oldest items truncation "auto" left out of the prompt')
 STREAMS_OPEN = MetricSpec(PREFIX + "streams_open", "gauge", "SSE streams open on this ingress replica")
 BACKGROUND_RUNS = MetricSpec(PREFIX + "background_runs", "gauge", "background responses running on this ingress replica", ())
 STORE_ENTRIES = MetricSpec(PREFIX + "store_entries", "gauge", "keys held by the embedded store (responses, runs, logs, conversations)", ())
 STORE_BYTES = MetricSpec(PREFIX + "store_bytes", "gauge", "bytes held by the embedded store (its max_bytes bound counts these)", ())
 
 INGRESS_METRICS = [
-    REQUESTS, TTFT, TPOT, E2E, PROMPT_TOKENS, CACHED_TOKENS, OUTPUT_TOKENS, DRAFT_TOKENS, ACCEPTED_TOKENS, STREAMS_OPEN,
-    BACKGROUND_RUNS,
+    REQUESTS, TTFT, TPOT, E2E, PROMPT_TOKENS, CACHED_TOKENS, OUTPUT_TOKENS, DRAFT_TOKENS, ACCEPTED_TOKENS, TRUNCATED,
+    STREAMS_OPEN, BACKGROUND_RUNS,
 ]  # fmt: skip
 STORE_METRICS = [STORE_ENTRIES, STORE_BYTES]  # set by the embedded store's replica
 METRICS = INGRESS_METRICS + STORE_METRICS
@@ -119,6 +120,8 @@ class RayServeMetrics:
         ):
             if value > 0:  # Ray's Counter.inc rejects 0
                 self._metrics[spec].inc(value, model)
+        if outcome.truncated_items > 0:
+            self._metrics[TRUNCATED].inc(1, model)
 
     def stream_opened(self, model: str) -> None:
         self._set_open(model, +1)

@@ -40,6 +40,7 @@ class RequestOutcome:
     output_tokens: int = 0
     draft_tokens: int = 0  # speculative decoding: tokens proposed
     accepted_tokens: int = 0  # ... and accepted by the target model
+    truncated_items: int = 0  # history items `truncation: "auto"` left out of the prompt
 
 
 @dataclass(slots=True)
@@ -54,6 +55,7 @@ class RequestTrace:
     output_tokens: int = 0
     draft_tokens: int = 0
     accepted_tokens: int = 0
+    truncated_items: int = 0
     reported: bool = False
 
     def saw(self, batch: TokenBatch) -> None:
@@ -77,7 +79,7 @@ class RequestTrace:
         return RequestOutcome(
             model=self.model, status=status, code=code or "", e2e_s=now - self.started, ttft_s=ttft, tpot_s=tpot,
             prompt_tokens=self.prompt_tokens, cached_tokens=self.cached_tokens, output_tokens=self.output_tokens,
-            draft_tokens=self.draft_tokens, accepted_tokens=self.accepted_tokens,
+            draft_tokens=self.draft_tokens, accepted_tokens=self.accepted_tokens, truncated_items=self.truncated_items,
         )  # fmt: skip
 
 

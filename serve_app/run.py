@@ -14,7 +14,7 @@ import contextlib
 import functools
 import logging
 from dataclasses import dataclass, field
-from typing import AsyncIterator, Awaitable, Callable, Protocol
+from typing import AsyncIterator, Awaitable, Callable, NamedTuple, Protocol
 
 from openai.types.responses import ResponseError, ResponseFailedEvent, ResponseStreamEvent
 
@@ -78,15 +78,22 @@ class Turn:
     trace: RequestTrace = field(default_factory=RequestTrace)  # timings and counts for metrics
 
 
+class RenderedTurn(NamedTuple):
+    input_items: list[HistoryItem]  # this turn's own input, with ids
+    prompt: list[int]
+    truncated_items: int = 0  # history items left out of the prompt (`truncation: "auto"`)
+
+
 async def render_turn(
     request: ResponsesRequest,
     model: ServedModel,
     responses: ResponseStore,
     conversations: ConversationStore | None,
     cipher: ReasoningCipher,
-) -> tuple[list[HistoryItem], list[int]]:
+) -> RenderedTurn:
     """This turn's own input items and the prompt tokens: the history is rebuilt (a store
-    read only with `previous_response_id` or `conversation`), encrypted reasoning opened."""
+    read only with `previous_response_id` or `conversation`), encrypted reasoning opened,
+    the oldest items left out with `truncation: "auto"` when it does not fit."""
     # The same ids in input_items and a conversation.
     input_items = with_ids(open_reasoning_items(request.input_items(), cipher))
     history = input_items
@@ -99,12 +106,9 @@ async def render_turn(
         history = await conversations.history(conversation_id) + input_items
     render = functools.partial(model.family.render_prompt, request)
     if request.truncation != "auto":
-        return input_items, render(history)
+        return RenderedTurn(input_items, render(history))
     budget = model.max_model_len - output_reserve(request.max_output_tokens, model.max_model_len)
-    prompt, dropped = fit_to_context(render, history, budget)
-    if dropped:
-        logger.info("truncation auto: %d of %d items dropped, %d prompt tokens", dropped, len(history), len(prompt))
-    return input_items, prompt
+    return RenderedTurn(input_items, *fit_to_context(render, history, budget))
 
 
 async def start_turn(
@@ -113,9 +117,13 @@ async def start_turn(
     responses: ResponseStore,
     conversations: ConversationStore | None,
     cipher: ReasoningCipher,
+    trace: RequestTrace | None = None,
 ) -> Turn:
-    """The history and prompt of `render_turn`, the engine request and the event stream."""
-    input_items, prompt = await render_turn(request, model, responses, conversations, cipher)
+    """The history and prompt of `render_turn`, the engine request and the event stream.
+    `trace`: the request's, for metrics (it learns how many items truncation left out)."""
+    input_items, prompt, truncated_items = await render_turn(request, model, responses, conversations, cipher)
+    trace = trace or RequestTrace()
+    trace.truncated_items = truncated_items
     generation = generation_request(request, prompt, model)
     stream = ResponseStream(
         request,
@@ -124,7 +132,7 @@ async def start_turn(
         logprobs=LogprobFormatter(model.family) if request.logprobs is not None else None,
         encrypt_reasoning=cipher.encrypt if ENCRYPTED_REASONING in request.include else None,
     )
-    return Turn(request, model, input_items, prompt, generation, stream, conversations=conversations)
+    return Turn(request, model, input_items, prompt, generation, stream, conversations=conversations, trace=trace)
 
 
 async def run_turn(turn: Turn, responses: ResponseStore, max_duration_s: float | None = None) -> AsyncIterator[list[ResponseStreamEvent]]:

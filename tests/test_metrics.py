@@ -18,7 +18,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from deployments.metrics import (
     ACCEPTED_TOKENS, BACKGROUND_RUNS, CACHED_TOKENS, DRAFT_TOKENS, E2E, METRICS, OUTPUT_TOKENS, PROMPT_TOKENS, REQUESTS,
-    STORE_BYTES, STORE_ENTRIES, STREAMS_OPEN, TPOT, TTFT, gauge_ttl_s,
+    STORE_BYTES, STORE_ENTRIES, STREAMS_OPEN, TPOT, TRUNCATED, TTFT, gauge_ttl_s,
 )  # fmt: skip
 from serve_app.api import ServedModel, create_app
 from serve_app.metrics import RequestOutcome
@@ -74,7 +74,10 @@ def test_each_request_reports_once_with_its_usage(replay_backend):
         missing = http.post("/responses", json={"model": "nope", "input": "x"})
         stale = http.post("/responses", json={"model": "gpt-oss-replay", "input": "x", "previous_response_id": "resp_gone"})
         bad = http.post("/responses", json={"model": "gpt-oss-replay", "input": "x", "temperature": 9})
-    assert (missing.status_code, stale.status_code, bad.status_code) == (404, 400, 400)
+        turns = [{"role": "user", "content": "old"}, {"role": "assistant", "content": "older"}, {"role": "user", "content": "new"}]
+        # Room for 131,000 output tokens leaves 72 for the prompt: the first turn goes.
+        truncated = http.post("/responses", json={"model": "gpt-oss-replay", "input": turns, "truncation": "auto", "max_output_tokens": 131_000})
+    assert (missing.status_code, stale.status_code, bad.status_code, truncated.status_code) == (404, 400, 400, 200)
     got = [(o.model, o.status, o.code) for o in recorder.outcomes]
     assert got == [
         ("gpt-oss-replay", "completed", ""),
@@ -83,13 +86,15 @@ def test_each_request_reports_once_with_its_usage(replay_backend):
         ("", "rejected", "model_not_found"),
         ("gpt-oss-replay", "rejected", "previous_response_not_found"),
         ("", "rejected", bad.json()["error"]["code"]),
+        ("gpt-oss-replay", "completed", ""),
     ]
+    assert [o.truncated_items for o in recorder.outcomes] == [0] * 6 + [2]
     for outcome, response in zip(recorder.outcomes, (streamed, plain, short)):
         usage = response["usage"]
         assert (outcome.prompt_tokens, outcome.output_tokens) == (usage["input_tokens"], usage["output_tokens"])
         assert outcome.cached_tokens == usage["input_tokens_details"]["cached_tokens"]
         assert 0 < outcome.ttft_s <= outcome.e2e_s and outcome.tpot_s > 0
-    for outcome in recorder.outcomes[3:]:
+    for outcome in recorder.outcomes[3:6]:
         assert outcome.ttft_s is None and outcome.output_tokens == 0 and outcome.e2e_s > 0
     assert recorder.most_open == 1 and recorder.open["gpt-oss-replay"] == 0  # one stream, closed
 
@@ -185,6 +190,9 @@ def poll(port: int, expected: dict, read, timeout_s: float = 90):
 def test_prometheus_endpoint_counts_requests_latencies_and_tokens(serve_url, metrics_port):
     requests = [{"model": MODEL, "input": f"metrics request {i} " + "x" * i, "stream": i % 2 == 0} for i in range(8)]
     requests.append({"model": MODEL, "input": "cut short please", "max_output_tokens": 4, "stream": True})
+    # Room for 131,000 output tokens leaves 72 for the prompt: truncation drops the first turn.
+    turns = [{"role": "user", "content": "an old question"}, {"role": "assistant", "content": "an old answer"}, {"role": "user", "content": "now this"}]
+    requests.append({"model": MODEL, "input": turns, "truncation": "auto", "max_output_tokens": 131_000, "stream": False})
 
     def send(body: dict) -> dict:
         if body["stream"]:
@@ -198,7 +206,8 @@ def test_prometheus_endpoint_counts_requests_latencies_and_tokens(serve_url, met
     stale = httpx.post(f"{serve_url}/responses", json={"model": MODEL, "input": "x", "previous_response_id": "resp_gone"})
     assert stale.status_code == 400
     statuses = Counter(r["status"] for r in responses)
-    assert statuses == {"completed": 8, "incomplete": 1}
+    assert statuses == {"completed": 9, "incomplete": 1}
+    assert responses[-1]["output"][-1]["content"][0]["text"] == "now this"
     model = {"model": MODEL}
 
     def read(families: dict) -> dict:
@@ -214,22 +223,24 @@ def test_prometheus_endpoint_counts_requests_latencies_and_tokens(serve_url, met
             "cached": total(families, CACHED_TOKENS, "_total", **model),
             "output": total(families, OUTPUT_TOKENS, "_total", **model),
             "streams_open": total(families, STREAMS_OPEN, **model),
+            "truncated": total(families, TRUNCATED, "_total", **model),
         }
 
     usage = [r["usage"] for r in responses]
     expected = {
-        "completed": 8, "incomplete": 1, "rejected": 1, "all": 10,
-        "e2e_count": 10,  # every request, the rejected one too
-        "ttft_count": 9, "tpot_count": 9,  # every request that got tokens (all of them more than one)
+        "completed": 9, "incomplete": 1, "rejected": 1, "all": 11,
+        "e2e_count": 11,  # every request, the rejected one too
+        "ttft_count": 10, "tpot_count": 10,  # every request that got tokens (all of them more than one)
         "prompt": sum(u["input_tokens"] for u in usage),
         "cached": sum(u["input_tokens_details"]["cached_tokens"] for u in usage),
         "output": sum(u["output_tokens"] for u in usage),
         "streams_open": 0,
+        "truncated": 1,
     }  # fmt: skip
     assert poll(metrics_port, expected, read) == expected
     families = scrape(metrics_port)
     # Histograms: the +Inf bucket holds every observation; TTFT is part of the whole latency.
-    assert total(families, TTFT, "_bucket", le="+Inf", **model) == 9
+    assert total(families, TTFT, "_bucket", le="+Inf", **model) == 10
     assert 0 < total(families, TTFT, "_sum", **model) < total(families, E2E, "_sum", **model)
     assert total(families, TPOT, "_sum", **model) > 0
     # Serve tags each series with where it came from.

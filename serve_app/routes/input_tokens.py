@@ -28,6 +28,6 @@ async def count_input_tokens(http_request: Request) -> Response:
     model = state.served.get(request.model)
     if model is None:
         raise model_not_found(request.model)
-    _, prompt = await render_turn(request, model, state.responses, state.conversations, state.cipher)
-    count = InputTokenCountResponse(object="response.input_tokens", input_tokens=len(prompt))
+    rendered = await render_turn(request, model, state.responses, state.conversations, state.cipher)
+    count = InputTokenCountResponse(object="response.input_tokens", input_tokens=len(rendered.prompt))
     return Response(count.model_dump_json(), media_type="application/json")

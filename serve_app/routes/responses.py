@@ -43,11 +43,11 @@ async def create_response(http_request: Request) -> Response:
     if model.unavailable is not None and (why := await model.unavailable(model.name)):
         raise model_unavailable(model.name, why)
     responses: ResponseStore = state.responses
-    turn = await start_turn(request, model, responses, state.conversations, state.cipher)
-    turn.trace = trace
+    turn = await start_turn(request, model, responses, state.conversations, state.cipher, trace)
     logger.info(
-        "response %s: model=%s stream=%s prompt_tokens=%d max_tokens=%d",
+        "response %s: model=%s stream=%s prompt_tokens=%d max_tokens=%d%s",
         turn.generation.request_id, model.name, request.stream, len(turn.prompt), turn.generation.max_tokens,
+        f" truncated_items={trace.truncated_items}" if trace.truncated_items else "",
     )
     if request.background:
         return await start_background(turn, state)
