@@ -59,7 +59,7 @@ class HandleTokenSource:
                 # control: "try again … on a different instance"), never the request's fault.
                 if received or attempt == 2 or (isinstance(exc, EngineRejected) and exc.client_error):
                     raise
-                logger.warning("request %s: engine replica unavailable before the first token (%s); retrying once", request.request_id, exc)
+                logger.warning("request %s: engine replica unavailable or busy before the first token (%s); retrying once", request.request_id, exc)
             finally:
                 # A client that went away (or an error) must stop the engine's generator too;
                 # a stream read to its end needs no cancel (that would be a Ray call per request).

@@ -51,7 +51,7 @@ def fit_to_context(render: Callable[[list[Item]], list[int]], history: Sequence[
     # Prompts shrink as the cut moves on: search for the first cut that fits, from a guess by
     # the items' text sizes (a 130k-token harmony prompt takes ~0.25 s to render here, so a
     # good guess, two renders, is worth having); none fits: the last cut.
-    excess = (len(prompt) - budget) / len(prompt)
+    excess = (len(prompt) - budget) / max(len(prompt), 1)  # above 1 when max_output_tokens exceeds the context
     sizes = list(itertools.accumulate((_size(item) for item in history[lead:]), initial=0))
     guess = bisect.bisect_left(cuts, lead + bisect.bisect_left(sizes, excess * sizes[-1]))
     found = first_true(lambda k: len(render_from(cuts[k])) <= budget, len(cuts), min(guess, len(cuts) - 1))
