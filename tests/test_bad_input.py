@@ -81,6 +81,7 @@ CASES = [
     ("json_object_without_json_word", {"model": MODEL, "input": "hi", "text": {"format": {"type": "json_object"}}}, 400, "input", "invalid_value"),
     ("oversize_body", {"model": MODEL, "input": "x" * (2 * 1024 * 1024)}, 413, None, "request_too_large"),
     ("context_too_long", {"model": MODEL, "input": " a" * 300_000}, 400, "input", "context_length_exceeded"),
+    ("chat_template_only_reasoning", {"model": "qwen3-replay", "input": [{"type": "reasoning", "summary": [{"type": "summary_text", "text": "hm"}]}]}, 400, "input", "invalid_value"),
 ]
 
 

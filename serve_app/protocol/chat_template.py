@@ -162,6 +162,8 @@ class ChatTemplateModel:
     def render_prompt(self, request: ResponsesRequest, history: list[HistoryItem]) -> list[int]:
         tool_calls = self.tags.tool_call is not None
         messages = conversation(request, history, tool_calls=tool_calls)
+        if not messages:  # only reasoning, which templates attach to an assistant turn
+            raise invalid_request("The input has no message for the model's chat template to render.", param="input")
         # Tools are offered only when calls can be parsed back out of the completion.
         tools = _tools(request) if tool_calls and request.offers_tools() else None
         try:
