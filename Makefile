@@ -60,6 +60,7 @@ test: $(STAMP)
 
 bench: $(STAMP)
 	$(PY) -m bench.hotpath
+	$(PY) -m bench.render
 	$(PY) -m bench.stack
 	$(PY) -m bench.load --serve bench/load-serve.yaml
 

@@ -143,7 +143,7 @@ class EngineAvailability:
 def model_family(model: ModelConfig) -> ModelFamily:
     """Prompt rendering and completion parsing for a configured model (built on the replica)."""
     if model.family == "harmony":
-        return HarmonyModel()
+        return HarmonyModel(prompt_cache_tokens=model.prompt_cache_tokens)
     from serve_app.protocol.chat_template import ChatTemplateModel
     from serve_app.smollm2 import load_tokenizer
 
@@ -155,6 +155,7 @@ def model_family(model: ModelConfig) -> ModelFamily:
         reasoning_parser=settings.reasoning_parser,
         tool_parser=settings.tool_parser,
         template_kwargs=settings.template_kwargs,
+        prompt_cache_tokens=model.prompt_cache_tokens,
     )
 
 

@@ -16,6 +16,8 @@ from typing import Annotated, Any, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from .protocol.prompt_cache import DEFAULT_MAX_TOKENS as DEFAULT_PROMPT_CACHE_TOKENS
+
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
@@ -204,6 +206,11 @@ class ModelConfig(_Strict):
     backend: BackendConfig = Field(default_factory=ReplayBackendConfig)
     chat_template: ChatTemplateConfig | None = Field(None, description="family chat_template only (default: no parsers)")
     max_model_len: int = Field(131_072, ge=16, description="context window: prompt + output tokens")
+    prompt_cache_tokens: int = Field(
+        DEFAULT_PROMPT_CACHE_TOKENS,
+        ge=0,
+        description="token ids of prompt pieces each ingress replica keeps, so a conversation's next turn tokenizes only its new items (4 bytes a token); 0: none",
+    )
     coalesce: CoalesceConfig = Field(default_factory=CoalesceConfig)
     engine: DeploymentConfig = Field(default_factory=DeploymentConfig)
 

@@ -16,6 +16,8 @@ configured here as it would be for `vllm serve`.
 from __future__ import annotations
 
 import json
+import logging
+import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -25,6 +27,7 @@ from jinja2 import TemplateError
 from .chat_parser import ChatCompletionParser, TaggedTextParser, Tags, Vocabulary
 from .constraints import chat_template_constraint, plan
 from .errors import invalid_request
+from .prompt_cache import DEFAULT_MAX_TOKENS, PromptCache
 from .harmony import HistoryItem
 from .items import ItemSink
 from .request import FunctionCallItem, FunctionCallOutputItem, FunctionTool, MessageItem, ReasoningItem, ResponsesRequest
@@ -38,6 +41,8 @@ TOOL_PARSERS: dict[str, tuple[str, str]] = {
     "hermes": ("<tool_call>", "</tool_call>"),
 }
 TEMPLATES_DIR = Path(__file__).parent / "templates"
+
+logger = logging.getLogger("responses_serve.chat_template")
 
 
 def load_template(template: str) -> str:
@@ -127,6 +132,36 @@ def conversation(request: ResponsesRequest, history: list[HistoryItem], *, tool_
     return messages
 
 
+def piece_starts(tokenizer: Any) -> re.Pattern[str] | None:
+    """Where a prompt's text may be cut into pieces that tokenize alone as they do within it:
+    before each special token that `tokenizer` matches wherever it occurs (an added token
+    that eats no whitespace around it, is matched before normalization, and that no other
+    added token overlaps), as it splits the text there before anything else. None when there
+    is no such token, or when a probe text tokenized in pieces differs from it whole."""
+    added = [token.content for token in tokenizer.added_tokens_decoder.values()]
+
+    def overlaps(token: str, other: str) -> bool:  # `other` matched across the start of `token`
+        return (token in other and token != other) or any(other.endswith(token[:end]) for end in range(1, len(token)))
+
+    starts = sorted(
+        token.content
+        for token in tokenizer.added_tokens_decoder.values()
+        if token.special
+        and not (token.lstrip or token.rstrip or token.single_word or token.normalized)
+        and not any(overlaps(token.content, other) for other in added)
+    )
+    if not starts:
+        return None
+    pattern = re.compile("(?=" + "|".join(re.escape(token) for token in starts) + ")")
+    probe = "".join(f"{token}x\n é 12 {token}{token} y\n\n" for token in starts) + " z"
+    pieces = [piece for piece in pattern.split(probe) if piece]
+    whole = tokenizer.encode(probe, add_special_tokens=False)
+    if [i for piece in pieces for i in tokenizer.encode(piece, add_special_tokens=False)] != whole:
+        logger.warning("this tokenizer does not tokenize prompts in pieces as whole: its prompts are not cached")
+        return None
+    return pattern
+
+
 class ChatTemplateModel:
     """Rendering, stop tokens and completion parser for one chat-template tokenizer."""
 
@@ -138,6 +173,7 @@ class ChatTemplateModel:
         reasoning_parser: str | None = None,
         tool_parser: str | None = None,
         template_kwargs: Mapping[str, Any] | None = None,
+        prompt_cache_tokens: int = DEFAULT_MAX_TOKENS,
     ) -> None:
         if getattr(tokenizer, "backend_tokenizer", None) is None:
             raise ValueError("chat-template models need a fast tokenizer (a tokenizer.json): it decodes the stream")
@@ -155,6 +191,8 @@ class ChatTemplateModel:
         tag_ids = {tokenizer.convert_tokens_to_ids(tag) for tag in self.tags.all()}
         self.vocabulary = Vocabulary(tokenizer, skip_ids=set(tokenizer.all_special_ids) - tag_ids)
         self.token_bytes = self.vocabulary.bytes_of  # logprobs
+        self.prompt_cache = PromptCache(prompt_cache_tokens)
+        self.piece_start = piece_starts(tokenizer) if prompt_cache_tokens else None  # None: whole-text encoding
 
     def writes_text(self, token_id: int) -> bool:
         return token_id not in self.vocabulary.skip_ids
@@ -177,8 +215,19 @@ class ChatTemplateModel:
             )
         except TemplateError as exc:  # e.g. "roles must alternate": the request's shape, not a server fault
             raise invalid_request(f"The model's chat template rejected this conversation: {exc}", param="input") from exc
-        # The template wrote any BOS itself.
-        return self.tokenizer.encode(text, add_special_tokens=False)
+        return self.encode(text)
+
+    def encode(self, text: str) -> list[int]:
+        """`text`'s token ids (the template wrote any BOS itself), through the prompt cache:
+        the text is cut before each special token that starts a piece (`piece_starts`), and
+        pieces tokenized before are not tokenized again."""
+        if self.piece_start is None:
+            return self.tokenizer.encode(text, add_special_tokens=False)
+        pieces = [piece for piece in self.piece_start.split(text) if piece]
+        return self.prompt_cache.concat([(piece, piece) for piece in pieces], self._encode_many)
+
+    def _encode_many(self, texts: list[str]) -> list[list[int]]:
+        return self.tokenizer(texts, add_special_tokens=False)["input_ids"]  # one call: a batch
 
     def opens_reasoning(self, prompt: list[int]) -> bool:
         """Whether the prompt ends inside `<think>` (templates that make the model think)."""

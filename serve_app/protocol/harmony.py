@@ -28,6 +28,7 @@ from openai_harmony import (
     HarmonyError,
     Message,
     ReasoningEffort,
+    RenderOptions,
     Role,
     StreamableParser,
     SystemContent,
@@ -39,6 +40,7 @@ from ..vocab import harmony_encoding
 from .constraints import harmony_grammar, plan
 from .errors import invalid_request
 from .items import ItemSink
+from .prompt_cache import DEFAULT_MAX_TOKENS, PromptCache
 from .request import (
     JSONSchemaFormat,
     FunctionCallItem,
@@ -161,9 +163,13 @@ def _history_messages(items: Iterable[HistoryItem]) -> tuple[list[str], list[Mes
 
 
 def render_prompt(
-    request: ResponsesRequest, history: list[HistoryItem], today: datetime.date | None = None
+    request: ResponsesRequest,
+    history: list[HistoryItem],
+    today: datetime.date | None = None,
+    cache: PromptCache | None = None,
 ) -> list[int]:
-    """Prompt token ids for the assistant's next turn. `history` ends with this request's input."""
+    """Prompt token ids for the assistant's next turn. `history` ends with this request's input.
+    With a `cache`, messages it keeps are not tokenized again (the same token ids)."""
     effort = _EFFORTS[(request.reasoning.effort if request.reasoning else None) or "medium"]
     today = today or datetime.datetime.now(datetime.timezone.utc).date()
     system = SystemContent.new().with_reasoning_effort(effort).with_conversation_start_date(today.isoformat())
@@ -172,12 +178,43 @@ def render_prompt(
     if developer := _developer_message(request, leading):
         messages.append(developer)
     messages += rest
+    encoding = harmony_encoding()
     try:
-        return harmony_encoding().render_conversation_for_completion(
-            Conversation.from_messages(messages), Role.ASSISTANT
-        )
+        if cache is None:
+            return encoding.render_conversation_for_completion(Conversation.from_messages(messages), Role.ASSISTANT)
+        return _render_conversation_for_completion(messages, cache)
     except HarmonyError as exc:
         raise invalid_request(f"The request cannot be rendered for this model: {exc}") from None
+
+
+def _render_conversation_for_completion(messages: list[Message], cache: PromptCache) -> list[int]:
+    """`render_conversation_for_completion` message by message, each through `cache`: what
+    harmony does (openai-harmony's `render_conversation_into`) — every message rendered
+    with `conversation_has_function_tools`, analysis before the first final message left
+    out when the last assistant message is final, then `<|start|>assistant`.
+    tests/test_prompt_cache.py holds it equal to harmony's own for any conversation."""
+    encoding = harmony_encoding()
+    options = RenderOptions(conversation_has_function_tools=any(_offers_functions(m) for m in messages))
+    last_assistant = next((m for m in reversed(messages) if m.author.role == Role.ASSISTANT), None)
+    first_final = next((i for i, m in enumerate(messages) if m.channel == "final"), None)
+    if last_assistant is not None and last_assistant.channel == "final" and first_final is not None:
+        messages = [m for i, m in enumerate(messages) if not (i < first_final and m.channel == "analysis")]
+    pieces = [((options.conversation_has_function_tools, m.to_json()), m) for m in messages]
+    return cache.concat(pieces, lambda missing: [encoding.render(m, options) for m in missing]) + _next_assistant_turn()
+
+
+def _offers_functions(message: Message) -> bool:
+    return any(
+        isinstance(content, DeveloperContent) and content.tools and bool(getattr(content.tools.get(FUNCTIONS_NAMESPACE), "tools", None))
+        for content in message.content
+    )
+
+
+@functools.cache
+def _next_assistant_turn() -> list[int]:
+    """`<|start|>assistant`, which ends every prompt."""
+    encoding = harmony_encoding()
+    return encoding.encode("<|start|>", allowed_special="all") + encoding.encode("assistant")
 
 
 def render_completion(messages: list[Message]) -> list[int]:
@@ -430,11 +467,13 @@ class HarmonyParser:
 class HarmonyModel:
     """The gpt-oss family: harmony prompt rendering, stop tokens and the harmony parser."""
 
-    def __init__(self) -> None:
+    def __init__(self, prompt_cache_tokens: int = DEFAULT_MAX_TOKENS) -> None:
         self.stop_token_ids = stop_token_ids()
+        # None: harmony's own conversation rendering, the whole prompt tokenized every time.
+        self.prompt_cache = PromptCache(prompt_cache_tokens) if prompt_cache_tokens else None
 
     def render_prompt(self, request: ResponsesRequest, history: list[HistoryItem]) -> list[int]:
-        return render_prompt(request, history)
+        return render_prompt(request, history, cache=self.prompt_cache)
 
     def parser(self, sink: ItemSink, prompt: list[int]) -> HarmonyParser:
         return HarmonyParser(sink)  # harmony completions start in a fresh message whatever the prompt
