@@ -16,8 +16,8 @@ from grafana_foundation_sdk.cog.encoder import JSONEncoder
 from grafana_foundation_sdk.models.dashboard import DashboardCursorSync, DataSourceRef
 
 from deployments.metrics import (
-    ACCEPTED_TOKENS, BACKGROUND_RUNS, CACHED_TOKENS, DRAFT_TOKENS, E2E, OUTPUT_TOKENS, PROMPT_TOKENS, REQUESTS, STORE_BYTES,
-    STORE_ENTRIES, STREAMS_OPEN, TPOT, TRUNCATED, TTFT, MetricSpec,
+    ACCEPTED_TOKENS, BACKGROUND_RUNS, CACHED_TOKENS, DRAFT_TOKENS, E2E, OUTPUT_TOKENS, PROMPT_TOKENS, RENDER, RENDER_TOKENS,
+    REQUESTS, STORE_BYTES, STORE_ENTRIES, STREAMS_OPEN, TPOT, TRUNCATED, TTFT, MetricSpec,
 )  # fmt: skip
 
 OUTPUT = Path(__file__).resolve().parent.parent / "k8s" / "grafana" / "responses-serve.json"
@@ -118,6 +118,14 @@ def build() -> dashboard.Dashboard:
         .with_row(dashboard.Row("Latency"))
         .with_panel(_quantiles(TTFT, "Time to first token"))
         .with_panel(_quantiles(TPOT, "Time per output token"))
+        .with_row(dashboard.Row("Prompt rendering (ingress)"))
+        .with_panel(_quantiles(RENDER, "Prompt render time"))
+        .with_panel(
+            _panel("Prompt tokens/s by source", "short",
+                   _query(_rate(RENDER_TOKENS, "_total", "model, source"), "{{source}} {{model}}"),
+                   description=RENDER_TOKENS.description + " (cache: a turn's history rendered before on that replica; "
+                   "see models[].prompt_cache_tokens)")
+        )  # fmt: skip
         .with_row(dashboard.Row("Tokens and speculative decoding"))
         .with_panel(
             _panel("Tokens/s", "short",

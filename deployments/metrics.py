@@ -46,6 +46,9 @@ def gauge_refresh_s(report_interval_ms: int | None = None) -> float:
 # answer); the bounds follow vLLM's own histograms, with finer low ends for fast replicas.
 TTFT_BUCKETS = [0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1, 1.5, 2, 3, 5, 7.5, 10, 20, 40, 80]
 TPOT_BUCKETS = [0.0005, 0.001, 0.0025, 0.005, 0.01, 0.02, 0.03, 0.04, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 1, 2.5]
+# The prompt's rendering on the ingress: well under a millisecond for a short request, a
+# tenth of a second or more for a long conversation tokenized whole.
+RENDER_BUCKETS = [0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5]
 E2E_BUCKETS = [0.05, 0.1, 0.25, 0.5, 1, 2, 3, 5, 7.5, 10, 15, 20, 30, 45, 60, 90, 120, 180, 300, 600, 1200]
 
 
@@ -71,6 +74,10 @@ CACHED_TOKENS = MetricSpec(PREFIX + "cached_tokens", "counter", "prompt tokens s
 OUTPUT_TOKENS = MetricSpec(PREFIX + "output_tokens", "counter", "completion tokens")
 DRAFT_TOKENS = MetricSpec(PREFIX + "speculative_draft_tokens", "counter", "speculative decoding: tokens drafted")
 ACCEPTED_TOKENS = MetricSpec(PREFIX + "speculative_accepted_tokens", "counter", "speculative decoding: drafted tokens accepted")
+RENDER = MetricSpec(PREFIX + "prompt_render_seconds", "histogram", "the prompt's rendering on the ingress replica's event loop (its other streams wait)")
+RENDER_TOKENS = MetricSpec(
+    PREFIX + "prompt_render_tokens", "counter", "token ids of prompt renders, by source: the ingress's prompt cache, or tokenized", ("model", "source")
+)
 TRUNCATED = MetricSpec(PREFIX + "truncated_requests", "counter", 'requests whose oldest items truncation "auto" left out of the prompt')
 STREAMS_OPEN = MetricSpec(PREFIX + "streams_open", "gauge", "SSE streams open on this ingress replica")
 BACKGROUND_RUNS = MetricSpec(PREFIX + "background_runs", "gauge", "background responses running on this ingress replica", ())
@@ -79,11 +86,11 @@ STORE_BYTES = MetricSpec(PREFIX + "store_bytes", "gauge", "bytes held by the emb
 
 INGRESS_METRICS = [
     REQUESTS, TTFT, TPOT, E2E, PROMPT_TOKENS, CACHED_TOKENS, OUTPUT_TOKENS, DRAFT_TOKENS, ACCEPTED_TOKENS, TRUNCATED,
-    STREAMS_OPEN, BACKGROUND_RUNS,
+    RENDER, RENDER_TOKENS, STREAMS_OPEN, BACKGROUND_RUNS,
 ]  # fmt: skip
 STORE_METRICS = [STORE_ENTRIES, STORE_BYTES]  # set by the embedded store's replica
 METRICS = INGRESS_METRICS + STORE_METRICS
-_BUCKETS = {TTFT: TTFT_BUCKETS, TPOT: TPOT_BUCKETS, E2E: E2E_BUCKETS}
+_BUCKETS = {TTFT: TTFT_BUCKETS, TPOT: TPOT_BUCKETS, E2E: E2E_BUCKETS, RENDER: RENDER_BUCKETS}
 
 
 def _make(spec: MetricSpec):
@@ -122,6 +129,11 @@ class RayServeMetrics:
                 self._metrics[spec].inc(value, model)
         if outcome.truncated_items > 0:
             self._metrics[TRUNCATED].inc(1, model)
+        if outcome.render_s is not None:
+            self._metrics[RENDER].observe(outcome.render_s, model)
+        for source, value in (("cache", outcome.prompt_reused_tokens), ("tokenized", outcome.prompt_tokenized_tokens)):
+            if value > 0:
+                self._metrics[RENDER_TOKENS].inc(value, {**model, "source": source})
 
     def stream_opened(self, model: str) -> None:
         self._set_open(model, +1)

@@ -41,6 +41,9 @@ class RequestOutcome:
     draft_tokens: int = 0  # speculative decoding: tokens proposed
     accepted_tokens: int = 0  # ... and accepted by the target model
     truncated_items: int = 0  # history items `truncation: "auto"` left out of the prompt
+    render_s: float | None = None  # the prompt's rendering on the ingress's event loop
+    prompt_reused_tokens: int = 0  # token ids of the renders taken from the prompt cache
+    prompt_tokenized_tokens: int = 0  # ... and tokenized
 
 
 @dataclass(slots=True)
@@ -56,6 +59,9 @@ class RequestTrace:
     draft_tokens: int = 0
     accepted_tokens: int = 0
     truncated_items: int = 0
+    render_s: float | None = None
+    prompt_reused_tokens: int = 0
+    prompt_tokenized_tokens: int = 0
     reported: bool = False
 
     def saw(self, batch: TokenBatch) -> None:
@@ -80,6 +86,7 @@ class RequestTrace:
             model=self.model, status=status, code=code or "", e2e_s=now - self.started, ttft_s=ttft, tpot_s=tpot,
             prompt_tokens=self.prompt_tokens, cached_tokens=self.cached_tokens, output_tokens=self.output_tokens,
             draft_tokens=self.draft_tokens, accepted_tokens=self.accepted_tokens, truncated_items=self.truncated_items,
+            render_s=self.render_s, prompt_reused_tokens=self.prompt_reused_tokens, prompt_tokenized_tokens=self.prompt_tokenized_tokens,
         )  # fmt: skip
 
 

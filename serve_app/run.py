@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import logging
+import time
 from dataclasses import dataclass, field
 from typing import AsyncIterator, Awaitable, Callable, NamedTuple, Protocol
 
@@ -24,6 +24,7 @@ from .protocol.errors import invalid_request
 from .protocol.harmony import HarmonyModel, HistoryItem
 from .protocol.items import CompletionParser, ItemSink
 from .protocol.logprobs import LogprobFormatter
+from .protocol.prompt_cache import PromptCache
 from .protocol.request import ResponsesRequest
 from .protocol.stream import ResponseStream, new_id
 from .protocol.tokens import EngineRejected, GenerationRequest, OutputConstraint, TokenBatch
@@ -43,6 +44,7 @@ class ModelFamily(Protocol):
     """How a kind of model is prompted and parsed (`HarmonyModel`, `ChatTemplateModel`)."""
 
     stop_token_ids: list[int]
+    prompt_cache: PromptCache | None  # token ids of prompt pieces rendered before
 
     def render_prompt(self, request: ResponsesRequest, history: list[HistoryItem]) -> list[int]: ...
     def parser(self, sink: ItemSink, prompt: list[int]) -> CompletionParser: ...
@@ -78,10 +80,20 @@ class Turn:
     trace: RequestTrace = field(default_factory=RequestTrace)  # timings and counts for metrics
 
 
+class RenderCost(NamedTuple):
+    """What rendering a turn's prompt took: its time on the event loop, and the tokens of all
+    its renders (truncation tries several), by where their ids came from."""
+
+    seconds: float
+    reused_tokens: int  # from the model's prompt cache
+    tokenized_tokens: int
+
+
 class RenderedTurn(NamedTuple):
     input_items: list[HistoryItem]  # this turn's own input, with ids
     prompt: list[int]
-    truncated_items: int = 0  # history items left out of the prompt (`truncation: "auto"`)
+    truncated_items: int  # history items left out of the prompt (`truncation: "auto"`)
+    cost: RenderCost
 
 
 async def render_turn(
@@ -104,11 +116,24 @@ async def render_turn(
         if conversations is None or await conversations.get(conversation_id) is None:
             raise conversation_not_found(conversation_id, param="conversation")
         history = await conversations.history(conversation_id) + input_items
-    render = functools.partial(model.family.render_prompt, request)
+    cache = model.family.prompt_cache
+    reused_before = cache.hit_tokens if cache is not None else 0
+    rendered = 0  # tokens of every render
+    started = time.perf_counter()
+
+    def render(items: list[HistoryItem]) -> list[int]:
+        nonlocal rendered
+        prompt = model.family.render_prompt(request, items)
+        rendered += len(prompt)
+        return prompt
+
     if request.truncation != "auto":
-        return RenderedTurn(input_items, render(history))
-    budget = model.max_model_len - output_reserve(request.max_output_tokens, model.max_model_len)
-    return RenderedTurn(input_items, *fit_to_context(render, history, budget))
+        prompt, truncated_items = render(history), 0
+    else:
+        budget = model.max_model_len - output_reserve(request.max_output_tokens, model.max_model_len)
+        prompt, truncated_items = fit_to_context(render, history, budget)
+    reused = cache.hit_tokens - reused_before if cache is not None else 0
+    return RenderedTurn(input_items, prompt, truncated_items, RenderCost(time.perf_counter() - started, reused, rendered - reused))
 
 
 async def start_turn(
@@ -121,9 +146,10 @@ async def start_turn(
 ) -> Turn:
     """The history and prompt of `render_turn`, the engine request and the event stream.
     `trace`: the request's, for metrics (it learns how many items truncation left out)."""
-    input_items, prompt, truncated_items = await render_turn(request, model, responses, conversations, cipher)
+    input_items, prompt, truncated_items, cost = await render_turn(request, model, responses, conversations, cipher)
     trace = trace or RequestTrace()
     trace.truncated_items = truncated_items
+    trace.render_s, trace.prompt_reused_tokens, trace.prompt_tokenized_tokens = cost.seconds, cost.reused_tokens, cost.tokenized_tokens
     generation = generation_request(request, prompt, model)
     stream = ResponseStream(
         request,

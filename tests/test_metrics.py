@@ -17,11 +17,12 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from deployments.metrics import (
-    ACCEPTED_TOKENS, BACKGROUND_RUNS, CACHED_TOKENS, DRAFT_TOKENS, E2E, METRICS, OUTPUT_TOKENS, PROMPT_TOKENS, REQUESTS,
-    STORE_BYTES, STORE_ENTRIES, STREAMS_OPEN, TPOT, TRUNCATED, TTFT, gauge_ttl_s,
+    ACCEPTED_TOKENS, BACKGROUND_RUNS, CACHED_TOKENS, DRAFT_TOKENS, E2E, METRICS, OUTPUT_TOKENS, PROMPT_TOKENS, RENDER,
+    RENDER_TOKENS, REQUESTS, STORE_BYTES, STORE_ENTRIES, STREAMS_OPEN, TPOT, TRUNCATED, TTFT, gauge_ttl_s,
 )  # fmt: skip
 from serve_app.api import ServedModel, create_app
 from serve_app.metrics import RequestOutcome
+from serve_app.protocol.harmony import HarmonyModel
 from tests.conftest import engine_stats, have_vllm, uvicorn_server, wait_until
 from tests.sdk_scenarios import raw_stream
 
@@ -97,6 +98,24 @@ def test_each_request_reports_once_with_its_usage(replay_backend):
     for outcome in recorder.outcomes[3:6]:
         assert outcome.ttft_s is None and outcome.output_tokens == 0 and outcome.e2e_s > 0
     assert recorder.most_open == 1 and recorder.open["gpt-oss-replay"] == 0  # one stream, closed
+
+
+def test_a_follow_up_reports_the_prompt_pieces_it_reused(replay_backend):
+    """The second turn of a chain takes its first turn's prompt pieces from the replica's
+    prompt cache (all but the closing `<|start|>assistant`); without a cache nothing is reused."""
+    recorder = Recorder()
+    models = [ServedModel("gpt-oss-replay", replay_backend), ServedModel("whole", replay_backend, family=HarmonyModel(prompt_cache_tokens=0))]
+    with uvicorn_server(create_app(models, metrics=recorder)) as url, httpx.Client(base_url=url, timeout=30) as http:
+        for model in ("gpt-oss-replay", "whole"):
+            first = http.post("/responses", json={"model": model, "input": "a long first question " * 40}).json()
+            http.post("/responses", json={"model": model, "input": "and then?", "previous_response_id": first["id"]}).raise_for_status()
+    first, follow_up, whole_first, whole_follow_up = recorder.outcomes
+    assert (first.prompt_reused_tokens, first.prompt_tokenized_tokens) == (0, first.prompt_tokens)
+    assert follow_up.prompt_reused_tokens == first.prompt_tokens - 2
+    assert follow_up.prompt_reused_tokens + follow_up.prompt_tokenized_tokens == follow_up.prompt_tokens
+    for outcome in (whole_first, whole_follow_up):
+        assert (outcome.prompt_reused_tokens, outcome.prompt_tokenized_tokens) == (0, outcome.prompt_tokens)
+    assert all(outcome.render_s > 0 for outcome in recorder.outcomes)
 
 
 def test_a_client_that_goes_away_is_counted_cancelled(replay_backend):
@@ -224,6 +243,7 @@ def test_prometheus_endpoint_counts_requests_latencies_and_tokens(serve_url, met
             "output": total(families, OUTPUT_TOKENS, "_total", **model),
             "streams_open": total(families, STREAMS_OPEN, **model),
             "truncated": total(families, TRUNCATED, "_total", **model),
+            "render_count": total(families, RENDER, "_count", **model),
         }
 
     usage = [r["usage"] for r in responses]
@@ -236,6 +256,7 @@ def test_prometheus_endpoint_counts_requests_latencies_and_tokens(serve_url, met
         "output": sum(u["output_tokens"] for u in usage),
         "streams_open": 0,
         "truncated": 1,
+        "render_count": 10,  # every request that rendered a prompt (the rejected one failed before)
     }  # fmt: skip
     assert poll(metrics_port, expected, read) == expected
     families = scrape(metrics_port)
@@ -243,6 +264,11 @@ def test_prometheus_endpoint_counts_requests_latencies_and_tokens(serve_url, met
     assert total(families, TTFT, "_bucket", le="+Inf", **model) == 10
     assert 0 < total(families, TTFT, "_sum", **model) < total(families, E2E, "_sum", **model)
     assert total(families, TPOT, "_sum", **model) > 0
+    # Every prompt token was rendered (truncation rendered more); the system message they share
+    # came from the prompt cache on whichever replica served a second request (2 replicas, 11).
+    rendered = {source: total(families, RENDER_TOKENS, "_total", source=source, **model) for source in ("cache", "tokenized")}
+    assert rendered["cache"] > 0 and sum(rendered.values()) >= expected["prompt"]
+    assert 0 < total(families, RENDER, "_sum", **model) < total(families, E2E, "_sum", **model)
     # Serve tags each series with where it came from.
     [sample] = [s for s in families[REQUESTS.exported].samples if s.labels.get("status") == "rejected" and s.labels["model"] == MODEL]
     assert sample.labels["application"] == "responses" and sample.labels["deployment"] == "ResponsesIngress"

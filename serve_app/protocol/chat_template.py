@@ -191,8 +191,8 @@ class ChatTemplateModel:
         tag_ids = {tokenizer.convert_tokens_to_ids(tag) for tag in self.tags.all()}
         self.vocabulary = Vocabulary(tokenizer, skip_ids=set(tokenizer.all_special_ids) - tag_ids)
         self.token_bytes = self.vocabulary.bytes_of  # logprobs
-        self.prompt_cache = PromptCache(prompt_cache_tokens)
-        self.piece_start = piece_starts(tokenizer) if prompt_cache_tokens else None  # None: whole-text encoding
+        self.prompt_cache = PromptCache(prompt_cache_tokens) if prompt_cache_tokens else None
+        self.piece_start = piece_starts(tokenizer) if self.prompt_cache else None  # None: whole-text encoding
 
     def writes_text(self, token_id: int) -> bool:
         return token_id not in self.vocabulary.skip_ids
@@ -221,7 +221,7 @@ class ChatTemplateModel:
         """`text`'s token ids (the template wrote any BOS itself), through the prompt cache:
         the text is cut before each special token that starts a piece (`piece_starts`), and
         pieces tokenized before are not tokenized again."""
-        if self.piece_start is None:
+        if self.piece_start is None or self.prompt_cache is None:
             return self.tokenizer.encode(text, add_special_tokens=False)
         pieces = [piece for piece in self.piece_start.split(text) if piece]
         return self.prompt_cache.concat([(piece, piece) for piece in pieces], self._encode_many)

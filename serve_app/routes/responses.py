@@ -45,8 +45,9 @@ async def create_response(http_request: Request) -> Response:
     responses: ResponseStore = state.responses
     turn = await start_turn(request, model, responses, state.conversations, state.cipher, trace)
     logger.info(
-        "response %s: model=%s stream=%s prompt_tokens=%d max_tokens=%d%s",
+        "response %s: model=%s stream=%s prompt_tokens=%d max_tokens=%d render_ms=%.1f reused_tokens=%d%s",
         turn.generation.request_id, model.name, request.stream, len(turn.prompt), turn.generation.max_tokens,
+        (trace.render_s or 0) * 1e3, trace.prompt_reused_tokens,
         f" truncated_items={trace.truncated_items}" if trace.truncated_items else "",
     )
     if request.background:
