@@ -199,7 +199,7 @@ def _render_conversation_for_completion(messages: list[Message], cache: PromptCa
     first_final = next((i for i, m in enumerate(messages) if m.channel == "final"), None)
     if last_assistant is not None and last_assistant.channel == "final" and first_final is not None:
         messages = [m for i, m in enumerate(messages) if not (i < first_final and m.channel == "analysis")]
-    pieces = [((options.conversation_has_function_tools, m.to_json()), m) for m in messages]
+    pieces = [(f"{options.conversation_has_function_tools:d}{m.to_json()}", m) for m in messages]
     return cache.concat(pieces, lambda missing: [encoding.render(m, options) for m in missing]) + _next_assistant_turn()
 
 

@@ -13,21 +13,26 @@ recently used going first when the budget of tokens is full.
 
     cache = PromptCache(max_tokens=8_000_000)
     prompt = cache.concat([(key, piece), ...], render_many)   # render_many(missing pieces)
+
+A key is the text that decides a piece's tokens (a harmony message's JSON, a piece of a
+chat-template prompt); it is kept as a 16-byte BLAKE2 digest, so the budget in tokens
+bounds the memory: 4 bytes a token and ~200 bytes a piece.
 """
 
 from __future__ import annotations
 
+import hashlib
 import threading
 from array import array
-from collections.abc import Callable, Hashable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import TypeVar
 
 import cachetools
 
 Piece = TypeVar("Piece")
 
-# Token ids are kept 4 bytes each: the default holds 8M tokens (~32 MB per model and ingress
-# replica), a few dozen long agent conversations.
+# The default holds 8M tokens (~32 MB per model and ingress replica): a few dozen long agent
+# conversations.
 DEFAULT_MAX_TOKENS = 8_000_000
 
 
@@ -36,20 +41,21 @@ class PromptCache:
 
     def __init__(self, max_tokens: int = DEFAULT_MAX_TOKENS) -> None:
         self.max_tokens = max_tokens
-        self._pieces: cachetools.LRUCache[Hashable, array] = cachetools.LRUCache(maxsize=max(max_tokens, 1), getsizeof=len)
+        self._pieces: cachetools.LRUCache[bytes, array] = cachetools.LRUCache(maxsize=max(max_tokens, 1), getsizeof=len)
         self._lock = threading.Lock()  # the event loop renders, but a test or tool may use threads
         self.hit_tokens = 0  # tokens taken from the cache / tokenized, since the start
         self.rendered_tokens = 0
 
     def concat(
         self,
-        pieces: Sequence[tuple[Hashable, Piece]],
+        pieces: Sequence[tuple[str, Piece]],
         render_many: Callable[[list[Piece]], Iterable[Sequence[int]]],
     ) -> list[int]:
         """The token ids of `pieces` (key, piece) one after the other; the pieces not kept are
         rendered by one call of `render_many` (their token ids, in order) and kept."""
+        keys = [hashlib.blake2b(key.encode("utf-8", "surrogatepass"), digest_size=16).digest() for key, _ in pieces]
         with self._lock:
-            found = [self._pieces.get(key) for key, _ in pieces]
+            found = [self._pieces.get(key) for key in keys]
         missing = [index for index, tokens in enumerate(found) if tokens is None]
         if missing:
             rendered = render_many([pieces[index][1] for index in missing])
@@ -58,7 +64,7 @@ class PromptCache:
                     found[index] = array("I", tokens)
                     self.rendered_tokens += len(tokens)
                     if self.max_tokens and len(tokens) <= self.max_tokens:
-                        self._pieces[pieces[index][0]] = found[index]
+                        self._pieces[keys[index]] = found[index]
         prompt = array("I")
         for tokens in found:
             prompt.extend(tokens)
