@@ -60,6 +60,7 @@ class HandleTokenSource:
                 if received or attempt == 2 or (isinstance(exc, EngineRejected) and exc.client_error):
                     raise
                 logger.warning("request %s: engine replica unavailable or busy before the first token (%s); retrying once", request.request_id, exc)
+                request.affinity_key = None  # the retry goes by load, not back to the busy replica
             finally:
                 # A client that went away (or an error) must stop the engine's generator too;
                 # a stream read to its end needs no cancel (that would be a Ray call per request).

@@ -12,6 +12,7 @@ from typing import Any
 from pydantic import ValidationError
 from ray import serve
 from ray.serve import Application
+from ray.serve.config import RequestRouterConfig
 
 from deployments.memory import ALLOCATOR_ENV
 from serve_app.config import AppConfig, ModelConfig
@@ -84,6 +85,11 @@ def engine_deployment_options(model: ModelConfig) -> dict[str, Any]:
     its `EnginePlacement` fields: a replay engine with `device: gpu` like a vLLM one.
     """
     options = model.engine.serve_options()
+    if model.routing.conversation_affinity:
+        options["request_router_config"] = RequestRouterConfig(
+            request_router_class="deployments.routing.ConversationAffinityRouter",
+            request_router_kwargs={"max_imbalance": model.routing.max_imbalance},
+        )
     backend = model.backend
     if backend.device != "gpu":
         return options

@@ -165,6 +165,17 @@ class CoalesceConfig(_Strict):
     max_tokens: int = Field(256, ge=1)
 
 
+class RoutingConfig(_Strict):
+    """How ingress replicas pick one of a model's engine replicas (deployments/routing.py)."""
+
+    conversation_affinity: bool = Field(
+        True, description="a conversation's requests go to one engine replica, whose prefix cache holds it; false: Serve's power of two choices"
+    )
+    max_imbalance: int = Field(
+        4, ge=0, description="requests the conversation's replica may have beyond the least loaded one before another is taken"
+    )
+
+
 class DeploymentConfig(_Strict):
     """Ray Serve deployment options, passed to `serve.deployment(...).options(...)`."""
 
@@ -213,6 +224,7 @@ class ModelConfig(_Strict):
     )
     coalesce: CoalesceConfig = Field(default_factory=CoalesceConfig)
     engine: DeploymentConfig = Field(default_factory=DeploymentConfig)
+    routing: RoutingConfig = Field(default_factory=RoutingConfig)
 
     @model_validator(mode="after")
     def _consistent(self) -> ModelConfig:

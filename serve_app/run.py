@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import logging
 import time
 from dataclasses import dataclass, field
@@ -25,7 +26,7 @@ from .protocol.harmony import HarmonyModel, HistoryItem
 from .protocol.items import CompletionParser, ItemSink
 from .protocol.logprobs import LogprobFormatter
 from .protocol.prompt_cache import PromptCache
-from .protocol.request import ResponsesRequest
+from .protocol.request import MessageItem, ResponsesRequest
 from .protocol.stream import ResponseStream, new_id
 from .protocol.tokens import EngineRejected, GenerationRequest, OutputConstraint, TokenBatch
 from .protocol.truncation import fit_to_context, output_reserve
@@ -94,6 +95,7 @@ class RenderedTurn(NamedTuple):
     prompt: list[int]
     truncated_items: int  # history items left out of the prompt (`truncation: "auto"`)
     cost: RenderCost
+    affinity_key: str | None  # the conversation's, for the engine's router (`affinity_key`)
 
 
 async def render_turn(
@@ -133,7 +135,24 @@ async def render_turn(
         budget = model.max_model_len - output_reserve(request.max_output_tokens, model.max_model_len)
         prompt, truncated_items = fit_to_context(render, history, budget)
     reused = cache.hit_tokens - reused_before if cache is not None else 0
-    return RenderedTurn(input_items, prompt, truncated_items, RenderCost(time.perf_counter() - started, reused, rendered - reused))
+    cost = RenderCost(time.perf_counter() - started, reused, rendered - reused)
+    return RenderedTurn(input_items, prompt, truncated_items, cost, affinity_key(request, history))
+
+
+def affinity_key(request: ResponsesRequest, history: list[HistoryItem]) -> str | None:
+    """What every turn of a conversation has in common, so its engine requests can go to the
+    engine replica that holds its prefix in cache: the client's `prompt_cache_key` (OpenAI
+    routes by it too), else the `conversation`, else the text of the history's first user
+    message (the same for a `previous_response_id` chain and for a client that sends the
+    whole history every turn). None without any of them."""
+    if request.prompt_cache_key:
+        return "key:" + request.prompt_cache_key
+    if request.conversation_id is not None:
+        return "conversation:" + request.conversation_id
+    first = next((item for item in history if isinstance(item, MessageItem) and item.role == "user"), None)
+    if first is None:
+        return None
+    return "user:" + hashlib.blake2b(first.text.encode("utf-8", "surrogatepass"), digest_size=16).hexdigest()
 
 
 async def start_turn(
@@ -146,11 +165,13 @@ async def start_turn(
 ) -> Turn:
     """The history and prompt of `render_turn`, the engine request and the event stream.
     `trace`: the request's, for metrics (it learns how many items truncation left out)."""
-    input_items, prompt, truncated_items, cost = await render_turn(request, model, responses, conversations, cipher)
+    rendered = await render_turn(request, model, responses, conversations, cipher)
+    prompt, cost = rendered.prompt, rendered.cost
     trace = trace or RequestTrace()
-    trace.truncated_items = truncated_items
+    trace.truncated_items = rendered.truncated_items
     trace.render_s, trace.prompt_reused_tokens, trace.prompt_tokenized_tokens = cost.seconds, cost.reused_tokens, cost.tokenized_tokens
     generation = generation_request(request, prompt, model)
+    generation.affinity_key = rendered.affinity_key
     stream = ResponseStream(
         request,
         response_id=generation.request_id,
@@ -158,7 +179,7 @@ async def start_turn(
         logprobs=LogprobFormatter(model.family) if request.logprobs is not None else None,
         encrypt_reasoning=cipher.encrypt if ENCRYPTED_REASONING in request.include else None,
     )
-    return Turn(request, model, input_items, prompt, generation, stream, conversations=conversations, trace=trace)
+    return Turn(request, model, rendered.input_items, prompt, generation, stream, conversations=conversations, trace=trace)
 
 
 async def run_turn(turn: Turn, responses: ResponseStore, max_duration_s: float | None = None) -> AsyncIterator[list[ResponseStreamEvent]]:

@@ -130,6 +130,14 @@ E2E_ARGS = {
             "backend": {"type": "replay", "step_delay_ms": 50},
             "engine": {"num_replicas": 1, "ray_actor_options": {"num_cpus": 0}},
         },
+        # Only tests/test_routing.py uses these: three engine replicas each, whose (simulated)
+        # prefix caches show where each conversation's turns went.
+        {"name": "gpt-oss-replay-affinity", "engine": {"num_replicas": 3, "ray_actor_options": {"num_cpus": 0}}},
+        {
+            "name": "gpt-oss-replay-spread",
+            "routing": {"conversation_affinity": False},
+            "engine": {"num_replicas": 3, "ray_actor_options": {"num_cpus": 0}},
+        },
         {
             "name": "gpt-oss-replay-kill",
             "backend": {"type": "replay", "step_delay_ms": 50},

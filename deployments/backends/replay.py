@@ -11,6 +11,10 @@ and streams it in seeded engine-like steps of a few tokens:
    `Calling NAME.`, then a commentary call `to=functions.NAME` with the JSON (default `{}`);
 3. otherwise -> analysis `The user wrote N characters.`, then a final message echoing it.
 
+Prompt tokens are counted as cached (`num_cached_tokens`) as vLLM's automatic prefix caching
+would find them on this replica (`PrefixCache`), so routing that keeps a conversation on
+one engine replica shows in `usage.input_tokens_details.cached_tokens` without a GPU.
+
 Logprobs, when asked for, tell the script's certainty: every token has logprob 0.0
 (probability 1) and is its own only alternative; no other token was possible.
 
@@ -23,12 +27,14 @@ schema); a JSON answer schema turns the answer into an instance of it.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import random
 import re
 from dataclasses import dataclass
 from typing import Any, AsyncIterator, Callable
 
+import cachetools
 import jsonschema
 
 from openai_harmony import Message, Role
@@ -55,6 +61,30 @@ class ReplayConfig:
             raise ValueError("need 1 <= min_step_tokens <= max_step_tokens")
         if self.step_delay_s < 0:
             raise ValueError("step_delay_s must be >= 0")
+
+
+class PrefixCache:
+    """What vLLM's automatic prefix caching finds of a prompt on one engine: the full blocks
+    it starts with that an earlier prompt there computed (a block's key is the hash of all
+    tokens up to its end), never the last token (vLLM always computes one), the least
+    recently used blocks going first beyond `max_blocks`."""
+
+    def __init__(self, block_size: int = 16, max_blocks: int = 1 << 16) -> None:
+        self.block_size = block_size
+        self._blocks: cachetools.LRUCache[bytes, bool] = cachetools.LRUCache(max_blocks)
+
+    def cached_tokens(self, prompt: list[int]) -> int:
+        """Tokens of `prompt` found in the cache; its blocks are cached from now on."""
+        chain, hits, missed = hashlib.blake2b(digest_size=16), 0, False
+        for end in range(self.block_size, len(prompt) + 1, self.block_size):
+            chain.update(str(prompt[end - self.block_size : end]).encode())
+            key = chain.digest()
+            if not missed and self._blocks.get(key):
+                hits = end
+            else:
+                missed = True
+                self._blocks[key] = True
+        return min(hits, (len(prompt) - 1) // self.block_size * self.block_size)
 
 
 def _offered_functions(developer_texts: list[str]) -> set[str]:
@@ -169,6 +199,7 @@ class ReplayBackend:
         self._running: set[str] = set()
         self._aborted: set[str] = set()
         self.num_steps = 0  # engine steps produced, over all requests (for tests and benchmarks)
+        self.prefix_cache = PrefixCache()
 
     def num_running(self) -> int:
         return len(self._running)
@@ -187,6 +218,7 @@ class ReplayBackend:
         if request.max_tokens is not None and len(tokens) > request.max_tokens:
             tokens, finish_reason = tokens[: request.max_tokens], "length"
         steps = random.Random(config.seed if request.seed is None else request.seed)
+        cached = self.prefix_cache.cached_tokens(request.prompt_token_ids)
         self._running.add(request.request_id)
         try:
             position, first = 0, True
@@ -202,7 +234,7 @@ class ReplayBackend:
                     step,
                     finish_reason=finish_reason if position >= len(tokens) else None,
                     num_prompt_tokens=len(request.prompt_token_ids) if first else None,
-                    num_cached_tokens=0 if first else None,
+                    num_cached_tokens=cached if first else None,
                     logprobs=None if request.logprobs is None else [(0.0, [(t, 0.0)] if request.logprobs else []) for t in step],
                 )
                 first = False

@@ -52,6 +52,9 @@ class GenerationRequest:
     # Who consumes the stream (inside Ray: the ingress replica's actor name), so the engine
     # can abort requests whose consumer died; None: not watched.
     caller: str | None = None
+    # The conversation this request continues: requests with the same key go to the same
+    # engine replica, whose prefix cache holds it (deployments/routing.py); None: any replica.
+    affinity_key: str | None = None
 
 
 @dataclass(slots=True)

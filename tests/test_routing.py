@@ -1,0 +1,116 @@
+"""Conversation affinity (deployments/routing.py): an engine request goes to the engine
+replica its conversation's key prefers, while that replica is not much busier than the
+others, so its prefix cache holds the conversation. Pure parts here; then through Serve
+(2 ingress replicas behind HAProxy, 3 engine replicas whose replay engines count cached
+prompt tokens as vLLM's prefix caching would), with affinity and without."""
+
+from __future__ import annotations
+
+import collections
+
+import httpx
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from deployments.backends.replay import PrefixCache
+from deployments.routing import preferred_replica, within_imbalance
+from serve_app.protocol.request import ResponsesRequest
+from serve_app.run import affinity_key
+
+
+@given(st.lists(st.text("abcdef", min_size=1, max_size=8), min_size=2, max_size=6, unique=True), st.text(max_size=20))
+def test_a_key_keeps_its_replica_unless_that_one_goes(replicas, key):
+    chosen = preferred_replica(key, replicas)
+    assert chosen in replicas
+    assert preferred_replica(key, list(reversed(replicas))) == chosen  # order does not matter
+    assert preferred_replica(key, replicas + ["new replica"]) in (chosen, "new replica")  # it stays or goes to the new one
+    for gone in replicas:  # another replica leaving moves nobody
+        if gone != chosen:
+            assert preferred_replica(key, [replica for replica in replicas if replica != gone]) == chosen
+
+
+def test_keys_spread_evenly_over_replicas():
+    counts = collections.Counter(preferred_replica(f"conversation {i}", ["a", "b", "c", "d"]) for i in range(4000))
+    assert set(counts) == {"a", "b", "c", "d"} and all(800 < n < 1200 for n in counts.values())
+
+
+def test_a_busy_preferred_replica_is_passed_over():
+    assert within_imbalance(6, [2, 3], max_imbalance=4)
+    assert not within_imbalance(7, [2, 9], max_imbalance=4)
+    assert within_imbalance(None, [0], max_imbalance=0)  # unknown: Serve probes it
+    assert within_imbalance(9, [None, None], max_imbalance=0)  # nothing to compare with
+
+
+def _request(**body) -> ResponsesRequest:
+    return ResponsesRequest.model_validate({"model": "m", **body})
+
+
+def test_the_affinity_key_is_what_every_turn_of_a_conversation_shares():
+    first = [{"role": "developer", "content": "be brief"}, {"role": "user", "content": "plan a trip"}]
+    later = first + [{"role": "assistant", "content": "where to?"}, {"role": "user", "content": "Rome"}]
+    keys = [affinity_key(request, request.input_items()) for request in (_request(input=first), _request(input=later))]
+    assert keys[0] == keys[1] and keys[0].startswith("user:")
+    other = _request(input=[{"role": "user", "content": "plan a hike"}])
+    assert affinity_key(other, other.input_items()) != keys[0]
+    keyed = _request(input=later, prompt_cache_key="session-7")
+    assert affinity_key(keyed, keyed.input_items()) == "key:session-7"
+    in_conversation = _request(input="hi", conversation="conv_1")
+    assert affinity_key(in_conversation, in_conversation.input_items()) == "conversation:conv_1"
+    no_user = _request(input=[{"role": "developer", "content": "x"}])
+    assert affinity_key(no_user, no_user.input_items()) is None
+
+
+def test_the_replay_prefix_cache_counts_whole_blocks_of_a_prompt_seen_before():
+    cache = PrefixCache(block_size=16, max_blocks=8)
+    prompt = list(range(100))
+    assert cache.cached_tokens(prompt) == 0
+    assert cache.cached_tokens(prompt) == 96  # never the last token; whole blocks only
+    assert cache.cached_tokens(prompt + [7] * 40) == 96
+    assert cache.cached_tokens([1] + prompt) == 0  # a prefix, not any shared run
+    assert cache.cached_tokens(list(range(500, 700))) == 0  # 12 new blocks push the first ones out
+    assert cache.cached_tokens(prompt) == 0
+
+
+# -- through Serve --------------------------------------------------------------------------
+
+CONVERSATIONS = 24
+
+
+def _turns(serve_url: str, model: str) -> list[list[dict]]:
+    """24 conversations of 3 turns (`previous_response_id` chains, interleaved): each turn's usage."""
+    usages: list[list[dict]] = [[] for _ in range(CONVERSATIONS)]
+    previous: list[str | None] = [None] * CONVERSATIONS
+    with httpx.Client(base_url=serve_url, timeout=60) as http:
+        for turn in range(3):
+            for index in range(CONVERSATIONS):
+                body = {"model": model, "input": f"conversation {index}, turn {turn}: " + "words " * 40, "previous_response_id": previous[index]}
+                response = http.post("/responses", json=body)
+                assert response.status_code == 200, response.text
+                previous[index] = response.json()["id"]
+                usages[index].append(response.json()["usage"])
+    return usages
+
+
+def _follow_ups_on_their_replica(usages: list[list[dict]]) -> tuple[int, int]:
+    """(follow-up turns that found the whole earlier prompt cached, all follow-up turns)."""
+    hits = total = 0
+    for turns in usages:
+        for earlier, later in zip(turns, turns[1:]):
+            total += 1
+            hits += later["input_tokens_details"]["cached_tokens"] >= earlier["input_tokens"] // 16 * 16
+    return hits, total
+
+
+def test_each_conversation_stays_on_its_engine_replica(serve_url):
+    usages = _turns(serve_url, "gpt-oss-replay-affinity")
+    assert _follow_ups_on_their_replica(usages) == (2 * CONVERSATIONS, 2 * CONVERSATIONS)
+    # Every first turn but one per replica found the system message cached (the prompts all
+    # start with it): the conversations went to more than one replica.
+    replicas_used = sum(turns[0]["input_tokens_details"]["cached_tokens"] == 0 for turns in usages)
+    assert replicas_used >= 2
+
+
+def test_without_affinity_follow_ups_land_anywhere(serve_url):
+    hits, total = _follow_ups_on_their_replica(_turns(serve_url, "gpt-oss-replay-spread"))
+    assert hits < total  # by chance all 48 would have found their replica with p = 3**-48
