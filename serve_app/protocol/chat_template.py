@@ -27,9 +27,9 @@ from jinja2 import TemplateError
 from .chat_parser import ChatCompletionParser, TaggedTextParser, Tags, Vocabulary
 from .constraints import chat_template_constraint, plan
 from .errors import invalid_request
-from .prompt_cache import DEFAULT_MAX_TOKENS, PromptCache
 from .harmony import HistoryItem
 from .items import ItemSink
+from .prompt_cache import DEFAULT_MAX_TOKENS, PromptCache
 from .request import FunctionCallItem, FunctionCallOutputItem, FunctionTool, MessageItem, ReasoningItem, ResponsesRequest
 from .tokens import OutputConstraint
 
