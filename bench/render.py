@@ -90,11 +90,12 @@ def run_round(inputs: list[list[dict]], replicas: int) -> dict[str, dict]:
             assert cached == whole, f"{family}: the cached prompt differs at turn {turn}"
             rows.append((len(whole), whole_s, cached_s))
         budget = rows[-1][0] // 2
-        truncated = {}
+        truncated, prompts = {}, {}
         for name, models in (("whole", whole_models), ("cached", cached_models)):
             render = functools.partial(models[family][0].render_prompt, request)
-            truncated[name], (prompt, _) = timed(fit_to_context, render, history, budget)
-            assert len(prompt) <= budget
+            truncated[name], prompts[name] = timed(fit_to_context, render, history, budget)
+            assert len(prompts[name][0]) <= budget
+        assert prompts["cached"] == prompts["whole"], f"{family}: the cached truncation differs"
         out[family] = {"turns": rows, "truncation": truncated}
     return out
 

@@ -10,19 +10,22 @@ of the time to its first token. Here each request carries its conversation's key
 it, else its `conversation`, else its first user message), and the key picks one replica
 by rendezvous hashing: the same replica while the set of replicas stays, and when a
 replica comes or goes, only the conversations it wins or held move. Load still counts: a
-preferred replica with `max_imbalance` more requests than the least loaded one (as far as
-this router knows its replicas' queues) is passed over for the power of two choices, as
-is a full one (Serve then tries the others), and requests without a key are routed as
-Serve routes them.
+preferred replica with more than `max_imbalance` requests beyond the least loaded one is
+passed over for the power of two choices, as is a full one, and requests without a key
+are routed as Serve routes them. A replica's load is the larger of the requests this
+router has in flight there (always current) and its queue length as Serve's cache last
+saw it (all callers' requests, but it expires after 10 s without traffic: a replica that
+affinity keeps idle would otherwise look unknown, and a burst of one key pile up).
 """
 
 from __future__ import annotations
 
+import collections
 import hashlib
 import random
 from typing import Optional
 
-from ray.serve.request_router import LocalityMixin, PendingRequest, RequestRouter, RunningReplica
+from ray.serve.request_router import LocalityMixin, PendingRequest, ReplicaID, RequestRouter, RunningReplica
 
 DEFAULT_MAX_IMBALANCE = 4
 
@@ -33,11 +36,10 @@ def preferred_replica(key: str, replica_ids: list[str]) -> str:
     return max(replica_ids, key=lambda replica: hashlib.blake2b(f"{key}\x00{replica}".encode(), digest_size=8).digest())
 
 
-def within_imbalance(preferred: int | None, others: list[int | None], max_imbalance: int) -> bool:
-    """Whether the preferred replica's queue (None: unknown, probed when routed) is at most
-    `max_imbalance` requests above the shortest known queue."""
-    known = [length for length in others if length is not None]
-    return preferred is None or not known or preferred - min(known) <= max_imbalance
+def within_imbalance(preferred: int, others: list[int], max_imbalance: int) -> bool:
+    """Whether the preferred replica's load is at most `max_imbalance` requests above the
+    least loaded other replica's."""
+    return not others or preferred - min(others) <= max_imbalance
 
 
 class ConversationAffinityRouter(LocalityMixin, RequestRouter):
@@ -48,6 +50,21 @@ class ConversationAffinityRouter(LocalityMixin, RequestRouter):
 
     def initialize_state(self, max_imbalance: int = DEFAULT_MAX_IMBALANCE, **kwargs) -> None:
         self.max_imbalance = max_imbalance
+        self._in_flight: collections.Counter[ReplicaID] = collections.Counter()  # sent, not completed
+
+    def on_send_request(self, replica_id: ReplicaID) -> None:
+        super().on_send_request(replica_id)
+        self._in_flight[replica_id] += 1
+
+    def on_request_completed(self, replica_id: ReplicaID, internal_request_id: str) -> None:
+        super().on_request_completed(replica_id, internal_request_id)
+        self._in_flight[replica_id] -= 1
+        if self._in_flight[replica_id] <= 0:
+            del self._in_flight[replica_id]
+
+    def load(self, replica: RunningReplica) -> int:
+        """Requests at `replica`: ours in flight, or all callers' as last seen if more."""
+        return max(self._in_flight[replica.replica_id], self.replica_queue_len_cache.get(replica.replica_id) or 0)
 
     async def choose_replicas(
         self,
@@ -60,10 +77,10 @@ class ConversationAffinityRouter(LocalityMixin, RequestRouter):
             return two_choices
         by_id = {replica.replica_id.unique_id: replica for replica in candidate_replicas}
         preferred = by_id[preferred_replica(key, list(by_id))]
-        queue = self.replica_queue_len_cache.get
-        others = [queue(replica.replica_id) for replica in candidate_replicas if replica is not preferred]
-        if not within_imbalance(queue(preferred.replica_id), others, self.max_imbalance):
-            return two_choices
+        load = self.load(preferred)
+        others = [self.load(replica) for replica in candidate_replicas if replica is not preferred]
+        if load >= preferred.max_ongoing_requests or not within_imbalance(load, others, self.max_imbalance):
+            return two_choices  # full (Serve would probe it again every round) or too busy
         return [[preferred], *two_choices]
 
     def _two_choices(self, candidate_replicas: list[RunningReplica], pending_request: Optional[PendingRequest]) -> list[list[RunningReplica]]:

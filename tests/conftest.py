@@ -132,7 +132,11 @@ E2E_ARGS = {
         },
         # Only tests/test_routing.py uses these: three engine replicas each, whose (simulated)
         # prefix caches show where each conversation's turns went.
-        {"name": "gpt-oss-replay-affinity", "engine": {"num_replicas": 3, "ray_actor_options": {"num_cpus": 0}}},
+        {
+            "name": "gpt-oss-replay-affinity",
+            "backend": {"type": "replay", "step_delay_ms": 5},  # a burst's requests overlap
+            "engine": {"num_replicas": 3, "ray_actor_options": {"num_cpus": 0}},
+        },
         {
             "name": "gpt-oss-replay-spread",
             "routing": {"conversation_affinity": False},

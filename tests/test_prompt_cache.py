@@ -144,7 +144,7 @@ def test_the_cache_keeps_within_its_budget_least_recently_used_out_first():
         rendered.append(pieces)
         return [[ord(c) for c in piece] for piece in pieces]
 
-    cache = PromptCache(max_tokens=10)
+    cache = PromptCache(max_tokens=10, piece_overhead=0)
     assert cache.concat([("a", "aaaa"), ("b", "bbbb")], render_many) == [97] * 4 + [98] * 4
     assert rendered == [["aaaa", "bbbb"]] and cache.size == 8
     assert cache.concat([("a", "aaaa"), ("c", "cc")], render_many) == [97] * 4 + [99] * 2  # only c is new
@@ -157,6 +157,25 @@ def test_the_cache_keeps_within_its_budget_least_recently_used_out_first():
     assert cache.concat([("big", big)], render_many) == [ord("z")] * 11
     assert cache.size <= 10 and cache.concat([("big", big)], render_many) and rendered[-1] == [big]
     assert cache.hit_tokens == 4 + 4 and cache.rendered_tokens == 8 + 2 + 2 + 4 + 22
+
+
+def test_tiny_pieces_count_their_bookkeeping_against_the_budget():
+    """One piece per special token (a message of them alone) cannot hold more memory than
+    the budget says: each piece costs its tokens and PIECE_OVERHEAD."""
+    import tracemalloc
+
+    from serve_app.protocol.prompt_cache import PIECE_OVERHEAD
+
+    cache = PromptCache(max_tokens=200_000)
+    tracemalloc.start()
+    before = tracemalloc.get_traced_memory()[0]
+    for start in range(0, 20_000, 100):
+        cache.concat([(str(i), i) for i in range(start, start + 100)], lambda pieces: [[piece] for piece in pieces])
+    kept = tracemalloc.get_traced_memory()[0] - before
+    tracemalloc.stop()
+    assert kept <= 4 * 200_000 * 1.25  # ~4 bytes a budget token (and the allocator's slack)
+    piece = 1 + PIECE_OVERHEAD
+    assert cache.size == 200_000 // piece * piece  # ~2,250 of the 20,000 pieces kept
 
 
 def test_a_budget_of_zero_renders_prompts_whole():

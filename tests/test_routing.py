@@ -7,6 +7,7 @@ prompt tokens as vLLM's prefix caching would), with affinity and without."""
 from __future__ import annotations
 
 import collections
+import concurrent.futures
 
 import httpx
 import pytest
@@ -38,8 +39,8 @@ def test_keys_spread_evenly_over_replicas():
 def test_a_busy_preferred_replica_is_passed_over():
     assert within_imbalance(6, [2, 3], max_imbalance=4)
     assert not within_imbalance(7, [2, 9], max_imbalance=4)
-    assert within_imbalance(None, [0], max_imbalance=0)  # unknown: Serve probes it
-    assert within_imbalance(9, [None, None], max_imbalance=0)  # nothing to compare with
+    assert within_imbalance(0, [0], max_imbalance=0)
+    assert within_imbalance(9, [], max_imbalance=0)  # nothing to compare with
 
 
 def _request(**body) -> ResponsesRequest:
@@ -109,6 +110,23 @@ def test_each_conversation_stays_on_its_engine_replica(serve_url):
     # start with it): the conversations went to more than one replica.
     replicas_used = sum(turns[0]["input_tokens_details"]["cached_tokens"] == 0 for turns in usages)
     assert replicas_used >= 2
+
+
+def test_a_burst_of_one_conversation_spills_over_to_other_replicas(serve_url):
+    """24 requests with one key at once: past `max_imbalance` (4) requests more than another
+    replica, the conversation's replica is passed over. Only the first request of this
+    prompt on a replica finds less than its whole prompt cached, so those count replicas."""
+    body = {"model": "gpt-oss-replay-affinity", "input": "one hot prompt " + "x " * 60, "prompt_cache_key": "hot", "max_output_tokens": 64}
+
+    def send(_: int) -> dict:
+        response = httpx.post(f"{serve_url}/responses", json=body, timeout=60)
+        assert response.status_code == 200, response.text
+        return response.json()["usage"]
+
+    with concurrent.futures.ThreadPoolExecutor(24) as pool:
+        usages = list(pool.map(send, range(24)))
+    whole = (usages[0]["input_tokens"] - 1) // 16 * 16  # all a replica that saw it can find
+    assert sum(usage["input_tokens_details"]["cached_tokens"] < whole for usage in usages) >= 2
 
 
 def test_without_affinity_follow_ups_land_anywhere(serve_url):

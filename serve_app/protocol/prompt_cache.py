@@ -15,8 +15,10 @@ recently used going first when the budget of tokens is full.
     prompt = cache.concat([(key, piece), ...], render_many)   # render_many(missing pieces)
 
 A key is the text that decides a piece's tokens (a harmony message's JSON, a piece of a
-chat-template prompt); it is kept as a 16-byte BLAKE2 digest, so the budget in tokens
-bounds the memory: 4 bytes a token and ~200 bytes a piece.
+chat-template prompt); it is kept as a 16-byte BLAKE2 digest. A kept piece counts against
+the budget as its tokens plus `PIECE_OVERHEAD` (its key, array and LRU links, ~350 bytes,
+in 4-byte token units), so the budget bounds the memory at 4 bytes a token however small
+the pieces (a message of special tokens alone makes one piece per token).
 """
 
 from __future__ import annotations
@@ -34,14 +36,18 @@ Piece = TypeVar("Piece")
 # The default holds 8M tokens (~32 MB per model and ingress replica): a few dozen long agent
 # conversations.
 DEFAULT_MAX_TOKENS = 8_000_000
+PIECE_OVERHEAD = 88
 
 
 class PromptCache:
     """Token ids of rendered pieces by key, within `max_tokens` (0: nothing is kept)."""
 
-    def __init__(self, max_tokens: int = DEFAULT_MAX_TOKENS) -> None:
+    def __init__(self, max_tokens: int = DEFAULT_MAX_TOKENS, piece_overhead: int = PIECE_OVERHEAD) -> None:
         self.max_tokens = max_tokens
-        self._pieces: cachetools.LRUCache[bytes, array] = cachetools.LRUCache(maxsize=max(max_tokens, 1), getsizeof=len)
+        self.piece_overhead = piece_overhead
+        self._pieces: cachetools.LRUCache[bytes, array] = cachetools.LRUCache(
+            maxsize=max(max_tokens, 1), getsizeof=lambda tokens: len(tokens) + piece_overhead
+        )
         self._lock = threading.Lock()  # the event loop renders, but a test or tool may use threads
         self.hit_tokens = 0  # tokens taken from the cache / tokenized, since the start
         self.rendered_tokens = 0
@@ -63,7 +69,7 @@ class PromptCache:
                 for index, tokens in zip(missing, rendered, strict=True):
                     found[index] = array("I", tokens)
                     self.rendered_tokens += len(tokens)
-                    if self.max_tokens and len(tokens) <= self.max_tokens:
+                    if self.max_tokens and len(tokens) + self.piece_overhead <= self.max_tokens:
                         self._pieces[keys[index]] = found[index]
         prompt = array("I")
         for tokens in found:
@@ -74,5 +80,5 @@ class PromptCache:
 
     @property
     def size(self) -> int:
-        """Tokens kept now."""
+        """Tokens kept now, with each piece's overhead."""
         return int(self._pieces.currsize)
