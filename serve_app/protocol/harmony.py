@@ -178,10 +178,9 @@ def render_prompt(
     if developer := _developer_message(request, leading):
         messages.append(developer)
     messages += rest
-    encoding = harmony_encoding()
     try:
         if cache is None:
-            return encoding.render_conversation_for_completion(Conversation.from_messages(messages), Role.ASSISTANT)
+            return harmony_encoding().render_conversation_for_completion(Conversation.from_messages(messages), Role.ASSISTANT)
         return _render_conversation_for_completion(messages, cache)
     except HarmonyError as exc:
         raise invalid_request(f"The request cannot be rendered for this model: {exc}") from None
