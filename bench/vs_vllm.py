@@ -88,6 +88,9 @@ def vllm_command(checkpoint: Path, port: int) -> list[str]:
         "--host", "127.0.0.1", "--port", str(port),
         "--dtype", "float32", "--enforce-eager", "--seed", "0", "--max-model-len", str(MAX_MODEL_LEN),
         "--speculative-config", json.dumps(NGRAM), "--uvicorn-log-level", "warning",
+        # Ours schedules by priority so that service_tier is served (the same order for these
+        # requests, which name no tier): the same setting for both engines.
+        "--scheduling-policy", "priority",
     ]  # fmt: skip
 
 

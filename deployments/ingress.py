@@ -214,7 +214,7 @@ class ResponsesIngress:
         models = [
             ServedModel(
                 model.name, HandleTokenSource(self.engines[model.name], caller), model.max_model_len, model_family(model),
-                unavailable=availability.unavailable,
+                unavailable=availability.unavailable, tiered=model.tiered,
             )
             for model in self.config.models
         ]

@@ -35,7 +35,7 @@ def replay_models(step_delay_ms: float = 0.0) -> list[ServedModel]:
         ModelConfig(name="gpt-oss-replay", backend={"type": "replay", "step_delay_ms": step_delay_ms}),
         ModelConfig.model_validate({**QWEN3_REPLAY, "backend": {**QWEN3_REPLAY["backend"], "step_delay_ms": step_delay_ms}}),
     ]
-    return [ServedModel(m.name, make_backend(m.backend), m.max_model_len, model_family(m)) for m in configs]
+    return [ServedModel(m.name, make_backend(m.backend), m.max_model_len, model_family(m), tiered=m.tiered) for m in configs]
 
 
 def main() -> None:

@@ -66,9 +66,11 @@ class MetricSpec:
 
 
 REQUESTS = MetricSpec(PREFIX + "requests", "counter", "requests by model, final status and error code", ("model", "status", "code"))
-TTFT = MetricSpec(PREFIX + "time_to_first_token_seconds", "histogram", "request received -> first completion token")
-TPOT = MetricSpec(PREFIX + "time_per_output_token_seconds", "histogram", "mean time per output token after the first, per request")
-E2E = MetricSpec(PREFIX + "e2e_latency_seconds", "histogram", "request received -> response ended")
+# Latencies by the `service_tier` each request was served in, to see what the tiers buy.
+TIERED = ("model", "service_tier")
+TTFT = MetricSpec(PREFIX + "time_to_first_token_seconds", "histogram", "request received -> first completion token", TIERED)
+TPOT = MetricSpec(PREFIX + "time_per_output_token_seconds", "histogram", "mean time per output token after the first, per request", TIERED)
+E2E = MetricSpec(PREFIX + "e2e_latency_seconds", "histogram", "request received -> response ended", TIERED)
 PROMPT_TOKENS = MetricSpec(PREFIX + "prompt_tokens", "counter", "prompt tokens")
 CACHED_TOKENS = MetricSpec(PREFIX + "cached_tokens", "counter", "prompt tokens served from the prefix cache")
 OUTPUT_TOKENS = MetricSpec(PREFIX + "output_tokens", "counter", "completion tokens")
@@ -112,12 +114,13 @@ class RayServeMetrics:
 
     def request_finished(self, outcome: RequestOutcome) -> None:
         model = {"model": outcome.model}
+        tiered = {**model, "service_tier": outcome.service_tier}
         self._metrics[REQUESTS].inc(1, {**model, "status": outcome.status, "code": outcome.code})
-        self._metrics[E2E].observe(outcome.e2e_s, model)
+        self._metrics[E2E].observe(outcome.e2e_s, tiered)
         if outcome.ttft_s is not None:
-            self._metrics[TTFT].observe(outcome.ttft_s, model)
+            self._metrics[TTFT].observe(outcome.ttft_s, tiered)
         if outcome.tpot_s is not None:
-            self._metrics[TPOT].observe(outcome.tpot_s, model)
+            self._metrics[TPOT].observe(outcome.tpot_s, tiered)
         for spec, value in (
             (PROMPT_TOKENS, outcome.prompt_tokens),
             (CACHED_TOKENS, outcome.cached_tokens),

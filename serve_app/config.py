@@ -118,6 +118,9 @@ class VLLMBackendConfig(EnginePlacement):
     # choice (in-process for one GPU / CPU).
     distributed_executor_backend: Literal["ray", "mp", "uni", "external_launcher"] | None = None
     speculative_config: SpeculativeConfig | None = None
+    # priority: waiting requests are served by `service_tier`, then arrival (the same order as
+    # fcfs when no request names a tier); fcfs: tiers are ignored (responses say `default`).
+    scheduling_policy: Literal["priority", "fcfs"] = "priority"
     # Passed to `AsyncEngineArgs` untouched (e.g. enforce_eager, max_num_seqs, seed).
     engine_kwargs: dict[str, Any] = Field(default_factory=dict)
 
@@ -261,6 +264,11 @@ class ModelConfig(_Strict):
         if isinstance(backend, VLLMBackendConfig):
             return configured or backend.tokenizer or backend.model
         return configured or SMOLLM2
+
+    @property
+    def tiered(self) -> bool:
+        """Whether the engine serves requests by `service_tier` (vLLM with priority scheduling)."""
+        return isinstance(self.backend, VLLMBackendConfig) and self.backend.scheduling_policy == "priority"
 
     @property
     def deployment_name(self) -> str:

@@ -44,6 +44,7 @@ class RequestOutcome:
     render_s: float | None = None  # the prompt's rendering on the ingress's event loop
     prompt_reused_tokens: int = 0  # token ids of the renders taken from the prompt cache
     prompt_tokenized_tokens: int = 0  # ... and tokenized
+    service_tier: str = "default"  # the tier it was served in (protocol/service_tier.py)
 
 
 @dataclass(slots=True)
@@ -62,6 +63,7 @@ class RequestTrace:
     render_s: float | None = None
     prompt_reused_tokens: int = 0
     prompt_tokenized_tokens: int = 0
+    service_tier: str = "default"
     reported: bool = False
 
     def saw(self, batch: TokenBatch) -> None:
@@ -87,6 +89,7 @@ class RequestTrace:
             prompt_tokens=self.prompt_tokens, cached_tokens=self.cached_tokens, output_tokens=self.output_tokens,
             draft_tokens=self.draft_tokens, accepted_tokens=self.accepted_tokens, truncated_items=self.truncated_items,
             render_s=self.render_s, prompt_reused_tokens=self.prompt_reused_tokens, prompt_tokenized_tokens=self.prompt_tokenized_tokens,
+            service_tier=self.service_tier,
         )  # fmt: skip
 
 

@@ -27,6 +27,7 @@ from .protocol.items import CompletionParser, ItemSink
 from .protocol.logprobs import LogprobFormatter
 from .protocol.prompt_cache import PromptCache
 from .protocol.request import MessageItem, ResponsesRequest
+from .protocol.service_tier import engine_priority, served_tier
 from .protocol.stream import ResponseStream, new_id
 from .protocol.tokens import EngineRejected, GenerationRequest, OutputConstraint, TokenBatch
 from .protocol.truncation import fit_to_context, output_reserve
@@ -64,6 +65,9 @@ class ServedModel:
     # Why the model cannot take requests now (e.g. its engine deployment has no running
     # replica), or None: such requests get a 503 instead of waiting for an engine.
     unavailable: Callable[[str], Awaitable[str | None]] | None = None
+    # Whether its engine orders requests by `service_tier` (vLLM's priority scheduling);
+    # if not, every response reports the `default` tier.
+    tiered: bool = False
 
 
 @dataclass(slots=True)
@@ -170,14 +174,18 @@ async def start_turn(
     trace = trace or RequestTrace()
     trace.truncated_items = rendered.truncated_items
     trace.render_s, trace.prompt_reused_tokens, trace.prompt_tokenized_tokens = cost.seconds, cost.reused_tokens, cost.tokenized_tokens
+    tier = served_tier(request.service_tier, model.tiered)
+    trace.service_tier = tier
     generation = generation_request(request, prompt, model)
     generation.affinity_key = rendered.affinity_key
+    generation.priority = engine_priority(tier)
     stream = ResponseStream(
         request,
         response_id=generation.request_id,
         parser_factory=lambda sink: model.family.parser(sink, prompt),
         logprobs=LogprobFormatter(model.family) if request.logprobs is not None else None,
         encrypt_reasoning=cipher.encrypt if ENCRYPTED_REASONING in request.include else None,
+        service_tier=tier,
     )
     return Turn(request, model, rendered.input_items, prompt, generation, stream, conversations=conversations, trace=trace)
 

@@ -54,6 +54,7 @@ CASES = [
     ("output_without_call", {"model": MODEL, "input": [{"role": "user", "content": "hi"}, {"type": "function_call_output", "call_id": "call_missing", "output": "x"}]}, 400, "input[1].call_id", "invalid_value"),
     ("output_missing_call_id", {"model": MODEL, "input": [{"type": "function_call_output", "output": "x"}]}, 400, "input[0].call_id", "missing_required_parameter"),
     ("function_call_missing_name", {"model": MODEL, "input": [{"type": "function_call", "call_id": "c", "arguments": "{}"}]}, 400, "input[0].name", "missing_required_parameter"),
+    ("service_tier_unknown", {"model": MODEL, "input": "hi", "service_tier": "turbo"}, 400, "service_tier", "invalid_value"),
     ("reasoning_effort_bad", {"model": MODEL, "input": "hi", "reasoning": {"effort": "maximum"}}, 400, "reasoning.effort", "invalid_value"),
     ("unknown_previous_response", {"model": MODEL, "input": "hi", "previous_response_id": "resp_nope"}, 400, "previous_response_id", "previous_response_not_found"),
     ("background_not_stored", {"model": MODEL, "input": "hi", "background": True, "store": False}, 400, "background", "invalid_value"),

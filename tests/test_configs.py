@@ -157,6 +157,17 @@ def test_vllm_config_checks():
         ModelConfig.model_validate({"name": "g", "max_model_len": 4096, "backend": {"type": "vllm", "model": "m", "max_model_len": 8192}})
 
 
+def test_only_a_priority_scheduled_engine_serves_service_tiers():
+    from serve_app.config import ModelConfig
+
+    vllm = {"type": "vllm", "model": "m"}
+    assert ModelConfig.model_validate({"name": "g", "backend": vllm}).tiered
+    assert not ModelConfig.model_validate({"name": "g", "backend": {**vllm, "scheduling_policy": "fcfs"}}).tiered
+    assert not ModelConfig.model_validate({"name": "g"}).tiered  # the replay engine runs every request at once
+    with pytest.raises(ValueError, match="scheduling_policy"):
+        ModelConfig.model_validate({"name": "g", "backend": {**vllm, "scheduling_policy": "lifo"}})
+
+
 def test_serve_build_generates_a_valid_config(tmp_path):
     """`serve build serve_app.app:app` writes a config Serve accepts, naming our deployments."""
     import subprocess

@@ -27,6 +27,7 @@ import pytest
 
 from deployments.backends.vllm import _engine_kwargs, placement_bundles
 from serve_app.config import SpeculativeConfig, VLLMBackendConfig
+from serve_app.protocol.service_tier import engine_priority
 from serve_app.protocol.tokens import EngineRejected, GenerationRequest, TokenBatch
 from tests.conftest import VLLM_NGRAM, in_process_engine_config
 from tests.engine_server import EngineHost
@@ -68,6 +69,7 @@ def test_engine_kwargs_one_gpu() -> None:
     assert kwargs["per_request_spec_decode_metrics"] == "summary"
     assert kwargs["enforce_eager"] is True and kwargs["max_num_seqs"] == 64
     assert "enable_prefix_caching" not in kwargs  # vLLM's default unless set
+    assert kwargs["scheduling_policy"] == "priority"  # service_tier is served (vLLM's default: fcfs)
     assert placement_bundles(cfg) == ([{"GPU": 1.0, "CPU": 1.0}], "STRICT_PACK")
 
 
@@ -107,6 +109,9 @@ def test_config_validation() -> None:
         VLLMBackendConfig(model="m", no_such_field=1)  # type: ignore[call-arg]  # typo → error, not silently ignored
     with pytest.raises(ValueError, match="typed fields"):
         _engine_kwargs(VLLMBackendConfig(model="m", engine_kwargs={"dtype": "half"}))
+    with pytest.raises(ValueError, match="typed fields"):
+        _engine_kwargs(VLLMBackendConfig(model="m", engine_kwargs={"scheduling_policy": "fcfs"}))
+    assert _engine_kwargs(VLLMBackendConfig(model="m", scheduling_policy="fcfs"))["scheduling_policy"] == "fcfs"
 
 
 @requires_vllm
@@ -511,6 +516,42 @@ class TestTinyLlama(EngineSuite):
         assert not rejected.client_error and "busy" in rejected.reason
         assert plain.num_running() == 0
         assert _tokens(loop.run(_collect(plain.generate(_request("after", prompt, max_tokens=2)))))
+
+    def test_service_tiers_order_the_requests_that_wait(self, engines: dict[str, Any]) -> None:
+        """An engine that runs one request at a time (max_num_seqs 1) serves those waiting by
+        tier (vLLM's priority scheduling, our default), then by arrival: a `priority` request
+        sent after a `flex` one starts before it; with the tiers swapped the order swaps
+        too, so it is the tiers and not the arrival that the test sees."""
+        loop = engines["loop"]
+        config = in_process_engine_config(engines["checkpoint"], None)
+        assert config.scheduling_policy == "priority"
+        config.engine_kwargs = {**config.engine_kwargs, "max_num_seqs": 1}
+        one_at_a_time, _ = loop.start_backend(config)
+        prompt = _chat_prompt(engines["checkpoint"], "Tell me a very long story.")
+
+        async def started_in_order(first: str, second: str) -> list[str]:
+            started: list[str] = []
+            holding = asyncio.Event()
+
+            async def run(name: str, tier: str, max_tokens: int) -> None:
+                request = _request(f"{name}-{first}-{second}", prompt, max_tokens=max_tokens)
+                request.priority = engine_priority(tier)
+                async for batch in one_at_a_time.generate(request):
+                    if batch.token_ids and name not in started:
+                        started.append(name)
+                        holding.set()
+
+            # The default-tier request holds the engine's one slot while the others arrive.
+            holder = asyncio.create_task(run("holder", "default", 64))
+            await holding.wait()
+            await asyncio.gather(holder, run("first", first, 4), run("second", second, 4))
+            return started
+
+        try:
+            assert loop.run(started_in_order("flex", "priority")) == ["holder", "second", "first"]
+            assert loop.run(started_in_order("priority", "flex")) == ["holder", "first", "second"]
+        finally:
+            loop.stop(one_at_a_time)
 
     def test_zz_dead_engine_fails_stream_and_health(self, engines: dict[str, Any]) -> None:
         """Runs last in the class: it kills the plain engine's engine-core process."""

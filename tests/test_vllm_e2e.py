@@ -58,6 +58,28 @@ def test_stream_equals_non_stream_at_temperature_0(vllm_url, model):
         assert "Paris" in response.output_text
 
 
+def test_service_tiers_are_served_through_both_ingress_replicas(vllm_url, metrics_port):
+    """tiny-ngram's engine schedules by priority (the default): each tier reaches it and is
+    reported, streamed or not, by a GET from either ingress replica, and in the latency
+    metrics. (vLLM ordering by tier: tests/test_vllm_backend.py.)"""
+    from deployments.metrics import TTFT
+    from tests.test_metrics import poll, total
+
+    sdk = sdk_scenarios.client(vllm_url)
+    for tier in ("priority", "flex"):
+        response = _create(vllm_url, "tiny-ngram", "Hello", max_output_tokens=8, service_tier=tier)
+        assert response.service_tier == tier
+        assert {sdk.responses.retrieve(response.id).service_tier for _ in range(4)} == {tier}  # any replica
+        events = _stream(vllm_url, "tiny-ngram", "Hello", max_output_tokens=8, service_tier=tier)
+        assert {event["response"]["service_tier"] for event in events if "response" in event} == {tier}
+    expected = {"priority": 2, "flex": 2}
+
+    def read(families: dict) -> dict:
+        return {tier: total(families, TTFT, "_count", model="tiny-ngram", service_tier=tier) for tier in expected}
+
+    assert poll(metrics_port, expected, read) == expected
+
+
 @pytest.mark.parametrize("model", ["tiny-ngram", "smollm2-135m-instruct"])
 def test_logprobs_from_the_engine(vllm_url, model):
     """The engine's own logprobs under ngram speculation (several tokens a step): one per

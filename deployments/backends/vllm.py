@@ -51,6 +51,7 @@ def _engine_kwargs(cfg: VLLMBackendConfig) -> dict[str, Any]:
         "dtype": cfg.dtype,
         "gpu_memory_utilization": cfg.gpu_memory_utilization,
         "distributed_executor_backend": cfg.distributed_executor_backend,
+        "scheduling_policy": cfg.scheduling_policy,
         # Stats must be on: the spec-decode counters come through the stat loggers.
         "disable_log_stats": False,
     }
@@ -68,7 +69,7 @@ def _engine_kwargs(cfg: VLLMBackendConfig) -> dict[str, Any]:
     clash = set(cfg.engine_kwargs) & {
         "model", "tokenizer", "tensor_parallel_size", "pipeline_parallel_size",
         "max_model_len", "dtype", "gpu_memory_utilization", "enable_prefix_caching",
-        "distributed_executor_backend", "speculative_config",
+        "distributed_executor_backend", "speculative_config", "scheduling_policy",
     }  # fmt: skip
     if clash:
         raise ValueError(f"set {sorted(clash)} as typed fields, not in engine_kwargs")
@@ -315,6 +316,7 @@ class VLLMBackend:
             tokens_input(list(request.prompt_token_ids)),
             SamplingParams(**sampling),
             request_id,
+            priority=request.priority,  # ignored by an fcfs engine
         )
         try:
             async for out in outputs:

@@ -18,6 +18,7 @@ from openai.types.responses import ResponseIncludable
 
 from .errors import APIError, from_validation_error, invalid_request
 from .json_schema import check_schema, strict_problem
+from .service_tier import ServiceTier
 
 _Model = TypeVar("_Model", bound=BaseModel)
 FUNCTION_NAME_PATTERN = r"^[a-zA-Z0-9_\-]{1,64}$"
@@ -342,6 +343,8 @@ class ResponsesRequest(_Lenient):
     conversation: Union[str, ConversationRef, None] = None
     user: str | None = None
     prompt_cache_key: str | None = None
+    # Served as `priority`, `default` or `flex` where the engine orders by tier (service_tier.py).
+    service_tier: ServiceTier | None = None
     text: TextConfig | None = None
     # "auto": the oldest items are dropped to fit the context (protocol/truncation.py).
     truncation: Literal["auto", "disabled"] | None = "disabled"

@@ -56,6 +56,7 @@ from .items import CompletionParser
 from .construct import trusted_constructor as _trusted_constructor
 from .logprobs import LogprobFormatter, for_delta, for_done
 from .request import ResponsesRequest
+from .service_tier import ServedTier
 from .tokens import TokenBatch, TokenLogprobs
 from .utf8 import unfinished_utf8_tail
 
@@ -148,9 +149,11 @@ class ResponseStream:
         parser_factory: Callable[[ResponseStream], CompletionParser] = HarmonyParser,
         logprobs: LogprobFormatter | None = None,
         encrypt_reasoning: Callable[[str], str] | None = None,
+        service_tier: ServedTier = "default",
     ) -> None:
         """`logprobs`: report the output text's logprobs (batches must carry them);
-        `encrypt_reasoning`: give reasoning items `encrypted_content` (its text, encrypted)."""
+        `encrypt_reasoning`: give reasoning items `encrypted_content` (its text, encrypted);
+        `service_tier`: the tier the request is served in (`service_tier.served_tier`)."""
         self._events: list[ResponseStreamEvent] = []
         self._sequence_number = 0
         self._item: _OpenItem | None = None
@@ -192,6 +195,7 @@ class ResponseStream:
             store=request.store,
             user=request.user,
             prompt_cache_key=request.prompt_cache_key,
+            service_tier=service_tier,
             truncation=request.truncation or "disabled",
             text={"format": request.text.format.model_dump(by_alias=True) if request.text and request.text.format else {"type": "text"}},
             error=None,

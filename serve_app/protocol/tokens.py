@@ -55,6 +55,8 @@ class GenerationRequest:
     # The conversation this request continues: requests with the same key go to the same
     # engine replica, whose prefix cache holds it (deployments/routing.py); None: any replica.
     affinity_key: str | None = None
+    # The engine serves lower values first (vLLM's priority scheduling; see service_tier.py).
+    priority: int = 0
 
 
 @dataclass(slots=True)
