@@ -63,6 +63,7 @@ bench: $(STAMP)
 	$(PY) -m bench.render
 	$(PY) -m bench.stack
 	$(PY) -m bench.load --serve bench/load-serve.yaml
+	$(PY) -m bench.tiers
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis

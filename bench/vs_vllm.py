@@ -104,10 +104,11 @@ def ours_config(port: int, window_ms: float) -> dict:
     return serve_config(port, [model], ingress)
 
 
-async def one_stream(session: aiohttp.ClientSession, url: str, text: str, max_tokens: int, store: bool) -> dict:
+async def one_stream(session: aiohttp.ClientSession, url: str, text: str, max_tokens: int, store: bool, **fields: object) -> dict:
+    """One streamed request (`fields`: more of the body), timed and checked by the contract."""
     from tests.contract import check_stream, parse_sse
 
-    body = {"model": MODEL, "input": text, "stream": True, "temperature": 0, "max_output_tokens": max_tokens, "store": store}
+    body = {"model": MODEL, "input": text, "stream": True, "temperature": 0, "max_output_tokens": max_tokens, "store": store, **fields}
     start = time.perf_counter()
     first = None
     raw = b""
@@ -118,10 +119,11 @@ async def one_stream(session: aiohttp.ClientSession, url: str, text: str, max_to
             if first is None and b"output_text.delta" in raw:
                 first = time.perf_counter() - start
     elapsed = time.perf_counter() - start
-    result = {"status": status, "ttft": first, "elapsed": elapsed, "tokens": 0, "violation": None}
+    result = {"status": status, "ttft": first, "elapsed": elapsed, "tokens": 0, "violation": None, "response": None}
     try:
         events = parse_sse(raw)
         terminal = events[-1]
+        result["response"] = terminal.get("response")
         result["tokens"] = ((terminal.get("response") or {}).get("usage") or {}).get("output_tokens") or 0
         check_stream(events)
     except Exception as exc:  # noqa: BLE001 - any broken rule (or framing) is one violation
@@ -191,23 +193,28 @@ def measure(url: str, concurrencies: list[int], max_tokens: int, store: bool, se
     return rows
 
 
-def run_vllm(port: int, concurrencies: list[int], max_tokens: int, start_timeout_s: float, window_ms: float, store: bool) -> dict[int, dict]:
+@contextlib.contextmanager
+def vllm_server(port: int, start_timeout_s: float, store: bool, extra_args: tuple[str, ...] = ()) -> Iterator[tuple[str, int]]:
+    """vLLM's server, up and answering: (its URL, its pid); stopped on the way out."""
     from serve_app.smollm2 import ensure_smollm2_checkpoint
 
     env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1")}
     if store:  # else vLLM's server turns `store` off, whatever the request says
         env["VLLM_ENABLE_RESPONSES_API_STORE"] = "1"
-    process = subprocess.Popen(vllm_command(ensure_smollm2_checkpoint(), port), env=env, start_new_session=True,
+    process = subprocess.Popen([*vllm_command(ensure_smollm2_checkpoint(), port), *extra_args], env=env, start_new_session=True,
                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
     try:
-        wait_healthy(f"http://127.0.0.1:{port}", process, timeout_s=start_timeout_s)
-        wait_model_ready(f"http://127.0.0.1:{port}", process, start_timeout_s)
-        return measure(f"http://127.0.0.1:{port}", concurrencies, max_tokens, store, process.pid)
+        url = f"http://127.0.0.1:{port}"
+        wait_healthy(url, process, timeout_s=start_timeout_s)
+        wait_model_ready(url, process, start_timeout_s)
+        yield url, process.pid
     finally:
         stop(process)
 
 
-def run_ours(port: int, concurrencies: list[int], max_tokens: int, start_timeout_s: float, window_ms: float, store: bool, via: str = "proxy") -> dict[int, dict]:
+@contextlib.contextmanager
+def our_server(port: int, config: dict, start_timeout_s: float, via: str = "proxy") -> Iterator[tuple[str, int]]:
+    """`serve run` of `config` as `make serve` starts it, up and answering: (its URL, its pid)."""
     # The cluster-wide settings `make serve` and the RayService manifests apply.
     env = {**make_serve_env(), "RAY_SERVE_ENABLE_DIRECT_INGRESS": "1"}
     if via == "replica":
@@ -215,19 +222,29 @@ def run_ours(port: int, concurrencies: list[int], max_tokens: int, start_timeout
         # range); the client talks to it without Serve's HTTP front (still on `port`).
         env["RAY_SERVE_DIRECT_INGRESS_MIN_HTTP_PORT"] = str(port + 1)
         env["RAY_SERVE_DIRECT_INGRESS_MAX_HTTP_PORT"] = str(port + 10)
-    with tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False) as config:
-        yaml.safe_dump(ours_config(port, window_ms), config)
+    with tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False) as file:
+        yaml.safe_dump(config, file)
     # As `make serve` starts it: Ray and Serve on the serving cores, the model on the others.
-    command = [sys.executable, "-m", "deployments.cpu_cores", str(Path(sys.executable).parent / "serve"), "run", config.name]
+    command = [sys.executable, "-m", "deployments.cpu_cores", str(Path(sys.executable).parent / "serve"), "run", file.name]
     process = subprocess.Popen(command, env=env, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         url = f"http://127.0.0.1:{port + 1 if via == 'replica' else port}"
         wait_healthy(url, process, timeout_s=start_timeout_s)
         wait_model_ready(url, process, start_timeout_s)
-        return measure(url, concurrencies, max_tokens, store, process.pid)
+        yield url, process.pid
     finally:
         stop(process)
-        os.unlink(config.name)
+        os.unlink(file.name)
+
+
+def run_vllm(port: int, concurrencies: list[int], max_tokens: int, start_timeout_s: float, window_ms: float, store: bool) -> dict[int, dict]:
+    with vllm_server(port, start_timeout_s, store) as (url, pid):
+        return measure(url, concurrencies, max_tokens, store, pid)
+
+
+def run_ours(port: int, concurrencies: list[int], max_tokens: int, start_timeout_s: float, window_ms: float, store: bool, via: str = "proxy") -> dict[int, dict]:
+    with our_server(port, ours_config(port, window_ms), start_timeout_s, via) as (url, pid):
+        return measure(url, concurrencies, max_tokens, store, pid)
 
 
 def plot(results: dict[str, dict[int, dict]], concurrencies: list[int], path: Path) -> None:
