@@ -27,6 +27,7 @@ from collections import Counter
 
 import aiohttp
 
+from bench.load import percentile
 from bench.vs_vllm import PROMPTS, RESULTS, held, one_stream, our_server, ours_config, vllm_server
 
 TIERS = ("priority", "flex")
@@ -45,11 +46,6 @@ async def burst(url: str, streams: int, max_tokens: int) -> list[dict]:
         return await asyncio.gather(*(tagged(i) for i in range(streams)))
 
 
-def _quantile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else float("nan")
-
-
 def summarize(results: list[dict]) -> dict[str, dict]:
     rows = {}
     for tier in TIERS:
@@ -58,7 +54,7 @@ def summarize(results: list[dict]) -> dict[str, dict]:
         rows[tier] = {
             "streams": len(mine),
             "ttft_p50_ms": statistics.median(ttfts) if ttfts else float("nan"),
-            "ttft_p90_ms": _quantile(ttfts, 0.9),
+            "ttft_p90_ms": percentile(ttfts, 0.9),
             "e2e_p50_ms": statistics.median(1000 * r["elapsed"] for r in mine),
             "reported": dict(Counter((r["response"] or {}).get("service_tier") for r in mine)),
             "violations": sum(1 for r in mine if r["violation"]),

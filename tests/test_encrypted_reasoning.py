@@ -28,14 +28,14 @@ SHELL = {
 
 
 class Recording:
-    """A token source that keeps the prompt of every request (by response id)."""
+    """A token source that keeps every engine request it is given (by response id)."""
 
     def __init__(self, source) -> None:
         self._source = source
-        self.prompts: dict[str, list[int]] = {}
+        self.requests: dict[str, GenerationRequest] = {}
 
     def generate(self, request: GenerationRequest):
-        self.prompts[request.request_id] = list(request.prompt_token_ids)
+        self.requests[request.request_id] = request
         return self._source.generate(request)
 
 
@@ -46,7 +46,7 @@ class App:
         self.sdk = OpenAI(base_url="http://testserver/v1", api_key="unused", http_client=self.http, max_retries=0)
 
     def prompt(self, model: str, response_id: str) -> str:
-        tokens = self.models[model].source.prompts[response_id]
+        tokens = self.models[model].source.requests[response_id].prompt_token_ids
         family = self.models[model].family
         if hasattr(family, "tokenizer"):
             return family.tokenizer.decode(tokens)

@@ -13,21 +13,9 @@ from fastapi.testclient import TestClient
 
 from serve_app.api import ServedModel, create_app
 from serve_app.protocol.service_tier import engine_priority, served_tier
-from serve_app.protocol.tokens import GenerationRequest
 from tests.contract import check_stream, parse_sse
+from tests.test_encrypted_reasoning import Recording
 from tests.test_metrics import Recorder
-
-
-class Recording:
-    """A token source that keeps the priority of every engine request (by response id)."""
-
-    def __init__(self, source) -> None:
-        self._source = source
-        self.priorities: dict[str, int] = {}
-
-    def generate(self, request: GenerationRequest):
-        self.priorities[request.request_id] = request.priority
-        return self._source.generate(request)
 
 
 @pytest.fixture()
@@ -48,7 +36,7 @@ def test_a_tiered_engine_serves_the_tier_asked_for(app, requested, tier):
     body = {"model": "tiered", "input": "hello", **({"service_tier": requested} if requested else {})}
     response = http.post("/v1/responses", json=body).json()
     assert response["service_tier"] == tier
-    assert sources["tiered"].priorities[response["id"]] == engine_priority(tier)
+    assert sources["tiered"].requests[response["id"]].priority == engine_priority(tier)
     assert recorder.outcomes[-1].service_tier == tier
     # Stored with it: a later GET (from any replica: the store is shared) says the same.
     assert http.get(f"/v1/responses/{response['id']}").json()["service_tier"] == tier
@@ -59,7 +47,7 @@ def test_an_fcfs_engine_serves_every_tier_as_default(app, requested):
     http, sources, _ = app
     response = http.post("/v1/responses", json={"model": "fcfs", "input": "hello", "service_tier": requested}).json()
     assert response["service_tier"] == "default"
-    assert sources["fcfs"].priorities[response["id"]] == 0
+    assert sources["fcfs"].requests[response["id"]].priority == 0
 
 
 def test_the_stream_reports_the_tier_from_its_first_event(app):
@@ -69,7 +57,7 @@ def test_the_stream_reports_the_tier_from_its_first_event(app):
     snapshots = [event["response"] for event in events if "response" in event]
     assert [s["type"] for s in events if "response" in s] == ["response.created", "response.in_progress", "response.completed"]
     assert {s["service_tier"] for s in snapshots} == {"flex"}
-    assert sources["tiered"].priorities[snapshots[-1]["id"]] == engine_priority("flex")
+    assert sources["tiered"].requests[snapshots[-1]["id"]].priority == engine_priority("flex")
 
 
 def test_a_background_response_keeps_its_tier(app):
@@ -79,7 +67,7 @@ def test_a_background_response_keeps_its_tier(app):
     events = parse_sse(http.get(f"/v1/responses/{created['id']}", params={"stream": "true"}).content)
     check_stream(events)
     assert events[-1]["response"]["service_tier"] == "flex"
-    assert sources["tiered"].priorities[created["id"]] == engine_priority("flex")
+    assert sources["tiered"].requests[created["id"]].priority == engine_priority("flex")
 
 
 def test_priorities_order_the_tiers_around_vllms_default():
