@@ -67,10 +67,10 @@ class MetricSpec:
 
 REQUESTS = MetricSpec(PREFIX + "requests", "counter", "requests by model, final status and error code", ("model", "status", "code"))
 # Latencies by the `service_tier` each request was served in, to see what the tiers buy.
-TIERED = ("model", "service_tier")
-TTFT = MetricSpec(PREFIX + "time_to_first_token_seconds", "histogram", "request received -> first completion token", TIERED)
-TPOT = MetricSpec(PREFIX + "time_per_output_token_seconds", "histogram", "mean time per output token after the first, per request", TIERED)
-E2E = MetricSpec(PREFIX + "e2e_latency_seconds", "histogram", "request received -> response ended", TIERED)
+MODEL_AND_TIER = ("model", "service_tier")
+TTFT = MetricSpec(PREFIX + "time_to_first_token_seconds", "histogram", "request received -> first completion token", MODEL_AND_TIER)
+TPOT = MetricSpec(PREFIX + "time_per_output_token_seconds", "histogram", "mean time per output token after the first, per request", MODEL_AND_TIER)
+E2E = MetricSpec(PREFIX + "e2e_latency_seconds", "histogram", "request received -> response ended", MODEL_AND_TIER)
 PROMPT_TOKENS = MetricSpec(PREFIX + "prompt_tokens", "counter", "prompt tokens")
 CACHED_TOKENS = MetricSpec(PREFIX + "cached_tokens", "counter", "prompt tokens served from the prefix cache")
 OUTPUT_TOKENS = MetricSpec(PREFIX + "output_tokens", "counter", "completion tokens")
@@ -114,13 +114,13 @@ class RayServeMetrics:
 
     def request_finished(self, outcome: RequestOutcome) -> None:
         model = {"model": outcome.model}
-        tiered = {**model, "service_tier": outcome.service_tier}
+        model_and_tier = {**model, "service_tier": outcome.service_tier}
         self._metrics[REQUESTS].inc(1, {**model, "status": outcome.status, "code": outcome.code})
-        self._metrics[E2E].observe(outcome.e2e_s, tiered)
+        self._metrics[E2E].observe(outcome.e2e_s, model_and_tier)
         if outcome.ttft_s is not None:
-            self._metrics[TTFT].observe(outcome.ttft_s, tiered)
+            self._metrics[TTFT].observe(outcome.ttft_s, model_and_tier)
         if outcome.tpot_s is not None:
-            self._metrics[TPOT].observe(outcome.tpot_s, tiered)
+            self._metrics[TPOT].observe(outcome.tpot_s, model_and_tier)
         for spec, value in (
             (PROMPT_TOKENS, outcome.prompt_tokens),
             (CACHED_TOKENS, outcome.cached_tokens),
