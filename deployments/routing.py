@@ -1,7 +1,16 @@
-"""Engine requests of one conversation go to the same engine replica, so its prefix cache
-still holds the conversation: a Serve request router for the `EngineServer` deployments.
+"""The Serve request router of the `EngineServer` deployments: requests waiting for an engine
+replica are placed most urgent `service_tier` first, and a conversation's requests go to the
+engine replica whose prefix cache still holds it.
 
-vLLM keeps the KV cache of the prompts it computed (automatic prefix caching), per engine
+Tiers. When every engine replica is at its `max_ongoing_requests`, requests wait in the
+router of the ingress replica that took them, and a few of them at a time (two per engine
+replica) look for a place. Serve gives a place found to the oldest waiting request; here, for a
+tiered model (`ModelConfig.tiered`), to the oldest of the lowest `GenerationRequest.priority`
+(the order a priority-scheduled vLLM engine keeps inside), whichever request it was found
+for. Each ingress replica orders the requests it holds; between ingress replicas, a freed
+place goes to whichever router asks first.
+
+Affinity (`routing.conversation_affinity`). vLLM keeps the KV cache of the prompts it computed (automatic prefix caching), per engine
 replica. Serve's default router picks the less loaded of two random replicas, so with N
 engine replicas an agent's next turn lands where its history is cached about once in N,
 and the rest recompute the whole history: for a 100k-token agent conversation that is most
@@ -25,7 +34,10 @@ import hashlib
 import random
 from typing import Optional
 
+from ray.serve._private.common import RequestMetadata
 from ray.serve.request_router import LocalityMixin, PendingRequest, ReplicaID, RequestRouter, RunningReplica
+
+from serve_app.protocol.tokens import GenerationRequest
 
 DEFAULT_MAX_IMBALANCE = 4
 
@@ -42,14 +54,19 @@ def within_imbalance(preferred: int, others: list[int], max_imbalance: int) -> b
     return not others or preferred - min(others) <= max_imbalance
 
 
-class ConversationAffinityRouter(LocalityMixin, RequestRouter):
+class EngineRouter(LocalityMixin, RequestRouter):
     """Serve's power of two choices, but a request with an affinity key is offered to its
-    conversation's replica first (see the module's docstring). Not FIFO (Serve's `FIFOMixin`
-    gives a replica found for one request to the oldest waiting one): a replica chosen for a
-    request goes to that request."""
+    conversation's replica first, and a replica found goes to a more urgent waiting request if
+    there is one (see the module's docstring). Else not FIFO (Serve's `FIFOMixin` gives a
+    replica found for one request to the oldest waiting one): a replica chosen for a request
+    goes to that request, so affinity holds."""
 
-    def initialize_state(self, max_imbalance: int = DEFAULT_MAX_IMBALANCE, **kwargs) -> None:
+    def initialize_state(
+        self, conversation_affinity: bool = True, max_imbalance: int = DEFAULT_MAX_IMBALANCE, tiered: bool = False, **kwargs
+    ) -> None:
+        self.conversation_affinity = conversation_affinity
         self.max_imbalance = max_imbalance
+        self.tiered = tiered
         self._in_flight: collections.Counter[ReplicaID] = collections.Counter()  # sent, not completed
 
     def on_send_request(self, replica_id: ReplicaID) -> None:
@@ -72,7 +89,7 @@ class ConversationAffinityRouter(LocalityMixin, RequestRouter):
         pending_request: Optional[PendingRequest] = None,
     ) -> list[list[RunningReplica]]:
         two_choices = self._two_choices(candidate_replicas, pending_request)
-        key = _affinity_key(pending_request)
+        key = _generation_field(pending_request, "affinity_key", None) if self.conversation_affinity else None
         if key is None or len(candidate_replicas) < 2:
             return two_choices
         by_id = {replica.replica_id.unique_id: replica for replica in candidate_replicas}
@@ -83,6 +100,23 @@ class ConversationAffinityRouter(LocalityMixin, RequestRouter):
             return two_choices  # full (Serve would probe it again every round) or too busy
         return [[preferred], *two_choices]
 
+    def _fulfill_next_pending_request(self, replica: RunningReplica, request_metadata: Optional[RequestMetadata] = None) -> None:
+        """Give a replica found for one request to the most urgent waiting request (the oldest
+        of the lowest priority) when that one is more urgent; else to the request it was found
+        for, as Serve's router does. Overrides the hook Serve's `FIFOMixin` overrides, with the
+        helpers it uses; tests/test_routing.py checks that they are still there."""
+        if self.tiered:
+            own = self._get_pending_request_matching_internal_request_id(request_metadata)
+            waiting = (request for request in self._pending_requests_to_fulfill if not request.future.done())
+            urgent = min(waiting, key=_priority, default=None)  # the first of the lowest: arrival order within a tier
+            if urgent is not None and (own is None or _priority(urgent) < _priority(own)):
+                self._cancel_routing_task_for_pending_request(urgent)
+                self._record_queue_wait_time(urgent)
+                urgent.future.set_result(replica)
+                self._remove_pending_request_from_indices(urgent)
+                return
+        super()._fulfill_next_pending_request(replica, request_metadata)
+
     def _two_choices(self, candidate_replicas: list[RunningReplica], pending_request: Optional[PendingRequest]) -> list[list[RunningReplica]]:
         """Two random replicas (same-node ones first, as Serve's own router prefers them)."""
         ids = list(self.apply_locality_routing(pending_request)) if pending_request is not None else []
@@ -90,7 +124,13 @@ class ConversationAffinityRouter(LocalityMixin, RequestRouter):
         return [random.sample(replicas, min(2, len(replicas)))] if replicas else []
 
 
-def _affinity_key(pending_request: Optional[PendingRequest]) -> str | None:
+def _priority(pending_request: PendingRequest) -> int:
+    return _generation_field(pending_request, "priority", 0)
+
+
+def _generation_field(pending_request: Optional[PendingRequest], name: str, default):
+    """A field of the `GenerationRequest` among a pending request's arguments (health checks
+    and aborts carry none)."""
     if pending_request is None:
-        return None
-    return next((key for arg in pending_request.args if (key := getattr(arg, "affinity_key", None))), None)
+        return default
+    return next((value for arg in pending_request.args if isinstance(arg, GenerationRequest) and (value := getattr(arg, name)) is not None), default)

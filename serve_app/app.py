@@ -85,11 +85,14 @@ def engine_deployment_options(model: ModelConfig) -> dict[str, Any]:
     its `EnginePlacement` fields: a replay engine with `device: gpu` like a vLLM one.
     """
     options = model.engine.serve_options()
-    if model.routing.conversation_affinity:
-        options["request_router_config"] = RequestRouterConfig(
-            request_router_class="deployments.routing.ConversationAffinityRouter",
-            request_router_kwargs={"max_imbalance": model.routing.max_imbalance},
-        )
+    options["request_router_config"] = RequestRouterConfig(
+        request_router_class="deployments.routing.EngineRouter",
+        request_router_kwargs={
+            "conversation_affinity": model.routing.conversation_affinity,
+            "max_imbalance": model.routing.max_imbalance,
+            "tiered": model.tiered,
+        },
+    )
     backend = model.backend
     if backend.device != "gpu":
         return options

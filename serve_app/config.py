@@ -119,7 +119,8 @@ class VLLMBackendConfig(EnginePlacement):
     distributed_executor_backend: Literal["ray", "mp", "uni", "external_launcher"] | None = None
     speculative_config: SpeculativeConfig | None = None
     # priority: waiting requests are served by `service_tier`, then arrival (the same order as
-    # fcfs when no request names a tier); fcfs: tiers are ignored (responses say `default`).
+    # fcfs when no request names a tier); fcfs: tiers are ignored, in the engine and in the
+    # ingress's router (responses say `default`).
     scheduling_policy: Literal["priority", "fcfs"] = "priority"
     # Passed to `AsyncEngineArgs` untouched (e.g. enforce_eager, max_num_seqs, seed).
     engine_kwargs: dict[str, Any] = Field(default_factory=dict)
@@ -172,7 +173,7 @@ class RoutingConfig(_Strict):
     """How ingress replicas pick one of a model's engine replicas (deployments/routing.py)."""
 
     conversation_affinity: bool = Field(
-        True, description="a conversation's requests go to one engine replica, whose prefix cache holds it; false: Serve's power of two choices"
+        True, description="a conversation's requests go to one engine replica, whose prefix cache holds it; false: the less loaded of two random replicas, as Serve routes"
     )
     max_imbalance: int = Field(
         4, ge=0, description="requests the conversation's replica may have beyond the least loaded one before another is taken"
@@ -267,8 +268,10 @@ class ModelConfig(_Strict):
 
     @property
     def tiered(self) -> bool:
-        """Whether the engine serves requests by `service_tier` (vLLM with priority scheduling)."""
-        return isinstance(self.backend, VLLMBackendConfig) and self.backend.scheduling_policy == "priority"
+        """Whether requests are served by `service_tier`: wherever they wait, in the ingress's
+        router for an engine replica (deployments/routing.py) and inside a vLLM engine
+        (priority scheduling). A vLLM engine with `scheduling_policy: fcfs` turns both off."""
+        return not (isinstance(self.backend, VLLMBackendConfig) and self.backend.scheduling_policy == "fcfs")
 
     @property
     def deployment_name(self) -> str:

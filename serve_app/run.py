@@ -65,7 +65,7 @@ class ServedModel:
     # Why the model cannot take requests now (e.g. its engine deployment has no running
     # replica), or None: such requests get a 503 instead of waiting for an engine.
     unavailable: Callable[[str], Awaitable[str | None]] | None = None
-    # Whether its engine orders requests by `service_tier` (vLLM's priority scheduling);
+    # Whether its requests are ordered by `service_tier` where they wait (`ModelConfig.tiered`);
     # if not, every response reports the `default` tier.
     tiered: bool = False
 

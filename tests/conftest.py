@@ -1,10 +1,12 @@
 from __future__ import annotations
 
 import os
+import re
 import socket
 import threading
 import time
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Iterator
 
 import pytest
@@ -141,6 +143,11 @@ E2E_ARGS = {
             "name": "gpt-oss-replay-spread",
             "routing": {"conversation_affinity": False},
             "engine": {"num_replicas": 3, "ray_actor_options": {"num_cpus": 0}},
+        },
+        {  # only tests/test_routing.py: one request at a time, so the rest wait in the routers
+            "name": "gpt-oss-replay-tiers",
+            "backend": {"type": "replay", "step_delay_ms": 40},
+            "engine": {"num_replicas": 1, "max_ongoing_requests": 1, "ray_actor_options": {"num_cpus": 0}},
         },
         {
             "name": "gpt-oss-replay-kill",
@@ -293,6 +300,30 @@ def serve_url(tmp_path_factory, metrics_port) -> Iterator[str]:
     finally:
         ray.shutdown()  # takes Serve down with the local cluster (serve.shutdown() waits ~30 s)
         stop_orphaned_haproxy(node_id)
+
+
+@pytest.fixture(scope="session")
+def ingress_urls(serve_url) -> list[str]:
+    """Each ingress replica's own address (Serve's direct ingress: the ports HAProxy forwards
+    to), from the session's HAProxy config once it lists them all: a request sent there is
+    handled by that replica."""
+    import psutil
+    import ray
+
+    node_id = ray.get_runtime_context().get_node_id()
+
+    def listed() -> list[str]:
+        for process in psutil.process_iter(["cmdline"]):
+            cmdline = process.info["cmdline"] or []
+            if cmdline and cmdline[0].rsplit("/", 1)[-1] == "haproxy" and "-f" in cmdline and node_id in cmdline[cmdline.index("-f") + 1]:
+                config = Path(cmdline[cmdline.index("-f") + 1]).read_text()
+                servers = re.findall(r"^\s*server \S+ (\S+:\d+) check(?!.* backup)", config, re.M)  # the proxy is the backup
+                return [f"http://{address}/v1" for address in dict.fromkeys(servers)]
+        return []
+
+    urls = wait_until(lambda: len(listed()) == E2E_ARGS["ingress"]["num_replicas"], timeout_s=60) and listed()
+    assert urls, f"the session's HAProxy lists {listed()}"
+    return urls
 
 
 def stop_orphaned_haproxy(node_id: str) -> None:

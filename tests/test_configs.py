@@ -71,16 +71,16 @@ def test_engine_start_attempts_reach_serve():
         build_app({"models": [{"name": "a", "engine": {"max_constructor_retry_count": 0}}]})
 
 
-def test_engine_requests_are_routed_by_conversation_unless_turned_off():
+def test_engine_requests_are_routed_by_tier_and_by_conversation_unless_turned_off():
     from serve_app.app import build_app
 
-    application = build_app({"models": [{"name": "a", "routing": {"max_imbalance": 9}}, {"name": "b", "routing": {"conversation_affinity": False}}]})
-    engines = application._bound_deployment.init_args[1]
-    router = engines["a"]._bound_deployment._deployment_config.request_router_config
-    assert router.request_router_class == "deployments.routing.ConversationAffinityRouter"
-    assert router.request_router_kwargs == {"max_imbalance": 9}
-    default = engines["b"]._bound_deployment._deployment_config.request_router_config
-    assert default.request_router_class != router.request_router_class  # Serve's power of two choices
+    vllm_fcfs = {"type": "vllm", "model": "m", "scheduling_policy": "fcfs"}
+    models = [{"name": "a", "routing": {"max_imbalance": 9}}, {"name": "b", "routing": {"conversation_affinity": False}, "backend": vllm_fcfs}]
+    engines = build_app({"models": models})._bound_deployment.init_args[1]
+    routers = {name: engines[name]._bound_deployment._deployment_config.request_router_config for name in ("a", "b")}
+    assert {router.request_router_class for router in routers.values()} == {"deployments.routing.EngineRouter"}
+    assert routers["a"].request_router_kwargs == {"conversation_affinity": True, "max_imbalance": 9, "tiered": True}
+    assert routers["b"].request_router_kwargs == {"conversation_affinity": False, "max_imbalance": 4, "tiered": False}
     with pytest.raises(ValueError):
         build_app({"models": [{"name": "a", "routing": {"max_imbalance": -1}}]})
 
@@ -157,13 +157,13 @@ def test_vllm_config_checks():
         ModelConfig.model_validate({"name": "g", "max_model_len": 4096, "backend": {"type": "vllm", "model": "m", "max_model_len": 8192}})
 
 
-def test_only_a_priority_scheduled_engine_serves_service_tiers():
+def test_only_an_fcfs_engine_turns_service_tiers_off():
     from serve_app.config import ModelConfig
 
     vllm = {"type": "vllm", "model": "m"}
     assert ModelConfig.model_validate({"name": "g", "backend": vllm}).tiered
     assert not ModelConfig.model_validate({"name": "g", "backend": {**vllm, "scheduling_policy": "fcfs"}}).tiered
-    assert not ModelConfig.model_validate({"name": "g"}).tiered  # the replay engine runs every request at once
+    assert ModelConfig.model_validate({"name": "g"}).tiered  # the replay engine's requests wait only in the router
     with pytest.raises(ValueError, match="scheduling_policy"):
         ModelConfig.model_validate({"name": "g", "backend": {**vllm, "scheduling_policy": "lifo"}})
 

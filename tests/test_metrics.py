@@ -261,7 +261,7 @@ def test_prometheus_endpoint_counts_requests_latencies_and_tokens(serve_url, met
     assert poll(metrics_port, expected, read) == expected
     families = scrape(metrics_port)
     # Histograms: the +Inf bucket holds every observation; TTFT is part of the whole latency.
-    assert total(families, TTFT, "_bucket", le="+Inf", service_tier="default", **model) == 10  # a replay engine has no tiers
+    assert total(families, TTFT, "_bucket", le="+Inf", service_tier="default", **model) == 10  # no tier asked for
     assert 0 < total(families, TTFT, "_sum", **model) < total(families, E2E, "_sum", **model)
     assert total(families, TPOT, "_sum", **model) > 0
     # Every prompt token was rendered (truncation rendered more); the system message they share

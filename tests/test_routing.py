@@ -1,23 +1,35 @@
-"""Conversation affinity (deployments/routing.py): an engine request goes to the engine
-replica its conversation's key prefers, while that replica is not much busier than the
-others, so its prefix cache holds the conversation. Pure parts here; then through Serve
-(2 ingress replicas behind HAProxy, 3 engine replicas whose replay engines count cached
-prompt tokens as vLLM's prefix caching would), with affinity and without."""
+"""The engines' request router (deployments/routing.py).
+
+Conversation affinity: an engine request goes to the engine replica its conversation's key
+prefers, while that replica is not much busier than the others, so its prefix cache holds
+the conversation. Pure parts here; then through Serve (2 ingress replicas behind HAProxy, 3
+engine replicas whose replay engines count cached prompt tokens as vLLM's prefix caching
+would), with affinity and without.
+
+Tiers: requests waiting for a full engine replica are placed `priority` before `flex`,
+through Serve (an engine replica that takes one request at a time).
+"""
 
 from __future__ import annotations
 
 import collections
 import concurrent.futures
+import inspect
+import threading
+import time
 
 import httpx
+import openai
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from ray.serve.request_router import FIFOMixin, RequestRouter
 
 from deployments.backends.replay import PrefixCache
 from deployments.routing import preferred_replica, within_imbalance
 from serve_app.protocol.request import ResponsesRequest
 from serve_app.run import affinity_key
+from tests.conftest import wait_until
 
 
 @given(st.lists(st.text("abcdef", min_size=1, max_size=8), min_size=2, max_size=6, unique=True), st.text(max_size=20))
@@ -132,3 +144,71 @@ def test_a_burst_of_one_conversation_spills_over_to_other_replicas(serve_url):
 def test_without_affinity_follow_ups_land_anywhere(serve_url):
     hits, total = _follow_ups_on_their_replica(_turns(serve_url, "gpt-oss-replay-spread"))
     assert hits < total  # by chance all 48 would have found their replica with p = 3**-48
+
+
+# -- tiers, through Serve --------------------------------------------------------------------
+
+
+def test_serves_hook_for_the_request_a_replica_goes_to_is_still_there():
+    """EngineRouter orders waiting requests by overriding the private method Serve's
+    `FIFOMixin` overrides, with the helpers that mixin uses; a Ray upgrade that renames one
+    would silently make the queue unordered again, or break routing."""
+    assert "self._fulfill_next_pending_request(" in inspect.getsource(RequestRouter._fulfill_pending_requests)
+    helpers = ["_fulfill_next_pending_request", "_get_pending_request_matching_internal_request_id", "_record_queue_wait_time",
+               "_cancel_routing_task_for_pending_request", "_remove_pending_request_from_indices"]  # fmt: skip
+    assert all(callable(getattr(RequestRouter, helper, None)) for helper in helpers)
+    assert "_pending_requests_to_fulfill" in FIFOMixin.__annotations__
+
+
+class _TimedStream(threading.Thread):
+    """One streamed request: `created` is set once the ingress has it, `started` is when its
+    first delta arrived (the engine replica took it: it takes one at a time)."""
+
+    def __init__(self, client: openai.OpenAI, tier: str, text: str):
+        super().__init__(daemon=True)
+        self.client, self.tier, self.text = client, tier, text
+        self.created = threading.Event()
+        self.started: float | None = None
+        self.status: str | None = None
+
+    def run(self) -> None:
+        try:
+            stream = self.client.responses.create(model="gpt-oss-replay-tiers", input=self.text, stream=True, service_tier=self.tier)
+            for event in stream:
+                self.created.set()
+                if self.started is None and event.type.endswith(".delta"):
+                    self.started = time.monotonic()
+                if event.type == "response.completed":
+                    self.status = event.response.status
+        finally:
+            self.created.set()
+
+
+def test_waiting_priority_requests_are_placed_before_waiting_flex_ones(ingress_urls):
+    """A long `flex` request from one ingress replica holds the engine replica. Then the other
+    ingress replica (addressed directly, as HAProxy forwards to it) gets 12 `flex` requests and
+    then 4 `priority` ones, which wait in its router. Each place its router finds goes to a
+    waiting `priority` request first, so they start among the first, where arrival order
+    (Serve's own router) would start them last (checked: without the ordering, some start
+    among the last 8). Not always exactly first: two of the router's
+    requests can be sent to one freed place at once, and the replica takes whichever reaches
+    it first. (Between ingress replicas there is no order at all: a freed place goes to
+    whichever router asks first; hence one router here.)"""
+    assert len(ingress_urls) == 2
+    holder, router = (openai.OpenAI(base_url=url, api_key="unused", max_retries=0, timeout=120) for url in ingress_urls)
+    blocker = _TimedStream(holder, "flex", "hold the engine " + "x " * 300)
+    blocker.start()
+    assert wait_until(lambda: blocker.started is not None, timeout_s=30)
+    waiting = [_TimedStream(router, "flex", f"flex {index}") for index in range(12)]
+    waiting += [_TimedStream(router, "priority", f"priority {index}") for index in range(4)]
+    for stream in waiting:  # in this order, each with the ingress before the next is sent
+        stream.start()
+        assert stream.created.wait(timeout=30)
+    assert blocker.status is None  # still running: everything sent is waiting
+    for stream in [blocker, *waiting]:
+        stream.join(timeout=120)
+        assert stream.status == "completed"
+    started = sorted(waiting, key=lambda stream: stream.started)
+    assert blocker.started < started[0].started  # nothing overtook the request it waited for
+    tiers = [stream.tier for stream in started]
+    assert "priority" not in tiers[8:], tiers  # unordered, they start late (they came last)

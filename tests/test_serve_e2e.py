@@ -35,7 +35,7 @@ def test_32_concurrent_streams(serve_url, model):
 def test_models_listed(serve_url):
     ids = {m.id for m in sdk_scenarios.client(serve_url).models.list()}
     replay = {"gpt-oss-replay", "qwen3-replay", "gpt-oss-replay-slow", "gpt-oss-replay-slow-raw", "gpt-oss-replay-metrics", "gpt-oss-replay-kill"}
-    replay |= {"gpt-oss-replay-affinity", "gpt-oss-replay-spread"}
+    replay |= {"gpt-oss-replay-affinity", "gpt-oss-replay-spread", "gpt-oss-replay-tiers"}
     vllm = {"tiny-ngram", "tiny-gpt-oss", "smollm2-135m-instruct"}
     assert ids == (replay | vllm if have_vllm() else replay)
     assert sdk_scenarios.client(serve_url).models.retrieve("qwen3-replay").id == "qwen3-replay"
