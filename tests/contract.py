@@ -33,14 +33,14 @@ def parse_sse(raw: bytes) -> list[dict[str, Any]]:
             continue
         assert len(lines) == 2 and lines[0].startswith("event: ") and lines[1].startswith("data: "), block[:200]
         data = json.loads(lines[1][len("data: ") :])
-        assert data["type"] == lines[0][len("event: ") :]
+        assert data["type"] == lines[0][len("event: ") :], f"event: line {lines[0]!r} but data type {data['type']!r}"
         events.append(data)
     return events
 
 
 def _item_text(item: Any) -> str:
     if item.type == "message":
-        assert len(item.content) == 1
+        assert len(item.content) == 1, f"a message with {len(item.content)} content parts"
         return item.content[0].text
     if item.type == "reasoning":
         return "".join(part.text for part in item.content or [])
@@ -65,20 +65,20 @@ def check_stream(raw_events: Iterable[Any], allow_replacement: bool = False) -> 
     assert events, "empty stream"
 
     # Rules 1, 2: lifecycle frame and sequence numbers.
-    assert [e.sequence_number for e in events] == list(range(len(events)))
+    assert [e.sequence_number for e in events] == list(range(len(events))), "sequence numbers are not 0, 1, 2, ..."
     assert not any(_contains_minus_one(d) for d in dicts), "-1 placeholder on the wire"
-    assert events[0].type == "response.created" and events[1].type == "response.in_progress"
-    assert events[0].response.status == "in_progress" and events[0].response.output == []
-    assert events[-1].type in TERMINAL
-    assert sum(e.type in TERMINAL for e in events) == 1
+    assert events[0].type == "response.created" and events[1].type == "response.in_progress", "no created, in_progress start"
+    assert events[0].response.status == "in_progress" and events[0].response.output == [], "created is not an empty in_progress response"
+    assert events[-1].type in TERMINAL, f"ends with {events[-1].type}, not a terminal event"
+    assert sum(e.type in TERMINAL for e in events) == 1, "more than one terminal event"
     terminal = events[-1].response
-    assert all(getattr(e, "response", terminal).id == terminal.id for e in events)
+    assert all(getattr(e, "response", terminal).id == terminal.id for e in events), "the response id changes"
     expected_status = events[-1].type.removeprefix("response.")
-    assert terminal.status == expected_status
+    assert terminal.status == expected_status, f"{events[-1].type} with status {terminal.status}"
     if expected_status == "incomplete":
-        assert terminal.incomplete_details and terminal.incomplete_details.reason
+        assert terminal.incomplete_details and terminal.incomplete_details.reason, "incomplete without a reason"
     if expected_status == "failed":
-        assert terminal.error and terminal.error.message and terminal.error.code
+        assert terminal.error and terminal.error.message and terminal.error.code, "failed without an error code and message"
 
     # Rules 3, 4, 5: items one after another, each with its own complete lifecycle.
     seen_ids: set[str] = set()
@@ -89,10 +89,10 @@ def check_stream(raw_events: Iterable[Any], allow_replacement: bool = False) -> 
         added = body[position]
         assert added.type == "response.output_item.added", f"expected an item to start, got {added.type}"
         k = len(items)
-        assert added.output_index == k
+        assert added.output_index == k, f"item {k} added at output_index {added.output_index}"
         item_type = added.item.type
         item_id = added.item.id
-        assert item_id and item_id.startswith(_PREFIX[item_type]) and item_id not in seen_ids
+        assert item_id and item_id.startswith(_PREFIX[item_type]) and item_id not in seen_ids, f"bad or repeated {item_type} id {item_id!r}"
         seen_ids.add(item_id)
         inner, deltas, done_text = [], [], None
         position += 1
@@ -100,7 +100,7 @@ def check_stream(raw_events: Iterable[Any], allow_replacement: bool = False) -> 
             event = body[position]
             assert event.output_index == k and event.item_id == item_id, event
             if hasattr(event, "content_index"):
-                assert event.content_index == 0
+                assert event.content_index == 0, f"{event.type} at content_index {event.content_index}"
             if event.type in _DELTA:
                 deltas.append(event.delta)
             elif event.type == "response.function_call_arguments.done":
@@ -108,24 +108,24 @@ def check_stream(raw_events: Iterable[Any], allow_replacement: bool = False) -> 
             elif event.type.endswith("text.done"):
                 done_text = event.text
             elif event.type == "response.content_part.done":
-                assert event.part.text == done_text
+                assert event.part.text == done_text, "content_part.done text differs from the text's done event"
             inner.append(event.type)
             position += 1
         pattern = "".join(f"({t[:-1]} )*" if t.endswith("*") else f"{t} " for t in _ITEM_PATTERN[item_type])
         assert re.fullmatch(pattern.replace(".", r"\."), " ".join(inner) + " "), f"{item_type} events out of order: {inner}"
         done = body[position]
-        assert done.output_index == k and done.item.id == item_id and done.item.type == item_type
+        assert done.output_index == k and done.item.id == item_id and done.item.type == item_type, f"item {k} done does not match its added"
         text = "".join(deltas)
-        assert text == done_text == _item_text(done.item)
-        assert allow_replacement or "\ufffd" not in text
+        assert text == done_text == _item_text(done.item), f"{item_type} deltas, done event and item disagree (lost or changed text)"
+        assert allow_replacement or "\ufffd" not in text, "U+FFFD in the text (a character split between deltas)"
         if item_type == "function_call":
-            assert done.item.call_id and done.item.name
-            assert added.item.call_id == done.item.call_id
+            assert done.item.call_id and done.item.name, "function call without call_id or name"
+            assert added.item.call_id == done.item.call_id, "function call's call_id changes"
         items.append(done.item)
         position += 1
 
-    assert [i.model_dump() for i in terminal.output] == [i.model_dump() for i in items]
+    assert [i.model_dump() for i in terminal.output] == [i.model_dump() for i in items], "the final output differs from the streamed items"
     if expected_status == "completed":
-        assert all(i.status == "completed" for i in items)
-    assert terminal.usage is not None and terminal.usage.output_tokens >= 0
+        assert all(i.status == "completed" for i in items), "a completed response with an unfinished item"
+    assert terminal.usage is not None and terminal.usage.output_tokens >= 0, "no usage"
     return terminal
