@@ -17,8 +17,8 @@ Four servers, one after the other:
 - ours, waiting in the router: the engine replica takes only `--max-num-seqs`
   (`max_ongoing_requests`), the rest wait in the ingress's router, which orders them by tier
   (deployments/routing.py); as on the GPU configs, whose replicas take fewer than they batch.
-- the same with `scheduling_policy: fcfs`: tiers off, so the router keeps arrival order, as
-  Serve's own router does.
+- the same with `scheduling_policy: fcfs`: tiers off, so a place the router finds goes to the
+  request it was found for, whatever its tier.
 
 Per server and tier: time to first token p50/p90, end-to-end p50, the tier the responses
 report, and contract violations (tests/contract.py). The last line:
@@ -140,6 +140,7 @@ def main() -> None:
     ratio = {server: rows["flex"]["ttft_p50_ms"] / rows["priority"]["ttft_p50_ms"] for server, rows in results.items()}
     violations = {server: sum(row["violations"] for row in rows.values()) for server, rows in results.items()}
     print(" ".join(f"ttft_p50_flex_over_priority@{_key(server)}={ratio[server]:.2f} violations@{_key(server)}={violations[server]}" for server in results))
+
 
 if __name__ == "__main__":
     main()

@@ -10,11 +10,11 @@ tiered model (`ModelConfig.tiered`), to the oldest of the lowest `GenerationRequ
 for. Each ingress replica orders the requests it holds; between ingress replicas, a freed
 place goes to whichever router asks first.
 
-Affinity (`routing.conversation_affinity`). vLLM keeps the KV cache of the prompts it computed (automatic prefix caching), per engine
-replica. Serve's default router picks the less loaded of two random replicas, so with N
-engine replicas an agent's next turn lands where its history is cached about once in N,
-and the rest recompute the whole history: for a 100k-token agent conversation that is most
-of the time to its first token. Here each request carries its conversation's key
+Affinity (`routing.conversation_affinity`). vLLM keeps the KV cache of the prompts it
+computed (automatic prefix caching), per engine replica. Serve's default router picks the
+less loaded of two random replicas, so with N engine replicas an agent's next turn lands
+where its history is cached about once in N, and the rest recompute the whole history: for
+a 100k-token agent conversation that is most of the time to its first token. Here each request carries its conversation's key
 (`GenerationRequest.affinity_key`: the request's `prompt_cache_key`, as OpenAI routes by
 it, else its `conversation`, else its first user message), and the key picks one replica
 by rendezvous hashing: the same replica while the set of replicas stays, and when a
@@ -32,12 +32,14 @@ from __future__ import annotations
 import collections
 import hashlib
 import random
-from typing import Optional
+from typing import TYPE_CHECKING, Any, Optional
 
-from ray.serve._private.common import RequestMetadata
 from ray.serve.request_router import LocalityMixin, PendingRequest, ReplicaID, RequestRouter, RunningReplica
 
 from serve_app.protocol.tokens import GenerationRequest
+
+if TYPE_CHECKING:
+    from ray.serve._private.common import RequestMetadata
 
 DEFAULT_MAX_IMBALANCE = 4
 
@@ -128,7 +130,7 @@ def _priority(pending_request: PendingRequest) -> int:
     return _generation_field(pending_request, "priority", 0)
 
 
-def _generation_field(pending_request: Optional[PendingRequest], name: str, default):
+def _generation_field(pending_request: Optional[PendingRequest], name: str, default: Any) -> Any:
     """A field of the `GenerationRequest` among a pending request's arguments (health checks
     and aborts carry none)."""
     if pending_request is None:
