@@ -190,10 +190,10 @@ def test_waiting_priority_requests_are_placed_before_waiting_flex_ones(ingress_u
     then 4 `priority` ones, which wait in its router. Each place its router finds goes to a
     waiting `priority` request first, so they start among the first, where arrival order
     (Serve's own router) would start them last (checked: without the ordering, some start
-    among the last 8). Not always exactly first: two of the router's
-    requests can be sent to one freed place at once, and the replica takes whichever reaches
-    it first. (Between ingress replicas there is no order at all: a freed place goes to
-    whichever router asks first; hence one router here.)"""
+    among the last 8). Not always exactly first: two of the router's requests can be sent to
+    one freed place at once, and the replica takes whichever reaches it first. (Between
+    ingress replicas there is no order at all: a freed place goes to whichever router asks
+    first; hence one router here.)"""
     assert len(ingress_urls) == 2
     holder, router = (openai.OpenAI(base_url=url, api_key="unused", max_retries=0, timeout=120) for url in ingress_urls)
     blocker = _TimedStream(holder, "flex", "hold the engine " + "x " * 300)
