@@ -122,8 +122,8 @@ def build() -> dashboard.Dashboard:
             _panel("p90 latency by service tier", "s",
                    *[_query(f"histogram_quantile(0.9, {_rate(spec, '_bucket', 'le, model, service_tier')})", f"{name} {{{{model}}}} {{{{service_tier}}}}")
                      for spec, name in ((TTFT, "first token"), (E2E, "end to end"))],
-                   description="what each service_tier was served in: priority goes first where the engine must choose "
-                   "(a priority-scheduled vLLM engine, models[].backend.scheduling_policy)", width=24)
+                   description="what each service_tier was served in: priority goes first where requests wait, in the "
+                   "ingress's router and in a priority-scheduled vLLM engine (models[].backend.scheduling_policy)", width=24)
         )  # fmt: skip
         .with_row(dashboard.Row("Prompt rendering (ingress)"))
         .with_panel(_quantiles(RENDER, "Prompt render time"))

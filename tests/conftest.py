@@ -307,15 +307,14 @@ def ingress_urls(serve_url) -> list[str]:
     """Each ingress replica's own address (Serve's direct ingress: the ports HAProxy forwards
     to), from the session's HAProxy config once it lists them all: a request sent there is
     handled by that replica."""
-    import psutil
     import ray
 
     node_id = ray.get_runtime_context().get_node_id()
 
     def listed() -> list[str]:
-        for process in psutil.process_iter(["cmdline"]):
-            cmdline = process.info["cmdline"] or []
-            if cmdline and cmdline[0].rsplit("/", 1)[-1] == "haproxy" and "-f" in cmdline and node_id in cmdline[cmdline.index("-f") + 1]:
+        for process in _haproxy_processes(node_id):
+            cmdline = process.info["cmdline"]
+            if "-f" in cmdline:
                 config = Path(cmdline[cmdline.index("-f") + 1]).read_text()
                 servers = re.findall(r"^\s*server \S+ (\S+:\d+) check(?!.* backup)", config, re.M)  # the proxy is the backup
                 return [f"http://{address}/v1" for address in dict.fromkeys(servers)]
@@ -326,16 +325,21 @@ def ingress_urls(serve_url) -> list[str]:
     return urls
 
 
-def stop_orphaned_haproxy(node_id: str) -> None:
-    """Serve starts HAProxy as a child process of an actor; a Ray that is shut down without
-    `serve.shutdown()` kills the actor and leaves HAProxy listening. Its config lives under a
-    directory named after the node."""
+def _haproxy_processes(node_id: str) -> Iterator:
+    """Serve's HAProxy processes of a node: their config lives under a directory named after it."""
     import psutil
 
     for process in psutil.process_iter(["cmdline"]):
         cmdline = process.info["cmdline"] or []
         if cmdline and cmdline[0].rsplit("/", 1)[-1] == "haproxy" and any(node_id in arg for arg in cmdline):
-            process.kill()
+            yield process
+
+
+def stop_orphaned_haproxy(node_id: str) -> None:
+    """Serve starts HAProxy as a child process of an actor; a Ray that is shut down without
+    `serve.shutdown()` kills the actor and leaves HAProxy listening."""
+    for process in _haproxy_processes(node_id):
+        process.kill()
 
 
 def wait_until(predicate, timeout_s: float, interval_s: float = 0.05):

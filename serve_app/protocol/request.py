@@ -343,7 +343,7 @@ class ResponsesRequest(_Lenient):
     conversation: Union[str, ConversationRef, None] = None
     user: str | None = None
     prompt_cache_key: str | None = None
-    # Served as `priority`, `default` or `flex` where the engine orders by tier (service_tier.py).
+    # Served as `priority`, `default` or `flex` where the model orders by tier (service_tier.py).
     service_tier: ServiceTier | None = None
     text: TextConfig | None = None
     # "auto": the oldest items are dropped to fit the context (protocol/truncation.py).

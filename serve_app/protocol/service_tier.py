@@ -21,8 +21,9 @@ _ENGINE_PRIORITY: dict[ServedTier, int] = {"priority": -1, "default": 0, "flex":
 
 def served_tier(requested: ServiceTier | None, tiered: bool) -> ServedTier:
     """The tier a request is served in. `auto` and `scale` (OpenAI's reserved capacity, which
-    a self-hosted deployment does not sell) are `default`; so is every tier on an engine that
-    does not order requests by priority (`tiered` false): the response says so."""
+    a self-hosted deployment does not sell) are `default`; so is every tier of a model whose
+    requests are not ordered by tier (`tiered` false: a vLLM engine with fcfs scheduling):
+    the response says so."""
     if tiered and requested in ("flex", "priority"):
         return requested
     return "default"
