@@ -13,6 +13,9 @@ export RAY_USAGE_STATS_ENABLED ?= 0
 # replicas (demo.yaml runs two) in place of its Python proxy actor (0: the proxy actor).
 export RAY_SERVE_CONTROL_LOOP_INTERVAL_S ?= 0.5
 export RAY_SERVE_ENABLE_HA_PROXY ?= 1
+# How long HAProxy keeps a stream open across its reloads (every scaling event): the longest
+# stream (max_stream_duration_s, 900 s by default) plus 30 s; Serve's own 120 s cut streams.
+export RAY_SERVE_HAPROXY_HARD_STOP_AFTER_S ?= 930
 # That HAProxy without kernel splicing, which hides a client's disconnect (deployments/haproxy.py).
 export RAY_SERVE_HAPROXY_BINARY_PATH ?= $(abspath $(VENV))/bin/responses-serve-haproxy
 

@@ -7,7 +7,7 @@
 from __future__ import annotations
 
 import os
-from typing import Any
+from typing import Any, Mapping
 
 from pydantic import ValidationError
 from ray import serve
@@ -15,7 +15,7 @@ from ray.serve import Application
 from ray.serve.config import RequestRouterConfig
 
 from deployments.memory import ALLOCATOR_ENV
-from serve_app.config import AppConfig, ModelConfig
+from serve_app.config import DEFAULT_MAX_STREAM_DURATION_S, SHUTDOWN_MARGIN_S, AppConfig, ModelConfig
 from serve_app.protocol.encrypted_reasoning import ReasoningCipher
 from serve_app.vocab import ENV_VAR
 
@@ -59,7 +59,18 @@ REPLICA_ENV = {
 # which serve HTTP on ports of their own (Serve's direct ingress), so each streamed token
 # crosses one Python process fewer. The proxy actor's hop cost a token's latency and CPU on
 # the cores the engine shares (bench/HISTORY.md).
-CLUSTER_ENV = {"RAY_SERVE_CONTROL_LOOP_INTERVAL_S": "0.5", "RAY_SERVE_ENABLE_HA_PROXY": "1"}
+# Serve reloads HAProxy on every change of replicas (scaling, a restart): the old HAProxy
+# process keeps the connections it holds until they end, or until `hard-stop-after` and then
+# cuts them. Serve's 120 s cut every stream older than that at the next scaling event
+# (bench.autoscale: 5-7 of 17-19 streams of ~70-140 s); here it outlasts the longest stream,
+# and `build_app` refuses a `max_stream_duration_s` beyond it.
+HAPROXY_HARD_STOP_AFTER = "RAY_SERVE_HAPROXY_HARD_STOP_AFTER_S"
+SERVE_HAPROXY_HARD_STOP_AFTER_S = 120  # Serve's default
+CLUSTER_ENV = {
+    "RAY_SERVE_CONTROL_LOOP_INTERVAL_S": "0.5",
+    "RAY_SERVE_ENABLE_HA_PROXY": "1",
+    HAPROXY_HARD_STOP_AFTER: str(int(DEFAULT_MAX_STREAM_DURATION_S + SHUTDOWN_MARGIN_S)),
+}
 
 
 def _with_replica_env(options: dict[str, Any]) -> dict[str, Any]:
@@ -125,6 +136,7 @@ def build_app(args: dict[str, Any] | None = None) -> Application:
 
     if config.store.type == "redis" and not config.store.redis_url():
         raise ValueError("store type 'redis' needs store.url (redis://host:6379/0) or the REDIS_URL environment variable")
+    check_haproxy_keeps_streams(config.max_stream_duration_s, os.environ)
 
     engines = {
         model.name: serve.deployment(EngineServer)
@@ -138,6 +150,21 @@ def build_app(args: dict[str, Any] | None = None) -> Application:
     # Encrypted reasoning without configured keys: one key for all ingress replicas of this
     # deployment (serve_app/reasoning_keys.py).
     return ingress.bind(config.model_dump(), engines, _store_deployment(config), ReasoningCipher.generate_key())
+
+
+def check_haproxy_keeps_streams(max_stream_duration_s: float, environ: Mapping[str, str]) -> None:
+    """With Serve's HAProxy ingress, a stream may last at most its `hard-stop-after` (see
+    `CLUSTER_ENV`): a longer `max_stream_duration_s` is refused rather than cut later."""
+    if environ.get("RAY_SERVE_ENABLE_HA_PROXY") != "1":
+        return
+    hard_stop_s = float(environ.get(HAPROXY_HARD_STOP_AFTER, SERVE_HAPROXY_HARD_STOP_AFTER_S))
+    if hard_stop_s < max_stream_duration_s:
+        raise ValueError(
+            f"max_stream_duration_s ({max_stream_duration_s:g} s) is longer than Serve's HAProxy keeps a stream "
+            f"open across a reload ({HAPROXY_HARD_STOP_AFTER}={hard_stop_s:g}): any scaling event would cut longer "
+            f"streams. Export {HAPROXY_HARD_STOP_AFTER} of at least {max_stream_duration_s + SHUTDOWN_MARGIN_S:g} "
+            "where the Ray cluster starts (every node), or lower max_stream_duration_s"
+        )
 
 
 def _store_deployment(config: AppConfig):

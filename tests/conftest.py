@@ -35,6 +35,7 @@ def free_port() -> int:
 # HAProxy's stats and metrics listeners get ports of their own, so that the session does not
 # collide with a `make serve` running on the same machine.
 os.environ["RAY_SERVE_ENABLE_HA_PROXY"] = "1"
+os.environ.setdefault("RAY_SERVE_HAPROXY_HARD_STOP_AFTER_S", "930")  # CLUSTER_ENV's: streams outlive reloads
 os.environ["RAY_SERVE_HAPROXY_BINARY_PATH"] = haproxy.installed_path()  # no splicing, as `make serve`
 os.environ["RAY_SERVE_HAPROXY_STATS_PORT"] = str(free_port())
 os.environ["RAY_SERVE_HAPROXY_METRICS_PORT"] = str(free_port())
@@ -307,22 +308,25 @@ def ingress_urls(serve_url) -> list[str]:
     """Each ingress replica's own address (Serve's direct ingress: the ports HAProxy forwards
     to), from the session's HAProxy config once it lists them all: a request sent there is
     handled by that replica."""
-    import ray
-
-    node_id = ray.get_runtime_context().get_node_id()
 
     def listed() -> list[str]:
-        for process in _haproxy_processes(node_id):
-            cmdline = process.info["cmdline"]
-            if "-f" in cmdline:
-                config = Path(cmdline[cmdline.index("-f") + 1]).read_text()
-                servers = re.findall(r"^\s*server \S+ (\S+:\d+) check(?!.* backup)", config, re.M)  # the proxy is the backup
-                return [f"http://{address}/v1" for address in dict.fromkeys(servers)]
-        return []
+        servers = re.findall(r"^\s*server \S+ (\S+:\d+) check(?!.* backup)", session_haproxy_config(), re.M)  # the proxy is the backup
+        return [f"http://{address}/v1" for address in dict.fromkeys(servers)]
 
     urls = wait_until(lambda: len(listed()) == E2E_ARGS["ingress"]["num_replicas"], timeout_s=60) and listed()
     assert urls, f"the session's HAProxy lists {listed()}"
     return urls
+
+
+def session_haproxy_config() -> str:
+    """The config file of this node's running HAProxy (Serve writes it; "" before it runs)."""
+    import ray
+
+    for process in _haproxy_processes(ray.get_runtime_context().get_node_id()):
+        cmdline = process.info["cmdline"]
+        if "-f" in cmdline:
+            return Path(cmdline[cmdline.index("-f") + 1]).read_text()
+    return ""
 
 
 def _haproxy_processes(node_id: str) -> Iterator:

@@ -69,6 +69,11 @@ def test_rayservice_serves_its_config(name):
     assert applications == config["applications"]
 
 
+def _app_config(manifest: dict) -> AppConfig:
+    (application,) = yaml.safe_load(manifest["spec"]["serveConfigV2"])["applications"]
+    return AppConfig.model_validate(application["args"])
+
+
 def _groups(manifest: dict) -> list[dict]:
     cluster = manifest["spec"]["rayClusterConfig"]
     return [cluster["headGroupSpec"], *cluster["workerGroupSpecs"]]
@@ -174,7 +179,8 @@ def test_every_pod_runs_serves_haproxy_ingress(path):
     included, turns on the HAProxy ingress as the head does (an ingress replica serves HTTP
     on a port of its own only where its node's processes see it), and names our HAProxy."""
     from deployments import haproxy
-    from serve_app.app import CLUSTER_ENV
+    from serve_app.app import CLUSTER_ENV, HAPROXY_HARD_STOP_AFTER
+    from serve_app.config import SHUTDOWN_MARGIN_S
 
     manifest = yaml.safe_load(path.read_text())
     for group in _groups(manifest):
@@ -183,3 +189,6 @@ def test_every_pod_runs_serves_haproxy_ingress(path):
         assert env["RAY_SERVE_ENABLE_HA_PROXY"] == CLUSTER_ENV["RAY_SERVE_ENABLE_HA_PROXY"] == "1"
         assert "RAY_SERVE_ENABLE_DIRECT_INGRESS" not in env  # HAProxy turns it on itself
         assert env["RAY_SERVE_HAPROXY_BINARY_PATH"].endswith(f"/bin/{haproxy.NAME}")  # no splicing
+        # Each node's HAProxy keeps a stream across its reloads (scaling) as long as it may last.
+        assert env[HAPROXY_HARD_STOP_AFTER] == CLUSTER_ENV[HAPROXY_HARD_STOP_AFTER]
+        assert float(env[HAPROXY_HARD_STOP_AFTER]) >= _app_config(manifest).max_stream_duration_s + SHUTDOWN_MARGIN_S

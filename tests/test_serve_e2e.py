@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import random
+import re
 import time
 
 import httpx
@@ -15,7 +16,7 @@ import pytest
 
 from serve_app.routes.event_stream import KEEPALIVE
 from tests import sdk_scenarios
-from tests.conftest import engine_stats, have_vllm, wait_until
+from tests.conftest import E2E_ARGS, engine_stats, have_vllm, session_haproxy_config, wait_until
 from tests.contract import check_stream, parse_sse
 
 LONG_TEXT = "Ray object streaming carries token batches; ünïcödé 日本語 👍🏽. " * 12
@@ -131,6 +132,19 @@ def _kill_replica(model: str) -> None:
     import ray
 
     ray.kill(ray.get_actor(engine_stats(model)["actor_name"], namespace="serve"), no_restart=True)
+
+
+def test_haproxy_keeps_streams_across_its_reloads_as_long_as_the_longest_may_last(serve_url):
+    """Serve reloads HAProxy at every change of replicas; the old process cuts what it still
+    carries after `hard-stop-after`. The session's HAProxy (started as `make serve` starts
+    it) keeps a stream at least the app's longest stream plus the drain margin."""
+    from serve_app.app import CLUSTER_ENV, HAPROXY_HARD_STOP_AFTER
+    from serve_app.config import AppConfig, SHUTDOWN_MARGIN_S
+
+    longest = AppConfig.model_validate(E2E_ARGS).max_stream_duration_s
+    hard_stop = re.findall(r"^\s*hard-stop-after (\d+)s$", session_haproxy_config(), re.M)
+    assert hard_stop == [CLUSTER_ENV[HAPROXY_HARD_STOP_AFTER]], hard_stop
+    assert int(hard_stop[0]) >= longest + SHUTDOWN_MARGIN_S
 
 
 def test_replica_killed_mid_stream_fails_streams_then_recovers(serve_url):

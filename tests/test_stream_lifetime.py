@@ -43,6 +43,34 @@ def test_a_drain_shorter_than_a_stream_is_rejected(where):
         AppConfig.model_validate(args)
 
 
+def test_haproxy_keeps_a_stream_across_its_reloads_as_long_as_the_longest_may_last():
+    """Serve reloads HAProxy at every scaling event, and its old process cuts what it still
+    carries after `hard-stop-after` (Serve's default: 120 s). `make serve`'s environment
+    (CLUSTER_ENV) outlasts the default longest stream; a longer one is refused by name."""
+    from serve_app.app import CLUSTER_ENV, HAPROXY_HARD_STOP_AFTER, check_haproxy_keeps_streams
+
+    assert float(CLUSTER_ENV[HAPROXY_HARD_STOP_AFTER]) >= DEFAULT_MAX_STREAM_DURATION_S + SHUTDOWN_MARGIN_S
+    check_haproxy_keeps_streams(DEFAULT_MAX_STREAM_DURATION_S, CLUSTER_ENV)
+    with pytest.raises(ValueError, match=f"Export {HAPROXY_HARD_STOP_AFTER} of at least 1030"):
+        check_haproxy_keeps_streams(1000, CLUSTER_ENV)
+    # HAProxy on, its hard stop left at Serve's default: even the default longest stream is refused.
+    with pytest.raises(ValueError, match=r"\(RAY_SERVE_HAPROXY_HARD_STOP_AFTER_S=120\)"):
+        check_haproxy_keeps_streams(DEFAULT_MAX_STREAM_DURATION_S, {"RAY_SERVE_ENABLE_HA_PROXY": "1"})
+    check_haproxy_keeps_streams(100, {"RAY_SERVE_ENABLE_HA_PROXY": "1"})
+    # Serve's proxy actor holds connections until they end.
+    check_haproxy_keeps_streams(10_000, {"RAY_SERVE_ENABLE_HA_PROXY": "0"})
+
+
+def test_build_app_refuses_streams_longer_than_haproxy_keeps_them(monkeypatch):
+    from serve_app.app import build_app
+
+    monkeypatch.setenv("RAY_SERVE_ENABLE_HA_PROXY", "1")
+    monkeypatch.setenv("RAY_SERVE_HAPROXY_HARD_STOP_AFTER_S", "930")
+    build_app({"models": [MODEL]})
+    with pytest.raises(ValueError, match="max_stream_duration_s \\(3600 s\\) is longer than Serve's HAProxy keeps"):
+        build_app({"models": [MODEL], "max_stream_duration_s": 3600})
+
+
 def test_a_stream_that_outlives_the_maximum_is_ended_with_response_failed():
     # One token per 50 ms step: the echo of this input takes far longer than the maximum.
     engine = ReplayBackend(ReplayConfig(min_step_tokens=1, max_step_tokens=1, step_delay_s=0.05))
