@@ -422,16 +422,19 @@ class ResponsesRequest(_Lenient):
         return self.tool_choice != "none" and bool(self.function_tools() or any(n.functions for n in self.namespace_tools()))
 
 
-def parse_body(body: bytes, model: type[_Model]) -> _Model:
-    """Bytes of an HTTP body -> a validated `model`, or an `APIError` (400)."""
-    try:
-        data = json.loads(body)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise APIError(
-            f"We could not parse the JSON body of your request: {exc}. "
-            "The body must be a JSON object with 'Content-Type: application/json'.",
-            code="invalid_json",
-        ) from None
+def parse_body(body: bytes | dict[str, Any], model: type[_Model]) -> _Model:
+    """Bytes of an HTTP body (or its JSON object) -> a validated `model`, or an `APIError` (400)."""
+    if isinstance(body, dict):
+        data = body
+    else:
+        try:
+            data = json.loads(body)
+        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise APIError(
+                f"We could not parse the JSON body of your request: {exc}. "
+                "The body must be a JSON object with 'Content-Type: application/json'.",
+                code="invalid_json",
+            ) from None
     if not isinstance(data, dict):
         raise invalid_request("The request body must be a JSON object.", code="invalid_type")
     try:
@@ -440,8 +443,9 @@ def parse_body(body: bytes, model: type[_Model]) -> _Model:
         raise from_validation_error(exc) from None
 
 
-def parse_request(body: bytes) -> ResponsesRequest:
-    """Bytes of the HTTP body -> a validated request, or an `APIError` (400)."""
+def parse_request(body: bytes | dict[str, Any]) -> ResponsesRequest:
+    """Bytes of the HTTP body (or the fields of a WebSocket `response.create`) -> a validated
+    request, or an `APIError` (400)."""
     request = parse_body(body, ResponsesRequest)
     _check_combinations(request)
     request.check_consistency()

@@ -12,10 +12,11 @@ from typing import AsyncIterator
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 from openai.types.responses import ResponseStreamEvent
+from starlette.datastructures import State
 
 from serve_app.metrics import Metrics, RequestTrace, report_once, report_response
 from serve_app.protocol.errors import APIError, invalid_request, model_not_found, model_unavailable, response_not_found, server_error
-from serve_app.protocol.request import parse_request
+from serve_app.protocol.request import ResponsesRequest, parse_request
 from serve_app.protocol.sse import encode_events
 from serve_app.routes.background import current_response, follow_response, start_background, wants_stream
 from serve_app.routes.event_stream import EventStreamResponse
@@ -36,20 +37,8 @@ async def create_response(http_request: Request) -> Response:
     state = http_request.app.state
     trace = http_request.state.trace = RequestTrace()  # reported when the request ends (metrics)
     request = parse_request(await read_body(http_request, state.max_request_bytes))
-    model = state.served.get(request.model)
-    if model is None:
-        raise model_not_found(request.model)
-    trace.model = model.name
-    if model.unavailable is not None and (why := await model.unavailable(model.name)):
-        raise model_unavailable(model.name, why)
     responses: ResponseStore = state.responses
-    turn = await start_turn(request, model, responses, state.conversations, state.cipher, trace)
-    logger.info(
-        "response %s: model=%s stream=%s prompt_tokens=%d max_tokens=%d render_ms=%.1f reused_tokens=%d%s",
-        turn.generation.request_id, model.name, request.stream, len(turn.prompt), turn.generation.max_tokens,
-        (trace.render_s or 0) * 1e3, trace.prompt_reused_tokens,
-        f" truncated_items={trace.truncated_items}" if trace.truncated_items else "",
-    )
+    turn = await begin_turn(request, state, responses, trace)
     if request.background:
         return await start_background(turn, state)
     events = run_turn(turn, responses, state.max_stream_duration_s)
@@ -121,6 +110,25 @@ async def list_input_items(response_id: str, request: Request) -> Response:
     return _json(json.dumps(body, separators=(",", ":")))
 
 
+async def begin_turn(request: ResponsesRequest, state: State, responses: ResponseStore, trace: RequestTrace) -> Turn:
+    """The served model's turn for `request` (history read from `responses`), logged; a 404
+    for a model not served, a 503 for one whose engine is down."""
+    model = state.served.get(request.model)
+    if model is None:
+        raise model_not_found(request.model)
+    trace.model = model.name
+    if model.unavailable is not None and (why := await model.unavailable(model.name)):
+        raise model_unavailable(model.name, why)
+    turn = await start_turn(request, model, responses, state.conversations, state.cipher, trace)
+    logger.info(
+        "response %s: model=%s stream=%s prompt_tokens=%d max_tokens=%d render_ms=%.1f reused_tokens=%d%s",
+        turn.generation.request_id, model.name, request.stream, len(turn.prompt), turn.generation.max_tokens,
+        (trace.render_s or 0) * 1e3, trace.prompt_reused_tokens,
+        f" truncated_items={trace.truncated_items}" if trace.truncated_items else "",
+    )  # fmt: skip
+    return turn
+
+
 def _finished(turn: Turn, metrics: Metrics) -> None:
     """Log and report a response that ran to its end."""
     response = turn.stream.response
@@ -133,12 +141,22 @@ def _finished(turn: Turn, metrics: Metrics) -> None:
 
 
 async def _sse(events: AsyncIterator[list[ResponseStreamEvent]], turn: Turn, metrics: Metrics) -> AsyncIterator[bytes]:
+    async with contextlib.aclosing(reported(events, turn, metrics)) as batches:
+        async for batch_events in batches:
+            yield encode_events(batch_events)
+
+
+async def reported(
+    events: AsyncIterator[list[ResponseStreamEvent]], turn: Turn, metrics: Metrics
+) -> AsyncIterator[list[ResponseStreamEvent]]:
+    """A streamed turn's `events`, counted as an open stream while they flow, then logged and
+    reported once: finished, or cancelled when its client went away."""
     model = turn.model.name
     metrics.stream_opened(model)
     try:
         async with contextlib.aclosing(events):
             async for batch_events in events:
-                yield encode_events(batch_events)
+                yield batch_events
     finally:
         metrics.stream_closed(model)
         if turn.stream.finished:
