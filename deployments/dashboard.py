@@ -17,7 +17,7 @@ from grafana_foundation_sdk.models.dashboard import DashboardCursorSync, DataSou
 
 from deployments.metrics import (
     ACCEPTED_TOKENS, BACKGROUND_RUNS, CACHED_TOKENS, DRAFT_TOKENS, E2E, OUTPUT_TOKENS, PROMPT_TOKENS, RENDER, RENDER_TOKENS,
-    REQUESTS, STORE_BYTES, STORE_ENTRIES, STREAMS_OPEN, TPOT, TRUNCATED, TTFT, MetricSpec,
+    REQUESTS, STORE_BYTES, STORE_ENTRIES, STREAMS_OPEN, TPOT, TRUNCATED, TTFT, WEBSOCKETS_OPEN, MetricSpec,
 )  # fmt: skip
 
 OUTPUT = Path(__file__).resolve().parent.parent / "k8s" / "grafana" / "responses-serve.json"
@@ -150,6 +150,9 @@ def build() -> dashboard.Dashboard:
         .with_row(dashboard.Row("State"))
         .with_panel(_state_panel("Background responses running", "short", BACKGROUND_RUNS,
                                  BACKGROUND_RUNS.description + "; they end in the requests panel with their final status"))
+        .with_panel(_state_panel("WebSocket connections open", "short", WEBSOCKETS_OPEN,
+                                 WEBSOCKETS_OPEN.description + ": each holds its own responses' chain (store: false too) "
+                                 "and counts as an ongoing request for Serve's autoscaling and drain"))
         .with_panel(_state_panel("Embedded store entries", "short", STORE_ENTRIES,
                                  STORE_ENTRIES.description + " (a Redis store: watch Redis itself)"))
         .with_panel(_state_panel("Embedded store size", "bytes", STORE_BYTES, STORE_BYTES.description))

@@ -81,14 +81,15 @@ RENDER_TOKENS = MetricSpec(
     PREFIX + "prompt_render_tokens", "counter", "token ids of prompt renders, by source: the ingress's prompt cache, or tokenized", ("model", "source")
 )
 TRUNCATED = MetricSpec(PREFIX + "truncated_requests", "counter", 'requests whose oldest items truncation "auto" left out of the prompt')
-STREAMS_OPEN = MetricSpec(PREFIX + "streams_open", "gauge", "SSE streams open on this ingress replica")
+STREAMS_OPEN = MetricSpec(PREFIX + "streams_open", "gauge", "responses streaming on this ingress replica (SSE and WebSocket)")
 BACKGROUND_RUNS = MetricSpec(PREFIX + "background_runs", "gauge", "background responses running on this ingress replica", ())
+WEBSOCKETS_OPEN = MetricSpec(PREFIX + "websockets_open", "gauge", "WebSocket connections open on this ingress replica (idle ones too)", ())
 STORE_ENTRIES = MetricSpec(PREFIX + "store_entries", "gauge", "keys held by the embedded store (responses, runs, logs, conversations)", ())
 STORE_BYTES = MetricSpec(PREFIX + "store_bytes", "gauge", "bytes held by the embedded store (its max_bytes bound counts these)", ())
 
 INGRESS_METRICS = [
     REQUESTS, TTFT, TPOT, E2E, PROMPT_TOKENS, CACHED_TOKENS, OUTPUT_TOKENS, DRAFT_TOKENS, ACCEPTED_TOKENS, TRUNCATED,
-    RENDER, RENDER_TOKENS, STREAMS_OPEN, BACKGROUND_RUNS,
+    RENDER, RENDER_TOKENS, STREAMS_OPEN, BACKGROUND_RUNS, WEBSOCKETS_OPEN,
 ]  # fmt: skip
 STORE_METRICS = [STORE_ENTRIES, STORE_BYTES]  # set by the embedded store's replica
 METRICS = INGRESS_METRICS + STORE_METRICS
@@ -110,6 +111,7 @@ class RayServeMetrics:
         self._metrics = {spec: _make(spec) for spec in INGRESS_METRICS}
         self._open: dict[str, int] = {}
         self._background = 0
+        self._websockets = 0
         _refresh_forever(self._set_gauges)
 
     def request_finished(self, outcome: RequestOutcome) -> None:
@@ -148,6 +150,10 @@ class RayServeMetrics:
         self._background = running
         self._metrics[BACKGROUND_RUNS].set(running)
 
+    def websockets_open(self, count: int) -> None:
+        self._websockets = count
+        self._metrics[WEBSOCKETS_OPEN].set(count)
+
     def _set_open(self, model: str, change: int) -> None:
         count = self._open[model] = self._open.get(model, 0) + change
         self._metrics[STREAMS_OPEN].set(count, {"model": model})
@@ -156,6 +162,7 @@ class RayServeMetrics:
         for model, count in list(self._open.items()):
             self._metrics[STREAMS_OPEN].set(count, {"model": model})
         self._metrics[BACKGROUND_RUNS].set(self._background)
+        self._metrics[WEBSOCKETS_OPEN].set(self._websockets)
 
 
 def export_store_size(stats: Callable[[], dict[str, int]]) -> None:

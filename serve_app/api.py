@@ -35,6 +35,7 @@ from .routes import background as background_routes
 from .routes import input_tokens as input_tokens_routes
 from .routes import conversations as conversations_routes
 from .routes import responses as responses_routes
+from .routes import websocket as websocket_routes
 from .run import ModelFamily, ServedModel, TokenSource
 from .state import BoundedStore, MemoryStore, ResponseStore, Store
 from .state.conversations import ConversationStore
@@ -88,6 +89,7 @@ def create_app(
     app.state.background_drain_s = background_drain_s
     app.state.max_stream_duration_s = max_stream_duration_s
     app.state.sse_keepalive_s = sse_keepalive_s
+    app.state.websockets_open = 0  # connections to /v1/responses (routes/websocket.py)
     app.state.cipher = ReasoningCipher(reasoning_keys or configured_reasoning_keys())
 
     @app.exception_handler(APIError)
@@ -130,6 +132,7 @@ def create_app(
 
     app.include_router(input_tokens_routes.router)  # before /v1/responses/{response_id}
     app.include_router(responses_routes.router)
+    app.include_router(websocket_routes.router)
     app.include_router(background_routes.router)
     app.include_router(conversations_routes.router)
     return app

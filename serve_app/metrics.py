@@ -98,6 +98,7 @@ class Metrics(Protocol):
     def stream_opened(self, model: str) -> None: ...
     def stream_closed(self, model: str) -> None: ...
     def background_runs(self, running: int) -> None: ...  # background responses running here
+    def websockets_open(self, count: int) -> None: ...  # WebSocket connections open here
 
 
 class NoMetrics:
@@ -113,6 +114,9 @@ class NoMetrics:
         pass
 
     def background_runs(self, running: int) -> None:
+        pass
+
+    def websockets_open(self, count: int) -> None:
         pass
 
 
@@ -134,6 +138,9 @@ class GuardedMetrics:
 
     def background_runs(self, running: int) -> None:
         self._call(self._metrics.background_runs, running)
+
+    def websockets_open(self, count: int) -> None:
+        self._call(self._metrics.websockets_open, count)
 
     def _call(self, method, argument) -> None:
         try:

@@ -188,12 +188,24 @@ async def start_turn(
     return Turn(request, model, rendered.input_items, prompt, generation, stream, conversations=conversations, trace=trace)
 
 
-async def run_turn(turn: Turn, responses: ResponseStore, max_duration_s: float | None = None) -> AsyncIterator[list[ResponseStreamEvent]]:
+class PromptOnly:
+    """A token source that generates nothing: a warm-up (a WebSocket `response.create` with
+    `generate: false`) renders its prompt, counts it, and completes with no output."""
+
+    async def generate(self, request: GenerationRequest) -> AsyncIterator[TokenBatch]:
+        yield TokenBatch([], finish_reason="stop", num_prompt_tokens=len(request.prompt_token_ids))
+
+
+async def run_turn(
+    turn: Turn, responses: ResponseStore, max_duration_s: float | None = None, source: TokenSource | None = None
+) -> AsyncIterator[list[ResponseStreamEvent]]:
     """The events of `turn`. With `store`, a finished response is stored before its terminal
     event goes out; if the store fails, that event becomes `response.failed`, so a client
-    never holds the id of a response that is not there. `max_duration_s`: see `engine_events`."""
+    never holds the id of a response that is not there. `max_duration_s`: see `engine_events`.
+    `source`: where the tokens come from (the model's engine unless given)."""
     stream = turn.stream
-    async with contextlib.aclosing(engine_events(stream, turn.model.source, turn.generation, turn.trace, max_duration_s)) as batches:
+    source = source or turn.model.source
+    async with contextlib.aclosing(engine_events(stream, source, turn.generation, turn.trace, max_duration_s)) as batches:
         async for events in batches:
             if stream.finished and stream.response.status in ("completed", "incomplete"):
                 try:

@@ -18,7 +18,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from deployments.metrics import (
     ACCEPTED_TOKENS, BACKGROUND_RUNS, CACHED_TOKENS, DRAFT_TOKENS, E2E, METRICS, OUTPUT_TOKENS, PROMPT_TOKENS, RENDER,
-    RENDER_TOKENS, REQUESTS, STORE_BYTES, STORE_ENTRIES, STREAMS_OPEN, TPOT, TRUNCATED, TTFT, gauge_ttl_s,
+    RENDER_TOKENS, REQUESTS, STORE_BYTES, STORE_ENTRIES, STREAMS_OPEN, TPOT, TRUNCATED, TTFT, WEBSOCKETS_OPEN, gauge_ttl_s,
 )  # fmt: skip
 from serve_app.api import ServedModel, create_app
 from serve_app.metrics import RequestOutcome
@@ -38,6 +38,7 @@ class Recorder:
         self.open: Counter[str] = Counter()
         self.most_open = 0
         self.background: list[int] = []  # every background_runs() report
+        self.websockets: list[int] = []  # every websockets_open() report
 
     def request_finished(self, outcome: RequestOutcome) -> None:
         self.outcomes.append(outcome)
@@ -52,6 +53,9 @@ class Recorder:
     def background_runs(self, running: int) -> None:
         self.background.append(running)
 
+    def websockets_open(self, count: int) -> None:
+        self.websockets.append(count)
+
 
 class Broken:
     """A metrics backend that raises on every call."""
@@ -59,7 +63,7 @@ class Broken:
     def request_finished(self, outcome: RequestOutcome) -> None:
         raise ValueError("value must be >0, got 0")
 
-    stream_opened = stream_closed = background_runs = request_finished
+    stream_opened = stream_closed = background_runs = websockets_open = request_finished
 
 
 def _serve(replay_backend, metrics):
@@ -98,6 +102,24 @@ def test_each_request_reports_once_with_its_usage(replay_backend):
     for outcome in recorder.outcomes[3:6]:
         assert outcome.ttft_s is None and outcome.output_tokens == 0 and outcome.e2e_s > 0
     assert recorder.most_open == 1 and recorder.open["gpt-oss-replay"] == 0  # one stream, closed
+
+
+def test_websocket_responses_report_as_streams_and_connections_are_counted(replay_backend):
+    from tests import socket_scenarios
+
+    recorder = Recorder()
+    with _serve(replay_backend, recorder) as url:
+        with socket_scenarios.socket(url) as first, socket_scenarios.socket(url) as second:
+            socket_scenarios.create(first, model="gpt-oss-replay", input="over a socket")
+            done = socket_scenarios.until_end(first)[-1]["response"]
+            socket_scenarios.create(second, model="nope", input="x")
+            socket_scenarios.until_end(second)
+            assert wait_until(lambda: recorder.websockets[-1:] == [2], 5), recorder.websockets
+        assert wait_until(lambda: recorder.websockets[-1:] == [0], 5), recorder.websockets
+    assert recorder.websockets == [1, 2, 1, 0]
+    assert [(o.model, o.status, o.code) for o in recorder.outcomes] == [("gpt-oss-replay", "completed", ""), ("", "rejected", "model_not_found")]
+    assert recorder.outcomes[0].output_tokens == done["usage"]["output_tokens"] > 0
+    assert recorder.most_open == 1 and recorder.open["gpt-oss-replay"] == 0  # the response streamed, then closed
 
 
 def test_a_follow_up_reports_the_prompt_pieces_it_reused(replay_backend):
@@ -357,6 +379,21 @@ def test_prometheus_endpoint_shows_background_runs_and_the_store_size(serve_url,
 
     assert wait_until(size_matches, 60, interval_s=0.5)
     assert total(scrape(metrics_port), STORE_ENTRIES, **app) > 0
+
+
+def test_prometheus_endpoint_counts_websocket_connections(serve_url, metrics_port):
+    from tests import socket_scenarios
+
+    def read(families: dict) -> dict:
+        return {"open": total(families, WEBSOCKETS_OPEN, application="responses")}
+
+    assert poll(metrics_port, {"open": 0}, read) == {"open": 0}
+    with socket_scenarios.socket(serve_url) as first, socket_scenarios.socket(serve_url) as second:
+        for connection in (first, second):  # in use: through HAProxy to an ingress replica
+            socket_scenarios.create(connection, model=MODEL, input="counted")
+            socket_scenarios.until_end(connection)
+        assert poll(metrics_port, {"open": 2}, read) == {"open": 2}
+    assert poll(metrics_port, {"open": 0}, read) == {"open": 0}
 
 
 def test_metric_names_are_unique_and_prefixed():

@@ -15,7 +15,7 @@ import httpx
 import pytest
 
 from serve_app.routes.event_stream import KEEPALIVE
-from tests import sdk_scenarios
+from tests import sdk_scenarios, socket_scenarios
 from tests.conftest import E2E_ARGS, engine_stats, have_vllm, session_haproxy_config, wait_until
 from tests.contract import check_stream, parse_sse
 
@@ -31,6 +31,58 @@ def test_scenario(serve_url, scenario, model):
 @pytest.mark.parametrize("model", sdk_scenarios.REPLAY_MODELS)
 def test_32_concurrent_streams(serve_url, model):
     sdk_scenarios.concurrent_streams(serve_url, 32, model)
+
+
+@pytest.mark.parametrize("model", sdk_scenarios.REPLAY_MODELS)
+@pytest.mark.parametrize("scenario", socket_scenarios.ALL, ids=lambda f: f.__name__)
+def test_websocket_scenario(serve_url, scenario, model):
+    """`/v1/responses` over a WebSocket through Serve's HAProxy to either ingress replica."""
+    scenario(serve_url, model)
+
+
+def test_websocket_lanes_run_side_by_side(serve_url):
+    socket_scenarios.lanes_run_side_by_side(serve_url, "gpt-oss-replay-slow")
+
+
+def test_websocket_connections_each_keep_their_chain_on_either_replica(serve_url, ingress_urls):
+    """Connections through HAProxy land on either ingress replica, each keeping its own
+    `store: false` chain; a stored response made on one replica is continued over a socket
+    straight to the other."""
+    model = "gpt-oss-replay"
+
+    def chain(index: int) -> str:
+        with socket_scenarios.socket(serve_url) as connection:
+            previous = None
+            for turn in range(3):
+                socket_scenarios.create(connection, model=model, input=f"conversation {index} turn {turn}", store=False, previous_response_id=previous)
+                response = socket_scenarios.response_events(socket_scenarios.until_end(connection))[-1]["response"]
+                assert response["status"] == "completed" and response["previous_response_id"] == previous
+                previous = response["id"]
+            return previous
+
+    with concurrent.futures.ThreadPoolExecutor(8) as pool:
+        assert len(set(pool.map(chain, range(8)))) == 8
+    first, second = ingress_urls
+    with socket_scenarios.socket(first) as connection:
+        socket_scenarios.create(connection, model=model, input="stored on the first replica")
+        stored = socket_scenarios.response_events(socket_scenarios.until_end(connection))[-1]["response"]
+    with socket_scenarios.socket(second) as connection:
+        socket_scenarios.create(connection, model=model, input="continued on the second", previous_response_id=stored["id"])
+        assert socket_scenarios.until_end(connection)[-1]["response"]["status"] == "completed"
+
+
+def test_websocket_client_leaving_aborts_engine_requests(serve_url):
+    model = "gpt-oss-replay-slow"
+    before = engine_stats(model)
+    with socket_scenarios.socket(serve_url) as connection:
+        for lane in ("a", "b"):
+            socket_scenarios.create(connection, model=model, input=f"{lane} {LONG_TEXT * 3}", stream_id=lane, store=False)
+        deltas = 0
+        while deltas < 6:
+            deltas += socket_scenarios.receive(connection)["type"].endswith(".delta")
+    assert wait_until(lambda: engine_stats(model)["running"] == 0, timeout_s=10), engine_stats(model)
+    after = engine_stats(model)
+    assert after["requests"] - before["requests"] == 2 and after["aborted"] - before["aborted"] == 2
 
 
 def test_models_listed(serve_url):

@@ -1,0 +1,75 @@
+"""The responses one WebSocket connection made, kept in its memory: `previous_response_id`
+chains on the connection need no store, and work with `store: false` (as the OpenAI API's
+WebSocket mode does).
+
+A connection is served by one ingress replica from its first message to its last, so this is
+the one piece of Responses state that may live in a replica's memory: it goes with the
+connection. Responses of other connections and of HTTP requests come from the shared store.
+"""
+
+from __future__ import annotations
+
+import collections
+
+from openai.types.responses import Response
+
+from serve_app.protocol.harmony import HistoryItem
+
+from .responses import ResponseStore, StoredTurn, with_ids
+
+MAX_LANES = 64  # lanes whose latest response a connection keeps; the least recently used goes
+
+
+class ConnectionResponses(ResponseStore):
+    """A `ResponseStore` that first looks in the connection's own turns.
+
+    Each lane's latest response is kept with every turn before it on its chain, and nothing
+    else: a lane that moves on (or forks from an older response) lets the turns it no longer
+    reaches go. So memory follows the conversations being continued, not the connection's age.
+    """
+
+    def __init__(self, shared: ResponseStore, max_lanes: int = MAX_LANES) -> None:
+        super().__init__(shared.store, shared.ttl_s)
+        self.max_lanes = max_lanes
+        self._turns: dict[str, StoredTurn] = {}
+        self._latest: collections.OrderedDict[str | None, str] = collections.OrderedDict()  # lane -> response id
+
+    def remember(self, lane: str | None, response: Response, input_items: list[HistoryItem]) -> None:
+        """Keep a finished response (completed or incomplete) as its lane's latest."""
+        self._turns[response.id] = StoredTurn(response, with_ids(input_items), response.previous_response_id)
+        self._latest[lane] = response.id
+        self._latest.move_to_end(lane)
+        while len(self._latest) > self.max_lanes:
+            self._latest.popitem(last=False)
+        self._keep_reachable()
+
+    def __len__(self) -> int:
+        """The turns kept in memory."""
+        return len(self._turns)
+
+    async def get(self, response_id: str) -> StoredTurn | None:
+        turn = self._turns.get(response_id)
+        return turn if turn is not None else await super().get(response_id)
+
+    async def chain(self, response_id: str) -> list[StoredTurn] | None:
+        """The connection's own turns from memory (no store round trip); the shared store
+        only for the part of the chain made elsewhere."""
+        mine: list[StoredTurn] = []
+        next_id: str | None = response_id
+        while next_id in self._turns and len(mine) <= len(self._turns):  # the bound: a cycle is no chain
+            turn = self._turns[next_id]
+            mine.append(turn)
+            next_id = turn.previous_response_id
+        if len(mine) > len(self._turns):
+            return None
+        earlier = [] if next_id is None else await super().chain(next_id)
+        return None if earlier is None else earlier + mine[::-1]
+
+    def _keep_reachable(self) -> None:
+        kept: dict[str, StoredTurn] = {}
+        for response_id in self._latest.values():
+            next_id: str | None = response_id
+            while next_id in self._turns and next_id not in kept:
+                kept[next_id] = self._turns[next_id]
+                next_id = kept[next_id].previous_response_id
+        self._turns = kept

@@ -1,0 +1,143 @@
+"""`/v1/responses` over a WebSocket, in process (uvicorn, no Ray); the same scenarios run
+through Serve's HAProxy and two ingress replicas in tests/test_serve_e2e.py."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import pytest
+from websockets.exceptions import InvalidStatus
+
+from deployments.backends.replay import ReplayBackend, ReplayConfig
+from serve_app.api import ServedModel, create_app
+from serve_app.state import MemoryStore, ResponseStore
+from serve_app.state.connection import ConnectionResponses
+from tests import socket_scenarios
+from tests.conftest import uvicorn_server, wait_until
+from tests.sdk_scenarios import REPLAY_MODELS
+
+SLOW = ReplayConfig(min_step_tokens=1, max_step_tokens=1, step_delay_s=0.02)
+
+
+@pytest.mark.parametrize("model", REPLAY_MODELS)
+@pytest.mark.parametrize("scenario", socket_scenarios.ALL, ids=lambda f: f.__name__)
+def test_scenario(inprocess_url, scenario, model):
+    scenario(inprocess_url, model)
+
+
+@pytest.fixture(scope="module")
+def slow_engine():
+    return ReplayBackend(SLOW)
+
+
+@pytest.fixture(scope="module")
+def slow_url(slow_engine):
+    app = create_app([ServedModel("slow", slow_engine)], max_request_bytes=64 * 1024, api_key=None)
+    with uvicorn_server(app) as url:
+        yield url
+
+
+def test_lanes_run_side_by_side(slow_url):
+    socket_scenarios.lanes_run_side_by_side(slow_url, "slow")
+
+
+def test_a_client_that_leaves_mid_response_aborts_its_engine_requests(slow_url, slow_engine):
+    with socket_scenarios.socket(slow_url) as connection:
+        for lane in ("a", "b"):
+            socket_scenarios.create(connection, model="slow", input="a long answer " * 30, stream_id=lane, store=False)
+        deltas = 0
+        while deltas < 6:
+            deltas += socket_scenarios.receive(connection)["type"].endswith(".delta")
+        assert slow_engine.num_running() == 2
+    assert wait_until(lambda: slow_engine.num_running() == 0, timeout_s=10), slow_engine.num_running()
+
+
+def test_a_message_over_the_size_limit_is_refused_and_the_connection_goes_on(slow_url):
+    with socket_scenarios.socket(slow_url) as connection:
+        socket_scenarios.create(connection, model="slow", input="x" * (64 * 1024))
+        (error,) = socket_scenarios.until_end(connection)
+        assert (error["status"], error["error"]["code"]) == (413, "request_too_large")
+        socket_scenarios.create(connection, model="slow", input="small")
+        assert socket_scenarios.until_end(connection)[-1]["type"] == "response.completed"
+
+
+def test_the_api_key_is_checked_at_the_handshake():
+    app = create_app([ServedModel("gpt-oss-replay", ReplayBackend())], api_key="sekret")
+    with uvicorn_server(app) as url:
+        for headers in (None, {"Authorization": "Bearer wrong"}):
+            with pytest.raises(InvalidStatus) as refused:
+                with socket_scenarios.socket(url, headers):
+                    pass
+            assert refused.value.response.status_code == 401
+            assert json.loads(refused.value.response.body)["error"]["code"] == "invalid_api_key"
+        with socket_scenarios.socket(url, {"Authorization": "Bearer sekret"}) as connection:
+            socket_scenarios.create(connection, model="gpt-oss-replay", input="let me in")
+            assert socket_scenarios.until_end(connection)[-1]["type"] == "response.completed"
+
+
+# --- ConnectionResponses: what a connection keeps -----------------------------------------------
+
+
+class CountingStore(MemoryStore):
+    """The in-memory store, counting the reads that reach it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gets = 0
+
+    async def get(self, key: str):
+        self.gets += 1
+        return await super().get(key)
+
+
+def _response(response_id: str, previous: str | None, text: str = "ok"):
+    from openai.types.responses import Response
+
+    return Response.model_validate(
+        {
+            "id": response_id, "object": "response", "created_at": 0, "model": "m", "status": "completed",
+            "previous_response_id": previous, "parallel_tool_calls": True, "tool_choice": "auto", "tools": [],
+            "output": [{"type": "message", "id": f"msg_{response_id}", "role": "assistant", "status": "completed",
+                        "content": [{"type": "output_text", "text": text, "annotations": []}]}],
+        }
+    )  # fmt: skip
+
+
+def _user(text: str):
+    from serve_app.protocol.request import MessageItem
+
+    return [MessageItem(role="user", content=text)]
+
+
+def test_a_connection_reads_its_own_chain_from_memory_and_the_rest_from_the_store():
+    async def scenario():
+        store = CountingStore()
+        shared = ResponseStore(store)
+        await shared.save(_response("r0", None, "from http"), _user("first, over HTTP"))
+        mine = ConnectionResponses(shared)
+        mine.remember(None, _response("r1", "r0"), _user("second"))
+        mine.remember(None, _response("r2", "r1"), _user("third"))
+        store.gets = 0
+        history = await mine.history("r2")
+        assert [getattr(item, "content", None) for item in history if item.role == "user"] == ["first, over HTTP", "second", "third"]
+        assert store.gets == 1  # r0 only: r2 and r1 came from the connection
+        assert await ConnectionResponses(shared).get("r2") is None  # another connection: not there
+
+    asyncio.run(scenario())
+
+
+def test_a_connection_keeps_what_its_lanes_can_still_continue():
+    async def scenario():
+        mine = ConnectionResponses(ResponseStore(MemoryStore()), max_lanes=2)
+        mine.remember("a", _response("a1", None), _user("a1"))
+        mine.remember("a", _response("a2", "a1"), _user("a2"))
+        mine.remember("b", _response("b1", "a1"), _user("b1"))  # a fork of lane a's first turn
+        assert len(mine) == 3
+        mine.remember("a", _response("a3", "a1"), _user("a3"))  # lane a forks too: a2 is reached by no lane
+        assert len(mine) == 3 and await mine.get("a2") is None and await mine.history("a3")
+        mine.remember("c", _response("c1", None), _user("c1"))  # a third lane: the least recent (b) goes
+        assert len(mine) == 3 and await mine.get("b1") is None
+        assert {turn.response.id for turn in await mine.chain("a3")} == {"a1", "a3"}
+
+    asyncio.run(scenario())
