@@ -223,6 +223,7 @@ class ResponsesIngress:
             store=open_store(self.config.store, self.store),
             store_timeout_s=self.config.store.timeout_s,
             store_ttl_s=self.config.store.ttl_s,
+            store_cache_bytes=self.config.store.cache_bytes,
             api_key=self.config.api_key,
             max_request_bytes=self.config.max_request_bytes,
             background_drain_s=background_drain_s(self.config),

@@ -40,8 +40,8 @@ class StoreServer:
     async def delete(self, key: str) -> bool:
         return await self.store.delete(key)
 
-    async def expire(self, keys: Sequence[str], ttl_s: float) -> None:
-        await self.store.expire(keys, ttl_s)
+    async def expire(self, keys: Sequence[str], ttl_s: float) -> int:
+        return await self.store.expire(keys, ttl_s)
 
     async def append(self, key: str, values: Sequence[bytes], ttl_s: float, expected_length: int | None) -> int:
         return await self.store.append(key, values, ttl_s=ttl_s, expected_length=expected_length)
@@ -83,8 +83,8 @@ class HandleStore:
     async def delete(self, key: str) -> bool:
         return await self._call("delete", key)
 
-    async def expire(self, keys: Sequence[str], ttl_s: float) -> None:
-        await self._call("expire", list(keys), ttl_s)
+    async def expire(self, keys: Sequence[str], ttl_s: float) -> int:
+        return await self._call("expire", list(keys), ttl_s)
 
     async def append(self, key: str, values: Sequence[bytes], *, ttl_s: float, expected_length: int | None = None) -> int:
         return await self._call("append", key, list(values), ttl_s, expected_length)

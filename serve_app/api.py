@@ -39,7 +39,7 @@ from .routes import websocket as websocket_routes
 from .run import ModelFamily, ServedModel, TokenSource
 from .state import BoundedStore, MemoryStore, ResponseStore, Store
 from .state.conversations import ConversationStore
-from .state.responses import DEFAULT_TTL_S
+from .state.responses import DEFAULT_CACHE_BYTES, DEFAULT_TTL_S, TurnCache
 from .state.runs import EVENTS_TTL_S, RunStore
 
 __all__ = ["ModelFamily", "ServedModel", "TokenSource", "create_app"]
@@ -58,6 +58,7 @@ def create_app(
     store: Store | None = None,
     store_timeout_s: float = DEFAULT_STORE_TIMEOUT_S,
     store_ttl_s: float = DEFAULT_TTL_S,
+    store_cache_bytes: int = DEFAULT_CACHE_BYTES,
     api_key: str | None = None,
     max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
     replica_id: str | None = None,
@@ -67,7 +68,8 @@ def create_app(
     max_stream_duration_s: float | None = None,
     sse_keepalive_s: float | None = DEFAULT_SSE_KEEPALIVE_S,
 ) -> FastAPI:
-    """`store`: where responses are kept (default: this process's memory, for one replica).
+    """`store`: where responses are kept (default: this process's memory, for one replica);
+    `store_cache_bytes`: this replica's cache of finished turns (`TurnCache`; 0: none).
     `reasoning_keys`: Fernet keys sealing reasoning items' `encrypted_content` (the first
     encrypts); None: `RESPONSES_SERVE_REASONING_KEYS`, else a key of this process.
     `max_stream_duration_s`: a response generating longer is ended with `response.failed`.
@@ -78,7 +80,8 @@ def create_app(
     # What the routers read (serve_app/routes/): every store call is time-bounded.
     app.state.served = served
     app.state.store = BoundedStore(store if store is not None else MemoryStore(), store_timeout_s)
-    app.state.responses = ResponseStore(app.state.store, store_ttl_s)
+    cache = TurnCache(store_cache_bytes) if store_cache_bytes else None
+    app.state.responses = ResponseStore(app.state.store, store_ttl_s, cache)
     app.state.max_request_bytes = max_request_bytes
     app.state.conversations = ConversationStore(app.state.store, store_ttl_s)
     app.state.metrics = metrics = GuardedMetrics(metrics or NoMetrics())

@@ -17,6 +17,7 @@ from typing import Annotated, Any, Literal, Union
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from .protocol.prompt_cache import DEFAULT_MAX_TOKENS as DEFAULT_PROMPT_CACHE_TOKENS
+from .state.responses import DEFAULT_CACHE_BYTES
 
 
 class _Strict(BaseModel):
@@ -296,6 +297,12 @@ class StoreConfig(_Strict):
     max_entries: int = Field(100_000, ge=1, description="embedded/memory: keys kept; the oldest go first")
     max_bytes: int = Field(1 << 30, ge=1024, description="embedded/memory: bytes of keys and values kept; the oldest go first")
     timeout_s: float = Field(2.0, gt=0, description="every store call ends within this; a store slower than that is down (503)")
+    cache_bytes: int = Field(
+        DEFAULT_CACHE_BYTES,
+        ge=0,
+        description="each ingress replica keeps the finished turns it wrote or read (up to these stored bytes): a "
+        "previous_response_id chain is then read from the store one new turn at a time, not whole (0: off)",
+    )
     deployment: DeploymentConfig = Field(
         default_factory=lambda: DeploymentConfig(num_replicas=1, max_ongoing_requests=100_000, ray_actor_options={"num_cpus": 0}),
         description="embedded: Serve options of the store deployment (always one replica)",

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import re
 
+import httpx
 import pytest
 
 from tests import stateful_scenarios
@@ -23,6 +24,24 @@ def test_two_ingress_replicas_behind_the_proxy(serve_url):
 @pytest.mark.parametrize("scenario", stateful_scenarios.SCENARIOS, ids=lambda f: f.__name__)
 def test_stateful_scenario(serve_url, scenario):
     scenario(serve_url)
+
+
+def test_a_turn_deleted_on_one_replica_breaks_the_chain_the_other_has_cached(ingress_urls):
+    """Each ingress replica caches the finished turns it reads (`TurnCache`); a deletion made
+    through the other replica must still break every chain through that turn."""
+    first_replica, second_replica = ingress_urls
+    with httpx.Client(timeout=60) as http:
+        def create(url: str, **body) -> dict:
+            reply = http.post(f"{url}/responses", json={"model": "gpt-oss-replay", **body})
+            assert reply.status_code == 200, reply.text
+            return reply.json()
+
+        one = create(first_replica, input="cached turn one")
+        two = create(first_replica, input="cached turn two", previous_response_id=one["id"])
+        create(first_replica, input="reads the chain", previous_response_id=two["id"])  # both cached there now
+        assert http.delete(f"{second_replica}/responses/{one['id']}").status_code == 200
+        refused = http.post(f"{first_replica}/responses", json={"model": "gpt-oss-replay", "input": "x", "previous_response_id": two["id"]})
+    assert refused.status_code == 400 and refused.json()["error"]["code"] == "previous_response_not_found"
 
 
 def test_both_replicas_served_the_conversations(serve_url, tmp_path_factory):

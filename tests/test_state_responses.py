@@ -12,7 +12,7 @@ from serve_app.protocol.stream import ResponseStream
 from serve_app.protocol.harmony import HarmonyModel
 from serve_app.protocol.tokens import TokenBatch
 from serve_app.state import MemoryStore, ResponseStore
-from serve_app.state.responses import response_key
+from serve_app.state.responses import TurnCache, response_key
 
 pytestmark = pytest.mark.anyio
 
@@ -111,6 +111,77 @@ async def test_reading_a_chain_keeps_it_alive():
     assert len(await responses.history(chain[1].id)) == 4
     now[0] = 300
     assert await responses.get(chain[0].id) is None
+
+
+# -- TurnCache: a replica's finished turns ---------------------------------------------------
+
+
+class CountingStore(MemoryStore):
+    """The in-memory store, counting the reads that reach it."""
+
+    def __init__(self, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.gets = 0
+
+    async def get(self, key: str) -> bytes | None:
+        self.gets += 1
+        return await super().get(key)
+
+
+async def test_a_cached_chain_costs_a_store_read_per_new_turn_not_per_turn():
+    store = CountingStore()
+    writer = ResponseStore(store, cache=TurnCache(1 << 20))  # the replica that made the turns
+    reader = ResponseStore(store, cache=TurnCache(1 << 20))  # another one
+    uncached = ResponseStore(store)
+    chain = await _chain(writer, 10)
+    for responses, reads in ((writer, 0), (reader, 10), (reader, 0), (uncached, 10)):
+        store.gets = 0
+        assert len(await responses.history(chain[-1].id)) == 20
+        assert store.gets == reads
+    # The next turn, made elsewhere: one read for it, the rest from the cache.
+    await uncached.save(nxt := _response("turn 10", chain[-1].id), [MessageItem(role="user", content="turn 10")])
+    store.gets = 0
+    assert len(await reader.history(nxt.id)) == 22 and store.gets == 1
+
+
+async def test_a_turn_deleted_or_expired_elsewhere_breaks_a_cached_chain():
+    now = [0.0]
+    store = MemoryStore(clock=lambda: now[0])
+    other, mine = ResponseStore(store, ttl_s=100), ResponseStore(store, ttl_s=100, cache=TurnCache(1 << 20))
+    chain = await _chain(other, 3)
+    assert len(await mine.history(chain[2].id)) == 6  # all three cached here now
+    assert await other.delete(chain[1].id)
+    with pytest.raises(APIError) as error:
+        await mine.history(chain[2].id)
+    assert error.value.code == "previous_response_not_found"
+    assert await mine.get(chain[1].id) is None  # a GET reads the store
+    fresh = await _chain(other, 2)
+    assert len(await mine.history(fresh[1].id)) == 4
+    now[0] = 500  # both expired in the store, still in the cache
+    with pytest.raises(APIError):
+        await mine.history(fresh[1].id)
+
+
+async def test_only_finished_turns_are_cached():
+    """A background response is stored while it runs and again when it ends."""
+    responses = ResponseStore(MemoryStore(), cache=TurnCache(1 << 20))
+    done = _response("done")
+    running = done.model_copy(update={"status": "in_progress"})
+    await responses.save(running, [MessageItem(role="user", content="run")])
+    with pytest.raises(APIError, match="has not finished yet"):
+        await responses.history(running.id)
+    await responses.save(done, [MessageItem(role="user", content="run")])
+    assert len(await responses.history(done.id)) == 2
+
+
+async def test_the_cache_is_bounded_by_the_records_bytes():
+    store = MemoryStore()
+    record = len((await ResponseStore(store).save(_response("x"), [MessageItem(role="user", content="x")])).encode())
+    cache = TurnCache(3 * record + record // 2)
+    responses = ResponseStore(store, cache=cache)
+    chain = await _chain(responses, 8)
+    assert len(cache) == 3
+    assert len(await responses.history(chain[-1].id)) == 16  # the rest read from the store
 
 
 # -- MemoryStore bounds (the embedded store's replica holds one) -------------------------------

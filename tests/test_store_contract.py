@@ -88,14 +88,15 @@ async def test_ttl_expires_values_and_lists(store: Store):
 async def test_expire_refreshes_existing_keys_only(store: Store):
     await store.put("v", b"1", ttl_s=0.3)
     await store.append("l", [b"1"], ttl_s=0.3)
-    await store.expire(["v", "l", "absent"], 60)
+    assert await store.expire(["v", "l", "absent"], 60) == 2  # the keys that existed
     await asyncio.sleep(0.6)
     assert await store.get("v") == b"1"
     assert await store.range("l") == [b"1"]
     assert await store.get("absent") is None
-    await store.expire(["v"], 0.1)
+    assert await store.expire(["v"], 0.1) == 1
     await asyncio.sleep(0.4)
     assert await store.get("v") is None
+    assert await store.expire(["v", "l"], 60) == 1 and await store.expire([], 60) == 0  # v is gone now
 
 
 async def test_compare_and_set(store: Store):

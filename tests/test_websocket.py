@@ -16,6 +16,7 @@ from serve_app.state.connection import ConnectionResponses
 from tests import socket_scenarios
 from tests.conftest import uvicorn_server, wait_until
 from tests.sdk_scenarios import REPLAY_MODELS
+from tests.test_state_responses import CountingStore
 
 SLOW = ReplayConfig(min_step_tokens=1, max_step_tokens=1, step_delay_s=0.02)
 
@@ -77,18 +78,6 @@ def test_the_api_key_is_checked_at_the_handshake():
 
 
 # --- ConnectionResponses: what a connection keeps -----------------------------------------------
-
-
-class CountingStore(MemoryStore):
-    """The in-memory store, counting the reads that reach it."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.gets = 0
-
-    async def get(self, key: str):
-        self.gets += 1
-        return await super().get(key)
 
 
 def _response(response_id: str, previous: str | None, text: str = "ok"):

@@ -29,7 +29,7 @@ class ConnectionResponses(ResponseStore):
     """
 
     def __init__(self, shared: ResponseStore, max_lanes: int = MAX_LANES) -> None:
-        super().__init__(shared.store, shared.ttl_s)
+        super().__init__(shared.store, shared.ttl_s, shared.cache)
         self.max_lanes = max_lanes
         self._turns: dict[str, StoredTurn] = {}
         self._latest: collections.OrderedDict[str | None, str] = collections.OrderedDict()  # lane -> response id

@@ -97,12 +97,15 @@ class MemoryStore:
         self._drop(key)
         return True
 
-    async def expire(self, keys: Sequence[str], ttl_s: float) -> None:
+    async def expire(self, keys: Sequence[str], ttl_s: float) -> int:
+        found = 0
         for key in keys:
             entry = self._live(key)
             if entry is not None:
                 entry.expires_at = self._clock() + ttl_s
                 self._entries.move_to_end(key)
+                found += 1
+        return found
 
     # -- lists --
 

@@ -99,13 +99,13 @@ class RedisStore:
         return bool(await self.client.delete(self._key(key)))
 
     @_unavailable_when_down
-    async def expire(self, keys: Sequence[str], ttl_s: float) -> None:
+    async def expire(self, keys: Sequence[str], ttl_s: float) -> int:
         if not keys:
-            return
+            return 0
         async with self.client.pipeline(transaction=False) as pipe:
             for key in keys:
                 pipe.pexpire(self._key(key), _ms(ttl_s))
-            await pipe.execute()
+            return sum(map(bool, await pipe.execute()))
 
     @_unavailable_when_down
     async def append(self, key: str, values: Sequence[bytes], *, ttl_s: float, expected_length: int | None = None) -> int:

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+
+import cachetools
 from typing import Any
 
 from openai.types.responses import (
@@ -41,6 +43,8 @@ from serve_app.protocol.stream import new_id
 from .store import Store
 
 DEFAULT_TTL_S = 30 * 24 * 3600.0  # OpenAI keeps stored responses for 30 days
+DEFAULT_CACHE_BYTES = 32 * 1024 * 1024  # an ingress replica's `TurnCache`
+FINISHED = ("completed", "incomplete", "failed", "cancelled")  # a response's final statuses
 
 _INPUT_ITEM = TypeAdapter(InputItem)
 _ID_PREFIX = {"message": "msg", "function_call": "fc", "function_call_output": "fco", "reasoning": "rs"}
@@ -134,25 +138,73 @@ def as_response_item(item: HistoryItem) -> ResponseItem:
     )
 
 
-class ResponseStore:
-    """The Responses API's stored state over a `Store`: one record per turn, chained."""
+class TurnCache:
+    """Finished turns a replica wrote or read, decoded, by response id: an LRU bounded by the
+    bytes of their stored records (decoded, they take a few times that).
 
-    def __init__(self, store: Store, ttl_s: float = DEFAULT_TTL_S) -> None:
+    A turn's record no longer changes once its response has finished (a background one is
+    written again as it runs, so only finished ones are kept here); what can still happen to
+    it is a deletion or its expiry, which `ResponseStore.chain` sees in its one batched
+    `expire` call. So a conversation's next turn reads only the turns this replica has not
+    seen, instead of its whole chain: one store read per turn, not one per earlier turn."""
+
+    def __init__(self, max_bytes: int) -> None:
+        self._turns: cachetools.LRUCache[str, tuple[StoredTurn, int]] = cachetools.LRUCache(max_bytes, getsizeof=lambda entry: entry[1])
+
+    def get(self, response_id: str) -> StoredTurn | None:
+        entry = self._turns.get(response_id)
+        return None if entry is None else entry[0]
+
+    def put(self, turn: StoredTurn, size: int) -> None:
+        if turn.response.status in FINISHED and size <= self._turns.maxsize:
+            self._turns[turn.response.id] = (turn, size)
+
+    def pop(self, response_id: str) -> None:
+        self._turns.pop(response_id, None)
+
+    def __len__(self) -> int:
+        return len(self._turns)
+
+
+class ResponseStore:
+    """The Responses API's stored state over a `Store`: one record per turn, chained.
+    `cache`: the replica's finished turns, for reading chains (None: every read is a store read)."""
+
+    def __init__(self, store: Store, ttl_s: float = DEFAULT_TTL_S, cache: TurnCache | None = None) -> None:
         self.store = store
         self.ttl_s = ttl_s
+        self.cache = cache
 
     async def save(self, response: Response, input_items: list[HistoryItem]) -> StoredTurn:
         """Store (or replace) a turn: the response and this turn's own input items."""
         turn = StoredTurn(response, with_ids(input_items), response.previous_response_id)
-        await self.store.put(response_key(response.id), turn.encode(), ttl_s=self.ttl_s)
+        data = turn.encode()
+        await self.store.put(response_key(response.id), data, ttl_s=self.ttl_s)
+        if self.cache is not None:
+            self.cache.put(turn, len(data))
         return turn
 
     async def get(self, response_id: str) -> StoredTurn | None:
+        """The stored turn, read from the store (what a GET shows: never a cached copy)."""
         data = await self.store.get(response_key(response_id))
         return None if data is None else StoredTurn.decode(data)
 
     async def delete(self, response_id: str) -> bool:
+        if self.cache is not None:
+            self.cache.pop(response_id)
         return await self.store.delete(response_key(response_id))
+
+    async def _read(self, response_id: str) -> StoredTurn | None:
+        """A turn of a chain: from the cache, else from the store (and then cached)."""
+        turn = self.cache.get(response_id) if self.cache is not None else None
+        if turn is None:
+            data = await self.store.get(response_key(response_id))
+            if data is None:
+                return None
+            turn = StoredTurn.decode(data)
+            if self.cache is not None:
+                self.cache.put(turn, len(data))
+        return turn
 
     async def chain(self, response_id: str) -> list[StoredTurn] | None:
         """The turns from the first of the conversation to `response_id`, oldest first; None
@@ -161,15 +213,20 @@ class ResponseStore:
         turns: list[StoredTurn] = []
         seen: set[str] = set()
         next_id: str | None = response_id
-        while next_id is not None:  # one read per turn: a chain of n turns costs n round trips
-            turn = await self.get(next_id)
+        while next_id is not None:  # a store read per turn the cache does not hold
+            turn = await self._read(next_id)
             if turn is None or next_id in seen:
                 return None
             seen.add(next_id)
             turns.append(turn)
             next_id = turn.previous_response_id
         turns.reverse()
-        await self.store.expire([response_key(t.response.id) for t in turns], self.ttl_s)
+        keys = [response_key(t.response.id) for t in turns]
+        if await self.store.expire(keys, self.ttl_s) < len(keys):  # one went (deleted, expired) since it was cached
+            if self.cache is not None:
+                for turn in turns:
+                    self.cache.pop(turn.response.id)
+            return None
         return turns
 
     async def history(self, previous_response_id: str) -> list[HistoryItem]:

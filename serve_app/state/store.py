@@ -47,8 +47,9 @@ class Store(Protocol):
     async def delete(self, key: str) -> bool:
         """Remove a value or list; True if there was one."""
 
-    async def expire(self, keys: Sequence[str], ttl_s: float) -> None:
-        """Give existing keys a fresh TTL (a read that should keep them alive); absent keys are skipped."""
+    async def expire(self, keys: Sequence[str], ttl_s: float) -> int:
+        """Give existing keys a fresh TTL (a read that should keep them alive); absent keys are
+        skipped. The number of keys that existed."""
 
     # -- append-only lists --
     async def append(self, key: str, values: Sequence[bytes], *, ttl_s: float, expected_length: int | None = None) -> int:
@@ -98,7 +99,7 @@ class BoundedStore:
     async def delete(self, key: str) -> bool:
         return await self._bounded(self.inner.delete(key))
 
-    async def expire(self, keys: Sequence[str], ttl_s: float) -> None:
+    async def expire(self, keys: Sequence[str], ttl_s: float) -> int:
         return await self._bounded(self.inner.expire(keys, ttl_s))
 
     async def append(self, key: str, values: Sequence[bytes], *, ttl_s: float, expected_length: int | None = None) -> int:
