@@ -176,7 +176,7 @@ async def start_turn(
     trace.render_s, trace.prompt_reused_tokens, trace.prompt_tokenized_tokens = cost.seconds, cost.reused_tokens, cost.tokenized_tokens
     tier = served_tier(request.service_tier, model.tiered)
     trace.service_tier = tier
-    generation = generation_request(request, prompt, model, affinity_key=rendered.affinity_key, priority=engine_priority(tier))
+    generation = generation_request(request, prompt, model, affinity=rendered.affinity_key, priority=engine_priority(tier))
     stream = ResponseStream(
         request,
         response_id=generation.request_id,
@@ -301,7 +301,7 @@ async def _until(batches: AsyncIterator[TokenBatch], max_duration_s: float | Non
 
 
 def generation_request(
-    request: ResponsesRequest, prompt: list[int], model: ServedModel, *, affinity_key: str | None, priority: int
+    request: ResponsesRequest, prompt: list[int], model: ServedModel, *, affinity: str | None, priority: int
 ) -> GenerationRequest:
     max_model_len = model.max_model_len
     room = max_model_len - len(prompt)
@@ -322,6 +322,6 @@ def generation_request(
         top_p=request.top_p,
         logprobs=request.logprobs,
         constraint=model.family.constraint(request, prompt),
-        affinity_key=affinity_key,
+        affinity_key=affinity,
         priority=priority,
     )

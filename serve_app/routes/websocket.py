@@ -110,7 +110,7 @@ class ResponsesSocket:
                 event = queue[0]
                 try:
                     await self._respond(event)
-                except (ClientGone, asyncio.CancelledError):
+                except ClientGone:
                     raise
                 except Exception:  # a bug of ours: the client still hears of it, the lane goes on
                     logger.exception("unexpected error")
