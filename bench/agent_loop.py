@@ -41,16 +41,11 @@ import yaml
 
 from bench.load import percentile
 from bench.stack import make_serve_env, serve_config, stop, wait_healthy
+from tests.sdk_scenarios import WEATHER_TOOL
 
 RESULTS = Path(__file__).parent / "results"
 MODEL = "replay-agent"
-TOOL = {
-    "type": "function",
-    "name": "get_weather",
-    "description": "Current weather for a city",
-    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
-    "strict": False,
-}
+TOOL = WEATHER_TOOL  # the tool the scripted model calls on `call get_weather {...}`
 MODES = ("http-store", "http-resend", "websocket")
 
 
