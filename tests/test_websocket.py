@@ -111,7 +111,7 @@ def test_a_connection_reads_its_own_chain_from_memory_and_the_rest_from_the_stor
         history = await mine.history("r2")
         assert [getattr(item, "content", None) for item in history if item.role == "user"] == ["first, over HTTP", "second", "third"]
         assert store.gets == 1  # r0 only: r2 and r1 came from the connection
-        assert await ConnectionResponses(shared).get("r2") is None  # another connection: not there
+        assert await ConnectionResponses(shared).chain("r2") is None  # another connection: not there
 
     asyncio.run(scenario())
 
@@ -124,9 +124,9 @@ def test_a_connection_keeps_what_its_lanes_can_still_continue():
         mine.remember("b", _response("b1", "a1"), _user("b1"))  # a fork of lane a's first turn
         assert len(mine) == 3
         mine.remember("a", _response("a3", "a1"), _user("a3"))  # lane a forks too: a2 is reached by no lane
-        assert len(mine) == 3 and await mine.get("a2") is None and await mine.history("a3")
+        assert len(mine) == 3 and await mine.chain("a2") is None and await mine.history("a3")
         mine.remember("c", _response("c1", None), _user("c1"))  # a third lane: the least recent (b) goes
-        assert len(mine) == 3 and await mine.get("b1") is None
+        assert len(mine) == 3 and await mine.chain("b1") is None
         assert {turn.response.id for turn in await mine.chain("a3")} == {"a1", "a3"}
 
     asyncio.run(scenario())

@@ -47,20 +47,17 @@ class ConnectionResponses(ResponseStore):
         """The turns kept in memory."""
         return len(self._turns)
 
-    async def get(self, response_id: str) -> StoredTurn | None:
-        turn = self._turns.get(response_id)
-        return turn if turn is not None else await super().get(response_id)
-
     async def chain(self, response_id: str) -> list[StoredTurn] | None:
         """The connection's own turns from memory (no store round trip); the shared store
         only for the part of the chain made elsewhere."""
         mine: list[StoredTurn] = []
+        seen: set[str] = set()
         next_id: str | None = response_id
-        while next_id in self._turns and len(mine) <= len(self._turns):  # the bound: a cycle is no chain
-            turn = self._turns[next_id]
-            mine.append(turn)
-            next_id = turn.previous_response_id
-        if len(mine) > len(self._turns):
+        while next_id in self._turns and next_id not in seen:
+            seen.add(next_id)
+            mine.append(self._turns[next_id])
+            next_id = mine[-1].previous_response_id
+        if next_id in seen:  # a cycle is no chain
             return None
         earlier = [] if next_id is None else await super().chain(next_id)
         return None if earlier is None else earlier + mine[::-1]

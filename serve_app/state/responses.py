@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from typing import Any
 
 import cachetools
-from typing import Any
 
 from openai.types.responses import (
     Response,
