@@ -215,4 +215,40 @@ def bad_messages_get_errors_and_the_connection_goes_on(base_url: str, model: str
         assert response_events(until_end(connection))[-1]["response"]["status"] == "completed"
 
 
-ALL = [same_events_as_http, sdk_chain_without_store, stored_responses_are_shared, warm_up_then_generate, bad_messages_get_errors_and_the_connection_goes_on]
+def agents_sdk_over_a_socket(base_url: str, model: str = MODEL) -> None:
+    """The Agents SDK, unmodified, with its WebSocket transport (`use_responses_websocket`): a
+    Runner's tool loop (the SDK runs the tool and sends its output back), then a run chained
+    to the first by `previous_response_id`."""
+    from agents import Agent, RunConfig, Runner, function_tool, set_tracing_disabled
+    from agents.models.openai_provider import OpenAIProvider
+
+    set_tracing_disabled(True)
+    cities: list[str] = []
+
+    @function_tool
+    def get_weather(city: str) -> str:
+        """Current weather for a city"""
+        cities.append(city)
+        return f"sunny in {city}"
+
+    async def main() -> None:
+        client = openai.AsyncOpenAI(base_url=base_url, api_key="unused", max_retries=0)
+        provider = OpenAIProvider(openai_client=client, use_responses=True, use_responses_websocket=True)
+        agent = Agent(name="weather", instructions="Use the tool.", model=model, tools=[get_weather])
+        config = RunConfig(model_provider=provider)
+        try:
+            first = await Runner.run(agent, 'call get_weather {"city": "Paris"}', run_config=config)
+            assert first.final_output == "Tool get_weather returned: sunny in Paris"
+            second = await Runner.run(agent, 'call get_weather {"city": "Rome"}', run_config=config, previous_response_id=first.last_response_id)
+            assert second.final_output == "Tool get_weather returned: sunny in Rome"
+        finally:
+            await provider.aclose()
+        assert cities == ["Paris", "Rome"]
+
+    asyncio.run(main())
+
+
+ALL = [
+    same_events_as_http, sdk_chain_without_store, stored_responses_are_shared, warm_up_then_generate,
+    bad_messages_get_errors_and_the_connection_goes_on, agents_sdk_over_a_socket,
+]  # fmt: skip

@@ -77,6 +77,26 @@ def test_the_api_key_is_checked_at_the_handshake():
             assert socket_scenarios.until_end(connection)[-1]["type"] == "response.completed"
 
 
+def test_the_agents_sdk_runs_its_tool_loop_over_the_socket():
+    """Its WebSocket transport is what carried the run: connections opened and closed, no
+    request over HTTP."""
+    from tests.test_metrics import Recorder
+
+    recorder = Recorder()
+    app = create_app([ServedModel("gpt-oss-replay", ReplayBackend())], metrics=recorder)
+    http_requests: list[str] = []
+
+    async def counting(scope, receive, send):
+        if scope["type"] == "http":
+            http_requests.append(scope["path"])
+        await app(scope, receive, send)
+
+    with uvicorn_server(counting) as url:
+        socket_scenarios.agents_sdk_over_a_socket(url)
+    assert max(recorder.websockets) >= 1 and recorder.websockets[-1] == 0 and http_requests == []
+    assert len(recorder.outcomes) == 4 and {o.status for o in recorder.outcomes} == {"completed"}  # two runs of two turns
+
+
 # --- ConnectionResponses: what a connection keeps -----------------------------------------------
 
 
