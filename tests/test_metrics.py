@@ -404,9 +404,17 @@ def test_metric_names_are_unique_and_prefixed():
 
 def test_every_metric_the_dashboard_names_is_exported(serve_url, metrics_port):
     """The Serve metrics the dashboard uses exist under those names in this Ray version."""
+    from ray import serve
+
     from deployments.dashboard import SERVE_METRICS
+    from serve_app.config import ModelConfig
 
     sdk_request = {"model": MODEL, "input": "for the dashboard"}
     raw_stream(serve_url, sdk_request)
+    # Serve's error counter exists once a replica's code has raised: one call that does (the
+    # test alone, before any test that makes errors, saw no such series).
+    engine = serve.get_deployment_handle(ModelConfig(name=MODEL).deployment_name, app_name="responses")
+    with pytest.raises(Exception, match="no_such_argument"):
+        engine.stats.remote(no_such_argument=1).result(timeout_s=30)
     wanted = set(SERVE_METRICS) | {REQUESTS.exported, E2E.exported, TTFT.exported, TPOT.exported, OUTPUT_TOKENS.exported}
     assert poll(metrics_port, wanted, lambda families: wanted & set(families)) == wanted
