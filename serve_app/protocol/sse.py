@@ -9,13 +9,18 @@ from openai.types.responses import ResponseStreamEvent
 _PREFIX: dict[str, bytes] = {}  # event type -> b"event: <type>\ndata: "
 
 
+def event_json(event: ResponseStreamEvent) -> bytes:
+    """An event as the API sends it: every field of the SDK model (optional ones as null)."""
+    # by_alias: the SDK names fields `schema_` / `async_` whose wire names are `schema` / `async`.
+    return event.__pydantic_serializer__.to_json(event, by_alias=True)
+
+
 def frame(event: ResponseStreamEvent) -> bytes:
     """One event, framed: what a background response's event log stores per event."""
     prefix = _PREFIX.get(event.type)
     if prefix is None:
         prefix = _PREFIX[event.type] = b"event: " + event.type.encode() + b"\ndata: "
-    # by_alias: the SDK names fields `schema_` / `async_` whose wire names are `schema` / `async`.
-    return prefix + event.__pydantic_serializer__.to_json(event, by_alias=True) + b"\n\n"
+    return prefix + event_json(event) + b"\n\n"
 
 
 def encode_events(events: Sequence[ResponseStreamEvent]) -> bytes:

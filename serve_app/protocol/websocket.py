@@ -23,6 +23,7 @@ from pydantic import ValidationError
 
 from .errors import APIError, invalid_request
 from .request import ResponsesRequest, parse_request
+from .sse import event_json
 
 # Fields of `response.create` that are about the socket, not the response.
 _ENVELOPE = ("type", "stream_id", "generate", "stream")
@@ -84,7 +85,7 @@ def parse_client_event(message: str | bytes) -> CreateEvent | SteerEvent:
 def event_message(event: ResponseStreamEvent, lane: str | None) -> str:
     """A response event as its own message: the SSE data of `POST /v1/responses`, with the
     lane's `stream_id` first when the create named one."""
-    data = event.__pydantic_serializer__.to_json(event, by_alias=True)
+    data = event_json(event)
     if lane is not None:
         data = b'{"stream_id":' + json.dumps(lane).encode() + b"," + data[1:]
     return data.decode()
