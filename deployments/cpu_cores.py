@@ -7,9 +7,12 @@ Whatever else runs on those cores takes time from the model: on a 2-core box our
 (bench/HISTORY.md). So a node that runs a CPU engine starts Ray on the
 serving cores only (`python -m deployments.cpu_cores serve run ...`, which `make serve`
 uses, or `taskset -c ...`), everything Ray starts inherits them, and the engine replica
-gives its model the node's other cores (`cores_for_cpu_engine`). A node started on all its
-cores keeps vLLM's own rule. An explicit `VLLM_CPU_OMP_THREADS_BIND` turns all this off (the
-cores it names must then be among the replica's own).
+gives its model the node's other cores (`cores_for_cpu_engine`). The model is vLLM's worker
+and its engine core: the two take turns (the engine core schedules a step, the worker runs
+it), so they share those cores without slowing each other, and the serving cores are left to
+the serving stack. A node started on all its cores keeps vLLM's own rule. An explicit
+`VLLM_CPU_OMP_THREADS_BIND` turns all this off (the cores it names must then be among the
+replica's own).
 
     python -m deployments.cpu_cores COMMAND [ARG ...]
 
@@ -98,8 +101,17 @@ def cores_for_cpu_engine() -> Iterator[set[int]]:
     When this process was started on fewer cores than the node has, the starting thread is
     widened to the whole node (vLLM's processes inherit it; OpenMP refuses a core outside the
     inherited set) and the worker is bound to the cores this process was not given. Once the
-    engine is up, every thread of this process (vLLM's included) and of every engine process
-    but the worker go back to the given cores, so the model's cores run the model only.
+    engine is up, the processes between this one and the worker (vLLM's engine core) join the
+    worker on those cores; every thread of this process (vLLM's included) and of any other
+    process vLLM started goes back to the given cores. So the model's cores run the model only,
+    and the serving cores the serving stack only.
+
+    Why the engine core goes with its worker (bench/HISTORY.md, "The engine core beside its
+    worker"): it spins while the worker runs a step and the worker spins while it schedules the
+    next, each yielding the CPU on every turn of its wait; on one core they take turns at the
+    cost of a yield. vLLM's own server decodes as fast either way, but on the serving core the
+    engine core lost time to every wake-up of our stack, between two steps, with the worker
+    waiting for it.
     """
     if OMP_BIND in os.environ:  # the deployment placed the worker itself
         yield set()
@@ -117,11 +129,35 @@ def cores_for_cpu_engine() -> Iterator[set[int]]:
     finally:
         del os.environ[OMP_BIND]
         set_thread_affinity(os.getpid(), given)  # threads vLLM started here inherited the widening
-        for child in psutil.Process().children(recursive=True):
+        children = psutil.Process().children(recursive=True)
+        workers = [child for child in children if _bound_within(child.pid, spare)]
+        engine = {ancestor.pid for worker in workers for ancestor in _ancestors_below(worker, os.getpid())}
+        for child in children:
             with contextlib.suppress(psutil.Error, ProcessLookupError):
-                if not os.sched_getaffinity(child.pid) <= spare:  # not a bound worker
+                if child.pid in engine:
+                    set_thread_affinity(child.pid, spare)
+                elif child not in workers:
                     set_thread_affinity(child.pid, given)
                 set_thread_policy(child.pid, os.SCHED_OTHER)  # vLLM's processes: see main()
+
+
+def _bound_within(pid: int, cores: set[int]) -> bool:
+    """Whether the process's main thread is bound within `cores` (vLLM's worker binds itself)."""
+    try:
+        return os.sched_getaffinity(pid) <= cores
+    except ProcessLookupError:
+        return False
+
+
+def _ancestors_below(process: psutil.Process, top: int) -> list[psutil.Process]:
+    """The processes between `process` and its ancestor `top`, both excluded."""
+    between = []
+    with contextlib.suppress(psutil.Error):
+        parent = process.parent()
+        while parent is not None and parent.pid != top:
+            between.append(parent)
+            parent = parent.parent()
+    return between
 
 
 def main(argv: list[str]) -> None:
@@ -134,11 +170,12 @@ def main(argv: list[str]) -> None:
     if cores is not None:
         os.sched_setaffinity(0, cores)
         # Everything started from here (Ray, Serve, our replicas) is SCHED_BATCH: a process
-        # that wakes up does not preempt the running one. The vLLM engine core, which shares
-        # these cores and is on the model's critical path between two steps, goes back to
-        # SCHED_OTHER when it starts (`cores_for_cpu_engine`); so a replica woken by the
-        # step's outputs waits until the engine core has sent the next step to the model,
-        # instead of delaying it. Shares of CPU time are unchanged.
+        # that wakes up does not preempt the running one; vLLM's processes go back to
+        # SCHED_OTHER when they start (`cores_for_cpu_engine`). This mattered while vLLM's
+        # engine core ran on these cores (a replica woken by a step's outputs no longer
+        # delayed the next step); it now runs beside its worker, and the policy still keeps
+        # anything of vLLM's that stays here ahead of our stack. Shares of CPU time are
+        # unchanged.
         os.sched_setscheduler(0, os.SCHED_BATCH, os.sched_param(0))
         print(f"serving on cores {format_cores(cores)}; a vLLM engine on CPU gets the others", file=sys.stderr)
     os.execvp(argv[0], argv)

@@ -146,15 +146,23 @@ def test_moving_a_process_catches_the_threads_it_starts_meanwhile() -> None:
         child.wait()
 
 
-# A child started on the serving core: inside `cores_for_cpu_engine` it starts a "worker" that
-# binds itself as OpenMP does (to the cores in VLLM_CPU_OMP_THREADS_BIND, which it can only do
-# within the set it inherited) and a "scheduler" with threads; then reports every thread's cores.
+# A child started on the serving core: inside `cores_for_cpu_engine` it starts a "scheduler"
+# with threads that starts a "worker" binding itself as OpenMP does (to the cores in
+# VLLM_CPU_OMP_THREADS_BIND, which it can only do within the set it inherited): vLLM's engine
+# core and its worker. And an "other" process with threads (vLLM also starts helpers); then it
+# reports every thread's cores.
 FAKE_ENGINE = textwrap.dedent("""
     import json, os, subprocess, sys, time
     from deployments.cpu_cores import cores_for_cpu_engine, parse_cores
 
     WORKER = "import os, sys, time; os.sched_setaffinity(0, {cores}); print('bound', flush=True); time.sleep(60)"
-    SCHEDULER = "import threading, time; [threading.Thread(target=time.sleep, args=(60,), daemon=True).start() for _ in range(3)]; print('up', flush=True); time.sleep(60)"
+    THREADS = "import threading, time; [threading.Thread(target=time.sleep, args=(60,), daemon=True).start() for _ in range(3)]\\n"
+    SCHEDULER = THREADS + (
+        "import subprocess, sys\\n"
+        "worker = subprocess.Popen([sys.executable, '-c', sys.argv[1]], stdout=subprocess.PIPE, text=True)\\n"
+        "worker.stdout.readline(); print(worker.pid, flush=True); time.sleep(60)"
+    )
+    OTHER = THREADS + "print('up', flush=True); time.sleep(60)"
 
     def threads(pid):
         return {tid: sorted(os.sched_getaffinity(int(tid))) for tid in os.listdir(f"/proc/{pid}/task")}
@@ -165,21 +173,25 @@ FAKE_ENGINE = textwrap.dedent("""
     with cores_for_cpu_engine() as model_cores:
         bind = os.environ["VLLM_CPU_OMP_THREADS_BIND"]
         inherited = sorted(os.sched_getaffinity(0))
-        worker = subprocess.Popen([sys.executable, "-c", WORKER.format(cores=sorted(parse_cores(bind)))], stdout=subprocess.PIPE, text=True)
-        scheduler = subprocess.Popen([sys.executable, "-c", SCHEDULER], stdout=subprocess.PIPE, text=True)
-        worker.stdout.readline(), scheduler.stdout.readline()
+        worker_code = WORKER.format(cores=sorted(parse_cores(bind)))
+        scheduler = subprocess.Popen([sys.executable, "-c", SCHEDULER, worker_code], stdout=subprocess.PIPE, text=True)
+        other = subprocess.Popen([sys.executable, "-c", OTHER], stdout=subprocess.PIPE, text=True)
+        worker, _ = int(scheduler.stdout.readline()), other.stdout.readline()
+    processes = {"self": os.getpid(), "worker": worker, "scheduler": scheduler.pid, "other": other.pid}
     print(json.dumps({
         "model_cores": sorted(model_cores), "bind": bind, "inherited": inherited,
         "bind_left": os.environ.get("VLLM_CPU_OMP_THREADS_BIND"),
-        "self": threads(os.getpid()), "worker": threads(worker.pid), "scheduler": threads(scheduler.pid),
-        "policies": {name: policies(pid) for name, pid in (("self", os.getpid()), ("worker", worker.pid), ("scheduler", scheduler.pid))},
+        "threads": {name: threads(pid) for name, pid in processes.items()},
+        "policies": {name: policies(pid) for name, pid in processes.items()},
     }))
-    worker.kill(), scheduler.kill()
+    scheduler.kill(), other.kill(), os.kill(worker, 9)
 """)
 
 
 @needs_two_cores
 def test_the_engine_gets_the_cores_the_replica_was_not_given() -> None:
+    """The worker and the process that started it (vLLM's engine core) run on the model's
+    cores; this process and any other process of vLLM's on the serving cores."""
     serving = {max(CORES)}
     result = subprocess.run(
         [sys.executable, "-m", "deployments.cpu_cores", sys.executable, "-c", FAKE_ENGINE],
@@ -190,11 +202,15 @@ def test_the_engine_gets_the_cores_the_replica_was_not_given() -> None:
     assert set(report["model_cores"]) == model and parse_cores(report["bind"]) == model
     assert set(report["inherited"]) == CORES  # widened while the engine starts
     assert report["bind_left"] is None  # the setting was for the engine's processes only
-    assert all(set(cores) == serving for cores in report["self"].values())
-    assert all(set(cores) == serving for cores in report["scheduler"].values())
-    assert set(report["worker"][min(report["worker"], key=int)]) == model  # left where it bound itself
+    threads = report["threads"]
+    assert all(set(cores) == serving for cores in threads["self"].values())
+    assert all(set(cores) == serving for cores in threads["other"].values())
+    assert all(set(cores) == model for cores in threads["scheduler"].values())  # beside its worker
+    assert set(threads["worker"][min(threads["worker"], key=int)]) == model  # left where it bound itself
     # the replica stays SCHED_BATCH (from the launcher), the engine's processes are not
-    assert report["policies"] == {"self": [os.SCHED_BATCH], "worker": [os.SCHED_OTHER], "scheduler": [os.SCHED_OTHER]}
+    assert report["policies"] == {
+        "self": [os.SCHED_BATCH], "worker": [os.SCHED_OTHER], "scheduler": [os.SCHED_OTHER], "other": [os.SCHED_OTHER],
+    }  # fmt: skip
 
 
 # The real thing: vllm-cpu's engine, started by our backend in a process on the serving core.
@@ -244,8 +260,9 @@ REAL_ENGINE = textwrap.dedent("""
 
 @requires_vllm
 @needs_two_cores
-def test_vllm_cpu_worker_alone_on_the_model_cores(tmp_path) -> None:
-    """Also: REPLICA_ENV's allocator settings (jemalloc, MALLOC_ARENA_MAX) stay in the replica,
+def test_vllm_cpu_engine_alone_on_the_model_cores(tmp_path) -> None:
+    """vLLM's worker and engine core on the model's cores, everything else on the serving core.
+    Also: REPLICA_ENV's allocator settings (jemalloc, MALLOC_ARENA_MAX) stay in the replica,
     vLLM's processes start without them; the replica is SCHED_BATCH, vLLM's processes are not."""
     serving = {max(CORES)}
     script = tmp_path / "engine.py"  # spawned engine processes re-import the main module
@@ -261,10 +278,13 @@ def test_vllm_cpu_worker_alone_on_the_model_cores(tmp_path) -> None:
     model = CORES - serving
     assert report["tokens"] > 0
     assert set(report["replica"]) == serving  # every thread of the replica's own process
-    workers = [p for p in report["engine"].values() if set(p["main"]) == model]
-    others = [p for p in report["engine"].values() if set(p["main"]) != model]
-    assert len(workers) == 1, report  # the model's worker, bound by OpenMP to the model cores
-    assert others and all(set(p["threads"]) == serving for p in others), report  # EngineCore and the rest
+    processes = report["engine"].values()
+    workers = [p for p in processes if p["name"].startswith("VLLM::Worker")]
+    engine_cores = [p for p in processes if p["name"].startswith("VLLM::EngineCor")]
+    assert len(workers) == 1 and set(workers[0]["main"]) == model, report  # bound by OpenMP
+    assert len(engine_cores) == 1 and set(engine_cores[0]["threads"]) == model, report  # beside its worker
+    others = [p for p in processes if p not in workers and p not in engine_cores]
+    assert all(set(p["threads"]) == serving for p in others), report
     assert report["arena_max"] == REPLICA_ENV["MALLOC_ARENA_MAX"]
     assert all(p["arena_max"] is None for p in report["engine"].values()), report
     # woken by the engine's outputs, the replica does not preempt vLLM's engine core
