@@ -8,9 +8,10 @@ Whatever else runs on those cores takes time from the model: on a 2-core box our
 serving cores only (`python -m deployments.cpu_cores serve run ...`, which `make serve`
 uses, or `taskset -c ...`), everything Ray starts inherits them, and the engine replica
 gives its model the node's other cores (`cores_for_cpu_engine`). The model is vLLM's worker
-and its engine core: the two take turns (the engine core schedules a step, the worker runs
-it), so they share those cores without slowing each other, and the serving cores are left to
-the serving stack. A node started on all its cores keeps vLLM's own rule. An explicit
+and its engine core's scheduling thread: the two take turns (the engine core schedules a
+step, the worker runs it), so they share those cores without slowing each other; the engine
+core's I/O threads (requests in, outputs out) run beside the serving stack, in parallel with
+the model. A node started on all its cores keeps vLLM's own rule. An explicit
 `VLLM_CPU_OMP_THREADS_BIND` turns all this off (the cores it names must then be among the
 replica's own).
 
@@ -101,17 +102,18 @@ def cores_for_cpu_engine() -> Iterator[set[int]]:
     When this process was started on fewer cores than the node has, the starting thread is
     widened to the whole node (vLLM's processes inherit it; OpenMP refuses a core outside the
     inherited set) and the worker is bound to the cores this process was not given. Once the
-    engine is up, the processes between this one and the worker (vLLM's engine core) join the
-    worker on those cores; every thread of this process (vLLM's included) and of any other
-    process vLLM started goes back to the given cores. So the model's cores run the model only,
-    and the serving cores the serving stack only.
+    engine is up, every thread of this process (vLLM's included) and of every engine process
+    but the worker goes back to the given cores, except the main thread of the processes
+    between this one and the worker (vLLM's engine core), which joins the worker.
 
-    Why the engine core goes with its worker (bench/HISTORY.md, "The engine core beside its
-    worker"): it spins while the worker runs a step and the worker spins while it schedules the
-    next, each yielding the CPU on every turn of its wait; on one core they take turns at the
-    cost of a yield. vLLM's own server decodes as fast either way, but on the serving core the
-    engine core lost time to every wake-up of our stack, between two steps, with the worker
-    waiting for it.
+    Why the engine core's main thread goes with its worker (bench/HISTORY.md, "The engine
+    core's scheduling thread beside its worker"): it schedules a step and then spins while
+    the worker runs it, and the worker spins while it schedules the next, each yielding the CPU
+    on every turn of its wait; on one core they take turns at the cost of a yield. On the
+    serving core it lost time to every wake-up of our stack, between two steps, with the worker
+    waiting. Its I/O threads stay on the serving cores: beside the worker they would take
+    time from the model while it runs a step (measured: the whole engine core there slowed one
+    stream's decoding and first token).
     """
     if OMP_BIND in os.environ:  # the deployment placed the worker itself
         yield set()
@@ -134,10 +136,10 @@ def cores_for_cpu_engine() -> Iterator[set[int]]:
         engine = {ancestor.pid for worker in workers for ancestor in _ancestors_below(worker, os.getpid())}
         for child in children:
             with contextlib.suppress(psutil.Error, ProcessLookupError):
-                if child.pid in engine:
-                    set_thread_affinity(child.pid, spare)
-                elif child not in workers:
+                if child not in workers:
                     set_thread_affinity(child.pid, given)
+                if child.pid in engine:
+                    os.sched_setaffinity(child.pid, spare)  # its main thread only (tid == pid)
                 set_thread_policy(child.pid, os.SCHED_OTHER)  # vLLM's processes: see main()
 
 

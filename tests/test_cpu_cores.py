@@ -180,7 +180,7 @@ FAKE_ENGINE = textwrap.dedent("""
     processes = {"self": os.getpid(), "worker": worker, "scheduler": scheduler.pid, "other": other.pid}
     print(json.dumps({
         "model_cores": sorted(model_cores), "bind": bind, "inherited": inherited,
-        "bind_left": os.environ.get("VLLM_CPU_OMP_THREADS_BIND"),
+        "bind_left": os.environ.get("VLLM_CPU_OMP_THREADS_BIND"), "scheduler_pid": scheduler.pid,
         "threads": {name: threads(pid) for name, pid in processes.items()},
         "policies": {name: policies(pid) for name, pid in processes.items()},
     }))
@@ -190,8 +190,8 @@ FAKE_ENGINE = textwrap.dedent("""
 
 @needs_two_cores
 def test_the_engine_gets_the_cores_the_replica_was_not_given() -> None:
-    """The worker and the process that started it (vLLM's engine core) run on the model's
-    cores; this process and any other process of vLLM's on the serving cores."""
+    """The worker and the main thread of the process that started it (vLLM's engine core) run
+    on the model's cores; every other thread, of this process or of vLLM's, on the serving cores."""
     serving = {max(CORES)}
     result = subprocess.run(
         [sys.executable, "-m", "deployments.cpu_cores", sys.executable, "-c", FAKE_ENGINE],
@@ -205,7 +205,9 @@ def test_the_engine_gets_the_cores_the_replica_was_not_given() -> None:
     threads = report["threads"]
     assert all(set(cores) == serving for cores in threads["self"].values())
     assert all(set(cores) == serving for cores in threads["other"].values())
-    assert all(set(cores) == model for cores in threads["scheduler"].values())  # beside its worker
+    scheduler = report["scheduler_pid"]
+    assert set(threads["scheduler"].pop(str(scheduler))) == model  # its main thread beside its worker
+    assert threads["scheduler"] and all(set(cores) == serving for cores in threads["scheduler"].values())
     assert set(threads["worker"][min(threads["worker"], key=int)]) == model  # left where it bound itself
     # the replica stays SCHED_BATCH (from the launcher), the engine's processes are not
     assert report["policies"] == {
@@ -220,8 +222,8 @@ REAL_ENGINE = textwrap.dedent("""
     from serve_app.config import VLLMBackendConfig
     from serve_app.protocol.tokens import GenerationRequest
 
-    def threads(pid):
-        return sorted({c for tid in os.listdir(f"/proc/{pid}/task") for c in os.sched_getaffinity(int(tid))})
+    def threads(pid, but=None):
+        return sorted({c for tid in os.listdir(f"/proc/{pid}/task") if int(tid) != but for c in os.sched_getaffinity(int(tid))})
 
     def environ(pid):
         with open(f"/proc/{pid}/environ", "rb") as env:
@@ -246,7 +248,7 @@ REAL_ENGINE = textwrap.dedent("""
             "tokens": len(tokens), "replica": threads(os.getpid()),
             "arena_max": environ(os.getpid()).get("MALLOC_ARENA_MAX"), "jemalloc": jemalloc(os.getpid()),
             "policies": policies(os.getpid()),
-            "engine": {str(p.pid): {"name": p.name(), "main": sorted(os.sched_getaffinity(p.pid)), "threads": threads(p.pid),
+            "engine": {str(p.pid): {"name": p.name(), "main": sorted(os.sched_getaffinity(p.pid)), "threads": threads(p.pid), "other_threads": threads(p.pid, but=p.pid),
                                     "arena_max": environ(p.pid).get("MALLOC_ARENA_MAX"), "jemalloc": jemalloc(p.pid),
                                     "preload": environ(p.pid).get("LD_PRELOAD", ""), "policies": policies(p.pid)} for p in children},
         }
@@ -261,7 +263,8 @@ REAL_ENGINE = textwrap.dedent("""
 @requires_vllm
 @needs_two_cores
 def test_vllm_cpu_engine_alone_on_the_model_cores(tmp_path) -> None:
-    """vLLM's worker and engine core on the model's cores, everything else on the serving core.
+    """vLLM's worker and the engine core's main thread on the model's cores, every other thread
+    on the serving core.
     Also: REPLICA_ENV's allocator settings (jemalloc, MALLOC_ARENA_MAX) stay in the replica,
     vLLM's processes start without them; the replica is SCHED_BATCH, vLLM's processes are not."""
     serving = {max(CORES)}
@@ -282,7 +285,9 @@ def test_vllm_cpu_engine_alone_on_the_model_cores(tmp_path) -> None:
     workers = [p for p in processes if p["name"].startswith("VLLM::Worker")]
     engine_cores = [p for p in processes if p["name"].startswith("VLLM::EngineCor")]
     assert len(workers) == 1 and set(workers[0]["main"]) == model, report  # bound by OpenMP
-    assert len(engine_cores) == 1 and set(engine_cores[0]["threads"]) == model, report  # beside its worker
+    engine_core = engine_cores[0] if len(engine_cores) == 1 else pytest.fail(str(report))
+    assert set(engine_core["main"]) == model, report  # its scheduling thread beside its worker
+    assert set(engine_core["other_threads"]) == serving, report  # its I/O threads
     others = [p for p in processes if p not in workers and p not in engine_cores]
     assert all(set(p["threads"]) == serving for p in others), report
     assert report["arena_max"] == REPLICA_ENV["MALLOC_ARENA_MAX"]
