@@ -4,9 +4,10 @@ A vLLM engine on CPU is its model worker (the forward passes, bound to its own c
 engine core (scheduling; it spins while it waits for the worker); everything else in the
 server's process tree is the serving stack around them: vLLM's API server, or for ours Ray,
 Serve, HAProxy and our replicas. The worker and the engine core spin while they wait for each
-other, so their figures stay near a core whatever they do; the stack's is the cost of
-serving, and on a small machine, where the stack shares its cores with the engine core, the
-engine core's figure shows what it lost to it (README, "Against vLLM's own server").
+other, so on cores of their own their figures stay near a core whatever they do; where the
+engine core shares the worker's core (ours on a CPU node: its scheduling thread), each wait
+gives the CPU to the other and the engine core's figure drops to what it works. The stack's
+figure is the cost of serving (README, "Against vLLM's own server").
 """
 
 from __future__ import annotations

@@ -106,8 +106,8 @@ def cores_for_cpu_engine() -> Iterator[set[int]]:
     but the worker goes back to the given cores, except the main thread of the processes
     between this one and the worker (vLLM's engine core), which joins the worker.
 
-    Why the engine core's main thread goes with its worker (bench/HISTORY.md, "The engine
-    core's scheduling thread beside its worker"): it schedules a step and then spins while
+    Why the engine core's main thread goes with its worker (README, "Against vLLM's own
+    server"): it schedules a step and then spins while
     the worker runs it, and the worker spins while it schedules the next, each yielding the CPU
     on every turn of its wait; on one core they take turns at the cost of a yield. On the
     serving core it lost time to every wake-up of our stack, between two steps, with the worker

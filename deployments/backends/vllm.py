@@ -271,7 +271,11 @@ class VLLMBackend:
                 stat_loggers=[_stat_logger_factory(self._spec_counters)],
             )
         if model_cores:
-            logger.info("vLLM's CPU worker is bound to cores %s; this replica and its engine core run on the others", format_cores(model_cores))
+            logger.info(
+                "vLLM's CPU worker and its engine core's scheduling thread are bound to cores %s; this replica and the "
+                "engine core's other threads run on the others",
+                format_cores(model_cores),
+            )
 
     def _engine(self) -> AsyncLLM:
         if self.engine is None:
