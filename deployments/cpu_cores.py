@@ -107,13 +107,12 @@ def cores_for_cpu_engine() -> Iterator[set[int]]:
     between this one and the worker (vLLM's engine core), which joins the worker.
 
     Why the engine core's main thread goes with its worker (README, "Against vLLM's own
-    server"): it schedules a step and then spins while
-    the worker runs it, and the worker spins while it schedules the next, each yielding the CPU
-    on every turn of its wait; on one core they take turns at the cost of a yield. On the
-    serving core it lost time to every wake-up of our stack, between two steps, with the worker
-    waiting. Its I/O threads stay on the serving cores: beside the worker they would take
-    time from the model while it runs a step (measured: the whole engine core there slowed one
-    stream's decoding and first token).
+    server"): it schedules a step and then spins while the worker runs it, and the worker
+    spins while it schedules the next, each yielding the CPU on every turn of its wait; on one
+    core they take turns at the cost of a yield. On the serving core it lost time to every
+    wake-up of our stack between two steps, with the worker waiting. Its I/O threads stay on
+    the serving cores: beside the worker they would take time from the model while it runs a
+    step (measured: the whole engine core there slowed one stream's decoding and first token).
     """
     if OMP_BIND in os.environ:  # the deployment placed the worker itself
         yield set()
@@ -173,11 +172,11 @@ def main(argv: list[str]) -> None:
         os.sched_setaffinity(0, cores)
         # Everything started from here (Ray, Serve, our replicas) is SCHED_BATCH: a process
         # that wakes up does not preempt the running one; vLLM's processes go back to
-        # SCHED_OTHER when they start (`cores_for_cpu_engine`). This mattered while vLLM's
-        # engine core ran on these cores (a replica woken by a step's outputs no longer
-        # delayed the next step); it now runs beside its worker, and the policy still keeps
-        # anything of vLLM's that stays here ahead of our stack. Shares of CPU time are
-        # unchanged.
+        # SCHED_OTHER when they start (`cores_for_cpu_engine`). This mattered most while vLLM's
+        # engine core scheduled on these cores (a replica woken by a step's outputs no longer
+        # delayed the next step); its scheduling thread now runs beside the worker, and the
+        # policy keeps its I/O threads, still here, ahead of our stack. Shares of CPU time
+        # are unchanged.
         os.sched_setscheduler(0, os.SCHED_BATCH, os.sched_param(0))
         print(f"serving on cores {format_cores(cores)}; a vLLM engine on CPU gets the others", file=sys.stderr)
     os.execvp(argv[0], argv)

@@ -42,7 +42,9 @@ TRIP = {
         "city": {"type": "string", "maxLength": 30},
         "days": {"type": "integer", "minimum": 1, "maximum": 14},
         "transport": {"type": "string", "enum": ["train", "plane", "car"]},
-        "budget": {"anyOf": [{"type": "number", "minimum": 0}, {"type": "null"}]},
+        # Bounded: an unbounded number lets a sampled answer write digits until
+        # max_output_tokens (seen once in CI at temperature 1: `incomplete`, no schema broken).
+        "budget": {"anyOf": [{"type": "number", "minimum": 0, "maximum": 100000}, {"type": "null"}]},
     },
     "required": ["city", "days", "transport", "budget"],
     "additionalProperties": False,
