@@ -207,7 +207,7 @@ async def run_turn(
     source = source or turn.model.source
     async with contextlib.aclosing(engine_events(stream, source, turn.generation, turn.trace, max_duration_s)) as batches:
         async for events in batches:
-            if stream.finished and stream.response.status in ("completed", "incomplete"):
+            if stream.continuable:
                 try:
                     if turn.request.store:
                         await responses.save(stream.response, turn.input_items)

@@ -450,6 +450,12 @@ class ResponseStream:
         events, self._events = self._events, []
         return events
 
+    @property
+    def continuable(self) -> bool:
+        """Finished with a response a next turn can continue (completed or incomplete): what
+        is stored and kept for `previous_response_id`."""
+        return self.finished and self.response.status in ("completed", "incomplete")
+
     def _finish(self, status: Literal["completed", "incomplete", "failed", "cancelled"]) -> None:
         self.close_item("completed" if status == "completed" else "incomplete")
         response = self.response

@@ -138,9 +138,8 @@ class ResponsesSocket:
             async for batch in batches:
                 for response_event in batch:
                     await self._send(event_message(response_event, event.lane))
-        response = turn.stream.response
-        if turn.stream.finished and response.status in ("completed", "incomplete"):
-            self.responses.remember(event.lane, response, turn.input_items)
+        if turn.stream.continuable:
+            self.responses.remember(event.lane, turn.stream.response, turn.input_items)
 
     async def _send(self, message: str) -> None:
         try:
