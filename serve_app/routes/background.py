@@ -36,9 +36,9 @@ async def start_background(turn: Turn, state) -> Response:
     async def finish(response) -> None:
         # The request is counted when its run ends, like a stream when it closes.
         report_response(state.metrics, turn.trace, response)
-        # run_turn stored a completed/incomplete one already; a background response is
-        # retrievable whatever its end (failed, cancelled).
-        if response.status not in ("completed", "incomplete") or turn.store_error is not None:
+        # run_turn stored it if it is continuable (and the store answered); a background
+        # response is retrievable whatever its end (failed, cancelled).
+        if not turn.stream.continuable or turn.store_error is not None:
             await responses.save(response, turn.input_items)
 
     snapshot = await background.start(turn.stream, run_turn(turn, responses, state.max_stream_duration_s), turn.input_items, finish)

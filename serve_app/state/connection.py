@@ -15,7 +15,7 @@ from openai.types.responses import Response
 
 from serve_app.protocol.harmony import HistoryItem
 
-from .responses import ResponseStore, StoredTurn, with_ids
+from .responses import ResponseStore, StoredTurn
 
 MAX_LANES = 64  # lanes whose latest response a connection keeps; the least recently used goes
 
@@ -36,7 +36,7 @@ class ConnectionResponses(ResponseStore):
 
     def remember(self, lane: str | None, response: Response, input_items: list[HistoryItem]) -> None:
         """Keep a finished response (completed or incomplete) as its lane's latest."""
-        self._turns[response.id] = StoredTurn(response, with_ids(input_items), response.previous_response_id)
+        self._turns[response.id] = StoredTurn.of(response, input_items)
         self._latest[lane] = response.id
         self._latest.move_to_end(lane)
         while len(self._latest) > self.max_lanes:

@@ -60,6 +60,11 @@ class StoredTurn:
     input: list[HistoryItem]  # this turn's own input items, each with an id
     previous_response_id: str | None
 
+    @classmethod
+    def of(cls, response: Response, input_items: list[HistoryItem]) -> StoredTurn:
+        """The turn of `response`, made from `input_items` (each given an id if it has none)."""
+        return cls(response, with_ids(input_items), response.previous_response_id)
+
     def encode(self) -> bytes:
         return json.dumps(
             {
@@ -177,7 +182,7 @@ class ResponseStore:
 
     async def save(self, response: Response, input_items: list[HistoryItem]) -> StoredTurn:
         """Store (or replace) a turn: the response and this turn's own input items."""
-        turn = StoredTurn(response, with_ids(input_items), response.previous_response_id)
+        turn = StoredTurn.of(response, input_items)
         data = turn.encode()
         await self.store.put(response_key(response.id), data, ttl_s=self.ttl_s)
         if self.cache is not None:
@@ -185,9 +190,15 @@ class ResponseStore:
         return turn
 
     async def get(self, response_id: str) -> StoredTurn | None:
-        """The stored turn, read from the store (what a GET shows: never a cached copy)."""
+        """The stored turn, read from the store (what a GET shows: never a cached copy; a
+        finished one read is cached for the chains that reach it)."""
         data = await self.store.get(response_key(response_id))
-        return None if data is None else StoredTurn.decode(data)
+        if data is None:
+            return None
+        turn = StoredTurn.decode(data)
+        if self.cache is not None:
+            self.cache.put(turn, len(data))
+        return turn
 
     async def delete(self, response_id: str) -> bool:
         if self.cache is not None:
@@ -196,15 +207,8 @@ class ResponseStore:
 
     async def _read(self, response_id: str) -> StoredTurn | None:
         """A turn of a chain: from the cache, else from the store (and then cached)."""
-        turn = self.cache.get(response_id) if self.cache is not None else None
-        if turn is None:
-            data = await self.store.get(response_key(response_id))
-            if data is None:
-                return None
-            turn = StoredTurn.decode(data)
-            if self.cache is not None:
-                self.cache.put(turn, len(data))
-        return turn
+        cached = self.cache.get(response_id) if self.cache is not None else None
+        return cached if cached is not None else await self.get(response_id)
 
     async def chain(self, response_id: str) -> list[StoredTurn] | None:
         """The turns from the first of the conversation to `response_id`, oldest first; None
