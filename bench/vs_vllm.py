@@ -23,7 +23,9 @@ both servers' streams), and the CPU each server's processes used during the roun
 average cores). Prints a table, `tokps_ratio@C` and `ttft_ratio@C` (ours / vLLM),
 writes bench/results/vs_vllm.{json,png}. With `--rounds N` the two servers take turns N times
 (each start fresh; which one goes first alternates from round to round) and the figures are
-the medians: this machine's noise is larger than a single run can resolve. Every server
+the medians: this machine's noise is larger than a single run can resolve. Then, per
+concurrency, each round's own ratio, how many rounds favour ours, and a 90% bootstrap interval
+of the median round: an interval across 1.00 means the runs do not resolve the comparison. Every server
 start, request and round is bounded in time; servers are stopped on the way out. `--lock`
 holds that file (flock) only while a server runs, so other users of the machine get it
 between the phases.
@@ -37,6 +39,7 @@ import contextlib
 import fcntl
 import json
 import os
+import random
 import statistics
 import subprocess
 import sys
@@ -324,6 +327,9 @@ def main() -> None:
     figures = ratios(ours, vllm, args.concurrency)
     figures.append(f"violations_ours={sum(ours[c]['violations'] for c in args.concurrency)}")
     figures.append(f"violations_vllm={sum(vllm[c]['violations'] for c in args.concurrency)}")
+    if args.rounds > 1 and not args.vllm_results:
+        for line in round_spread(rounds["ours"], rounds["vLLM"], args.concurrency):
+            print(line)
     print((f"medians of {args.rounds} rounds: " if args.rounds > 1 else "") + " ".join(figures))
 
 
@@ -331,6 +337,28 @@ def ratios(ours: dict[int, dict], vllm: dict[int, dict], concurrencies: list[int
     figures = [f"tokps_ratio@{c}={ours[c]['tokens_per_s'] / vllm[c]['tokens_per_s']:.2f}" for c in concurrencies]
     figures += [f"ttft_ratio@{c}={ours[c]['ttft_p50_ms'] / vllm[c]['ttft_p50_ms']:.2f}" for c in concurrencies]
     return figures
+
+
+def round_spread(ours: list[dict[int, dict]], vllm: list[dict[int, dict]], concurrencies: list[int]) -> list[str]:
+    """Per concurrency, the rounds' own tokens/s ratios (each round's two servers ran one
+    after the other): how many favour ours, and a bootstrap interval of their median, which
+    says whether the runs resolve the target (ratio >= 1) or leave it inside the noise."""
+    lines = []
+    for c in concurrencies:
+        each = [mine[c]["tokens_per_s"] / theirs[c]["tokens_per_s"] for mine, theirs in zip(ours, vllm)]
+        low, high = median_interval(each)
+        lines.append(f"tokens/s ratio @{c} by round: {' '.join(f'{r:.2f}' for r in each)}; ours >= vLLM in "
+                     f"{sum(r >= 1 for r in each)} of {len(each)}; median {statistics.median(each):.2f}, "
+                     f"90% bootstrap interval {low:.2f}-{high:.2f}")  # fmt: skip
+    return lines
+
+
+def median_interval(values: list[float], confidence: float = 0.9, resamples: int = 10000, seed: int = 0) -> tuple[float, float]:
+    """A percentile bootstrap interval of the median of `values` (resampled with replacement)."""
+    rng = random.Random(seed)
+    medians = sorted(statistics.median(rng.choices(values, k=len(values))) for _ in range(resamples))
+    tail = (1 - confidence) / 2
+    return medians[int(tail * resamples)], medians[int((1 - tail) * resamples) - 1]
 
 
 def median_rows(rounds: list[dict[int, dict]], concurrencies: list[int]) -> dict[int, dict]:
