@@ -26,6 +26,7 @@ from ray.serve.metrics import Counter
 
 from deployments import use_serve_logging
 from deployments.backends import make_backend
+from deployments.cpu_cores import leave_batch_policy
 from deployments.memory import memory_report
 from serve_app.config import CoalesceConfig, ModelConfig
 from serve_app.protocol.tokens import GenerationRequest, TokenBatch
@@ -180,6 +181,7 @@ class EngineServer:
     async def __init__(self, model_config: dict) -> None:
         # async: vLLM's AsyncLLM binds to the event loop it is created on, the replica's.
         use_serve_logging()  # the backends' own logs (`responses_serve.*`) in this replica's log
+        leave_batch_policy()  # on the request path, and so are the engine processes it starts
         self.config = ModelConfig.model_validate(model_config)
         self.backend = make_backend(self.config.backend)
         self.coalescing: CoalesceConfig = self.config.coalesce

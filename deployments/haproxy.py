@@ -22,6 +22,8 @@ import signal
 import sys
 from pathlib import Path
 
+from deployments.cpu_cores import leave_batch_policy
+
 NAME = "responses-serve-haproxy"
 PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 
@@ -39,6 +41,7 @@ def main() -> None:
     os.environ.pop("RAY_SERVE_HAPROXY_BINARY_PATH", None)
     binary = get_haproxy_binary()
     stop_with_parent()
+    leave_batch_policy()  # every request and stream passes through it
     os.execv(binary, [binary, "-dS", *sys.argv[1:]])
 
 

@@ -19,6 +19,7 @@ from ray.serve.exceptions import BackPressureError
 from ray.serve.handle import DeploymentHandle
 
 from deployments import use_serve_logging
+from deployments.cpu_cores import leave_batch_policy
 from deployments.memory import memory_report
 from deployments.metrics import RayServeMetrics
 from serve_app.api import ModelFamily, ServedModel, create_app
@@ -203,6 +204,7 @@ class ResponsesIngress:
         application's own key for encrypted reasoning, made by `build_app` so that all
         replicas share it; used only without configured keys."""
         use_serve_logging()
+        leave_batch_policy()  # on the request path
         self.config = AppConfig.model_validate(app_config)
         self.engines = engines
         self.store = store

