@@ -357,8 +357,8 @@ def median_interval(values: list[float], confidence: float = 0.9, resamples: int
     """A percentile bootstrap interval of the median of `values` (resampled with replacement)."""
     rng = random.Random(seed)
     medians = sorted(statistics.median(rng.choices(values, k=len(values))) for _ in range(resamples))
-    tail = (1 - confidence) / 2
-    return medians[int(tail * resamples)], medians[int((1 - tail) * resamples) - 1]
+    outside = round((1 - confidence) / 2 * resamples)  # resampled medians below (and above) it
+    return medians[outside], medians[resamples - 1 - outside]
 
 
 def median_rows(rounds: list[dict[int, dict]], concurrencies: list[int]) -> dict[int, dict]:

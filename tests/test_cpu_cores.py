@@ -238,7 +238,7 @@ def test_processes_on_the_request_path_leave_the_launchers_batch_policy() -> Non
     that a request or a step's outputs wake them at once; Ray's own processes stay batch."""
     result = subprocess.run(
         [sys.executable, "-m", "deployments.cpu_cores", sys.executable, "-c", REQUEST_PATH],
-        env={**os.environ, "PYTHONPATH": str(REPO)}, capture_output=True, text=True, check=True, timeout=120,
+        env={**os.environ, SERVING_CPUS: str(max(CORES)), "PYTHONPATH": str(REPO)}, capture_output=True, text=True, check=True, timeout=120,
     )  # fmt: skip
     report = json.loads(result.stdout)
     assert report["before"] == [os.SCHED_BATCH]
