@@ -51,6 +51,7 @@ class _LocalRun:
     """A run this replica owns: its frames so far (local followers read them here)."""
 
     response_id: str
+    stream: ResponseStream
     frames: list[bytes] = field(default_factory=list)
     flushed: int = 0  # frames in the store's log
     stop_reason: str | None = None  # "cancel" | "lost" | "shutdown"
@@ -111,7 +112,7 @@ class BackgroundRuns:
         snapshot = response.model_copy(deep=True)
         await self.responses.save(snapshot, input_items)
         await self.runs.create(response.id, self.replica_id)
-        local = _LocalRun(response.id)
+        local = _LocalRun(response.id, stream)
         self._local[response.id] = local
         self._on_running(len(self._local))
         # A context of its own: not the HTTP request's, whose cancellation (the client going
@@ -208,7 +209,9 @@ class BackgroundRuns:
 
     @staticmethod
     def _stop(local: _LocalRun, reason: str, generation: asyncio.Task) -> None:
-        if local.stop_reason is None and not generation.done():
+        # A finished stream is only storing its end and handing over its last events:
+        # interrupted there, its record could stay `in_progress` and its log lack its end.
+        if local.stop_reason is None and not generation.done() and not local.stream.finished:
             logger.info("background response %s: stopping (%s)", local.response_id, reason)
             local.stop_reason = reason
             generation.cancel()

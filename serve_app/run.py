@@ -208,16 +208,27 @@ async def run_turn(
     async with contextlib.aclosing(engine_events(stream, source, turn.generation, turn.trace, max_duration_s)) as batches:
         async for events in batches:
             if stream.continuable:
+                saved = False
                 try:
                     if turn.request.store:
                         await responses.save(stream.response, turn.input_items)
+                        saved = True
                     if turn.request.conversation_id is not None:  # the turn's input and output, in one append
                         await turn.conversations.append(turn.request.conversation_id, turn.input_items + list(stream.response.output))
                 except StoreUnavailable as exc:
                     logger.warning("response %s: not stored: %s", stream.response.id, exc.message)
                     turn.store_error = exc
+                    if saved:  # the conversation missed it: the client is told it failed, so it is not kept either
+                        await _unsave(responses, stream.response.id)
                     events = events[:-1] + [_failed(stream, events[-1], exc.message)]
             yield events
+
+
+async def _unsave(responses: ResponseStore, response_id: str) -> None:
+    try:
+        await responses.delete(response_id)
+    except StoreUnavailable as exc:  # it stays stored (completed) until its TTL: said in the log
+        logger.warning("response %s: stored, but its conversation append failed and it could not be deleted: %s", response_id, exc.message)
 
 
 def _failed(stream: ResponseStream, terminal: ResponseStreamEvent, message: str) -> ResponseFailedEvent:

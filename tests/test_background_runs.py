@@ -143,3 +143,49 @@ async def test_a_sweep_fails_orphans_nobody_reads():
     assert await sweeper.runs.open_runs() == []
     while owner.running:
         await asyncio.sleep(0.01)
+
+
+async def test_a_cancel_that_lands_while_the_end_is_stored_does_not_cut_it():
+    """The cancel comes after the stream finished, while its end is being stored (as
+    run_turn stores a finished response before handing over its terminal event): the run
+    ends as it finished — completed, stored, its terminal event in the log — not half
+    stored (an `in_progress` record, a log without an end) by an interrupted save."""
+    store, clock = MemoryStore(), Clock()
+    runs = replica(store, clock, "a")
+    request = ResponsesRequest(model="m", input="cancel me late", background=True)
+    from serve_app.protocol.harmony import HarmonyModel
+
+    family = HarmonyModel()
+    prompt = family.render_prompt(request, request.input_items())
+    generation = GenerationRequest(request_id=new_id("resp"), prompt_token_ids=prompt, stop_token_ids=family.stop_token_ids, max_tokens=10_000)
+    stream = ResponseStream(request, response_id=generation.request_id, parser_factory=lambda sink: family.parser(sink, prompt))
+    storing, stored = asyncio.Event(), asyncio.Event()
+
+    async def events_storing_the_end():
+        async for events in engine_events(stream, ReplayBackend(), generation):
+            if stream.continuable:  # as run_turn: store, then hand over the terminal event
+                storing.set()
+                await stored.wait()
+                await runs.responses.save(stream.response, request.input_items())
+            yield events
+
+    async def finish(response) -> None:  # as the route's: run_turn stored a continuable one
+        if not stream.continuable:
+            await runs.responses.save(response, request.input_items())
+
+    snapshot = await runs.start(stream, events_storing_the_end(), request.input_items(), finish)
+    await storing.wait()
+    cancelling = asyncio.create_task(runs.cancel(snapshot.id))
+    record = await runs.runs.get(snapshot.id)
+    while not record.cancel:  # the cancel is asked for while the end is being stored
+        await asyncio.sleep(0.01)
+        record = await runs.runs.get(snapshot.id)
+    await asyncio.sleep(0.05)  # the owner's watcher sees it
+    stored.set()
+    cancelled = await cancelling
+    assert cancelled.status == "completed"
+    assert (await runs.responses.get(snapshot.id)).response.status == "completed"
+    events = await collect(runs, snapshot.id)
+    assert events[-1]["type"] == "response.completed"
+    record = await runs.runs.get(snapshot.id)
+    assert record.closed and record.status == "completed" and record.length == len(events)

@@ -13,6 +13,7 @@ import openai
 import pytest
 from openai import OpenAI
 
+from serve_app.state import MemoryStore, StoreUnavailable
 from serve_app.state.redis import RedisStore
 from tests import stateful_scenarios
 from tests.conftest import uvicorn_server
@@ -80,6 +81,42 @@ def test_redis_down_then_back(tmp_path, replay_backend):
             assert sdk.responses.retrieve(second.id) == second
     finally:
         server.stop()
+
+
+class ConversationAppendsFail(MemoryStore):
+    """The in-memory store, except that appends to a conversation's items fail while `failing`
+    (the store going away between a turn's two writes)."""
+
+    failing = False
+
+    async def append(self, key, values, *, ttl_s, expected_length=None):
+        if self.failing and key.startswith("conversation:"):
+            raise StoreUnavailable()
+        return await super().append(key, values, ttl_s=ttl_s, expected_length=expected_length)
+
+
+def test_a_turn_its_conversation_missed_is_failed_and_not_kept(replay_backend):
+    """The response is stored, then the append to its conversation fails: the client is told
+    `response.failed`, so the response is not kept either: a GET is a 404 and it cannot be
+    continued (neither from the store nor from the replica's cache of finished turns)."""
+    store = ConversationAppendsFail()
+    with uvicorn_server(_app(replay_backend, store)) as url:
+        sdk = OpenAI(base_url=url, api_key="unused", max_retries=0, timeout=30)
+        conversation = sdk.conversations.create()
+        kept = sdk.responses.create(model="gpt-oss-replay", input="first", conversation=conversation.id)
+        store.failing = True
+        with httpx.Client(timeout=30) as http:
+            body = {"model": "gpt-oss-replay", "input": "second", "stream": True, "conversation": conversation.id}
+            wire = parse_sse(http.post(f"{url}/responses", json=body).content)
+        assert wire[-1]["type"] == "response.failed" and "could not be stored" in wire[-1]["response"]["error"]["message"]
+        store.failing = False
+        missed = wire[-1]["response"]["id"]
+        with pytest.raises(openai.NotFoundError):
+            sdk.responses.retrieve(missed)
+        with pytest.raises(openai.BadRequestError):  # nothing to continue from
+            sdk.responses.create(model="gpt-oss-replay", input="on", previous_response_id=missed)
+        assert [item.id for item in sdk.conversations.items.list(conversation.id, order="asc")][-1] == kept.output[-1].id
+        assert sdk.responses.retrieve(kept.id).status == "completed"
 
 
 def test_a_stalled_store_is_unavailable_not_a_hang(tmp_path):
