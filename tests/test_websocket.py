@@ -150,3 +150,25 @@ def test_a_connection_keeps_what_its_lanes_can_still_continue():
         assert {turn.response.id for turn in await mine.chain("a3")} == {"a1", "a3"}
 
     asyncio.run(scenario())
+
+
+def test_a_connection_keeps_at_most_its_byte_budget():
+    """Past `max_bytes` the least recently used lanes go whole; the latest lane stays even
+    alone over the budget (its next turn must be able to continue it)."""
+
+    async def scenario():
+        big = "x" * 10_000
+        mine = ConnectionResponses(ResponseStore(MemoryStore()), max_bytes=35_000)
+        mine.remember("a", _response("a1", None, big), _user("a1"))
+        mine.remember("b", _response("b1", None, big), _user("b1"))
+        mine.remember("a", _response("a2", "a1", big), _user("a2"))
+        assert len(mine) == 3 and 30_000 < mine.bytes <= 35_000
+        mine.remember("c", _response("c1", None, big), _user("c1"))  # over: b, the least recent lane, goes
+        assert await mine.chain("b1") is None
+        assert [t.response.id for t in await mine.chain("a2")] == ["a1", "a2"] and mine.bytes <= 35_000
+        mine.remember("c", _response("c2", "c1", big * 4), _user("c2"))  # lane c alone is over the budget
+        assert await mine.chain("a2") is None
+        assert [t.response.id for t in await mine.chain("c2")] == ["c1", "c2"] and mine.bytes > 35_000
+        assert mine.bytes == sum(len(turn.encode()) for turn in await mine.chain("c2"))
+
+    asyncio.run(scenario())

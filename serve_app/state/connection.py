@@ -18,6 +18,7 @@ from serve_app.protocol.harmony import HistoryItem
 from .responses import ResponseStore, StoredTurn
 
 MAX_LANES = 64  # lanes whose latest response a connection keeps; the least recently used goes
+MAX_BYTES = 64 * 1024 * 1024  # the turns a connection keeps, measured as stored records
 
 
 class ConnectionResponses(ResponseStore):
@@ -26,26 +27,41 @@ class ConnectionResponses(ResponseStore):
     Each lane's latest response is kept with every turn before it on its chain, and nothing
     else: a lane that moves on (or forks from an older response) lets the turns it no longer
     reaches go. So memory follows the conversations being continued, not the connection's age.
+    Bounded twice: at most `max_lanes` lanes, and at most `max_bytes` of turns (as their stored
+    records measure them); past either, the least recently used lanes go whole (the latest one
+    stays), and continuing one of their responses is then a 400 unless it was also stored.
     """
 
-    def __init__(self, shared: ResponseStore, max_lanes: int = MAX_LANES) -> None:
+    def __init__(self, shared: ResponseStore, max_lanes: int = MAX_LANES, max_bytes: int = MAX_BYTES) -> None:
         super().__init__(shared.store, shared.ttl_s, shared.cache)
         self.max_lanes = max_lanes
+        self.max_bytes = max_bytes
         self._turns: dict[str, StoredTurn] = {}
+        self._sizes: dict[str, int] = {}  # response id -> bytes of its turn's record
         self._latest: collections.OrderedDict[str | None, str] = collections.OrderedDict()  # lane -> response id
 
     def remember(self, lane: str | None, response: Response, input_items: list[HistoryItem]) -> None:
         """Keep a finished response (completed or incomplete) as its lane's latest."""
-        self._turns[response.id] = StoredTurn.of(response, input_items)
+        turn = StoredTurn.of(response, input_items)
+        self._turns[response.id] = turn
+        self._sizes[response.id] = len(turn.encode())
         self._latest[lane] = response.id
         self._latest.move_to_end(lane)
         while len(self._latest) > self.max_lanes:
             self._latest.popitem(last=False)
         self._keep_reachable()
+        while self.bytes > self.max_bytes and len(self._latest) > 1:
+            self._latest.popitem(last=False)
+            self._keep_reachable()
 
     def __len__(self) -> int:
         """The turns kept in memory."""
         return len(self._turns)
+
+    @property
+    def bytes(self) -> int:
+        """The size of the turns kept, as stored records (a turn two lanes share counts once)."""
+        return sum(self._sizes.values())
 
     async def chain(self, response_id: str) -> list[StoredTurn] | None:
         """The connection's own turns from memory (no store round trip); the shared store
@@ -70,3 +86,4 @@ class ConnectionResponses(ResponseStore):
                 kept[next_id] = self._turns[next_id]
                 next_id = kept[next_id].previous_response_id
         self._turns = kept
+        self._sizes = {response_id: self._sizes[response_id] for response_id in kept}
