@@ -122,13 +122,17 @@ def cores_for_cpu_engine() -> Iterator[set[int]]:
     inherited set) and the worker is bound to the cores this process was not given. Once the
     engine is up, every thread of this process (vLLM's included) and of every engine process
     but the worker goes back to the given cores, except the main thread of the processes
-    between this one and the worker (vLLM's engine core), which joins the worker.
+    between this one and the worker (vLLM's engine core), which joins the worker's main thread
+    on its core as `SCHED_IDLE`.
 
     Why the engine core's main thread goes with its worker (README, "Against vLLM's own
     server"): it schedules a step and then spins while the worker runs it, and the worker
     spins while it schedules the next, each yielding the CPU on every turn of its wait; on one
     core they take turns at the cost of a yield. On the serving core it lost time to every
-    wake-up of our stack between two steps, with the worker waiting. Its I/O threads stay on
+    wake-up of our stack between two steps, with the worker waiting. As `SCHED_IDLE` its
+    spinning no longer takes turns from the worker while a step runs: it runs when the worker
+    waits, which the worker's main thread does (yielding) until the next step comes, so it
+    cannot starve there (OpenMP binds no other thread to that core). Its I/O threads stay on
     the serving cores: beside the worker they would take time from the model while it runs a
     step (measured: the whole engine core there slowed one stream's decoding and first token).
     """
@@ -155,8 +159,10 @@ def cores_for_cpu_engine() -> Iterator[set[int]]:
             with contextlib.suppress(psutil.Error, ProcessLookupError):
                 if child not in workers:
                     set_thread_affinity(child.pid, given)
-                if child.pid in engine:
-                    os.sched_setaffinity(child.pid, spare)  # its main thread only (tid == pid)
+                if child.pid in engine:  # its main thread only (tid == pid)
+                    os.sched_setaffinity(child.pid, os.sched_getaffinity(workers[0].pid))  # the OpenMP main thread's core
+                    with contextlib.suppress(PermissionError):
+                        os.sched_setscheduler(child.pid, os.SCHED_IDLE, os.sched_param(0))
 
 
 def _bound_within(pid: int, cores: set[int]) -> bool:

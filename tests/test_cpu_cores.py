@@ -283,7 +283,8 @@ REAL_ENGINE = textwrap.dedent("""
             "policies": policies(os.getpid()),
             "engine": {str(p.pid): {"name": p.name(), "main": sorted(os.sched_getaffinity(p.pid)), "threads": threads(p.pid), "other_threads": threads(p.pid, but=p.pid),
                                     "arena_max": environ(p.pid).get("MALLOC_ARENA_MAX"), "jemalloc": jemalloc(p.pid),
-                                    "preload": environ(p.pid).get("LD_PRELOAD", ""), "policies": policies(p.pid)} for p in children},
+                                    "preload": environ(p.pid).get("LD_PRELOAD", ""), "policies": policies(p.pid),
+                                    "main_policy": os.sched_getscheduler(p.pid), "other_policies": sorted({os.sched_getscheduler(int(t)) for t in os.listdir(f"/proc/{p.pid}/task") if int(t) != p.pid})} for p in children},
         }
         backend.shutdown()
         print("REPORT " + json.dumps(report), flush=True)
@@ -296,8 +297,8 @@ REAL_ENGINE = textwrap.dedent("""
 @requires_vllm
 @needs_two_cores
 def test_vllm_cpu_engine_alone_on_the_model_cores(tmp_path) -> None:
-    """vLLM's worker and the engine core's main thread on the model's cores, every other thread
-    on the serving core.
+    """vLLM's worker and the engine core's main thread (SCHED_IDLE, on the worker's main
+    thread's core) on the model's cores, every other thread on the serving core.
     Also: REPLICA_ENV's allocator settings (jemalloc, MALLOC_ARENA_MAX) stay in the replica,
     vLLM's processes start without them; the replica and vLLM's processes leave the
     launcher's SCHED_BATCH."""
@@ -320,13 +321,14 @@ def test_vllm_cpu_engine_alone_on_the_model_cores(tmp_path) -> None:
     engine_cores = [p for p in processes if p["name"].startswith("VLLM::EngineCor")]
     assert len(workers) == 1 and set(workers[0]["main"]) == model, report  # bound by OpenMP
     engine_core = engine_cores[0] if len(engine_cores) == 1 else pytest.fail(str(report))
-    assert set(engine_core["main"]) == model, report  # its scheduling thread beside its worker
+    assert set(engine_core["main"]) == set(workers[0]["main"]), report  # its scheduling thread beside its worker
+    assert engine_core["main_policy"] == os.SCHED_IDLE and engine_core["other_policies"] == [os.SCHED_OTHER], report
     assert set(engine_core["other_threads"]) == serving, report  # its I/O threads
     others = [p for p in processes if p not in workers and p not in engine_cores]
     assert all(set(p["threads"]) == serving for p in others), report
     assert report["arena_max"] == REPLICA_ENV["MALLOC_ARENA_MAX"]
     assert all(p["arena_max"] is None for p in report["engine"].values()), report
     assert report["policies"] == [os.SCHED_OTHER]
-    assert all(p["policies"] == [os.SCHED_OTHER] for p in report["engine"].values()), report
+    assert all(p["policies"] == [os.SCHED_OTHER] for p in report["engine"].values() if p is not engine_core), report
     assert report["jemalloc"]
     assert not any(p["jemalloc"] or "jemalloc" in p["preload"] for p in report["engine"].values()), report
