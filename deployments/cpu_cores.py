@@ -9,8 +9,8 @@ serving cores only (`python -m deployments.cpu_cores serve run ...`, which `make
 uses, or `taskset -c ...`), everything Ray starts inherits them, and the engine replica
 gives its model the node's other cores (`cores_for_cpu_engine`). The model is vLLM's worker
 and its engine core's scheduling thread: the two take turns (the engine core schedules a
-step, the worker runs it), so they share those cores without slowing each other; the engine
-core's I/O threads (requests in, outputs out) run beside the serving stack, in parallel with
+step, the worker runs it), so they share a core, the scheduling thread as `SCHED_IDLE` so
+that its spinning wait never takes turns from a running step; the engine core's I/O threads (requests in, outputs out) run beside the serving stack, in parallel with
 the model. A node started on all its cores keeps vLLM's own rule. An explicit
 `VLLM_CPU_OMP_THREADS_BIND` turns all this off (the cores it names must then be among the
 replica's own).

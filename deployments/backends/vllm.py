@@ -272,8 +272,8 @@ class VLLMBackend:
             )
         if model_cores:
             logger.info(
-                "vLLM's CPU worker and its engine core's scheduling thread are bound to cores %s; this replica and the "
-                "engine core's other threads run on the others",
+                "vLLM's CPU worker is bound to cores %s, its engine core's scheduling thread (SCHED_IDLE) to the core of "
+                "the worker's main thread; this replica and the engine core's other threads run on the others",
                 format_cores(model_cores),
             )
 
