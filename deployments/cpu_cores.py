@@ -9,9 +9,10 @@ serving cores only (`python -m deployments.cpu_cores serve run ...`, which `make
 uses, or `taskset -c ...`), everything Ray starts inherits them, and the engine replica
 gives its model the node's other cores (`cores_for_cpu_engine`). The model is vLLM's worker
 and its engine core's scheduling thread: the two take turns (the engine core schedules a
-step, the worker runs it), so they share a core, the scheduling thread as `SCHED_IDLE` so
-that its spinning wait never takes turns from a running step; the engine core's I/O threads (requests in, outputs out) run beside the serving stack, in parallel with
-the model. A node started on all its cores keeps vLLM's own rule. An explicit
+step, the worker runs it), so they share a core, the scheduling thread as `SCHED_IDLE` (its
+spinning wait takes no turns from a running step); the engine core's I/O threads (requests
+in, outputs out) run beside the serving stack, in parallel with the model. A node started
+on all its cores keeps vLLM's own rule. An explicit
 `VLLM_CPU_OMP_THREADS_BIND` turns all this off (the cores it names must then be among the
 replica's own).
 
@@ -25,11 +26,14 @@ set aside on a 1-core machine).
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import sys
 from collections.abc import Callable, Iterable, Iterator
 
 import psutil
+
+logger = logging.getLogger("ray.serve")
 
 OMP_BIND = "VLLM_CPU_OMP_THREADS_BIND"
 SERVING_CPUS = "RESPONSES_SERVE_CPUS"
@@ -131,8 +135,9 @@ def cores_for_cpu_engine() -> Iterator[set[int]]:
     core they take turns at the cost of a yield. On the serving core it lost time to every
     wake-up of our stack between two steps, with the worker waiting. As `SCHED_IDLE` its
     spinning no longer takes turns from the worker while a step runs: it runs when the worker
-    waits, which the worker's main thread does (yielding) until the next step comes, so it
-    cannot starve there (OpenMP binds no other thread to that core). Its I/O threads stay on
+    waits, which the worker's main thread does (yielding) until the next step comes. Anything
+    else that runs on that core would starve it, so nothing should: OpenMP binds no other
+    thread there, and Ray and our replicas run on the serving cores. Its I/O threads stay on
     the serving cores: beside the worker they would take time from the model while it runs a
     step (measured: the whole engine core there slowed one stream's decoding and first token).
     """
@@ -154,15 +159,24 @@ def cores_for_cpu_engine() -> Iterator[set[int]]:
         set_thread_affinity(os.getpid(), given)  # threads vLLM started here inherited the widening
         children = psutil.Process().children(recursive=True)
         workers = [child for child in children if _bound_within(child.pid, spare)]
-        engine = {ancestor.pid for worker in workers for ancestor in _ancestors_below(worker, os.getpid())}
+        # Each engine core with its first worker (tensor-parallel rank 0 starts first).
+        engine = {ancestor.pid: worker for worker in sorted(workers, key=lambda w: w.pid, reverse=True)
+                  for ancestor in _ancestors_below(worker, os.getpid())}  # fmt: skip
         for child in children:
             with contextlib.suppress(psutil.Error, ProcessLookupError):
                 if child not in workers:
                     set_thread_affinity(child.pid, given)
                 if child.pid in engine:  # its main thread only (tid == pid)
-                    os.sched_setaffinity(child.pid, os.sched_getaffinity(workers[0].pid))  # the OpenMP main thread's core
-                    with contextlib.suppress(PermissionError):
-                        os.sched_setscheduler(child.pid, os.SCHED_IDLE, os.sched_param(0))
+                    os.sched_setaffinity(child.pid, os.sched_getaffinity(engine[child.pid].pid))  # OpenMP's main thread's core
+                    _idle(child.pid)
+
+
+def _idle(tid: int) -> None:
+    """`SCHED_IDLE` for one thread; threads it starts later get the normal policy back."""
+    try:
+        os.sched_setscheduler(tid, os.SCHED_IDLE | os.SCHED_RESET_ON_FORK, os.sched_param(0))
+    except PermissionError:
+        logger.warning("thread %d: SCHED_IDLE refused; vLLM's scheduling thread keeps the normal policy", tid)
 
 
 def _bound_within(pid: int, cores: set[int]) -> bool:

@@ -55,6 +55,7 @@ class _LocalRun:
     frames: list[bytes] = field(default_factory=list)
     flushed: int = 0  # frames in the store's log
     stop_reason: str | None = None  # "cancel" | "lost" | "shutdown"
+    ended: bool = False  # its terminal event is in `frames`
     done: bool = False  # everything flushed, final response stored, run closed (or given up)
     task: asyncio.Task | None = None  # the whole run
     generation: asyncio.Task | None = None  # reading the engine; cancelled to stop it
@@ -152,6 +153,9 @@ class BackgroundRuns:
             async with contextlib.aclosing(events):  # closing it aborts the engine request
                 async for batch in events:
                     local.add(batch)
+                    local.ended = stream.finished
+                    if local.ended and local.stop_reason is not None:  # asked to stop while its end was stored
+                        return
         except asyncio.CancelledError:  # the watcher stopped us
             if local.stop_reason == "cancel":
                 local.add(stream.cancel())
@@ -209,12 +213,13 @@ class BackgroundRuns:
 
     @staticmethod
     def _stop(local: _LocalRun, reason: str, generation: asyncio.Task) -> None:
-        # A finished stream is only storing its end and handing over its last events:
-        # interrupted there, its record could stay `in_progress` and its log lack its end.
-        if local.stop_reason is None and not generation.done() and not local.stream.finished:
+        if local.stop_reason is None and not generation.done():
             logger.info("background response %s: stopping (%s)", local.response_id, reason)
             local.stop_reason = reason
-            generation.cancel()
+            # A stream that finished and is storing its end is not interrupted (its record could
+            # stay `in_progress`, its log lack its end): `_generate` stops once the end is in.
+            if not (local.stream.finished and not local.ended):
+                generation.cancel()
 
     async def drain(self, timeout_s: float) -> None:
         """Shutting down: wait up to `timeout_s` for this replica's runs, then end the rest

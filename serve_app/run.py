@@ -218,8 +218,8 @@ async def run_turn(
                 except StoreUnavailable as exc:
                     logger.warning("response %s: not stored: %s", stream.response.id, exc.message)
                     turn.store_error = exc
-                    if saved:  # the conversation missed it: the client is told it failed, so it is not kept either
-                        await _unsave(responses, stream.response.id)
+                    if saved and not turn.request.background:  # the conversation missed it: told failed, not kept
+                        await _unsave(responses, stream.response.id)  # (a background one is stored failed when it ends)
                     events = events[:-1] + [_failed(stream, events[-1], exc.message)]
             yield events
 

@@ -149,7 +149,8 @@ async def test_a_cancel_that_lands_while_the_end_is_stored_does_not_cut_it():
     """The cancel comes after the stream finished, while its end is being stored (as
     run_turn stores a finished response before handing over its terminal event): the run
     ends as it finished — completed, stored, its terminal event in the log — not half
-    stored (an `in_progress` record, a log without an end) by an interrupted save."""
+    stored (an `in_progress` record, a log without an end) by an interrupted save. And the
+    cancel still stops it once its end is in: a source that stalls after it is closed."""
     store, clock = MemoryStore(), Clock()
     runs = replica(store, clock, "a")
     request = ResponsesRequest(model="m", input="cancel me late", background=True)
@@ -168,6 +169,7 @@ async def test_a_cancel_that_lands_while_the_end_is_stored_does_not_cut_it():
                 await stored.wait()
                 await runs.responses.save(stream.response, request.input_items())
             yield events
+        await asyncio.Event().wait()  # the engine stream stalls after the end
 
     async def finish(response) -> None:  # as the route's: run_turn stored a continuable one
         if not stream.continuable:
@@ -176,16 +178,14 @@ async def test_a_cancel_that_lands_while_the_end_is_stored_does_not_cut_it():
     snapshot = await runs.start(stream, events_storing_the_end(), request.input_items(), finish)
     await storing.wait()
     cancelling = asyncio.create_task(runs.cancel(snapshot.id))
-    record = await runs.runs.get(snapshot.id)
-    while not record.cancel:  # the cancel is asked for while the end is being stored
+    while runs._local[snapshot.id].stop_reason != "cancel":  # the owner's watcher saw it, the end still being stored
         await asyncio.sleep(0.01)
-        record = await runs.runs.get(snapshot.id)
-    await asyncio.sleep(0.05)  # the owner's watcher sees it
     stored.set()
-    cancelled = await cancelling
+    cancelled = await asyncio.wait_for(cancelling, 10)
     assert cancelled.status == "completed"
     assert (await runs.responses.get(snapshot.id)).response.status == "completed"
     events = await collect(runs, snapshot.id)
     assert events[-1]["type"] == "response.completed"
     record = await runs.runs.get(snapshot.id)
     assert record.closed and record.status == "completed" and record.length == len(events)
+    assert not runs.running

@@ -297,8 +297,8 @@ REAL_ENGINE = textwrap.dedent("""
 @requires_vllm
 @needs_two_cores
 def test_vllm_cpu_engine_alone_on_the_model_cores(tmp_path) -> None:
-    """vLLM's worker and the engine core's main thread (SCHED_IDLE, on the worker's main
-    thread's core) on the model's cores, every other thread on the serving core.
+    """vLLM's worker and the engine core's main thread (SCHED_IDLE, reset on fork, on the
+    worker's main thread's core) on the model's cores, every other thread on the serving core.
     Also: REPLICA_ENV's allocator settings (jemalloc, MALLOC_ARENA_MAX) stay in the replica,
     vLLM's processes start without them; the replica and vLLM's processes leave the
     launcher's SCHED_BATCH."""
@@ -322,7 +322,8 @@ def test_vllm_cpu_engine_alone_on_the_model_cores(tmp_path) -> None:
     assert len(workers) == 1 and set(workers[0]["main"]) == model, report  # bound by OpenMP
     engine_core = engine_cores[0] if len(engine_cores) == 1 else pytest.fail(str(report))
     assert set(engine_core["main"]) == set(workers[0]["main"]), report  # its scheduling thread beside its worker
-    assert engine_core["main_policy"] == os.SCHED_IDLE and engine_core["other_policies"] == [os.SCHED_OTHER], report
+    # SCHED_IDLE, and the threads it starts later get the normal policy back
+    assert engine_core["main_policy"] == os.SCHED_IDLE | os.SCHED_RESET_ON_FORK and engine_core["other_policies"] == [os.SCHED_OTHER], report
     assert set(engine_core["other_threads"]) == serving, report  # its I/O threads
     others = [p for p in processes if p not in workers and p not in engine_cores]
     assert all(set(p["threads"]) == serving for p in others), report

@@ -36,15 +36,14 @@ class ConnectionResponses(ResponseStore):
         super().__init__(shared.store, shared.ttl_s, shared.cache)
         self.max_lanes = max_lanes
         self.max_bytes = max_bytes
-        self._turns: dict[str, StoredTurn] = {}
-        self._sizes: dict[str, int] = {}  # response id -> bytes of its turn's record
+        self._turns: dict[str, tuple[StoredTurn, int]] = {}  # response id -> its turn, the bytes of its record
+        self.bytes = 0  # of the turns kept, as stored records (a turn two lanes share counts once)
         self._latest: collections.OrderedDict[str | None, str] = collections.OrderedDict()  # lane -> response id
 
     def remember(self, lane: str | None, response: Response, input_items: list[HistoryItem]) -> None:
         """Keep a finished response (completed or incomplete) as its lane's latest."""
         turn = StoredTurn.of(response, input_items)
-        self._turns[response.id] = turn
-        self._sizes[response.id] = len(turn.encode())
+        self._turns[response.id] = (turn, len(turn.encode()))
         self._latest[lane] = response.id
         self._latest.move_to_end(lane)
         while len(self._latest) > self.max_lanes:
@@ -58,11 +57,6 @@ class ConnectionResponses(ResponseStore):
         """The turns kept in memory."""
         return len(self._turns)
 
-    @property
-    def bytes(self) -> int:
-        """The size of the turns kept, as stored records (a turn two lanes share counts once)."""
-        return sum(self._sizes.values())
-
     async def chain(self, response_id: str) -> list[StoredTurn] | None:
         """The connection's own turns from memory (no store round trip); the shared store
         only for the part of the chain made elsewhere."""
@@ -71,7 +65,7 @@ class ConnectionResponses(ResponseStore):
         next_id: str | None = response_id
         while next_id in self._turns and next_id not in seen:
             seen.add(next_id)
-            mine.append(self._turns[next_id])
+            mine.append(self._turns[next_id][0])
             next_id = mine[-1].previous_response_id
         if next_id in seen:  # a cycle is no chain
             return None
@@ -79,11 +73,11 @@ class ConnectionResponses(ResponseStore):
         return None if earlier is None else earlier + mine[::-1]
 
     def _keep_reachable(self) -> None:
-        kept: dict[str, StoredTurn] = {}
+        kept: dict[str, tuple[StoredTurn, int]] = {}
         for response_id in self._latest.values():
             next_id: str | None = response_id
             while next_id in self._turns and next_id not in kept:
                 kept[next_id] = self._turns[next_id]
-                next_id = kept[next_id].previous_response_id
+                next_id = kept[next_id][0].previous_response_id
         self._turns = kept
-        self._sizes = {response_id: self._sizes[response_id] for response_id in kept}
+        self.bytes = sum(size for _, size in kept.values())
