@@ -159,9 +159,10 @@ def cores_for_cpu_engine() -> Iterator[set[int]]:
         set_thread_affinity(os.getpid(), given)  # threads vLLM started here inherited the widening
         children = psutil.Process().children(recursive=True)
         workers = [child for child in children if _bound_within(child.pid, spare)]
-        # Each engine core with its first worker (tensor-parallel rank 0 starts first).
-        engine = {ancestor.pid: worker for worker in sorted(workers, key=lambda w: w.pid, reverse=True)
-                  for ancestor in _ancestors_below(worker, os.getpid())}  # fmt: skip
+        engine: dict[int, psutil.Process] = {}  # each engine core's pid -> its first worker
+        for worker in sorted(workers, key=lambda w: w.pid):  # tensor-parallel rank 0 starts first
+            for ancestor in _ancestors_below(worker, os.getpid()):
+                engine.setdefault(ancestor.pid, worker)
         for child in children:
             with contextlib.suppress(psutil.Error, ProcessLookupError):
                 if child not in workers:

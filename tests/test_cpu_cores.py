@@ -261,8 +261,8 @@ REAL_ENGINE = textwrap.dedent("""
         with open(f"/proc/{pid}/environ", "rb") as env:
             return dict(item.decode().partition("=")[::2] for item in env.read().split(bytes(1)) if item)
 
-    def policies(pid):
-        return sorted({os.sched_getscheduler(int(tid)) for tid in os.listdir(f"/proc/{pid}/task")})
+    def policies(pid, but=None):
+        return sorted({os.sched_getscheduler(int(tid)) for tid in os.listdir(f"/proc/{pid}/task") if int(tid) != but})
 
     def jemalloc(pid):
         with open(f"/proc/{pid}/maps") as maps:
@@ -284,7 +284,7 @@ REAL_ENGINE = textwrap.dedent("""
             "engine": {str(p.pid): {"name": p.name(), "main": sorted(os.sched_getaffinity(p.pid)), "threads": threads(p.pid), "other_threads": threads(p.pid, but=p.pid),
                                     "arena_max": environ(p.pid).get("MALLOC_ARENA_MAX"), "jemalloc": jemalloc(p.pid),
                                     "preload": environ(p.pid).get("LD_PRELOAD", ""), "policies": policies(p.pid),
-                                    "main_policy": os.sched_getscheduler(p.pid), "other_policies": sorted({os.sched_getscheduler(int(t)) for t in os.listdir(f"/proc/{p.pid}/task") if int(t) != p.pid})} for p in children},
+                                    "main_policy": os.sched_getscheduler(p.pid), "other_policies": policies(p.pid, but=p.pid)} for p in children},
         }
         backend.shutdown()
         print("REPORT " + json.dumps(report), flush=True)

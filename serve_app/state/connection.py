@@ -46,10 +46,8 @@ class ConnectionResponses(ResponseStore):
         self._turns[response.id] = (turn, len(turn.encode()))
         self._latest[lane] = response.id
         self._latest.move_to_end(lane)
-        while len(self._latest) > self.max_lanes:
-            self._latest.popitem(last=False)
         self._keep_reachable()
-        while self.bytes > self.max_bytes and len(self._latest) > 1:
+        while len(self._latest) > 1 and (len(self._latest) > self.max_lanes or self.bytes > self.max_bytes):
             self._latest.popitem(last=False)
             self._keep_reachable()
 
