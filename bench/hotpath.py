@@ -26,13 +26,13 @@ from typing import Callable
 
 from openai_harmony import Message, Role, StreamableParser
 
-from serve_app.protocol.harmony import HarmonyModel, HarmonyParser, render_completion
-from serve_app.protocol.logprobs import LogprobFormatter
-from serve_app.protocol.request import ResponsesRequest
-from serve_app.protocol.sse import encode_events
-from serve_app.protocol.stream import ResponseStream
-from serve_app.protocol.tokens import TokenBatch
-from serve_app.vocab import harmony_encoding
+from responses_serve.families.harmony import HarmonyModel, HarmonyParser, render_completion
+from responses_serve.logprobs import LogprobFormatter
+from responses_serve.api.request import ResponsesRequest
+from responses_serve.api.sse import encode_events
+from responses_serve.stream import ResponseStream
+from responses_serve.tokens import TokenBatch
+from responses_serve.families.vocab import harmony_encoding
 
 PARAGRAPH = (
     "Speculative decoding hands the server several tokens per step; every one of them must "
@@ -217,9 +217,9 @@ def main() -> None:
         )  # fmt: skip
         print(f"ratio_to_parser={ratio:.2f}")
     if args.family in ("chat_template", "both"):
-        from serve_app.config import SMOLLM2
-        from serve_app.protocol.chat_template import ChatTemplateModel
-        from serve_app.smollm2 import load_tokenizer
+        from responses_serve.config import SMOLLM2
+        from responses_serve.families.chat_template import ChatTemplateModel
+        from responses_serve.families.smollm2 import load_tokenizer
 
         tokenizer = load_tokenizer(SMOLLM2)
         model = ChatTemplateModel(tokenizer, template="qwen3", reasoning_parser="qwen3", tool_parser="hermes")

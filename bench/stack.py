@@ -43,8 +43,8 @@ SERVE_MODES = {
 def make_serve_env() -> dict[str, str]:
     """The environment `make serve` starts Serve with: `CLUSTER_ENV` (Serve's HAProxy ingress)
     and our HAProxy; an exported value wins, as with the Makefile's `?=`."""
-    from deployments import haproxy
-    from serve_app.app import CLUSTER_ENV
+    from responses_serve.serve import haproxy
+    from responses_serve.serve.app import CLUSTER_ENV
 
     defaults = {"RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0", "RAY_SERVE_HAPROXY_BINARY_PATH": haproxy.installed_path()}
     return {**CLUSTER_ENV, **defaults, **os.environ}
@@ -60,7 +60,7 @@ def serve_config(port: int, models: list[dict], ingress: dict) -> dict:
             {
                 "name": "responses",
                 "route_prefix": "/",
-                "import_path": "serve_app.app:build_app",
+                "import_path": "responses_serve.serve.app:build_app",
                 "args": {"models": models, "ingress": ingress},
             }
         ],
@@ -175,7 +175,7 @@ def main() -> None:
     results: dict[str, dict[int, dict]] = {}
 
     print("(c) in-process uvicorn, no Ray ...", flush=True)
-    process = subprocess.Popen([sys.executable, "-m", "deployments.local", "--port", str(args.port)], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    process = subprocess.Popen([sys.executable, "-m", "responses_serve.server.local", "--port", str(args.port)], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         wait_healthy(url, process)
         results["(c) in-process"] = measure(url, "gpt-oss-replay", stream_counts, args.duration)

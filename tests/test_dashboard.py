@@ -7,8 +7,8 @@ from __future__ import annotations
 import json
 import re
 
-from deployments import dashboard
-from deployments.metrics import METRICS
+from responses_serve.serve import dashboard
+from responses_serve.serve.metrics import METRICS
 
 # Exported series of a family: histograms add _bucket/_sum/_count, counters _total.
 _SERIES = re.compile(r"\b(ray_\w+?)(?:_bucket|_sum|_count|_total)?\b")
@@ -27,7 +27,7 @@ def metric_names(expr: str) -> set[str]:
 
 
 def test_committed_json_is_current():
-    assert dashboard.OUTPUT.read_text() == dashboard.render(), "run `python -m deployments.dashboard`"
+    assert dashboard.OUTPUT.read_text() == dashboard.render(), "run `python -m responses_serve.serve.dashboard`"
 
 
 def test_every_query_names_a_metric_we_export_or_serves():

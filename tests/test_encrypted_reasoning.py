@@ -14,9 +14,9 @@ from cryptography.fernet import Fernet, InvalidToken
 from fastapi.testclient import TestClient
 from openai import OpenAI
 
-from serve_app.api import ServedModel, create_app
-from serve_app.protocol.tokens import GenerationRequest
-from serve_app.vocab import harmony_encoding
+from responses_serve.server.app import ServedModel, create_app
+from responses_serve.tokens import GenerationRequest
+from responses_serve.families.vocab import harmony_encoding
 from tests import sdk_scenarios
 from tests.test_bad_input import assert_openai_error
 
@@ -55,7 +55,7 @@ class App:
 
 @pytest.fixture(scope="module")
 def replay_models():
-    from deployments.local import replay_models
+    from responses_serve.server.local import replay_models
 
     return replay_models()
 
@@ -167,9 +167,9 @@ def test_no_blob_unless_included_and_the_store_still_works(app):
 
 
 def test_keys_from_the_environment(monkeypatch):
-    from serve_app import reasoning_keys as module
-    from serve_app.protocol.encrypted_reasoning import ReasoningCipher
-    from serve_app.reasoning_keys import ENV_VAR, reasoning_keys
+    from responses_serve.server import reasoning_keys as module
+    from responses_serve.encrypted_reasoning import ReasoningCipher
+    from responses_serve.server.reasoning_keys import ENV_VAR, reasoning_keys
 
     warnings: list[str] = []
     monkeypatch.setattr(module.logger, "warning", lambda message, *args: warnings.append(message % args))

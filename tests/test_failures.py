@@ -10,11 +10,11 @@ import httpx
 import pytest
 from ray.exceptions import ActorDiedError, RayTaskError
 
-from deployments.backends.replay import ReplayBackend
-from deployments.ingress import HandleTokenSource
-from serve_app.api import ServedModel, create_app
-from serve_app.auth import APIKeyMiddleware
-from serve_app.protocol.tokens import EngineRejected, GenerationRequest, TokenBatch
+from responses_serve.engines.replay import ReplayBackend
+from responses_serve.serve.ingress import HandleTokenSource
+from responses_serve.server.app import ServedModel, create_app
+from responses_serve.server.auth import APIKeyMiddleware
+from responses_serve.tokens import EngineRejected, GenerationRequest, TokenBatch
 from tests.conftest import uvicorn_server
 from tests.contract import check_stream, parse_sse
 
@@ -108,7 +108,7 @@ INTERNALS = ["4242", "10.1.2.3", "8f3c1d2e9a7b6c5d4e3f2a1b01000000", "RayTaskErr
 def _ray_task_error() -> Exception:
     error = RayTaskError(
         "generate",
-        'Traceback (most recent call last):\n  File "deployments/engine.py", line 115, in generate\n'
+        'Traceback (most recent call last):\n  File "responses_serve/serve/engine.py", line 115, in generate\n'
         "ValueError: value must be >0, got 0",
         ValueError("value must be >0, got 0"),
         proctitle="ray::ServeReplica:responses:EngineServer-broken.generate",

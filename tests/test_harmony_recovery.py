@@ -13,11 +13,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from serve_app.protocol.harmony import MAX_HEADER_TOKENS
-from serve_app.protocol.request import ResponsesRequest
-from serve_app.protocol.stream import ResponseStream
-from serve_app.protocol.tokens import TokenBatch
-from serve_app.vocab import harmony_encoding
+from responses_serve.families.harmony import MAX_HEADER_TOKENS
+from responses_serve.api.request import ResponsesRequest
+from responses_serve.stream import ResponseStream
+from responses_serve.tokens import TokenBatch
+from responses_serve.families.vocab import harmony_encoding
 from tests.contract import check_stream
 from tests.test_stream_properties import partition
 

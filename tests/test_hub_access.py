@@ -7,8 +7,8 @@ import os
 
 import pytest
 
-from serve_app.config import SMOLLM2
-from serve_app.smollm2 import SmolLM2Unavailable, TokenizerUnavailable, load_tokenizer
+from responses_serve.config import SMOLLM2
+from responses_serve.families.smollm2 import SmolLM2Unavailable, TokenizerUnavailable, load_tokenizer
 
 OFFLINE_VARS = ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")
 

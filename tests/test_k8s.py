@@ -10,7 +10,7 @@ import pytest
 import yaml
 from ray.serve.schema import ServeDeploySchema
 
-from serve_app.config import AppConfig
+from responses_serve.config import AppConfig
 
 ROOT = Path(__file__).parent.parent
 MANIFESTS = sorted((ROOT / "k8s").glob("*.yaml"))
@@ -61,7 +61,7 @@ def test_rayservice_serves_its_config(name):
     """The config file's applications, plus what only a labelled cluster can take: the
     ingress held to CPU nodes (a single machine's `serve run` has no node labels)."""
     manifest = yaml.safe_load((ROOT / "k8s" / name).read_text())
-    config = yaml.safe_load((ROOT / "serve_app" / "configs" / SERVES[name]).read_text())
+    config = yaml.safe_load((ROOT / "responses_serve" / "configs" / SERVES[name]).read_text())
     applications = yaml.safe_load(manifest["spec"]["serveConfigV2"])["applications"]
     for application in applications:
         assert _ingress_label_selector(application) == CPU_NODE_LABEL
@@ -158,11 +158,11 @@ def test_gpt_oss_120b_pods_hold_one_tensor_parallel_engine():
 
 @pytest.mark.parametrize("path", MANIFESTS, ids=lambda p: p.name)
 def test_the_cluster_wide_serve_settings_are_the_same_for_make_serve_and_kuberay(path):
-    """serve_app/app.py CLUSTER_ENV (read by the Serve controller, on the head): the head
+    """responses_serve/serve/app.py CLUSTER_ENV (read by the Serve controller, on the head): the head
     container sets each of them, and the Makefile exports the same values for `make serve`."""
     import re
 
-    from serve_app.app import CLUSTER_ENV
+    from responses_serve.serve.app import CLUSTER_ENV
 
     manifest = yaml.safe_load(path.read_text())
     (head,) = _groups(manifest)[0]["template"]["spec"]["containers"]
@@ -178,9 +178,9 @@ def test_every_pod_runs_serves_haproxy_ingress(path):
     """Serve's settings are read by the processes of each Ray node: every container, workers
     included, turns on the HAProxy ingress as the head does (an ingress replica serves HTTP
     on a port of its own only where its node's processes see it), and names our HAProxy."""
-    from deployments import haproxy
-    from serve_app.app import CLUSTER_ENV, HAPROXY_HARD_STOP_AFTER
-    from serve_app.config import SHUTDOWN_MARGIN_S
+    from responses_serve.serve import haproxy
+    from responses_serve.serve.app import CLUSTER_ENV, HAPROXY_HARD_STOP_AFTER
+    from responses_serve.config import SHUTDOWN_MARGIN_S
 
     manifest = yaml.safe_load(path.read_text())
     for group in _groups(manifest):

@@ -1,6 +1,6 @@
 """The layering contracts of pyproject.toml's [tool.importlinter] hold (import-linter):
 protocol imports nothing else of ours, state never imports FastAPI or Ray, nothing under
-serve_app imports Ray but the application builder. `make test` runs `lint-imports` too."""
+responses_serve imports Ray but serve/. `make test` runs `lint-imports` too."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Replica memory reports (deployments/memory.py): what bench.load reads after each run to
+"""Replica memory reports (responses_serve/serve/memory.py): what bench.load reads after each run to
 tell a leak in Python (objects, traced allocation sites) from the allocator (RSS vs heap)."""
 
 from __future__ import annotations
@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from deployments.memory import RAY_JEMALLOC, memory_report
-from serve_app.app import REPLICA_ENV
-from serve_app.config import ModelConfig
+from responses_serve.serve.memory import RAY_JEMALLOC, memory_report
+from responses_serve.serve.app import REPLICA_ENV
+from responses_serve.config import ModelConfig
 from tests import sdk_scenarios
 from tests.conftest import E2E_APP, engine_stats
 
@@ -90,7 +90,7 @@ def test_rss_kinds_add_up_and_a_leak_shows_as_anon():
 
 ALLOCATION = textwrap.dedent("""
     import json
-    from deployments.memory import malloc_info
+    from responses_serve.serve.memory import malloc_info
     before = malloc_info()
     held = b"x" * (64 * 2**20)
     print(json.dumps([before, malloc_info()]))

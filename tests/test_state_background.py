@@ -8,9 +8,9 @@ import asyncio
 
 import pytest
 
-from serve_app.protocol.request import MessageItem
-from serve_app.state.conversations import ConversationStore
-from serve_app.state.runs import RunStore
+from responses_serve.api.request import MessageItem
+from responses_serve.state.conversations import ConversationStore
+from responses_serve.state.runs import RunStore
 from tests.test_store_contract import anyio_backend, store  # noqa: F401 - fixtures: every backend
 
 pytestmark = pytest.mark.anyio

@@ -62,7 +62,7 @@ def redis_serve_url(serve_url, redis_server):
     password reaches the replicas through the environment only."""
     from ray import serve
 
-    from serve_app.app import build_app
+    from responses_serve.serve.app import build_app
 
     env = {"env_vars": {"REDIS_PASSWORD": redis_server.password}}
     args = {

@@ -9,11 +9,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from openai_harmony import Message, Role
 
-from serve_app.protocol.harmony import render_completion
-from serve_app.protocol.request import ResponsesRequest
-from serve_app.protocol.sse import encode_events
-from serve_app.protocol.stream import ResponseStream
-from serve_app.protocol.tokens import TokenBatch
+from responses_serve.families.harmony import render_completion
+from responses_serve.api.request import ResponsesRequest
+from responses_serve.api.sse import encode_events
+from responses_serve.stream import ResponseStream
+from responses_serve.tokens import TokenBatch
 from tests.contract import check_stream, parse_sse
 from tests.sdk_scenarios import output_texts
 

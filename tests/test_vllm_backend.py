@@ -25,10 +25,10 @@ from typing import Any
 
 import pytest
 
-from deployments.backends.vllm import _engine_kwargs, placement_bundles
-from serve_app.config import SpeculativeConfig, VLLMBackendConfig
-from serve_app.protocol.service_tier import engine_priority
-from serve_app.protocol.tokens import EngineRejected, GenerationRequest, TokenBatch
+from responses_serve.engines.vllm import _engine_kwargs, placement_bundles
+from responses_serve.config import SpeculativeConfig, VLLMBackendConfig
+from responses_serve.api.service_tier import engine_priority
+from responses_serve.tokens import EngineRejected, GenerationRequest, TokenBatch
 from tests.conftest import VLLM_NGRAM, in_process_engine_config
 from tests.engine_server import EngineHost
 
@@ -118,7 +118,7 @@ def test_config_validation() -> None:
 def test_engine_args_from_config_builds_vllm_args(tmp_path: Path) -> None:
     from vllm.engine.arg_utils import AsyncEngineArgs
 
-    from deployments.backends.vllm import engine_args_from_config
+    from responses_serve.engines.vllm import engine_args_from_config
 
     # A local folder as the model: a bare name would be looked up on the hub.
     args = engine_args_from_config(
@@ -143,9 +143,9 @@ def test_engine_args_from_config_builds_vllm_args(tmp_path: Path) -> None:
 def test_harmony_models_get_the_guidance_backend(tmp_path: Path) -> None:
     """Harmony constraints are llguidance grammars: a harmony model's engine is started with
     vLLM's `guidance` structured-outputs backend unless its config says otherwise."""
-    from serve_app.config import ModelConfig
+    from responses_serve.config import ModelConfig
 
-    from deployments.backends.vllm import engine_args_from_config
+    from responses_serve.engines.vllm import engine_args_from_config
 
     harmony = ModelConfig.model_validate({"name": "g", "backend": {"type": "vllm", "model": str(tmp_path), "tokenizer": "o200k_harmony"}})
     assert engine_args_from_config(harmony.backend).structured_outputs_config.backend == "guidance"
@@ -161,7 +161,7 @@ def test_the_cpu_expand_kernel_keeps_the_callers_dtype() -> None:
     top_p over its draft positions: values kept exactly, greedy's 0 written as 1."""
     import torch
 
-    from deployments.backends.vllm_plugin import expand_kernel
+    from responses_serve.engines.vllm_plugin import expand_kernel
 
     cu_num_tokens = torch.tensor([2, 5, 6], dtype=torch.int32)  # 2, 3 and 1 positions
     temperature = torch.empty(6, dtype=torch.float32)
@@ -178,10 +178,10 @@ def test_vllm_loads_the_plugin_that_replaces_the_cpu_expand_kernel() -> None:
 
     from vllm.utils import cpu_triton_utils
 
-    from deployments.backends import vllm_plugin
+    from responses_serve.engines import vllm_plugin
 
     plugins = {e.name: e.value for e in entry_points(group="vllm.general_plugins")}
-    assert plugins.get("responses_serve") == "deployments.backends.vllm_plugin:register"  # the installed package says so
+    assert plugins.get("responses_serve") == "responses_serve.engines.vllm_plugin:register"  # the installed package says so
     vllm_plugin.register()
     assert cpu_triton_utils._expand_kernel_impl is vllm_plugin.expand_kernel
 
@@ -190,7 +190,7 @@ def test_smollm2_conversion_runs_once_under_concurrency(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Two concurrent callers: one converts, the other waits and reuses the folder."""
-    from serve_app import smollm2
+    from responses_serve.families import smollm2
 
     calls: list[int] = []
     fake_gguf = tmp_path / smollm2.GGUF_FILE
@@ -249,7 +249,7 @@ def _request(rid: str, prompt: list[int], max_tokens: int = 48) -> GenerationReq
 @pytest.fixture(scope="module")
 def tiny_llama(tmp_path_factory: pytest.TempPathFactory) -> Path:
     pytest.importorskip("gguf")
-    from serve_app.smollm2 import SmolLM2Unavailable, build_tiny_llama
+    from responses_serve.families.smollm2 import SmolLM2Unavailable, build_tiny_llama
 
     try:
         return build_tiny_llama(tmp_path_factory.mktemp("tiny-llama"))
@@ -308,7 +308,7 @@ class EngineSuite:
     def test_greedy_requests_batched_with_sampled_ones_keep_their_tokens(self, engines: dict[str, Any]) -> None:
         """Temperature 0 decodes the same tokens whatever else the engine batches with it: with
         ngram speculation, a sampled request in the batch once changed every greedy one (the
-        CPU sampler's bug that deployments/backends/vllm_plugin.py fixes)."""
+        CPU sampler's bug that responses_serve/engines/vllm_plugin.py fixes)."""
         loop, spec = engines["loop"], engines["spec"]
         prompts = [_chat_prompt(engines["checkpoint"], text) for text in ("Repeat this text exactly: " + REPEAT_TEXT, "Write a short poem about the sea.")]
         alone = [_tokens(loop.run(_collect(spec.generate(_request(f"alone-{i}", prompt))))) for i, prompt in enumerate(prompts)]
@@ -417,10 +417,10 @@ class EngineSuite:
         from vllm.inputs.engine import tokens_input
         from vllm.sampling_params import StructuredOutputsParams
 
-        from deployments.backends.vllm import token_logprobs
-        from serve_app.protocol.chat_template import ChatTemplateModel
-        from serve_app.protocol.logprobs import LogprobFormatter
-        from serve_app.smollm2 import load_tokenizer
+        from responses_serve.engines.vllm import token_logprobs
+        from responses_serve.families.chat_template import ChatTemplateModel
+        from responses_serve.logprobs import LogprobFormatter
+        from responses_serve.families.smollm2 import load_tokenizer
 
         loop, plain = engines["loop"], engines["plain"]
         prompt = _chat_prompt(engines["checkpoint"], "Give me a JSON object with a name.")
@@ -467,7 +467,7 @@ class TestTinyLlama(EngineSuite):
     def test_rejected_drafts_flow_through_the_engine_server(self, engines: dict[str, Any]) -> None:
         """A request whose every draft is rejected (drafts > 0, accepted == 0) completes
         through a real `EngineServer` and its Ray counters (Ray refuses `Counter.inc(0)`)."""
-        from deployments.engine import EngineServer
+        from responses_serve.serve.engine import EngineServer
 
         loop, spec = engines["loop"], engines["spec"]
         prompt = _chat_prompt(engines["checkpoint"], "Tell me a very long story.")

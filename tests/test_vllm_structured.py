@@ -73,10 +73,10 @@ MAX_TOKENS = 160
 
 @pytest.fixture(scope="module")
 def engine_url(smollm2_engine) -> Iterator[str]:
-    from serve_app.api import ServedModel, create_app
-    from serve_app.config import SMOLLM2
-    from serve_app.protocol.chat_template import ChatTemplateModel
-    from serve_app.smollm2 import load_tokenizer
+    from responses_serve.server.app import ServedModel, create_app
+    from responses_serve.config import SMOLLM2
+    from responses_serve.families.chat_template import ChatTemplateModel
+    from responses_serve.families.smollm2 import load_tokenizer
 
     host, backend, _ = smollm2_engine
     tokenizer = load_tokenizer(SMOLLM2)
@@ -133,8 +133,8 @@ def _json_object_prefix(text: str) -> bool:
     """True if `text` is a prefix of some JSON object (xgrammar's JSON grammar, as the engine's)."""
     import xgrammar as xgr
 
-    from serve_app.config import SMOLLM2
-    from serve_app.smollm2 import load_tokenizer
+    from responses_serve.config import SMOLLM2
+    from responses_serve.families.smollm2 import load_tokenizer
 
     info = xgr.TokenizerInfo.from_huggingface(load_tokenizer(SMOLLM2))
     matcher = xgr.GrammarMatcher(xgr.GrammarCompiler(info).compile_json_schema('{"type": "object"}'))

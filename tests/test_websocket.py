@@ -9,10 +9,10 @@ import json
 import pytest
 from websockets.exceptions import InvalidStatus
 
-from deployments.backends.replay import ReplayBackend, ReplayConfig
-from serve_app.api import ServedModel, create_app
-from serve_app.state import MemoryStore, ResponseStore
-from serve_app.state.connection import ConnectionResponses
+from responses_serve.engines.replay import ReplayBackend, ReplayConfig
+from responses_serve.server.app import ServedModel, create_app
+from responses_serve.state import MemoryStore, ResponseStore
+from responses_serve.state.connection import ConnectionResponses
 from tests import socket_scenarios
 from tests.conftest import uvicorn_server, wait_until
 from tests.sdk_scenarios import REPLAY_MODELS
@@ -114,7 +114,7 @@ def _response(response_id: str, previous: str | None, text: str = "ok"):
 
 
 def _user(text: str):
-    from serve_app.protocol.request import MessageItem
+    from responses_serve.api.request import MessageItem
 
     return [MessageItem(role="user", content=text)]
 

@@ -1,0 +1,39 @@
+"""Request bodies and query parameters of the Conversations API (`/v1/conversations`)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, field_validator
+
+from responses_serve.api.request import InputItem, _Lenient, check_metadata
+
+MAX_ITEMS_PER_REQUEST = 20  # the API's limit for creating items at once
+MAX_PAGE_SIZE = 100
+
+
+class _WithMetadata(_Lenient):
+    metadata: dict[str, str] | None = None
+
+    @field_validator("metadata")
+    @classmethod
+    def _metadata_limits(cls, value: dict[str, str] | None) -> dict[str, str] | None:
+        return check_metadata(value)
+
+
+class ConversationCreate(_WithMetadata):
+    items: list[InputItem] | None = Field(default=None, max_length=MAX_ITEMS_PER_REQUEST)
+
+
+class ConversationUpdate(_WithMetadata):
+    metadata: dict[str, str] | None  # required, may be null (clears it)
+
+
+class ItemsCreate(_Lenient):
+    items: list[InputItem] = Field(min_length=1, max_length=MAX_ITEMS_PER_REQUEST)
+
+
+class ItemsQuery(_Lenient):
+    after: str | None = None
+    limit: int = Field(default=20, ge=1, le=MAX_PAGE_SIZE)
+    order: Literal["asc", "desc"] = "desc"

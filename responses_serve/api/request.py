@@ -1,0 +1,467 @@
+"""The `POST /v1/responses` request as the `openai` SDK, the Agents SDK and Codex send it.
+
+Pydantic models validate the subset of the Responses API this server implements. Unknown
+top-level and item fields are ignored (Codex sends `client_metadata`, items carry `status`
+and ids...), hosted tool types this server does not run (`web_search`, ...) are accepted
+and simply not offered to the model. Everything else that is wrong is a 400.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated, Any, Literal, TypeVar, Union
+
+import jsonschema
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, ValidationError, field_validator, model_validator
+
+from openai.types.responses import ResponseIncludable
+
+from responses_serve.api.errors import APIError, from_validation_error, invalid_request
+from responses_serve.api.json_schema import check_schema, strict_problem
+from responses_serve.api.service_tier import ServiceTier
+
+_Model = TypeVar("_Model", bound=BaseModel)
+FUNCTION_NAME_PATTERN = r"^[a-zA-Z0-9_\-]{1,64}$"
+
+
+class _Lenient(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+
+# --- content parts ---------------------------------------------------------------------
+
+
+class TextPart(_Lenient):
+    """`input_text` / `output_text` (assistant history); both carry plain text."""
+
+    type: Literal["input_text", "output_text"]
+    text: str
+
+
+class RefusalPart(_Lenient):
+    type: Literal["refusal"]
+    refusal: str
+
+
+def _part_tag(value: Any) -> str | None:
+    kind = value.get("type") if isinstance(value, dict) else getattr(value, "type", None)
+    if kind in ("input_text", "output_text"):
+        return "part:text"
+    return "part:refusal" if kind == "refusal" else None
+
+
+ContentPart = Annotated[
+    Union[Annotated[TextPart, Tag("part:text")], Annotated[RefusalPart, Tag("part:refusal")]],
+    Discriminator(_part_tag, custom_error_type="invalid_value", custom_error_message=(
+        "content parts must be of type 'input_text', 'output_text' or 'refusal' "
+        "(images, files and audio are not supported by this server)"
+    )),
+]
+
+
+def parts_text(content: str | list[ContentPart]) -> str:
+    if isinstance(content, str):
+        return content
+    return "".join(p.text if isinstance(p, TextPart) else p.refusal for p in content)
+
+
+# --- input items -------------------------------------------------------------------------
+
+
+class MessageItem(_Lenient):
+    type: Literal["message"] = "message"
+    id: str | None = None
+    role: Literal["user", "system", "developer", "assistant"]
+    content: Union[str, list[ContentPart]]
+
+    @property
+    def text(self) -> str:
+        return parts_text(self.content)
+
+
+class FunctionCallItem(_Lenient):
+    type: Literal["function_call"]
+    id: str | None = None
+    call_id: str = Field(min_length=1)
+    name: str = Field(min_length=1)
+    namespace: str | None = None
+    arguments: str
+
+
+class FunctionCallOutputItem(_Lenient):
+    type: Literal["function_call_output"]
+    id: str | None = None
+    call_id: str = Field(min_length=1)
+    output: Union[str, list[ContentPart]]
+
+    @property
+    def text(self) -> str:
+        return parts_text(self.output)
+
+
+class SummaryText(_Lenient):
+    type: Literal["summary_text"] = "summary_text"
+    text: str
+
+
+class ReasoningText(_Lenient):
+    type: Literal["reasoning_text"] = "reasoning_text"
+    text: str
+
+
+class ReasoningItem(_Lenient):
+    type: Literal["reasoning"]
+    id: str | None = None
+    summary: list[SummaryText] = Field(default_factory=list)
+    content: list[ReasoningText] | None = None
+    encrypted_content: str | None = None
+
+    @property
+    def text(self) -> str:
+        """The raw reasoning if it was sent back, else its summary."""
+        if self.content:
+            return "".join(part.text for part in self.content)
+        return "\n\n".join(part.text for part in self.summary)
+
+
+def _item_tag(value: Any) -> str | None:
+    kind = value.get("type", "message") if isinstance(value, dict) else getattr(value, "type", None)
+    return f"item:{kind}"  # EasyInputMessage has no `type`
+
+
+InputItem = Annotated[
+    Union[
+        Annotated[MessageItem, Tag("item:message")],
+        Annotated[FunctionCallItem, Tag("item:function_call")],
+        Annotated[FunctionCallOutputItem, Tag("item:function_call_output")],
+        Annotated[ReasoningItem, Tag("item:reasoning")],
+    ],
+    Discriminator(_item_tag, custom_error_type="invalid_value", custom_error_message=(
+        "input items must be of type 'message', 'function_call', 'function_call_output' or 'reasoning'"
+    )),
+]
+
+
+# --- tools ---------------------------------------------------------------------------------
+
+
+class FunctionTool(_Lenient):
+    type: Literal["function"]
+    name: str = Field(pattern=FUNCTION_NAME_PATTERN)
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
+
+    @field_validator("parameters")
+    @classmethod
+    def _valid_schema(cls, parameters: dict[str, Any] | None) -> dict[str, Any] | None:
+        if parameters is None:
+            return None
+        try:
+            jsonschema.validators.validator_for(parameters).check_schema(parameters)
+        except jsonschema.SchemaError as exc:
+            raise ValueError(f"not a valid JSON schema: {exc.message}") from None
+        if parameters.get("type", "object") != "object":
+            raise ValueError("function parameters must be a JSON schema of type 'object'")
+        return parameters
+
+
+class HostedTool(BaseModel):
+    """A tool type this server does not execute (web_search, file_search, ...): not offered."""
+
+    model_config = ConfigDict(extra="allow")
+    type: str
+
+
+def _tool_tag(value: Any) -> str | None:
+    kind = value.get("type") if isinstance(value, dict) else getattr(value, "type", None)
+    if kind in ("function", "namespace"):
+        return f"tool:{kind}"
+    return "tool:hosted" if isinstance(kind, str) else None
+
+
+_TOOL_TAG = Discriminator(_tool_tag, custom_error_type="missing_tool_type", custom_error_message="every tool needs a string 'type'")
+
+
+class NamespaceTool(_Lenient):
+    """A group of functions (Codex sends these); the model calls them as `NAME.function`."""
+
+    type: Literal["namespace"]
+    name: str = Field(pattern=FUNCTION_NAME_PATTERN)
+    description: str = ""
+    tools: list[
+        Annotated[Union[Annotated[FunctionTool, Tag("tool:function")], Annotated[HostedTool, Tag("tool:hosted")]], _TOOL_TAG]
+    ] = Field(default_factory=list)
+
+    @property
+    def functions(self) -> list[FunctionTool]:
+        return [tool for tool in self.tools if isinstance(tool, FunctionTool)]
+
+
+Tool = Annotated[
+    Union[
+        Annotated[FunctionTool, Tag("tool:function")],
+        Annotated[NamespaceTool, Tag("tool:namespace")],
+        Annotated[HostedTool, Tag("tool:hosted")],
+    ],
+    _TOOL_TAG,
+]
+
+
+class NamedFunctionChoice(_Lenient):
+    type: Literal["function"]
+    name: str
+
+
+class AllowedToolRef(_Lenient):
+    type: str
+    name: str | None = None
+
+    @model_validator(mode="after")
+    def _named_function(self) -> AllowedToolRef:
+        if self.type == "function" and not self.name:
+            raise ValueError("a function in allowed_tools needs a 'name'")
+        return self
+
+
+class AllowedToolsChoice(_Lenient):
+    """Only these tools may be called; `required`: one of them must be."""
+
+    type: Literal["allowed_tools"]
+    mode: Literal["auto", "required"]
+    tools: list[AllowedToolRef] = Field(min_length=1)
+
+
+def _choice_tag(value: Any) -> str | None:
+    kind = value.get("type") if isinstance(value, dict) else getattr(value, "type", None)
+    if kind in ("function", "allowed_tools"):
+        return f"choice:{kind}"
+    return "choice:hosted" if isinstance(kind, str) else None
+
+
+# A hosted tool type (`web_search`, ...) is accepted and never enforced (it is not offered).
+ToolChoiceObject = Annotated[
+    Union[
+        Annotated[NamedFunctionChoice, Tag("choice:function")],
+        Annotated[AllowedToolsChoice, Tag("choice:allowed_tools")],
+        Annotated[HostedTool, Tag("choice:hosted")],
+    ],
+    Discriminator(_choice_tag, custom_error_type="invalid_value", custom_error_message="a tool_choice object needs a string 'type'"),
+]
+
+
+class ReasoningConfig(_Lenient):
+    effort: Literal["none", "minimal", "low", "medium", "high", "xhigh"] | None = None
+    summary: Literal["auto", "concise", "detailed"] | None = None
+
+
+class TextFormat(_Lenient):
+    type: Literal["text"] = "text"
+
+
+class JSONSchemaFormat(_Lenient):
+    """Structured outputs: the answer is JSON valid against `schema` (enforced by the engine's
+    grammar). `strict: true` also makes OpenAI's strict-mode rules apply to the schema."""
+
+    model_config = ConfigDict(extra="ignore", populate_by_name=True)
+    type: Literal["json_schema"]
+    name: str = Field(pattern=FUNCTION_NAME_PATTERN)
+    schema_: dict[str, Any] = Field(alias="schema")
+    description: str | None = None
+    strict: bool | None = None
+
+    @field_validator("schema_")
+    @classmethod
+    def _enforceable(cls, schema: dict[str, Any]) -> dict[str, Any]:
+        check_schema(schema)  # not JSON Schema, or a feature the grammar cannot enforce -> 400
+        return schema
+
+    @model_validator(mode="after")
+    def _strict_rules(self) -> JSONSchemaFormat:
+        if self.strict and (problem := strict_problem(self.schema_)):
+            raise ValueError(f"Invalid schema for response_format '{self.name}' (strict): {problem}")
+        return self
+
+
+class JSONObjectFormat(_Lenient):
+    type: Literal["json_object"]
+
+
+def _format_tag(value: Any) -> str | None:
+    kind = value.get("type") if isinstance(value, dict) else getattr(value, "type", None)
+    return f"format:{kind}" if kind in ("text", "json_schema", "json_object") else None
+
+
+AnyTextFormat = Annotated[
+    Union[
+        Annotated[TextFormat, Tag("format:text")],
+        Annotated[JSONSchemaFormat, Tag("format:json_schema")],
+        Annotated[JSONObjectFormat, Tag("format:json_object")],
+    ],
+    Discriminator(_format_tag, custom_error_type="invalid_value", custom_error_message=(
+        "text.format must be of type 'text', 'json_schema' or 'json_object'"
+    )),
+]
+
+
+class TextConfig(_Lenient):
+    format: AnyTextFormat | None = None
+
+
+def check_metadata(value: dict[str, str] | None) -> dict[str, str] | None:
+    if value is not None and (len(value) > 16 or any(len(k) > 64 or len(v) > 512 for k, v in value.items())):
+        raise ValueError("metadata holds at most 16 pairs, keys up to 64 and values up to 512 characters")
+    return value
+
+
+# --- the request -------------------------------------------------------------------------
+
+
+class ConversationRef(_Lenient):
+    id: str = Field(min_length=1)
+
+
+class ResponsesRequest(_Lenient):
+    model: str = Field(min_length=1)
+    input: Union[str, list[InputItem]]
+    instructions: str | None = None
+    tools: list[Tool] = Field(default_factory=list)
+    tool_choice: Union[Literal["auto", "none", "required"], ToolChoiceObject] = "auto"
+    parallel_tool_calls: bool = True
+    reasoning: ReasoningConfig | None = None
+    # The SDK's values; those about hosted tools this server does not run include nothing.
+    include: list[ResponseIncludable] = Field(default_factory=list)
+    top_logprobs: int | None = Field(default=None, ge=0, le=20)
+    max_output_tokens: int | None = Field(default=None, ge=1)
+    temperature: float | None = Field(default=None, ge=0, le=2)
+    top_p: float | None = Field(default=None, gt=0, le=1)
+    stream: bool = False
+    store: bool = True
+    background: bool = False
+    metadata: dict[str, str] | None = None
+    previous_response_id: str | None = None
+    conversation: Union[str, ConversationRef, None] = None
+    user: str | None = None
+    prompt_cache_key: str | None = None
+    # Served as `priority`, `default` or `flex` where the model orders by tier (service_tier.py).
+    service_tier: ServiceTier | None = None
+    text: TextConfig | None = None
+    # "auto": the oldest items are dropped to fit the context (protocol/truncation.py).
+    truncation: Literal["auto", "disabled"] | None = "disabled"
+
+    @field_validator("input")
+    @classmethod
+    def _not_empty(cls, value: str | list[Any]) -> str | list[Any]:
+        if not value:
+            raise ValueError("input must not be empty")
+        return value
+
+    @field_validator("metadata")
+    @classmethod
+    def _metadata_limits(cls, value: dict[str, str] | None) -> dict[str, str] | None:
+        return check_metadata(value)
+
+    @model_validator(mode="after")
+    def _consistent_tools(self) -> ResponsesRequest:
+        names = [f.name for f in self.function_tools()]
+        names += [f"{ns.name}.{f.name}" for ns in self.namespace_tools() for f in ns.functions]
+        duplicates = {n for n in names if names.count(n) > 1}
+        if duplicates:
+            raise ValueError(f"duplicate function tool names: {sorted(duplicates)}")
+        return self
+
+    def check_consistency(self) -> None:
+        """What the fields only mean together (400s that name the field)."""
+        names = {f.name for f in self.function_tools()}
+        names |= {f"{ns.name}.{f.name}" for ns in self.namespace_tools() for f in ns.functions}
+        choice = self.tool_choice
+        if isinstance(choice, NamedFunctionChoice) and choice.name not in names:
+            raise invalid_request(f"tool_choice names function '{choice.name}', which is not in tools.", param="tool_choice")
+        if isinstance(choice, AllowedToolsChoice):
+            for index, tool in enumerate(choice.tools):
+                if tool.type == "function" and tool.name not in names:
+                    raise invalid_request(
+                        f"tool_choice.tools[{index}] names function '{tool.name}', which is not in tools.",
+                        param=f"tool_choice.tools[{index}].name",
+                    )
+        if choice == "required" and not names:
+            raise invalid_request("tool_choice 'required' needs at least one function tool in tools.", param="tool_choice")
+        fmt = self.text.format if self.text else None
+        if isinstance(fmt, JSONObjectFormat):
+            texts = [self.instructions or ""] + [getattr(item, "text", "") for item in self.input_items()]
+            if not any("json" in text.lower() for text in texts):
+                raise invalid_request(
+                    "'input' must contain the word 'json' in some form to use 'text.format' of type 'json_object'.",
+                    param="input",
+                )
+
+    # -- views used by rendering --
+
+    @property
+    def conversation_id(self) -> str | None:
+        return self.conversation.id if isinstance(self.conversation, ConversationRef) else self.conversation
+
+    def input_items(self) -> list[MessageItem | FunctionCallItem | FunctionCallOutputItem | ReasoningItem]:
+        if isinstance(self.input, str):
+            return [MessageItem(role="user", content=self.input)]
+        return list(self.input)
+
+    def function_tools(self) -> list[FunctionTool]:
+        return [t for t in self.tools if isinstance(t, FunctionTool)]
+
+    def namespace_tools(self) -> list[NamespaceTool]:
+        return [t for t in self.tools if isinstance(t, NamespaceTool)]
+
+    @property
+    def logprobs(self) -> int | None:
+        """Alternatives per token the engine must report (0: the sampled token only), or None
+        when the output text's logprobs are not asked for."""
+        return (self.top_logprobs or 0) if "message.output_text.logprobs" in self.include else None
+
+    def offers_tools(self) -> bool:
+        return self.tool_choice != "none" and bool(self.function_tools() or any(n.functions for n in self.namespace_tools()))
+
+
+def parse_body(body: bytes | dict[str, Any], model: type[_Model]) -> _Model:
+    """Bytes of an HTTP body (or its JSON object) -> a validated `model`, or an `APIError` (400)."""
+    if isinstance(body, dict):
+        data = body
+    else:
+        try:
+            data = json.loads(body)
+        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise APIError(
+                f"We could not parse the JSON body of your request: {exc}. "
+                "The body must be a JSON object with 'Content-Type: application/json'.",
+                code="invalid_json",
+            ) from None
+    if not isinstance(data, dict):
+        raise invalid_request("The request body must be a JSON object.", code="invalid_type")
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        raise from_validation_error(exc) from None
+
+
+def parse_request(body: bytes | dict[str, Any]) -> ResponsesRequest:
+    """Bytes of the HTTP body (or the fields of a WebSocket `response.create`) -> a validated
+    request, or an `APIError` (400)."""
+    request = parse_body(body, ResponsesRequest)
+    _check_combinations(request)
+    request.check_consistency()
+    return request
+
+
+def _check_combinations(request: ResponsesRequest) -> None:
+    """Parameters that are valid alone but not together (the OpenAI API's rules)."""
+    if request.background and not request.store:
+        raise invalid_request(
+            "Background responses must be stored: 'background': true requires 'store': true.",
+            param="background",
+        )
+    if request.conversation is not None and request.previous_response_id is not None:
+        raise invalid_request(
+            "Mutually exclusive parameters: Ensure you are only providing one of: 'previous_response_id' or 'conversation'.",
+            param="conversation",
+            code="mutually_exclusive_parameters",
+        )

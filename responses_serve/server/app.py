@@ -1,0 +1,168 @@
+"""The HTTP surface: a FastAPI app factory over token sources.
+
+`create_app(models)` takes, per model name, something that turns a `GenerationRequest` into
+`TokenBatch`es: a backend object in-process (tests, benchmarks, debugging) or a Ray Serve
+deployment handle inside the `ResponsesIngress` deployment. Everything between the request
+bytes and the SSE bytes is the same code in both cases.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from typing import AsyncIterator, Sequence
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
+from openai.types import Model
+from openai_harmony import Message, Role
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from responses_serve.server.auth import APIKeyMiddleware
+from responses_serve.server.metrics import GuardedMetrics, Metrics, NoMetrics, report_once
+from responses_serve.encrypted_reasoning import ReasoningCipher
+from responses_serve.api.errors import APIError, model_not_found, server_error
+from responses_serve.families.harmony import render_completion, render_prompt
+from responses_serve.api.request import ResponsesRequest
+from responses_serve.api.sse import encode_events
+from responses_serve.stream import ResponseStream
+from responses_serve.tokens import TokenBatch
+from responses_serve.server.background import BackgroundRuns
+from responses_serve.config import DEFAULT_SSE_KEEPALIVE_S
+from responses_serve.server.reasoning_keys import reasoning_keys as configured_reasoning_keys
+from responses_serve.server.routes import background as background_routes
+from responses_serve.server.routes import input_tokens as input_tokens_routes
+from responses_serve.server.routes import conversations as conversations_routes
+from responses_serve.server.routes import responses as responses_routes
+from responses_serve.server.routes import websocket as websocket_routes
+from responses_serve.server.run import ModelFamily, ServedModel, TokenSource
+from responses_serve.state import BoundedStore, MemoryStore, ResponseStore, Store
+from responses_serve.state.conversations import ConversationStore
+from responses_serve.state.responses import DEFAULT_CACHE_BYTES, DEFAULT_TTL_S, TurnCache
+from responses_serve.state.runs import EVENTS_TTL_S, RunStore
+
+__all__ = ["ModelFamily", "ServedModel", "TokenSource", "create_app"]
+
+logger = logging.getLogger("responses_serve")
+
+DEFAULT_MAX_REQUEST_BYTES = 8 * 1024 * 1024
+DEFAULT_STORE_TIMEOUT_S = 2.0
+SWEEP_EVERY_S = 10.0
+DEFAULT_BACKGROUND_DRAIN_S = 15.0  # within Serve's default graceful_shutdown_timeout_s (20 s)
+
+
+def create_app(
+    models: Sequence[ServedModel],
+    *,
+    store: Store | None = None,
+    store_timeout_s: float = DEFAULT_STORE_TIMEOUT_S,
+    store_ttl_s: float = DEFAULT_TTL_S,
+    store_cache_bytes: int = DEFAULT_CACHE_BYTES,
+    api_key: str | None = None,
+    max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
+    replica_id: str | None = None,
+    background_drain_s: float = DEFAULT_BACKGROUND_DRAIN_S,
+    reasoning_keys: Sequence[str] | None = None,
+    metrics: Metrics | None = None,
+    max_stream_duration_s: float | None = None,
+    sse_keepalive_s: float | None = DEFAULT_SSE_KEEPALIVE_S,
+) -> FastAPI:
+    """`store`: where responses are kept (default: this process's memory, for one replica);
+    `store_cache_bytes`: this replica's cache of finished turns (`TurnCache`; 0: none).
+    `reasoning_keys`: Fernet keys sealing reasoning items' `encrypted_content` (the first
+    encrypts); None: `RESPONSES_SERVE_REASONING_KEYS`, else a key of this process.
+    `max_stream_duration_s`: a response generating longer is ended with `response.failed`.
+    `sse_keepalive_s`: a stream quiet this long gets an SSE comment (None or 0: never)."""
+    _warm_up()
+    served = {model.name: model for model in models}
+    app = FastAPI(title="responses-serve", docs_url=None, redoc_url=None, lifespan=_drain_background_runs)
+    # What the routers read (responses_serve/server/routes/): every store call is time-bounded.
+    app.state.served = served
+    app.state.store = BoundedStore(store if store is not None else MemoryStore(), store_timeout_s)
+    cache = TurnCache(store_cache_bytes) if store_cache_bytes else None
+    app.state.responses = ResponseStore(app.state.store, store_ttl_s, cache)
+    app.state.max_request_bytes = max_request_bytes
+    app.state.conversations = ConversationStore(app.state.store, store_ttl_s)
+    app.state.metrics = metrics = GuardedMetrics(metrics or NoMetrics())
+    app.state.background = BackgroundRuns(
+        app.state.responses, RunStore(app.state.store, min(store_ttl_s, EVENTS_TTL_S)),
+        replica_id=replica_id, on_running=metrics.background_runs,
+    )  # fmt: skip
+    app.state.background_drain_s = background_drain_s
+    app.state.max_stream_duration_s = max_stream_duration_s
+    app.state.sse_keepalive_s = sse_keepalive_s
+    app.state.websockets_open = 0  # connections to /v1/responses (routes/websocket.py)
+    app.state.cipher = ReasoningCipher(reasoning_keys or configured_reasoning_keys())
+
+    @app.exception_handler(APIError)
+    async def _api_error(request: Request, exc: APIError) -> JSONResponse:
+        report_once(metrics, getattr(request.state, "trace", None), "rejected", exc.code)
+        return JSONResponse(exc.body(), status_code=exc.status_code)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        message = f"{exc.detail}: {request.method} {request.url.path}"
+        error = APIError(message, status_code=exc.status_code, code=None)
+        return JSONResponse(error.body(), status_code=exc.status_code)
+
+    @app.exception_handler(Exception)
+    async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
+        logger.exception("unexpected error")
+        error = server_error("The server had an error while processing your request.")
+        report_once(metrics, getattr(request.state, "trace", None), "rejected", error.code)
+        return JSONResponse(error.body(), status_code=500)
+
+    if api_key:  # pure ASGI, and only when a key is set: streams pass through untouched
+        app.add_middleware(APIKeyMiddleware, api_key=api_key)
+
+    @app.get("/health")
+    async def health() -> dict[str, str]:
+        return {"status": "ok"}
+
+    def model_entry(model: ServedModel) -> dict:
+        return Model(id=model.name, object="model", created=0, owned_by=model.owned_by).model_dump()
+
+    @app.get("/v1/models")
+    async def list_models() -> dict:
+        return {"object": "list", "data": [model_entry(m) for m in served.values()]}
+
+    @app.get("/v1/models/{model:path}")  # `path`: a model name may hold "/" (org/model)
+    async def retrieve_model(model: str) -> dict:
+        if model not in served:
+            raise model_not_found(model)
+        return model_entry(served[model])
+
+    app.include_router(input_tokens_routes.router)  # before /v1/responses/{response_id}
+    app.include_router(responses_routes.router)
+    app.include_router(websocket_routes.router)
+    app.include_router(background_routes.router)
+    app.include_router(conversations_routes.router)
+    return app
+
+
+@contextlib.asynccontextmanager
+async def _drain_background_runs(app: FastAPI) -> AsyncIterator[None]:
+    """While up, sweep for background runs whose replica is gone; on shutdown (Serve runs the
+    ASGI lifespan when it stops a replica), wait for this replica's background runs: Serve's
+    drain only counts HTTP requests."""
+    background: BackgroundRuns = app.state.background
+    sweeper = asyncio.create_task(background.sweep_forever(SWEEP_EVERY_S))
+    yield
+    sweeper.cancel()
+    await background.drain(app.state.background_drain_s)
+
+
+def _warm_up() -> None:
+    """Build the lazy pydantic schemas and the harmony encoding now, not on the first request."""
+    request = ResponsesRequest(model="warm-up", input="warm up")
+    render_prompt(request, request.input_items())
+    completion = render_completion(
+        [
+            Message.from_role_and_content(Role.ASSISTANT, "thinking").with_channel("analysis"),
+            Message.from_role_and_content(Role.ASSISTANT, "{}").with_channel("commentary").with_recipient("functions.f"),
+            Message.from_role_and_content(Role.ASSISTANT, "answer").with_channel("final"),
+        ]
+    )
+    stream = ResponseStream(request)
+    encode_events(stream.start() + stream.feed(TokenBatch(completion, finish_reason="stop")))

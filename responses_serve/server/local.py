@@ -1,0 +1,56 @@
+"""Serve the app in-process with uvicorn and no Ray: `python -m responses_serve.server.local`.
+
+For debugging and as the no-Ray baseline of the benchmarks; production runs under Ray Serve.
+Serves both scripted models, `gpt-oss-replay` and `qwen3-replay`, built from their configs
+as Serve replicas build them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from responses_serve.server.app import ServedModel
+
+
+# The scripted chat-template model, as in demo.yaml (the tests serve it from here too).
+QWEN3_REPLAY = {
+    "name": "qwen3-replay",
+    "family": "chat_template",
+    "chat_template": {"template": "qwen3", "reasoning_parser": "qwen3", "tool_parser": "hermes"},
+    "backend": {"type": "replay", "script": "qwen3"},
+}
+
+
+def replay_models(step_delay_ms: float = 0.0) -> list[ServedModel]:
+    # Imported here: the tests read QWEN3_REPLAY without loading Ray and the backends.
+    from responses_serve.engines import make_backend
+    from responses_serve.serve.ingress import model_family
+    from responses_serve.server.app import ServedModel
+    from responses_serve.config import ModelConfig
+
+    configs = [
+        ModelConfig(name="gpt-oss-replay", backend={"type": "replay", "step_delay_ms": step_delay_ms}),
+        ModelConfig.model_validate({**QWEN3_REPLAY, "backend": {**QWEN3_REPLAY["backend"], "step_delay_ms": step_delay_ms}}),
+    ]
+    return [ServedModel(m.name, make_backend(m.backend), m.max_model_len, model_family(m), tiered=m.tiered) for m in configs]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=8000)
+    parser.add_argument("--step-delay-ms", type=float, default=0.0, help="replay: delay per engine step")
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    import uvicorn
+
+    from responses_serve.server.app import create_app
+
+    uvicorn.run(create_app(replay_models(args.step_delay_ms)), host=args.host, port=args.port)
+
+
+if __name__ == "__main__":
+    main()

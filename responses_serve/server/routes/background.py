@@ -1,0 +1,93 @@
+"""Background responses over HTTP: start one (`POST /v1/responses` with `background: true`),
+cancel it (`POST /v1/responses/{id}/cancel`), follow its events from a sequence number on
+(`GET /v1/responses/{id}?stream=true&starting_after=N`). The run itself is
+`responses_serve.server.background`; every answer names the replica that gave it in `REPLICA_HEADER`."""
+
+from __future__ import annotations
+
+from typing import AsyncIterator
+
+from fastapi import APIRouter, Request
+from fastapi.responses import Response
+from starlette.datastructures import QueryParams
+
+from responses_serve.server.background import BackgroundRuns
+from responses_serve.server.metrics import report_response
+from responses_serve.api.errors import invalid_request, response_not_found
+from responses_serve.server.routes.event_stream import EventStreamResponse
+from responses_serve.server.run import Turn, run_turn
+
+router = APIRouter()
+
+REPLICA_HEADER = "x-responses-serve-replica"
+
+
+def _headers(background: BackgroundRuns) -> dict[str, str]:
+    return {REPLICA_HEADER: background.replica_id}
+
+
+async def start_background(turn: Turn, state) -> Response:
+    """Start `turn` as a background run on this replica; answer at once (the response,
+    `in_progress`) or, with `stream`, follow its events (a client that goes away stops
+    following, not the run)."""
+    background: BackgroundRuns = state.background
+    responses = state.responses
+
+    async def finish(response) -> None:
+        # The request is counted when its run ends, like a stream when it closes.
+        report_response(state.metrics, turn.trace, response)
+        # run_turn stored it if it is continuable (and the store answered); a background
+        # response is retrievable whatever its end (failed, cancelled).
+        if not turn.stream.continuable or turn.store_error is not None:
+            await responses.save(response, turn.input_items)
+
+    snapshot = await background.start(turn.stream, run_turn(turn, responses, state.max_stream_duration_s), turn.input_items, finish)
+    if turn.request.stream:
+        return _event_stream(background.follow(snapshot.id, -1), background, state.sse_keepalive_s)
+    return Response(snapshot.model_dump_json(by_alias=True), media_type="application/json", headers=_headers(background))
+
+
+def _event_stream(frames: AsyncIterator[bytes], background: BackgroundRuns, keepalive_s: float | None) -> EventStreamResponse:
+    return EventStreamResponse(frames, keepalive_s, headers=_headers(background))
+
+
+def wants_stream(query: QueryParams) -> bool:
+    value = query.get("stream", "false").lower()
+    if value not in ("true", "false"):
+        raise invalid_request(f"Invalid 'stream': '{value}'. It must be true or false.", param="stream")
+    return value == "true"
+
+
+async def follow_response(response_id: str, request: Request) -> EventStreamResponse:
+    """`GET /v1/responses/{id}?stream=true[&starting_after=N]`: the events after N, live."""
+    background: BackgroundRuns = request.app.state.background
+    text = request.query_params.get("starting_after", "-1")
+    try:
+        starting_after = int(text)
+    except ValueError:
+        starting_after = -2
+    if starting_after < -1:
+        raise invalid_request(f"Invalid 'starting_after': '{text}'. It must be an integer, -1 or more.", param="starting_after")
+    response = await background.background_response(response_id)
+    if not response.background:
+        raise invalid_request(
+            f"Response '{response_id}' was not created with 'background': true; only background responses can be streamed.",
+            param="stream",
+        )
+    return _event_stream(background.follow(response_id, starting_after), background, request.app.state.sse_keepalive_s)
+
+
+async def current_response(response_id: str, request: Request):
+    """The stored response as it is now (a background one whose replica is gone: failed)."""
+    background: BackgroundRuns = request.app.state.background
+    turn = await request.app.state.responses.get(response_id)
+    if turn is None:
+        raise response_not_found(response_id)
+    return await background.refresh(turn.response)
+
+
+@router.post("/v1/responses/{response_id}/cancel")
+async def cancel_response(response_id: str, request: Request) -> Response:
+    background: BackgroundRuns = request.app.state.background
+    response = await background.cancel(response_id)
+    return Response(response.model_dump_json(by_alias=True), media_type="application/json", headers=_headers(background))

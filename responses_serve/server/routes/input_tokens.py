@@ -1,0 +1,33 @@
+"""`POST /v1/responses/input_tokens` (the SDK's `client.responses.input_tokens.count(...)`).
+
+The body is validated as a create request and rendered by the same code, so the count is
+exactly the number of prompt tokens the engine would get for that request (the history of
+`previous_response_id` or `conversation`, opened encrypted reasoning, the model's own
+template or harmony rendering included). Nothing is generated or stored. A prompt longer
+than the model's context is still counted: telling that is what the endpoint is for.
+"""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Request
+from fastapi.responses import Response
+from openai.types.responses.input_token_count_response import InputTokenCountResponse
+
+from responses_serve.api.errors import model_not_found
+from responses_serve.api.request import parse_request
+from responses_serve.server.routes.responses import read_body
+from responses_serve.server.run import render_turn
+
+router = APIRouter()
+
+
+@router.post("/v1/responses/input_tokens")
+async def count_input_tokens(http_request: Request) -> Response:
+    state = http_request.app.state
+    request = parse_request(await read_body(http_request, state.max_request_bytes))
+    model = state.served.get(request.model)
+    if model is None:
+        raise model_not_found(request.model)
+    rendered = await render_turn(request, model, state.responses, state.conversations, state.cipher)
+    count = InputTokenCountResponse(object="response.input_tokens", input_tokens=len(rendered.prompt))
+    return Response(count.model_dump_json(), media_type="application/json")

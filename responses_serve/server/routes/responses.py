@@ -1,0 +1,182 @@
+"""`/v1/responses`: create, retrieve, delete, list input items."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import time
+from typing import AsyncIterator
+
+from fastapi import APIRouter, Request
+from fastapi.responses import Response
+from openai.types.responses import ResponseStreamEvent
+from starlette.datastructures import State
+
+from responses_serve.server.metrics import Metrics, RequestTrace, report_once, report_response
+from responses_serve.api.errors import APIError, invalid_request, model_not_found, model_unavailable, response_not_found, server_error
+from responses_serve.api.request import ResponsesRequest, parse_request
+from responses_serve.api.sse import encode_events
+from responses_serve.server.routes.background import current_response, follow_response, start_background, wants_stream
+from responses_serve.server.routes.event_stream import EventStreamResponse
+from responses_serve.server.run import Turn, run_turn, start_turn
+from responses_serve.state import ResponseStore
+
+logger = logging.getLogger("responses_serve")
+
+router = APIRouter()
+
+
+def _json(data: str | bytes, status_code: int = 200) -> Response:
+    return Response(data, status_code=status_code, media_type="application/json")
+
+
+@router.post("/v1/responses")
+async def create_response(http_request: Request) -> Response:
+    state = http_request.app.state
+    trace = http_request.state.trace = RequestTrace()  # reported when the request ends (metrics)
+    request = parse_request(await read_body(http_request, state.max_request_bytes))
+    responses: ResponseStore = state.responses
+    turn = await begin_turn(request, state, responses, trace)
+    if request.background:
+        return await start_background(turn, state)
+    events = run_turn(turn, responses, state.max_stream_duration_s)
+    if request.stream:
+        return EventStreamResponse(_sse(events, turn, state.metrics), state.sse_keepalive_s)
+    try:
+        async with contextlib.aclosing(events):
+            async for _ in events:
+                pass
+    except asyncio.CancelledError:  # Serve cancels the request when its client goes away
+        report_once(state.metrics, trace, "cancelled")
+        raise
+    _finished(turn, state.metrics)
+    if turn.store_error is not None:
+        raise turn.store_error
+    response = turn.stream.response
+    if response.status == "failed":
+        if response.error.code == "invalid_prompt":  # the engine refused the request itself
+            raise invalid_request(response.error.message, code="invalid_prompt")
+        raise server_error(response.error.message, status_code=503)
+    # The same serialization as the terminal event of a stream: one source of truth.
+    return _json(response.model_dump_json(by_alias=True))
+
+
+@router.get("/v1/responses/{response_id}")
+async def retrieve_response(response_id: str, request: Request) -> Response:
+    if wants_stream(request.query_params):  # a background response's events, live
+        return await follow_response(response_id, request)
+    return _json((await current_response(response_id, request)).model_dump_json(by_alias=True))
+
+
+@router.delete("/v1/responses/{response_id}")
+async def delete_response(response_id: str, request: Request) -> Response:
+    if not await request.app.state.background.delete(response_id):
+        raise response_not_found(response_id)
+    # What the OpenAI API answers (the SDK's `responses.delete` returns None and ignores it).
+    return _json(json.dumps({"id": response_id, "object": "response", "deleted": True}))
+
+
+@router.get("/v1/responses/{response_id}/input_items")
+async def list_input_items(response_id: str, request: Request) -> Response:
+    # `include` is accepted and needs nothing: stored items are whole.
+    query = request.query_params
+    after, order, limit_text = query.get("after"), query.get("order", "desc"), query.get("limit", "20")
+    if not limit_text.isdigit() or not 1 <= int(limit_text) <= 100:
+        raise invalid_request(f"Invalid 'limit': '{limit_text}'. It must be an integer between 1 and 100.", param="limit")
+    limit = int(limit_text)
+    if order not in ("asc", "desc"):
+        raise invalid_request(f"Invalid 'order': '{order}'. It must be 'asc' or 'desc'.", param="order")
+    items = await request.app.state.responses.input_items(response_id)
+    if items is None:
+        raise response_not_found(response_id)
+    if order == "desc":
+        items.reverse()
+    start = 0
+    if after is not None:
+        ids = [item.id for item in items]
+        if after not in ids:
+            raise invalid_request(f"No input item with id '{after}' in response '{response_id}'.", param="after")
+        start = ids.index(after) + 1
+    page = items[start : start + limit]
+    body = {
+        "object": "list",
+        "data": [item.model_dump(mode="json", exclude_none=True) for item in page],
+        "first_id": page[0].id if page else None,
+        "last_id": page[-1].id if page else None,
+        "has_more": start + limit < len(items),
+    }
+    return _json(json.dumps(body, separators=(",", ":")))
+
+
+async def begin_turn(request: ResponsesRequest, state: State, responses: ResponseStore, trace: RequestTrace) -> Turn:
+    """The served model's turn for `request` (history read from `responses`), logged; a 404
+    for a model not served, a 503 for one whose engine is down."""
+    model = state.served.get(request.model)
+    if model is None:
+        raise model_not_found(request.model)
+    trace.model = model.name
+    if model.unavailable is not None and (why := await model.unavailable(model.name)):
+        raise model_unavailable(model.name, why)
+    turn = await start_turn(request, model, responses, state.conversations, state.cipher, trace)
+    logger.info(
+        "response %s: model=%s stream=%s prompt_tokens=%d max_tokens=%d render_ms=%.1f reused_tokens=%d%s",
+        turn.generation.request_id, model.name, request.stream, len(turn.prompt), turn.generation.max_tokens,
+        (trace.render_s or 0) * 1e3, trace.prompt_reused_tokens,
+        f" truncated_items={trace.truncated_items}" if trace.truncated_items else "",
+    )  # fmt: skip
+    return turn
+
+
+def _finished(turn: Turn, metrics: Metrics) -> None:
+    """Log and report a response that ran to its end."""
+    response = turn.stream.response
+    usage = response.usage
+    logger.info(
+        "response %s: %s output_tokens=%d in %.3fs",
+        response.id, response.status, usage.output_tokens if usage else 0, time.perf_counter() - turn.trace.started,
+    )
+    report_response(metrics, turn.trace, response)
+
+
+async def _sse(events: AsyncIterator[list[ResponseStreamEvent]], turn: Turn, metrics: Metrics) -> AsyncIterator[bytes]:
+    async with contextlib.aclosing(reported(events, turn, metrics)) as batches:
+        async for batch_events in batches:
+            yield encode_events(batch_events)
+
+
+async def reported(
+    events: AsyncIterator[list[ResponseStreamEvent]], turn: Turn, metrics: Metrics
+) -> AsyncIterator[list[ResponseStreamEvent]]:
+    """A streamed turn's `events`, counted as an open stream while they flow, then logged and
+    reported once: finished, or cancelled when its client went away."""
+    model = turn.model.name
+    metrics.stream_opened(model)
+    try:
+        async with contextlib.aclosing(events):
+            async for batch_events in events:
+                yield batch_events
+    finally:
+        metrics.stream_closed(model)
+        if turn.stream.finished:
+            _finished(turn, metrics)
+        else:
+            logger.info("response %s: client went away, generation aborted", turn.stream.response.id)
+            report_once(metrics, turn.trace, "cancelled")
+
+
+async def read_body(request: Request, limit: int) -> bytes:
+    declared = request.headers.get("content-length")
+    too_large = APIError(
+        f"The request body is larger than this server accepts ({limit} bytes).", status_code=413, code="request_too_large"
+    )
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise too_large
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise too_large
+        chunks.append(chunk)
+    return b"".join(chunks)

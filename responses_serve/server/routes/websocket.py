@@ -1,0 +1,149 @@
+"""`/v1/responses` over a WebSocket: the SDK's `client.responses.connect()` (the protocol:
+responses_serve/api/websocket.py).
+
+One connection carries many responses. Each `response.create` joins its lane (`stream_id`);
+a lane runs its responses one after the other, lanes run side by side, and every response
+runs as `POST /v1/responses` with `stream: true` runs it (`start_turn`, `run_turn`): the same
+events, stored the same way. A finished response is also kept with the connection
+(`ConnectionResponses`), so the next turn continues it without a store read, with
+`store: false` too. A client that goes away ends its responses: their engine requests are
+aborted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import logging
+
+from fastapi import APIRouter, WebSocket
+from starlette.websockets import WebSocketDisconnect
+
+from responses_serve.server.metrics import RequestTrace, report_once
+from responses_serve.api.errors import APIError, server_error
+from responses_serve.api.websocket import CreateEvent, SteerEvent, error_message, event_message, parse_client_event, steer_failed_message
+from responses_serve.server.routes.responses import begin_turn, reported
+from responses_serve.server.run import PromptOnly, run_turn
+from responses_serve.state.connection import MAX_LANES, ConnectionResponses
+
+logger = logging.getLogger("responses_serve")
+
+router = APIRouter()
+
+PROMPT_ONLY = PromptOnly()
+
+
+@router.websocket("/v1/responses")
+async def responses_socket(websocket: WebSocket) -> None:
+    await ResponsesSocket(websocket).serve()
+
+
+class ClientGone(Exception):
+    """A send found the connection closed."""
+
+
+class ResponsesSocket:
+    def __init__(self, websocket: WebSocket) -> None:
+        self.websocket = websocket
+        self.state = websocket.app.state
+        self.responses = ConnectionResponses(self.state.responses)
+        self.lanes: dict[str | None, collections.deque[CreateEvent]] = {}  # lanes with work, and their queue
+        self.workers: set[asyncio.Task] = set()
+        self._sending = asyncio.Lock()  # lanes send side by side: one whole message at a time
+
+    async def serve(self) -> None:
+        await self.websocket.accept()
+        self._count_open(+1)
+        try:
+            while (message := await self._receive()) is not None:
+                await self._dispatch(message)
+        finally:
+            for worker in self.workers:
+                worker.cancel()
+            await asyncio.gather(*self.workers, return_exceptions=True)
+            self._count_open(-1)
+
+    def _count_open(self, change: int) -> None:
+        self.state.websockets_open += change
+        self.state.metrics.websockets_open(self.state.websockets_open)
+
+    async def _receive(self) -> str | bytes | None:
+        message = await self.websocket.receive()
+        if message["type"] == "websocket.disconnect":
+            return None
+        return message["text"] if message.get("text") is not None else message.get("bytes") or b""
+
+    async def _dispatch(self, message: str | bytes) -> None:
+        lane = None
+        try:
+            if len(message) > self.state.max_request_bytes:
+                raise APIError(f"The message is larger than this server accepts ({self.state.max_request_bytes} bytes).", status_code=413, code="request_too_large")
+            event = parse_client_event(message)
+            lane = event.lane
+            if isinstance(event, SteerEvent):
+                await self._send(steer_failed_message(event))
+                return
+            self._enqueue(event)
+        except APIError as error:
+            with contextlib.suppress(ClientGone):
+                await self._send(error_message(error, lane))
+        except ClientGone:
+            pass  # the next receive sees the disconnect
+
+    def _enqueue(self, event: CreateEvent) -> None:
+        queue = self.lanes.get(event.lane)
+        if queue is None:
+            if len(self.lanes) >= MAX_LANES:
+                raise APIError(f"At most {MAX_LANES} lanes (stream_id) may have responses running or queued on one connection.", status_code=429, param="stream_id", code="too_many_lanes")
+            queue = self.lanes[event.lane] = collections.deque()
+            worker = asyncio.create_task(self._run_lane(event.lane, queue))
+            self.workers.add(worker)
+            worker.add_done_callback(self.workers.discard)
+        queue.append(event)
+
+    async def _run_lane(self, lane: str | None, queue: collections.deque[CreateEvent]) -> None:
+        """The lane's responses in order; the lane is gone once its queue is empty (no await
+        between the last check and the removal, so a new create starts a new worker)."""
+        try:
+            while queue:
+                event = queue[0]
+                try:
+                    await self._respond(event)
+                except ClientGone:
+                    raise
+                except Exception:  # a bug of ours: the client still hears of it, the lane goes on
+                    logger.exception("unexpected error")
+                    await self._send(error_message(server_error("The server had an error while processing your request."), event.lane))
+                queue.popleft()
+        except ClientGone:
+            pass
+        finally:
+            if self.lanes.get(lane) is queue:
+                del self.lanes[lane]
+
+    async def _respond(self, event: CreateEvent) -> None:
+        metrics = self.state.metrics
+        trace = RequestTrace()
+        try:
+            if event.error is not None:
+                raise event.error
+            turn = await begin_turn(event.request, self.state, self.responses, trace)
+        except APIError as error:
+            report_once(metrics, trace, "rejected", error.code)
+            await self._send(error_message(error, event.lane))
+            return
+        events = run_turn(turn, self.responses, self.state.max_stream_duration_s, source=None if event.generate else PROMPT_ONLY)
+        async with contextlib.aclosing(reported(events, turn, metrics)) as batches:
+            async for batch in batches:
+                for response_event in batch:
+                    await self._send(event_message(response_event, event.lane))
+        if turn.stream.continuable:
+            self.responses.remember(event.lane, turn.stream.response, turn.input_items)
+
+    async def _send(self, message: str) -> None:
+        try:
+            async with self._sending:
+                await self.websocket.send_text(message)
+        except (WebSocketDisconnect, RuntimeError, OSError) as exc:  # closed under us
+            raise ClientGone from exc

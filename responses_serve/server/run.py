@@ -1,0 +1,338 @@
+"""The run of one response, apart from HTTP: history in, events out, the result stored.
+
+    turn = await start_turn(request, model, responses, conversations, cipher)  # history, prompt
+    async for events in run_turn(turn, responses): ...    # a list of events per token batch
+
+The HTTP routes (responses_serve/server/routes/) stream or collect these events; background runs drive
+the same generator. Imports `protocol` and `state`, never FastAPI.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import AsyncIterator, Awaitable, Callable, NamedTuple, Protocol
+
+from openai.types.responses import ResponseError, ResponseFailedEvent, ResponseStreamEvent
+
+from responses_serve.server.metrics import RequestTrace
+from responses_serve.encrypted_reasoning import INCLUDE as ENCRYPTED_REASONING, ReasoningCipher, open_reasoning_items
+from responses_serve.api.errors import invalid_request
+from responses_serve.families.harmony import HarmonyModel, HistoryItem
+from responses_serve.items import CompletionParser, ItemSink
+from responses_serve.logprobs import LogprobFormatter
+from responses_serve.families.prompt_cache import PromptCache
+from responses_serve.api.request import MessageItem, ResponsesRequest
+from responses_serve.api.service_tier import engine_priority, served_tier
+from responses_serve.stream import ResponseStream, new_id
+from responses_serve.tokens import EngineRejected, GenerationRequest, OutputConstraint, TokenBatch
+from responses_serve.families.truncation import fit_to_context, output_reserve
+from responses_serve.state import ResponseStore, StoreUnavailable
+from responses_serve.state.conversations import ConversationStore, conversation_not_found
+from responses_serve.state.responses import with_ids
+
+logger = logging.getLogger("responses_serve")
+
+
+class TokenSource(Protocol):
+    def generate(self, request: GenerationRequest) -> AsyncIterator[TokenBatch]: ...
+
+
+class ModelFamily(Protocol):
+    """How a kind of model is prompted and parsed (`HarmonyModel`, `ChatTemplateModel`)."""
+
+    stop_token_ids: list[int]
+    prompt_cache: PromptCache | None  # token ids of prompt pieces rendered before
+
+    def render_prompt(self, request: ResponsesRequest, history: list[HistoryItem]) -> list[int]: ...
+    def parser(self, sink: ItemSink, prompt: list[int]) -> CompletionParser: ...
+    def token_bytes(self, token_id: int) -> bytes: ...
+    def writes_text(self, token_id: int) -> bool: ...
+    def constraint(self, request: ResponsesRequest, prompt: list[int]) -> OutputConstraint | None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class ServedModel:
+    name: str
+    source: TokenSource
+    max_model_len: int = 131_072
+    family: ModelFamily = field(default_factory=HarmonyModel)
+    owned_by: str = "responses-serve"
+    # Why the model cannot take requests now (e.g. its engine deployment has no running
+    # replica), or None: such requests get a 503 instead of waiting for an engine.
+    unavailable: Callable[[str], Awaitable[str | None]] | None = None
+    # Whether its requests are ordered by `service_tier` where they wait (`ModelConfig.tiered`);
+    # if not, every response reports the `default` tier.
+    tiered: bool = False
+
+
+@dataclass(slots=True)
+class Turn:
+    """One response being made: the request, this turn's own input, and its stream."""
+
+    request: ResponsesRequest
+    model: ServedModel
+    input_items: list[HistoryItem]
+    prompt: list[int]
+    generation: GenerationRequest
+    stream: ResponseStream
+    store_error: StoreUnavailable | None = None  # set when the finished response could not be stored
+    conversations: ConversationStore | None = None  # with the `conversation` parameter
+    trace: RequestTrace = field(default_factory=RequestTrace)  # timings and counts for metrics
+
+
+class RenderCost(NamedTuple):
+    """What rendering a turn's prompt took: its time on the event loop, and the tokens of all
+    its renders (truncation tries several), by where their ids came from."""
+
+    seconds: float
+    reused_tokens: int  # from the model's prompt cache
+    tokenized_tokens: int
+
+
+class RenderedTurn(NamedTuple):
+    input_items: list[HistoryItem]  # this turn's own input, with ids
+    prompt: list[int]
+    truncated_items: int  # history items left out of the prompt (`truncation: "auto"`)
+    cost: RenderCost
+    affinity_key: str | None  # the conversation's, for the engine's router (`affinity_key`)
+
+
+async def render_turn(
+    request: ResponsesRequest,
+    model: ServedModel,
+    responses: ResponseStore,
+    conversations: ConversationStore | None,
+    cipher: ReasoningCipher,
+) -> RenderedTurn:
+    """This turn's own input items and the prompt tokens: the history is rebuilt (a store
+    read only with `previous_response_id` or `conversation`), encrypted reasoning opened,
+    the oldest items left out with `truncation: "auto"` when it does not fit."""
+    # The same ids in input_items and a conversation.
+    input_items = with_ids(open_reasoning_items(request.input_items(), cipher))
+    history = input_items
+    if request.previous_response_id is not None:
+        history = await responses.history(request.previous_response_id) + input_items
+    conversation_id = request.conversation_id
+    if conversation_id is not None:
+        if conversations is None or await conversations.get(conversation_id) is None:
+            raise conversation_not_found(conversation_id, param="conversation")
+        history = await conversations.history(conversation_id) + input_items
+    cache = model.family.prompt_cache
+    reused_before = cache.hit_tokens if cache is not None else 0
+    rendered = 0  # tokens of every render
+    started = time.perf_counter()
+
+    def render(items: list[HistoryItem]) -> list[int]:
+        nonlocal rendered
+        prompt = model.family.render_prompt(request, items)
+        rendered += len(prompt)
+        return prompt
+
+    if request.truncation != "auto":
+        prompt, truncated_items = render(history), 0
+    else:
+        budget = model.max_model_len - output_reserve(request.max_output_tokens, model.max_model_len)
+        prompt, truncated_items = fit_to_context(render, history, budget)
+    reused = cache.hit_tokens - reused_before if cache is not None else 0
+    cost = RenderCost(time.perf_counter() - started, reused, rendered - reused)
+    return RenderedTurn(input_items, prompt, truncated_items, cost, affinity_key(request, history))
+
+
+def affinity_key(request: ResponsesRequest, history: list[HistoryItem]) -> str | None:
+    """What every turn of a conversation has in common, so its engine requests can go to the
+    engine replica that holds its prefix in cache: the client's `prompt_cache_key` (OpenAI
+    routes by it too), else the `conversation`, else the text of the history's first user
+    message (the same for a `previous_response_id` chain and for a client that sends the
+    whole history every turn). None without any of them."""
+    if request.prompt_cache_key:
+        return "key:" + request.prompt_cache_key
+    if request.conversation_id is not None:
+        return "conversation:" + request.conversation_id
+    first = next((item for item in history if isinstance(item, MessageItem) and item.role == "user"), None)
+    if first is None:
+        return None
+    return "user:" + hashlib.blake2b(first.text.encode("utf-8", "surrogatepass"), digest_size=16).hexdigest()
+
+
+async def start_turn(
+    request: ResponsesRequest,
+    model: ServedModel,
+    responses: ResponseStore,
+    conversations: ConversationStore | None,
+    cipher: ReasoningCipher,
+    trace: RequestTrace | None = None,
+) -> Turn:
+    """The history and prompt of `render_turn`, the engine request and the event stream.
+    `trace`: the request's, for metrics (it learns how many items truncation left out)."""
+    rendered = await render_turn(request, model, responses, conversations, cipher)
+    prompt, cost = rendered.prompt, rendered.cost
+    trace = trace or RequestTrace()
+    trace.truncated_items = rendered.truncated_items
+    trace.render_s, trace.prompt_reused_tokens, trace.prompt_tokenized_tokens = cost.seconds, cost.reused_tokens, cost.tokenized_tokens
+    tier = served_tier(request.service_tier, model.tiered)
+    trace.service_tier = tier
+    generation = generation_request(request, prompt, model, affinity=rendered.affinity_key, priority=engine_priority(tier))
+    stream = ResponseStream(
+        request,
+        response_id=generation.request_id,
+        parser_factory=lambda sink: model.family.parser(sink, prompt),
+        logprobs=LogprobFormatter(model.family) if request.logprobs is not None else None,
+        encrypt_reasoning=cipher.encrypt if ENCRYPTED_REASONING in request.include else None,
+        service_tier=tier,
+    )
+    return Turn(request, model, rendered.input_items, prompt, generation, stream, conversations=conversations, trace=trace)
+
+
+class PromptOnly:
+    """A token source that generates nothing: a warm-up (a WebSocket `response.create` with
+    `generate: false`) renders its prompt, counts it, and completes with no output."""
+
+    async def generate(self, request: GenerationRequest) -> AsyncIterator[TokenBatch]:
+        yield TokenBatch([], finish_reason="stop", num_prompt_tokens=len(request.prompt_token_ids))
+
+
+async def run_turn(
+    turn: Turn, responses: ResponseStore, max_duration_s: float | None = None, source: TokenSource | None = None
+) -> AsyncIterator[list[ResponseStreamEvent]]:
+    """The events of `turn`. With `store`, a finished response is stored before its terminal
+    event goes out; if the store fails, that event becomes `response.failed`, so a client
+    never holds the id of a response that is not there. `max_duration_s`: see `engine_events`.
+    `source`: where the tokens come from (the model's engine unless given)."""
+    stream = turn.stream
+    source = source or turn.model.source
+    async with contextlib.aclosing(engine_events(stream, source, turn.generation, turn.trace, max_duration_s)) as batches:
+        async for events in batches:
+            if stream.continuable:
+                saved = False
+                try:
+                    if turn.request.store:
+                        await responses.save(stream.response, turn.input_items)
+                        saved = True
+                    if turn.request.conversation_id is not None:  # the turn's input and output, in one append
+                        await turn.conversations.append(turn.request.conversation_id, turn.input_items + list(stream.response.output))
+                except StoreUnavailable as exc:
+                    logger.warning("response %s: not stored: %s", stream.response.id, exc.message)
+                    turn.store_error = exc
+                    if saved and not turn.request.background:  # the conversation missed it: told failed, not kept
+                        await _unsave(responses, stream.response.id)  # (a background one is stored failed when it ends)
+                    events = events[:-1] + [_failed(stream, events[-1], exc.message)]
+            yield events
+
+
+async def _unsave(responses: ResponseStore, response_id: str) -> None:
+    try:
+        await responses.delete(response_id)
+    except StoreUnavailable as exc:  # it stays stored (completed) until its TTL: said in the log
+        logger.warning("response %s: stored, but its conversation append failed and it could not be deleted: %s", response_id, exc.message)
+
+
+def _failed(stream: ResponseStream, terminal: ResponseStreamEvent, message: str) -> ResponseFailedEvent:
+    response = stream.response
+    response.status = "failed"
+    response.error = ResponseError(code="server_error", message=f"The response was generated but could not be stored: {message}")
+    response.completed_at = None
+    response.incomplete_details = None
+    return ResponseFailedEvent(type="response.failed", response=response, sequence_number=terminal.sequence_number)
+
+
+async def engine_events(
+    stream: ResponseStream,
+    source: TokenSource,
+    generation: GenerationRequest,
+    trace: RequestTrace | None = None,
+    max_duration_s: float | None = None,
+) -> AsyncIterator[list[ResponseStreamEvent]]:
+    """Events of one response, a list per token batch. Ends with exactly one terminal event.
+
+    A response still generating after `max_duration_s` is ended here with `response.failed`
+    (and its engine request aborted): the replica's drain is sized for that maximum, so a
+    stream is ended by us, cleanly, before Serve would kill the replica under it."""
+    yield stream.start()
+    try:
+        # aclosing: a client that goes away closes this generator, which must close (and so
+        # abort) the engine stream at once rather than whenever the GC gets to it.
+        async with contextlib.aclosing(source.generate(generation)) as batches:
+            # Read the source to its end even after the last batch, so a finished engine
+            # call ends normally instead of being cancelled.
+            async for batch in _until(batches, max_duration_s):
+                if stream.finished:
+                    logger.warning("response %s: engine sent tokens after its last batch", stream.response.id)
+                    continue
+                if trace is not None:
+                    trace.saw(batch)
+                if events := stream.feed(batch):
+                    yield events
+        if not stream.finished:  # the source ended without a finish reason: a normal stop
+            yield stream.feed(TokenBatch([], finish_reason="stop"))
+    except StreamTooLong:
+        logger.warning("response %s: still generating after %g s, the maximum stream duration: ended", stream.response.id, max_duration_s)
+        yield stream.fail(
+            f"The response was still being generated after {max_duration_s:g} s, this server's maximum stream "
+            "duration, and was ended. Ask for fewer output tokens (max_output_tokens)."
+        )
+    except EngineRejected as exc:  # vLLM's validation or admission control: its words are for the client
+        logger.warning("response %s: the engine refused it: %s", stream.response.id, exc.reason)
+        yield stream.fail(
+            f"The engine refused this request: {exc.reason}" if exc.client_error else exc.reason,
+            code="invalid_prompt" if exc.client_error else "server_error",
+        )
+    except Exception:  # engine died or raised: the client still gets a proper ending
+        # Ray's errors carry actor ids, pids and node IPs: the details go to the log only.
+        logger.exception("response %s: engine stream failed", stream.response.id)
+        yield stream.fail(f"The engine failed while generating this response ({stream.response.id}). Please try again.")
+
+
+class StreamTooLong(Exception):
+    """The engine stream passed its maximum duration."""
+
+
+async def _until(batches: AsyncIterator[TokenBatch], max_duration_s: float | None) -> AsyncIterator[TokenBatch]:
+    """`batches`, ended by `StreamTooLong` once `max_duration_s` have passed; the wait for a
+    batch is cancelled then, which aborts the engine request (the source's `finally`)."""
+    if max_duration_s is None:
+        async for batch in batches:
+            yield batch
+        return
+    deadline = asyncio.get_running_loop().time() + max_duration_s
+    while True:
+        try:
+            # The timeout covers only the wait for the next batch, never our consumer's work.
+            async with asyncio.timeout_at(deadline):
+                batch = await anext(batches)
+        except StopAsyncIteration:
+            return
+        except TimeoutError:
+            raise StreamTooLong from None
+        yield batch
+
+
+def generation_request(
+    request: ResponsesRequest, prompt: list[int], model: ServedModel, *, affinity: str | None, priority: int
+) -> GenerationRequest:
+    max_model_len = model.max_model_len
+    room = max_model_len - len(prompt)
+    if room < 1:
+        raise invalid_request(
+            f"This model's maximum context length is {max_model_len} tokens, but the input has "
+            f"{len(prompt)} tokens. Shorten the input.",
+            param="input",
+            code="context_length_exceeded",
+        )
+    max_tokens = min(request.max_output_tokens or room, room)
+    return GenerationRequest(
+        request_id=new_id("resp"),
+        prompt_token_ids=prompt,
+        stop_token_ids=model.family.stop_token_ids,
+        max_tokens=max_tokens,
+        temperature=request.temperature,
+        top_p=request.top_p,
+        logprobs=request.logprobs,
+        constraint=model.family.constraint(request, prompt),
+        affinity_key=affinity,
+        priority=priority,
+    )

@@ -1,0 +1,81 @@
+"""The responses one WebSocket connection made, kept in its memory: `previous_response_id`
+chains on the connection need no store, and work with `store: false` (as the OpenAI API's
+WebSocket mode does).
+
+A connection is served by one ingress replica from its first message to its last, so this is
+the one piece of Responses state that may live in a replica's memory: it goes with the
+connection. Responses of other connections and of HTTP requests come from the shared store.
+"""
+
+from __future__ import annotations
+
+import collections
+
+from openai.types.responses import Response
+
+from responses_serve.families.harmony import HistoryItem
+
+from responses_serve.state.responses import ResponseStore, StoredTurn
+
+MAX_LANES = 64  # lanes whose latest response a connection keeps; the least recently used goes
+MAX_BYTES = 64 * 1024 * 1024  # the turns a connection keeps, measured as stored records
+
+
+class ConnectionResponses(ResponseStore):
+    """A `ResponseStore` that first looks in the connection's own turns.
+
+    Each lane's latest response is kept with every turn before it on its chain, and nothing
+    else: a lane that moves on (or forks from an older response) lets the turns it no longer
+    reaches go. So memory follows the conversations being continued, not the connection's age.
+    Bounded twice: at most `max_lanes` lanes, and at most `max_bytes` of turns (as their stored
+    records measure them); past either, the least recently used lanes go whole (the latest one
+    stays), and continuing one of their responses is then a 400 unless it was also stored.
+    """
+
+    def __init__(self, shared: ResponseStore, max_lanes: int = MAX_LANES, max_bytes: int = MAX_BYTES) -> None:
+        super().__init__(shared.store, shared.ttl_s, shared.cache)
+        self.max_lanes = max_lanes
+        self.max_bytes = max_bytes
+        self._turns: dict[str, tuple[StoredTurn, int]] = {}  # response id -> its turn, the bytes of its record
+        self.bytes = 0  # of the turns kept, as stored records (a turn two lanes share counts once)
+        self._latest: collections.OrderedDict[str | None, str] = collections.OrderedDict()  # lane -> response id
+
+    def remember(self, lane: str | None, response: Response, input_items: list[HistoryItem]) -> None:
+        """Keep a finished response (completed or incomplete) as its lane's latest."""
+        turn = StoredTurn.of(response, input_items)
+        self._turns[response.id] = (turn, len(turn.encode()))
+        self._latest[lane] = response.id
+        self._latest.move_to_end(lane)
+        self._keep_reachable()
+        while len(self._latest) > 1 and (len(self._latest) > self.max_lanes or self.bytes > self.max_bytes):
+            self._latest.popitem(last=False)
+            self._keep_reachable()
+
+    def __len__(self) -> int:
+        """The turns kept in memory."""
+        return len(self._turns)
+
+    async def chain(self, response_id: str) -> list[StoredTurn] | None:
+        """The connection's own turns from memory (no store round trip); the shared store
+        only for the part of the chain made elsewhere."""
+        mine: list[StoredTurn] = []
+        seen: set[str] = set()
+        next_id: str | None = response_id
+        while next_id in self._turns and next_id not in seen:
+            seen.add(next_id)
+            mine.append(self._turns[next_id][0])
+            next_id = mine[-1].previous_response_id
+        if next_id in seen:  # a cycle is no chain
+            return None
+        earlier = [] if next_id is None else await super().chain(next_id)
+        return None if earlier is None else earlier + mine[::-1]
+
+    def _keep_reachable(self) -> None:
+        kept: dict[str, tuple[StoredTurn, int]] = {}
+        for response_id in self._latest.values():
+            next_id: str | None = response_id
+            while next_id in self._turns and next_id not in kept:
+                kept[next_id] = self._turns[next_id]
+                next_id = kept[next_id][0].previous_response_id
+        self._turns = kept
+        self.bytes = sum(size for _, size in kept.values())

@@ -1,0 +1,153 @@
+"""`MemoryStore`: the store in one process's memory, bounded, oldest out first.
+
+Used directly for tests and a single-replica app (`store: {type: memory}`), and inside the
+embedded store deployment (`responses_serve/serve/store.py`), whose one replica every ingress replica
+calls. Each method runs without awaiting, so on one event loop every call is atomic.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+
+@dataclass(slots=True)
+class _Entry:
+    value: bytes | list[bytes]
+    expires_at: float
+    size: int
+
+
+def _size(key: str, value: bytes | list[bytes]) -> int:
+    return len(key) + (len(value) if isinstance(value, bytes) else sum(len(v) for v in value))
+
+
+class MemoryStore:
+    """At most `max_entries` keys and `max_bytes` of keys and values; when either would be
+    exceeded the keys written (or refreshed) longest ago go first."""
+
+    def __init__(self, max_entries: int = 100_000, max_bytes: int = 1 << 30, clock: Callable[[], float] = time.monotonic) -> None:
+        self.max_entries = max_entries
+        self.max_bytes = max_bytes
+        self._clock = clock
+        self._entries: OrderedDict[str, _Entry] = OrderedDict()
+        self._bytes = 0
+
+    def stats(self) -> dict[str, int]:
+        return {"entries": len(self._entries), "bytes": self._bytes}
+
+    # -- bookkeeping --
+
+    def _live(self, key: str) -> _Entry | None:
+        entry = self._entries.get(key)
+        if entry is not None and entry.expires_at <= self._clock():
+            self._drop(key)
+            return None
+        return entry
+
+    def _drop(self, key: str) -> None:
+        entry = self._entries.pop(key)
+        self._bytes -= entry.size
+
+    def _set(self, key: str, value: bytes | list[bytes], ttl_s: float) -> None:
+        if key in self._entries:
+            self._drop(key)
+        entry = _Entry(value, self._clock() + ttl_s, _size(key, value))
+        self._entries[key] = entry
+        self._bytes += entry.size
+        self._evict(keep=key)
+
+    def _evict(self, keep: str) -> None:
+        now = self._clock()
+        for key in [k for k, e in self._entries.items() if e.expires_at <= now]:
+            self._drop(key)
+        while len(self._entries) > self.max_entries or self._bytes > self.max_bytes:
+            oldest = next(iter(self._entries))
+            if oldest == keep:  # one entry larger than the whole budget: it goes too
+                self._drop(oldest)
+                return
+            self._drop(oldest)
+
+    # -- values --
+
+    async def get(self, key: str) -> bytes | None:
+        entry = self._live(key)
+        return entry.value if entry is not None and isinstance(entry.value, bytes) else None
+
+    async def put(self, key: str, value: bytes, *, ttl_s: float) -> None:
+        self._set(key, bytes(value), ttl_s)
+
+    async def compare_and_set(self, key: str, expected: bytes | None, value: bytes | None, *, ttl_s: float) -> bool:
+        entry = self._live(key)
+        current = None if entry is None else entry.value
+        if current != expected:
+            return False
+        if value is None:
+            if entry is not None:
+                self._drop(key)
+        else:
+            self._set(key, bytes(value), ttl_s)
+        return True
+
+    async def delete(self, key: str) -> bool:
+        if self._live(key) is None:
+            return False
+        self._drop(key)
+        return True
+
+    async def expire(self, keys: Sequence[str], ttl_s: float) -> int:
+        found = 0
+        for key in keys:
+            entry = self._live(key)
+            if entry is not None:
+                entry.expires_at = self._clock() + ttl_s
+                self._entries.move_to_end(key)
+                found += 1
+        return found
+
+    # -- lists --
+
+    async def append(self, key: str, values: Sequence[bytes], *, ttl_s: float, expected_length: int | None = None) -> int:
+        entry = self._live(key)
+        if entry is None or not isinstance(entry.value, list):  # a value at `key` is replaced
+            if expected_length not in (None, 0):
+                return -1
+            self._set(key, [bytes(v) for v in values], ttl_s)
+            return len(values)
+        if expected_length is not None and len(entry.value) != expected_length:
+            return -1
+        # In place: an event log grows by a batch at a time, copying it would be quadratic.
+        added = [bytes(v) for v in values]
+        entry.value.extend(added)
+        entry.size += sum(len(v) for v in added)
+        entry.expires_at = self._clock() + ttl_s
+        self._bytes += sum(len(v) for v in added)
+        self._entries.move_to_end(key)
+        length = len(entry.value)
+        self._evict(keep=key)
+        return length
+
+    async def range(self, key: str, start: int = 0, stop: int | None = None) -> list[bytes]:
+        entry = self._live(key)
+        if entry is None or not isinstance(entry.value, list):
+            return []
+        return entry.value[start:stop]
+
+    async def length(self, key: str) -> int:
+        entry = self._live(key)
+        return len(entry.value) if entry is not None and isinstance(entry.value, list) else 0
+
+    async def remove(self, key: str, value: bytes) -> bool:
+        entry = self._live(key)
+        if entry is None or not isinstance(entry.value, list) or value not in entry.value:
+            return False
+        remaining = list(entry.value)
+        remaining.remove(value)
+        expires_at = entry.expires_at
+        self._set(key, remaining, max(expires_at - self._clock(), 0.0))
+        return True
+
+    async def close(self) -> None:
+        pass

@@ -1,0 +1,139 @@
+"""`RedisStore`: the store in Redis (or Valkey), for production.
+
+Survives Serve restarts and redeploys, and several Serve applications can share one server
+(each under its own key prefix). Only commands Valkey has too: GET/SET PX/DEL/PEXPIRE,
+RPUSH/LRANGE/LLEN/LREM, TYPE, and EVAL for the two read-modify-write primitives, so each is
+atomic on the server. Every key gets a TTL when written.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Sequence
+
+import redis.asyncio as aioredis
+from redis import exceptions as redis_errors
+
+from responses_serve.state.store import StoreUnavailable
+
+# compare_and_set: ARGV = has_expected, expected, has_value, value, ttl_ms
+_COMPARE_AND_SET = """
+local kind = redis.call('TYPE', KEYS[1]).ok
+local current = false
+if kind == 'string' then current = redis.call('GET', KEYS[1]) elseif kind ~= 'none' then return 0 end
+if ARGV[1] == '1' then
+  if current ~= ARGV[2] then return 0 end
+elseif current then
+  return 0
+end
+if ARGV[3] == '1' then redis.call('SET', KEYS[1], ARGV[4], 'PX', ARGV[5]) else redis.call('DEL', KEYS[1]) end
+return 1
+"""
+
+# append: ARGV = ttl_ms, expected_length ('' for none), values...
+_APPEND = """
+local kind = redis.call('TYPE', KEYS[1]).ok
+if kind ~= 'list' and kind ~= 'none' then redis.call('DEL', KEYS[1]) end
+local length = redis.call('LLEN', KEYS[1])
+if ARGV[2] ~= '' and length ~= tonumber(ARGV[2]) then return -1 end
+for i = 3, #ARGV do length = redis.call('RPUSH', KEYS[1], ARGV[i]) end
+if length > 0 then redis.call('PEXPIRE', KEYS[1], ARGV[1]) end
+return length
+"""
+
+_DOWN = (redis_errors.ConnectionError, redis_errors.TimeoutError, redis_errors.BusyLoadingError, OSError)
+
+
+def _ms(ttl_s: float) -> int:
+    return max(1, int(ttl_s * 1000))
+
+
+def _unavailable_when_down(method):
+    @functools.wraps(method)
+    async def call(self, *args, **kwargs):
+        try:
+            return await method(self, *args, **kwargs)
+        except _DOWN as exc:
+            raise StoreUnavailable(f"The response store (Redis) is unavailable: {type(exc).__name__}; retry later.") from exc
+
+    return call
+
+
+class RedisStore:
+    def __init__(self, url: str, *, password: str | None = None, key_prefix: str = "responses-serve:", timeout_s: float = 2.0) -> None:
+        self.prefix = key_prefix
+        # Fail fast: a request must not wait on reconnect back-offs; the caller retries.
+        self.client = aioredis.Redis.from_url(
+            url,
+            password=password,
+            socket_timeout=timeout_s,
+            socket_connect_timeout=timeout_s,
+            retry_on_timeout=False,
+            retry=None,
+            health_check_interval=30,
+        )
+        self._compare_and_set = self.client.register_script(_COMPARE_AND_SET)
+        self._append = self.client.register_script(_APPEND)
+
+    def _key(self, key: str) -> str:
+        return self.prefix + key
+
+    @_unavailable_when_down
+    async def get(self, key: str) -> bytes | None:
+        try:
+            return await self.client.get(self._key(key))
+        except redis_errors.ResponseError:  # WRONGTYPE: a list lives there
+            return None
+
+    @_unavailable_when_down
+    async def put(self, key: str, value: bytes, *, ttl_s: float) -> None:
+        await self.client.set(self._key(key), value, px=_ms(ttl_s))
+
+    @_unavailable_when_down
+    async def compare_and_set(self, key: str, expected: bytes | None, value: bytes | None, *, ttl_s: float) -> bool:
+        args = ["0" if expected is None else "1", expected or b"", "0" if value is None else "1", value or b"", _ms(ttl_s)]
+        return bool(await self._compare_and_set(keys=[self._key(key)], args=args))
+
+    @_unavailable_when_down
+    async def delete(self, key: str) -> bool:
+        return bool(await self.client.delete(self._key(key)))
+
+    @_unavailable_when_down
+    async def expire(self, keys: Sequence[str], ttl_s: float) -> int:
+        if not keys:
+            return 0
+        async with self.client.pipeline(transaction=False) as pipe:
+            for key in keys:
+                pipe.pexpire(self._key(key), _ms(ttl_s))
+            return sum(map(bool, await pipe.execute()))
+
+    @_unavailable_when_down
+    async def append(self, key: str, values: Sequence[bytes], *, ttl_s: float, expected_length: int | None = None) -> int:
+        args = [_ms(ttl_s), "" if expected_length is None else expected_length, *values]
+        return int(await self._append(keys=[self._key(key)], args=args))
+
+    @_unavailable_when_down
+    async def range(self, key: str, start: int = 0, stop: int | None = None) -> list[bytes]:
+        if stop is not None and stop <= start:
+            return []
+        try:
+            return await self.client.lrange(self._key(key), start, -1 if stop is None else stop - 1)
+        except redis_errors.ResponseError:
+            return []
+
+    @_unavailable_when_down
+    async def length(self, key: str) -> int:
+        try:
+            return await self.client.llen(self._key(key))
+        except redis_errors.ResponseError:
+            return 0
+
+    @_unavailable_when_down
+    async def remove(self, key: str, value: bytes) -> bool:
+        try:
+            return bool(await self.client.lrem(self._key(key), 1, value))
+        except redis_errors.ResponseError:
+            return False
+
+    async def close(self) -> None:
+        await self.client.aclose()

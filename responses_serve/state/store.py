@@ -1,0 +1,118 @@
+"""The one store interface every backend implements, and the time bound around it.
+
+A few general primitives over byte strings, each atomic on every backend, so that one
+contract test suite (tests/test_store_contract.py) covers them all and everything above
+(responses, background runs, conversations) is written once:
+
+- values: `get`, `put`, `compare_and_set` (create-once, leases, flags), `delete`, `expire`;
+- lists, append-only (event logs, conversation items): `append` (all values or none,
+  optionally only at an expected length), `range`, `length`, `remove`.
+
+Every write carries a TTL (seconds): nothing stays forever. Values and lists share one key
+space; `delete` and `expire` work on both. Keys are plain strings; a backend may prefix
+them (Redis: several Serve apps share one server).
+
+Backends raise `StoreUnavailable` when they cannot answer (connection refused, actor gone);
+`BoundedStore` adds a timeout to every call so a slow store is an unavailable one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Protocol, Sequence, runtime_checkable
+
+from responses_serve.api.errors import APIError
+
+
+class StoreUnavailable(APIError):
+    """The store did not answer (down, unreachable, or slower than the timeout): a 503."""
+
+    def __init__(self, message: str = "The response store is unavailable; retry later.") -> None:
+        super().__init__(message, status_code=503, code="store_unavailable", type="server_error")
+
+
+@runtime_checkable
+class Store(Protocol):
+    # -- values --
+    async def get(self, key: str) -> bytes | None:
+        """The value at `key`, or None (absent, expired, or a list)."""
+
+    async def put(self, key: str, value: bytes, *, ttl_s: float) -> None:
+        """Set `key` to `value` (replacing a value or a list) for `ttl_s` seconds."""
+
+    async def compare_and_set(self, key: str, expected: bytes | None, value: bytes | None, *, ttl_s: float) -> bool:
+        """Atomically: if the value at `key` equals `expected` (None: absent), set it to
+        `value` (None: delete it) with `ttl_s`, and return True; else change nothing, False."""
+
+    async def delete(self, key: str) -> bool:
+        """Remove a value or list; True if there was one."""
+
+    async def expire(self, keys: Sequence[str], ttl_s: float) -> int:
+        """Give existing keys a fresh TTL (a read that should keep them alive); absent keys are
+        skipped. The number of keys that existed."""
+
+    # -- append-only lists --
+    async def append(self, key: str, values: Sequence[bytes], *, ttl_s: float, expected_length: int | None = None) -> int:
+        """Atomically append `values` (all or none) and set the list's TTL; the new length.
+        With `expected_length`, append only if the list has exactly that many elements
+        (absent = 0), else append nothing and return -1 (one writer per sequence)."""
+
+    async def range(self, key: str, start: int = 0, stop: int | None = None) -> list[bytes]:
+        """Elements `start` (>= 0) up to `stop` (exclusive; None: the end), like `list[start:stop]`."""
+
+    async def length(self, key: str) -> int:
+        """Elements in the list at `key` (0 if absent)."""
+
+    async def remove(self, key: str, value: bytes) -> bool:
+        """Remove the first element equal to `value`; True if one was removed."""
+
+    async def close(self) -> None:
+        """Release connections (idempotent)."""
+
+
+class BoundedStore:
+    """A `Store` whose every call ends within `timeout_s`: a slow store is an unavailable one.
+
+    A call that times out may still happen on the backend (a write in flight); every write
+    is a single atomic primitive, so a reader sees it whole or not at all.
+    """
+
+    def __init__(self, store: Store, timeout_s: float) -> None:
+        self.inner = store
+        self.timeout_s = timeout_s
+
+    async def _bounded(self, call):
+        try:
+            return await asyncio.wait_for(call, self.timeout_s)
+        except asyncio.TimeoutError:
+            raise StoreUnavailable(f"The response store did not answer within {self.timeout_s:g} s; retry later.") from None
+
+    async def get(self, key: str) -> bytes | None:
+        return await self._bounded(self.inner.get(key))
+
+    async def put(self, key: str, value: bytes, *, ttl_s: float) -> None:
+        return await self._bounded(self.inner.put(key, value, ttl_s=ttl_s))
+
+    async def compare_and_set(self, key: str, expected: bytes | None, value: bytes | None, *, ttl_s: float) -> bool:
+        return await self._bounded(self.inner.compare_and_set(key, expected, value, ttl_s=ttl_s))
+
+    async def delete(self, key: str) -> bool:
+        return await self._bounded(self.inner.delete(key))
+
+    async def expire(self, keys: Sequence[str], ttl_s: float) -> int:
+        return await self._bounded(self.inner.expire(keys, ttl_s))
+
+    async def append(self, key: str, values: Sequence[bytes], *, ttl_s: float, expected_length: int | None = None) -> int:
+        return await self._bounded(self.inner.append(key, values, ttl_s=ttl_s, expected_length=expected_length))
+
+    async def range(self, key: str, start: int = 0, stop: int | None = None) -> list[bytes]:
+        return await self._bounded(self.inner.range(key, start, stop))
+
+    async def length(self, key: str) -> int:
+        return await self._bounded(self.inner.length(key))
+
+    async def remove(self, key: str, value: bytes) -> bool:
+        return await self._bounded(self.inner.remove(key, value))
+
+    async def close(self) -> None:
+        await self.inner.close()

@@ -1,0 +1,478 @@
+"""ResponseStream: token batches in, Responses API events out.
+
+One per request. It owns every piece of lifecycle bookkeeping: the response and item ids,
+`output_index`, `content_index`, `sequence_number`, and the `*.added` / `*.delta` /
+`*.done` events of each item. It keeps one `Response` snapshot that becomes the terminal
+event's response and the non-streaming body, so streaming and non-streaming can never
+disagree. A completion parser (harmony for gpt-oss) turns tokens into item operations;
+this class turns item operations into events.
+
+Deltas of one item within one `feed()` are merged into one delta event: a batch of k
+tokens costs one event, not k, and clients see the same text whatever the batching.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any, Callable, Literal
+
+from pydantic import BaseModel, TypeAdapter, ValidationError
+
+from openai.types.responses import (
+    Tool,
+    Response,
+    ResponseCompletedEvent,
+    ResponseContentPartAddedEvent,
+    ResponseContentPartDoneEvent,
+    ResponseCreatedEvent,
+    ResponseFailedEvent,
+    ResponseFunctionCallArgumentsDeltaEvent,
+    ResponseFunctionCallArgumentsDoneEvent,
+    ResponseFunctionToolCall,
+    ResponseIncompleteEvent,
+    ResponseInProgressEvent,
+    ResponseOutputItemAddedEvent,
+    ResponseOutputItemDoneEvent,
+    ResponseOutputMessage,
+    ResponseOutputText,
+    ResponseReasoningItem,
+    ResponseReasoningTextDeltaEvent,
+    ResponseReasoningTextDoneEvent,
+    ResponseStreamEvent,
+    ResponseTextDeltaEvent,
+    ResponseTextDoneEvent,
+)
+from openai.types.responses.response import IncompleteDetails
+from openai.types.responses.response_error import ResponseError
+from openai.types.responses.response_output_text import Logprob
+from openai.types.responses.response_reasoning_item import Content as ReasoningContent
+from openai.types.responses.response_usage import InputTokensDetails, OutputTokensDetails, ResponseUsage
+
+from responses_serve.families.harmony import HarmonyParser
+from responses_serve.items import CompletionParser
+from responses_serve.construct import trusted_constructor as _trusted_constructor
+from responses_serve.logprobs import LogprobFormatter, for_delta, for_done
+from responses_serve.api.request import ResponsesRequest
+from responses_serve.api.service_tier import ServedTier
+from responses_serve.tokens import TokenBatch, TokenLogprobs
+from responses_serve.utf8 import unfinished_utf8_tail
+
+logger = logging.getLogger("responses_serve.stream")
+
+ItemKind = Literal["reasoning", "message", "function_call"]
+_ID_PREFIX: dict[ItemKind, str] = {"reasoning": "rs", "message": "msg", "function_call": "fc"}
+
+
+class _DeltaEvents:
+    """Makes the delta events of one item kind: the hot path, one per item per batch."""
+
+    def __init__(self, cls: type[BaseModel], **shared: Any) -> None:
+        fields = {*shared, "item_id", "output_index", "delta", "sequence_number"}
+        if fields != set(cls.model_fields):  # the SDK changed the event: fail at import, not on the wire
+            raise TypeError(f"{cls.__name__} has fields {sorted(cls.model_fields)}, not {sorted(fields)}")
+        self.construct = _trusted_constructor(cls)
+        self._shared = shared  # the same objects in every event: events are never changed once made
+        self._names = list(cls.model_fields)
+
+    def template(self, item_id: str, output_index: int) -> dict[str, Any]:
+        """An item's delta event fields, in the model's field order (the order they are
+        serialized in); `delta` and `sequence_number` are set per event on a copy."""
+        fields = {**self._shared, "item_id": item_id, "output_index": output_index, "delta": "", "sequence_number": 0}
+        return {name: fields[name] for name in self._names}
+
+
+_DELTA_EVENTS: dict[ItemKind, _DeltaEvents] = {
+    "message": _DeltaEvents(ResponseTextDeltaEvent, type="response.output_text.delta", content_index=0, logprobs=[]),
+    "reasoning": _DeltaEvents(ResponseReasoningTextDeltaEvent, type="response.reasoning_text.delta", content_index=0),
+    "function_call": _DeltaEvents(ResponseFunctionCallArgumentsDeltaEvent, type="response.function_call_arguments.delta"),
+}
+
+_SDK_TOOL = TypeAdapter(Tool)
+
+
+def _echo_tools(request: ResponsesRequest) -> list[Tool]:
+    """The request's tools as the SDK models them; a hosted type the SDK doesn't know is left out."""
+    tools = []
+    for tool in request.tools:
+        try:
+            tools.append(_SDK_TOOL.validate_python(tool.model_dump(exclude_none=True)))
+        except ValidationError:
+            logger.debug("not echoing tool of type %r", tool.type)
+    return tools
+
+
+def new_id(prefix: str) -> str:
+    return f"{prefix}_{uuid.uuid4().hex}"
+
+
+@dataclass(frozen=True, slots=True)
+class _PendingToken:
+    """A token whose logprobs are not attributed yet, and where its bytes are in the text
+    the tokens wrote (offsets from the start of the completion)."""
+
+    token_id: int
+    logprobs: TokenLogprobs
+    start: int
+    end: int
+
+
+@dataclass(slots=True)
+class _OpenItem:
+    kind: ItemKind
+    id: str
+    output_index: int
+    delta_template: dict[str, Any]  # the fields of the item's delta events
+    make_delta: Callable[[dict[str, Any]], ResponseStreamEvent]
+    name: str | None = None
+    namespace: str | None = None
+    call_id: str | None = None
+    phase: str | None = None
+    parts: list[str] = field(default_factory=list)  # every delta, in order
+    unsent: str = ""  # text added since the last delta event
+    logprobs: list[Logprob] = field(default_factory=list)  # messages, when asked for: every token's
+    unsent_logprobs: list[Logprob] = field(default_factory=list)  # those of `unsent`
+
+
+class ResponseStream:
+    """The per-request state machine. Call `start()`, then `feed()` per batch, then `fail()`
+    if the engine broke. Each returns the events to send, in order."""
+
+    def __init__(
+        self,
+        request: ResponsesRequest,
+        *,
+        model: str | None = None,
+        response_id: str | None = None,
+        parser_factory: Callable[[ResponseStream], CompletionParser] = HarmonyParser,
+        logprobs: LogprobFormatter | None = None,
+        encrypt_reasoning: Callable[[str], str] | None = None,
+        service_tier: ServedTier = "default",
+    ) -> None:
+        """`logprobs`: report the output text's logprobs (batches must carry them);
+        `encrypt_reasoning`: give reasoning items `encrypted_content` (its text, encrypted);
+        `service_tier`: the tier the request is served in (`service_tier.served_tier`)."""
+        self._events: list[ResponseStreamEvent] = []
+        self._sequence_number = 0
+        self._item: _OpenItem | None = None
+        self._parser = parser_factory(self)
+        self._output_tokens = 0
+        self._prompt_tokens = 0
+        self._cached_tokens = 0
+        self._encrypt_reasoning = encrypt_reasoning
+        # Logprobs: every token is parsed on its own, and its logprob goes to the delta holding
+        # the first output text it contributes to (`_attribute`). Tokens that contribute none
+        # report none: headers, end tokens, tags, whitespace trimmed at an item's edges (and
+        # reasoning and call arguments: only output text has logprobs in the API).
+        self._logprob_format = logprobs
+        self._pending: list[_PendingToken] = []  # fed, not attributed yet: their text may be held
+        self._written = bytearray()  # what the pending tokens wrote, from offset `_written_at`
+        self._written_at = 0
+        self._released: list[tuple[_OpenItem, bytes]] = []  # text that came out since, in order
+        self.finished = False
+        self.response = Response(
+            id=response_id or new_id("resp"),
+            object="response",
+            created_at=int(time.time()),
+            model=model or request.model,
+            status="in_progress",
+            output=[],
+            instructions=request.instructions,
+            tools=_echo_tools(request),
+            tool_choice=request.tool_choice if isinstance(request.tool_choice, str) else request.tool_choice.model_dump(),
+            parallel_tool_calls=request.parallel_tool_calls,
+            temperature=request.temperature,
+            top_p=request.top_p,
+            top_logprobs=request.top_logprobs,
+            max_output_tokens=request.max_output_tokens,
+            previous_response_id=request.previous_response_id,
+            background=request.background,
+            conversation={"id": request.conversation_id} if request.conversation_id else None,
+            reasoning=request.reasoning.model_dump() if request.reasoning else None,
+            metadata=request.metadata,
+            store=request.store,
+            user=request.user,
+            prompt_cache_key=request.prompt_cache_key,
+            service_tier=service_tier,
+            truncation=request.truncation or "disabled",
+            text={"format": request.text.format.model_dump(by_alias=True) if request.text and request.text.format else {"type": "text"}},
+            error=None,
+            incomplete_details=None,
+            usage=None,
+        )
+
+    # -- driving ---------------------------------------------------------------------------
+
+    def start(self) -> list[ResponseStreamEvent]:
+        snapshot = self.response.model_copy(update={"output": []})
+        self._emit(ResponseCreatedEvent(type="response.created", response=snapshot, sequence_number=0))
+        self._emit(ResponseInProgressEvent(type="response.in_progress", response=snapshot, sequence_number=0))
+        return self._drain()
+
+    def feed(self, batch: TokenBatch) -> list[ResponseStreamEvent]:
+        """Parse every token of the batch, one at a time; finish if it is the last batch."""
+        if self.finished:
+            raise RuntimeError("feed() after the terminal event")
+        if batch.num_prompt_tokens is not None:
+            self._prompt_tokens = batch.num_prompt_tokens
+        if batch.num_cached_tokens is not None:
+            self._cached_tokens = batch.num_cached_tokens
+        self._output_tokens += len(batch.token_ids)
+        finish_reason = batch.finish_reason
+        try:
+            with_logprobs = self._logprob_format is not None and batch.logprobs is not None
+            if with_logprobs:
+                self._feed_with_logprobs(batch)
+            else:
+                self._parser.feed(batch.token_ids)
+            if finish_reason in ("length", "stop"):
+                # Text the parser still held is part of the output.
+                self._parser.end(truncated=finish_reason == "length")
+                if with_logprobs:
+                    self._attribute(settled=True)
+        except Exception:  # the model wrote something the parser cannot parse
+            # The details (the parser's view of the model's output) go to the log, not the client.
+            logger.exception("response %s: the completion could not be parsed", self.response.id)
+            return self.fail(f"The model produced output that could not be parsed (response {self.response.id}).")
+        if finish_reason is not None:
+            if finish_reason == "abort":
+                return self.fail("The generation was aborted by the engine.")
+            if finish_reason in ("length", "stop"):
+                self._finish("completed" if finish_reason == "stop" else "incomplete")
+        return self._drain()
+
+    def _feed_with_logprobs(self, batch: TokenBatch) -> None:
+        if len(batch.logprobs) != len(batch.token_ids):  # an engine bug: keep the text, not the logprobs
+            logger.warning("response %s: %d logprobs for %d tokens", self.response.id, len(batch.logprobs), len(batch.token_ids))
+            self._parser.feed(batch.token_ids)
+            return
+        feed, token_text = self._parser.feed, self._logprob_format.token_text
+        for token, logprobs in zip(batch.token_ids, batch.logprobs):
+            start, raw = self._written_at + len(self._written), token_text(token)
+            self._written += raw
+            self._pending.append(_PendingToken(token, logprobs, start, start + len(raw)))
+            feed([token])
+            self._attribute(settled=True)
+
+    def fail(self, message: str, code: Literal["server_error", "invalid_prompt"] = "server_error") -> list[ResponseStreamEvent]:
+        """End with `response.failed`: open items are closed first, so none is left dangling.
+        `invalid_prompt`: the request's own fault (the engine refused it)."""
+        if not self.finished:
+            self.response.error = ResponseError(code=code, message=message)
+            self._finish("failed")
+        return self._drain()
+
+    def cancel(self) -> list[ResponseStreamEvent]:
+        """End as `cancelled` (a background response cancelled by the client): the open item
+        is closed as incomplete; no terminal event, as the API has none for a cancellation."""
+        if not self.finished:
+            self._finish("cancelled")
+        return self._drain()
+
+    # -- item operations (called by the completion parser) --------------------------------
+
+    def open_reasoning(self) -> None:
+        item = self._open("reasoning")
+        self._emit_added(ResponseReasoningItem(id=item.id, type="reasoning", summary=[], content=[], status="in_progress"))
+
+    def open_message(self, phase: str | None) -> None:
+        item = self._open("message", phase=phase)
+        self._emit_added(
+            ResponseOutputMessage(id=item.id, type="message", role="assistant", status="in_progress", content=[], phase=phase)
+        )
+        self._emit(
+            ResponseContentPartAddedEvent(
+                type="response.content_part.added",
+                item_id=item.id,
+                output_index=item.output_index,
+                content_index=0,
+                part=ResponseOutputText(type="output_text", text="", annotations=[], logprobs=[]),
+                sequence_number=0,
+            )
+        )
+
+    def open_function_call(self, name: str, namespace: str | None) -> None:
+        item = self._open("function_call", name=name, namespace=namespace, call_id=new_id("call"))
+        self._emit_added(self._function_call(item, "", "in_progress"))
+
+    def add_text(self, text: str) -> None:
+        item = self._item
+        if item is None:  # text outside any message cannot happen with harmony; keep it anyway
+            self.open_message("final_answer")
+            item = self._item
+        item.parts.append(text)
+        item.unsent += text
+        if self._logprob_format is not None:
+            self._released.append((item, text.encode()))
+
+    def close_item(self, status: str = "completed") -> None:
+        item = self._item
+        if item is None:
+            return
+        if self._logprob_format is not None:
+            self._attribute(settled=False)  # all of its text is out: its logprobs are complete
+        self._flush_delta()
+        text = "".join(item.parts)
+        where = {"item_id": item.id, "output_index": item.output_index, "sequence_number": 0}
+        if item.kind == "reasoning":
+            self._emit(ResponseReasoningTextDoneEvent(type="response.reasoning_text.done", content_index=0, text=text, **where))
+            done = ResponseReasoningItem(
+                id=item.id,
+                type="reasoning",
+                summary=[],
+                content=[ReasoningContent(type="reasoning_text", text=text)],
+                encrypted_content=self._encrypt_reasoning(text) if self._encrypt_reasoning else None,
+                status=status,
+            )
+        elif item.kind == "message":
+            part = ResponseOutputText(type="output_text", text=text, annotations=[], logprobs=item.logprobs)
+            logprobs = for_done(item.logprobs) if item.logprobs else []
+            self._emit(ResponseTextDoneEvent(type="response.output_text.done", content_index=0, text=text, logprobs=logprobs, **where))
+            self._emit(ResponseContentPartDoneEvent(type="response.content_part.done", content_index=0, part=part, **where))
+            done = ResponseOutputMessage(
+                id=item.id, type="message", role="assistant", status=status, content=[part], phase=item.phase
+            )
+        else:
+            self._emit(
+                ResponseFunctionCallArgumentsDoneEvent(
+                    type="response.function_call_arguments.done", arguments=text, name=item.name, **where
+                )
+            )
+            done = self._function_call(item, text, status)
+        self.response.output.append(done)
+        self._emit(
+            ResponseOutputItemDoneEvent(
+                type="response.output_item.done", item=done, output_index=item.output_index, sequence_number=0
+            )
+        )
+        self._item = None
+
+    # -- internals ---------------------------------------------------------------------------
+
+    def _open(self, kind: ItemKind, **details: Any) -> _OpenItem:
+        if self._item is not None:  # a new header before the end token: close what is open
+            self.close_item("incomplete")
+        item_id, output_index, deltas = new_id(_ID_PREFIX[kind]), len(self.response.output), _DELTA_EVENTS[kind]
+        item = _OpenItem(kind, item_id, output_index, deltas.template(item_id, output_index), deltas.construct, **details)
+        self._item = item
+        return item
+
+    @staticmethod
+    def _function_call(item: _OpenItem, arguments: str, status: str) -> ResponseFunctionToolCall:
+        return ResponseFunctionToolCall(
+            id=item.id,
+            type="function_call",
+            call_id=item.call_id,
+            name=item.name,
+            namespace=item.namespace,
+            arguments=arguments,
+            status=status,
+        )
+
+    def _emit_added(self, item: Any) -> None:
+        self._emit(
+            ResponseOutputItemAddedEvent(
+                type="response.output_item.added", item=item, output_index=self._item.output_index, sequence_number=0
+            )
+        )
+
+    def _emit(self, event: ResponseStreamEvent) -> None:
+        event.sequence_number = self._sequence_number
+        self._sequence_number += 1
+        self._events.append(event)
+
+    def _flush_delta(self) -> None:
+        item = self._item
+        if item is None or not item.unsent:
+            return
+        fields = item.delta_template.copy()
+        fields["delta"], fields["sequence_number"] = item.unsent, self._sequence_number
+        if item.unsent_logprobs:
+            fields["logprobs"] = for_delta(item.unsent_logprobs)
+            item.unsent_logprobs = []
+        self._events.append(item.make_delta(fields))
+        self._sequence_number += 1
+        item.unsent = ""
+
+    def _attribute(self, *, settled: bool) -> None:
+        """Give the pending tokens whose bytes the released text came from their logprobs.
+
+        The text that came out is literal text the tokens wrote, in order, with what the
+        parser dropped between (headers, tags, trimmed whitespace): each piece is found in
+        the pending tokens' bytes after the previous one, and a token goes with the first
+        piece it overlaps. `settled` (between tokens): the parser holds only the unfinished
+        character at the end and its `held_text`, so a token entirely before that and
+        overlapping nothing wrote only dropped text. Otherwise (an item closes while a token
+        is parsed) only tokens before the end of the last piece can be known to be dropped.
+        """
+        written, base = self._written, self._written_at
+        consumed = base + len(written)  # offsets from the start of the completion
+        if settled:
+            consumed -= unfinished_utf8_tail(written) + len(getattr(self._parser, "held_text", "").encode())
+        elif not self._released:
+            return
+        pending = self._pending
+        if not self._released:  # nothing came out: drop the tokens that can no longer show
+            drop = 0
+            while drop < len(pending) and pending[drop].end <= consumed:
+                drop += 1
+            del pending[:drop]
+        else:
+            spans, cursor = [], 0
+            for item, piece in self._released:
+                at = written.find(piece, cursor, (consumed if settled else base + len(written)) - base)
+                at = cursor if at < 0 else at  # not literal (call arguments are re-serialized): assume next
+                spans.append((item, base + at, base + at + len(piece)))
+                cursor = at + len(piece)
+            self._released = []
+            limit = consumed if settled else base + cursor
+            keep: list[_PendingToken] = []
+            for token in pending:
+                overlaps = (item for item, start, end in spans if start < token.end and token.start < end)
+                item = next(overlaps, None) if token.start < token.end else None  # special tokens write nothing
+                if item is not None:
+                    if item.kind == "message":
+                        entry = self._logprob_format.logprob(token.token_id, token.logprobs)
+                        item.logprobs.append(entry)
+                        item.unsent_logprobs.append(entry)
+                elif token.end > limit:
+                    keep.append(token)  # its text may still come out
+            self._pending = pending = keep
+        # Keep the bytes from the first pending token on.
+        new_base = pending[0].start if pending else base + len(written)
+        del written[: new_base - base]
+        self._written_at = new_base
+
+    def _drain(self) -> list[ResponseStreamEvent]:
+        self._flush_delta()
+        events, self._events = self._events, []
+        return events
+
+    @property
+    def continuable(self) -> bool:
+        """Finished with a response a next turn can continue (completed or incomplete): what
+        is stored and kept for `previous_response_id`."""
+        return self.finished and self.response.status in ("completed", "incomplete")
+
+    def _finish(self, status: Literal["completed", "incomplete", "failed", "cancelled"]) -> None:
+        self.close_item("completed" if status == "completed" else "incomplete")
+        response = self.response
+        response.status = status
+        response.usage = ResponseUsage(
+            input_tokens=self._prompt_tokens,
+            input_tokens_details=InputTokensDetails(cached_tokens=self._cached_tokens, cache_write_tokens=0),
+            output_tokens=self._output_tokens,
+            output_tokens_details=OutputTokensDetails(reasoning_tokens=self._parser.reasoning_tokens),
+            total_tokens=self._prompt_tokens + self._output_tokens,
+        )
+        if status == "completed":
+            response.completed_at = int(time.time())
+            self._emit(ResponseCompletedEvent(type="response.completed", response=response, sequence_number=0))
+        elif status == "incomplete":
+            response.incomplete_details = IncompleteDetails(reason="max_output_tokens")
+            self._emit(ResponseIncompleteEvent(type="response.incomplete", response=response, sequence_number=0))
+        elif status == "failed":
+            self._emit(ResponseFailedEvent(type="response.failed", response=response, sequence_number=0))
+        self.finished = True

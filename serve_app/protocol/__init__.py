@@ -1,1 +1,0 @@
-"""Pure Responses-API logic: no Ray, no HTTP."""
