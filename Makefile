@@ -57,6 +57,8 @@ serve: $(STAMP)
 # process (one Ray connection per process), after the main suite. CI's budget is 30 min:
 # the slowest tests are listed at the end of each run, to see where the time goes.
 test: $(STAMP)
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/lint-imports
 	$(PY) -m pytest -q --durations=15
 	$(PY) -m pytest -q -m multinode --durations=5

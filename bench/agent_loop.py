@@ -143,7 +143,13 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args()
     url = f"http://127.0.0.1:{args.port}/v1"
-    models = [{"name": MODEL, "backend": {"type": "replay", "step_delay_ms": 0}, "engine": {"num_replicas": 1, "max_ongoing_requests": 1024, "ray_actor_options": {"num_cpus": 0}}}]
+    models = [
+        {
+            "name": MODEL,
+            "backend": {"type": "replay", "step_delay_ms": 0},
+            "engine": {"num_replicas": 1, "max_ongoing_requests": 1024, "ray_actor_options": {"num_cpus": 0}},
+        }
+    ]
     ingress = {"num_replicas": 2, "max_ongoing_requests": 1024, "ray_actor_options": {"num_cpus": 0}}
     config = serve_config(args.port, models, ingress)
     config["applications"][0]["args"]["store"] = {"type": "embedded"}
@@ -151,7 +157,10 @@ def main() -> None:
         yaml.safe_dump(config, file)
     print("starting serve run (make serve's environment) ...", flush=True)
     process = subprocess.Popen(
-        [str(Path(sys.executable).parent / "serve"), "run", file.name], env=make_serve_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+        [str(Path(sys.executable).parent / "serve"), "run", file.name],
+        env=make_serve_env(),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
     )
     rounds: dict[str, list[dict]] = {mode: [] for mode in MODES}
     try:
@@ -167,15 +176,24 @@ def main() -> None:
         stop(process)
         os.unlink(file.name)
 
-    summary = {mode: {key: statistics.median(r[key] for r in runs) for key in runs[0] if key != "last_turn_prompt_tokens"} for mode, runs in rounds.items()}
+    summary = {
+        mode: {key: statistics.median(r[key] for r in runs) for key in runs[0] if key != "last_turn_prompt_tokens"}
+        for mode, runs in rounds.items()
+    }
     prompts = {mode: sorted({t for r in runs for t in r["last_turn_prompt_tokens"]}) for mode, runs in rounds.items()}
     assert len({tuple(p) for p in prompts.values()}) == 1, f"the three modes rendered different last prompts: {prompts}"
-    print(f"\n{args.agents} agents x {args.turns} turns, medians of {args.rounds} rounds; last turn's prompt: {prompts['websocket']} tokens")
+    print(
+        f"\n{args.agents} agents x {args.turns} turns, medians of {args.rounds} rounds; last turn's prompt: {prompts['websocket']} tokens"
+    )
     print(f"{'mode':<14}{'turns/s':>9}{'first 10 p50':>14}{'p90':>8}{'last 10 p50':>13}{'p90':>8}  (ms per turn)")
     for mode, row in summary.items():
-        print(f"{mode:<14}{row['turns_per_s']:>9.1f}{row['first10_p50_ms']:>14.1f}{row['first10_p90_ms']:>8.1f}{row['last10_p50_ms']:>13.1f}{row['last10_p90_ms']:>8.1f}")
+        print(
+            f"{mode:<14}{row['turns_per_s']:>9.1f}{row['first10_p50_ms']:>14.1f}{row['first10_p90_ms']:>8.1f}{row['last10_p50_ms']:>13.1f}{row['last10_p90_ms']:>8.1f}"
+        )
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "agent_loop.json").write_text(json.dumps({"args": vars(args) | {"out": str(args.out)}, "rounds": rounds, "summary": summary}, indent=1))
+    (args.out / "agent_loop.json").write_text(
+        json.dumps({"args": vars(args) | {"out": str(args.out)}, "rounds": rounds, "summary": summary}, indent=1)
+    )
     plot(summary, args, args.out / "agent_loop.png")
     ws = summary["websocket"]
     print(

@@ -76,13 +76,33 @@ class Plan:
 
 # Streams of ~70 s, tail streams of ~140 s (0.9 s a word).
 FULL = Plan(
-    streams=9, ramp_up_s=30, hold_s=60, hold_wait_s=60, ramp_down_s=30, tail_streams=2, tail_s=110,
-    words=80, tail_words=160, step_delay_ms=200, downscale_delay_s=15, settle_s=90,
+    streams=9,
+    ramp_up_s=30,
+    hold_s=60,
+    hold_wait_s=60,
+    ramp_down_s=30,
+    tail_streams=2,
+    tail_s=110,
+    words=80,
+    tail_words=160,
+    step_delay_ms=200,
+    downscale_delay_s=15,
+    settle_s=90,
 )
 # Streams of ~11 s, tail streams of ~30 s (0.5 s a word).
 SHORT = Plan(
-    streams=8, ramp_up_s=8, hold_s=6, hold_wait_s=60, ramp_down_s=6, tail_streams=2, tail_s=24,
-    words=22, tail_words=60, step_delay_ms=100, downscale_delay_s=5, settle_s=45,
+    streams=8,
+    ramp_up_s=8,
+    hold_s=6,
+    hold_wait_s=60,
+    ramp_down_s=6,
+    tail_streams=2,
+    tail_s=24,
+    words=22,
+    tail_words=60,
+    step_delay_ms=100,
+    downscale_delay_s=5,
+    settle_s=45,
 )
 
 
@@ -153,7 +173,9 @@ async def one_stream(
         tally.durations.append(time.monotonic() - started)
     except Exception as exc:  # every way a stream can go wrong is a failed stream
         began = tally.started_at[index]
-        tally.failures.append(f"stream {index} (started at {began:.0f} s, for {time.monotonic() - started:.0f} s): {type(exc).__name__}: {exc}"[:300])
+        tally.failures.append(
+            f"stream {index} (started at {began:.0f} s, for {time.monotonic() - started:.0f} s): {type(exc).__name__}: {exc}"[:300]
+        )
     finally:
         tally.open -= 1
         open_ids.discard(index)
@@ -197,8 +219,8 @@ class Phases:
 def cache_key_for(replica: str, replicas: list[str], stream: int) -> str:
     """A `prompt_cache_key` whose rendezvous hash prefers `replica` of `replicas`, so the
     engine router sends the stream there (nothing is loaded enough to pass it over)."""
-    from responses_serve.serve.routing import preferred_replica
     from responses_serve.api.request import ResponsesRequest
+    from responses_serve.serve.routing import preferred_replica
     from responses_serve.server.run import affinity_key
 
     for attempt in range(1000):  # each try wins with chance 1 / len(replicas)
@@ -238,7 +260,9 @@ def sample_serve() -> dict:
 async def run_load(url: str, plan: Plan, sample_of=sample_serve) -> tuple[Tally, list[dict]]:
     tally, samples, open_ids, tasks = Tally(), [], set(), set()
     phases = Phases(plan)
-    deadline = plan.ramp_up_s + plan.hold_s + plan.hold_wait_s + plan.ramp_down_s + plan.tail_s + plan.settle_s + plan.max_stream_duration_s + 60
+    deadline = (
+        plan.ramp_up_s + plan.hold_s + plan.hold_wait_s + plan.ramp_down_s + plan.tail_s + plan.settle_s + plan.max_stream_duration_s + 60
+    )
     begin = time.monotonic()
     connector = aiohttp.TCPConnector(limit=plan.streams * 2 + 8)
     timeout = aiohttp.ClientTimeout(total=plan.max_stream_duration_s + 60)
@@ -331,7 +355,14 @@ def plot(samples: list[dict], path: Path, title: str) -> None:
     fig, axes = plt.subplots(3, 1, sharex=True, figsize=(9, 7), height_ratios=(1, 1, 1.4))
     for ax, label, color in zip(axes, DEPLOYMENTS.values(), ("tab:blue", "tab:orange")):
         ax.step(t, [s["replicas"][label].get("RUNNING", 0) for s in samples], where="post", color=color, linewidth=2, label="running")
-        ax.step(t, [s["replicas"][label].get("STOPPING", 0) for s in samples], where="post", color=color, linestyle=":", label="stopping (draining)")
+        ax.step(
+            t,
+            [s["replicas"][label].get("STOPPING", 0) for s in samples],
+            where="post",
+            color=color,
+            linestyle=":",
+            label="stopping (draining)",
+        )
         ax.set_ylabel(f"{label} replicas")
         ax.set_yticks(range(4))
         ax.legend(loc="upper right", fontsize=8)
@@ -413,9 +444,7 @@ def main() -> None:
     peak = {label: max(s["replicas"][label].get("RUNNING", 0) for s in samples) for label in DEPLOYMENTS.values()}
     final = {label: samples[-1]["replicas"][label].get("RUNNING", 0) for label in DEPLOYMENTS.values()}
     longest = max(tally.durations, default=0.0)
-    drained = {
-        replica: {**seen, "draining_s": round(seen["last_t"] - seen["first_t"], 1)} for replica, seen in tally.draining.items()
-    }
+    drained = {replica: {**seen, "draining_s": round(seen["last_t"] - seen["first_t"], 1)} for replica, seen in tally.draining.items()}
     drained_requests = sum(seen["peak_in_flight"] for seen in drained.values())
     times = timeline(tally.ramp_down_at, samples)
     summary = {
@@ -426,10 +455,10 @@ def main() -> None:
         "completed": len(tally.completed),
         "failed_streams": len(tally.failures),
         "failures": tally.failures[:20],
-        "peak_engine_replicas": peak['engine'],
-        "peak_ingress_replicas": peak['ingress'],
-        "final_engine_replicas": final['engine'],
-        "final_ingress_replicas": final['ingress'],
+        "peak_engine_replicas": peak["engine"],
+        "peak_ingress_replicas": peak["ingress"],
+        "final_engine_replicas": final["engine"],
+        "final_ingress_replicas": final["ingress"],
         "open_while_stopping": tally.open_while_stopping,
         "drained_requests": drained_requests,
         "stopped_replicas": drained,

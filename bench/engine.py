@@ -55,9 +55,9 @@ def rss_mb(markers: tuple[str, ...]) -> float:
 
 
 def prompt_tokens(text: str) -> list[int]:
+    from responses_serve.api.request import ResponsesRequest
     from responses_serve.config import SMOLLM2
     from responses_serve.families.chat_template import ChatTemplateModel
-    from responses_serve.api.request import ResponsesRequest
     from responses_serve.families.smollm2 import load_tokenizer
 
     request = ResponsesRequest(model="smollm2", input=text)
@@ -160,7 +160,9 @@ def main() -> None:
         yaml.safe_dump(serve_config(args.port, *smollm2_models()), config)
     url = f"http://127.0.0.1:{args.port}"
     print("Serve stack ...", flush=True)
-    process = subprocess.Popen([str(Path(sys.executable).parent / "serve"), "run", config.name], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    process = subprocess.Popen(
+        [str(Path(sys.executable).parent / "serve"), "run", config.name], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
     try:
         wait_healthy(url, process, timeout_s=600)
         for speculative in (True, False):
@@ -178,7 +180,9 @@ def main() -> None:
     for label, row in rows.items():
         for name in PROMPTS:
             accept = row.get("acceptance_rate")
-            print(f"{label:<30}{name:>8}{row[name]['tokens_per_s']:>10.1f}{row[name]['ttft_ms']:>9.0f}{'' if accept is None else f'{accept:.0%}':>8}{row.get('rss_mb', 0):>8.0f}")
+            print(
+                f"{label:<30}{name:>8}{row[name]['tokens_per_s']:>10.1f}{row[name]['ttft_ms']:>9.0f}{'' if accept is None else f'{accept:.0%}':>8}{row.get('rss_mb', 0):>8.0f}"
+            )
 
     def both(label: str) -> float:
         return sum(rows[label][n]["tokens_per_s"] for n in PROMPTS) / len(PROMPTS)

@@ -22,17 +22,17 @@ from __future__ import annotations
 import argparse
 import random
 import time
-from typing import Callable
+from collections.abc import Callable
 
 from openai_harmony import Message, Role, StreamableParser
 
-from responses_serve.families.harmony import HarmonyModel, HarmonyParser, render_completion
-from responses_serve.logprobs import LogprobFormatter
 from responses_serve.api.request import ResponsesRequest
 from responses_serve.api.sse import encode_events
+from responses_serve.families.harmony import HarmonyModel, HarmonyParser, render_completion
+from responses_serve.families.vocab import harmony_encoding
+from responses_serve.logprobs import LogprobFormatter
 from responses_serve.stream import ResponseStream
 from responses_serve.tokens import TokenBatch
-from responses_serve.families.vocab import harmony_encoding
 
 PARAGRAPH = (
     "Speculative decoding hands the server several tokens per step; every one of them must "
@@ -212,9 +212,13 @@ def main() -> None:
         tokens = long_completion(args.tokens)
         request = ResponsesRequest(model="gpt-oss-replay", input="bench")
         ratio = compare(
-            "harmony", ("StreamableParser.process", lambda: time_parser(tokens)), tokens, request, args.rounds,
+            "harmony",
+            ("StreamableParser.process", lambda: time_parser(tokens)),
+            tokens,
+            request,
+            args.rounds,
             vocabulary=HarmonyModel() if args.logprobs else None,
-        )  # fmt: skip
+        )
         print(f"ratio_to_parser={ratio:.2f}")
     if args.family in ("chat_template", "both"):
         from responses_serve.config import SMOLLM2
@@ -238,7 +242,7 @@ def main() -> None:
         print(f"ratio_to_decode={ratio:.2f}")
         try:
             import vllm  # noqa: F401
-        except Exception:  # noqa: BLE001 - no vLLM: nothing to compare with
+        except Exception:
             return
         if args.vllm_tokens <= 0:
             return

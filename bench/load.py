@@ -117,7 +117,7 @@ async def one_stream(session: aiohttp.ClientSession, url: str, body: dict, harmo
             result.lost = terminal.usage.output_tokens - harmony_tokens(events)
     except AssertionError as exc:
         result.violation = f"contract: {exc}"[:300]
-    except Exception as exc:  # noqa: BLE001 - a broken stream is a finding, not a crash
+    except Exception as exc:
         result.violation = f"{type(exc).__name__}: {exc}"[:300]
     return result
 
@@ -212,8 +212,10 @@ def start_server(config: Path, port: int) -> subprocess.Popen:
     env = make_serve_env()  # HTTP through Serve's HAProxy ingress, as `make serve` runs
     return subprocess.Popen(
         [str(Path(sys.executable).parent / "serve"), "run", written.name],
-        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )  # fmt: skip
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
 
 
 def main() -> None:
@@ -224,18 +226,24 @@ def main() -> None:
     parser.add_argument("--requests-per-client", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=2, help="runs of the whole ramp (memory growth shows across them)")
     parser.add_argument(
-        "--store", action="store_true",
+        "--store",
+        action="store_true",
         help="store the responses (for previous_response_id); off by default: the store's memory grows by design, up to its bound",
-    )  # fmt: skip
+    )
     parser.add_argument("--serve", type=Path, help="a Serve config to start with `serve run` (its port is replaced)")
     parser.add_argument("--port", type=int, default=8766, help="HTTP port for --serve")
     parser.add_argument(
-        "--ray-address", default="auto",
+        "--ray-address",
+        default="auto",
         help="the server's Ray cluster, to read the replicas' memory (`none`: skip); with --serve, the one it started",
-    )  # fmt: skip
+    )
     parser.add_argument("--app", default="responses", help="the Serve application's name (as in the config)")
-    parser.add_argument("--tracemalloc", type=int, default=0, metavar="FRAMES", help="trace Python allocations in the replicas from the first reading on")
-    parser.add_argument("--malloc-trim", action="store_true", help="after each reading, have the replicas return free heap to the OS (malloc_trim)")
+    parser.add_argument(
+        "--tracemalloc", type=int, default=0, metavar="FRAMES", help="trace Python allocations in the replicas from the first reading on"
+    )
+    parser.add_argument(
+        "--malloc-trim", action="store_true", help="after each reading, have the replicas return free heap to the OS (malloc_trim)"
+    )
     args = parser.parse_args()
     levels = [int(n) for n in args.concurrency.split(",")]
     harmony = "gpt-oss" in args.model
@@ -279,8 +287,15 @@ def main() -> None:
     report(runs, memory, args, harmony)
 
 
-MEMORY_COLUMNS = (("RSS", "rss_mb"), ("anon", "anon"), ("file", "file"), ("shmem", "shmem"),
-                  ("heap", "in_use_mb"), ("free", "free_mb"), ("traced", "traced_mb"))  # fmt: skip
+MEMORY_COLUMNS = (
+    ("RSS", "rss_mb"),
+    ("anon", "anon"),
+    ("file", "file"),
+    ("shmem", "shmem"),
+    ("heap", "in_use_mb"),
+    ("free", "free_mb"),
+    ("traced", "traced_mb"),
+)
 
 
 def memory_figure(reading: dict, key: str) -> float:
@@ -309,14 +324,23 @@ def report(runs: list[list[dict]], memory: list[dict[str, dict]], args, harmony:
                 print(f"      first violation: {r['first_violation']}")
     names = sorted(memory[0]) if memory and memory[0] else []
     for name in names:
-        print(f"\n{name} (pid {memory[0][name]['pid']}): MB (RSS and its anon/file/shmem pages; malloc heap in use, freed but held; Python traced), gc objects, threads, established TCP connections")
-        print(f"  {'':<12}" + "".join(f"{title:>8}" for title, _ in MEMORY_COLUMNS) + f"{'objects':>10}{'threads':>8}{'TCP':>6}" + ("  RSS after trim" if args.malloc_trim else ""))
+        print(
+            f"\n{name} (pid {memory[0][name]['pid']}): MB (RSS and its anon/file/shmem pages; malloc heap in use, freed but held; Python traced), gc objects, threads, established TCP connections"
+        )
+        print(
+            f"  {'':<12}"
+            + "".join(f"{title:>8}" for title, _ in MEMORY_COLUMNS)
+            + f"{'objects':>10}{'threads':>8}{'TCP':>6}"
+            + ("  RSS after trim" if args.malloc_trim else "")
+        )
         for index, snapshot in enumerate(memory):
             reading = snapshot[name]
             label = "before" if index == 0 else f"after run {index}"
             figures = "".join(f"{memory_figure(reading, key):>8.1f}" for _, key in MEMORY_COLUMNS)
             trimmed = f"{reading['rss_after_trim_mb']:>16.1f}" if "rss_after_trim_mb" in reading else ""
-            print(f"  {label:<12}{figures}{reading['objects']:>10}{reading.get('threads', '?'):>8}{reading.get('tcp_connections', '?'):>6}{trimmed}")
+            print(
+                f"  {label:<12}{figures}{reading['objects']:>10}{reading.get('threads', '?'):>8}{reading.get('tcp_connections', '?'):>6}{trimmed}"
+            )
             if index > 1:  # what grew since the previous reading, after the warm-up run
                 grew = ", ".join(f"{t} {n:+d}" for t, n in reading.get("types_grew", {}).items())
                 print(f"      objects grew: {grew or '-'}")
@@ -334,7 +358,12 @@ def report(runs: list[list[dict]], memory: list[dict[str, dict]], args, harmony:
     if len(memory) > 2 and names:
         warm, last = memory[1], memory[-1]
         figures = []
-        for label, key, digits in (("rss_growth_mb", "rss_mb", 0), ("anon_growth_mb", "anon", 1), ("heap_growth_mb", "in_use_mb", 1), ("traced_growth_mb", "traced_mb", 2)):
+        for label, key, digits in (
+            ("rss_growth_mb", "rss_mb", 0),
+            ("anon_growth_mb", "anon", 1),
+            ("heap_growth_mb", "in_use_mb", 1),
+            ("traced_growth_mb", "traced_mb", 2),
+        ):
             grew = sum(memory_figure(last[n], key) - memory_figure(warm[n], key) for n in names)
             if grew == grew:  # not NaN: measured (no traced figures unless tracing)
                 figures.append(f"{label}={grew:+.{digits}f}")
@@ -373,7 +402,9 @@ def plot(runs: list[list[dict]], memory: list[dict[str, dict]], model: str, path
         labels = ["before"] + [f"after {i}" for i in range(1, len(memory))]
         for name, color in zip(names, ("tab:blue", "tab:orange", "tab:green")):
             axes[2].plot(labels, [m[name]["rss_mb"] for m in memory], marker="o", color=color, label=f"{name} RSS")
-            axes[2].plot(labels, [memory_figure(m[name], "in_use_mb") for m in memory], "--", marker=".", color=color, label=f"{name} heap in use")
+            axes[2].plot(
+                labels, [memory_figure(m[name], "in_use_mb") for m in memory], "--", marker=".", color=color, label=f"{name} heap in use"
+            )
         axes[2].legend(fontsize=7)
         axes[2].tick_params(axis="x", labelsize=7, rotation=45)
     axes[2].set_title("replica memory, MB")

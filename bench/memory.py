@@ -35,9 +35,9 @@ def serve_child(port: int) -> None:
     (`responses_serve/serve/memory.py`'s report, the one Serve replicas give bench.load)."""
     import uvicorn
 
-    from responses_serve.server.local import replay_models
     from responses_serve.serve.memory import memory_report
     from responses_serve.server.app import create_app
+    from responses_serve.server.local import replay_models
 
     server = uvicorn.Server(uvicorn.Config(create_app(replay_models(10.0)), host="127.0.0.1", port=port, log_level="warning"))
     threading.Thread(target=server.run, daemon=True).start()
@@ -48,12 +48,16 @@ def serve_child(port: int) -> None:
         # The first reading starts tracing: after the imports and start-up, not what we look for.
         report = memory_report(top=TOP_LINES, trace_frames=4)
         print(
-            json.dumps({
-                "rss_mb": report["rss_mb"], "traced_kb": report["traced_mb"] * 2**10,
-                "objects": report["objects"], "grew": report.get("lines_grew", []),
-            }),
+            json.dumps(
+                {
+                    "rss_mb": report["rss_mb"],
+                    "traced_kb": report["traced_mb"] * 2**10,
+                    "objects": report["objects"],
+                    "grew": report.get("lines_grew", []),
+                }
+            ),
             flush=True,
-        )  # fmt: skip
+        )
 
 
 def main() -> None:
@@ -69,8 +73,10 @@ def main() -> None:
 
     child = subprocess.Popen(
         [sys.executable, "-m", "bench.memory", "--serve-child", "--port", str(args.port)],
-        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
-    )  # fmt: skip
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
 
     def measure() -> dict:
         child.stdin.write("measure\n")

@@ -26,15 +26,20 @@ import json
 import time
 from pathlib import Path
 
+from responses_serve.api.request import ResponsesRequest
 from responses_serve.families.chat_template import ChatTemplateModel
 from responses_serve.families.harmony import HarmonyModel
-from responses_serve.api.request import ResponsesRequest
 from responses_serve.families.truncation import fit_to_context
 from responses_serve.server.run import ModelFamily
 
 RESULTS = Path(__file__).parent / "results"
 SOURCES = sorted(Path(__file__).parent.parent.glob("responses_serve/**/*.py"))
-SHELL = {"type": "function", "name": "shell", "description": "Runs a command.", "parameters": {"type": "object", "properties": {"command": {"type": "string"}}}}
+SHELL = {
+    "type": "function",
+    "name": "shell",
+    "description": "Runs a command.",
+    "parameters": {"type": "object", "properties": {"command": {"type": "string"}}},
+}
 
 
 def session(turns: int) -> list[list[dict]]:
@@ -49,8 +54,17 @@ def session(turns: int) -> list[list[dict]]:
         start = (turn * 6000) % max(len(text) - 6000, 1)
         call = f"call_{turn}"
         items += [
-            {"type": "reasoning", "summary": [], "content": [{"type": "reasoning_text", "text": f"I should look at part {turn} of the code next."}]},
-            {"type": "function_call", "call_id": call, "name": "shell", "arguments": json.dumps({"command": f"sed -n {turn * 100},+100p file.py"})},
+            {
+                "type": "reasoning",
+                "summary": [],
+                "content": [{"type": "reasoning_text", "text": f"I should look at part {turn} of the code next."}],
+            },
+            {
+                "type": "function_call",
+                "call_id": call,
+                "name": "shell",
+                "arguments": json.dumps({"command": f"sed -n {turn * 100},+100p file.py"}),
+            },
             {"type": "function_call_output", "call_id": call, "output": text[start : start + 6000]},
         ]
         inputs.append(list(items))
@@ -65,7 +79,8 @@ def families(cached: bool, replicas: int) -> dict[str, list[ModelFamily]]:
     return {
         "harmony": [HarmonyModel(**tokens) for _ in range(replicas)],
         "chat_template": [
-            ChatTemplateModel(tokenizer, template="qwen3", reasoning_parser="qwen3", tool_parser="hermes", **tokens) for _ in range(replicas)
+            ChatTemplateModel(tokenizer, template="qwen3", reasoning_parser="qwen3", tool_parser="hermes", **tokens)
+            for _ in range(replicas)
         ],
     }
 
@@ -104,10 +119,7 @@ def best(rounds: list[dict[str, dict]]) -> dict[str, dict]:
     """The fastest of the rounds, turn by turn and for truncation."""
     result: dict[str, dict] = {}
     for family in rounds[0]:
-        turns = [
-            (rows[0][0], min(r[1] for r in rows), min(r[2] for r in rows))
-            for rows in zip(*(one[family]["turns"] for one in rounds))
-        ]
+        turns = [(rows[0][0], min(r[1] for r in rows), min(r[2] for r in rows)) for rows in zip(*(one[family]["turns"] for one in rounds))]
         truncation = {name: min(one[family]["truncation"][name] for one in rounds) for name in ("whole", "cached")}
         result[family] = {"turns": turns, "truncation": truncation}
     return result
@@ -148,7 +160,9 @@ def main() -> None:
         print(f"round {number + 1}/{args.rounds} done", flush=True)
     result = best(rounds)
     print(f"\n{args.turns} turns, {args.replicas} replica(s), best of {args.rounds} rounds")
-    print(f"{'family':<14} {'last prompt':>11} {'whole ms':>9} {'cached ms':>10} {'session whole s':>16} {'session cached s':>17} {'trunc whole ms':>15} {'trunc cached ms':>16}")
+    print(
+        f"{'family':<14} {'last prompt':>11} {'whole ms':>9} {'cached ms':>10} {'session whole s':>16} {'session cached s':>17} {'trunc whole ms':>15} {'trunc cached ms':>16}"
+    )
     figures = []
     for family, data in result.items():
         tokens, whole, cached = data["turns"][-1]

@@ -175,7 +175,12 @@ def main() -> None:
     results: dict[str, dict[int, dict]] = {}
 
     print("(c) in-process uvicorn, no Ray ...", flush=True)
-    process = subprocess.Popen([sys.executable, "-m", "responses_serve.server.local", "--port", str(args.port)], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    process = subprocess.Popen(
+        [sys.executable, "-m", "responses_serve.server.local", "--port", str(args.port)],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     try:
         wait_healthy(url, process)
         results["(c) in-process"] = measure(url, "gpt-oss-replay", stream_counts, args.duration)
@@ -204,11 +209,15 @@ def main() -> None:
     print(f"\n{'configuration':<40}{'streams':>8}{'tokens/s':>11}{'req/s':>8}{'TTFT p50 ms':>13}{'TTFT p99 ms':>13}")
     for name, by_count in results.items():
         for n, row in by_count.items():
-            print(f"{name:<40}{n:>8}{row['tokens_per_s']:>11.0f}{row['requests'] / args.duration:>8.1f}{row['ttft_p50_ms']:>13.1f}{row['ttft_p99_ms']:>13.1f}")
+            print(
+                f"{name:<40}{n:>8}{row['tokens_per_s']:>11.0f}{row['requests'] / args.duration:>8.1f}{row['ttft_p50_ms']:>13.1f}{row['ttft_p99_ms']:>13.1f}"
+            )
     best = max((k for k in results if k.startswith("(a)")), key=lambda k: results[k][top]["tokens_per_s"])
     inprocess = results["(c) in-process"]
     print(f"\nbest Serve mode: {best}")
-    print(f"TTFT p50 at 1 stream: (a) {results[best][min(stream_counts)]['ttft_p50_ms']:.1f} ms vs (c) {inprocess[min(stream_counts)]['ttft_p50_ms']:.1f} ms")
+    print(
+        f"TTFT p50 at 1 stream: (a) {results[best][min(stream_counts)]['ttft_p50_ms']:.1f} ms vs (c) {inprocess[min(stream_counts)]['ttft_p50_ms']:.1f} ms"
+    )
 
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / "stack.json").write_text(json.dumps(results, indent=2))

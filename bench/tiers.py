@@ -110,7 +110,10 @@ def main() -> None:
     args = parser.parse_args()
 
     measured = {}
-    with held(args.lock), vllm_server(args.port, args.start_timeout, store=False, extra_args=("--max-num-seqs", str(args.max_num_seqs))) as (url, _):
+    with (
+        held(args.lock),
+        vllm_server(args.port, args.start_timeout, store=False, extra_args=("--max-num-seqs", str(args.max_num_seqs))) as (url, _),
+    ):
         print(f"vLLM's server: {args.streams} streams, {args.max_num_seqs} at a time", flush=True)
         measured["vLLM"] = measure(url, args.streams, args.tokens)
     ours = {  # label: (the engine replica's max_ongoing_requests, scheduling_policy)
@@ -130,8 +133,10 @@ def main() -> None:
     for server, rows in results.items():
         for tier, row in rows.items():
             reported = ", ".join(f"{name}: {count}" for name, count in row["reported"].items())
-            print(f"| {server} | {tier} | {row['streams']} | {row['ttft_p50_ms']:.0f} | {row['ttft_p90_ms']:.0f} | "
-                  f"{row['e2e_p50_ms']:.0f} | {reported} | {row['violations']} |")  # fmt: skip
+            print(
+                f"| {server} | {tier} | {row['streams']} | {row['ttft_p50_ms']:.0f} | {row['ttft_p90_ms']:.0f} | "
+                f"{row['e2e_p50_ms']:.0f} | {reported} | {row['violations']} |"
+            )
     for server, (_, wall_s, broken) in measured.items():
         print(f"{server}: the burst took {wall_s:.1f} s" + "".join(f"; {count} × {rule}" for rule, count in broken.items()))
     RESULTS.mkdir(exist_ok=True)
@@ -139,7 +144,12 @@ def main() -> None:
     (RESULTS / "tiers.json").write_text(json.dumps({"args": vars(args), "results": results, "burst_s": burst_s}, indent=2))
     ratio = {server: rows["flex"]["ttft_p50_ms"] / rows["priority"]["ttft_p50_ms"] for server, rows in results.items()}
     violations = {server: sum(row["violations"] for row in rows.values()) for server, rows in results.items()}
-    print(" ".join(f"ttft_p50_flex_over_priority@{_key(server)}={ratio[server]:.2f} violations@{_key(server)}={violations[server]}" for server in results))
+    print(
+        " ".join(
+            f"ttft_p50_flex_over_priority@{_key(server)}={ratio[server]:.2f} violations@{_key(server)}={violations[server]}"
+            for server in results
+        )
+    )
 
 
 if __name__ == "__main__":

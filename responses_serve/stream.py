@@ -16,13 +16,11 @@ from __future__ import annotations
 import logging
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable, Literal
-
-from pydantic import BaseModel, TypeAdapter, ValidationError
+from typing import Any, Literal
 
 from openai.types.responses import (
-    Tool,
     Response,
     ResponseCompletedEvent,
     ResponseContentPartAddedEvent,
@@ -44,19 +42,21 @@ from openai.types.responses import (
     ResponseStreamEvent,
     ResponseTextDeltaEvent,
     ResponseTextDoneEvent,
+    Tool,
 )
 from openai.types.responses.response import IncompleteDetails
 from openai.types.responses.response_error import ResponseError
 from openai.types.responses.response_output_text import Logprob
 from openai.types.responses.response_reasoning_item import Content as ReasoningContent
 from openai.types.responses.response_usage import InputTokensDetails, OutputTokensDetails, ResponseUsage
+from pydantic import BaseModel, TypeAdapter, ValidationError
 
-from responses_serve.families.harmony import HarmonyParser
-from responses_serve.items import CompletionParser
-from responses_serve.construct import trusted_constructor as _trusted_constructor
-from responses_serve.logprobs import LogprobFormatter, for_delta, for_done
 from responses_serve.api.request import ResponsesRequest
 from responses_serve.api.service_tier import ServedTier
+from responses_serve.construct import trusted_constructor as _trusted_constructor
+from responses_serve.families.harmony import HarmonyParser
+from responses_serve.items import CompletionParser
+from responses_serve.logprobs import LogprobFormatter, for_delta, for_done
 from responses_serve.tokens import TokenBatch, TokenLogprobs
 from responses_serve.utf8 import unfinished_utf8_tail
 
@@ -279,9 +279,7 @@ class ResponseStream:
 
     def open_message(self, phase: str | None) -> None:
         item = self._open("message", phase=phase)
-        self._emit_added(
-            ResponseOutputMessage(id=item.id, type="message", role="assistant", status="in_progress", content=[], phase=phase)
-        )
+        self._emit_added(ResponseOutputMessage(id=item.id, type="message", role="assistant", status="in_progress", content=[], phase=phase))
         self._emit(
             ResponseContentPartAddedEvent(
                 type="response.content_part.added",
@@ -331,9 +329,7 @@ class ResponseStream:
             logprobs = for_done(item.logprobs) if item.logprobs else []
             self._emit(ResponseTextDoneEvent(type="response.output_text.done", content_index=0, text=text, logprobs=logprobs, **where))
             self._emit(ResponseContentPartDoneEvent(type="response.content_part.done", content_index=0, part=part, **where))
-            done = ResponseOutputMessage(
-                id=item.id, type="message", role="assistant", status=status, content=[part], phase=item.phase
-            )
+            done = ResponseOutputMessage(id=item.id, type="message", role="assistant", status=status, content=[part], phase=item.phase)
         else:
             self._emit(
                 ResponseFunctionCallArgumentsDoneEvent(
@@ -343,9 +339,7 @@ class ResponseStream:
             done = self._function_call(item, text, status)
         self.response.output.append(done)
         self._emit(
-            ResponseOutputItemDoneEvent(
-                type="response.output_item.done", item=done, output_index=item.output_index, sequence_number=0
-            )
+            ResponseOutputItemDoneEvent(type="response.output_item.done", item=done, output_index=item.output_index, sequence_number=0)
         )
         self._item = None
 

@@ -11,7 +11,7 @@ import openai
 import pytest
 
 from tests import conftest
-from tests.contract import check_stream, parse_sse  # noqa: F401 - parse_sse for the e2e suite
+from tests.contract import check_stream, parse_sse
 from tests.sdk_scenarios import client
 
 REPLICA_HEADER = "x-responses-serve-replica"

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import json
 import re
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 from openai.types.responses import Response, ResponseStreamEvent
 from pydantic import TypeAdapter

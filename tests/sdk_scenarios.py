@@ -144,14 +144,34 @@ def codex_shaped_request(base_url: str, model: str = MODEL) -> None:
         "instructions": None,
         "input": [
             {"type": "message", "role": "developer", "id": "msg_dev", "content": [{"type": "input_text", "text": "You are Codex."}]},
-            {"type": "message", "role": "user", "id": "msg_u1", "content": [{"type": "input_text", "text": "call shell {\"command\": [\"ls\"]}"}]},
+            {
+                "type": "message",
+                "role": "user",
+                "id": "msg_u1",
+                "content": [{"type": "input_text", "text": 'call shell {"command": ["ls"]}'}],
+            },
         ],
         "tools": [
-            {"type": "function", "name": "shell", "description": "Run a command", "strict": False,
-             "parameters": {"type": "object", "properties": {"command": {"type": "array", "items": {"type": "string"}}}, "required": ["command"], "additionalProperties": False}},
-            {"type": "namespace", "name": "mcp_fs", "description": "Filesystem server", "tools": [
-                {"type": "function", "name": "read_file", "parameters": {"type": "object", "properties": {"path": {"type": "string"}}}},
-            ]},
+            {
+                "type": "function",
+                "name": "shell",
+                "description": "Run a command",
+                "strict": False,
+                "parameters": {
+                    "type": "object",
+                    "properties": {"command": {"type": "array", "items": {"type": "string"}}},
+                    "required": ["command"],
+                    "additionalProperties": False,
+                },
+            },
+            {
+                "type": "namespace",
+                "name": "mcp_fs",
+                "description": "Filesystem server",
+                "tools": [
+                    {"type": "function", "name": "read_file", "parameters": {"type": "object", "properties": {"path": {"type": "string"}}}},
+                ],
+            },
             {"type": "web_search"},
         ],
         "tool_choice": "auto",
@@ -172,7 +192,14 @@ def codex_shaped_request(base_url: str, model: str = MODEL) -> None:
     # Codex's next turn: the reasoning item as it came (content null), the call with id and status, the output.
     body["input"] += [
         {"type": "reasoning", "id": reasoning["id"], "summary": [], "content": None, "encrypted_content": reasoning["encrypted_content"]},
-        {"type": "function_call", "id": call["id"], "status": "completed", "call_id": call["call_id"], "name": "shell", "arguments": call["arguments"]},
+        {
+            "type": "function_call",
+            "id": call["id"],
+            "status": "completed",
+            "call_id": call["call_id"],
+            "name": "shell",
+            "arguments": call["arguments"],
+        },
         {"type": "function_call_output", "id": "fco_1", "call_id": call["call_id"], "output": "README.md"},
     ]
     events = raw_stream(base_url, body)
@@ -200,12 +227,18 @@ def input_tokens_count(base_url: str, model: str = MODEL) -> None:
     second = sdk.responses.create(model=model, input=history, tools=[WEATHER_TOOL])
     assert count.input_tokens == second.usage.input_tokens > first.usage.input_tokens
     chained = sdk.responses.input_tokens.count(
-        model=model, previous_response_id=first.id, tools=[WEATHER_TOOL],
+        model=model,
+        previous_response_id=first.id,
+        tools=[WEATHER_TOOL],
         input=[{"type": "function_call_output", "call_id": call.call_id, "output": "sunny"}],
     )
     assert chained.input_tokens == second.usage.input_tokens
     with httpx.Client(timeout=30) as http:  # validated like a create request
-        for body, status in (({"model": "no-such-model", "input": "hi"}, 404), ({"model": model}, 400), ({"model": model, "input": "hi", "tools": [{"type": "function"}]}, 400)):
+        for body, status in (
+            ({"model": "no-such-model", "input": "hi"}, 404),
+            ({"model": model}, 400),
+            ({"model": model, "input": "hi", "tools": [{"type": "function"}]}, 400),
+        ):
             response = http.post(f"{base_url}/responses/input_tokens", json=body)
             assert response.status_code == status and set(response.json()["error"]) == {"message", "type", "param", "code"}
 
@@ -252,7 +285,9 @@ def whitespace_is_kept(base_url: str, model: str = MODEL) -> None:
         assert terminal.output_text == text
     # A tool's output ending in a newline keeps it.
     user = {"role": "user", "content": "call get_weather"}
-    call = [item for item in sdk.responses.create(model=model, input=[user], tools=[WEATHER_TOOL]).output if item.type == "function_call"][0]
+    call = [item for item in sdk.responses.create(model=model, input=[user], tools=[WEATHER_TOOL]).output if item.type == "function_call"][
+        0
+    ]
     history = [user, call.model_dump(exclude_none=True), {"type": "function_call_output", "call_id": call.call_id, "output": "hi\n"}]
     assert sdk.responses.create(model=model, input=history, tools=[WEATHER_TOOL]).output_text == "Tool get_weather returned: hi\n"
 

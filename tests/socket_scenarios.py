@@ -7,8 +7,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any, Iterator
+from typing import Any
 
 import httpx
 import openai
@@ -145,7 +146,10 @@ def stored_responses_are_shared(base_url: str, model: str = MODEL) -> None:
         create(connection, model=model, previous_response_id=follow.json()["id"], input="over the socket again")
         last = response_events(until_end(connection))[-1]["response"]
     # Three turns of history in the prompt: more input than the first turn alone.
-    assert last["status"] == "completed" and last["usage"]["input_tokens"] > made["usage"]["input_tokens"] + follow.json()["usage"]["output_tokens"]
+    assert (
+        last["status"] == "completed"
+        and last["usage"]["input_tokens"] > made["usage"]["input_tokens"] + follow.json()["usage"]["output_tokens"]
+    )
 
 
 def lanes_run_side_by_side(base_url: str, slow_model: str) -> None:
@@ -194,8 +198,18 @@ def bad_messages_get_errors_and_the_connection_goes_on(base_url: str, model: str
         (json.dumps(["a", "list"]), 400, "invalid_type", None),
         (json.dumps({"type": "session.update"}), 400, "unknown_event_type", "type"),
         (json.dumps({"type": "response.create", "stream_id": 7, "model": model, "input": "x"}), 400, "invalid_type", "stream_id"),
-        (json.dumps({"type": "response.create", "model": model, "input": "x", "background": True}), 400, "unsupported_parameter", "background"),
-        (json.dumps({"type": "response.create", "model": "no-such-model", "input": "x", "stream_id": "l"}), 404, "model_not_found", "model"),
+        (
+            json.dumps({"type": "response.create", "model": model, "input": "x", "background": True}),
+            400,
+            "unsupported_parameter",
+            "background",
+        ),
+        (
+            json.dumps({"type": "response.create", "model": "no-such-model", "input": "x", "stream_id": "l"}),
+            404,
+            "model_not_found",
+            "model",
+        ),
         (json.dumps({"type": "response.create", "model": model, "input": []}), 400, None, "input"),
         (json.dumps({"type": "response.create", "model": model, "input": "x", "temperature": 9}), 400, None, "temperature"),
     ]
@@ -239,7 +253,9 @@ def agents_sdk_over_a_socket(base_url: str, model: str = MODEL) -> None:
         try:
             first = await Runner.run(agent, 'call get_weather {"city": "Paris"}', run_config=config)
             assert first.final_output == "Tool get_weather returned: sunny in Paris"
-            second = await Runner.run(agent, 'call get_weather {"city": "Rome"}', run_config=config, previous_response_id=first.last_response_id)
+            second = await Runner.run(
+                agent, 'call get_weather {"city": "Rome"}', run_config=config, previous_response_id=first.last_response_id
+            )
             assert second.final_output == "Tool get_weather returned: sunny in Rome"
         finally:
             await provider.aclose()
@@ -249,6 +265,10 @@ def agents_sdk_over_a_socket(base_url: str, model: str = MODEL) -> None:
 
 
 ALL = [
-    same_events_as_http, sdk_chain_without_store, stored_responses_are_shared, warm_up_then_generate,
-    bad_messages_get_errors_and_the_connection_goes_on, agents_sdk_over_a_socket,
-]  # fmt: skip
+    same_events_as_http,
+    sdk_chain_without_store,
+    stored_responses_are_shared,
+    warm_up_then_generate,
+    bad_messages_get_errors_and_the_connection_goes_on,
+    agents_sdk_over_a_socket,
+]

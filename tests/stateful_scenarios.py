@@ -25,7 +25,11 @@ def two_turns(sdk: OpenAI, tag: str):
     # conversation resent by the client in full.
     resent = sdk.responses.create(
         model=MODEL,
-        input=[{"role": "user", "content": f"first {tag}"}, *[item.model_dump() for item in first.output], {"role": "user", "content": f"second {tag}"}],
+        input=[
+            {"role": "user", "content": f"first {tag}"},
+            *[item.model_dump() for item in first.output],
+            {"role": "user", "content": f"second {tag}"},
+        ],
         store=False,
     )
     assert second.usage.input_tokens == resent.usage.input_tokens > first.usage.input_tokens + first.usage.output_tokens - 10
@@ -91,7 +95,13 @@ def input_items_paging(base_url: str) -> None:
     last_page = sdk.responses.input_items.list(third.id, order="asc", after=everything[-3].id, limit=5)
     assert [item.id for item in last_page.data] == [item.id for item in everything[-2:]] and not last_page.has_more
     with httpx.Client(timeout=60) as http:
-        for query, param in [("limit=0", "limit"), ("limit=101", "limit"), ("limit=x", "limit"), ("order=up", "order"), ("after=nope", "after")]:
+        for query, param in [
+            ("limit=0", "limit"),
+            ("limit=101", "limit"),
+            ("limit=x", "limit"),
+            ("order=up", "order"),
+            ("after=nope", "after"),
+        ]:
             bad = http.get(f"{base_url}/responses/{third.id}/input_items?{query}")
             assert bad.status_code == 400 and bad.json()["error"]["param"] == param, (query, bad.text)
 
@@ -138,4 +148,11 @@ def chain_longer_than_the_context(base_url: str) -> None:
     assert kept[0].content[0].text.startswith("first") and kept[-1].content[0].text == "third"
 
 
-SCENARIOS = [conversations_from_any_replica, delete_then_404, input_items_paging, not_stored, streamed_then_continued, chain_longer_than_the_context]
+SCENARIOS = [
+    conversations_from_any_replica,
+    delete_then_404,
+    input_items_paging,
+    not_stored,
+    streamed_then_continued,
+    chain_longer_than_the_context,
+]

@@ -14,7 +14,9 @@ def test_scenario(inprocess_url, scenario, model):
     scenario(inprocess_url, model)
 
 
-@pytest.mark.parametrize("scenario", [sdk_scenarios.non_stream_echo, sdk_scenarios.stream_helper_accumulates, sdk_scenarios.tool_call_round_trip])
+@pytest.mark.parametrize(
+    "scenario", [sdk_scenarios.non_stream_echo, sdk_scenarios.stream_helper_accumulates, sdk_scenarios.tool_call_round_trip]
+)
 def test_template_that_opens_think_in_the_prompt(inprocess_url, scenario):
     scenario(inprocess_url, "qwen3-replay-thinking")
 

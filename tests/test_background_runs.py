@@ -8,14 +8,14 @@ import asyncio
 
 import pytest
 
+from responses_serve.api.request import ResponsesRequest
 from responses_serve.engines.replay import ReplayBackend, ReplayConfig
 from responses_serve.server.background import BackgroundRuns
-from responses_serve.api.request import ResponsesRequest
-from responses_serve.stream import ResponseStream, new_id
-from responses_serve.tokens import GenerationRequest
 from responses_serve.server.run import engine_events
 from responses_serve.state import MemoryStore, ResponseStore
 from responses_serve.state.runs import RunStore
+from responses_serve.stream import ResponseStream, new_id
+from responses_serve.tokens import GenerationRequest
 from tests.contract import parse_sse
 
 pytestmark = pytest.mark.anyio
@@ -35,7 +35,9 @@ class Clock:
 
 
 def replica(store, clock, name: str) -> BackgroundRuns:
-    return BackgroundRuns(ResponseStore(store), RunStore(store, ttl_s=600, lease_s=10, clock=clock), replica_id=name, renew_s=0.01, poll_s=0.01)
+    return BackgroundRuns(
+        ResponseStore(store), RunStore(store, ttl_s=600, lease_s=10, clock=clock), replica_id=name, renew_s=0.01, poll_s=0.01
+    )
 
 
 async def start(runs: BackgroundRuns, backend: ReplayBackend, text: str) -> str:
@@ -44,7 +46,9 @@ async def start(runs: BackgroundRuns, backend: ReplayBackend, text: str) -> str:
     request = ResponsesRequest(model="m", input=text, background=True)
     family = HarmonyModel()
     prompt = family.render_prompt(request, request.input_items())
-    generation = GenerationRequest(request_id=new_id("resp"), prompt_token_ids=prompt, stop_token_ids=family.stop_token_ids, max_tokens=10_000)
+    generation = GenerationRequest(
+        request_id=new_id("resp"), prompt_token_ids=prompt, stop_token_ids=family.stop_token_ids, max_tokens=10_000
+    )
     stream = ResponseStream(request, response_id=generation.request_id, parser_factory=lambda sink: family.parser(sink, prompt))
 
     async def finish(response) -> None:
@@ -158,7 +162,9 @@ async def test_a_cancel_that_lands_while_the_end_is_stored_does_not_cut_it():
 
     family = HarmonyModel()
     prompt = family.render_prompt(request, request.input_items())
-    generation = GenerationRequest(request_id=new_id("resp"), prompt_token_ids=prompt, stop_token_ids=family.stop_token_ids, max_tokens=10_000)
+    generation = GenerationRequest(
+        request_id=new_id("resp"), prompt_token_ids=prompt, stop_token_ids=family.stop_token_ids, max_tokens=10_000
+    )
     stream = ResponseStream(request, response_id=generation.request_id, parser_factory=lambda sink: family.parser(sink, prompt))
     storing, stored = asyncio.Event(), asyncio.Event()
 

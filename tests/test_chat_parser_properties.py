@@ -17,9 +17,9 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from responses_serve.families.chat_parser import ByteLevelDetokenizer, Detokenizer, StreamDetokenizer, Tags, Vocabulary
 from responses_serve.api.request import ResponsesRequest
 from responses_serve.api.sse import encode_events
+from responses_serve.families.chat_parser import ByteLevelDetokenizer, Detokenizer, StreamDetokenizer, Tags, Vocabulary
 from responses_serve.stream import ResponseStream
 from responses_serve.tokens import TokenBatch
 from tests.contract import check_stream, parse_sse
@@ -279,7 +279,7 @@ def test_a_byte_level_vocabulary_is_decoded_from_its_bytes(tokenizer, vocabulary
     for token_id in partial_ids:
         raw = vocabulary.token_bytes[token_id]
         assert raw and not raw.isascii() and raw.decode("utf-8", "replace") == tokenizer.decode([token_id])
-    assert vocabulary.token_bytes[tokenizer.encode(" Zürich")[0]] == " Z".encode()
+    assert vocabulary.token_bytes[tokenizer.encode(" Zürich")[0]] == b" Z"
     assert all(vocabulary.token_bytes[i] == b"" for i in tokenizer.all_special_ids)
 
 
@@ -295,9 +295,7 @@ def sentencepiece_tokenizer():
     vocab |= {f"<0x{byte:02X}>": len(pieces) + byte for byte in range(256)}
     backend = Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token="<unk>", byte_fallback=True))
     backend.pre_tokenizer = pre_tokenizers.Metaspace()
-    backend.decoder = decoders.Sequence(
-        [decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse(), decoders.Strip(" ", 1, 0)]
-    )
+    backend.decoder = decoders.Sequence([decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse(), decoders.Strip(" ", 1, 0)])
     return PreTrainedTokenizerFast(tokenizer_object=backend, bos_token="<s>", eos_token="</s>", unk_token="<unk>")
 
 

@@ -7,9 +7,9 @@ import json
 
 import pytest
 
-from responses_serve.families.chat_parser import Tags
 from responses_serve.api.errors import APIError
 from responses_serve.api.request import ResponsesRequest
+from responses_serve.families.chat_parser import Tags
 from tests.conftest import have_vllm
 from tests.test_chat_parser_properties import THINK, TOOL, items_of, run
 
@@ -152,8 +152,8 @@ def parse(tokenizer, completion: str, *, in_reasoning: bool = False, tags: Tags 
         ("Hi</think> there", [("message", "Hi</think> there")]),  # no reasoning open: text
         ("Hi <think>x</think>", [("message", "Hi <think>x</think>")]),  # not at the start: text
         ("<think>unclosed thoughts", [("reasoning", "unclosed thoughts")]),
-        ("<think>plan<tool_call>{\"name\": \"f\"}</tool_call>", [("reasoning", "plan"), ("function_call", "f {}")]),
-        ('<tool_call>{"name": "fs.read", "arguments": "{\\"p\\": 1}"}', [("function_call", "fs.read {\"p\": 1}")]),
+        ('<think>plan<tool_call>{"name": "f"}</tool_call>', [("reasoning", "plan"), ("function_call", "f {}")]),
+        ('<tool_call>{"name": "fs.read", "arguments": "{\\"p\\": 1}"}', [("function_call", 'fs.read {"p": 1}')]),
         ("<tool_call>{oops}</tool_call> after", [("message", "<tool_call>{oops}</tool_call> after")]),
         ("<think>hm <tool_call>{oops}</tool_call></think>ok", [("reasoning", "hm <tool_call>{oops}</tool_call>"), ("message", "ok")]),
         ("<think></think>\n\n", []),
@@ -170,9 +170,7 @@ def test_prompt_opened_think(tokenizer):
 
 
 def test_several_calls_get_their_own_items_and_call_ids(tokenizer):
-    completion = "".join(
-        f'<tool_call>\n{{"name": "f{i}", "arguments": {{"i": {i}}}}}\n</tool_call>\n' for i in range(3)
-    )
+    completion = "".join(f'<tool_call>\n{{"name": "f{i}", "arguments": {{"i": {i}}}}}\n</tool_call>\n' for i in range(3))
     tokens = tokenizer.encode(completion, add_special_tokens=False)
     response = run(tokenizer, Tags(THINK, TOOL), False, [tokens])
     assert [(item.name, json.loads(item.arguments)) for item in response.output] == [(f"f{i}", {"i": i}) for i in range(3)]

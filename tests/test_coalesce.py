@@ -17,7 +17,12 @@ async def _source(sizes: list[int], delays_ms: list[float], finish: str = "stop"
     for index, size in enumerate(sizes):
         await asyncio.sleep(delays_ms[index % len(delays_ms)] / 1000)
         last = index == len(sizes) - 1
-        yield TokenBatch(list(range(token, token + size)), finish_reason=finish if last else None, num_prompt_tokens=5 if index == 0 else None, num_draft_tokens=1)
+        yield TokenBatch(
+            list(range(token, token + size)),
+            finish_reason=finish if last else None,
+            num_prompt_tokens=5 if index == 0 else None,
+            num_draft_tokens=1,
+        )
         token += size
 
 

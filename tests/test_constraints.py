@@ -16,12 +16,12 @@ import pytest
 
 xgr = pytest.importorskip("xgrammar")
 
+from responses_serve.api.request import ResponsesRequest  # noqa: E402
 from responses_serve.engines.replay import script_completion  # noqa: E402
 from responses_serve.engines.replay_qwen3 import script_qwen3_completion  # noqa: E402
 from responses_serve.families.chat_template import ChatTemplateModel  # noqa: E402
 from responses_serve.families.constraints import JSON_MAX_WHITESPACE  # noqa: E402
 from responses_serve.families.harmony import HarmonyModel  # noqa: E402
-from responses_serve.api.request import ResponsesRequest  # noqa: E402
 from responses_serve.families.vocab import HARMONY_VOCAB_SIZE, ensure_harmony_tokenizer, harmony_encoding  # noqa: E402
 from tests.conftest import have_vllm  # noqa: E402
 
@@ -95,7 +95,9 @@ def test_harmony_json_answer_after_free_analysis(ll_tokenizer):
     free = harmony_tokens("<|channel|>analysis<|message|>") + spelled('{"not": json, <|end|> spelled} ~ 世界')
     free += harmony_tokens('<|end|><|start|>assistant<|channel|>final<|message|>{"city": "Oslo", "days": 3}<|return|>')
     assert ll_accepts(ll_tokenizer, constraint.engine, free)
-    wrong = '<|channel|>analysis<|message|>x<|end|><|start|>assistant<|channel|>final <|constrain|>json<|message|>{"city": "Oslo"}<|return|>'
+    wrong = (
+        '<|channel|>analysis<|message|>x<|end|><|start|>assistant<|channel|>final <|constrain|>json<|message|>{"city": "Oslo"}<|return|>'
+    )
     assert not ll_accepts(ll_tokenizer, constraint.engine, harmony_tokens(wrong))  # "days" missing
     plain = "<|channel|>final<|message|>Oslo, 3 days<|return|>"
     assert not ll_accepts(ll_tokenizer, constraint.engine, harmony_tokens(plain))
@@ -112,11 +114,20 @@ def test_harmony_special_tokens_are_tokens_not_text(ll_tokenizer):
     inside = harmony_tokens('<|channel|>final<|message|>{"city": "Os') + harmony_tokens("<|end|>")
     assert not ll_accepts(ll_tokenizer, constraint.engine, inside + harmony_tokens('lo", "days": 3}<|return|>'))
     # the same text written with ordinary tokens is just text in a JSON string
-    assert ll_accepts(ll_tokenizer, constraint.engine, harmony_tokens('<|channel|>final<|message|>{"city": "Os') + spelled("<|end|>") + harmony_tokens('lo", "days": 3}<|return|>'))
+    assert ll_accepts(
+        ll_tokenizer,
+        constraint.engine,
+        harmony_tokens('<|channel|>final<|message|>{"city": "Os') + spelled("<|end|>") + harmony_tokens('lo", "days": 3}<|return|>'),
+    )
     # harmony reads `final json` as a message to a recipient "json", not as a final answer
     assert not ll_accepts(ll_tokenizer, constraint.engine, harmony_tokens(good.replace(" <|constrain|>json", " json")))
     # free analysis is any text, never a special token
-    analysis = harmony_tokens("<|channel|>analysis<|message|>a") + harmony_tokens("<|constrain|>") + harmony_tokens("b<|end|><|start|>assistant") + harmony_tokens(good)
+    analysis = (
+        harmony_tokens("<|channel|>analysis<|message|>a")
+        + harmony_tokens("<|constrain|>")
+        + harmony_tokens("b<|end|><|start|>assistant")
+        + harmony_tokens(good)
+    )
     assert not ll_accepts(ll_tokenizer, constraint.engine, analysis)
 
 
@@ -144,7 +155,9 @@ def test_vllms_own_harmony_tags_take_special_tokens_as_text(harmony_tokenizer):
 
 def test_harmony_required_named_allowed_and_none(ll_tokenizer):
     answer = "<|channel|>analysis<|message|>hm<|end|><|start|>assistant<|channel|>final<|message|>Hi!<|return|>"
-    call_time = "<|channel|>analysis<|message|>hm<|end|><|start|>assistant to=functions.get_time<|channel|>commentary json<|message|>{}<|call|>"
+    call_time = (
+        "<|channel|>analysis<|message|>hm<|end|><|start|>assistant to=functions.get_time<|channel|>commentary json<|message|>{}<|call|>"
+    )
     call_weather = ' to=functions.get_weather<|channel|>commentary <|constrain|>json<|message|>{"city": "Oslo", "days": 0}<|call|>'
 
     required, completion = harmony_case(request(tools=[WEATHER, TIME], tool_choice="required"))
@@ -154,7 +167,9 @@ def test_harmony_required_named_allowed_and_none(ll_tokenizer):
     assert ll_accepts(ll_tokenizer, required.engine, harmony_tokens(preamble))
     assert not ll_accepts(ll_tokenizer, required.engine, harmony_tokens(answer))
     assert not ll_accepts(ll_tokenizer, required.engine, harmony_tokens(call_weather))  # days < 1 (strict)
-    assert not ll_accepts(ll_tokenizer, required.engine, spelled(" to=functions.get_time<|channel|>commentary json<|message|>") + harmony_tokens("{}<|call|>"))
+    assert not ll_accepts(
+        ll_tokenizer, required.engine, spelled(" to=functions.get_time<|channel|>commentary json<|message|>") + harmony_tokens("{}<|call|>")
+    )
 
     named, completion = harmony_case(request(tools=[WEATHER, TIME], tool_choice={"type": "function", "name": "get_time"}))
     assert ll_accepts(ll_tokenizer, named.engine, completion)
@@ -176,7 +191,7 @@ def test_harmony_auto_with_a_strict_function(ll_tokenizer):
     """As in the OpenAI API, a strict function's arguments follow its schema under `auto`
     too: the model may answer, or call a function of the request with valid arguments."""
     answer = "<|channel|>analysis<|message|>hm<|end|><|start|>assistant<|channel|>final<|message|>Hi!<|return|>"
-    call = ' to=functions.{}<|channel|>commentary <|constrain|>json<|message|>{}<|call|>'
+    call = " to=functions.{}<|channel|>commentary <|constrain|>json<|message|>{}<|call|>"
     auto, completion = harmony_case(request(input='call get_weather {"city": "Oslo", "days": 2}', tools=[WEATHER, TIME]))
     assert "to=functions.get_weather" in harmony_encoding().decode_utf8(completion)
     assert ll_accepts(ll_tokenizer, auto.engine, completion)
@@ -212,7 +227,6 @@ def accepts(compiler, engine: dict, tokens: list[int], stops: list[int]) -> bool
     return all(matcher.accept_token(t) for t in tokens) and matcher.is_terminated()
 
 
-
 @pytest.fixture(scope="module")
 def smollm2():
     from responses_serve.config import SMOLLM2
@@ -239,7 +253,11 @@ def test_qwen3_json_answer_after_free_thinking(smollm2, thinking):
     assert "The user wrote" in tokenizer.decode(completion)
     assert accepts(compiler, constraint.engine, completion, stops)
     think = "" if thinking else "<think>\n"
-    for wrong in (f'{think}anything\n</think>\n\n{{"city": "Oslo"}}', f"{think}x</think>\n\nOslo for 3 days", '{"city": "Oslo", "days": 2} trailing'):
+    for wrong in (
+        f'{think}anything\n</think>\n\n{{"city": "Oslo"}}',
+        f"{think}x</think>\n\nOslo for 3 days",
+        '{"city": "Oslo", "days": 2} trailing',
+    ):
         assert not accepts(compiler, constraint.engine, tokenizer.encode(wrong) + stops, stops), wrong
 
 
@@ -272,7 +290,9 @@ def test_qwen3_tool_choice(smollm2):
     named, completion = qwen3_case(tokenizer, request(tools=[WEATHER, TIME], tool_choice={"type": "function", "name": "get_time"}))
     assert accepts(compiler, named.engine, completion, stops) and accepts(compiler, named.engine, call_time, stops)
     assert not accepts(compiler, named.engine, call_weather, stops)
-    two_calls = encode('<tool_call>\n{"name": "get_time", "arguments": {}}\n</tool_call><tool_call>\n{"name": "get_time", "arguments": {}}\n</tool_call>')
+    two_calls = encode(
+        '<tool_call>\n{"name": "get_time", "arguments": {}}\n</tool_call><tool_call>\n{"name": "get_time", "arguments": {}}\n</tool_call>'
+    )
     assert not accepts(compiler, named.engine, two_calls, stops)  # a named function is called once
 
     allowed = {"type": "allowed_tools", "mode": "auto", "tools": [{"type": "function", "name": "get_time"}]}
@@ -302,7 +322,9 @@ def test_qwen3_auto_with_a_strict_function(smollm2):
     assert accepts(compiler, auto.engine, call("get_time", '{"any": ["json"]}'), stops)  # not strict
     assert not accepts(compiler, auto.engine, call("get_weather", '{"city": "Oslo", "days": 0}'), stops)
     assert not accepts(compiler, auto.engine, call("get_stock", "{}"), stops)
-    two = encode('<tool_call>\n{"name": "get_time", "arguments": {}}\n</tool_call><tool_call>\n{"name": "get_time", "arguments": {}}\n</tool_call>')
+    two = encode(
+        '<tool_call>\n{"name": "get_time", "arguments": {}}\n</tool_call><tool_call>\n{"name": "get_time", "arguments": {}}\n</tool_call>'
+    )
     assert accepts(compiler, auto.engine, two, stops)
     single, _ = qwen3_case(tokenizer, request(tools=[WEATHER, TIME], parallel_tool_calls=False))
     assert not accepts(compiler, single.engine, two, stops)  # parallel_tool_calls false: one call

@@ -58,8 +58,12 @@ def under_launcher(**env: str) -> tuple[set[int], int]:
     probe = "import os, json; print(json.dumps([sorted(os.sched_getaffinity(0)), os.sched_getscheduler(0)]))"
     result = subprocess.run(
         [sys.executable, "-m", "responses_serve.engines.cpu_cores", sys.executable, "-c", probe],
-        env={**os.environ, **env}, capture_output=True, text=True, check=True, timeout=60,
-    )  # fmt: skip
+        env={**os.environ, **env},
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
+    )
     cores, policy = json.loads(result.stdout)
     return set(cores), policy
 
@@ -75,8 +79,11 @@ def test_launcher_runs_the_command_on_the_serving_cores() -> None:
 def test_launcher_refuses_cores_it_cannot_have() -> None:
     result = subprocess.run(
         [sys.executable, "-m", "responses_serve.engines.cpu_cores", "true"],
-        env={**os.environ, SERVING_CPUS: "4096"}, capture_output=True, text=True, timeout=60,
-    )  # fmt: skip
+        env={**os.environ, SERVING_CPUS: "4096"},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert result.returncode != 0 and "cores 4096 are not available" in result.stderr
 
 
@@ -98,8 +105,11 @@ def test_an_explicit_binding_turns_it_off() -> None:
     result = subprocess.run(
         [sys.executable, "-m", "responses_serve.engines.cpu_cores", sys.executable, "-c", probe],
         env={**os.environ, SERVING_CPUS: serving, "VLLM_CPU_OMP_THREADS_BIND": serving},
-        capture_output=True, text=True, check=True, timeout=60,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
+    )
     assert json.loads(result.stdout) == [[], [int(serving)], serving]  # not widened, not changed
 
 
@@ -191,8 +201,12 @@ def test_the_engine_gets_the_cores_the_replica_was_not_given() -> None:
     serving = {max(CORES)}
     result = subprocess.run(
         [sys.executable, "-m", "responses_serve.engines.cpu_cores", sys.executable, "-c", FAKE_ENGINE],
-        env={**os.environ, SERVING_CPUS: format_cores(serving)}, capture_output=True, text=True, check=True, timeout=120,
-    )  # fmt: skip
+        env={**os.environ, SERVING_CPUS: format_cores(serving)},
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=120,
+    )
     report = json.loads(result.stdout)
     model = CORES - serving
     assert set(report["model_cores"]) == model and parse_cores(report["bind"]) == model
@@ -238,8 +252,12 @@ def test_processes_on_the_request_path_leave_the_launchers_batch_policy() -> Non
     that a request or a step's outputs wake them at once; Ray's own processes stay batch."""
     result = subprocess.run(
         [sys.executable, "-m", "responses_serve.engines.cpu_cores", sys.executable, "-c", REQUEST_PATH],
-        env={**os.environ, SERVING_CPUS: str(max(CORES)), "PYTHONPATH": str(REPO)}, capture_output=True, text=True, check=True, timeout=120,
-    )  # fmt: skip
+        env={**os.environ, SERVING_CPUS: str(max(CORES)), "PYTHONPATH": str(REPO)},
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=120,
+    )
     report = json.loads(result.stdout)
     assert report["before"] == [os.SCHED_BATCH]
     assert report["after"] == [os.SCHED_OTHER] and report["child"] == [os.SCHED_OTHER]
@@ -308,8 +326,10 @@ def test_vllm_cpu_engine_alone_on_the_model_cores(tmp_path) -> None:
     result = subprocess.run(
         [sys.executable, "-m", "responses_serve.engines.cpu_cores", sys.executable, str(script)],
         env={**os.environ, SERVING_CPUS: format_cores(serving), "PYTHONPATH": str(REPO), **REPLICA_ENV},
-        capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     line = next((line for line in result.stdout.splitlines() if line.startswith("REPORT ")), None)
     assert line, result.stderr[-3000:]
     report = json.loads(line.removeprefix("REPORT "))
@@ -323,7 +343,9 @@ def test_vllm_cpu_engine_alone_on_the_model_cores(tmp_path) -> None:
     engine_core = engine_cores[0] if len(engine_cores) == 1 else pytest.fail(str(report))
     assert set(engine_core["main"]) == set(workers[0]["main"]), report  # its scheduling thread beside its worker
     # SCHED_IDLE, and the threads it starts later get the normal policy back
-    assert engine_core["main_policy"] == os.SCHED_IDLE | os.SCHED_RESET_ON_FORK and engine_core["other_policies"] == [os.SCHED_OTHER], report
+    assert engine_core["main_policy"] == os.SCHED_IDLE | os.SCHED_RESET_ON_FORK and engine_core["other_policies"] == [os.SCHED_OTHER], (
+        report
+    )
     assert set(engine_core["other_threads"]) == serving, report  # its I/O threads
     others = [p for p in processes if p not in workers and p not in engine_cores]
     assert all(set(p["threads"]) == serving for p in others), report

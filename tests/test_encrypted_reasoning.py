@@ -14,17 +14,20 @@ from cryptography.fernet import Fernet, InvalidToken
 from fastapi.testclient import TestClient
 from openai import OpenAI
 
+from responses_serve.families.vocab import harmony_encoding
 from responses_serve.server.app import ServedModel, create_app
 from responses_serve.tokens import GenerationRequest
-from responses_serve.families.vocab import harmony_encoding
 from tests import sdk_scenarios
 from tests.test_bad_input import assert_openai_error
 
 KEY_1, KEY_2 = Fernet.generate_key().decode(), Fernet.generate_key().decode()
 SHELL = {
-    "type": "function", "name": "shell", "description": "Run a command", "strict": False,
+    "type": "function",
+    "name": "shell",
+    "description": "Run a command",
+    "strict": False,
     "parameters": {"type": "object", "properties": {"command": {"type": "array", "items": {"type": "string"}}}, "required": ["command"]},
-}  # fmt: skip
+}
 
 
 class Recording:
@@ -67,9 +70,14 @@ def app(replay_models) -> App:
 
 def codex_turn(app: App, model: str, items: list[dict]):
     return app.sdk.responses.create(
-        model=model, input=items, tools=[SHELL], store=False, include=["reasoning.encrypted_content"],
-        reasoning={"effort": "medium", "summary": "auto"}, parallel_tool_calls=False,
-    )  # fmt: skip
+        model=model,
+        input=items,
+        tools=[SHELL],
+        store=False,
+        include=["reasoning.encrypted_content"],
+        reasoning={"effort": "medium", "summary": "auto"},
+        parallel_tool_calls=False,
+    )
 
 
 def resent(response) -> list[dict]:
@@ -167,8 +175,8 @@ def test_no_blob_unless_included_and_the_store_still_works(app):
 
 
 def test_keys_from_the_environment(monkeypatch):
-    from responses_serve.server import reasoning_keys as module
     from responses_serve.encrypted_reasoning import ReasoningCipher
+    from responses_serve.server import reasoning_keys as module
     from responses_serve.server.reasoning_keys import ENV_VAR, reasoning_keys
 
     warnings: list[str] = []

@@ -5,7 +5,7 @@ adds up each request's counts and updates its Ray counters once, when the reques
 from __future__ import annotations
 
 import logging
-from typing import AsyncIterator
+from collections.abc import AsyncIterator
 
 import pytest
 from ray import serve

@@ -8,9 +8,9 @@ import asyncio
 import httpx
 import pytest
 
+from responses_serve.config import AppConfig
 from responses_serve.engines.replay import ReplayBackend, ReplayConfig
 from responses_serve.server.app import ServedModel, create_app
-from responses_serve.config import AppConfig
 from responses_serve.server.routes.event_stream import KEEPALIVE, EventStreamResponse
 from tests.conftest import uvicorn_server
 from tests.contract import check_stream, parse_sse

@@ -185,8 +185,12 @@ class _RefusingBackend:
     async def generate(self, request):
         reason = REFUSED if self.client_error else BUSY
         error = RayTaskError(
-            "generate", "Traceback (most recent call last): ...", EngineRejected(reason, self.client_error),
-            pid=4242, ip="10.1.2.3", actor_id="8f3c1d2e9a7b6c5d4e3f2a1b01000000",
+            "generate",
+            "Traceback (most recent call last): ...",
+            EngineRejected(reason, self.client_error),
+            pid=4242,
+            ip="10.1.2.3",
+            actor_id="8f3c1d2e9a7b6c5d4e3f2a1b01000000",
         )
         raise error.as_instanceof_cause()
         yield  # an async generator, as a backend's generate is
@@ -233,14 +237,18 @@ def test_api_key_is_required_when_configured(broken_url):
         health = http.get(broken_url.removesuffix("/v1") + "/health")
     for denied in (missing, wrong, longer, prefix, no_scheme):
         assert denied.status_code == 401
-        assert denied.json() == {"error": {"message": "Incorrect API key provided.", "type": "invalid_request_error", "param": None, "code": "invalid_api_key"}}
+        assert denied.json() == {
+            "error": {"message": "Incorrect API key provided.", "type": "invalid_request_error", "param": None, "code": "invalid_api_key"}
+        }
     assert right.status_code == 200 and health.status_code == 200
 
 
 def test_streams_pass_the_key_check_untouched(broken_url):
     """The key check sees the headers only: a stream's chunks reach the client as sent."""
     with httpx.Client(timeout=30, headers=AUTH) as http:
-        with http.stream("POST", f"{broken_url}/responses", json={"model": "broken", "input": "a long enough input text", "stream": True}) as response:
+        with http.stream(
+            "POST", f"{broken_url}/responses", json={"model": "broken", "input": "a long enough input text", "stream": True}
+        ) as response:
             chunks = list(response.iter_raw())
     assert response.status_code == 200 and len(chunks) > 1
     check_stream(parse_sse(b"".join(chunks)))

@@ -34,6 +34,7 @@ def test_it_becomes_haproxy_in_place_with_splicing_off(tmp_path):
     batch = lambda: os.sched_setscheduler(0, os.SCHED_BATCH, os.sched_param(0))  # noqa: E731
     process = subprocess.Popen([haproxy.installed_path(), "-db", "-f", str(config)], stderr=subprocess.PIPE, preexec_fn=batch)
     try:
+
         def cmdline() -> list[str]:
             return open(f"/proc/{process.pid}/cmdline", "rb").read().decode().split("\0")
 
@@ -55,11 +56,16 @@ def test_it_stops_when_the_process_that_started_it_is_killed(tmp_path):
     config.write_text(f"defaults\n    mode http\n    timeout client 5s\nfrontend f\n    bind 127.0.0.1:{port}\n")
     # A stand-in for Serve's HAProxyManager actor: it starts the wrapper and then waits.
     starter = subprocess.Popen(
-        [sys.executable, "-c", "import subprocess, sys, time; "
-         f"p = subprocess.Popen([{haproxy.installed_path()!r}, '-db', '-f', {str(config)!r}]); "
-         "print(p.pid, flush=True); time.sleep(600)"],
-        stdout=subprocess.PIPE, text=True,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-c",
+            "import subprocess, sys, time; "
+            f"p = subprocess.Popen([{haproxy.installed_path()!r}, '-db', '-f', {str(config)!r}]); "
+            "print(p.pid, flush=True); time.sleep(600)",
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     haproxy_pid = int(starter.stdout.readline())
     try:
         assert wait_until(lambda: port_taken(port), timeout_s=20)

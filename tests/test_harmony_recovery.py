@@ -13,11 +13,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from responses_serve.families.harmony import MAX_HEADER_TOKENS
 from responses_serve.api.request import ResponsesRequest
+from responses_serve.families.harmony import MAX_HEADER_TOKENS
+from responses_serve.families.vocab import harmony_encoding
 from responses_serve.stream import ResponseStream
 from responses_serve.tokens import TokenBatch
-from responses_serve.families.vocab import harmony_encoding
 from tests.contract import check_stream
 from tests.test_stream_properties import partition
 
@@ -61,10 +61,16 @@ CASES = [
     # ... also when it stopped on <|return|> (the stop token itself is not text).
     ("x<|return|>", "stop", [(*RAW, "x")]),
     # Text where <|start|> must come: the missing <|start|> is implied, a header begins.
-    ("<|channel|>final<|message|>hi<|end|>oops<|channel|>analysis<|message|>r<|end|>",
-     "stop", [("message", "final_answer", "hi"), (*RAW, "oops<|channel|>analysis<|message|>r")]),
-    ("<|channel|>final<|message|>hi<|end|><|channel|>analysis<|message|>r<|end|>",
-     "stop", [("message", "final_answer", "hi"), ("reasoning", "r")]),
+    (
+        "<|channel|>final<|message|>hi<|end|>oops<|channel|>analysis<|message|>r<|end|>",
+        "stop",
+        [("message", "final_answer", "hi"), (*RAW, "oops<|channel|>analysis<|message|>r")],
+    ),
+    (
+        "<|channel|>final<|message|>hi<|end|><|channel|>analysis<|message|>r<|end|>",
+        "stop",
+        [("message", "final_answer", "hi"), ("reasoning", "r")],
+    ),
     # A channel marker without a channel (harmony rejects the header).
     ("<|channel|><|message|>x<|end|>", "stop", [(*RAW, "<|channel|><|message|>x")]),
     # A channel that is none of analysis / commentary / final.
@@ -72,34 +78,36 @@ CASES = [
     # Another role than the assistant's.
     ("<|start|>user<|message|>u<|end|>", "stop", [(*RAW, "<|start|>user<|message|>u")]),
     # Recipients that name no tool; stray header words harmony reads as a recipient.
-    ("<|channel|>commentary to=functions.<|message|>{}<|call|>", "stop",
-     [(*RAW, "<|channel|>commentary to=functions.<|message|>{}")]),
+    ("<|channel|>commentary to=functions.<|message|>{}<|call|>", "stop", [(*RAW, "<|channel|>commentary to=functions.<|message|>{}")]),
     ("<|channel|>final blah<|message|>w<|end|>", "stop", [(*RAW, "<|channel|>final blah<|message|>w")]),
-    ("<|channel|>commentary to=<|start|><|message|>{}<|call|>", "stop",
-     [(*RAW, "<|channel|>commentary to=<|start|><|message|>{}")]),
+    ("<|channel|>commentary to=<|start|><|message|>{}<|call|>", "stop", [(*RAW, "<|channel|>commentary to=<|start|><|message|>{}")]),
     # Well-formed calls still are calls.
-    ("<|channel|>commentary to=functions.f <|constrain|>json<|message|>{}<|call|>", "stop",
-     [("function_call", None, "f", "{}")]),
-    (" to=crm.lookup<|channel|>commentary json<|message|>{}<|call|>", "stop",
-     [("function_call", "crm", "lookup", "{}")]),
+    ("<|channel|>commentary to=functions.f <|constrain|>json<|message|>{}<|call|>", "stop", [("function_call", None, "f", "{}")]),
+    (" to=crm.lookup<|channel|>commentary json<|message|>{}<|call|>", "stop", [("function_call", "crm", "lookup", "{}")]),
     # Special tokens inside content are text (harmony's own behaviour).
-    ("<|channel|>final<|message|>a<|start|>b<|channel|>c<|reserved_200000|><|end|>", "stop",
-     [("message", "final_answer", "a<|start|>b<|channel|>c<|reserved_200000|>")]),
+    (
+        "<|channel|>final<|message|>a<|start|>b<|channel|>c<|reserved_200000|><|end|>",
+        "stop",
+        [("message", "final_answer", "a<|start|>b<|channel|>c<|reserved_200000|>")],
+    ),
     # A message that never ends: completed (stop) or incomplete (length), text kept.
     ("<|channel|>analysis<|message|>unterminated", "stop", [("reasoning", "unterminated")]),
     ("<|channel|>analysis<|message|>unterminated", "length", [("reasoning", "unterminated")]),
     # A header the completion ends in: garbage is shown ...
-    ("<|channel|>final<|message|>hi<|end|><|start|><|end|><|start|>", "stop",
-     [("message", "final_answer", "hi"), (*RAW, "<|start|><|end|><|start|>")]),
-    ("<|channel|>final<|message|>hi<|end|><|start|>assistant<|channel|>fin", "stop",
-     [("message", "final_answer", "hi"), (*RAW, "<|start|>assistant<|channel|>fin")]),
-    ("<|channel|>final<|message|>hi<|end|>garbage here", "length",
-     [("message", "final_answer", "hi"), (*RAW, "garbage here")]),
+    (
+        "<|channel|>final<|message|>hi<|end|><|start|><|end|><|start|>",
+        "stop",
+        [("message", "final_answer", "hi"), (*RAW, "<|start|><|end|><|start|>")],
+    ),
+    (
+        "<|channel|>final<|message|>hi<|end|><|start|>assistant<|channel|>fin",
+        "stop",
+        [("message", "final_answer", "hi"), (*RAW, "<|start|>assistant<|channel|>fin")],
+    ),
+    ("<|channel|>final<|message|>hi<|end|>garbage here", "length", [("message", "final_answer", "hi"), (*RAW, "garbage here")]),
     # ... but a well-formed header the token limit cut loses nothing but structure.
-    ("<|channel|>final<|message|>hi<|end|><|start|>assistant<|channel|>fin", "length",
-     [("message", "final_answer", "hi")]),
-    ("<|channel|>analysis<|message|>r<|end|><|start|>assistant to=functions.get", "length",
-     [("reasoning", "r")]),
+    ("<|channel|>final<|message|>hi<|end|><|start|>assistant<|channel|>fin", "length", [("message", "final_answer", "hi")]),
+    ("<|channel|>analysis<|message|>r<|end|><|start|>assistant to=functions.get", "length", [("reasoning", "r")]),
 ]
 
 
@@ -119,8 +127,29 @@ def test_abort_mid_header_fails_cleanly():
 
 # Random completions: mostly special tokens and header words, some arbitrary ids (parts of
 # multi-byte characters among them), in any order.
-HEADER_WORDS = sorted({t for word in ["assistant", "user", "analysis", "final", "commentary", " to", "=",
-                                      "functions", ".", "get_weather", " json", "{}", " ", "é", "世界"] for t in tokens(word)})
+HEADER_WORDS = sorted(
+    {
+        t
+        for word in [
+            "assistant",
+            "user",
+            "analysis",
+            "final",
+            "commentary",
+            " to",
+            "=",
+            "functions",
+            ".",
+            "get_weather",
+            " json",
+            "{}",
+            " ",
+            "é",
+            "世界",
+        ]
+        for t in tokens(word)
+    }
+)
 random_tokens = st.lists(
     st.one_of(st.sampled_from(SPECIALS), st.sampled_from(HEADER_WORDS), st.integers(0, 199997)), max_size=3 * MAX_HEADER_TOKENS
 )

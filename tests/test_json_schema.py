@@ -10,14 +10,27 @@ from responses_serve.api.json_schema import FORMAT_EXAMPLES, UnsupportedSchema, 
 
 SCHEMAS = [
     {"type": "object", "properties": {"a": {"type": "string", "minLength": 12}, "b": {"type": "string", "maxLength": 3}}},
-    {"type": "object", "properties": {"n": {"type": "integer", "minimum": 5, "maximum": 9}, "x": {"type": "number", "exclusiveMinimum": 2.5}}},
+    {
+        "type": "object",
+        "properties": {"n": {"type": "integer", "minimum": 5, "maximum": 9}, "x": {"type": "number", "exclusiveMinimum": 2.5}},
+    },
     {"type": "object", "properties": {"n": {"type": "integer", "exclusiveMaximum": -3}, "m": {"type": "integer", "exclusiveMinimum": 0.5}}},
     {"type": "array", "items": {"type": "boolean"}, "minItems": 3, "maxItems": 4},
     {"type": "array", "prefixItems": [{"const": 1}, {"type": "null"}], "items": False},
     {"type": ["null", "string"], "enum": [None, "x"]},
-    {"anyOf": [{"$ref": "#/$defs/p"}, {"type": "null"}], "$defs": {"p": {"type": "object", "properties": {"q": {"$ref": "#/definitions/r"}}, "required": ["q"]}}, "definitions": {"r": {"type": "string", "enum": ["z"]}}},
+    {
+        "anyOf": [{"$ref": "#/$defs/p"}, {"type": "null"}],
+        "$defs": {"p": {"type": "object", "properties": {"q": {"$ref": "#/definitions/r"}}, "required": ["q"]}},
+        "definitions": {"r": {"type": "string", "enum": ["z"]}},
+    },
     {"type": "object", "properties": {f: {"type": "string", "format": f} for f in FORMAT_EXAMPLES}},
-    {"type": "object", "properties": {"code": {"type": "string", "pattern": "^[A-Z]{3}-\\d{2,4}$"}, "mail": {"type": "string", "pattern": "^[^@]+@[a-z]+\\.(com|org)$"}}},
+    {
+        "type": "object",
+        "properties": {
+            "code": {"type": "string", "pattern": "^[A-Z]{3}-\\d{2,4}$"},
+            "mail": {"type": "string", "pattern": "^[^@]+@[a-z]+\\.(com|org)$"},
+        },
+    },
     {"type": "object", "additionalProperties": {"type": "integer"}},
 ]
 
@@ -66,7 +79,12 @@ def test_not_json_schema():
 
 
 def test_strict_rules():
-    closed = {"type": "object", "properties": {"a": {"type": "object", "properties": {}, "additionalProperties": False}}, "required": ["a"], "additionalProperties": False}
+    closed = {
+        "type": "object",
+        "properties": {"a": {"type": "object", "properties": {}, "additionalProperties": False}},
+        "required": ["a"],
+        "additionalProperties": False,
+    }
     assert strict_problem(closed) is None
     assert "additionalProperties" in strict_problem({**closed, "additionalProperties": True})
     assert "missing 'a'" in strict_problem({**closed, "required": []})

@@ -132,7 +132,10 @@ def test_pods_and_upgrades_outlast_the_longest_stream(path):
 @pytest.mark.parametrize("path", MANIFESTS, ids=lambda p: p.name)
 def test_probes_and_secrets(path):
     manifest = yaml.safe_load(path.read_text())
-    keys = {"name": "RESPONSES_SERVE_REASONING_KEYS", "valueFrom": {"secretKeyRef": {"name": "responses-serve-reasoning-keys", "key": "keys"}}}
+    keys = {
+        "name": "RESPONSES_SERVE_REASONING_KEYS",
+        "valueFrom": {"secretKeyRef": {"name": "responses-serve-reasoning-keys", "key": "keys"}},
+    }
     for group in _groups(manifest):
         (container,) = group["template"]["spec"]["containers"]
         assert keys in container["env"]  # every replica seals and opens reasoning with the same keys
@@ -178,9 +181,9 @@ def test_every_pod_runs_serves_haproxy_ingress(path):
     """Serve's settings are read by the processes of each Ray node: every container, workers
     included, turns on the HAProxy ingress as the head does (an ingress replica serves HTTP
     on a port of its own only where its node's processes see it), and names our HAProxy."""
+    from responses_serve.config import SHUTDOWN_MARGIN_S
     from responses_serve.serve import haproxy
     from responses_serve.serve.app import CLUSTER_ENV, HAPROXY_HARD_STOP_AFTER
-    from responses_serve.config import SHUTDOWN_MARGIN_S
 
     manifest = yaml.safe_load(path.read_text())
     for group in _groups(manifest):

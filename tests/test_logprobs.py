@@ -16,10 +16,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from responses_serve.families.harmony import HarmonyModel
-from responses_serve.logprobs import LOGPROB_FLOOR, LogprobFormatter, token_string
 from responses_serve.api.request import ResponsesRequest
 from responses_serve.api.sse import encode_events
+from responses_serve.families.harmony import HarmonyModel
+from responses_serve.logprobs import LOGPROB_FLOOR, LogprobFormatter, token_string
 from responses_serve.stream import ResponseStream
 from responses_serve.tokens import TokenBatch
 from tests import sdk_scenarios
@@ -69,7 +69,11 @@ def message_logprobs(events: list[dict]) -> dict[str, tuple[list[list[dict]], li
 
 def without_bytes(entries: list[dict]) -> list[dict]:
     return [
-        {"token": e["token"], "logprob": e["logprob"], "top_logprobs": [{"token": t["token"], "logprob": t["logprob"]} for t in e["top_logprobs"]]}
+        {
+            "token": e["token"],
+            "logprob": e["logprob"],
+            "top_logprobs": [{"token": t["token"], "logprob": t["logprob"]} for t in e["top_logprobs"]],
+        }
         for e in entries
     ]
 
@@ -222,7 +226,7 @@ def test_bad_logprob_requests(inprocess_url):
         ("<\n", False, "<\n"),  # a held "<" shows with the next token; the end of the output is no tag: "\n" stays
         ("<tool_call>{bad json", False, "<tool_call>{bad json"),  # a malformed call is text, tags included
         ("Thinking.\n</think>\n\nParis é!", True, "Paris é!"),  # the end tag and blank lines are not the answer's
-        ("<think>Hm</think>A <tool_call>\n{\"name\": \"f\", \"arguments\": {}}\n</tool_call>", False, "A"),
+        ('<think>Hm</think>A <tool_call>\n{"name": "f", "arguments": {}}\n</tool_call>', False, "A"),
     ],
 )
 def test_chat_template_tokens_of_exactly_the_text(chat_model, completion, in_reasoning, expected):

@@ -16,13 +16,30 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from responses_serve.families.harmony import HarmonyModel
 from responses_serve.serve.metrics import (
-    ACCEPTED_TOKENS, BACKGROUND_RUNS, CACHED_TOKENS, DRAFT_TOKENS, E2E, METRICS, OUTPUT_TOKENS, PROMPT_TOKENS, RENDER,
-    RENDER_TOKENS, REQUESTS, STORE_BYTES, STORE_ENTRIES, STREAMS_OPEN, TPOT, TRUNCATED, TTFT, WEBSOCKETS_OPEN, gauge_ttl_s,
-)  # fmt: skip
+    ACCEPTED_TOKENS,
+    BACKGROUND_RUNS,
+    CACHED_TOKENS,
+    DRAFT_TOKENS,
+    E2E,
+    METRICS,
+    OUTPUT_TOKENS,
+    PROMPT_TOKENS,
+    RENDER,
+    RENDER_TOKENS,
+    REQUESTS,
+    STORE_BYTES,
+    STORE_ENTRIES,
+    STREAMS_OPEN,
+    TPOT,
+    TRUNCATED,
+    TTFT,
+    WEBSOCKETS_OPEN,
+    gauge_ttl_s,
+)
 from responses_serve.server.app import ServedModel, create_app
 from responses_serve.server.metrics import RequestOutcome
-from responses_serve.families.harmony import HarmonyModel
 from tests.conftest import engine_stats, have_vllm, uvicorn_server, wait_until
 from tests.sdk_scenarios import raw_stream
 
@@ -81,7 +98,9 @@ def test_each_request_reports_once_with_its_usage(replay_backend):
         bad = http.post("/responses", json={"model": "gpt-oss-replay", "input": "x", "temperature": 9})
         turns = [{"role": "user", "content": "old"}, {"role": "assistant", "content": "older"}, {"role": "user", "content": "new"}]
         # Room for 131,000 output tokens leaves 72 for the prompt: the first turn goes.
-        truncated = http.post("/responses", json={"model": "gpt-oss-replay", "input": turns, "truncation": "auto", "max_output_tokens": 131_000})
+        truncated = http.post(
+            "/responses", json={"model": "gpt-oss-replay", "input": turns, "truncation": "auto", "max_output_tokens": 131_000}
+        )
     assert (missing.status_code, stale.status_code, bad.status_code, truncated.status_code) == (404, 400, 400, 200)
     got = [(o.model, o.status, o.code) for o in recorder.outcomes]
     assert got == [
@@ -117,7 +136,10 @@ def test_websocket_responses_report_as_streams_and_connections_are_counted(repla
             assert wait_until(lambda: recorder.websockets[-1:] == [2], 5), recorder.websockets
         assert wait_until(lambda: recorder.websockets[-1:] == [0], 5), recorder.websockets
     assert recorder.websockets == [1, 2, 1, 0]
-    assert [(o.model, o.status, o.code) for o in recorder.outcomes] == [("gpt-oss-replay", "completed", ""), ("", "rejected", "model_not_found")]
+    assert [(o.model, o.status, o.code) for o in recorder.outcomes] == [
+        ("gpt-oss-replay", "completed", ""),
+        ("", "rejected", "model_not_found"),
+    ]
     assert recorder.outcomes[0].output_tokens == done["usage"]["output_tokens"] > 0
     assert recorder.most_open == 1 and recorder.open["gpt-oss-replay"] == 0  # the response streamed, then closed
 
@@ -126,7 +148,10 @@ def test_a_follow_up_reports_the_prompt_pieces_it_reused(replay_backend):
     """The second turn of a chain takes its first turn's prompt pieces from the replica's
     prompt cache (all but the closing `<|start|>assistant`); without a cache nothing is reused."""
     recorder = Recorder()
-    models = [ServedModel("gpt-oss-replay", replay_backend), ServedModel("whole", replay_backend, family=HarmonyModel(prompt_cache_tokens=0))]
+    models = [
+        ServedModel("gpt-oss-replay", replay_backend),
+        ServedModel("whole", replay_backend, family=HarmonyModel(prompt_cache_tokens=0)),
+    ]
     with uvicorn_server(create_app(models, metrics=recorder)) as url, httpx.Client(base_url=url, timeout=30) as http:
         for model in ("gpt-oss-replay", "whole"):
             first = http.post("/responses", json={"model": model, "input": "a long first question " * 40}).json()
@@ -232,7 +257,11 @@ def test_prometheus_endpoint_counts_requests_latencies_and_tokens(serve_url, met
     requests = [{"model": MODEL, "input": f"metrics request {i} " + "x" * i, "stream": i % 2 == 0} for i in range(8)]
     requests.append({"model": MODEL, "input": "cut short please", "max_output_tokens": 4, "stream": True})
     # Room for 131,000 output tokens leaves 72 for the prompt: truncation drops the first turn.
-    turns = [{"role": "user", "content": "an old question"}, {"role": "assistant", "content": "an old answer"}, {"role": "user", "content": "now this"}]
+    turns = [
+        {"role": "user", "content": "an old question"},
+        {"role": "assistant", "content": "an old answer"},
+        {"role": "user", "content": "now this"},
+    ]
     requests.append({"model": MODEL, "input": turns, "truncation": "auto", "max_output_tokens": 131_000, "stream": False})
 
     def send(body: dict) -> dict:
@@ -270,16 +299,20 @@ def test_prometheus_endpoint_counts_requests_latencies_and_tokens(serve_url, met
 
     usage = [r["usage"] for r in responses]
     expected = {
-        "completed": 9, "incomplete": 1, "rejected": 1, "all": 11,
+        "completed": 9,
+        "incomplete": 1,
+        "rejected": 1,
+        "all": 11,
         "e2e_count": 11,  # every request, the rejected one too
-        "ttft_count": 10, "tpot_count": 10,  # every request that got tokens (all of them more than one)
+        "ttft_count": 10,
+        "tpot_count": 10,  # every request that got tokens (all of them more than one)
         "prompt": sum(u["input_tokens"] for u in usage),
         "cached": sum(u["input_tokens_details"]["cached_tokens"] for u in usage),
         "output": sum(u["output_tokens"] for u in usage),
         "streams_open": 0,
         "truncated": 1,
         "render_count": 10,  # every request that rendered a prompt (the rejected one failed before)
-    }  # fmt: skip
+    }
     assert poll(metrics_port, expected, read) == expected
     families = scrape(metrics_port)
     # Histograms: the +Inf bucket holds every observation; TTFT is part of the whole latency.
@@ -333,12 +366,19 @@ def test_prometheus_endpoint_counts_speculative_tokens(serve_url, metrics_port):
 
     def read(families: dict) -> dict:
         labels = {"model": model}
-        return {"drafted": total(families, DRAFT_TOKENS, "_total", **labels), "accepted": total(families, ACCEPTED_TOKENS, "_total", **labels)}
+        return {
+            "drafted": total(families, DRAFT_TOKENS, "_total", **labels),
+            "accepted": total(families, ACCEPTED_TOKENS, "_total", **labels),
+        }
 
     # Earlier tests used this model too: settle on what the endpoint shows before our requests.
     before = poll(metrics_port, {"drafted": before_engine["draft_tokens"], "accepted": before_engine["accepted_tokens"]}, read)
     for i in range(3):
-        raw_stream(serve_url, {"model": model, "input": f"one two three one two three one two {i}", "temperature": 0, "max_output_tokens": 40}, allow_replacement=True)
+        raw_stream(
+            serve_url,
+            {"model": model, "input": f"one two three one two three one two {i}", "temperature": 0, "max_output_tokens": 40},
+            allow_replacement=True,
+        )
     after_engine = engine_stats(model)
     drafted = after_engine["draft_tokens"] - before_engine["draft_tokens"]
     accepted = after_engine["accepted_tokens"] - before_engine["accepted_tokens"]
@@ -406,8 +446,8 @@ def test_every_metric_the_dashboard_names_is_exported(serve_url, metrics_port):
     """The Serve metrics the dashboard uses exist under those names in this Ray version."""
     from ray import serve
 
-    from responses_serve.serve.dashboard import SERVE_METRICS
     from responses_serve.config import ModelConfig
+    from responses_serve.serve.dashboard import SERVE_METRICS
 
     sdk_request = {"model": MODEL, "input": "for the dashboard"}
     raw_stream(serve_url, sdk_request)

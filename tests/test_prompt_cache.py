@@ -14,21 +14,28 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from responses_serve.families.chat_template import ChatTemplateModel, piece_starts
 from responses_serve.api.errors import APIError
+from responses_serve.api.request import ResponsesRequest
+from responses_serve.families.chat_template import ChatTemplateModel, piece_starts
 from responses_serve.families.harmony import HarmonyModel, render_prompt
 from responses_serve.families.prompt_cache import PromptCache
-from responses_serve.api.request import ResponsesRequest
 
 TODAY = datetime.date(2026, 11, 25)
 # Text as clients send it: words, code, other scripts, and strings that look like special tokens.
 TEXT = st.lists(
-    st.sampled_from(["the ", "code", " def f():\n", "\n\n", "  ", "{\"a\": 1}", "世界", "é", "🙂", "<|start|>", "<|im_start|>", "<think>", "x"]),
+    st.sampled_from(
+        ["the ", "code", " def f():\n", "\n\n", "  ", '{"a": 1}', "世界", "é", "🙂", "<|start|>", "<|im_start|>", "<think>", "x"]
+    ),
     min_size=0,
     max_size=8,
 ).map("".join)
 WEATHER = {"type": "function", "name": "weather", "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}
-SHELL = {"type": "namespace", "name": "exec", "description": "run", "tools": [{"type": "function", "name": "shell", "parameters": {"type": "object"}}]}
+SHELL = {
+    "type": "namespace",
+    "name": "exec",
+    "description": "run",
+    "tools": [{"type": "function", "name": "shell", "parameters": {"type": "object"}}],
+}
 
 
 @st.composite
@@ -113,14 +120,38 @@ def test_chat_template_prompt_is_the_whole_texts_tokens(tokenizer, request, earl
 
 
 @settings(max_examples=300, deadline=None)
-@given(st.lists(st.sampled_from(["<|im_start|>", "<|im_end|>", "<|endoftext|>", "<repo_name>", "<reponame>", "user\n", " a", "  ", "\n", "é", "<|im", "_start|>", "<", "|>"]), max_size=20))
+@given(
+    st.lists(
+        st.sampled_from(
+            [
+                "<|im_start|>",
+                "<|im_end|>",
+                "<|endoftext|>",
+                "<repo_name>",
+                "<reponame>",
+                "user\n",
+                " a",
+                "  ",
+                "\n",
+                "é",
+                "<|im",
+                "_start|>",
+                "<",
+                "|>",
+            ]
+        ),
+        max_size=20,
+    )
+)
 def test_text_in_pieces_tokenizes_as_whole(tokenizer, parts):
     """Any text, cut where `piece_starts` cuts it (even around half-written special tokens)."""
     text = "".join(parts)
     pattern = piece_starts(tokenizer)
     pieces = [piece for piece in pattern.split(text) if piece]
     assert "".join(pieces) == text
-    assert [i for piece in pieces for i in tokenizer.encode(piece, add_special_tokens=False)] == tokenizer.encode(text, add_special_tokens=False)
+    assert [i for piece in pieces for i in tokenizer.encode(piece, add_special_tokens=False)] == tokenizer.encode(
+        text, add_special_tokens=False
+    )
 
 
 def test_piece_starts_leaves_out_tokens_another_overlaps_or_that_eat_whitespace(tokenizer):
@@ -129,7 +160,9 @@ def test_piece_starts_leaves_out_tokens_another_overlaps_or_that_eat_whitespace(
     from tokenizers import AddedToken
 
     changed = copy.deepcopy(tokenizer)
-    changed.add_special_tokens({"additional_special_tokens": ["x<|im_start|>", AddedToken("<|trim|>", lstrip=True, rstrip=True), "<|im_end|>y"]})
+    changed.add_special_tokens(
+        {"additional_special_tokens": ["x<|im_start|>", AddedToken("<|trim|>", lstrip=True, rstrip=True), "<|im_end|>y"]}
+    )
     pattern = piece_starts(changed)
     assert pattern.split("a<|im_start|>b") == ["a<|im_start|>b"]  # "x<|im_start|>" holds it
     assert pattern.split("a<|trim|>b") == ["a<|trim|>b"]
@@ -182,5 +215,7 @@ def test_a_budget_of_zero_renders_prompts_whole():
     assert HarmonyModel(prompt_cache_tokens=0).prompt_cache is None
     request = ResponsesRequest(model="m", input="hi")
     model = HarmonyModel()
-    assert model.render_prompt(request, request.input_items()) == HarmonyModel(prompt_cache_tokens=0).render_prompt(request, request.input_items())
+    assert model.render_prompt(request, request.input_items()) == HarmonyModel(prompt_cache_tokens=0).render_prompt(
+        request, request.input_items()
+    )
     assert model.prompt_cache.size > 0

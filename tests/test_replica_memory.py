@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from responses_serve.serve.memory import RAY_JEMALLOC, memory_report
-from responses_serve.serve.app import REPLICA_ENV
 from responses_serve.config import ModelConfig
+from responses_serve.serve.app import REPLICA_ENV
+from responses_serve.serve.memory import RAY_JEMALLOC, memory_report
 from tests import sdk_scenarios
 from tests.conftest import E2E_APP, engine_stats
 
@@ -101,9 +101,13 @@ ALLOCATION = textwrap.dedent("""
 def test_heap_in_use_follows_a_live_allocation_under_either_allocator(preload):
     """The replicas run on jemalloc (REPLICA_ENV), elsewhere glibc: both heaps are read."""
     result = subprocess.run(
-        [sys.executable, "-c", ALLOCATION], env={**os.environ, "LD_PRELOAD": preload, "PYTHONPATH": str(REPO)},
-        capture_output=True, text=True, timeout=60, check=True,
-    )  # fmt: skip
+        [sys.executable, "-c", ALLOCATION],
+        env={**os.environ, "LD_PRELOAD": preload, "PYTHONPATH": str(REPO)},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
     before, after = json.loads(result.stdout)
     assert before["allocator"] == after["allocator"] == ("jemalloc" if preload else "glibc")
     assert after["in_use_mb"] - before["in_use_mb"] >= 64

@@ -20,14 +20,13 @@ import time
 
 import httpx
 import openai
-import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 from ray.serve.request_router import FIFOMixin, RequestRouter
 
+from responses_serve.api.request import ResponsesRequest
 from responses_serve.engines.replay import PrefixCache
 from responses_serve.serve.routing import preferred_replica, within_imbalance
-from responses_serve.api.request import ResponsesRequest
 from responses_serve.server.run import affinity_key
 from tests.conftest import wait_until
 
@@ -97,7 +96,11 @@ def _turns(serve_url: str, model: str) -> list[list[dict]]:
     with httpx.Client(base_url=serve_url, timeout=60) as http:
         for turn in range(3):
             for index in range(CONVERSATIONS):
-                body = {"model": model, "input": f"conversation {index}, turn {turn}: " + "words " * 40, "previous_response_id": previous[index]}
+                body = {
+                    "model": model,
+                    "input": f"conversation {index}, turn {turn}: " + "words " * 40,
+                    "previous_response_id": previous[index],
+                }
                 response = http.post("/responses", json=body)
                 assert response.status_code == 200, response.text
                 previous[index] = response.json()["id"]
@@ -154,8 +157,13 @@ def test_serves_hook_for_the_request_a_replica_goes_to_is_still_there():
     `FIFOMixin` overrides, with the helpers that mixin uses; a Ray upgrade that renames one
     would silently make the queue unordered again, or break routing."""
     assert "self._fulfill_next_pending_request(" in inspect.getsource(RequestRouter._fulfill_pending_requests)
-    helpers = ["_fulfill_next_pending_request", "_get_pending_request_matching_internal_request_id", "_record_queue_wait_time",
-               "_cancel_routing_task_for_pending_request", "_remove_pending_request_from_indices"]  # fmt: skip
+    helpers = [
+        "_fulfill_next_pending_request",
+        "_get_pending_request_matching_internal_request_id",
+        "_record_queue_wait_time",
+        "_cancel_routing_task_for_pending_request",
+        "_remove_pending_request_from_indices",
+    ]
     assert all(callable(getattr(RequestRouter, helper, None)) for helper in helpers)
     assert "_pending_requests_to_fulfill" in FIFOMixin.__annotations__
 

@@ -54,7 +54,9 @@ def test_websocket_connections_each_keep_their_chain_on_either_replica(serve_url
         with socket_scenarios.socket(serve_url) as connection:
             previous = None
             for turn in range(3):
-                socket_scenarios.create(connection, model=model, input=f"conversation {index} turn {turn}", store=False, previous_response_id=previous)
+                socket_scenarios.create(
+                    connection, model=model, input=f"conversation {index} turn {turn}", store=False, previous_response_id=previous
+                )
                 response = socket_scenarios.response_events(socket_scenarios.until_end(connection))[-1]["response"]
                 assert response["status"] == "completed" and response["previous_response_id"] == previous
                 previous = response["id"]
@@ -87,7 +89,14 @@ def test_websocket_client_leaving_aborts_engine_requests(serve_url):
 
 def test_models_listed(serve_url):
     ids = {m.id for m in sdk_scenarios.client(serve_url).models.list()}
-    replay = {"gpt-oss-replay", "qwen3-replay", "gpt-oss-replay-slow", "gpt-oss-replay-slow-raw", "gpt-oss-replay-metrics", "gpt-oss-replay-kill"}
+    replay = {
+        "gpt-oss-replay",
+        "qwen3-replay",
+        "gpt-oss-replay-slow",
+        "gpt-oss-replay-slow-raw",
+        "gpt-oss-replay-metrics",
+        "gpt-oss-replay-kill",
+    }
     replay |= {"gpt-oss-replay-affinity", "gpt-oss-replay-spread", "gpt-oss-replay-tiers"}
     vllm = {"tiny-ngram", "tiny-gpt-oss", "smollm2-135m-instruct"}
     assert ids == (replay | vllm if have_vllm() else replay)
@@ -159,9 +168,7 @@ def test_coalescing_fewer_objects_same_events(serve_url):
         """Event types with runs of deltas collapsed, and the final items without ids."""
         types = [e["type"] for e in events]
         collapsed = [t for i, t in enumerate(types) if not (t.endswith(".delta") and i and types[i - 1] == t)]
-        items = [
-            {k: v for k, v in item.items() if k not in ("id", "call_id")} for item in events[-1]["response"]["output"]
-        ]
+        items = [{k: v for k, v in item.items() if k not in ("id", "call_id")} for item in events[-1]["response"]["output"]]
         return collapsed, items
 
     assert shape(coalesced_events) == shape(raw_events)
@@ -190,8 +197,8 @@ def test_haproxy_keeps_streams_across_its_reloads_as_long_as_the_longest_may_las
     """Serve reloads HAProxy at every change of replicas; the old process cuts what it still
     carries after `hard-stop-after`. The session's HAProxy (started as `make serve` starts
     it) keeps a stream at least the app's longest stream plus the drain margin."""
+    from responses_serve.config import SHUTDOWN_MARGIN_S, AppConfig
     from responses_serve.serve.app import CLUSTER_ENV, HAPROXY_HARD_STOP_AFTER
-    from responses_serve.config import AppConfig, SHUTDOWN_MARGIN_S
 
     longest = AppConfig.model_validate(E2E_ARGS).max_stream_duration_s
     hard_stop = re.findall(r"^\s*hard-stop-after (\d+)s$", session_haproxy_config(), re.M)
@@ -206,7 +213,9 @@ def test_replica_killed_mid_stream_fails_streams_then_recovers(serve_url):
 
     def open_stream(index: int) -> tuple[list[dict], float]:
         with httpx.Client(timeout=60) as http:
-            with http.stream("POST", f"{serve_url}/responses", json={"model": model, "input": f"{index} {LONG_TEXT}", "stream": True}) as response:
+            with http.stream(
+                "POST", f"{serve_url}/responses", json={"model": model, "input": f"{index} {LONG_TEXT}", "stream": True}
+            ) as response:
                 raw = b""
                 for chunk in response.iter_raw():
                     raw += chunk

@@ -11,8 +11,8 @@ from __future__ import annotations
 import pytest
 from fastapi.testclient import TestClient
 
-from responses_serve.server.app import ServedModel, create_app
 from responses_serve.api.service_tier import engine_priority, served_tier
+from responses_serve.server.app import ServedModel, create_app
 from tests.contract import check_stream, parse_sse
 from tests.test_encrypted_reasoning import Recording
 from tests.test_metrics import Recorder

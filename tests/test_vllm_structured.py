@@ -65,7 +65,12 @@ TIME = {
     "type": "function",
     "name": "get_time",
     "description": "Current time in a timezone",
-    "parameters": {"type": "object", "properties": {"zone": {"type": "string", "enum": ["UTC", "CET"]}}, "required": ["zone"], "additionalProperties": False},
+    "parameters": {
+        "type": "object",
+        "properties": {"zone": {"type": "string", "enum": ["UTC", "CET"]}},
+        "required": ["zone"],
+        "additionalProperties": False,
+    },
     "strict": True,
 }
 MAX_TOKENS = 160
@@ -73,10 +78,10 @@ MAX_TOKENS = 160
 
 @pytest.fixture(scope="module")
 def engine_url(smollm2_engine) -> Iterator[str]:
-    from responses_serve.server.app import ServedModel, create_app
     from responses_serve.config import SMOLLM2
     from responses_serve.families.chat_template import ChatTemplateModel
     from responses_serve.families.smollm2 import load_tokenizer
+    from responses_serve.server.app import ServedModel, create_app
 
     host, backend, _ = smollm2_engine
     tokenizer = load_tokenizer(SMOLLM2)
@@ -84,9 +89,13 @@ def engine_url(smollm2_engine) -> Iterator[str]:
         ServedModel(PLAIN, backend, 2048, ChatTemplateModel(tokenizer)),
         ServedModel(HERMES, backend, 2048, ChatTemplateModel(tokenizer, template="qwen3", reasoning_parser="qwen3", tool_parser="hermes")),
         ServedModel(
-            HERMES_NO_THINK, backend, 2048,
-            ChatTemplateModel(tokenizer, template="qwen3", reasoning_parser="qwen3", tool_parser="hermes", template_kwargs={"enable_thinking": False}),
-        ),  # fmt: skip
+            HERMES_NO_THINK,
+            backend,
+            2048,
+            ChatTemplateModel(
+                tokenizer, template="qwen3", reasoning_parser="qwen3", tool_parser="hermes", template_kwargs={"enable_thinking": False}
+            ),
+        ),
     ]
     with host.serve(create_app(models)) as url:
         yield url
@@ -121,7 +130,15 @@ def test_json_schema_answers_always_validate(engine_url, model):
         ("Plan a trip to Paris as JSON.", TRIP),
         ("Tell me a joke.", TRIP),  # nothing in the prompt asks for JSON: the grammar does
     ]
-    in_parallel(_structured, [(engine_url, model, prompt, schema, stream, temperature) for prompt, schema in cases for stream in (False, True) for temperature in (0.0, 1.0)])
+    in_parallel(
+        _structured,
+        [
+            (engine_url, model, prompt, schema, stream, temperature)
+            for prompt, schema in cases
+            for stream in (False, True)
+            for temperature in (0.0, 1.0)
+        ],
+    )
 
 
 def test_streaming_equals_non_streaming_at_temperature_zero(engine_url):
@@ -158,7 +175,9 @@ def test_json_object(engine_url):
     # within the budget is the sampler's luck, so the last case asks for a small one at
     # temperature 0 (the same tokens on every run).
     small = 'Reply with a JSON object that has one key, "name", whose value is "Tom".'
-    *answers, finished = in_parallel(answer, [(stream, temperature) for stream in (False, True) for temperature in (0.0, 1.0)] + [(False, 0.0, small)])
+    *answers, finished = in_parallel(
+        answer, [(stream, temperature) for stream in (False, True) for temperature in (0.0, 1.0)] + [(False, 0.0, small)]
+    )
     for response in answers:
         assert response.output_text.startswith("{"), response.output_text
         if response.status == "completed":
@@ -220,6 +239,8 @@ def test_tool_choice_auto_with_strict_tools_on_the_engine(engine_url):
 
 def test_tool_choice_none_on_the_engine(engine_url):
     prompts = ("Call get_weather for Paris now.", "What time is it in Berlin? Use a tool.")
-    for response in in_parallel(_ask, [(engine_url, prompt, "none", 0.0, False) for prompt in prompts]):  # it may talk until max_output_tokens
+    for response in in_parallel(
+        _ask, [(engine_url, prompt, "none", 0.0, False) for prompt in prompts]
+    ):  # it may talk until max_output_tokens
         assert response.output and not _calls(response)
         assert "<tool_call>" not in response.output_text

@@ -105,12 +105,26 @@ def _response(response_id: str, previous: str | None, text: str = "ok"):
 
     return Response.model_validate(
         {
-            "id": response_id, "object": "response", "created_at": 0, "model": "m", "status": "completed",
-            "previous_response_id": previous, "parallel_tool_calls": True, "tool_choice": "auto", "tools": [],
-            "output": [{"type": "message", "id": f"msg_{response_id}", "role": "assistant", "status": "completed",
-                        "content": [{"type": "output_text", "text": text, "annotations": []}]}],
+            "id": response_id,
+            "object": "response",
+            "created_at": 0,
+            "model": "m",
+            "status": "completed",
+            "previous_response_id": previous,
+            "parallel_tool_calls": True,
+            "tool_choice": "auto",
+            "tools": [],
+            "output": [
+                {
+                    "type": "message",
+                    "id": f"msg_{response_id}",
+                    "role": "assistant",
+                    "status": "completed",
+                    "content": [{"type": "output_text", "text": text, "annotations": []}],
+                }
+            ],
         }
-    )  # fmt: skip
+    )
 
 
 def _user(text: str):

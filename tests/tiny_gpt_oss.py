@@ -17,8 +17,24 @@ from pathlib import Path
 from responses_serve.families.vocab import harmony_encoding
 
 HARMONY_SPECIALS = list(range(199998, 200019))
-HEADER_WORDS = ["assistant", "user", "analysis", "final", "commentary", " to", "=", "functions", ".",
-                "get_weather", " json", "{}", " Hello", " world", "é", "世界"]  # fmt: skip
+HEADER_WORDS = [
+    "assistant",
+    "user",
+    "analysis",
+    "final",
+    "commentary",
+    " to",
+    "=",
+    "functions",
+    ".",
+    "get_weather",
+    " json",
+    "{}",
+    " Hello",
+    " world",
+    "é",
+    "世界",
+]
 
 
 def harmony_heavy_tokens() -> list[int]:

@@ -10,8 +10,10 @@ comes from `jsonschema` (every keyword with validation meaning in drafts 7 and 2
 from __future__ import annotations
 
 import re
-from re import _constants as sre, _parser as sre_parse  # the stdlib's regex parser: no new dependency
-from typing import Any, Iterator
+from collections.abc import Iterator
+from re import _constants as sre  # the stdlib's regex parser: no new dependency
+from re import _parser as sre_parse
+from typing import Any
 
 import jsonschema
 
@@ -19,11 +21,30 @@ from responses_serve.api.errors import invalid_request
 
 # What xgrammar enforces (vLLM's `has_xgrammar_unsupported_json_features` and xgrammar's
 # JSON-schema converter) and `instance()` below can produce.
-SUPPORTED_KEYWORDS = frozenset({
-    "type", "enum", "const", "properties", "required", "additionalProperties", "items", "prefixItems",
-    "minItems", "maxItems", "minLength", "maxLength", "pattern", "format",
-    "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "anyOf", "$ref",
-})  # fmt: skip
+SUPPORTED_KEYWORDS = frozenset(
+    {
+        "type",
+        "enum",
+        "const",
+        "properties",
+        "required",
+        "additionalProperties",
+        "items",
+        "prefixItems",
+        "minItems",
+        "maxItems",
+        "minLength",
+        "maxLength",
+        "pattern",
+        "format",
+        "minimum",
+        "maximum",
+        "exclusiveMinimum",
+        "exclusiveMaximum",
+        "anyOf",
+        "$ref",
+    }
+)
 VALIDATION_KEYWORDS = frozenset(jsonschema.Draft202012Validator.VALIDATORS) | frozenset(jsonschema.Draft7Validator.VALIDATORS)
 UNSUPPORTED_KEYWORDS = VALIDATION_KEYWORDS - SUPPORTED_KEYWORDS
 # xgrammar's string formats (vLLM's STRING_SUPPORTED_FORMATS) that `instance()` can write.
@@ -77,7 +98,12 @@ def check_schema(schema: Any) -> None:
 
 
 # Grammar engines match regular languages: no lookaround, no backreferences.
-_IRREGULAR = {sre.ASSERT: "lookaround", sre.ASSERT_NOT: "lookaround", sre.GROUPREF: "backreferences", sre.GROUPREF_EXISTS: "conditional groups"}
+_IRREGULAR = {
+    sre.ASSERT: "lookaround",
+    sre.ASSERT_NOT: "lookaround",
+    sre.GROUPREF: "backreferences",
+    sre.GROUPREF_EXISTS: "conditional groups",
+}
 
 
 def regex_problem(pattern: str) -> str | None:
@@ -130,8 +156,19 @@ def _subschemas(node: Any, path: str) -> Iterator[tuple[str, Any]]:
     for key in ("properties", "$defs", "definitions", "patternProperties", "dependentSchemas"):
         for name, sub in (node.get(key) or {}).items() if isinstance(node.get(key), dict) else ():
             yield from _subschemas(sub, f"{path}.{key}.{name}")
-    for key in ("additionalProperties", "items", "not", "contains", "propertyNames", "if", "then", "else",
-                "unevaluatedItems", "unevaluatedProperties", "additionalItems"):  # fmt: skip
+    for key in (
+        "additionalProperties",
+        "items",
+        "not",
+        "contains",
+        "propertyNames",
+        "if",
+        "then",
+        "else",
+        "unevaluatedItems",
+        "unevaluatedProperties",
+        "additionalItems",
+    ):
         sub = node.get(key)
         if isinstance(sub, dict):
             yield from _subschemas(sub, f"{path}.{key}")
@@ -231,7 +268,14 @@ def _number(schema: dict[str, Any], kind: str) -> int | float:
     raise UnsupportedSchema(f"no {kind} satisfies {bounds}")
 
 
-_CATEGORY_EXAMPLES = {sre.CATEGORY_DIGIT: "0", sre.CATEGORY_WORD: "a", sre.CATEGORY_SPACE: " ", sre.CATEGORY_NOT_DIGIT: "a", sre.CATEGORY_NOT_WORD: "-", sre.CATEGORY_NOT_SPACE: "a"}
+_CATEGORY_EXAMPLES = {
+    sre.CATEGORY_DIGIT: "0",
+    sre.CATEGORY_WORD: "a",
+    sre.CATEGORY_SPACE: " ",
+    sre.CATEGORY_NOT_DIGIT: "a",
+    sre.CATEGORY_NOT_WORD: "-",
+    sre.CATEGORY_NOT_SPACE: "a",
+}
 
 
 def _regex_example(pattern: str) -> str:
@@ -293,5 +337,9 @@ def _in_class(char: str, op, arg) -> bool:
     if op is sre.RANGE:
         return arg[0] <= ord(char) <= arg[1]
     if op is sre.CATEGORY:
-        return {sre.CATEGORY_DIGIT: char.isdigit(), sre.CATEGORY_WORD: char.isalnum() or char == "_", sre.CATEGORY_SPACE: char.isspace()}.get(arg, False)
+        return {
+            sre.CATEGORY_DIGIT: char.isdigit(),
+            sre.CATEGORY_WORD: char.isalnum() or char == "_",
+            sre.CATEGORY_SPACE: char.isspace(),
+        }.get(arg, False)
     return False

@@ -9,12 +9,11 @@ and simply not offered to the model. Everything else that is wrong is a 400.
 from __future__ import annotations
 
 import json
-from typing import Annotated, Any, Literal, TypeVar, Union
+from typing import Annotated, Any, Literal, TypeVar
 
 import jsonschema
-from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, ValidationError, field_validator, model_validator
-
 from openai.types.responses import ResponseIncludable
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, ValidationError, field_validator, model_validator
 
 from responses_serve.api.errors import APIError, from_validation_error, invalid_request
 from responses_serve.api.json_schema import check_schema, strict_problem
@@ -51,11 +50,15 @@ def _part_tag(value: Any) -> str | None:
 
 
 ContentPart = Annotated[
-    Union[Annotated[TextPart, Tag("part:text")], Annotated[RefusalPart, Tag("part:refusal")]],
-    Discriminator(_part_tag, custom_error_type="invalid_value", custom_error_message=(
-        "content parts must be of type 'input_text', 'output_text' or 'refusal' "
-        "(images, files and audio are not supported by this server)"
-    )),
+    Annotated[TextPart, Tag("part:text")] | Annotated[RefusalPart, Tag("part:refusal")],
+    Discriminator(
+        _part_tag,
+        custom_error_type="invalid_value",
+        custom_error_message=(
+            "content parts must be of type 'input_text', 'output_text' or 'refusal' "
+            "(images, files and audio are not supported by this server)"
+        ),
+    ),
 ]
 
 
@@ -72,7 +75,7 @@ class MessageItem(_Lenient):
     type: Literal["message"] = "message"
     id: str | None = None
     role: Literal["user", "system", "developer", "assistant"]
-    content: Union[str, list[ContentPart]]
+    content: str | list[ContentPart]
 
     @property
     def text(self) -> str:
@@ -92,7 +95,7 @@ class FunctionCallOutputItem(_Lenient):
     type: Literal["function_call_output"]
     id: str | None = None
     call_id: str = Field(min_length=1)
-    output: Union[str, list[ContentPart]]
+    output: str | list[ContentPart]
 
     @property
     def text(self) -> str:
@@ -130,15 +133,15 @@ def _item_tag(value: Any) -> str | None:
 
 
 InputItem = Annotated[
-    Union[
-        Annotated[MessageItem, Tag("item:message")],
-        Annotated[FunctionCallItem, Tag("item:function_call")],
-        Annotated[FunctionCallOutputItem, Tag("item:function_call_output")],
-        Annotated[ReasoningItem, Tag("item:reasoning")],
-    ],
-    Discriminator(_item_tag, custom_error_type="invalid_value", custom_error_message=(
-        "input items must be of type 'message', 'function_call', 'function_call_output' or 'reasoning'"
-    )),
+    Annotated[MessageItem, Tag("item:message")]
+    | Annotated[FunctionCallItem, Tag("item:function_call")]
+    | Annotated[FunctionCallOutputItem, Tag("item:function_call_output")]
+    | Annotated[ReasoningItem, Tag("item:reasoning")],
+    Discriminator(
+        _item_tag,
+        custom_error_type="invalid_value",
+        custom_error_message=("input items must be of type 'message', 'function_call', 'function_call_output' or 'reasoning'"),
+    ),
 ]
 
 
@@ -189,9 +192,9 @@ class NamespaceTool(_Lenient):
     type: Literal["namespace"]
     name: str = Field(pattern=FUNCTION_NAME_PATTERN)
     description: str = ""
-    tools: list[
-        Annotated[Union[Annotated[FunctionTool, Tag("tool:function")], Annotated[HostedTool, Tag("tool:hosted")]], _TOOL_TAG]
-    ] = Field(default_factory=list)
+    tools: list[Annotated[Annotated[FunctionTool, Tag("tool:function")] | Annotated[HostedTool, Tag("tool:hosted")], _TOOL_TAG]] = Field(
+        default_factory=list
+    )
 
     @property
     def functions(self) -> list[FunctionTool]:
@@ -199,11 +202,9 @@ class NamespaceTool(_Lenient):
 
 
 Tool = Annotated[
-    Union[
-        Annotated[FunctionTool, Tag("tool:function")],
-        Annotated[NamespaceTool, Tag("tool:namespace")],
-        Annotated[HostedTool, Tag("tool:hosted")],
-    ],
+    Annotated[FunctionTool, Tag("tool:function")]
+    | Annotated[NamespaceTool, Tag("tool:namespace")]
+    | Annotated[HostedTool, Tag("tool:hosted")],
     _TOOL_TAG,
 ]
 
@@ -241,11 +242,9 @@ def _choice_tag(value: Any) -> str | None:
 
 # A hosted tool type (`web_search`, ...) is accepted and never enforced (it is not offered).
 ToolChoiceObject = Annotated[
-    Union[
-        Annotated[NamedFunctionChoice, Tag("choice:function")],
-        Annotated[AllowedToolsChoice, Tag("choice:allowed_tools")],
-        Annotated[HostedTool, Tag("choice:hosted")],
-    ],
+    Annotated[NamedFunctionChoice, Tag("choice:function")]
+    | Annotated[AllowedToolsChoice, Tag("choice:allowed_tools")]
+    | Annotated[HostedTool, Tag("choice:hosted")],
     Discriminator(_choice_tag, custom_error_type="invalid_value", custom_error_message="a tool_choice object needs a string 'type'"),
 ]
 
@@ -293,14 +292,14 @@ def _format_tag(value: Any) -> str | None:
 
 
 AnyTextFormat = Annotated[
-    Union[
-        Annotated[TextFormat, Tag("format:text")],
-        Annotated[JSONSchemaFormat, Tag("format:json_schema")],
-        Annotated[JSONObjectFormat, Tag("format:json_object")],
-    ],
-    Discriminator(_format_tag, custom_error_type="invalid_value", custom_error_message=(
-        "text.format must be of type 'text', 'json_schema' or 'json_object'"
-    )),
+    Annotated[TextFormat, Tag("format:text")]
+    | Annotated[JSONSchemaFormat, Tag("format:json_schema")]
+    | Annotated[JSONObjectFormat, Tag("format:json_object")],
+    Discriminator(
+        _format_tag,
+        custom_error_type="invalid_value",
+        custom_error_message=("text.format must be of type 'text', 'json_schema' or 'json_object'"),
+    ),
 ]
 
 
@@ -323,10 +322,10 @@ class ConversationRef(_Lenient):
 
 class ResponsesRequest(_Lenient):
     model: str = Field(min_length=1)
-    input: Union[str, list[InputItem]]
+    input: str | list[InputItem]
     instructions: str | None = None
     tools: list[Tool] = Field(default_factory=list)
-    tool_choice: Union[Literal["auto", "none", "required"], ToolChoiceObject] = "auto"
+    tool_choice: Literal["auto", "none", "required"] | ToolChoiceObject = "auto"
     parallel_tool_calls: bool = True
     reasoning: ReasoningConfig | None = None
     # The SDK's values; those about hosted tools this server does not run include nothing.
@@ -340,7 +339,7 @@ class ResponsesRequest(_Lenient):
     background: bool = False
     metadata: dict[str, str] | None = None
     previous_response_id: str | None = None
-    conversation: Union[str, ConversationRef, None] = None
+    conversation: str | ConversationRef | None = None
     user: str | None = None
     prompt_cache_key: str | None = None
     # Served as `priority`, `default` or `flex` where the model orders by tier (service_tier.py).

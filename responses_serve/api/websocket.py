@@ -53,7 +53,9 @@ def parse_client_event(message: str | bytes) -> CreateEvent | SteerEvent:
     try:
         data = json.loads(message)
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise invalid_request(f"We could not parse the message as JSON: {exc}. Each message is a client event, a JSON object.", code="invalid_json") from None
+        raise invalid_request(
+            f"We could not parse the message as JSON: {exc}. Each message is a client event, a JSON object.", code="invalid_json"
+        ) from None
     if not isinstance(data, dict):
         raise invalid_request("Each message is a client event, a JSON object.", code="invalid_type")
     kind = data.get("type")

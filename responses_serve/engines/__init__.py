@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import AsyncIterator, Protocol
+from collections.abc import AsyncIterator
+from typing import Protocol
 
 from responses_serve.tokens import GenerationRequest, TokenBatch
 
@@ -37,9 +38,8 @@ def make_backend(config) -> Backend:
 
         if config.script == "qwen3":
             from responses_serve.config import SMOLLM2
-            from responses_serve.families.smollm2 import load_tokenizer
-
             from responses_serve.engines.replay_qwen3 import script_qwen3_completion as script
+            from responses_serve.families.smollm2 import load_tokenizer
 
             load_tokenizer(SMOLLM2)  # now, not on the first request
         else:

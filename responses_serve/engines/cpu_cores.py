@@ -73,14 +73,15 @@ def set_thread_affinity(pid: int, cores: set[int]) -> None:
     reports ready): so the threads are walked again until a walk finds none to move. After that
     walk every thread is on `cores`, and so is any thread started later.
     """
+    moved: list[int] = []
+
+    def move(tid: int) -> None:
+        if os.sched_getaffinity(tid) != cores:
+            os.sched_setaffinity(tid, cores)
+            moved.append(tid)
+
     for _ in range(MAX_AFFINITY_WALKS):
-        moved = []
-
-        def move(tid: int) -> None:
-            if os.sched_getaffinity(tid) != cores:
-                os.sched_setaffinity(tid, cores)
-                moved.append(tid)
-
+        moved.clear()
         _each_thread(pid, move)
         if not moved:
             return

@@ -31,18 +31,18 @@ import hashlib
 import json
 import random
 import re
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
-from typing import Any, AsyncIterator, Callable
+from typing import Any
 
 import cachetools
 import jsonschema
-
 from openai_harmony import Message, Role
 
-from responses_serve.families.harmony import FUNCTIONS_NAMESPACE, render_completion
 from responses_serve.api.json_schema import instance
-from responses_serve.tokens import GenerationRequest, OutputConstraint, TokenBatch
+from responses_serve.families.harmony import FUNCTIONS_NAMESPACE, render_completion
 from responses_serve.families.vocab import harmony_encoding
+from responses_serve.tokens import GenerationRequest, OutputConstraint, TokenBatch
 
 _NAMESPACE_BLOCK = re.compile(r"^namespace (\w+) \{\n(.*?)^\} // namespace \1", re.M | re.S)
 _FUNCTION = re.compile(r"^type ([a-zA-Z0-9_\-]+) = ", re.M)
@@ -113,9 +113,7 @@ class Answer:
     is_json: bool = False
 
 
-def obey(
-    constraint: OutputConstraint | None, offered: set[str], *, wanted_call: tuple[str, str] | None, answer: str
-) -> Call | Answer:
+def obey(constraint: OutputConstraint | None, offered: set[str], *, wanted_call: tuple[str, str] | None, answer: str) -> Call | Answer:
     """The script's choice (`wanted_call` or `answer`) made to fit the request's constraint."""
     if constraint is None:
         return Call(*wanted_call) if wanted_call and wanted_call[0] in offered else Answer(answer)

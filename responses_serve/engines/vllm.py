@@ -24,9 +24,9 @@ import threading
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any, Literal
 
+from responses_serve.config import EnginePlacement, VLLMBackendConfig
 from responses_serve.engines.cpu_cores import cores_for_cpu_engine, format_cores
 from responses_serve.serve.memory import drop_allocator_env
-from responses_serve.config import EnginePlacement, VLLMBackendConfig
 from responses_serve.tokens import EngineRejected, FinishReason, GenerationRequest, TokenBatch, TokenLogprobs
 
 if TYPE_CHECKING:  # only for annotations: vLLM is optional at import time
@@ -67,10 +67,18 @@ def _engine_kwargs(cfg: VLLMBackendConfig) -> dict[str, Any]:
         # Per-request drafted/accepted totals on the final output (TokenBatch counters).
         kwargs["per_request_spec_decode_metrics"] = "summary"
     clash = set(cfg.engine_kwargs) & {
-        "model", "tokenizer", "tensor_parallel_size", "pipeline_parallel_size",
-        "max_model_len", "dtype", "gpu_memory_utilization", "enable_prefix_caching",
-        "distributed_executor_backend", "speculative_config", "scheduling_policy",
-    }  # fmt: skip
+        "model",
+        "tokenizer",
+        "tensor_parallel_size",
+        "pipeline_parallel_size",
+        "max_model_len",
+        "dtype",
+        "gpu_memory_utilization",
+        "enable_prefix_caching",
+        "distributed_executor_backend",
+        "speculative_config",
+        "scheduling_policy",
+    }
     if clash:
         raise ValueError(f"set {sorted(clash)} as typed fields, not in engine_kwargs")
     kwargs.update(cfg.engine_kwargs)
@@ -91,9 +99,7 @@ def engine_args_from_config(cfg: VLLMBackendConfig) -> AsyncEngineArgs:
 PlacementStrategy = Literal["STRICT_PACK", "PACK"]
 
 
-def placement_bundles(
-    cfg: EnginePlacement, accelerator_type: str | None = None
-) -> tuple[list[dict[str, float]], PlacementStrategy]:
+def placement_bundles(cfg: EnginePlacement, accelerator_type: str | None = None) -> tuple[list[dict[str, float]], PlacementStrategy]:
     """Ray placement-group bundles and strategy for one engine replica.
 
     One bundle per GPU worker (TP x PP). Bundle 0 also holds the replica actor itself
@@ -144,9 +150,7 @@ class SpecDecodeCounters:
 
     def snapshot(self) -> dict[str, Any]:
         with self._lock:
-            drafts, drafted, accepted = (
-                self.num_drafts, self.num_draft_tokens, self.num_accepted_tokens
-            )  # fmt: skip
+            drafts, drafted, accepted = (self.num_drafts, self.num_draft_tokens, self.num_accepted_tokens)
             per_pos = list(self.accepted_per_pos)
         return {
             "num_drafts": drafts,
@@ -342,9 +346,7 @@ class VLLMBackend:
                     metrics = completion.spec_decode_metrics
                     if metrics is not None:
                         batch.num_draft_tokens = metrics.num_draft_tokens
-                        batch.num_accepted_tokens = sum(
-                            j * count for j, count in enumerate(metrics.histogram)
-                        )
+                        batch.num_accepted_tokens = sum(j * count for j, count in enumerate(metrics.histogram))
                 yield batch
         except (VLLMClientError, GracefulHTTPError) as exc:  # refused: anything else is the engine failing
             raise _rejection(exc) from None
@@ -404,5 +406,5 @@ async def _shielded(awaitable: Any) -> None:
     except asyncio.CancelledError:
         await asyncio.wait([task])  # finish the abort, the cancellation still propagates
         raise
-    except Exception as exc:  # noqa: BLE001 - cleanup of a dead engine: nothing to abort
+    except Exception as exc:
         logger.debug("vLLM request cleanup failed: %r", exc)

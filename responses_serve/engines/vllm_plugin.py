@@ -20,7 +20,9 @@ import torch
 EXPAND_ON_CPU = "_expand_kernel_impl"
 
 
-def expand_kernel(output: torch.Tensor, input_val: torch.Tensor, cu_num_tokens: torch.Tensor, replace_from, replace_to, MAX_NUM_TOKENS=None) -> None:  # noqa: N803 - the kernel's parameter name
+def expand_kernel(
+    output: torch.Tensor, input_val: torch.Tensor, cu_num_tokens: torch.Tensor, replace_from, replace_to, MAX_NUM_TOKENS=None
+) -> None:
     """`output[t] = input_val[r]` for the tokens t of request r (`cu_num_tokens` holds the running
     ends), with `replace_from` values written as `replace_to`; in the output's own dtype."""
     counts = torch.diff(cu_num_tokens.to(torch.int64), prepend=cu_num_tokens.new_zeros(1, dtype=torch.int64))

@@ -40,8 +40,9 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any, Iterable, Literal, Protocol
+from typing import Any, Literal, Protocol
 
 from responses_serve.items import ItemSink
 from responses_serve.utf8 import Utf8Decoder

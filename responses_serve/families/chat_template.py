@@ -24,13 +24,13 @@ from typing import Any
 
 from jinja2 import TemplateError
 
+from responses_serve.api.errors import invalid_request
+from responses_serve.api.request import FunctionCallItem, FunctionCallOutputItem, FunctionTool, MessageItem, ReasoningItem, ResponsesRequest
 from responses_serve.families.chat_parser import ChatCompletionParser, TaggedTextParser, Tags, Vocabulary
 from responses_serve.families.constraints import chat_template_constraint, plan
-from responses_serve.api.errors import invalid_request
 from responses_serve.families.harmony import HistoryItem
-from responses_serve.items import ItemSink
 from responses_serve.families.prompt_cache import DEFAULT_MAX_TOKENS, PromptCache
-from responses_serve.api.request import FunctionCallItem, FunctionCallOutputItem, FunctionTool, MessageItem, ReasoningItem, ResponsesRequest
+from responses_serve.items import ItemSink
 from responses_serve.tokens import OutputConstraint
 
 REASONING_PARSERS: dict[str, tuple[str, str]] = {
@@ -262,4 +262,3 @@ class ChatTemplateModel:
             self.vocabulary.detokenizer(),
             TaggedTextParser(sink, self.tags, in_reasoning=in_reasoning),
         )
-

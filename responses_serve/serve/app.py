@@ -1,23 +1,24 @@
 """`build_app(args)`: the import path for `serve run` and Serve config files.
 
-    serve run responses_serve.serve.app:build_app                      # the demo models
-    serve run responses_serve/configs/demo.yaml                  # the same, from a config file
+serve run responses_serve.serve.app:build_app                      # the demo models
+serve run responses_serve/configs/demo.yaml                  # the same, from a config file
 """
 
 from __future__ import annotations
 
 import os
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from pydantic import ValidationError
 from ray import serve
 from ray.serve import Application
 from ray.serve.config import RequestRouterConfig
 
-from responses_serve.serve.memory import ALLOCATOR_ENV
 from responses_serve.config import DEFAULT_MAX_STREAM_DURATION_S, SHUTDOWN_MARGIN_S, AppConfig, ModelConfig
 from responses_serve.encrypted_reasoning import ReasoningCipher
 from responses_serve.families.vocab import ENV_VAR
+from responses_serve.serve.memory import ALLOCATOR_ENV
 
 DEFAULT_ARGS: dict[str, Any] = {
     "models": [
@@ -144,9 +145,7 @@ def build_app(args: dict[str, Any] | None = None) -> Application:
         .bind(model.model_dump())
         for model in config.models
     }
-    ingress = serve.deployment(ResponsesIngress).options(
-        name="ResponsesIngress", **_with_replica_env(config.ingress.serve_options())
-    )
+    ingress = serve.deployment(ResponsesIngress).options(name="ResponsesIngress", **_with_replica_env(config.ingress.serve_options()))
     # Encrypted reasoning without configured keys: one key for all ingress replicas of this
     # deployment (responses_serve/server/reasoning_keys.py).
     return ingress.bind(config.model_dump(), engines, _store_deployment(config), ReasoningCipher.generate_key())

@@ -16,9 +16,25 @@ from grafana_foundation_sdk.cog.encoder import JSONEncoder
 from grafana_foundation_sdk.models.dashboard import DashboardCursorSync, DataSourceRef
 
 from responses_serve.serve.metrics import (
-    ACCEPTED_TOKENS, BACKGROUND_RUNS, CACHED_TOKENS, DRAFT_TOKENS, E2E, OUTPUT_TOKENS, PROMPT_TOKENS, RENDER, RENDER_TOKENS,
-    REQUESTS, STORE_BYTES, STORE_ENTRIES, STREAMS_OPEN, TPOT, TRUNCATED, TTFT, WEBSOCKETS_OPEN, MetricSpec,
-)  # fmt: skip
+    ACCEPTED_TOKENS,
+    BACKGROUND_RUNS,
+    CACHED_TOKENS,
+    DRAFT_TOKENS,
+    E2E,
+    OUTPUT_TOKENS,
+    PROMPT_TOKENS,
+    RENDER,
+    RENDER_TOKENS,
+    REQUESTS,
+    STORE_BYTES,
+    STORE_ENTRIES,
+    STREAMS_OPEN,
+    TPOT,
+    TRUNCATED,
+    TTFT,
+    WEBSOCKETS_OPEN,
+    MetricSpec,
+)
 
 OUTPUT = Path(__file__).resolve().parents[2] / "k8s" / "grafana" / "responses-serve.json"
 UID = "responses-serve"
@@ -89,97 +105,166 @@ def build() -> dashboard.Dashboard:
         .tooltip(DashboardCursorSync.CROSSHAIR)
         .with_variable(dashboard.DatasourceVariable("datasource").label("Prometheus").type("prometheus"))
         .with_variable(
-            dashboard.QueryVariable("application").label("Serve application").datasource(_DATASOURCE)
-            .query(f"label_values({requests}, application)").include_all(True).multi(True).all_value(".*")
-        )  # fmt: skip
+            dashboard.QueryVariable("application")
+            .label("Serve application")
+            .datasource(_DATASOURCE)
+            .query(f"label_values({requests}, application)")
+            .include_all(True)
+            .multi(True)
+            .all_value(".*")
+        )
         .with_variable(
-            dashboard.QueryVariable("model").label("Model").datasource(_DATASOURCE)
-            .query(f"label_values({requests}, model)").include_all(True).multi(True).all_value(".*")
-        )  # fmt: skip
+            dashboard.QueryVariable("model")
+            .label("Model")
+            .datasource(_DATASOURCE)
+            .query(f"label_values({requests}, model)")
+            .include_all(True)
+            .multi(True)
+            .all_value(".*")
+        )
         .with_row(dashboard.Row("Requests"))
         .with_panel(
-            _panel("Requests/s by model and status", "reqps",
-                   _query(f"sum by (model, status) (rate({requests}{{{_MODEL}}}{_RATE}))", "{{model}} {{status}}"),
-                   _query(_rate(TRUNCATED, "_total", "model"), "truncated {{model}}"),
-                   description=REQUESTS.description + "; truncated: " + TRUNCATED.description)
-        )  # fmt: skip
+            _panel(
+                "Requests/s by model and status",
+                "reqps",
+                _query(f"sum by (model, status) (rate({requests}{{{_MODEL}}}{_RATE}))", "{{model}} {{status}}"),
+                _query(_rate(TRUNCATED, "_total", "model"), "truncated {{model}}"),
+                description=REQUESTS.description + "; truncated: " + TRUNCATED.description,
+            )
+        )
         .with_panel(
-            _panel("Errors/s by code", "reqps",
-                   _query(f'sum by (model, status, code) (rate({requests}{{{_MODEL}, status=~"failed|rejected"}}{_RATE}))',
-                          "{{model}} {{status}} {{code}}"),
-                   description="failed: the response ended with response.failed; rejected: a 4xx/5xx error instead of a response")
-        )  # fmt: skip
+            _panel(
+                "Errors/s by code",
+                "reqps",
+                _query(
+                    f'sum by (model, status, code) (rate({requests}{{{_MODEL}, status=~"failed|rejected"}}{_RATE}))',
+                    "{{model}} {{status}} {{code}}",
+                ),
+                description="failed: the response ended with response.failed; rejected: a 4xx/5xx error instead of a response",
+            )
+        )
         .with_panel(
-            _panel("Streams open", "short",
-                   _query(f"sum by (model) ({STREAMS_OPEN.exported}{{{_MODEL}}})", "{{model}}"),
-                   description=STREAMS_OPEN.description)
-        )  # fmt: skip
+            _panel(
+                "Streams open",
+                "short",
+                _query(f"sum by (model) ({STREAMS_OPEN.exported}{{{_MODEL}}})", "{{model}}"),
+                description=STREAMS_OPEN.description,
+            )
+        )
         .with_panel(_quantiles(E2E, "End-to-end latency"))
         .with_row(dashboard.Row("Latency"))
         .with_panel(_quantiles(TTFT, "Time to first token"))
         .with_panel(_quantiles(TPOT, "Time per output token"))
         .with_panel(
-            _panel("p90 latency by service tier", "s",
-                   *[_query(f"histogram_quantile(0.9, {_rate(spec, '_bucket', 'le, model, service_tier')})", f"{name} {{{{model}}}} {{{{service_tier}}}}")
-                     for spec, name in ((TTFT, "first token"), (E2E, "end to end"))],
-                   description="what each service_tier was served in: priority goes first where requests wait, in the "
-                   "ingress's router and in a priority-scheduled vLLM engine (models[].backend.scheduling_policy)", width=24)
-        )  # fmt: skip
+            _panel(
+                "p90 latency by service tier",
+                "s",
+                *[
+                    _query(
+                        f"histogram_quantile(0.9, {_rate(spec, '_bucket', 'le, model, service_tier')})",
+                        f"{name} {{{{model}}}} {{{{service_tier}}}}",
+                    )
+                    for spec, name in ((TTFT, "first token"), (E2E, "end to end"))
+                ],
+                description="what each service_tier was served in: priority goes first where requests wait, in the "
+                "ingress's router and in a priority-scheduled vLLM engine (models[].backend.scheduling_policy)",
+                width=24,
+            )
+        )
         .with_row(dashboard.Row("Prompt rendering (ingress)"))
         .with_panel(_quantiles(RENDER, "Prompt render time"))
         .with_panel(
-            _panel("Prompt tokens/s by source", "short",
-                   _query(_rate(RENDER_TOKENS, "_total", "model, source"), "{{source}} {{model}}"),
-                   description=RENDER_TOKENS.description + " (cache: a turn's history rendered before on that replica; "
-                   "see models[].prompt_cache_tokens)")
-        )  # fmt: skip
+            _panel(
+                "Prompt tokens/s by source",
+                "short",
+                _query(_rate(RENDER_TOKENS, "_total", "model, source"), "{{source}} {{model}}"),
+                description=RENDER_TOKENS.description + " (cache: a turn's history rendered before on that replica; "
+                "see models[].prompt_cache_tokens)",
+            )
+        )
         .with_row(dashboard.Row("Tokens and speculative decoding"))
         .with_panel(
-            _panel("Tokens/s", "short",
-                   _query(_rate(OUTPUT_TOKENS, "_total", "model"), "output {{model}}"),
-                   _query(_rate(PROMPT_TOKENS, "_total", "model"), "prompt {{model}}"),
-                   _query(_rate(CACHED_TOKENS, "_total", "model"), "cached prompt {{model}}"))
-        )  # fmt: skip
+            _panel(
+                "Tokens/s",
+                "short",
+                _query(_rate(OUTPUT_TOKENS, "_total", "model"), "output {{model}}"),
+                _query(_rate(PROMPT_TOKENS, "_total", "model"), "prompt {{model}}"),
+                _query(_rate(CACHED_TOKENS, "_total", "model"), "cached prompt {{model}}"),
+            )
+        )
         .with_panel(
-            _panel("Speculative decoding", "short",
-                   _query(_rate(DRAFT_TOKENS, "_total", "model"), "drafted/s {{model}}"),
-                   _query(_rate(ACCEPTED_TOKENS, "_total", "model"), "accepted/s {{model}}"),
-                   _query(spec_rate, "acceptance rate {{model}}"),
-                   description="acceptance rate = accepted / drafted tokens (right axis would be 0..1)")
-        )  # fmt: skip
+            _panel(
+                "Speculative decoding",
+                "short",
+                _query(_rate(DRAFT_TOKENS, "_total", "model"), "drafted/s {{model}}"),
+                _query(_rate(ACCEPTED_TOKENS, "_total", "model"), "accepted/s {{model}}"),
+                _query(spec_rate, "acceptance rate {{model}}"),
+                description="acceptance rate = accepted / drafted tokens (right axis would be 0..1)",
+            )
+        )
         .with_row(dashboard.Row("State"))
-        .with_panel(_state_panel("Background responses running", "short", BACKGROUND_RUNS,
-                                 BACKGROUND_RUNS.description + "; they end in the requests panel with their final status"))
-        .with_panel(_state_panel("WebSocket connections open", "short", WEBSOCKETS_OPEN,
-                                 WEBSOCKETS_OPEN.description + ": each holds its own responses' chain (store: false too) "
-                                 "and counts as an ongoing request for Serve's autoscaling and drain"))
-        .with_panel(_state_panel("Embedded store entries", "short", STORE_ENTRIES,
-                                 STORE_ENTRIES.description + " (a Redis store: watch Redis itself)"))
+        .with_panel(
+            _state_panel(
+                "Background responses running",
+                "short",
+                BACKGROUND_RUNS,
+                BACKGROUND_RUNS.description + "; they end in the requests panel with their final status",
+            )
+        )
+        .with_panel(
+            _state_panel(
+                "WebSocket connections open",
+                "short",
+                WEBSOCKETS_OPEN,
+                WEBSOCKETS_OPEN.description + ": each holds its own responses' chain (store: false too) "
+                "and counts as an ongoing request for Serve's autoscaling and drain",
+            )
+        )
+        .with_panel(
+            _state_panel(
+                "Embedded store entries", "short", STORE_ENTRIES, STORE_ENTRIES.description + " (a Redis store: watch Redis itself)"
+            )
+        )
         .with_panel(_state_panel("Embedded store size", "bytes", STORE_BYTES, STORE_BYTES.description))
         .with_row(dashboard.Row("Ray Serve replicas and queues"))
         .with_panel(
-            _panel("Healthy replicas (and autoscaling target)", "short",
-                   _sum_by("deployment", "ray_serve_deployment_replica_healthy", "healthy {{deployment}}"),
-                   _sum_by("deployment", "ray_serve_autoscaling_target_replicas", "target {{deployment}}"))
-        )  # fmt: skip
+            _panel(
+                "Healthy replicas (and autoscaling target)",
+                "short",
+                _sum_by("deployment", "ray_serve_deployment_replica_healthy", "healthy {{deployment}}"),
+                _sum_by("deployment", "ray_serve_autoscaling_target_replicas", "target {{deployment}}"),
+            )
+        )
         .with_panel(
-            _panel("Requests at replicas and queued", "short",
-                   _sum_by("deployment", "ray_serve_num_ongoing_requests_at_replicas", "ongoing {{deployment}}"),
-                   _sum_by("deployment", "ray_serve_replica_processing_queries", "processing {{deployment}}"),
-                   _sum_by("deployment", "ray_serve_deployment_queued_queries", "queued {{deployment}}"),
-                   description="queued: waiting in a handle for a replica with room (max_ongoing_requests)")
-        )  # fmt: skip
+            _panel(
+                "Requests at replicas and queued",
+                "short",
+                _sum_by("deployment", "ray_serve_num_ongoing_requests_at_replicas", "ongoing {{deployment}}"),
+                _sum_by("deployment", "ray_serve_replica_processing_queries", "processing {{deployment}}"),
+                _sum_by("deployment", "ray_serve_deployment_queued_queries", "queued {{deployment}}"),
+                description="queued: waiting in a handle for a replica with room (max_ongoing_requests)",
+            )
+        )
         .with_panel(
-            _panel("Replica requests and errors/s", "reqps",
-                   _sum_by("deployment", "ray_serve_deployment_request_counter_total", "requests {{deployment}}", rate=True),
-                   _sum_by("deployment", "ray_serve_deployment_error_counter_total", "errors {{deployment}}", rate=True))
-        )  # fmt: skip
+            _panel(
+                "Replica requests and errors/s",
+                "reqps",
+                _sum_by("deployment", "ray_serve_deployment_request_counter_total", "requests {{deployment}}", rate=True),
+                _sum_by("deployment", "ray_serve_deployment_error_counter_total", "errors {{deployment}}", rate=True),
+            )
+        )
         .with_panel(
-            _panel("Replica processing latency p99", "ms",
-                   _query("histogram_quantile(0.99, sum by (le, deployment) "
-                          f"(rate(ray_serve_deployment_processing_latency_ms_bucket{{{_APP}}}{_RATE})))", "{{deployment}}"),
-                   description="for a streaming call: until its last token batch")
-        )  # fmt: skip
+            _panel(
+                "Replica processing latency p99",
+                "ms",
+                _query(
+                    "histogram_quantile(0.99, sum by (le, deployment) "
+                    f"(rate(ray_serve_deployment_processing_latency_ms_bucket{{{_APP}}}{_RATE})))",
+                    "{{deployment}}",
+                ),
+                description="for a streaming call: until its last token batch",
+            )
+        )
     )
 
 

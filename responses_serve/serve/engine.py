@@ -15,20 +15,20 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import os
 import contextlib
 import logging
-from typing import AsyncIterator, Callable
+import os
+from collections.abc import AsyncIterator, Callable
 
 import ray
 from ray.serve._private.constants import SERVE_NAMESPACE
 from ray.serve.metrics import Counter
 
-from responses_serve.serve import use_serve_logging
+from responses_serve.config import CoalesceConfig, ModelConfig
 from responses_serve.engines import make_backend
 from responses_serve.engines.cpu_cores import leave_batch_policy
+from responses_serve.serve import use_serve_logging
 from responses_serve.serve.memory import memory_report
-from responses_serve.config import CoalesceConfig, ModelConfig
 from responses_serve.tokens import GenerationRequest, TokenBatch
 
 logger = logging.getLogger("ray.serve")
@@ -44,7 +44,7 @@ def record_metric(update: Callable[[float], object], value: float | None) -> Non
         return
     try:
         update(value)
-    except Exception:  # noqa: BLE001 - bookkeeping must not end a stream
+    except Exception:
         metric = getattr(update, "__self__", update)
         name = getattr(metric, "info", {}).get("name", repr(metric))
         if name not in _failed_metrics:
@@ -164,7 +164,7 @@ class CallerWatch:
             for caller in callers:
                 try:
                     alive = await asyncio.to_thread(_actor_alive, caller)
-                except Exception:  # noqa: BLE001 - GCS trouble: no verdict, ask again later
+                except Exception:
                     logger.warning("could not check caller %s", caller, exc_info=True)
                     continue
                 if alive:
@@ -187,9 +187,14 @@ class EngineServer:
         self.coalescing: CoalesceConfig = self.config.coalesce
         # Plain counters for tests and benchmarks; Ray metrics for dashboards.
         self.counts = {
-            "requests": 0, "aborted": 0, "engine_batches": 0, "ray_objects": 0, "tokens": 0,
-            "draft_tokens": 0, "accepted_tokens": 0,
-        }  # fmt: skip
+            "requests": 0,
+            "aborted": 0,
+            "engine_batches": 0,
+            "ray_objects": 0,
+            "tokens": 0,
+            "draft_tokens": 0,
+            "accepted_tokens": 0,
+        }
         # Serve tags these with the deployment (one per model) and replica. Exported once per
         # request, when it ends: four `Counter.inc` per batch were ~13 % of this replica's CPU.
         self._metrics = {

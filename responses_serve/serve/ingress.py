@@ -10,7 +10,7 @@ import asyncio
 import logging
 import os
 import time
-from typing import AsyncIterator
+from collections.abc import AsyncIterator
 
 import ray
 from ray import serve
@@ -18,16 +18,16 @@ from ray.exceptions import ActorDiedError, ActorUnavailableError, RayActorError
 from ray.serve.exceptions import BackPressureError
 from ray.serve.handle import DeploymentHandle
 
-from responses_serve.serve import use_serve_logging
+from responses_serve.config import AppConfig, ModelConfig, StoreConfig
 from responses_serve.engines.cpu_cores import leave_batch_policy
+from responses_serve.families.harmony import HarmonyModel
+from responses_serve.serve import use_serve_logging
 from responses_serve.serve.memory import memory_report
 from responses_serve.serve.metrics import RayServeMetrics
 from responses_serve.server.app import ModelFamily, ServedModel, create_app
-from responses_serve.config import AppConfig, ModelConfig, StoreConfig
-from responses_serve.families.harmony import HarmonyModel
-from responses_serve.tokens import EngineRejected, GenerationRequest, TokenBatch
 from responses_serve.server.reasoning_keys import reasoning_keys
 from responses_serve.state import MemoryStore, Store
+from responses_serve.tokens import EngineRejected, GenerationRequest, TokenBatch
 
 logger = logging.getLogger("ray.serve")
 
@@ -60,7 +60,9 @@ class HandleTokenSource:
                 # control: "try again … on a different instance"), never the request's fault.
                 if received or attempt == 2 or (isinstance(exc, EngineRejected) and exc.client_error):
                     raise
-                logger.warning("request %s: engine replica unavailable or busy before the first token (%s); retrying once", request.request_id, exc)
+                logger.warning(
+                    "request %s: engine replica unavailable or busy before the first token (%s); retrying once", request.request_id, exc
+                )
                 request.affinity_key = None  # the retry goes by load, not back to the busy replica
             finally:
                 # A client that went away (or an error) must stop the engine's generator too;
@@ -129,7 +131,7 @@ class EngineAvailability:
             try:
                 status = await asyncio.to_thread(serve.status)
                 app = status.applications[serve.get_replica_context().app_name]
-            except Exception:  # noqa: BLE001 - no verdict without a status: keep the last one
+            except Exception:
                 logger.warning("could not read Serve's status", exc_info=True)
                 return
             reasons = {}
@@ -215,8 +217,12 @@ class ResponsesIngress:
         availability = EngineAvailability({model.name: model.deployment_name for model in self.config.models})
         models = [
             ServedModel(
-                model.name, HandleTokenSource(self.engines[model.name], caller), model.max_model_len, model_family(model),
-                unavailable=availability.unavailable, tiered=model.tiered,
+                model.name,
+                HandleTokenSource(self.engines[model.name], caller),
+                model.max_model_len,
+                model_family(model),
+                unavailable=availability.unavailable,
+                tiered=model.tiered,
             )
             for model in self.config.models
         ]

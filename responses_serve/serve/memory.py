@@ -59,7 +59,10 @@ def drop_allocator_env() -> None:
 
 
 class _MallInfo2(ctypes.Structure):
-    _fields_ = [(name, ctypes.c_size_t) for name in ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks", "keepcost")]  # fmt: skip
+    _fields_ = [
+        (name, ctypes.c_size_t)
+        for name in ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks", "keepcost")
+    ]
 
 
 @functools.cache
@@ -132,14 +135,18 @@ def memory_report(top: int = 8, trace_frames: int = 0, trim: bool = False) -> di
     gc.collect()
     counts = collections.Counter(type(obj).__qualname__ for obj in gc.get_objects())
     report: dict = {
-        "pid": os.getpid(), "rss_mb": rss_mb(), "rss_kinds_mb": rss_kinds_mb(), "malloc": malloc_info(),
+        "pid": os.getpid(),
+        "rss_mb": rss_mb(),
+        "rss_kinds_mb": rss_kinds_mb(),
+        "malloc": malloc_info(),
         # Serve freezes what a replica made while starting (`gc.freeze()`); the collector no
         # longer walks those, and they are not counted in `objects`.
-        "objects": counts.total(), "frozen_objects": gc.get_freeze_count(),
+        "objects": counts.total(),
+        "frozen_objects": gc.get_freeze_count(),
         "threads": len(os.listdir("/proc/self/task")),  # glibc gives threads arenas of their own
         "tcp_connections": sum(c.status == psutil.CONN_ESTABLISHED for c in psutil.Process().net_connections("tcp")),
         "malloc_arena_max": os.environ.get("MALLOC_ARENA_MAX"),  # glibc reads it at start-up
-    }  # fmt: skip
+    }
     report["types"] = dict(counts.most_common(top))
     if _previous["types"] is not None:
         grew = counts.copy()

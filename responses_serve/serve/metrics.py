@@ -14,8 +14,8 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 from ray.serve.metrics import Counter, Gauge, Histogram
 
@@ -69,16 +69,23 @@ REQUESTS = MetricSpec(PREFIX + "requests", "counter", "requests by model, final 
 # Latencies by the `service_tier` each request was served in, to see what the tiers buy.
 MODEL_AND_TIER = ("model", "service_tier")
 TTFT = MetricSpec(PREFIX + "time_to_first_token_seconds", "histogram", "request received -> first completion token", MODEL_AND_TIER)
-TPOT = MetricSpec(PREFIX + "time_per_output_token_seconds", "histogram", "mean time per output token after the first, per request", MODEL_AND_TIER)
+TPOT = MetricSpec(
+    PREFIX + "time_per_output_token_seconds", "histogram", "mean time per output token after the first, per request", MODEL_AND_TIER
+)
 E2E = MetricSpec(PREFIX + "e2e_latency_seconds", "histogram", "request received -> response ended", MODEL_AND_TIER)
 PROMPT_TOKENS = MetricSpec(PREFIX + "prompt_tokens", "counter", "prompt tokens")
 CACHED_TOKENS = MetricSpec(PREFIX + "cached_tokens", "counter", "prompt tokens served from the prefix cache")
 OUTPUT_TOKENS = MetricSpec(PREFIX + "output_tokens", "counter", "completion tokens")
 DRAFT_TOKENS = MetricSpec(PREFIX + "speculative_draft_tokens", "counter", "speculative decoding: tokens drafted")
 ACCEPTED_TOKENS = MetricSpec(PREFIX + "speculative_accepted_tokens", "counter", "speculative decoding: drafted tokens accepted")
-RENDER = MetricSpec(PREFIX + "prompt_render_seconds", "histogram", "the prompt's rendering on the ingress replica's event loop (its other streams wait)")
+RENDER = MetricSpec(
+    PREFIX + "prompt_render_seconds", "histogram", "the prompt's rendering on the ingress replica's event loop (its other streams wait)"
+)
 RENDER_TOKENS = MetricSpec(
-    PREFIX + "prompt_render_tokens", "counter", "token ids of prompt renders, by source: the ingress's prompt cache, or tokenized", ("model", "source")
+    PREFIX + "prompt_render_tokens",
+    "counter",
+    "token ids of prompt renders, by source: the ingress's prompt cache, or tokenized",
+    ("model", "source"),
 )
 TRUNCATED = MetricSpec(PREFIX + "truncated_requests", "counter", 'requests whose oldest items truncation "auto" left out of the prompt')
 STREAMS_OPEN = MetricSpec(PREFIX + "streams_open", "gauge", "responses streaming on this ingress replica (SSE and WebSocket)")
@@ -88,9 +95,22 @@ STORE_ENTRIES = MetricSpec(PREFIX + "store_entries", "gauge", "keys held by the 
 STORE_BYTES = MetricSpec(PREFIX + "store_bytes", "gauge", "bytes held by the embedded store (its max_bytes bound counts these)", ())
 
 INGRESS_METRICS = [
-    REQUESTS, TTFT, TPOT, E2E, PROMPT_TOKENS, CACHED_TOKENS, OUTPUT_TOKENS, DRAFT_TOKENS, ACCEPTED_TOKENS, TRUNCATED,
-    RENDER, RENDER_TOKENS, STREAMS_OPEN, BACKGROUND_RUNS, WEBSOCKETS_OPEN,
-]  # fmt: skip
+    REQUESTS,
+    TTFT,
+    TPOT,
+    E2E,
+    PROMPT_TOKENS,
+    CACHED_TOKENS,
+    OUTPUT_TOKENS,
+    DRAFT_TOKENS,
+    ACCEPTED_TOKENS,
+    TRUNCATED,
+    RENDER,
+    RENDER_TOKENS,
+    STREAMS_OPEN,
+    BACKGROUND_RUNS,
+    WEBSOCKETS_OPEN,
+]
 STORE_METRICS = [STORE_ENTRIES, STORE_BYTES]  # set by the embedded store's replica
 METRICS = INGRESS_METRICS + STORE_METRICS
 _BUCKETS = {TTFT: TTFT_BUCKETS, TPOT: TPOT_BUCKETS, E2E: E2E_BUCKETS, RENDER: RENDER_BUCKETS}
@@ -185,7 +205,7 @@ def _refresh_forever(set_gauges: Callable[[], None]) -> None:
         while True:
             try:
                 set_gauges()
-            except Exception:  # noqa: BLE001 - keep refreshing; the requests never notice
+            except Exception:
                 logger.exception("metrics: refreshing the gauges failed")
             time.sleep(period_s)
 

@@ -32,7 +32,7 @@ from __future__ import annotations
 import collections
 import hashlib
 import random
-from typing import TYPE_CHECKING, Any, Optional
+from typing import TYPE_CHECKING, Any
 
 from ray.serve.request_router import LocalityMixin, PendingRequest, ReplicaID, RequestRouter, RunningReplica
 
@@ -88,7 +88,7 @@ class EngineRouter(LocalityMixin, RequestRouter):
     async def choose_replicas(
         self,
         candidate_replicas: list[RunningReplica],
-        pending_request: Optional[PendingRequest] = None,
+        pending_request: PendingRequest | None = None,
     ) -> list[list[RunningReplica]]:
         two_choices = self._two_choices(candidate_replicas, pending_request)
         key = _generation_field(pending_request, "affinity_key", None) if self.conversation_affinity else None
@@ -102,7 +102,7 @@ class EngineRouter(LocalityMixin, RequestRouter):
             return two_choices  # full (Serve would probe it again every round) or too busy
         return [[preferred], *two_choices]
 
-    def _fulfill_next_pending_request(self, replica: RunningReplica, request_metadata: Optional[RequestMetadata] = None) -> None:
+    def _fulfill_next_pending_request(self, replica: RunningReplica, request_metadata: RequestMetadata | None = None) -> None:
         """Give a replica found for one request to the most urgent waiting request (the oldest
         of the lowest priority) when that one is more urgent; else to the request it was found
         for, as Serve's router does. Overrides the hook Serve's `FIFOMixin` overrides, with the
@@ -119,7 +119,7 @@ class EngineRouter(LocalityMixin, RequestRouter):
                 return
         super()._fulfill_next_pending_request(replica, request_metadata)
 
-    def _two_choices(self, candidate_replicas: list[RunningReplica], pending_request: Optional[PendingRequest]) -> list[list[RunningReplica]]:
+    def _two_choices(self, candidate_replicas: list[RunningReplica], pending_request: PendingRequest | None) -> list[list[RunningReplica]]:
         """Two random replicas (same-node ones first, as Serve's own router prefers them)."""
         ids = list(self.apply_locality_routing(pending_request)) if pending_request is not None else []
         replicas = [self._replicas[i] for i in ids if i in self._replicas] or candidate_replicas
@@ -130,9 +130,11 @@ def _priority(pending_request: PendingRequest) -> int:
     return _generation_field(pending_request, "priority", 0)
 
 
-def _generation_field(pending_request: Optional[PendingRequest], name: str, default: Any) -> Any:
+def _generation_field(pending_request: PendingRequest | None, name: str, default: Any) -> Any:
     """A field of the `GenerationRequest` among a pending request's arguments (health checks
     and aborts carry none)."""
     if pending_request is None:
         return default
-    return next((value for arg in pending_request.args if isinstance(arg, GenerationRequest) and (value := getattr(arg, name)) is not None), default)
+    return next(
+        (value for arg in pending_request.args if isinstance(arg, GenerationRequest) and (value := getattr(arg, name)) is not None), default
+    )

@@ -8,7 +8,7 @@ the replica restarts (use Redis to keep them).
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import ray
 from ray.exceptions import ActorDiedError, ActorUnavailableError, RayActorError

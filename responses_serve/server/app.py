@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from typing import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Sequence
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
@@ -19,21 +19,19 @@ from openai.types import Model
 from openai_harmony import Message, Role
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from responses_serve.server.auth import APIKeyMiddleware
-from responses_serve.server.metrics import GuardedMetrics, Metrics, NoMetrics, report_once
-from responses_serve.encrypted_reasoning import ReasoningCipher
 from responses_serve.api.errors import APIError, model_not_found, server_error
-from responses_serve.families.harmony import render_completion, render_prompt
 from responses_serve.api.request import ResponsesRequest
 from responses_serve.api.sse import encode_events
-from responses_serve.stream import ResponseStream
-from responses_serve.tokens import TokenBatch
-from responses_serve.server.background import BackgroundRuns
 from responses_serve.config import DEFAULT_SSE_KEEPALIVE_S
+from responses_serve.encrypted_reasoning import ReasoningCipher
+from responses_serve.families.harmony import render_completion, render_prompt
+from responses_serve.server.auth import APIKeyMiddleware
+from responses_serve.server.background import BackgroundRuns
+from responses_serve.server.metrics import GuardedMetrics, Metrics, NoMetrics, report_once
 from responses_serve.server.reasoning_keys import reasoning_keys as configured_reasoning_keys
 from responses_serve.server.routes import background as background_routes
-from responses_serve.server.routes import input_tokens as input_tokens_routes
 from responses_serve.server.routes import conversations as conversations_routes
+from responses_serve.server.routes import input_tokens as input_tokens_routes
 from responses_serve.server.routes import responses as responses_routes
 from responses_serve.server.routes import websocket as websocket_routes
 from responses_serve.server.run import ModelFamily, ServedModel, TokenSource
@@ -41,6 +39,8 @@ from responses_serve.state import BoundedStore, MemoryStore, ResponseStore, Stor
 from responses_serve.state.conversations import ConversationStore
 from responses_serve.state.responses import DEFAULT_CACHE_BYTES, DEFAULT_TTL_S, TurnCache
 from responses_serve.state.runs import EVENTS_TTL_S, RunStore
+from responses_serve.stream import ResponseStream
+from responses_serve.tokens import TokenBatch
 
 __all__ = ["ModelFamily", "ServedModel", "TokenSource", "create_app"]
 
@@ -86,9 +86,11 @@ def create_app(
     app.state.conversations = ConversationStore(app.state.store, store_ttl_s)
     app.state.metrics = metrics = GuardedMetrics(metrics or NoMetrics())
     app.state.background = BackgroundRuns(
-        app.state.responses, RunStore(app.state.store, min(store_ttl_s, EVENTS_TTL_S)),
-        replica_id=replica_id, on_running=metrics.background_runs,
-    )  # fmt: skip
+        app.state.responses,
+        RunStore(app.state.store, min(store_ttl_s, EVENTS_TTL_S)),
+        replica_id=replica_id,
+        on_running=metrics.background_runs,
+    )
     app.state.background_drain_s = background_drain_s
     app.state.max_stream_duration_s = max_stream_duration_s
     app.state.sse_keepalive_s = sse_keepalive_s

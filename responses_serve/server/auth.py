@@ -12,8 +12,8 @@ from __future__ import annotations
 import hmac
 
 from starlette.responses import JSONResponse
-from starlette.websockets import WebSocket
 from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.websockets import WebSocket
 
 from responses_serve.api.errors import APIError
 

@@ -20,19 +20,19 @@ import os
 import random
 import socket
 import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import AsyncIterator, Awaitable, Callable
 
 from openai.types.responses import Response, ResponseFailedEvent, ResponseStreamEvent
 from openai.types.responses.response_error import ResponseError
 
 from responses_serve.api.errors import invalid_request, response_not_found
-from responses_serve.families.harmony import HistoryItem
 from responses_serve.api.sse import frame
-from responses_serve.stream import ResponseStream
+from responses_serve.families.harmony import HistoryItem
 from responses_serve.state.responses import ResponseStore
 from responses_serve.state.runs import RunRecord, RunStore
 from responses_serve.state.store import StoreUnavailable
+from responses_serve.stream import ResponseStream
 
 logger = logging.getLogger("responses_serve.background")
 
@@ -123,7 +123,9 @@ class BackgroundRuns:
         )
         return snapshot
 
-    async def _run(self, local: _LocalRun, stream: ResponseStream, events: AsyncIterator[list[ResponseStreamEvent]], finish: Finish) -> None:
+    async def _run(
+        self, local: _LocalRun, stream: ResponseStream, events: AsyncIterator[list[ResponseStreamEvent]], finish: Finish
+    ) -> None:
         response_id = local.response_id
         generation = local.generation = asyncio.create_task(self._generate(local, stream, events))
         # Its end wakes the flusher even when it added no events (cancelled before any output).

@@ -26,10 +26,10 @@ QWEN3_REPLAY = {
 
 def replay_models(step_delay_ms: float = 0.0) -> list[ServedModel]:
     # Imported here: the tests read QWEN3_REPLAY without loading Ray and the backends.
+    from responses_serve.config import ModelConfig
     from responses_serve.engines import make_backend
     from responses_serve.serve.ingress import model_family
     from responses_serve.server.app import ServedModel
-    from responses_serve.config import ModelConfig
 
     configs = [
         ModelConfig(name="gpt-oss-replay", backend={"type": "replay", "step_delay_ms": step_delay_ms}),

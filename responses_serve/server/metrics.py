@@ -85,12 +85,23 @@ class RequestTrace:
             if self.output_tokens > 1:
                 tpot = (now - self.first_token) / (self.output_tokens - 1)
         return RequestOutcome(
-            model=self.model, status=status, code=code or "", e2e_s=now - self.started, ttft_s=ttft, tpot_s=tpot,
-            prompt_tokens=self.prompt_tokens, cached_tokens=self.cached_tokens, output_tokens=self.output_tokens,
-            draft_tokens=self.draft_tokens, accepted_tokens=self.accepted_tokens, truncated_items=self.truncated_items,
-            render_s=self.render_s, prompt_reused_tokens=self.prompt_reused_tokens, prompt_tokenized_tokens=self.prompt_tokenized_tokens,
+            model=self.model,
+            status=status,
+            code=code or "",
+            e2e_s=now - self.started,
+            ttft_s=ttft,
+            tpot_s=tpot,
+            prompt_tokens=self.prompt_tokens,
+            cached_tokens=self.cached_tokens,
+            output_tokens=self.output_tokens,
+            draft_tokens=self.draft_tokens,
+            accepted_tokens=self.accepted_tokens,
+            truncated_items=self.truncated_items,
+            render_s=self.render_s,
+            prompt_reused_tokens=self.prompt_reused_tokens,
+            prompt_tokenized_tokens=self.prompt_tokenized_tokens,
             service_tier=self.service_tier,
-        )  # fmt: skip
+        )
 
 
 class Metrics(Protocol):
@@ -145,7 +156,7 @@ class GuardedMetrics:
     def _call(self, method, argument) -> None:
         try:
             method(argument)
-        except Exception:  # noqa: BLE001 - whatever a metrics backend raises, the request goes on
+        except Exception:
             if not self._warned:  # once: a broken exporter must not flood the log either
                 self._warned = True
                 logger.exception("metrics: %s failed; requests are not affected", method.__name__)

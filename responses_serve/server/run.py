@@ -14,26 +14,28 @@ import contextlib
 import hashlib
 import logging
 import time
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import AsyncIterator, Awaitable, Callable, NamedTuple, Protocol
+from typing import NamedTuple, Protocol
 
 from openai.types.responses import ResponseError, ResponseFailedEvent, ResponseStreamEvent
 
-from responses_serve.server.metrics import RequestTrace
-from responses_serve.encrypted_reasoning import INCLUDE as ENCRYPTED_REASONING, ReasoningCipher, open_reasoning_items
 from responses_serve.api.errors import invalid_request
-from responses_serve.families.harmony import HarmonyModel, HistoryItem
-from responses_serve.items import CompletionParser, ItemSink
-from responses_serve.logprobs import LogprobFormatter
-from responses_serve.families.prompt_cache import PromptCache
 from responses_serve.api.request import MessageItem, ResponsesRequest
 from responses_serve.api.service_tier import engine_priority, served_tier
-from responses_serve.stream import ResponseStream, new_id
-from responses_serve.tokens import EngineRejected, GenerationRequest, OutputConstraint, TokenBatch
+from responses_serve.encrypted_reasoning import INCLUDE as ENCRYPTED_REASONING
+from responses_serve.encrypted_reasoning import ReasoningCipher, open_reasoning_items
+from responses_serve.families.harmony import HarmonyModel, HistoryItem
+from responses_serve.families.prompt_cache import PromptCache
 from responses_serve.families.truncation import fit_to_context, output_reserve
+from responses_serve.items import CompletionParser, ItemSink
+from responses_serve.logprobs import LogprobFormatter
+from responses_serve.server.metrics import RequestTrace
 from responses_serve.state import ResponseStore, StoreUnavailable
 from responses_serve.state.conversations import ConversationStore, conversation_not_found
 from responses_serve.state.responses import with_ids
+from responses_serve.stream import ResponseStream, new_id
+from responses_serve.tokens import EngineRejected, GenerationRequest, OutputConstraint, TokenBatch
 
 logger = logging.getLogger("responses_serve")
 
@@ -318,8 +320,7 @@ def generation_request(
     room = max_model_len - len(prompt)
     if room < 1:
         raise invalid_request(
-            f"This model's maximum context length is {max_model_len} tokens, but the input has "
-            f"{len(prompt)} tokens. Shorten the input.",
+            f"This model's maximum context length is {max_model_len} tokens, but the input has {len(prompt)} tokens. Shorten the input.",
             param="input",
             code="context_length_exceeded",
         )

@@ -14,7 +14,6 @@ import collections
 from openai.types.responses import Response
 
 from responses_serve.families.harmony import HistoryItem
-
 from responses_serve.state.responses import ResponseStore, StoredTurn
 
 MAX_LANES = 64  # lanes whose latest response a connection keeps; the least recently used goes

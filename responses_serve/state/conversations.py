@@ -21,12 +21,11 @@ from openai.types.conversations import Conversation
 from pydantic import TypeAdapter
 
 from responses_serve.api.errors import APIError
-from responses_serve.families.harmony import HistoryItem
 from responses_serve.api.request import InputItem
-from responses_serve.stream import new_id
-
+from responses_serve.families.harmony import HistoryItem
 from responses_serve.state.responses import as_response_item, with_ids
 from responses_serve.state.store import Store
+from responses_serve.stream import new_id
 
 _INPUT_ITEM = TypeAdapter(InputItem)
 

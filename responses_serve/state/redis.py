@@ -9,7 +9,7 @@ atomic on the server. Every key gets a TTL when written.
 from __future__ import annotations
 
 import functools
-from typing import Sequence
+from collections.abc import Sequence
 
 import redis.asyncio as aioredis
 from redis import exceptions as redis_errors

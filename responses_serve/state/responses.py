@@ -14,7 +14,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import cachetools
-
 from openai.types.responses import (
     Response,
     ResponseFunctionToolCall,
@@ -28,7 +27,6 @@ from openai.types.responses.response_function_tool_call_item import ResponseFunc
 from pydantic import TypeAdapter
 
 from responses_serve.api.errors import invalid_request
-from responses_serve.families.harmony import HistoryItem
 from responses_serve.api.request import (
     FunctionCallItem,
     FunctionCallOutputItem,
@@ -38,9 +36,9 @@ from responses_serve.api.request import (
     ReasoningText,
     TextPart,
 )
-from responses_serve.stream import new_id
-
+from responses_serve.families.harmony import HistoryItem
 from responses_serve.state.store import Store
+from responses_serve.stream import new_id
 
 DEFAULT_TTL_S = 30 * 24 * 3600.0  # OpenAI keeps stored responses for 30 days
 DEFAULT_CACHE_BYTES = 32 * 1024 * 1024  # an ingress replica's `TurnCache`
@@ -120,16 +118,20 @@ def as_response_item(item: HistoryItem) -> ResponseItem:
         parts = item.content if isinstance(item.content, list) else [TextPart(type="input_text", text=item.content)]
         if item.role == "assistant":
             content = [
-                {"type": "output_text", "text": p.text, "annotations": []} if isinstance(p, TextPart) else p.model_dump()
-                for p in parts
+                {"type": "output_text", "text": p.text, "annotations": []} if isinstance(p, TextPart) else p.model_dump() for p in parts
             ]
             return ResponseOutputMessage(id=item.id, type="message", role="assistant", status="completed", content=content)
         content = [{"type": "input_text", "text": p.text if isinstance(p, TextPart) else p.refusal} for p in parts]
         return ResponseInputMessageItem(id=item.id, type="message", role=item.role, status="completed", content=content)
     if isinstance(item, FunctionCallItem):
         return ResponseFunctionToolCallItem(
-            id=item.id, type="function_call", call_id=item.call_id, name=item.name,
-            namespace=item.namespace, arguments=item.arguments, status="completed",
+            id=item.id,
+            type="function_call",
+            call_id=item.call_id,
+            name=item.name,
+            namespace=item.namespace,
+            arguments=item.arguments,
+            status="completed",
         )
     if isinstance(item, FunctionCallOutputItem):
         output: Any = item.output if isinstance(item.output, str) else [{"type": "input_text", "text": item.text}]
@@ -137,7 +139,9 @@ def as_response_item(item: HistoryItem) -> ResponseItem:
             id=item.id, type="function_call_output", call_id=item.call_id, output=output, status="completed"
         )
     return ResponseReasoningItem(
-        id=item.id, type="reasoning", summary=[s.model_dump() for s in item.summary],
+        id=item.id,
+        type="reasoning",
+        summary=[s.model_dump() for s in item.summary],
         content=[c.model_dump() for c in item.content] if item.content is not None else None,
         encrypted_content=item.encrypted_content,
     )

@@ -18,8 +18,8 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
-from typing import Callable
 
 from responses_serve.state.store import Store
 
@@ -64,7 +64,9 @@ class RunStore:
     itself is stored as long as any). `clock` is wall-clock time: leases are compared
     across replicas and nodes."""
 
-    def __init__(self, store: Store, ttl_s: float = EVENTS_TTL_S, lease_s: float = DEFAULT_LEASE_S, clock: Callable[[], float] = time.time) -> None:
+    def __init__(
+        self, store: Store, ttl_s: float = EVENTS_TTL_S, lease_s: float = DEFAULT_LEASE_S, clock: Callable[[], float] = time.time
+    ) -> None:
         self.store = store
         self.ttl_s = ttl_s
         self.lease_s = lease_s
@@ -108,18 +110,14 @@ class RunStore:
         """Extend `owner`'s lease; the record tells the owner whether to cancel, or that the
         run is no longer its own (closed by someone else)."""
         until = self.clock() + self.lease_s
-        return await self.update(
-            response_id, lambda r: replace(r, lease_until=until) if r.owner == owner and not r.closed else None
-        )
+        return await self.update(response_id, lambda r: replace(r, lease_until=until) if r.owner == owner and not r.closed else None)
 
     async def request_cancel(self, response_id: str) -> RunRecord | None:
         return await self.update(response_id, lambda r: None if r.closed else replace(r, cancel=True))
 
     async def close(self, response_id: str, length: int, status: str) -> RunRecord | None:
         """Mark the run over with `length` events; a no-op if someone closed it first."""
-        record = await self.update(
-            response_id, lambda r: None if r.closed else replace(r, closed=True, length=length, status=status)
-        )
+        record = await self.update(response_id, lambda r: None if r.closed else replace(r, closed=True, length=length, status=status))
         await self.forget(response_id)
         return record
 

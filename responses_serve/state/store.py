@@ -19,7 +19,8 @@ Backends raise `StoreUnavailable` when they cannot answer (connection refused, a
 from __future__ import annotations
 
 import asyncio
-from typing import Protocol, Sequence, runtime_checkable
+from collections.abc import Sequence
+from typing import Protocol, runtime_checkable
 
 from responses_serve.api.errors import APIError
 
@@ -84,7 +85,7 @@ class BoundedStore:
     async def _bounded(self, call):
         try:
             return await asyncio.wait_for(call, self.timeout_s)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             raise StoreUnavailable(f"The response store did not answer within {self.timeout_s:g} s; retry later.") from None
 
     async def get(self, key: str) -> bytes | None:

@@ -13,8 +13,9 @@ ingress selects, so no ingress replica takes a GPU node's place.
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
 
@@ -67,10 +68,14 @@ def sim_cluster() -> Iterator[SimCluster]:
         initialize_head=True,
         connect=True,
         head_node_args={
-            "num_cpus": 1, "num_gpus": 0, "labels": CPU_ONLY,
-            "gcs_server_port": free_port(), "dashboard_port": free_port(), "ray_client_server_port": free_port(),
+            "num_cpus": 1,
+            "num_gpus": 0,
+            "labels": CPU_ONLY,
+            "gcs_server_port": free_port(),
+            "dashboard_port": free_port(),
+            "ray_client_server_port": free_port(),
         },
-    )  # fmt: skip
+    )
     sim = SimCluster(cluster, http="")
     try:
         for name in GPU_NODES:

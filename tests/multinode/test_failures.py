@@ -23,8 +23,8 @@ import httpx
 import pytest
 
 from tests import sdk_scenarios
-from tests.contract import check_stream, parse_sse
 from tests.conftest import wait_until
+from tests.contract import check_stream, parse_sse
 from tests.multinode.conftest import CPU_ONLY, alive_replicas, running_replicas
 
 APP = "failures"
@@ -47,16 +47,20 @@ ARGS = {
             "backend": {"type": "vllm", "device": "cpu", "model": BAD_MODEL_PATH},
             # One failed start is enough to show DEPLOY_FAILED (Serve's default tries 3 times, ~15 s each here).
             "engine": {
-                **ENGINE, "num_replicas": 1, "max_constructor_retry_count": 1,
+                **ENGINE,
+                "num_replicas": 1,
+                "max_constructor_retry_count": 1,
                 "ray_actor_options": {"num_cpus": 0, "runtime_env": {"env_vars": {"HF_HUB_OFFLINE": "1"}}},
             },
         },
     ],
     "ingress": {
-        "num_replicas": 2, "max_replicas_per_node": 1, "max_ongoing_requests": 1024,
+        "num_replicas": 2,
+        "max_replicas_per_node": 1,
+        "max_ongoing_requests": 1024,
         "ray_actor_options": {"num_cpus": 0, "label_selector": CPU_ONLY},
     },
-}  # fmt: skip
+}
 
 
 def _deployments_running() -> bool:
@@ -109,7 +113,7 @@ class OpenStream:
                         self.raw += chunk
                         if b".delta" in self.raw:
                             self.has_tokens.set()
-        except Exception as exc:  # noqa: BLE001 - a dropped connection is an outcome here
+        except Exception as exc:
             self.error = exc
         finally:
             self.ended_at = time.monotonic()

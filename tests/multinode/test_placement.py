@@ -24,10 +24,12 @@ ARGS = {
         },
     ],
     "ingress": {
-        "num_replicas": 2, "max_replicas_per_node": 1, "max_ongoing_requests": 1024,
+        "num_replicas": 2,
+        "max_replicas_per_node": 1,
+        "max_ongoing_requests": 1024,
         "ray_actor_options": {"num_cpus": 0, "label_selector": CPU_ONLY},
     },
-}  # fmt: skip
+}
 
 
 @pytest.fixture(scope="module")

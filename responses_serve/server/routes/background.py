@@ -5,15 +5,15 @@ cancel it (`POST /v1/responses/{id}/cancel`), follow its events from a sequence 
 
 from __future__ import annotations
 
-from typing import AsyncIterator
+from collections.abc import AsyncIterator
 
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 from starlette.datastructures import QueryParams
 
+from responses_serve.api.errors import invalid_request, response_not_found
 from responses_serve.server.background import BackgroundRuns
 from responses_serve.server.metrics import report_response
-from responses_serve.api.errors import invalid_request, response_not_found
 from responses_serve.server.routes.event_stream import EventStreamResponse
 from responses_serve.server.run import Turn, run_turn
 

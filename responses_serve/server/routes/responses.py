@@ -7,17 +7,17 @@ import contextlib
 import json
 import logging
 import time
-from typing import AsyncIterator
+from collections.abc import AsyncIterator
 
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 from openai.types.responses import ResponseStreamEvent
 from starlette.datastructures import State
 
-from responses_serve.server.metrics import Metrics, RequestTrace, report_once, report_response
 from responses_serve.api.errors import APIError, invalid_request, model_not_found, model_unavailable, response_not_found, server_error
 from responses_serve.api.request import ResponsesRequest, parse_request
 from responses_serve.api.sse import encode_events
+from responses_serve.server.metrics import Metrics, RequestTrace, report_once, report_response
 from responses_serve.server.routes.background import current_response, follow_response, start_background, wants_stream
 from responses_serve.server.routes.event_stream import EventStreamResponse
 from responses_serve.server.run import Turn, run_turn, start_turn
@@ -122,10 +122,15 @@ async def begin_turn(request: ResponsesRequest, state: State, responses: Respons
     turn = await start_turn(request, model, responses, state.conversations, state.cipher, trace)
     logger.info(
         "response %s: model=%s stream=%s prompt_tokens=%d max_tokens=%d render_ms=%.1f reused_tokens=%d%s",
-        turn.generation.request_id, model.name, request.stream, len(turn.prompt), turn.generation.max_tokens,
-        (trace.render_s or 0) * 1e3, trace.prompt_reused_tokens,
+        turn.generation.request_id,
+        model.name,
+        request.stream,
+        len(turn.prompt),
+        turn.generation.max_tokens,
+        (trace.render_s or 0) * 1e3,
+        trace.prompt_reused_tokens,
         f" truncated_items={trace.truncated_items}" if trace.truncated_items else "",
-    )  # fmt: skip
+    )
     return turn
 
 
@@ -135,7 +140,10 @@ def _finished(turn: Turn, metrics: Metrics) -> None:
     usage = response.usage
     logger.info(
         "response %s: %s output_tokens=%d in %.3fs",
-        response.id, response.status, usage.output_tokens if usage else 0, time.perf_counter() - turn.trace.started,
+        response.id,
+        response.status,
+        usage.output_tokens if usage else 0,
+        time.perf_counter() - turn.trace.started,
     )
     report_response(metrics, turn.trace, response)
 
@@ -168,9 +176,7 @@ async def reported(
 
 async def read_body(request: Request, limit: int) -> bytes:
     declared = request.headers.get("content-length")
-    too_large = APIError(
-        f"The request body is larger than this server accepts ({limit} bytes).", status_code=413, code="request_too_large"
-    )
+    too_large = APIError(f"The request body is larger than this server accepts ({limit} bytes).", status_code=413, code="request_too_large")
     if declared is not None and declared.isdigit() and int(declared) > limit:
         raise too_large
     chunks, size = [], 0

@@ -20,9 +20,9 @@ import logging
 from fastapi import APIRouter, WebSocket
 from starlette.websockets import WebSocketDisconnect
 
-from responses_serve.server.metrics import RequestTrace, report_once
 from responses_serve.api.errors import APIError, server_error
 from responses_serve.api.websocket import CreateEvent, SteerEvent, error_message, event_message, parse_client_event, steer_failed_message
+from responses_serve.server.metrics import RequestTrace, report_once
 from responses_serve.server.routes.responses import begin_turn, reported
 from responses_serve.server.run import PromptOnly, run_turn
 from responses_serve.state.connection import MAX_LANES, ConnectionResponses
@@ -78,7 +78,11 @@ class ResponsesSocket:
         lane = None
         try:
             if len(message) > self.state.max_request_bytes:
-                raise APIError(f"The message is larger than this server accepts ({self.state.max_request_bytes} bytes).", status_code=413, code="request_too_large")
+                raise APIError(
+                    f"The message is larger than this server accepts ({self.state.max_request_bytes} bytes).",
+                    status_code=413,
+                    code="request_too_large",
+                )
             event = parse_client_event(message)
             lane = event.lane
             if isinstance(event, SteerEvent):
@@ -95,7 +99,12 @@ class ResponsesSocket:
         queue = self.lanes.get(event.lane)
         if queue is None:
             if len(self.lanes) >= MAX_LANES:
-                raise APIError(f"At most {MAX_LANES} lanes (stream_id) may have responses running or queued on one connection.", status_code=429, param="stream_id", code="too_many_lanes")
+                raise APIError(
+                    f"At most {MAX_LANES} lanes (stream_id) may have responses running or queued on one connection.",
+                    status_code=429,
+                    param="stream_id",
+                    code="too_many_lanes",
+                )
             queue = self.lanes[event.lane] = collections.deque()
             worker = asyncio.create_task(self._run_lane(event.lane, queue))
             self.workers.add(worker)
