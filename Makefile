@@ -19,7 +19,7 @@ export RAY_SERVE_HAPROXY_HARD_STOP_AFTER_S ?= 930
 # That HAProxy without kernel splicing, which hides a client's disconnect (responses_serve/serve/haproxy.py).
 export RAY_SERVE_HAPROXY_BINARY_PATH ?= $(abspath $(VENV))/bin/responses-serve-haproxy
 
-.PHONY: install serve test bench clean
+.PHONY: install serve test test-fast bench clean
 
 install: $(STAMP)
 
@@ -62,6 +62,10 @@ test: $(STAMP)
 	$(VENV)/bin/lint-imports
 	$(PY) -m pytest -q --durations=15
 	$(PY) -m pytest -q -m multinode --durations=5
+
+# The inner loop: no Ray cluster, no real engine (about a minute).
+test-fast: $(STAMP)
+	$(PY) -m pytest -q -x -m "not multinode and not cluster and not engine"
 
 bench: $(STAMP)
 	$(PY) -m bench.hotpath

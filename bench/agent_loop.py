@@ -41,7 +41,7 @@ import yaml
 
 from bench.load import percentile
 from bench.stack import make_serve_env, serve_config, stop, wait_healthy
-from tests.sdk_scenarios import WEATHER_TOOL
+from tests.support.sdk_scenarios import WEATHER_TOOL
 
 RESULTS = Path(__file__).parent / "results"
 MODEL = "replay-agent"

@@ -15,7 +15,7 @@ never passes the key over): Serve keeps one replica, so at least one
 tail stream is on a replica it stops, whichever it picks. (Left to the hashes of their texts,
 both tail streams sat on the replica Serve kept about one run in nine, and the drain went
 unexercised.) Each stream is read to its end and checked by the event contract
-(tests/contract.py) and for its text. Every second: replicas per deployment and state (`serve.status()`), open
+(tests/support/contract.py) and for its text. Every second: replicas per deployment and state (`serve.status()`), open
 streams, and for each replica being stopped (draining) the requests still in flight on it
 (the Serve controller's view of its replicas, and the replica's own count). Writes
 bench/results/autoscale.png and autoscale.json (`autoscale-short.*` for `--short`); the
@@ -41,7 +41,7 @@ from pathlib import Path
 
 import aiohttp
 
-from tests.contract import check_stream, parse_sse
+from tests.support.contract import check_stream, parse_sse
 
 RESULTS = Path(__file__).parent / "results"
 APP = "responses"

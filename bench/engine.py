@@ -56,9 +56,8 @@ def rss_mb(markers: tuple[str, ...]) -> float:
 
 def prompt_tokens(text: str) -> list[int]:
     from responses_serve.api.request import ResponsesRequest
-    from responses_serve.config import SMOLLM2
     from responses_serve.families.chat_template import ChatTemplateModel
-    from responses_serve.families.smollm2 import load_tokenizer
+    from responses_serve.families.smollm2 import SMOLLM2, load_tokenizer
 
     request = ResponsesRequest(model="smollm2", input=text)
     return ChatTemplateModel(load_tokenizer(SMOLLM2)).render_prompt(request, request.input_items())

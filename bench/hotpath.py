@@ -221,9 +221,8 @@ def main() -> None:
         )
         print(f"ratio_to_parser={ratio:.2f}")
     if args.family in ("chat_template", "both"):
-        from responses_serve.config import SMOLLM2
         from responses_serve.families.chat_template import ChatTemplateModel
-        from responses_serve.families.smollm2 import load_tokenizer
+        from responses_serve.families.smollm2 import SMOLLM2, load_tokenizer
 
         tokenizer = load_tokenizer(SMOLLM2)
         model = ChatTemplateModel(tokenizer, template="qwen3", reasoning_parser="qwen3", tool_parser="hermes")

@@ -6,7 +6,7 @@
 
 At each concurrency C, C clients each send `--requests-per-client` streaming requests one
 after another (a progress bar counts them). Every stream goes through the contract validator
-(`tests/contract.py`) and the lost-token check; the figures per level are TTFT (request sent
+(`tests/support/contract.py`) and the lost-token check; the figures per level are TTFT (request sent
 -> first text delta), ITL (gaps between successive SSE chunks that carry deltas, as vLLM's
 benchmark defines it; a chunk is one engine batch) at p50/p90/p99, output tokens/s and
 requests/s. The whole ramp runs `--repeats` times; the ingress and engine replicas report
@@ -46,7 +46,7 @@ import yaml
 from tqdm import tqdm
 
 from bench.stack import make_serve_env, stop, wait_healthy
-from tests.contract import check_stream, parse_sse
+from tests.support.contract import check_stream, parse_sse
 
 RESULTS = Path(__file__).parent / "results"
 # ~300 output tokens per response: the replay model echoes the input after a short analysis.

@@ -21,7 +21,7 @@ Four servers, one after the other:
   request it was found for, whatever its tier.
 
 Per server and tier: time to first token p50/p90, end-to-end p50, the tier the responses
-report, and contract violations (tests/contract.py). The last line:
+report, and contract violations (tests/support/contract.py). The last line:
 `ttft_p50_flex_over_priority@<server>=... violations@<server>=N` for each; results in
 bench/results/tiers.json.
 """

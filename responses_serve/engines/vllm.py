@@ -25,8 +25,8 @@ from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any, Literal
 
 from responses_serve.config import EnginePlacement, VLLMBackendConfig
+from responses_serve.engines.allocator import drop_allocator_env
 from responses_serve.engines.cpu_cores import cores_for_cpu_engine, format_cores
-from responses_serve.serve.memory import drop_allocator_env
 from responses_serve.tokens import EngineRejected, FinishReason, GenerationRequest, TokenBatch, TokenLogprobs
 
 if TYPE_CHECKING:  # only for annotations: vLLM is optional at import time

@@ -7,7 +7,7 @@ each request's temperature, top_k and top_p over its draft positions. The CPU st
 an int64 copy of the output and drops it, so the verification step read uninitialized memory
 (and would have truncated 0.7 to 0). A batch with a sampled request in it then decoded its
 greedy requests wrongly: different tokens than alone, and under a grammar a token the grammar
-refuses, which ends the request with an error (tests/test_vllm_backend.py shows both).
+refuses, which ends the request with an error (tests/engines/test_vllm_backend.py shows both).
 
 On GPUs (Triton's kernel) and vLLM builds that fix the stand-in, nothing changes: the
 replacement computes what the kernel computes.

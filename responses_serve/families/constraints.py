@@ -146,7 +146,7 @@ def structural_tag(fmt: dict[str, Any]) -> dict[str, Any]:
 # xgrammar sees `<|channel|>` as the string it decodes to, so a model may spell a header with
 # ordinary tokens (`<|` `channel` `|>`), which the harmony parser then reads as message text,
 # and may write a special token such as `<|end|>` inside a JSON string, which ends the message
-# mid-answer (tests/test_constraints.py shows both; under those tags every schema answer of
+# mid-answer (tests/families/test_constraints.py shows both; under those tags every schema answer of
 # the random tiny gpt-oss came out as a raw message).
 # llguidance keeps special tokens apart from text: `<|channel|>` in a grammar is that one
 # token id, and no text rule (a JSON string, free analysis) can produce a special token. So

@@ -189,7 +189,7 @@ def _render_conversation_for_completion(messages: list[Message], cache: PromptCa
     harmony does (openai-harmony's `render_conversation_into`) — every message rendered
     with `conversation_has_function_tools`, analysis before the first final message left
     out when the last assistant message is final, then `<|start|>assistant`.
-    tests/test_prompt_cache.py holds it equal to harmony's own for any conversation."""
+    tests/families/test_prompt_cache.py holds it equal to harmony's own for any conversation."""
     encoding = harmony_encoding()
     options = RenderOptions(conversation_has_function_tools=any(_offers_functions(m) for m in messages))
     last_assistant = next((m for m in reversed(messages) if m.author.role == Role.ASSISTANT), None)

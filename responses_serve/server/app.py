@@ -24,7 +24,7 @@ from responses_serve.api.request import ResponsesRequest
 from responses_serve.api.sse import encode_events
 from responses_serve.config import DEFAULT_SSE_KEEPALIVE_S
 from responses_serve.encrypted_reasoning import ReasoningCipher
-from responses_serve.families.harmony import render_completion, render_prompt
+from responses_serve.families.harmony import HarmonyParser, render_completion, render_prompt
 from responses_serve.server.auth import APIKeyMiddleware
 from responses_serve.server.background import BackgroundRuns
 from responses_serve.server.metrics import GuardedMetrics, Metrics, NoMetrics, report_once
@@ -166,5 +166,5 @@ def _warm_up() -> None:
             Message.from_role_and_content(Role.ASSISTANT, "answer").with_channel("final"),
         ]
     )
-    stream = ResponseStream(request)
+    stream = ResponseStream(request, parser_factory=HarmonyParser)
     encode_events(stream.start() + stream.feed(TokenBatch(completion, finish_reason="stop")))

@@ -25,17 +25,16 @@ QWEN3_REPLAY = {
 
 
 def replay_models(step_delay_ms: float = 0.0) -> list[ServedModel]:
-    # Imported here: the tests read QWEN3_REPLAY without loading Ray and the backends.
+    # Imported here: the tests read QWEN3_REPLAY without loading the backends.
     from responses_serve.config import ModelConfig
     from responses_serve.engines import make_backend
-    from responses_serve.serve.ingress import model_family
-    from responses_serve.server.app import ServedModel
+    from responses_serve.server.models import served_model
 
     configs = [
         ModelConfig(name="gpt-oss-replay", backend={"type": "replay", "step_delay_ms": step_delay_ms}),
         ModelConfig.model_validate({**QWEN3_REPLAY, "backend": {**QWEN3_REPLAY["backend"], "step_delay_ms": step_delay_ms}}),
     ]
-    return [ServedModel(m.name, make_backend(m.backend), m.max_model_len, model_family(m), tiered=m.tiered) for m in configs]
+    return [served_model(m, make_backend(m.backend)) for m in configs]
 
 
 def main() -> None:

@@ -1,7 +1,7 @@
 """The one store interface every backend implements, and the time bound around it.
 
 A few general primitives over byte strings, each atomic on every backend, so that one
-contract test suite (tests/test_store_contract.py) covers them all and everything above
+contract test suite (tests/state/test_store_contract.py) covers them all and everything above
 (responses, background runs, conversations) is written once:
 
 - values: `get`, `put`, `compare_and_set` (create-once, leases, flags), `delete`, `expire`;

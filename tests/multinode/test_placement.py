@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import pytest
 
-from tests import sdk_scenarios
 from tests.multinode.conftest import CPU_ONLY, alive_replicas, node_gpus, running_replicas
+from tests.support import sdk_scenarios
 
 APP = "placement"
 ARGS = {

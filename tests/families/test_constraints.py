@@ -1,0 +1,352 @@
+"""The engine constraints (`responses_serve/families/constraints.py`) checked with the grammar
+engines vLLM's structured outputs mask logits with, token by token as vLLM feeds them:
+llguidance for harmony (over gpt-oss's tokenizer, `o200k_harmony`), xgrammar for chat
+templates (over SmolLM2's):
+- the replay models' completions (real harmony / SmolLM2 token ids, the shape a real model
+  writes) are accepted, reasoning included; what the constraint forbids is rejected;
+- harmony's special tokens are tokens: a header spelled with text tokens, or a special token
+  inside a JSON string, is rejected — both of which vLLM 0.32's own harmony tags accept.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+xgr = pytest.importorskip("xgrammar")
+
+from responses_serve.api.request import ResponsesRequest  # noqa: E402
+from responses_serve.engines.replay import script_completion  # noqa: E402
+from responses_serve.engines.replay_qwen3 import script_qwen3_completion  # noqa: E402
+from responses_serve.families.chat_template import ChatTemplateModel  # noqa: E402
+from responses_serve.families.constraints import JSON_MAX_WHITESPACE  # noqa: E402
+from responses_serve.families.harmony import HarmonyModel  # noqa: E402
+from responses_serve.families.vocab import HARMONY_VOCAB_SIZE, ensure_harmony_tokenizer, harmony_encoding  # noqa: E402
+from tests.conftest import have_vllm  # noqa: E402
+
+SCHEMA = {
+    "type": "object",
+    "properties": {"city": {"type": "string"}, "days": {"type": "integer", "minimum": 1}},
+    "required": ["city", "days"],
+    "additionalProperties": False,
+}
+WEATHER = {"type": "function", "name": "get_weather", "parameters": SCHEMA, "strict": True}
+TIME = {"type": "function", "name": "get_time", "parameters": {"type": "object", "properties": {}}, "strict": False}
+JSON_FORMAT = {"format": {"type": "json_schema", "name": "plan", "schema": SCHEMA, "strict": True}}
+
+
+def request(**fields) -> ResponsesRequest:
+    return ResponsesRequest.model_validate({"model": "m", "input": "hello", **fields})
+
+
+# --------------------------------------------------------------------------- harmony
+
+
+@pytest.fixture(scope="module")
+def harmony_tokenizer():
+    """gpt-oss's tokenizer as the engine loads it (`tokenizer: o200k_harmony`)."""
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(ensure_harmony_tokenizer()), local_files_only=True)
+
+
+@pytest.fixture(scope="module")
+def ll_tokenizer(harmony_tokenizer):
+    """o200k_harmony as llguidance sees it: vLLM's guidance backend builds it the same way."""
+    llguidance_hf = pytest.importorskip("llguidance.hf")
+    return llguidance_hf.from_tokenizer(harmony_tokenizer, HARMONY_VOCAB_SIZE)
+
+
+def harmony_tokens(text: str) -> list[int]:
+    return harmony_encoding().encode(text, allowed_special="all")
+
+
+def spelled(text: str) -> list[int]:
+    """`text` written with ordinary tokens only: `<|channel|>` as `<|` `channel` `|>`."""
+    return harmony_encoding().encode(text, disallowed_special=())
+
+
+def ll_accepts(ll_tokenizer, engine: dict, tokens: list[int]) -> bool:
+    """Feed tokens as vLLM's guidance backend does; True if all are accepted and the grammar
+    may end there (the completion's stop token included)."""
+    import llguidance
+
+    matcher = llguidance.LLMatcher(ll_tokenizer, llguidance.grammar_from("lark", engine["grammar"]), log_level=0)
+    assert not matcher.get_error(), matcher.get_error()
+    return all(matcher.consume_token(t) for t in tokens) and matcher.is_accepting()
+
+
+def harmony_case(req: ResponsesRequest):
+    model = HarmonyModel()
+    prompt = model.render_prompt(req, req.input_items())
+    constraint = model.constraint(req, prompt)
+    return constraint, script_completion(prompt, constraint)
+
+
+def test_harmony_json_answer_after_free_analysis(ll_tokenizer):
+    req = request(text=JSON_FORMAT)
+    prompt = harmony_encoding().decode_utf8(HarmonyModel().render_prompt(req, req.input_items()))
+    assert f"# Response Formats\n\n## plan\n\n{json.dumps(SCHEMA)}<|end|>" in prompt  # gpt-oss is told the schema
+    constraint, completion = harmony_case(req)
+    text = harmony_encoding().decode_utf8(completion)
+    assert text.startswith("<|channel|>analysis<|message|>The user wrote")  # reasoning: any text
+    assert ll_accepts(ll_tokenizer, constraint.engine, completion)
+    free = harmony_tokens("<|channel|>analysis<|message|>") + spelled('{"not": json, <|end|> spelled} ~ 世界')
+    free += harmony_tokens('<|end|><|start|>assistant<|channel|>final<|message|>{"city": "Oslo", "days": 3}<|return|>')
+    assert ll_accepts(ll_tokenizer, constraint.engine, free)
+    wrong = (
+        '<|channel|>analysis<|message|>x<|end|><|start|>assistant<|channel|>final <|constrain|>json<|message|>{"city": "Oslo"}<|return|>'
+    )
+    assert not ll_accepts(ll_tokenizer, constraint.engine, harmony_tokens(wrong))  # "days" missing
+    plain = "<|channel|>final<|message|>Oslo, 3 days<|return|>"
+    assert not ll_accepts(ll_tokenizer, constraint.engine, harmony_tokens(plain))
+
+
+def test_harmony_special_tokens_are_tokens_not_text(ll_tokenizer):
+    """What the random tiny gpt-oss did under vLLM's own (text-level) harmony tags: a header
+    spelled with text tokens (the parser reads it as message text), a special token inside a
+    JSON string (it ends the message mid-answer). Ours rejects both."""
+    constraint, _ = harmony_case(request(text=JSON_FORMAT))
+    good = '<|channel|>final <|constrain|>json<|message|>{"city": "Oslo", "days": 3}<|return|>'
+    assert ll_accepts(ll_tokenizer, constraint.engine, harmony_tokens(good))
+    assert not ll_accepts(ll_tokenizer, constraint.engine, spelled("<|channel|>") + harmony_tokens(good.removeprefix("<|channel|>")))
+    inside = harmony_tokens('<|channel|>final<|message|>{"city": "Os') + harmony_tokens("<|end|>")
+    assert not ll_accepts(ll_tokenizer, constraint.engine, inside + harmony_tokens('lo", "days": 3}<|return|>'))
+    # the same text written with ordinary tokens is just text in a JSON string
+    assert ll_accepts(
+        ll_tokenizer,
+        constraint.engine,
+        harmony_tokens('<|channel|>final<|message|>{"city": "Os') + spelled("<|end|>") + harmony_tokens('lo", "days": 3}<|return|>'),
+    )
+    # harmony reads `final json` as a message to a recipient "json", not as a final answer
+    assert not ll_accepts(ll_tokenizer, constraint.engine, harmony_tokens(good.replace(" <|constrain|>json", " json")))
+    # free analysis is any text, never a special token
+    analysis = (
+        harmony_tokens("<|channel|>analysis<|message|>a")
+        + harmony_tokens("<|constrain|>")
+        + harmony_tokens("b<|end|><|start|>assistant")
+        + harmony_tokens(good)
+    )
+    assert not ll_accepts(ll_tokenizer, constraint.engine, analysis)
+
+
+@pytest.mark.skipif(not have_vllm(), reason="needs vllm")
+def test_vllms_own_harmony_tags_take_special_tokens_as_text(harmony_tokenizer):
+    """Why harmony does not use vLLM's tags: compiled by xgrammar (vLLM's default backend) over
+    the same tokenizer, they accept the spelled header, the `<|end|>` inside the answer, and
+    `final json`, which harmony does not read as a final answer."""
+    from vllm.entrypoints.openai.responses.protocol import ResponsesRequest as VLLMResponsesRequest
+    from vllm.parser.harmony import _adjust_output_format
+
+    tag = _adjust_output_format(VLLMResponsesRequest(model="m", input="hello", text=JSON_FORMAT)).structured_outputs.structural_tag
+    info = xgr.TokenizerInfo.from_huggingface(harmony_tokenizer, vocab_size=HARMONY_VOCAB_SIZE)
+    compiled = xgr.GrammarCompiler(info).compile_structural_tag(tag)
+
+    def accepts(tokens: list[int]) -> bool:
+        matcher = xgr.GrammarMatcher(compiled, override_stop_tokens=[200002, 200012])
+        return all(matcher.accept_token(t) for t in tokens) and matcher.is_terminated()
+
+    good = '<|channel|>final json<|message|>{"city": "Oslo", "days": 3}<|return|>'
+    assert accepts(harmony_tokens(good))
+    assert accepts(spelled("<|channel|>final json<|message|>") + harmony_tokens('{"city": "Oslo", "days": 3}<|return|>'))
+    assert accepts(harmony_tokens('<|channel|>final json<|message|>{"city": "Os<|end|>lo", "days": 3}<|return|>'))
+
+
+def test_harmony_required_named_allowed_and_none(ll_tokenizer):
+    answer = "<|channel|>analysis<|message|>hm<|end|><|start|>assistant<|channel|>final<|message|>Hi!<|return|>"
+    call_time = (
+        "<|channel|>analysis<|message|>hm<|end|><|start|>assistant to=functions.get_time<|channel|>commentary json<|message|>{}<|call|>"
+    )
+    call_weather = ' to=functions.get_weather<|channel|>commentary <|constrain|>json<|message|>{"city": "Oslo", "days": 0}<|call|>'
+
+    required, completion = harmony_case(request(tools=[WEATHER, TIME], tool_choice="required"))
+    assert ll_accepts(ll_tokenizer, required.engine, completion)  # the replay calls get_weather
+    assert ll_accepts(ll_tokenizer, required.engine, harmony_tokens(call_time))
+    preamble = "<|channel|>commentary<|message|>Checking.<|end|><|start|>assistant<|channel|>commentary to=functions.get_time <|constrain|>json<|message|>{}<|call|>"
+    assert ll_accepts(ll_tokenizer, required.engine, harmony_tokens(preamble))
+    assert not ll_accepts(ll_tokenizer, required.engine, harmony_tokens(answer))
+    assert not ll_accepts(ll_tokenizer, required.engine, harmony_tokens(call_weather))  # days < 1 (strict)
+    assert not ll_accepts(
+        ll_tokenizer, required.engine, spelled(" to=functions.get_time<|channel|>commentary json<|message|>") + harmony_tokens("{}<|call|>")
+    )
+
+    named, completion = harmony_case(request(tools=[WEATHER, TIME], tool_choice={"type": "function", "name": "get_time"}))
+    assert ll_accepts(ll_tokenizer, named.engine, completion)
+    assert not ll_accepts(ll_tokenizer, named.engine, harmony_tokens(call_weather.replace('"days": 0', '"days": 2')))
+
+    allowed = {"type": "allowed_tools", "mode": "auto", "tools": [{"type": "function", "name": "get_time"}]}
+    auto, completion = harmony_case(request(tools=[WEATHER, TIME], tool_choice=allowed))
+    assert ll_accepts(ll_tokenizer, auto.engine, harmony_tokens(answer))
+    assert ll_accepts(ll_tokenizer, auto.engine, harmony_tokens(call_time))
+    assert not ll_accepts(ll_tokenizer, auto.engine, harmony_tokens(call_weather.replace('"days": 0', '"days": 2')))
+
+    none, completion = harmony_case(request(input="call get_time", tools=[WEATHER, TIME], tool_choice="none"))
+    assert "to=functions" not in harmony_encoding().decode_utf8(completion)
+    assert ll_accepts(ll_tokenizer, none.engine, completion)
+    assert not ll_accepts(ll_tokenizer, none.engine, harmony_tokens(call_time))
+
+
+def test_harmony_auto_with_a_strict_function(ll_tokenizer):
+    """As in the OpenAI API, a strict function's arguments follow its schema under `auto`
+    too: the model may answer, or call a function of the request with valid arguments."""
+    answer = "<|channel|>analysis<|message|>hm<|end|><|start|>assistant<|channel|>final<|message|>Hi!<|return|>"
+    call = " to=functions.{}<|channel|>commentary <|constrain|>json<|message|>{}<|call|>"
+    auto, completion = harmony_case(request(input='call get_weather {"city": "Oslo", "days": 2}', tools=[WEATHER, TIME]))
+    assert "to=functions.get_weather" in harmony_encoding().decode_utf8(completion)
+    assert ll_accepts(ll_tokenizer, auto.engine, completion)
+    assert ll_accepts(ll_tokenizer, auto.engine, harmony_tokens(answer))
+    assert ll_accepts(ll_tokenizer, auto.engine, harmony_tokens(call.format("get_time", '{"any": ["json"]}')))  # not strict
+    assert not ll_accepts(ll_tokenizer, auto.engine, harmony_tokens(call.format("get_weather", '{"city": "Oslo", "days": 0}')))
+    assert not ll_accepts(ll_tokenizer, auto.engine, harmony_tokens(call.format("get_stock", "{}")))  # not a tool of the request
+    # Only functions whose arguments may be any JSON: nothing to enforce.
+    assert HarmonyModel().constraint(request(tools=[TIME]), []) is None
+    assert HarmonyModel().constraint(request(tools=[{**WEATHER, "strict": False}]), []) is None
+
+
+def test_harmony_formats_llguidance_does_not_know_are_a_400():
+    from responses_serve.api.errors import APIError
+
+    schema = {"type": "object", "properties": {"u": {"type": "string", "format": "uri-reference"}}}
+    with pytest.raises(APIError) as caught:
+        HarmonyModel().constraint(request(text={"format": {"type": "json_schema", "name": "x", "schema": schema}}), [])
+    assert "uri-reference" in str(caught.value) and caught.value.param == "text.format.schema" and caught.value.status_code == 400
+    # a property named "format" is no format keyword
+    named_format = {"type": "object", "properties": {"format": {"type": "string"}}}
+    assert HarmonyModel().constraint(request(text={"format": {"type": "json_schema", "name": "x", "schema": named_format}}), []) is not None
+
+
+# --------------------------------------------------------------------------- chat templates
+
+
+def accepts(compiler, engine: dict, tokens: list[int], stops: list[int]) -> bool:
+    """Feed tokens as vLLM's xgrammar backend does (one `accept_token` each); True if all are
+    accepted and the grammar ends with the completion's stop token."""
+    compiled = compiler.compile_structural_tag(engine["structural_tag"])
+    matcher = xgr.GrammarMatcher(compiled, override_stop_tokens=stops)
+    return all(matcher.accept_token(t) for t in tokens) and matcher.is_terminated()
+
+
+@pytest.fixture(scope="module")
+def smollm2():
+    from responses_serve.families.smollm2 import SMOLLM2, load_tokenizer
+
+    tokenizer = load_tokenizer(SMOLLM2)
+    info = xgr.TokenizerInfo.from_huggingface(tokenizer, stop_token_ids=[tokenizer.eos_token_id])
+    return tokenizer, xgr.GrammarCompiler(info)
+
+
+def qwen3_case(tokenizer, req: ResponsesRequest, **template_kwargs):
+    model = ChatTemplateModel(tokenizer, template="qwen3", reasoning_parser="qwen3", tool_parser="hermes", template_kwargs=template_kwargs)
+    prompt = model.render_prompt(req, req.input_items())
+    constraint = model.constraint(req, prompt)
+    return constraint, script_qwen3_completion(prompt, constraint)
+
+
+@pytest.mark.parametrize("thinking", [None, True], ids=["model-opens-think", "prompt-opens-think"])
+def test_qwen3_json_answer_after_free_thinking(smollm2, thinking):
+    tokenizer, compiler = smollm2
+    kwargs = {} if thinking is None else {"enable_thinking": thinking}
+    constraint, completion = qwen3_case(tokenizer, request(text=JSON_FORMAT), **kwargs)
+    stops = [tokenizer.eos_token_id]
+    assert "The user wrote" in tokenizer.decode(completion)
+    assert accepts(compiler, constraint.engine, completion, stops)
+    think = "" if thinking else "<think>\n"
+    for wrong in (
+        f'{think}anything\n</think>\n\n{{"city": "Oslo"}}',
+        f"{think}x</think>\n\nOslo for 3 days",
+        '{"city": "Oslo", "days": 2} trailing',
+    ):
+        assert not accepts(compiler, constraint.engine, tokenizer.encode(wrong) + stops, stops), wrong
+
+
+def test_qwen3_thinking_off_allows_no_think_block(smollm2):
+    """enable_thinking false closes the think block in the prompt: the answer comes at once."""
+    tokenizer, compiler = smollm2
+    constraint, completion = qwen3_case(tokenizer, request(text=JSON_FORMAT), enable_thinking=False)
+    stops = [tokenizer.eos_token_id]
+    assert "<think>" not in tokenizer.decode(completion)
+    assert accepts(compiler, constraint.engine, completion, stops)
+    assert not accepts(compiler, constraint.engine, tokenizer.encode('<think>\nhm\n</think>\n\n{"city": "Oslo", "days": 2}') + stops, stops)
+
+
+def test_qwen3_tool_choice(smollm2):
+    tokenizer, compiler = smollm2
+    stops = [tokenizer.eos_token_id]
+
+    def encode(text: str) -> list[int]:
+        return tokenizer.encode(text) + stops
+
+    answer = encode("<think>\nhm\n</think>\n\nHello!")
+    call_time = encode('<think>\nhm\n</think>\n\n<tool_call>\n{"name": "get_time", "arguments": {}}\n</tool_call>')
+    call_weather = encode('<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo", "days": 2}}\n</tool_call>')
+
+    required, completion = qwen3_case(tokenizer, request(tools=[WEATHER, TIME], tool_choice="required"))
+    assert accepts(compiler, required.engine, completion, stops)
+    assert accepts(compiler, required.engine, call_time, stops)
+    assert not accepts(compiler, required.engine, answer, stops)
+
+    named, completion = qwen3_case(tokenizer, request(tools=[WEATHER, TIME], tool_choice={"type": "function", "name": "get_time"}))
+    assert accepts(compiler, named.engine, completion, stops) and accepts(compiler, named.engine, call_time, stops)
+    assert not accepts(compiler, named.engine, call_weather, stops)
+    two_calls = encode(
+        '<tool_call>\n{"name": "get_time", "arguments": {}}\n</tool_call><tool_call>\n{"name": "get_time", "arguments": {}}\n</tool_call>'
+    )
+    assert not accepts(compiler, named.engine, two_calls, stops)  # a named function is called once
+
+    allowed = {"type": "allowed_tools", "mode": "auto", "tools": [{"type": "function", "name": "get_time"}]}
+    auto, _ = qwen3_case(tokenizer, request(tools=[WEATHER, TIME], tool_choice=allowed))
+    assert accepts(compiler, auto.engine, answer, stops) and accepts(compiler, auto.engine, call_time, stops)
+    assert not accepts(compiler, auto.engine, call_weather, stops)
+
+    none, completion = qwen3_case(tokenizer, request(input="call get_time", tools=[WEATHER, TIME], tool_choice="none"))
+    assert "<tool_call>" not in tokenizer.decode(completion)
+    assert accepts(compiler, none.engine, completion, stops) and accepts(compiler, none.engine, answer, stops)
+    assert not accepts(compiler, none.engine, call_time, stops)
+
+
+def test_qwen3_auto_with_a_strict_function(smollm2):
+    tokenizer, compiler = smollm2
+    stops = [tokenizer.eos_token_id]
+
+    def encode(text: str) -> list[int]:
+        return tokenizer.encode(text) + stops
+
+    def call(name: str, arguments: str) -> list[int]:
+        return encode(f'<think>\nhm\n</think>\n\n<tool_call>\n{{"name": "{name}", "arguments": {arguments}}}\n</tool_call>')
+
+    auto, completion = qwen3_case(tokenizer, request(input='call get_weather {"city": "Oslo", "days": 2}', tools=[WEATHER, TIME]))
+    assert "<tool_call>" in tokenizer.decode(completion) and accepts(compiler, auto.engine, completion, stops)
+    assert accepts(compiler, auto.engine, encode("<think>\nhm\n</think>\n\nHello!"), stops)
+    assert accepts(compiler, auto.engine, call("get_time", '{"any": ["json"]}'), stops)  # not strict
+    assert not accepts(compiler, auto.engine, call("get_weather", '{"city": "Oslo", "days": 0}'), stops)
+    assert not accepts(compiler, auto.engine, call("get_stock", "{}"), stops)
+    two = encode(
+        '<tool_call>\n{"name": "get_time", "arguments": {}}\n</tool_call><tool_call>\n{"name": "get_time", "arguments": {}}\n</tool_call>'
+    )
+    assert accepts(compiler, auto.engine, two, stops)
+    single, _ = qwen3_case(tokenizer, request(tools=[WEATHER, TIME], parallel_tool_calls=False))
+    assert not accepts(compiler, single.engine, two, stops)  # parallel_tool_calls false: one call
+    assert accepts(compiler, single.engine, call("get_time", "{}"), stops)
+    model = ChatTemplateModel(tokenizer, template="qwen3", reasoning_parser="qwen3", tool_parser="hermes")
+    assert model.constraint(request(tools=[TIME]), []) is None
+
+
+def test_plain_chat_template_gets_vllms_json_constraint(smollm2):
+    """A model without parsers (SmolLM2's own template): the answer is all there is."""
+    tokenizer, compiler = smollm2
+    model = ChatTemplateModel(tokenizer)
+    req = request(text=JSON_FORMAT)
+    prompt = model.render_prompt(req, req.input_items())
+    constraint = model.constraint(req, prompt)
+    fmt = json.loads(constraint.engine["structural_tag"])["format"]
+    assert fmt == {"type": "json_schema", "json_schema": SCHEMA, "max_whitespace_cnt": JSON_MAX_WHITESPACE}
+    stops = [tokenizer.eos_token_id]
+    assert accepts(compiler, constraint.engine, tokenizer.encode('{"city": "Oslo", "days": 2}') + stops, stops)
+    assert not accepts(compiler, constraint.engine, tokenizer.encode('{"city":  "Oslo", "days": 2}') + stops, stops)  # two spaces
+    assert not accepts(compiler, constraint.engine, tokenizer.encode('{"city": "Oslo"}') + stops, stops)
+    json_object = request(input="Answer in JSON.", text={"format": {"type": "json_object"}})
+    assert json.loads(model.constraint(json_object, []).engine["structural_tag"])["format"]["json_schema"] == {"type": "object"}
+    with pytest.raises(Exception, match="no function this model can call"):
+        model.constraint(request(tools=[TIME], tool_choice="required"), [])
+    assert model.constraint(request(tools=[TIME], tool_choice="none"), []) is None  # no tool parser: no call possible

@@ -1,0 +1,197 @@
+"""The RayService manifests: valid against KubeRay's CRD schema and in step with the configs."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import jsonschema
+import kubernetes_validate
+import pytest
+import yaml
+from ray.serve.schema import ServeDeploySchema
+
+from responses_serve.config import AppConfig
+
+ROOT = Path(__file__).parents[2]
+MANIFESTS = sorted((ROOT / "k8s").glob("*.yaml"))
+# KubeRay's CRD (data for development and CI only; the product never reads it): shared/ beside
+# the repository (a clone, CI) or beside the folder of work trees (/work/wt/<name>).
+CRD = next(
+    (c for c in (base / "shared" / "kuberay" / "ray.io_rayservices.yaml" for base in (ROOT.parent, ROOT.parent.parent)) if c.is_file()),
+    ROOT.parent / "shared" / "kuberay" / "ray.io_rayservices.yaml",
+)
+# Each manifest serves one config file's applications.
+SERVES = {"rayservice-gpt-oss-20b.yaml": "gpt-oss-20b.yaml", "rayservice-gpt-oss-120b.yaml": "gpt-oss-120b.yaml"}
+# The Ray node label of the CPU nodes (head, CPU workers), which the ingress selects.
+CPU_NODE_LABEL = {"responses-serve/node": "cpu"}
+SECRET_REF = {"secretKeyRef": {"name": "responses-serve-redis", "key": "password"}}
+
+
+@pytest.fixture(scope="module")
+def rayservice_schema() -> dict:
+    if not CRD.is_file():
+        pytest.skip(f"{CRD} is not here")
+    crd = yaml.safe_load(CRD.read_text())
+    (version,) = [v for v in crd["spec"]["versions"] if v["name"] == "v1"]
+    return version["schema"]["openAPIV3Schema"]
+
+
+@pytest.mark.parametrize("path", MANIFESTS, ids=lambda p: p.name)
+def test_manifest_is_a_valid_rayservice(path, rayservice_schema):
+    manifest = yaml.safe_load(path.read_text())
+    assert manifest["apiVersion"] == "ray.io/v1" and manifest["kind"] == "RayService"
+    jsonschema.validate(manifest, rayservice_schema)
+    serve_config = ServeDeploySchema.model_validate(yaml.safe_load(manifest["spec"]["serveConfigV2"]))
+    for application in serve_config.applications:
+        AppConfig.model_validate(application.args)
+    # No engine on the head: it advertises no GPUs.
+    assert manifest["spec"]["rayClusterConfig"]["headGroupSpec"]["rayStartParams"]["num-gpus"] == "0"
+
+
+def test_every_manifest_serves_a_config():
+    assert sorted(p.name for p in MANIFESTS) == sorted(SERVES)
+
+
+def _ingress_label_selector(application: dict) -> dict:
+    return application["args"]["ingress"]["ray_actor_options"]["label_selector"]
+
+
+@pytest.mark.parametrize("name", sorted(SERVES))
+def test_rayservice_serves_its_config(name):
+    """The config file's applications, plus what only a labelled cluster can take: the
+    ingress held to CPU nodes (a single machine's `serve run` has no node labels)."""
+    manifest = yaml.safe_load((ROOT / "k8s" / name).read_text())
+    config = yaml.safe_load((ROOT / "responses_serve" / "configs" / SERVES[name]).read_text())
+    applications = yaml.safe_load(manifest["spec"]["serveConfigV2"])["applications"]
+    for application in applications:
+        assert _ingress_label_selector(application) == CPU_NODE_LABEL
+        del application["args"]["ingress"]["ray_actor_options"]["label_selector"]
+    assert applications == config["applications"]
+
+
+def _app_config(manifest: dict) -> AppConfig:
+    (application,) = yaml.safe_load(manifest["spec"]["serveConfigV2"])["applications"]
+    return AppConfig.model_validate(application["args"])
+
+
+def _groups(manifest: dict) -> list[dict]:
+    cluster = manifest["spec"]["rayClusterConfig"]
+    return [cluster["headGroupSpec"], *cluster["workerGroupSpecs"]]
+
+
+@pytest.mark.parametrize("path", MANIFESTS, ids=lambda p: p.name)
+def test_ingress_lands_on_cpu_nodes_only(path):
+    """The Ray node labels (KubeRay's group `labels`) that the ingress selects: on the head
+    and the CPU workers, never on a group that has GPUs."""
+    manifest = yaml.safe_load(path.read_text())
+    (application,) = yaml.safe_load(manifest["spec"]["serveConfigV2"])["applications"]
+    selector = _ingress_label_selector(application)
+    for group in _groups(manifest):
+        (container,) = group["template"]["spec"]["containers"]
+        has_gpus = "nvidia.com/gpu" in container["resources"].get("limits", {})
+        selected = selector.items() <= group.get("labels", {}).items()
+        assert selected != has_gpus, group.get("groupName", "head")
+
+
+@pytest.mark.parametrize("path", MANIFESTS, ids=lambda p: p.name)
+def test_pod_templates_are_valid_kubernetes(path):
+    """The pods KubeRay makes from each group's template, against Kubernetes' own schema."""
+    for group in _groups(yaml.safe_load(path.read_text())):
+        document = {"apiVersion": "v1", "kind": "PodTemplate", "metadata": {"name": "ray-pod"}, "template": group["template"]}
+        kubernetes_validate.validate(document, kubernetes_validate.latest_version(), strict=True)
+
+
+@pytest.mark.parametrize("path", MANIFESTS, ids=lambda p: p.name)
+def test_gcs_fault_tolerance_uses_the_store_redis(path):
+    manifest = yaml.safe_load(path.read_text())
+    (service,) = [d for d in yaml.safe_load_all((ROOT / "k8s" / "store" / "redis.yaml").read_text()) if d["kind"] == "Service"]
+    options = manifest["spec"]["rayClusterConfig"]["gcsFaultToleranceOptions"]
+    assert options["redisAddress"] == f"{service['metadata']['name']}:{service['spec']['ports'][0]['port']}"
+    assert options["redisPassword"] == {"valueFrom": SECRET_REF}
+    # KubeRay names each cluster's GCS keys itself: an upgrade's new cluster must not share them.
+    assert "externalStorageNamespace" not in options
+
+
+@pytest.mark.parametrize("path", MANIFESTS, ids=lambda p: p.name)
+def test_pods_and_upgrades_outlast_the_longest_stream(path):
+    """Serve's drain of the ingress and engines, Kubernetes' grace period of the worker pods and
+    the old cluster's life after an upgrade are all at least the app's maximum stream duration."""
+    manifest = yaml.safe_load(path.read_text())
+    (application,) = yaml.safe_load(manifest["spec"]["serveConfigV2"])["applications"]
+    config = AppConfig.model_validate(application["args"])
+    longest = config.max_stream_duration_s
+    drains = [config.ingress.serve_options()["graceful_shutdown_timeout_s"]]
+    drains += [model.engine.serve_options()["graceful_shutdown_timeout_s"] for model in config.models]
+    assert all(drain >= longest for drain in drains)
+    for group in manifest["spec"]["rayClusterConfig"]["workerGroupSpecs"]:
+        assert group["template"]["spec"]["terminationGracePeriodSeconds"] >= max(drains)
+    assert manifest["spec"]["rayClusterDeletionDelaySeconds"] >= max(drains)
+    assert manifest["spec"]["upgradeStrategy"]["type"] == "NewCluster"  # zero-downtime upgrades
+
+
+@pytest.mark.parametrize("path", MANIFESTS, ids=lambda p: p.name)
+def test_probes_and_secrets(path):
+    manifest = yaml.safe_load(path.read_text())
+    keys = {
+        "name": "RESPONSES_SERVE_REASONING_KEYS",
+        "valueFrom": {"secretKeyRef": {"name": "responses-serve-reasoning-keys", "key": "keys"}},
+    }
+    for group in _groups(manifest):
+        (container,) = group["template"]["spec"]["containers"]
+        assert keys in container["env"]  # every replica seals and opens reasoning with the same keys
+        assert not any("value" in e for e in container["env"] if e["name"] in ("REDIS_PASSWORD", keys["name"]))
+        assert "livenessProbe" not in container  # KubeRay's (raylet only): no restarts for a slow model
+    for group in manifest["spec"]["rayClusterConfig"]["workerGroupSpecs"]:
+        (container,) = group["template"]["spec"]["containers"]
+        probe = " ".join(container["readinessProbe"]["exec"]["command"])
+        # KubeRay's own checks (raylet, Serve proxy), and our app's /health through the proxy.
+        for url in ("localhost:52365/api/local_raylet_healthz", "localhost:8000/-/healthz", "localhost:8000/health"):
+            assert url in probe
+
+
+def test_gpt_oss_120b_pods_hold_one_tensor_parallel_engine():
+    manifest = yaml.safe_load((ROOT / "k8s" / "rayservice-gpt-oss-120b.yaml").read_text())
+    (application,) = yaml.safe_load(manifest["spec"]["serveConfigV2"])["applications"]
+    (model,) = AppConfig.model_validate(application["args"]).models
+    assert model.backend.tensor_parallel_size == 4
+    (gpu,) = [g for g in manifest["spec"]["rayClusterConfig"]["workerGroupSpecs"] if g["groupName"] == "gpu"]
+    (container,) = gpu["template"]["spec"]["containers"]
+    assert container["resources"]["limits"]["nvidia.com/gpu"] == model.backend.world_size
+
+
+@pytest.mark.parametrize("path", MANIFESTS, ids=lambda p: p.name)
+def test_the_cluster_wide_serve_settings_are_the_same_for_make_serve_and_kuberay(path):
+    """responses_serve/serve/app.py CLUSTER_ENV (read by the Serve controller, on the head): the head
+    container sets each of them, and the Makefile exports the same values for `make serve`."""
+    import re
+
+    from responses_serve.serve.app import CLUSTER_ENV
+
+    manifest = yaml.safe_load(path.read_text())
+    (head,) = _groups(manifest)[0]["template"]["spec"]["containers"]
+    env = {e["name"]: e.get("value") for e in head["env"]}
+    make = dict(re.findall(r"^export (\w+) \?= (\S+)$", (ROOT / "Makefile").read_text(), re.M))
+    assert CLUSTER_ENV  # something to check
+    for name, value in CLUSTER_ENV.items():
+        assert env[name] == value and make[name] == value
+
+
+@pytest.mark.parametrize("path", MANIFESTS, ids=lambda p: p.name)
+def test_every_pod_runs_serves_haproxy_ingress(path):
+    """Serve's settings are read by the processes of each Ray node: every container, workers
+    included, turns on the HAProxy ingress as the head does (an ingress replica serves HTTP
+    on a port of its own only where its node's processes see it), and names our HAProxy."""
+    from responses_serve.config import SHUTDOWN_MARGIN_S
+    from responses_serve.serve import haproxy
+    from responses_serve.serve.app import CLUSTER_ENV, HAPROXY_HARD_STOP_AFTER
+
+    manifest = yaml.safe_load(path.read_text())
+    for group in _groups(manifest):
+        (container,) = group["template"]["spec"]["containers"]
+        env = {e["name"]: e.get("value") for e in container["env"]}
+        assert env["RAY_SERVE_ENABLE_HA_PROXY"] == CLUSTER_ENV["RAY_SERVE_ENABLE_HA_PROXY"] == "1"
+        assert "RAY_SERVE_ENABLE_DIRECT_INGRESS" not in env  # HAProxy turns it on itself
+        assert env["RAY_SERVE_HAPROXY_BINARY_PATH"].endswith(f"/bin/{haproxy.NAME}")  # no splicing
+        # Each node's HAProxy keeps a stream across its reloads (scaling) as long as it may last.
+        assert env[HAPROXY_HARD_STOP_AFTER] == CLUSTER_ENV[HAPROXY_HARD_STOP_AFTER]
+        assert float(env[HAPROXY_HARD_STOP_AFTER]) >= _app_config(manifest).max_stream_duration_s + SHUTDOWN_MARGIN_S
