@@ -32,6 +32,7 @@ from openai.types.responses import (
     ResponseFunctionToolCall,
     ResponseIncompleteEvent,
     ResponseInProgressEvent,
+    ResponseOutputItem,
     ResponseOutputItemAddedEvent,
     ResponseOutputItemDoneEvent,
     ResponseOutputMessage,
@@ -54,7 +55,7 @@ from pydantic import BaseModel, TypeAdapter, ValidationError
 from responses_serve.api.request import ResponsesRequest
 from responses_serve.api.service_tier import ServedTier
 from responses_serve.construct import trusted_constructor as _trusted_constructor
-from responses_serve.items import CompletionParser
+from responses_serve.items import CompletionParser, Phase
 from responses_serve.logprobs import LogprobFormatter, for_delta, for_done
 from responses_serve.tokens import TokenBatch, TokenLogprobs
 from responses_serve.utf8 import unfinished_utf8_tail
@@ -62,6 +63,7 @@ from responses_serve.utf8 import unfinished_utf8_tail
 logger = logging.getLogger("responses_serve.stream")
 
 ItemKind = Literal["reasoning", "message", "function_call"]
+ItemStatus = Literal["in_progress", "completed", "incomplete"]
 _ID_PREFIX: dict[ItemKind, str] = {"reasoning": "rs", "message": "msg", "function_call": "fc"}
 
 
@@ -128,7 +130,7 @@ class _OpenItem:
     name: str | None = None
     namespace: str | None = None
     call_id: str | None = None
-    phase: str | None = None
+    phase: Phase | None = None
     parts: list[str] = field(default_factory=list)  # every delta, in order
     unsent: str = ""  # text added since the last delta event
     logprobs: list[Logprob] = field(default_factory=list)  # messages, when asked for: every token's
@@ -243,12 +245,14 @@ class ResponseStream:
         return self._drain()
 
     def _feed_with_logprobs(self, batch: TokenBatch) -> None:
-        if len(batch.logprobs) != len(batch.token_ids):  # an engine bug: keep the text, not the logprobs
-            logger.warning("response %s: %d logprobs for %d tokens", self.response.id, len(batch.logprobs), len(batch.token_ids))
+        engine_logprobs, formatter = batch.logprobs, self._logprob_format
+        assert engine_logprobs is not None and formatter is not None  # `feed` checked both
+        if len(engine_logprobs) != len(batch.token_ids):  # an engine bug: keep the text, not the logprobs
+            logger.warning("response %s: %d logprobs for %d tokens", self.response.id, len(engine_logprobs), len(batch.token_ids))
             self._parser.feed(batch.token_ids)
             return
-        feed, token_text = self._parser.feed, self._logprob_format.token_text
-        for token, logprobs in zip(batch.token_ids, batch.logprobs):
+        feed, token_text = self._parser.feed, formatter.token_text
+        for token, logprobs in zip(batch.token_ids, engine_logprobs):
             start, raw = self._written_at + len(self._written), token_text(token)
             self._written += raw
             self._pending.append(_PendingToken(token, logprobs, start, start + len(raw)))
@@ -276,7 +280,10 @@ class ResponseStream:
         item = self._open("reasoning")
         self._emit_added(ResponseReasoningItem(id=item.id, type="reasoning", summary=[], content=[], status="in_progress"))
 
-    def open_message(self, phase: str | None) -> None:
+    def open_message(self, phase: Phase | None) -> None:
+        self._open_message(phase)
+
+    def _open_message(self, phase: Phase | None) -> _OpenItem:
         item = self._open("message", phase=phase)
         self._emit_added(ResponseOutputMessage(id=item.id, type="message", role="assistant", status="in_progress", content=[], phase=phase))
         self._emit(
@@ -289,6 +296,7 @@ class ResponseStream:
                 sequence_number=0,
             )
         )
+        return item
 
     def open_function_call(self, name: str, namespace: str | None) -> None:
         item = self._open("function_call", name=name, namespace=namespace, call_id=new_id("call"))
@@ -297,14 +305,13 @@ class ResponseStream:
     def add_text(self, text: str) -> None:
         item = self._item
         if item is None:  # text outside any message cannot happen with harmony; keep it anyway
-            self.open_message("final_answer")
-            item = self._item
+            item = self._open_message("final_answer")
         item.parts.append(text)
         item.unsent += text
         if self._logprob_format is not None:
             self._released.append((item, text.encode()))
 
-    def close_item(self, status: str = "completed") -> None:
+    def close_item(self, status: ItemStatus = "completed") -> None:
         item = self._item
         if item is None:
             return
@@ -312,7 +319,8 @@ class ResponseStream:
             self._attribute(settled=False)  # all of its text is out: its logprobs are complete
         self._flush_delta()
         text = "".join(item.parts)
-        where = {"item_id": item.id, "output_index": item.output_index, "sequence_number": 0}
+        where: dict[str, Any] = {"item_id": item.id, "output_index": item.output_index, "sequence_number": 0}
+        done: ResponseOutputItem
         if item.kind == "reasoning":
             self._emit(ResponseReasoningTextDoneEvent(type="response.reasoning_text.done", content_index=0, text=text, **where))
             done = ResponseReasoningItem(
@@ -353,7 +361,7 @@ class ResponseStream:
         return item
 
     @staticmethod
-    def _function_call(item: _OpenItem, arguments: str, status: str) -> ResponseFunctionToolCall:
+    def _function_call(item: _OpenItem, arguments: str, status: ItemStatus) -> ResponseFunctionToolCall:
         return ResponseFunctionToolCall(
             id=item.id,
             type="function_call",
@@ -365,6 +373,7 @@ class ResponseStream:
         )
 
     def _emit_added(self, item: Any) -> None:
+        assert self._item is not None  # the item just opened
         self._emit(
             ResponseOutputItemAddedEvent(
                 type="response.output_item.added", item=item, output_index=self._item.output_index, sequence_number=0
@@ -422,14 +431,16 @@ class ResponseStream:
             self._released = []
             limit = consumed if settled else base + cursor
             keep: list[_PendingToken] = []
+            formatter = self._logprob_format
+            assert formatter is not None  # only called with logprobs
             for token in pending:
                 overlaps = (item for item, start, end in spans if start < token.end and token.start < end)
-                item = next(overlaps, None) if token.start < token.end else None  # special tokens write nothing
-                if item is not None:
-                    if item.kind == "message":
-                        entry = self._logprob_format.logprob(token.token_id, token.logprobs)
-                        item.logprobs.append(entry)
-                        item.unsent_logprobs.append(entry)
+                owner = next(overlaps, None) if token.start < token.end else None  # special tokens write nothing
+                if owner is not None:
+                    if owner.kind == "message":
+                        entry = formatter.logprob(token.token_id, token.logprobs)
+                        owner.logprobs.append(entry)
+                        owner.unsent_logprobs.append(entry)
                 elif token.end > limit:
                     keep.append(token)  # its text may still come out
             self._pending = pending = keep

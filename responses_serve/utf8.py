@@ -31,7 +31,7 @@ class Utf8Decoder:
         return text
 
 
-def unfinished_utf8_tail(raw: bytes) -> int:
+def unfinished_utf8_tail(raw: bytes | bytearray) -> int:
     """Bytes at the end of `raw` that start a UTF-8 character they do not finish."""
     for back in range(1, min(4, len(raw)) + 1):
         byte = raw[-back]

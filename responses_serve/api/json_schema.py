@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterator
-from re import _constants as sre  # the stdlib's regex parser: no new dependency
-from re import _parser as sre_parse
+from re import _constants as sre  # type: ignore[attr-defined]  # the stdlib's regex parser: no new dependency
+from re import _parser as sre_parse  # type: ignore[attr-defined]
 from typing import Any
 
 import jsonschema
@@ -254,9 +254,9 @@ def _string(schema: dict[str, Any]) -> str:
 
 
 def _number(schema: dict[str, Any], kind: str) -> int | float:
-    bounds = {k: schema[k] for k in ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum") if k in schema}
+    bounds: dict[str, Any] = {k: schema[k] for k in ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum") if k in schema}
     step = 1 if kind == "integer" else 0.5
-    candidates = [0, bounds.get("minimum"), bounds.get("maximum")]
+    candidates: list[Any] = [0, bounds.get("minimum"), bounds.get("maximum")]
     candidates += [bounds["exclusiveMinimum"] + step] if "exclusiveMinimum" in bounds else []
     candidates += [bounds["exclusiveMaximum"] - step] if "exclusiveMaximum" in bounds else []
     check = jsonschema.Draft202012Validator({"type": kind, **bounds})

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from typing import Protocol
 
 from responses_serve.tokens import GenerationRequest, TokenBatch
@@ -11,7 +11,7 @@ from responses_serve.tokens import GenerationRequest, TokenBatch
 class Backend(Protocol):
     """The interface every engine backend implements (replay, vLLM)."""
 
-    def generate(self, request: GenerationRequest) -> AsyncIterator[TokenBatch]:
+    def generate(self, request: GenerationRequest) -> AsyncGenerator[TokenBatch, None]:
         """Stream the completion; the last batch carries `finish_reason`.
 
         Closing the iterator early (client gone) must abort the request.

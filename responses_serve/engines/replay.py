@@ -31,7 +31,7 @@ import hashlib
 import json
 import random
 import re
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -42,7 +42,7 @@ from openai_harmony import Message, Role
 from responses_serve.api.json_schema import instance
 from responses_serve.families.harmony import FUNCTIONS_NAMESPACE, render_completion
 from responses_serve.families.vocab import harmony_encoding
-from responses_serve.tokens import GenerationRequest, OutputConstraint, TokenBatch
+from responses_serve.tokens import FinishReason, GenerationRequest, OutputConstraint, TokenBatch
 
 _NAMESPACE_BLOCK = re.compile(r"^namespace (\w+) \{\n(.*?)^\} // namespace \1", re.M | re.S)
 _FUNCTION = re.compile(r"^type ([a-zA-Z0-9_\-]+) = ", re.M)
@@ -209,10 +209,10 @@ class ReplayBackend:
         if request_id in self._running:
             self._aborted.add(request_id)
 
-    async def generate(self, request: GenerationRequest) -> AsyncIterator[TokenBatch]:
+    async def generate(self, request: GenerationRequest) -> AsyncGenerator[TokenBatch, None]:
         config = self.config
         tokens = self._script(request.prompt_token_ids, request.constraint)
-        finish_reason = "stop"
+        finish_reason: FinishReason = "stop"
         if request.max_tokens is not None and len(tokens) > request.max_tokens:
             tokens, finish_reason = tokens[: request.max_tokens], "length"
         steps = random.Random(config.seed if request.seed is None else request.seed)

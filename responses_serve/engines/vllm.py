@@ -21,7 +21,7 @@ import contextlib
 import logging
 import os
 import threading
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from typing import TYPE_CHECKING, Any, Literal
 
 from responses_serve.config import EnginePlacement, VLLMBackendConfig
@@ -268,7 +268,9 @@ class VLLMBackend:
         )
         # On CPU the model gets cores of its own when this replica was started on fewer
         # cores than its node has (responses_serve/engines/cpu_cores.py); on GPU nothing changes.
-        cores = cores_for_cpu_engine() if self.config.device == "cpu" else contextlib.nullcontext(set())
+        cores: contextlib.AbstractContextManager[set[int]] = (
+            cores_for_cpu_engine() if self.config.device == "cpu" else contextlib.nullcontext(set())
+        )
         with cores as model_cores:
             self.engine = AsyncLLM.from_engine_args(
                 engine_args_from_config(resolved),
@@ -286,7 +288,7 @@ class VLLMBackend:
             raise RuntimeError("VLLMBackend.start() has not been called")
         return self.engine
 
-    async def generate(self, request: GenerationRequest) -> AsyncIterator[TokenBatch]:
+    async def generate(self, request: GenerationRequest) -> AsyncGenerator[TokenBatch, None]:
         """Stream one `TokenBatch` per engine delta; the last one has `finish_reason`."""
         from vllm import SamplingParams
         from vllm.exceptions import GracefulHTTPError, VLLMClientError

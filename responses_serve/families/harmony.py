@@ -146,14 +146,14 @@ def _history_messages(items: Iterable[HistoryItem]) -> tuple[list[str], list[Mes
                 .with_content_type("<|constrain|>json")
             )
         else:
-            recipient = calls.get(item.call_id)
-            if recipient is None:
+            called = calls.get(item.call_id)
+            if called is None:
                 raise invalid_request(
                     f"No tool call found for function call output with call_id '{item.call_id}'.",
                     param=f"input[{index}].call_id",
                 )
             messages.append(
-                Message.from_author_and_content(Author.new(Role.TOOL, recipient), item.text)
+                Message.from_author_and_content(Author.new(Role.TOOL, called), item.text)
                 .with_channel("commentary")
                 .with_recipient("assistant")
             )

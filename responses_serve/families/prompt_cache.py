@@ -61,21 +61,24 @@ class PromptCache:
         rendered by one call of `render_many` (their token ids, in order) and kept."""
         keys = [hashlib.blake2b(key.encode("utf-8", "surrogatepass"), digest_size=16).digest() for key, _ in pieces]
         with self._lock:
-            found = [self._pieces.get(key) for key in keys]
-        missing = [index for index, tokens in enumerate(found) if tokens is None]
+            cached = [self._pieces.get(key) for key in keys]
+        missing = [index for index, tokens in enumerate(cached) if tokens is None]
+        found: dict[int, array] = {index: tokens for index, tokens in enumerate(cached) if tokens is not None}
+        rendered_tokens = 0
         if missing:
             rendered = render_many([pieces[index][1] for index in missing])
             with self._lock:
                 for index, tokens in zip(missing, rendered, strict=True):
                     found[index] = array("I", tokens)
-                    self.rendered_tokens += len(tokens)
+                    rendered_tokens += len(tokens)
                     if self.max_tokens and len(tokens) + self.piece_overhead <= self.max_tokens:
                         self._pieces[keys[index]] = found[index]
         prompt = array("I")
-        for tokens in found:
-            prompt.extend(tokens)
+        for index in range(len(pieces)):
+            prompt.extend(found[index])
         with self._lock:
-            self.hit_tokens += len(prompt) - sum(len(found[index]) for index in missing)
+            self.rendered_tokens += rendered_tokens
+            self.hit_tokens += len(prompt) - rendered_tokens
         return prompt.tolist()
 
     @property

@@ -113,7 +113,7 @@ def cut_points(history: Sequence[object]) -> list[int]:
 def _size(item: object) -> int:
     """An item's size for the first guess: its text, and a little for its framing."""
     text = getattr(item, "arguments", None) or getattr(item, "text", "")
-    return len(text) + 16
+    return len(str(text)) + 16
 
 
 def _leading_instructions(history: Sequence[object]) -> int:

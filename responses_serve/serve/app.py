@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, cast
 
 from pydantic import ValidationError
 from ray import serve
-from ray.serve import Application
+from ray.serve import Application, Deployment
 from ray.serve.config import AutoscalingConfig, RequestRouterConfig
 
 from responses_serve.config import DEFAULT_MAX_STREAM_DURATION_S, SHUTDOWN_MARGIN_S, AppConfig, ModelConfig
@@ -98,7 +98,7 @@ def engine_deployment_options(model: ModelConfig) -> dict[str, Any]:
     """
     options = model.engine.serve_options()
     options["request_router_config"] = RequestRouterConfig(
-        request_router_class="responses_serve.serve.routing.EngineRouter",
+        request_router_class="responses_serve.serve.routing.EngineRouter",  # type: ignore[arg-type]  # an import path is accepted
         request_router_kwargs={
             "conversation_affinity": model.routing.conversation_affinity,
             "max_imbalance": model.routing.max_imbalance,
@@ -133,15 +133,20 @@ def build_app(args: dict[str, Any] | None = None) -> Application:
     config = check_app_config(args if args else DEFAULT_ARGS)
 
     engines = {
-        model.name: serve.deployment(EngineServer)
+        model.name: _deployment(EngineServer)
         .options(name=model.deployment_name, **_with_replica_env(engine_deployment_options(model)))
         .bind(model.model_dump())
         for model in config.models
     }
-    ingress = serve.deployment(ResponsesIngress).options(name="ResponsesIngress", **_with_replica_env(config.ingress.serve_options()))
+    ingress = _deployment(ResponsesIngress).options(name="ResponsesIngress", **_with_replica_env(config.ingress.serve_options()))
     # Encrypted reasoning without configured keys: one key for all ingress replicas of this
     # deployment (responses_serve/server/reasoning_keys.py).
     return ingress.bind(config.model_dump(), engines, _store_deployment(config), ReasoningCipher.generate_key())
+
+
+def _deployment(cls: type) -> Deployment:
+    """`serve.deployment(cls)` (its type hints only know the decorator form)."""
+    return cast(Deployment, serve.deployment(cls))
 
 
 def check_app_config(args: dict[str, Any], environ: Mapping[str, str] = os.environ) -> AppConfig:
@@ -188,7 +193,7 @@ def _store_deployment(config: AppConfig):
 
     store = config.store
     return (
-        serve.deployment(StoreServer)
+        _deployment(StoreServer)
         .options(name="ResponseStore", **_with_replica_env(store.deployment.serve_options()))
         .bind(store.max_entries, store.max_bytes)
     )

@@ -271,7 +271,7 @@ def build() -> dashboard.Dashboard:
 def render() -> str:
     model = build().build()
     # Grafana wants unique panel ids and per-panel query refIds; the builders leave them unset.
-    for panel_id, panel in enumerate(model.panels, start=1):
+    for panel_id, panel in enumerate(model.panels or [], start=1):
         panel.id_val = panel_id
         for ref, target in zip("ABCDEFGH", getattr(panel, "targets", None) or []):
             target.ref_id = ref

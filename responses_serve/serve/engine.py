@@ -18,7 +18,8 @@ import collections
 import contextlib
 import logging
 import os
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, Callable
+from typing import Any
 
 import ray
 from ray.serve._private.constants import SERVE_NAMESPACE
@@ -59,12 +60,12 @@ def count(counter: Counter, value: int | None) -> None:
         record_metric(counter.inc, value)
 
 
-async def coalesce(batches: AsyncIterator[TokenBatch], window_s: float, max_tokens: int) -> AsyncIterator[TokenBatch]:
+async def coalesce(batches: AsyncGenerator[TokenBatch, None], window_s: float, max_tokens: int) -> AsyncGenerator[TokenBatch, None]:
     """Merge a stream of batches: the first at once, then one per window (or `max_tokens`).
 
     The final batch (with `finish_reason`) is never held back.
     """
-    iterator = aiter(batches)
+    iterator = batches
     loop = asyncio.get_running_loop()
     pending: TokenBatch | None = None
     deadline = 0.0
@@ -82,6 +83,7 @@ async def coalesce(batches: AsyncIterator[TokenBatch], window_s: float, max_toke
             timeout = None if pending is None else max(0.0, deadline - loop.time())
             done, _ = await asyncio.wait({next_batch}, timeout=timeout)
             if not done:  # the window is over: send what we have, keep waiting for the engine
+                assert pending is not None  # only a pending batch sets a timeout
                 yield pending
                 pending = None
                 continue
@@ -178,7 +180,7 @@ class CallerWatch:
 class EngineServer:
     """Ray Serve deployment class (options come from `ModelConfig.engine`)."""
 
-    async def __init__(self, model_config: dict) -> None:
+    async def __init__(self, model_config: dict) -> None:  # type: ignore[misc]  # Serve awaits async constructors
         # async: vLLM's AsyncLLM binds to the event loop it is created on, the replica's.
         use_serve_logging()  # the backends' own logs (`responses_serve.*`) in this replica's log
         leave_batch_policy()  # on the request path, and so are the engine processes it starts
@@ -206,7 +208,7 @@ class EngineServer:
         self._callers = CallerWatch()
         logger.info("EngineServer for %s started with %s backend", self.config.name, self.config.backend.type)
 
-    async def generate(self, request: GenerationRequest) -> AsyncIterator[TokenBatch]:
+    async def generate(self, request: GenerationRequest) -> AsyncGenerator[TokenBatch, None]:
         self.counts["requests"] += 1
         source = self._counted(self.backend.generate(request))
         if self.coalescing.enabled:
@@ -237,7 +239,7 @@ class EngineServer:
             counts["draft_tokens"] += drafted
             counts["accepted_tokens"] += accepted
 
-    async def _counted(self, batches: AsyncIterator[TokenBatch]) -> AsyncIterator[TokenBatch]:
+    async def _counted(self, batches: AsyncGenerator[TokenBatch, None]) -> AsyncGenerator[TokenBatch, None]:
         async with contextlib.aclosing(batches):
             async for batch in batches:
                 self.counts["engine_batches"] += 1
@@ -253,9 +255,10 @@ class EngineServer:
             "actor_name": ray.get_runtime_context().get_actor_name() if ray.is_initialized() else None,
             "pid": os.getpid(),
         }
-        if hasattr(self.backend, "spec_decode_stats"):  # vLLM: engine-wide drafted/accepted totals
-            stats["spec_decode"] = self.backend.spec_decode_stats()
-            stats["engine_unfinished"] = self.backend.num_unfinished_engine_requests()
+        backend: Any = self.backend
+        if hasattr(backend, "spec_decode_stats"):  # vLLM: engine-wide drafted/accepted totals
+            stats["spec_decode"] = backend.spec_decode_stats()
+            stats["engine_unfinished"] = backend.num_unfinished_engine_requests()
         return stats
 
     async def memory(self, top: int = 8, trace_frames: int = 0, trim: bool = False) -> dict:

@@ -10,13 +10,15 @@ import asyncio
 import logging
 import os
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
+from typing import cast
 
 import ray
 from ray import serve
 from ray.exceptions import ActorDiedError, ActorUnavailableError, RayActorError
 from ray.serve.exceptions import BackPressureError
-from ray.serve.handle import DeploymentHandle
+from ray.serve.handle import DeploymentHandle, DeploymentResponseGenerator
+from ray.serve.schema import ReplicaState
 
 from responses_serve.config import AppConfig, StoreConfig
 from responses_serve.engines.cpu_cores import leave_batch_policy
@@ -42,12 +44,12 @@ class HandleTokenSource:
         self._handle = handle.options(stream=True)
         self._caller = caller
 
-    async def generate(self, request: GenerationRequest) -> AsyncIterator[TokenBatch]:
+    async def generate(self, request: GenerationRequest) -> AsyncGenerator[TokenBatch, None]:
         # Ray does not cancel an actor's streaming generator when its caller dies: the
         # engine watches the caller named here and aborts what it was generating for it.
         request.caller = self._caller
         for attempt in (1, 2):
-            response = self._handle.generate.remote(request)
+            response = cast(DeploymentResponseGenerator, self._handle.generate.remote(request))  # stream=True
             received = ended = False
             try:
                 async for batch in response:
@@ -134,10 +136,10 @@ class EngineAvailability:
             except Exception:
                 logger.warning("could not read Serve's status", exc_info=True)
                 return
-            reasons = {}
+            reasons: dict[str, str] = {}
             for model, name in self._deployments.items():
                 deployment = app.deployments.get(name)
-                if deployment is None or deployment.replica_states.get("RUNNING", 0) == 0:
+                if deployment is None or deployment.replica_states.get(ReplicaState.RUNNING, 0) == 0:
                     reasons[model] = deployment.status.value if deployment else "NOT_DEPLOYED"
                     if model not in self._reasons:  # the why (Serve's message) for the logs only
                         logger.warning("model %s is unavailable (%s): %s", model, reasons[model], deployment and deployment.message)

@@ -118,10 +118,10 @@ _BUCKETS = {TTFT: TTFT_BUCKETS, TPOT: TPOT_BUCKETS, E2E: E2E_BUCKETS, RENDER: RE
 
 def _make(spec: MetricSpec):
     if spec.kind == "counter":
-        return Counter(spec.name, spec.description, tag_keys=spec.tags)
+        return Counter(spec.name, spec.description, tag_keys=spec.tags)  # type: ignore[arg-type]  # Ray's hint says tuple[str]; it takes any tuple
     if spec.kind == "histogram":
-        return Histogram(spec.name, spec.description, boundaries=_BUCKETS[spec], tag_keys=spec.tags)
-    return Gauge(spec.name, spec.description, tag_keys=spec.tags)
+        return Histogram(spec.name, spec.description, boundaries=_BUCKETS[spec], tag_keys=spec.tags)  # type: ignore[arg-type]
+    return Gauge(spec.name, spec.description, tag_keys=spec.tags)  # type: ignore[arg-type]
 
 
 class RayServeMetrics:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncGenerator, Sequence
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
@@ -144,7 +144,7 @@ def create_app(
 
 
 @contextlib.asynccontextmanager
-async def _drain_background_runs(app: FastAPI) -> AsyncIterator[None]:
+async def _drain_background_runs(app: FastAPI) -> AsyncGenerator[None, None]:
     """While up, sweep for background runs whose replica is gone; on shutdown (Serve runs the
     ASGI lifespan when it stops a replica), wait for this replica's background runs: Serve's
     drain only counts HTTP requests."""

@@ -20,7 +20,7 @@ import os
 import random
 import socket
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, Awaitable, Callable
 from dataclasses import dataclass, field
 
 from openai.types.responses import Response, ResponseFailedEvent, ResponseStreamEvent
@@ -104,7 +104,7 @@ class BackgroundRuns:
     async def start(
         self,
         stream: ResponseStream,
-        events: AsyncIterator[list[ResponseStreamEvent]],
+        events: AsyncGenerator[list[ResponseStreamEvent], None],
         input_items: list[HistoryItem],
         finish: Finish,
     ) -> Response:
@@ -124,7 +124,7 @@ class BackgroundRuns:
         return snapshot
 
     async def _run(
-        self, local: _LocalRun, stream: ResponseStream, events: AsyncIterator[list[ResponseStreamEvent]], finish: Finish
+        self, local: _LocalRun, stream: ResponseStream, events: AsyncGenerator[list[ResponseStreamEvent], None], finish: Finish
     ) -> None:
         response_id = local.response_id
         generation = local.generation = asyncio.create_task(self._generate(local, stream, events))
@@ -150,7 +150,7 @@ class BackgroundRuns:
             self._on_running(len(self._local))
 
     @staticmethod
-    async def _generate(local: _LocalRun, stream: ResponseStream, events: AsyncIterator[list[ResponseStreamEvent]]) -> None:
+    async def _generate(local: _LocalRun, stream: ResponseStream, events: AsyncGenerator[list[ResponseStreamEvent], None]) -> None:
         try:
             async with contextlib.aclosing(events):  # closing it aborts the engine request
                 async for batch in events:
@@ -332,7 +332,7 @@ class BackgroundRuns:
             await self.runs.delete(response_id)
         return await self.responses.delete(response_id)
 
-    async def follow(self, response_id: str, starting_after: int) -> AsyncIterator[bytes]:
+    async def follow(self, response_id: str, starting_after: int) -> AsyncGenerator[bytes, None]:
         """The SSE frames of a run's events after `starting_after`, live until the run ends."""
         position = starting_after + 1
         while True:

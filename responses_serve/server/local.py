@@ -9,14 +9,14 @@ from __future__ import annotations
 
 import argparse
 import logging
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from responses_serve.server.app import ServedModel
 
 
 # The scripted chat-template model, as in demo.yaml (the tests serve it from here too).
-QWEN3_REPLAY = {
+QWEN3_REPLAY: dict[str, Any] = {
     "name": "qwen3-replay",
     "family": "chat_template",
     "chat_template": {"template": "qwen3", "reasoning_parser": "qwen3", "tool_parser": "hermes"},

@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import Literal, Protocol
+from typing import Literal, Protocol, cast
 
 from openai.types.responses import Response
 
@@ -171,4 +171,5 @@ def report_once(metrics: Metrics, trace: RequestTrace | None, status: Status, co
 
 def report_response(metrics: Metrics, trace: RequestTrace | None, response: Response) -> None:
     """Report a request that ended with `response`: its status and its error's code."""
-    report_once(metrics, trace, response.status, response.error.code if response.error else None)
+    status = cast(Status, response.status)  # reported once it ended: a final status
+    report_once(metrics, trace, status, response.error.code if response.error else None)

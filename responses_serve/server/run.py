@@ -14,7 +14,7 @@ import contextlib
 import hashlib
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import NamedTuple, Protocol
 
@@ -41,7 +41,7 @@ logger = logging.getLogger("responses_serve")
 
 
 class TokenSource(Protocol):
-    def generate(self, request: GenerationRequest) -> AsyncIterator[TokenBatch]: ...
+    def generate(self, request: GenerationRequest) -> AsyncGenerator[TokenBatch, None]: ...
 
 
 class ModelFamily(Protocol):
@@ -194,13 +194,13 @@ class PromptOnly:
     """A token source that generates nothing: a warm-up (a WebSocket `response.create` with
     `generate: false`) renders its prompt, counts it, and completes with no output."""
 
-    async def generate(self, request: GenerationRequest) -> AsyncIterator[TokenBatch]:
+    async def generate(self, request: GenerationRequest) -> AsyncGenerator[TokenBatch, None]:
         yield TokenBatch([], finish_reason="stop", num_prompt_tokens=len(request.prompt_token_ids))
 
 
 async def run_turn(
     turn: Turn, responses: ResponseStore, max_duration_s: float | None = None, source: TokenSource | None = None
-) -> AsyncIterator[list[ResponseStreamEvent]]:
+) -> AsyncGenerator[list[ResponseStreamEvent], None]:
     """The events of `turn`. With `store`, a finished response is stored before its terminal
     event goes out; if the store fails, that event becomes `response.failed`, so a client
     never holds the id of a response that is not there. `max_duration_s`: see `engine_events`.
@@ -216,6 +216,7 @@ async def run_turn(
                         await responses.save(stream.response, turn.input_items)
                         saved = True
                     if turn.request.conversation_id is not None:  # the turn's input and output, in one append
+                        assert turn.conversations is not None  # start_turn checked the conversation
                         await turn.conversations.append(turn.request.conversation_id, turn.input_items + list(stream.response.output))
                 except StoreUnavailable as exc:
                     logger.warning("response %s: not stored: %s", stream.response.id, exc.message)
@@ -248,7 +249,7 @@ async def engine_events(
     generation: GenerationRequest,
     trace: RequestTrace | None = None,
     max_duration_s: float | None = None,
-) -> AsyncIterator[list[ResponseStreamEvent]]:
+) -> AsyncGenerator[list[ResponseStreamEvent], None]:
     """Events of one response, a list per token batch. Ends with exactly one terminal event.
 
     A response still generating after `max_duration_s` is ended here with `response.failed`
@@ -293,7 +294,7 @@ class StreamTooLong(Exception):
     """The engine stream passed its maximum duration."""
 
 
-async def _until(batches: AsyncIterator[TokenBatch], max_duration_s: float | None) -> AsyncIterator[TokenBatch]:
+async def _until(batches: AsyncGenerator[TokenBatch, None], max_duration_s: float | None) -> AsyncGenerator[TokenBatch, None]:
     """`batches`, ended by `StreamTooLong` once `max_duration_s` have passed; the wait for a
     batch is cancelled then, which aborts the engine request (the source's `finally`)."""
     if max_duration_s is None:

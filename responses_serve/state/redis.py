@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Sequence
+from typing import cast
 
 import redis.asyncio as aioredis
 from redis import exceptions as redis_errors
@@ -81,7 +82,7 @@ class RedisStore:
     @_unavailable_when_down
     async def get(self, key: str) -> bytes | None:
         try:
-            return await self.client.get(self._key(key))
+            return cast(bytes | None, await self.client.get(self._key(key)))
         except redis_errors.ResponseError:  # WRONGTYPE: a list lives there
             return None
 
@@ -117,7 +118,7 @@ class RedisStore:
         if stop is not None and stop <= start:
             return []
         try:
-            return await self.client.lrange(self._key(key), start, -1 if stop is None else stop - 1)
+            return cast(list[bytes], await self.client.lrange(self._key(key), start, -1 if stop is None else stop - 1))
         except redis_errors.ResponseError:
             return []
 
@@ -131,7 +132,7 @@ class RedisStore:
     @_unavailable_when_down
     async def remove(self, key: str, value: bytes) -> bool:
         try:
-            return bool(await self.client.lrem(self._key(key), 1, value))
+            return bool(await self.client.lrem(self._key(key), 1, value))  # type: ignore[arg-type]  # bytes are values too
         except redis_errors.ResponseError:
             return False
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import cachetools
 from openai.types.responses import (
@@ -267,6 +267,6 @@ class ResponseStore:
         items: list[ResponseItem] = []
         for turn in turns[:-1]:
             items += [as_response_item(item) for item in turn.input]
-            items += list(turn.response.output)
+            items += cast(list[ResponseItem], turn.response.output)  # output items are response items too
         items += [as_response_item(item) for item in turns[-1].input]
         return items

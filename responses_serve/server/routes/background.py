@@ -5,7 +5,7 @@ cancel it (`POST /v1/responses/{id}/cancel`), follow its events from a sequence 
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
@@ -47,7 +47,7 @@ async def start_background(turn: Turn, state) -> Response:
     return Response(snapshot.model_dump_json(by_alias=True), media_type="application/json", headers=_headers(background))
 
 
-def _event_stream(frames: AsyncIterator[bytes], background: BackgroundRuns, keepalive_s: float | None) -> EventStreamResponse:
+def _event_stream(frames: AsyncGenerator[bytes, None], background: BackgroundRuns, keepalive_s: float | None) -> EventStreamResponse:
     return EventStreamResponse(frames, keepalive_s, headers=_headers(background))
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 
 from starlette.responses import StreamingResponse
 from starlette.types import Send
@@ -29,7 +29,7 @@ class EventStreamResponse(StreamingResponse):
 
     media_type = "text/event-stream"
 
-    def __init__(self, frames: AsyncIterator[bytes], keepalive_s: float | None, headers: dict[str, str] | None = None) -> None:
+    def __init__(self, frames: AsyncGenerator[bytes, None], keepalive_s: float | None, headers: dict[str, str] | None = None) -> None:
         super().__init__(frames, headers={**HEADERS, **(headers or {})})
         self.keepalive_s = keepalive_s
         self._last_write = 0.0
@@ -57,10 +57,11 @@ class EventStreamResponse(StreamingResponse):
         """Sends are whole messages (the ASGI server writes each at once), so a comment can
         only fall between two events."""
         loop = asyncio.get_running_loop()
+        keepalive_s = self.keepalive_s or 0.0  # only started with one
         while True:
             quiet = loop.time() - self._last_write
-            if quiet < self.keepalive_s:
-                await asyncio.sleep(self.keepalive_s - quiet)
+            if quiet < keepalive_s:
+                await asyncio.sleep(keepalive_s - quiet)
                 continue
             self._last_write = loop.time()
             await send({"type": "http.response.body", "body": KEEPALIVE, "more_body": True})

@@ -7,7 +7,7 @@ import contextlib
 import json
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
@@ -56,6 +56,7 @@ async def create_response(http_request: Request) -> Response:
         raise turn.store_error
     response = turn.stream.response
     if response.status == "failed":
+        assert response.error is not None  # a failed response says why
         if response.error.code == "invalid_prompt":  # the engine refused the request itself
             raise invalid_request(response.error.message, code="invalid_prompt")
         raise server_error(response.error.message, status_code=503)
@@ -148,15 +149,15 @@ def _finished(turn: Turn, metrics: Metrics) -> None:
     report_response(metrics, turn.trace, response)
 
 
-async def _sse(events: AsyncIterator[list[ResponseStreamEvent]], turn: Turn, metrics: Metrics) -> AsyncIterator[bytes]:
+async def _sse(events: AsyncGenerator[list[ResponseStreamEvent], None], turn: Turn, metrics: Metrics) -> AsyncGenerator[bytes, None]:
     async with contextlib.aclosing(reported(events, turn, metrics)) as batches:
         async for batch_events in batches:
             yield encode_events(batch_events)
 
 
 async def reported(
-    events: AsyncIterator[list[ResponseStreamEvent]], turn: Turn, metrics: Metrics
-) -> AsyncIterator[list[ResponseStreamEvent]]:
+    events: AsyncGenerator[list[ResponseStreamEvent], None], turn: Turn, metrics: Metrics
+) -> AsyncGenerator[list[ResponseStreamEvent], None]:
     """A streamed turn's `events`, counted as an open stream while they flow, then logged and
     reported once: finished, or cancelled when its client went away."""
     model = turn.model.name

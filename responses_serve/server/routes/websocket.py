@@ -137,6 +137,7 @@ class ResponsesSocket:
         try:
             if event.error is not None:
                 raise event.error
+            assert event.request is not None  # a create without an error has its request
             turn = await begin_turn(event.request, self.state, self.responses, trace)
         except APIError as error:
             report_once(metrics, trace, "rejected", error.code)
