@@ -2,7 +2,7 @@
 
 Ray adds the `ray_` prefix on export (counters also get `_total`); Serve tags every series
 with `application`, `deployment` and `replica`. `METRICS` lists what this app defines, so the
-dashboard (`k8s/dashboard.py`) and its test can check every panel against it.
+dashboard (`k8s/grafana/dashboard.py`) and its test can check every panel against it.
 
 Gauges are re-set every `gauge_refresh_s()` by a thread, so their series stay in the scrape
 while nothing changes: streams and background runs open per ingress replica, and the

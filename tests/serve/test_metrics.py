@@ -447,7 +447,7 @@ def test_every_metric_the_dashboard_names_is_exported(serve_url, metrics_port):
     from ray import serve
 
     from responses_serve.config import ModelConfig
-    from responses_serve.serve.dashboard import SERVE_METRICS
+    from tests.support.grafana import load_dashboard
 
     sdk_request = {"model": MODEL, "input": "for the dashboard"}
     raw_stream(serve_url, sdk_request)
@@ -456,5 +456,5 @@ def test_every_metric_the_dashboard_names_is_exported(serve_url, metrics_port):
     engine = serve.get_deployment_handle(ModelConfig(name=MODEL).deployment_name, app_name="responses")
     with pytest.raises(Exception, match="no_such_argument"):
         engine.stats.remote(no_such_argument=1).result(timeout_s=30)
-    wanted = set(SERVE_METRICS) | {REQUESTS.exported, E2E.exported, TTFT.exported, TPOT.exported, OUTPUT_TOKENS.exported}
+    wanted = set(load_dashboard().SERVE_METRICS) | {REQUESTS.exported, E2E.exported, TTFT.exported, TPOT.exported, OUTPUT_TOKENS.exported}
     assert poll(metrics_port, wanted, lambda families: wanted & set(families)) == wanted

@@ -1,9 +1,11 @@
-"""The Grafana dashboard, as code (grafana-foundation-sdk): `python -m responses_serve.serve.dashboard`.
+"""The Grafana dashboard, as code (grafana-foundation-sdk, a dev dependency): from a clone,
+`.venv/bin/python k8s/grafana/dashboard.py`.
 
-Writes `k8s/grafana/responses-serve.json` (committed; a test keeps it equal to a fresh
-generation). Panels show the metrics of `responses_serve.serve.metrics` and Ray Serve's own replica
-and queue metrics (`SERVE_METRICS`), as Ray's Prometheus endpoint exports them. How to load
-it: k8s/README.md.
+Writes `responses-serve.json` beside this file (committed; tests/k8s/test_grafana_dashboard.py
+keeps it equal to a fresh generation). Panels show the metrics of `responses_serve.serve.metrics`
+and Ray Serve's own replica and queue metrics (`SERVE_METRICS`), as Ray's Prometheus endpoint
+exports them. How to load it: k8s/README.md. Not part of the installed package: its
+dependency is a development one.
 """
 
 from __future__ import annotations
@@ -36,7 +38,7 @@ from responses_serve.serve.metrics import (
     MetricSpec,
 )
 
-OUTPUT = Path(__file__).resolve().parents[2] / "k8s" / "grafana" / "responses-serve.json"
+OUTPUT = Path(__file__).resolve().parent / "responses-serve.json"
 UID = "responses-serve"
 
 # Ray Serve's own metrics used here (Ray 2.x names, as exported with the `ray_` prefix).

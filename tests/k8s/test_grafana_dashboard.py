@@ -6,9 +6,12 @@ from __future__ import annotations
 
 import json
 import re
+from pathlib import Path
 
-from responses_serve.serve import dashboard
 from responses_serve.serve.metrics import METRICS
+from tests.support.grafana import PATH, load_dashboard
+
+dashboard = load_dashboard()
 
 # Exported series of a family: histograms add _bucket/_sum/_count, counters _total.
 _SERIES = re.compile(r"\b(ray_\w+?)(?:_bucket|_sum|_count|_total)?\b")
@@ -27,7 +30,7 @@ def metric_names(expr: str) -> set[str]:
 
 
 def test_committed_json_is_current():
-    assert dashboard.OUTPUT.read_text() == dashboard.render(), "run `python -m responses_serve.serve.dashboard`"
+    assert dashboard.OUTPUT.read_text() == dashboard.render(), f"run `.venv/bin/python {PATH.relative_to(PATH.parents[2])}`"
 
 
 def test_every_query_names_a_metric_we_export_or_serves():
@@ -58,3 +61,11 @@ def test_panels_have_unique_ids_and_datasource_variable():
         if panel["type"] != "row":
             assert panel["datasource"]["uid"] == "${datasource}"
             assert len({t["refId"] for t in panel["targets"]}) == len(panel["targets"])
+
+
+def test_the_generator_is_not_in_the_installed_package():
+    """grafana-foundation-sdk is a development dependency: nothing installed imports it."""
+    import responses_serve
+
+    package = Path(responses_serve.__file__).parent
+    assert not [p for p in package.rglob("*.py") if "grafana_foundation_sdk" in p.read_text()]
