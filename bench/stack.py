@@ -41,13 +41,11 @@ SERVE_MODES = {
 
 
 def make_serve_env() -> dict[str, str]:
-    """The environment `make serve` starts Serve with: `CLUSTER_ENV` (Serve's HAProxy ingress)
-    and our HAProxy; an exported value wins, as with the Makefile's `?=`."""
-    from responses_serve.serve import haproxy
-    from responses_serve.serve.app import CLUSTER_ENV
+    """The environment `responses-serve run` (and so `make serve`) starts Serve with
+    (`cluster_env`: Serve's HAProxy ingress, our HAProxy); an exported value wins."""
+    from responses_serve.serve.app import cluster_env
 
-    defaults = {"RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0", "RAY_SERVE_HAPROXY_BINARY_PATH": haproxy.installed_path()}
-    return {**CLUSTER_ENV, **defaults, **os.environ}
+    return {**os.environ, **cluster_env()}
 
 
 def serve_config(port: int, models: list[dict], ingress: dict) -> dict:

@@ -12,15 +12,15 @@ from pathlib import Path
 import pytest
 from hypothesis import settings
 
+from responses_serve.cli.launch import SIDE_PORTS
 from responses_serve.serve import haproxy
+from responses_serve.serve.app import cluster_env
 from responses_serve.server.local import QWEN3_REPLAY as LOCAL_QWEN3_REPLAY
 
-os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 # CI replays the same examples every run (a gate must not be a lottery); local runs explore.
 settings.register_profile("ci", derandomize=True)
 if os.environ.get("CI"):
     settings.load_profile("ci")
-os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 
 
 # The slow tests, marked by what they need, so that `make test-fast` (-m "not cluster and not
@@ -45,16 +45,18 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-# The session Serve app runs 2 ingress replicas behind Serve's HAProxy ingress, which spreads
-# requests over them: `make serve` and the RayService run so (responses_serve/serve/app.py CLUSTER_ENV).
-# Forced, not defaulted, and set before Ray starts: Serve reads it in every process it starts.
-# HAProxy's stats and metrics listeners get ports of their own, so that the session does not
-# collide with a `make serve` running on the same machine.
+# The session's Ray cluster starts as `responses-serve run` starts one (cluster_env: Serve's
+# HAProxy ingress spreading requests over the 2 ingress replicas, our HAProxy binary, the
+# controller's loop period), set before Ray starts: Serve reads it in every process it starts.
+# The HAProxy ingress and binary are forced, not defaulted. HAProxy's stats and metrics
+# listeners get ports of their own, so that the session does not collide with a
+# `responses-serve run` on the same machine, and Serve's fallback proxy one too (SO_REUSEPORT:
+# sharing its port with another cluster's, requests could reach that cluster's app).
+os.environ.update(cluster_env())
 os.environ["RAY_SERVE_ENABLE_HA_PROXY"] = "1"
-os.environ.setdefault("RAY_SERVE_HAPROXY_HARD_STOP_AFTER_S", "930")  # CLUSTER_ENV's: streams outlive reloads
-os.environ["RAY_SERVE_HAPROXY_BINARY_PATH"] = haproxy.installed_path()  # no splicing, as `make serve`
-os.environ["RAY_SERVE_HAPROXY_STATS_PORT"] = str(free_port())
-os.environ["RAY_SERVE_HAPROXY_METRICS_PORT"] = str(free_port())
+os.environ["RAY_SERVE_HAPROXY_BINARY_PATH"] = haproxy.installed_path()  # no splicing
+for _listener in SIDE_PORTS:  # HAProxy's stats and metrics, Serve's fallback proxy (shared port: see SIDE_PORTS)
+    os.environ[_listener] = str(free_port())
 # Ray's processes report metrics every 2 s instead of 10 s: the metric tests see what they
 # wait for sooner, and a gauge series not set again is dropped after 4 s instead of 20 s
 # (the gauges follow it: responses_serve/serve/metrics.gauge_refresh_s).

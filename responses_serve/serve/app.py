@@ -15,7 +15,7 @@ from ray import serve
 from ray.serve import Application, Deployment
 from ray.serve.config import AutoscalingConfig, RequestRouterConfig
 
-from responses_serve.config import DEFAULT_MAX_STREAM_DURATION_S, SHUTDOWN_MARGIN_S, AppConfig, ModelConfig
+from responses_serve.config import DEFAULT_MAX_STREAM_DURATION_S, SHUTDOWN_MARGIN_S, AppConfig, ConfigError, ModelConfig, config_problems
 from responses_serve.encrypted_reasoning import ReasoningCipher
 from responses_serve.engines.allocator import ALLOCATOR_ENV
 from responses_serve.families.vocab import ENV_VAR
@@ -49,8 +49,9 @@ REPLICA_ENV = {
 }
 
 # Cluster-wide Ray Serve settings: these are read by the Serve controller, which no runtime_env
-# of ours reaches, so they are set where the cluster starts — the Makefile (`make serve`), the
-# RayService head container (k8s/), bench.vs_vllm; tests/k8s/test_k8s.py checks they agree.
+# of ours reaches, so they are set where the cluster starts — `responses-serve run` (`cluster_env`;
+# `make serve` runs it), the RayService head container (k8s/), the tests, bench/;
+# tests/k8s/test_k8s.py checks they agree.
 # The controller's reconcile loop runs every 0.5 s instead of Serve's 0.1 s: at 10 per second
 # it was our largest fixed CPU cost beside the engine (bench/HISTORY.md);
 # replica starts, health results and scaling decisions are acted on up to 0.4 s later
@@ -72,6 +73,21 @@ CLUSTER_ENV = {
     "RAY_SERVE_ENABLE_HA_PROXY": "1",
     HAPROXY_HARD_STOP_AFTER: str(int(DEFAULT_MAX_STREAM_DURATION_S + SHUTDOWN_MARGIN_S)),
 }
+
+
+# Where a Ray cluster for this app starts on one machine (`responses-serve run`, the tests,
+# bench/): besides `CLUSTER_ENV`, no usage reports, no Ray token auth for a local cluster,
+# and Serve's HAProxy is our wrapper (responses_serve/serve/haproxy.py: no kernel splicing).
+LOCAL_CLUSTER_ENV = {"RAY_USAGE_STATS_ENABLED": "0", "RAY_AUTH_MODE": "disabled"}
+
+
+def cluster_env(environ: Mapping[str, str] = os.environ) -> dict[str, str]:
+    """The settings a Serve cluster for this app starts with; a value already in `environ`
+    wins (as the Makefile's `?=` did). Only the Ray processes started with them see them."""
+    from responses_serve.serve import haproxy
+
+    defaults = {**CLUSTER_ENV, **LOCAL_CLUSTER_ENV, "RAY_SERVE_HAPROXY_BINARY_PATH": haproxy.installed_path()}
+    return {name: environ.get(name, value) for name, value in defaults.items()}
 
 
 def _with_replica_env(options: dict[str, Any]) -> dict[str, Any]:
@@ -149,24 +165,36 @@ def _deployment(cls: type) -> Deployment:
     return cast(Deployment, serve.deployment(cls))
 
 
-def check_app_config(args: dict[str, Any], environ: Mapping[str, str] = os.environ) -> AppConfig:
+def check_app_config(args: Any, environ: Mapping[str, str] = os.environ) -> AppConfig:
     """The application's typed config, with every check `build_app` makes before it binds
-    anything: a `ValueError` naming the field otherwise. Needs no cluster, GPU or store."""
+    anything: a `ConfigError` naming each field otherwise. Needs no cluster, GPU or store.
+    `environ`: the environment the Serve cluster and its replicas run with."""
     try:
         config = AppConfig.model_validate(args)
     except ValidationError as exc:
-        raise ValueError(f"invalid responses-serve application args:\n{exc}") from None
+        raise ConfigError(config_problems(exc, args)) from None
+    problems: list[tuple[str, str]] = []
     deployments = [("ingress", config.ingress), ("store.deployment", config.store.deployment)]
     deployments += [(f"models[{index}].engine", model.engine) for index, model in enumerate(config.models)]
     for path, deployment in deployments:
         if deployment.autoscaling_config is not None:
             try:  # Serve's own schema checks the keys
                 AutoscalingConfig(**deployment.autoscaling_config)
-            except (ValidationError, ValueError, TypeError) as exc:
-                raise ValueError(f"invalid responses-serve application args:\n{path}.autoscaling_config: {exc}") from None
+            except ValidationError as exc:
+                problems += [
+                    (f"{path}.autoscaling_config.{sub}" if sub else f"{path}.autoscaling_config", message)
+                    for sub, message in config_problems(exc, deployment.autoscaling_config)
+                ]
+            except (ValueError, TypeError) as exc:
+                problems.append((f"{path}.autoscaling_config", str(exc)))
     if config.store.type == "redis" and not (config.store.url or environ.get("REDIS_URL")):
-        raise ValueError("store type 'redis' needs store.url (redis://host:6379/0) or the REDIS_URL environment variable")
-    check_haproxy_keeps_streams(config.max_stream_duration_s, environ)
+        problems.append(("store.url", "store type 'redis' needs store.url (redis://host:6379/0) or the REDIS_URL environment variable"))
+    try:
+        check_haproxy_keeps_streams(config.max_stream_duration_s, environ)
+    except ValueError as exc:
+        problems.append(("max_stream_duration_s", str(exc)))
+    if problems:
+        raise ConfigError(problems)
     return config
 
 

@@ -18,7 +18,7 @@ from ray import serve
 from ray.exceptions import ActorDiedError, ActorUnavailableError, RayActorError
 from ray.serve.exceptions import BackPressureError
 from ray.serve.handle import DeploymentHandle, DeploymentResponseGenerator
-from ray.serve.schema import ReplicaState
+from ray.serve.schema import DeploymentStatus, ReplicaState
 
 from responses_serve.config import AppConfig, StoreConfig
 from responses_serve.engines.cpu_cores import leave_batch_policy
@@ -28,10 +28,14 @@ from responses_serve.serve.metrics import RayServeMetrics
 from responses_serve.server.app import create_app
 from responses_serve.server.models import served_model
 from responses_serve.server.reasoning_keys import reasoning_keys
+from responses_serve.server.run import Unavailable
 from responses_serve.state import MemoryStore, Store
 from responses_serve.tokens import EngineRejected, GenerationRequest, TokenBatch
 
 logger = logging.getLogger("ray.serve")
+
+# Deployment states in which the engine failed (any other without a running replica: one is starting).
+_FAILED = {DeploymentStatus.DEPLOY_FAILED.value, DeploymentStatus.UNHEALTHY.value}
 
 # Failures that mean "this replica is gone", worth one retry elsewhere if nothing was sent yet.
 _REPLICA_GONE = (ActorDiedError, ActorUnavailableError, RayActorError, BackPressureError)
@@ -109,13 +113,17 @@ class EngineAvailability:
         self._lock = asyncio.Lock()
         self._poller: asyncio.Task | None = None
 
-    async def unavailable(self, model: str) -> str | None:
+    async def unavailable(self, model: str) -> Unavailable | None:
         if self._poller is None:  # started on the loop that serves requests
             self._poller = asyncio.create_task(self._poll())
         stale = time.monotonic() - self._checked_at > self._recheck_after_s
         if stale and (not self._checked_at or model in self._reasons):  # no view yet, or a refusal
             await self._refresh()
-        return self._reasons.get(model)
+        reason = self._reasons.get(model)
+        if reason is None:
+            return None
+        # Failed starts or health checks: Serve may or may not get a replica up; otherwise one is starting.
+        return Unavailable("unavailable" if reason in _FAILED else "loading", reason)
 
     async def _poll(self) -> None:
         while True:

@@ -34,7 +34,7 @@ from responses_serve.server.routes import conversations as conversations_routes
 from responses_serve.server.routes import input_tokens as input_tokens_routes
 from responses_serve.server.routes import responses as responses_routes
 from responses_serve.server.routes import websocket as websocket_routes
-from responses_serve.server.run import ModelFamily, ServedModel, TokenSource
+from responses_serve.server.run import ModelFamily, ServedModel, TokenSource, Unavailable
 from responses_serve.state import BoundedStore, MemoryStore, ResponseStore, Store
 from responses_serve.state.conversations import ConversationStore
 from responses_serve.state.responses import DEFAULT_CACHE_BYTES, DEFAULT_TTL_S, TurnCache
@@ -42,7 +42,7 @@ from responses_serve.state.runs import EVENTS_TTL_S, RunStore
 from responses_serve.stream import ResponseStream
 from responses_serve.tokens import TokenBatch
 
-__all__ = ["ModelFamily", "ServedModel", "TokenSource", "create_app"]
+__all__ = ["ModelFamily", "ServedModel", "TokenSource", "Unavailable", "create_app"]
 
 logger = logging.getLogger("responses_serve")
 
@@ -120,20 +120,31 @@ def create_app(
 
     @app.get("/health")
     async def health() -> dict[str, str]:
+        """Liveness: 200 while this process serves HTTP, whatever its models' state."""
         return {"status": "ok"}
 
-    def model_entry(model: ServedModel) -> dict:
-        return Model(id=model.name, object="model", created=0, owned_by=model.owned_by).model_dump()
+    @app.get("/ready")
+    async def ready() -> JSONResponse:
+        """Readiness: 200 when every model has a running engine replica, else 503 naming
+        the models that are loading or unavailable, and why."""
+        states = {name: await model_state(model) for name, model in served.items()}
+        all_ready = all(state["status"] == "ready" for state in states.values())
+        body = {"status": "ready" if all_ready else "not_ready", "models": states}
+        return JSONResponse(body, status_code=200 if all_ready else 503)
+
+    async def model_entry(model: ServedModel) -> dict:
+        entry = Model(id=model.name, object="model", created=0, owned_by=model.owned_by).model_dump()
+        return {**entry, **await model_state(model)}  # `status` beside the SDK's fields (its Model keeps extras)
 
     @app.get("/v1/models")
     async def list_models() -> dict:
-        return {"object": "list", "data": [model_entry(m) for m in served.values()]}
+        return {"object": "list", "data": [await model_entry(m) for m in served.values()]}
 
     @app.get("/v1/models/{model:path}")  # `path`: a model name may hold "/" (org/model)
     async def retrieve_model(model: str) -> dict:
         if model not in served:
             raise model_not_found(model)
-        return model_entry(served[model])
+        return await model_entry(served[model])
 
     app.include_router(input_tokens_routes.router)  # before /v1/responses/{response_id}
     app.include_router(responses_routes.router)
@@ -141,6 +152,12 @@ def create_app(
     app.include_router(background_routes.router)
     app.include_router(conversations_routes.router)
     return app
+
+
+async def model_state(model: ServedModel) -> dict[str, str]:
+    """`{"status": "ready"}`, or `loading` / `unavailable` with the reason."""
+    why = await model.unavailable(model.name) if model.unavailable is not None else None
+    return {"status": "ready"} if why is None else {"status": why.status, "reason": why.reason}
 
 
 @contextlib.asynccontextmanager

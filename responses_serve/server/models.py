@@ -10,7 +10,7 @@ from collections.abc import Awaitable, Callable
 
 from responses_serve.config import ModelConfig
 from responses_serve.families.harmony import HarmonyModel
-from responses_serve.server.run import ModelFamily, ServedModel, TokenSource
+from responses_serve.server.run import ModelFamily, ServedModel, TokenSource, Unavailable
 
 
 def model_family(model: ModelConfig) -> ModelFamily:
@@ -36,7 +36,7 @@ def served_model(
     model: ModelConfig,
     source: TokenSource,
     *,
-    unavailable: Callable[[str], Awaitable[str | None]] | None = None,
+    unavailable: Callable[[str], Awaitable[Unavailable | None]] | None = None,
 ) -> ServedModel:
     """`model` served from `source`; `unavailable`: why it cannot take requests now, or None."""
     return ServedModel(model.name, source, model.max_model_len, model_family(model), unavailable=unavailable, tiered=model.tiered)

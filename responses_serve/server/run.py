@@ -16,7 +16,7 @@ import logging
 import time
 from collections.abc import AsyncGenerator, Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import NamedTuple, Protocol
+from typing import Literal, NamedTuple, Protocol
 
 from openai.types.responses import ResponseError, ResponseFailedEvent, ResponseStreamEvent
 
@@ -58,6 +58,16 @@ class ModelFamily(Protocol):
 
 
 @dataclass(frozen=True, slots=True)
+class Unavailable:
+    """Why a model cannot take requests now: `loading` (its engine is starting or being
+    replaced; it will serve) or `unavailable` (its engine failed; it may not), and the
+    detail a client may see (e.g. its engine deployment's status in Serve)."""
+
+    status: Literal["loading", "unavailable"]
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
 class ServedModel:
     name: str
     source: TokenSource
@@ -65,8 +75,9 @@ class ServedModel:
     family: ModelFamily = field(default_factory=HarmonyModel)
     owned_by: str = "responses-serve"
     # Why the model cannot take requests now (e.g. its engine deployment has no running
-    # replica), or None: such requests get a 503 instead of waiting for an engine.
-    unavailable: Callable[[str], Awaitable[str | None]] | None = None
+    # replica), or None: such requests get a 503 instead of waiting for an engine, and the
+    # readiness route (`/ready`) says the model is not ready.
+    unavailable: Callable[[str], Awaitable[Unavailable | None]] | None = None
     # Whether its requests are ordered by `service_tier` where they wait (`ModelConfig.tiered`);
     # if not, every response reports the `default` tier.
     tiered: bool = False

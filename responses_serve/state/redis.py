@@ -138,3 +138,13 @@ class RedisStore:
 
     async def close(self) -> None:
         await self.client.aclose()
+
+
+async def server_version(url: str, password: str | None = None, timeout_s: float = 2.0) -> str:
+    """The server's version, after a round trip to it (`responses-serve doctor`)."""
+    client = aioredis.Redis.from_url(url, password=password, socket_timeout=timeout_s, socket_connect_timeout=timeout_s, retry=None)
+    try:
+        info = await client.info("server")
+        return str(info.get("valkey_version") or info.get("redis_version") or "unknown version")
+    finally:
+        await client.aclose()

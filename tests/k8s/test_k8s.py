@@ -59,13 +59,17 @@ def _ingress_label_selector(application: dict) -> dict:
 @pytest.mark.parametrize("name", sorted(SERVES))
 def test_rayservice_serves_its_config(name):
     """The config file's applications, plus what only a labelled cluster can take: the
-    ingress held to CPU nodes (a single machine's `serve run` has no node labels)."""
+    ingress held to CPU nodes (a single machine's `serve run` has no node labels), and the
+    store in Redis (the config's one-line switch from its embedded default)."""
     manifest = yaml.safe_load((ROOT / "k8s" / name).read_text())
     config = yaml.safe_load((ROOT / "responses_serve" / "configs" / SERVES[name]).read_text())
     applications = yaml.safe_load(manifest["spec"]["serveConfigV2"])["applications"]
     for application in applications:
         assert _ingress_label_selector(application) == CPU_NODE_LABEL
         del application["args"]["ingress"]["ray_actor_options"]["label_selector"]
+        # The config's one-line production switch: the store in Redis (k8s/store/), which survives restarts.
+        assert application["args"]["store"]["type"] == "redis"
+        application["args"]["store"]["type"] = "embedded"
     assert applications == config["applications"]
 
 
@@ -160,20 +164,22 @@ def test_gpt_oss_120b_pods_hold_one_tensor_parallel_engine():
 
 
 @pytest.mark.parametrize("path", MANIFESTS, ids=lambda p: p.name)
-def test_the_cluster_wide_serve_settings_are_the_same_for_make_serve_and_kuberay(path):
+def test_the_cluster_wide_serve_settings_are_the_same_for_responses_serve_run_and_kuberay(path):
     """responses_serve/serve/app.py CLUSTER_ENV (read by the Serve controller, on the head): the head
-    container sets each of them, and the Makefile exports the same values for `make serve`."""
+    container sets each of them as `responses-serve run` starts its cluster (`cluster_env`), and
+    `make serve` is that command."""
     import re
 
-    from responses_serve.serve.app import CLUSTER_ENV
+    from responses_serve.serve.app import CLUSTER_ENV, cluster_env
 
     manifest = yaml.safe_load(path.read_text())
     (head,) = _groups(manifest)[0]["template"]["spec"]["containers"]
     env = {e["name"]: e.get("value") for e in head["env"]}
-    make = dict(re.findall(r"^export (\w+) \?= (\S+)$", (ROOT / "Makefile").read_text(), re.M))
+    launched = cluster_env({})  # nothing exported: the command's own settings
     assert CLUSTER_ENV  # something to check
     for name, value in CLUSTER_ENV.items():
-        assert env[name] == value and make[name] == value
+        assert env[name] == value == launched[name]
+    assert re.search(r"^serve:.*\n\t.*responses-serve run responses_serve/configs/demo.yaml$", (ROOT / "Makefile").read_text(), re.M)
 
 
 @pytest.mark.parametrize("path", MANIFESTS, ids=lambda p: p.name)

@@ -5,6 +5,7 @@ What the status says about a failed engine is shown end to end in tests/multinod
 import asyncio
 
 from responses_serve.serve.ingress import EngineAvailability
+from responses_serve.server.run import Unavailable
 
 
 class ScriptedAvailability(EngineAvailability):
@@ -34,7 +35,7 @@ def test_polls_soon_while_a_model_is_unavailable_and_rarely_once_all_are_up():
 
 
 def test_a_refusal_is_rechecked_and_an_available_model_costs_no_read():
-    async def scenario() -> tuple[list[str | None], int]:
+    async def scenario() -> tuple[list[Unavailable | None], int]:
         availability = ScriptedAvailability([{"a": "UPDATING"}, {}])
         first = await availability.unavailable("a")  # no view yet: read once
         availability._checked_at = 0.5  # the refusal is stale: read again before refusing
@@ -45,5 +46,5 @@ def test_a_refusal_is_rechecked_and_an_available_model_costs_no_read():
         return [first, second, third], availability.reads - reads
 
     verdicts, extra_reads = asyncio.run(scenario())
-    assert verdicts == ["UPDATING", None, None]
+    assert verdicts == [Unavailable("loading", "UPDATING"), None, None]
     assert extra_reads == 0

@@ -12,7 +12,7 @@ from ray.exceptions import ActorDiedError, RayTaskError
 
 from responses_serve.engines.replay import ReplayBackend
 from responses_serve.serve.ingress import HandleTokenSource
-from responses_serve.server.app import ServedModel, create_app
+from responses_serve.server.app import ServedModel, Unavailable, create_app
 from responses_serve.server.auth import APIKeyMiddleware
 from responses_serve.tokens import EngineRejected, GenerationRequest, TokenBatch
 from tests.conftest import uvicorn_server
@@ -269,8 +269,8 @@ def test_unavailable_model_is_a_503_before_any_work():
     other models serve. (Where `unavailable` comes from, Serve's status: tests/multinode.)"""
     backend = ReplayBackend()
 
-    async def unavailable(model: str) -> str | None:
-        return "DEPLOY_FAILED" if model == "down" else None
+    async def unavailable(model: str) -> Unavailable | None:
+        return Unavailable("unavailable", "DEPLOY_FAILED") if model == "down" else None
 
     app = create_app([ServedModel("down", backend, unavailable=unavailable), ServedModel("up", backend, unavailable=unavailable)])
     with uvicorn_server(app) as url, httpx.Client(timeout=30) as http:

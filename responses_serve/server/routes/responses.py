@@ -119,7 +119,7 @@ async def begin_turn(request: ResponsesRequest, state: State, responses: Respons
         raise model_not_found(request.model)
     trace.model = model.name
     if model.unavailable is not None and (why := await model.unavailable(model.name)):
-        raise model_unavailable(model.name, why)
+        raise model_unavailable(model.name, why.reason)
     turn = await start_turn(request, model, responses, state.conversations, state.cipher, trace)
     logger.info(
         "response %s: model=%s stream=%s prompt_tokens=%d max_tokens=%d render_ms=%.1f reused_tokens=%d%s",
