@@ -12,10 +12,11 @@ CI) with a message naming the field, not a replica at runtime.
 from __future__ import annotations
 
 import re
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from responses_serve.api.service_tier import ServiceTier
 from responses_serve.families.prompt_cache import DEFAULT_MAX_TOKENS as DEFAULT_PROMPT_CACHE_TOKENS
 from responses_serve.families.smollm2 import SMOLLM2
 from responses_serve.state.responses import DEFAULT_CACHE_BYTES
@@ -363,6 +364,80 @@ class StoreConfig(_Strict):
         return self.url or os.environ.get("REDIS_URL")
 
 
+TENANT_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"
+ENV_VAR_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]*$"
+
+
+class TenantLimits(_Strict):
+    """A tenant's quotas, across every ingress replica (responses_serve/state/quotas.py). Each is
+    optional: no limit when absent."""
+
+    requests_per_minute: int | None = Field(
+        None, ge=1, description="requests (POST /v1/responses) in any 60 s: a token bucket of this size refilled at this rate"
+    )
+    tokens_per_minute: int | None = Field(
+        None, ge=1, description="input + output tokens in any 60 s, a token bucket as above; output tokens count as they are produced"
+    )
+    max_concurrent_requests: int | None = Field(
+        None, ge=1, description="open streams + in-flight non-streaming requests + running background responses"
+    )
+    max_background: int | None = Field(None, ge=1, description="background responses queued or running")
+
+
+class APIKeyConfig(_Strict):
+    """One API key and the tenant it acts for. The key itself is never in the config: it is
+    read from the environment variable `key_env` when a replica starts (in Kubernetes, from a
+    Secret), or only its SHA-256 is known (`key_sha256`). Several keys may share a tenant; the
+    tenant's `limits` and `service_tiers` may be given on any one of them (they must agree)."""
+
+    tenant: str = Field(pattern=TENANT_PATTERN, description="the tenant this key acts for: everything it stores belongs to the tenant")
+    key_env: str | None = Field(None, pattern=ENV_VAR_PATTERN, description="the environment variable holding the key")
+    key_sha256: str | None = Field(
+        None, pattern=r"^[0-9a-fA-F]{64}$", description="the hex SHA-256 of the key (`printf %s KEY | sha256sum`)"
+    )
+    limits: TenantLimits | None = Field(None, description="the tenant's quotas (default: none)")
+    service_tiers: list[ServiceTier] | None = Field(
+        None,
+        description="the service_tier values this tenant may ask for; any other is served as `default` (and the response says so). "
+        "Default: every tier but `priority`",
+    )
+
+    @model_validator(mode="after")
+    def _one_source(self) -> APIKeyConfig:
+        if (self.key_env is None) == (self.key_sha256 is None):
+            raise ValueError(f"tenant {self.tenant!r}: give the key as exactly one of key_env (an environment variable) or key_sha256")
+        return self
+
+
+class AuthConfig(_Strict):
+    """API keys: with this section, every route but the health check needs a key
+    (`Authorization: Bearer <key>`), and each key acts for a tenant. Without it the server is
+    open and everyone is one anonymous tenant."""
+
+    keys: list[APIKeyConfig] = Field(min_length=1)
+
+    @model_validator(mode="after")
+    def _tenants_agree(self) -> AuthConfig:
+        for field in ("limits", "service_tiers"):
+            given: dict[str, Any] = {}
+            for key in self.keys:
+                value = getattr(key, field)
+                if value is not None and given.setdefault(key.tenant, value) != value:
+                    raise ValueError(f"the keys of tenant {key.tenant!r} give different {field}: give them once, or the same on every key")
+        return self
+
+    def tenant_limits(self, tenant: str) -> TenantLimits:
+        return next((key.limits for key in self.keys if key.tenant == tenant and key.limits is not None), TenantLimits())
+
+    def tenant_tiers(self, tenant: str) -> list[ServiceTier]:
+        tiers = next((key.service_tiers for key in self.keys if key.tenant == tenant and key.service_tiers is not None), None)
+        return tiers if tiers is not None else [tier for tier in get_args(ServiceTier) if tier != "priority"]
+
+    @property
+    def tenants(self) -> list[str]:
+        return list(dict.fromkeys(key.tenant for key in self.keys))
+
+
 # The drain: Serve kills a stopping replica `graceful_shutdown_timeout_s` after it stopped
 # taking requests (20 s by default), while LLM streams run for minutes. Unless set, the
 # ingress's and engines' budget is the longest stream plus this margin for the rest of the
@@ -373,9 +448,13 @@ SHUTDOWN_MARGIN_S = 30.0
 
 
 class AppConfig(_Strict):
+    # A config error must not print what it was given: a key pasted where it does not belong.
+    model_config = ConfigDict(extra="forbid", hide_input_in_errors=True)
+
     models: list[ModelConfig] = Field(min_length=1)
     ingress: DeploymentConfig = Field(default_factory=lambda: DeploymentConfig(max_ongoing_requests=1024))
-    api_key: str | None = Field(None, description="require `Authorization: Bearer <api_key>` on /v1/*")
+    auth: AuthConfig | None = Field(None, description="API keys and their tenants (none: open, one anonymous tenant)")
+    api_key: Any = Field(None, description="not supported: use `auth` (a key's value is never written in the config)", exclude=True)
     max_request_bytes: int = Field(8 * 1024 * 1024, ge=1024)
     store: StoreConfig = Field(default_factory=StoreConfig)
     max_stream_duration_s: float = Field(
@@ -388,6 +467,17 @@ class AppConfig(_Strict):
         ge=0,
         description="a stream with nothing to send this long gets an SSE comment line, so load balancers keep it open (0: never)",
     )
+
+    @field_validator("api_key")
+    @classmethod
+    def _no_plain_text_key(cls, value: Any) -> None:
+        if value is not None:
+            raise ValueError(
+                "a plain-text api_key is not supported (it would sit in the config file and in Ray's stored deployment "
+                "arguments). Write instead:  auth: {keys: [{tenant: <name>, key_env: <ENV_VAR holding the key>}]}  "
+                "(or key_sha256: <hex SHA-256 of the key>)"
+            )
+        return None
 
     @field_validator("models")
     @classmethod

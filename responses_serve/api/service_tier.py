@@ -9,6 +9,7 @@ deployment whose clients send no tier is scheduled exactly as with `fcfs`.
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from typing import Literal
 
 # What a request may ask for (the OpenAI API's values).
@@ -19,12 +20,13 @@ ServedTier = Literal["default", "flex", "priority"]
 _ENGINE_PRIORITY: dict[ServedTier, int] = {"priority": -1, "default": 0, "flex": 1}
 
 
-def served_tier(requested: ServiceTier | None, tiered: bool) -> ServedTier:
+def served_tier(requested: ServiceTier | None, tiered: bool, allowed: Collection[str] | None = None) -> ServedTier:
     """The tier a request is served in. `auto` and `scale` (OpenAI's reserved capacity, which
     a self-hosted deployment does not sell) are `default`; so is every tier of a model whose
-    requests are not ordered by tier (`tiered` false: a vLLM engine with fcfs scheduling):
+    requests are not ordered by tier (`tiered` false: a vLLM engine with fcfs scheduling),
+    and a tier the caller's tenant may not use (not in `allowed`; None: every tier):
     the response says so."""
-    if tiered and requested in ("flex", "priority"):
+    if tiered and requested in ("flex", "priority") and (allowed is None or requested in allowed):
         return requested
     return "default"
 

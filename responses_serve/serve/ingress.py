@@ -171,6 +171,21 @@ def open_store(config: StoreConfig, embedded: DeploymentHandle | None) -> Store:
     return HandleStore(embedded)
 
 
+def serve_http_host() -> str:
+    """The address Serve's HTTP ingress listens on (`http_options.host`; its HAProxy too), or
+    "an unknown address" when the controller cannot tell (through Serve's private client: no
+    public API gives it; ray[serve] is pinned below 3)."""
+    try:
+        from ray.serve.context import _get_global_client
+
+        client = _get_global_client()
+        assert client is not None
+        return str(ray.get(client._controller.get_http_config.remote(), timeout=10).host)
+    except Exception:
+        logger.warning("could not read Serve's HTTP options", exc_info=True)
+        return "an unknown address"
+
+
 SERVE_GRACEFUL_SHUTDOWN_S = 20.0  # Serve's default graceful_shutdown_timeout_s
 
 
@@ -216,7 +231,8 @@ class ResponsesIngress:
             store_timeout_s=self.config.store.timeout_s,
             store_ttl_s=self.config.store.ttl_s,
             store_cache_bytes=self.config.store.cache_bytes,
-            api_key=self.config.api_key,
+            auth=self.config.auth,
+            listen_host=serve_http_host() if self.config.auth is None else None,
             max_request_bytes=self.config.max_request_bytes,
             background_drain_s=background_drain_s(self.config),
             # Serve's own id of this replica (its log file is named after it), not host:pid.

@@ -11,7 +11,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncGenerator, Sequence
+import os
+import random
+from collections.abc import AsyncGenerator, Mapping, Sequence
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
@@ -22,11 +24,11 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from responses_serve.api.errors import APIError, model_not_found, server_error
 from responses_serve.api.request import ResponsesRequest
 from responses_serve.api.sse import encode_events
-from responses_serve.config import DEFAULT_SSE_KEEPALIVE_S
+from responses_serve.config import DEFAULT_SSE_KEEPALIVE_S, AuthConfig
 from responses_serve.encrypted_reasoning import ReasoningCipher
 from responses_serve.families.harmony import HarmonyParser, render_completion, render_prompt
-from responses_serve.server.auth import APIKeyMiddleware
-from responses_serve.server.background import BackgroundRuns
+from responses_serve.server.auth import ANONYMOUS, AuthMiddleware, Keyring, warn_if_open
+from responses_serve.server.background import BackgroundRuns, default_replica_id
 from responses_serve.server.metrics import GuardedMetrics, Metrics, NoMetrics, report_once
 from responses_serve.server.reasoning_keys import reasoning_keys as configured_reasoning_keys
 from responses_serve.server.routes import background as background_routes
@@ -35,6 +37,7 @@ from responses_serve.server.routes import input_tokens as input_tokens_routes
 from responses_serve.server.routes import responses as responses_routes
 from responses_serve.server.routes import websocket as websocket_routes
 from responses_serve.server.run import ModelFamily, ServedModel, TokenSource, Unavailable
+from responses_serve.server.tenants import TenantState
 from responses_serve.state import BoundedStore, MemoryStore, ResponseStore, Store
 from responses_serve.state.conversations import ConversationStore
 from responses_serve.state.responses import DEFAULT_CACHE_BYTES, DEFAULT_TTL_S, TurnCache
@@ -59,7 +62,9 @@ def create_app(
     store_timeout_s: float = DEFAULT_STORE_TIMEOUT_S,
     store_ttl_s: float = DEFAULT_TTL_S,
     store_cache_bytes: int = DEFAULT_CACHE_BYTES,
-    api_key: str | None = None,
+    auth: AuthConfig | None = None,
+    environ: Mapping[str, str] | None = None,
+    listen_host: str | None = None,
     max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
     replica_id: str | None = None,
     background_drain_s: float = DEFAULT_BACKGROUND_DRAIN_S,
@@ -73,24 +78,22 @@ def create_app(
     `reasoning_keys`: Fernet keys sealing reasoning items' `encrypted_content` (the first
     encrypts); None: `RESPONSES_SERVE_REASONING_KEYS`, else a key of this process.
     `max_stream_duration_s`: a response generating longer is ended with `response.failed`.
-    `sse_keepalive_s`: a stream quiet this long gets an SSE comment (None or 0: never)."""
+    `sse_keepalive_s`: a stream quiet this long gets an SSE comment (None or 0: never).
+    `auth`: API keys and tenants (None: open, one anonymous tenant; a warning if `listen_host`
+    is given and is not a loopback address); keys named by `key_env` are read from `environ`
+    (default: this process's environment) now, and a missing one fails here."""
     _warm_up()
+    keyring = Keyring.from_config(auth, os.environ if environ is None else environ) if auth is not None else None
+    if auth is None and listen_host is not None:
+        warn_if_open(listen_host)
     served = {model.name: model for model in models}
     app = FastAPI(title="responses-serve", docs_url=None, redoc_url=None, lifespan=_drain_background_runs)
     # What the routers read (responses_serve/server/routes/): every store call is time-bounded.
     app.state.served = served
     app.state.store = BoundedStore(store if store is not None else MemoryStore(), store_timeout_s)
-    cache = TurnCache(store_cache_bytes) if store_cache_bytes else None
-    app.state.responses = ResponseStore(app.state.store, store_ttl_s, cache)
     app.state.max_request_bytes = max_request_bytes
-    app.state.conversations = ConversationStore(app.state.store, store_ttl_s)
     app.state.metrics = metrics = GuardedMetrics(metrics or NoMetrics())
-    app.state.background = BackgroundRuns(
-        app.state.responses,
-        RunStore(app.state.store, min(store_ttl_s, EVENTS_TTL_S)),
-        replica_id=replica_id,
-        on_running=metrics.background_runs,
-    )
+    app.state.tenants = _tenant_states(app.state.store, auth, store_ttl_s, store_cache_bytes, replica_id, metrics)
     app.state.background_drain_s = background_drain_s
     app.state.max_stream_duration_s = max_stream_duration_s
     app.state.sse_keepalive_s = sse_keepalive_s
@@ -115,8 +118,8 @@ def create_app(
         report_once(metrics, getattr(request.state, "trace", None), "rejected", error.code)
         return JSONResponse(error.body(), status_code=500)
 
-    if api_key:  # pure ASGI, and only when a key is set: streams pass through untouched
-        app.add_middleware(APIKeyMiddleware, api_key=api_key)
+    # Pure ASGI: streams pass through untouched. Without keys it only names the anonymous tenant.
+    app.add_middleware(AuthMiddleware, keyring=keyring)
 
     @app.get("/health")
     async def health() -> dict[str, str]:
@@ -160,16 +163,46 @@ async def model_state(model: ServedModel) -> dict[str, str]:
     return {"status": "ready"} if why is None else {"status": why.status, "reason": why.reason}
 
 
+def _tenant_states(
+    store: Store, auth: AuthConfig | None, ttl_s: float, cache_bytes: int, replica_id: str | None, metrics: Metrics
+) -> dict[str, TenantState]:
+    """Every tenant's state, made once per replica: the configured tenants, or the anonymous one."""
+    cache = TurnCache(cache_bytes) if cache_bytes else None
+    replica_id = replica_id or default_replica_id()
+    tenants: dict[str, TenantState] = {}
+
+    def running(_: int) -> None:  # the replica's background runs, all tenants'
+        metrics.background_runs(sum(state.background.running for state in tenants.values()))
+
+    for name in auth.tenants if auth is not None else [ANONYMOUS]:
+        responses = ResponseStore(store, name, ttl_s, cache)
+        tiers = frozenset(auth.tenant_tiers(name)) if auth is not None else None
+        background = BackgroundRuns(responses, RunStore(store, name, min(ttl_s, EVENTS_TTL_S)), replica_id=replica_id, on_running=running)
+        tenants[name] = TenantState(name, responses, ConversationStore(store, name, ttl_s), background, tiers)
+    return tenants
+
+
 @contextlib.asynccontextmanager
 async def _drain_background_runs(app: FastAPI) -> AsyncGenerator[None, None]:
     """While up, sweep for background runs whose replica is gone; on shutdown (Serve runs the
     ASGI lifespan when it stops a replica), wait for this replica's background runs: Serve's
     drain only counts HTTP requests."""
-    background: BackgroundRuns = app.state.background
-    sweeper = asyncio.create_task(background.sweep_forever(SWEEP_EVERY_S))
+    runs: list[BackgroundRuns] = [state.background for state in app.state.tenants.values()]
+    sweeper = asyncio.create_task(_sweep_forever(runs, SWEEP_EVERY_S))
     yield
     sweeper.cancel()
-    await background.drain(app.state.background_drain_s)
+    await asyncio.gather(*(background.drain(app.state.background_drain_s) for background in runs))
+
+
+async def _sweep_forever(runs: list[BackgroundRuns], every_s: float) -> None:
+    """Every tenant's runs, swept every `every_s` seconds (`BackgroundRuns.sweep`), replicas out of step."""
+    while True:
+        await asyncio.sleep(every_s * random.uniform(0.5, 1.5))
+        for background in runs:
+            try:
+                await background.sweep()
+            except Exception:  # the store is down: next time
+                logger.warning("background runs: sweep failed", exc_info=True)
 
 
 def _warm_up() -> None:

@@ -17,7 +17,6 @@ import contextlib
 import contextvars
 import logging
 import os
-import random
 import socket
 import uuid
 from collections.abc import AsyncGenerator, Awaitable, Callable
@@ -260,16 +259,6 @@ class BackgroundRuns:
                 await self.runs.forget(response_id)
             elif record.expired(now):
                 await self._expire(response_id)
-
-    async def sweep_forever(self, every_s: float) -> None:
-        """Each replica sweeps every `every_s` seconds (a lease is 10 s: an orphan is failed
-        within a lease and a sweep of its expiry)."""
-        while True:
-            await asyncio.sleep(every_s * random.uniform(0.5, 1.5))  # replicas out of step
-            try:
-                await self.sweep()
-            except Exception:  # the store is down: next time
-                logger.warning("background runs: sweep failed", exc_info=True)
 
     async def _expire(self, response_id: str) -> None:
         """Declare a run whose lease ran out failed: a `response.failed` event at the end of

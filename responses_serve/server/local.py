@@ -48,7 +48,7 @@ def main() -> None:
 
     from responses_serve.server.app import create_app
 
-    uvicorn.run(create_app(replay_models(args.step_delay_ms)), host=args.host, port=args.port)
+    uvicorn.run(create_app(replay_models(args.step_delay_ms), listen_host=args.host), host=args.host, port=args.port)
 
 
 if __name__ == "__main__":

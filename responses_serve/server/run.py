@@ -14,7 +14,7 @@ import contextlib
 import hashlib
 import logging
 import time
-from collections.abc import AsyncGenerator, Awaitable, Callable
+from collections.abc import AsyncGenerator, Awaitable, Callable, Collection
 from dataclasses import dataclass, field
 from typing import Literal, NamedTuple, Protocol
 
@@ -179,15 +179,17 @@ async def start_turn(
     conversations: ConversationStore | None,
     cipher: ReasoningCipher,
     trace: RequestTrace | None = None,
+    service_tiers: Collection[str] | None = None,
 ) -> Turn:
     """The history and prompt of `render_turn`, the engine request and the event stream.
-    `trace`: the request's, for metrics (it learns how many items truncation left out)."""
+    `trace`: the request's, for metrics (it learns how many items truncation left out).
+    `service_tiers`: the tiers the caller may use (None: every one; others are served as `default`)."""
     rendered = await render_turn(request, model, responses, conversations, cipher)
     prompt, cost = rendered.prompt, rendered.cost
     trace = trace or RequestTrace()
     trace.truncated_items = rendered.truncated_items
     trace.render_s, trace.prompt_reused_tokens, trace.prompt_tokenized_tokens = cost.seconds, cost.reused_tokens, cost.tokenized_tokens
-    tier = served_tier(request.service_tier, model.tiered)
+    tier = served_tier(request.service_tier, model.tiered, service_tiers)
     trace.service_tier = tier
     generation = generation_request(request, prompt, model, affinity=rendered.affinity_key, priority=engine_priority(tier))
     stream = ResponseStream(

@@ -32,7 +32,7 @@ class ConnectionResponses(ResponseStore):
     """
 
     def __init__(self, shared: ResponseStore, max_lanes: int = MAX_LANES, max_bytes: int = MAX_BYTES) -> None:
-        super().__init__(shared.store, shared.ttl_s, shared.cache)
+        super().__init__(shared.base, shared.tenant, shared.ttl_s, shared.cache)
         self.max_lanes = max_lanes
         self.max_bytes = max_bytes
         self._turns: dict[str, tuple[StoredTurn, int]] = {}  # response id -> its turn, the bytes of its record

@@ -25,6 +25,7 @@ from responses_serve.api.request import InputItem
 from responses_serve.families.harmony import HistoryItem
 from responses_serve.state.responses import as_response_item, with_ids
 from responses_serve.state.store import Store
+from responses_serve.state.tenancy import TenantStore
 from responses_serve.stream import new_id
 
 _INPUT_ITEM = TypeAdapter(InputItem)
@@ -56,8 +57,11 @@ class ItemPage:
 
 
 class ConversationStore:
-    def __init__(self, store: Store, ttl_s: float) -> None:
-        self.store = store
+    """One tenant's conversations (its keys under the tenant's prefix)."""
+
+    def __init__(self, store: Store, tenant: str, ttl_s: float) -> None:
+        self.tenant = tenant
+        self.store = TenantStore(store, tenant)
         self.ttl_s = ttl_s
 
     async def create(self, metadata: dict[str, str] | None, items: list[HistoryItem]) -> Conversation:

@@ -38,6 +38,7 @@ from responses_serve.api.request import (
 )
 from responses_serve.families.harmony import HistoryItem
 from responses_serve.state.store import Store
+from responses_serve.state.tenancy import TenantStore
 from responses_serve.stream import new_id
 
 DEFAULT_TTL_S = 30 * 24 * 3600.0  # OpenAI keeps stored responses for 30 days
@@ -158,29 +159,35 @@ class TurnCache:
     seen, instead of its whole chain: one store read per turn, not one per earlier turn."""
 
     def __init__(self, max_bytes: int) -> None:
-        self._turns: cachetools.LRUCache[str, tuple[StoredTurn, int]] = cachetools.LRUCache(max_bytes, getsizeof=lambda entry: entry[1])
+        # By (tenant, response id): a tenant reads only its own turns here, as in the store.
+        self._turns: cachetools.LRUCache[tuple[str, str], tuple[StoredTurn, int]] = cachetools.LRUCache(
+            max_bytes, getsizeof=lambda entry: entry[1]
+        )
 
-    def get(self, response_id: str) -> StoredTurn | None:
-        entry = self._turns.get(response_id)
+    def get(self, tenant: str, response_id: str) -> StoredTurn | None:
+        entry = self._turns.get((tenant, response_id))
         return None if entry is None else entry[0]
 
-    def put(self, turn: StoredTurn, size: int) -> None:
+    def put(self, tenant: str, turn: StoredTurn, size: int) -> None:
         if turn.response.status in FINISHED and size <= self._turns.maxsize:
-            self._turns[turn.response.id] = (turn, size)
+            self._turns[(tenant, turn.response.id)] = (turn, size)
 
-    def pop(self, response_id: str) -> None:
-        self._turns.pop(response_id, None)
+    def pop(self, tenant: str, response_id: str) -> None:
+        self._turns.pop((tenant, response_id), None)
 
     def __len__(self) -> int:
         return len(self._turns)
 
 
 class ResponseStore:
-    """The Responses API's stored state over a `Store`: one record per turn, chained.
-    `cache`: the replica's finished turns, for reading chains (None: every read is a store read)."""
+    """One tenant's stored responses over a `Store` (its keys under the tenant's prefix):
+    one record per turn, chained. `cache`: the replica's finished turns, for reading chains
+    (None: every read is a store read)."""
 
-    def __init__(self, store: Store, ttl_s: float = DEFAULT_TTL_S, cache: TurnCache | None = None) -> None:
-        self.store = store
+    def __init__(self, store: Store, tenant: str, ttl_s: float = DEFAULT_TTL_S, cache: TurnCache | None = None) -> None:
+        self.base = store
+        self.tenant = tenant
+        self.store = TenantStore(store, tenant)
         self.ttl_s = ttl_s
         self.cache = cache
 
@@ -190,7 +197,7 @@ class ResponseStore:
         data = turn.encode()
         await self.store.put(response_key(response.id), data, ttl_s=self.ttl_s)
         if self.cache is not None:
-            self.cache.put(turn, len(data))
+            self.cache.put(self.tenant, turn, len(data))
         return turn
 
     async def get(self, response_id: str) -> StoredTurn | None:
@@ -201,17 +208,17 @@ class ResponseStore:
             return None
         turn = StoredTurn.decode(data)
         if self.cache is not None:
-            self.cache.put(turn, len(data))
+            self.cache.put(self.tenant, turn, len(data))
         return turn
 
     async def delete(self, response_id: str) -> bool:
         if self.cache is not None:
-            self.cache.pop(response_id)
+            self.cache.pop(self.tenant, response_id)
         return await self.store.delete(response_key(response_id))
 
     async def _read(self, response_id: str) -> StoredTurn | None:
         """A turn of a chain: from the cache, else from the store (and then cached)."""
-        cached = self.cache.get(response_id) if self.cache is not None else None
+        cached = self.cache.get(self.tenant, response_id) if self.cache is not None else None
         return cached if cached is not None else await self.get(response_id)
 
     async def chain(self, response_id: str) -> list[StoredTurn] | None:
@@ -233,7 +240,7 @@ class ResponseStore:
         if await self.store.expire(keys, self.ttl_s) < len(keys):  # one went (deleted, expired) since it was cached
             if self.cache is not None:
                 for turn in turns:
-                    self.cache.pop(turn.response.id)
+                    self.cache.pop(self.tenant, turn.response.id)
             return None
         return turns
 

@@ -22,13 +22,14 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 
 from responses_serve.state.store import Store
+from responses_serve.state.tenancy import TenantStore
 
 DEFAULT_LEASE_S = 10.0
 EVENTS_TTL_S = 24 * 3600.0  # a run's record and event log: for resuming streams, not for keeping
 _CAS_ATTEMPTS = 20
 
 
-OPEN_RUNS_KEY = "runs:open"  # ids of runs not closed yet, for the sweepers
+OPEN_RUNS_KEY = "runs:open"  # ids of the tenant's runs not closed yet, for the sweepers
 
 
 def run_key(response_id: str) -> str:
@@ -60,14 +61,20 @@ class RunRecord:
 
 
 class RunStore:
-    """Records and event logs of background runs, kept `ttl_s` (default a day; the response
-    itself is stored as long as any). `clock` is wall-clock time: leases are compared
-    across replicas and nodes."""
+    """One tenant's records and event logs of background runs (its keys under the tenant's
+    prefix), kept `ttl_s` (default a day; the response itself is stored as long as any).
+    `clock` is wall-clock time: leases are compared across replicas and nodes."""
 
     def __init__(
-        self, store: Store, ttl_s: float = EVENTS_TTL_S, lease_s: float = DEFAULT_LEASE_S, clock: Callable[[], float] = time.time
+        self,
+        store: Store,
+        tenant: str,
+        ttl_s: float = EVENTS_TTL_S,
+        lease_s: float = DEFAULT_LEASE_S,
+        clock: Callable[[], float] = time.time,
     ) -> None:
-        self.store = store
+        self.tenant = tenant
+        self.store = TenantStore(store, tenant)
         self.ttl_s = ttl_s
         self.lease_s = lease_s
         self.clock = clock

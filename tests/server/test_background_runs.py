@@ -36,7 +36,7 @@ class Clock:
 
 def replica(store, clock, name: str) -> BackgroundRuns:
     return BackgroundRuns(
-        ResponseStore(store), RunStore(store, ttl_s=600, lease_s=10, clock=clock), replica_id=name, renew_s=0.01, poll_s=0.01
+        ResponseStore(store, "t"), RunStore(store, "t", ttl_s=600, lease_s=10, clock=clock), replica_id=name, renew_s=0.01, poll_s=0.01
     )
 
 

@@ -10,10 +10,11 @@ import httpx
 import pytest
 from ray.exceptions import ActorDiedError, RayTaskError
 
+from responses_serve.config import AuthConfig
 from responses_serve.engines.replay import ReplayBackend
 from responses_serve.serve.ingress import HandleTokenSource
 from responses_serve.server.app import ServedModel, Unavailable, create_app
-from responses_serve.server.auth import APIKeyMiddleware
+from responses_serve.server.auth import AuthMiddleware
 from responses_serve.tokens import EngineRejected, GenerationRequest, TokenBatch
 from tests.conftest import uvicorn_server
 from tests.support.contract import check_stream, parse_sse
@@ -134,12 +135,14 @@ class _BrokenBackend(ReplayBackend):
 
 @pytest.fixture(scope="module")
 def broken_url():
-    app = create_app([ServedModel("broken", _BrokenBackend())], api_key="sk-test")
+    app = create_app([ServedModel("broken", _BrokenBackend())], auth=KEYS, environ={"TEST_KEY": TEST_KEY})
     with uvicorn_server(app) as url:
         yield url
 
 
-AUTH = {"Authorization": "Bearer sk-test"}
+TEST_KEY = "sk-test-0123456789abcdef"
+KEYS = AuthConfig(keys=[{"tenant": "team-a", "key_env": "TEST_KEY"}])
+AUTH = {"Authorization": f"Bearer {TEST_KEY}"}
 
 
 def _assert_plain(message: str, response_id: str) -> None:
@@ -230,16 +233,18 @@ def test_api_key_is_required_when_configured(broken_url):
     with httpx.Client(timeout=30) as http:
         missing = http.post(f"{broken_url}/responses", json={"model": "broken", "input": "x"})
         wrong = http.get(f"{broken_url}/models", headers={"Authorization": "Bearer nope"})
-        longer = http.get(f"{broken_url}/models", headers={"Authorization": "Bearer sk-test-and-more"})
-        prefix = http.get(f"{broken_url}/models", headers={"Authorization": "Bearer sk-tes"})
-        no_scheme = http.get(f"{broken_url}/models", headers={"Authorization": "sk-test"})
+        longer = http.get(f"{broken_url}/models", headers={"Authorization": f"Bearer {TEST_KEY}-and-more"})
+        prefix = http.get(f"{broken_url}/models", headers={"Authorization": f"Bearer {TEST_KEY[:-1]}"})
+        no_scheme = http.get(f"{broken_url}/models", headers={"Authorization": TEST_KEY})
         right = http.get(f"{broken_url}/models", headers=AUTH)
         health = http.get(broken_url.removesuffix("/v1") + "/health")
-    for denied in (missing, wrong, longer, prefix, no_scheme):
+    for denied in (wrong, longer, prefix):
         assert denied.status_code == 401
         assert denied.json() == {
             "error": {"message": "Incorrect API key provided.", "type": "invalid_request_error", "param": None, "code": "invalid_api_key"}
         }
+    for denied in (missing, no_scheme):  # no Bearer token at all: said so
+        assert denied.status_code == 401 and denied.json()["error"]["message"].startswith("You didn't provide an API key")
     assert right.status_code == 200 and health.status_code == 200
 
 
@@ -254,14 +259,12 @@ def test_streams_pass_the_key_check_untouched(broken_url):
     check_stream(parse_sse(b"".join(chunks)))
 
 
-def test_the_key_check_is_pure_asgi_and_only_installed_with_a_key():
+def test_the_key_check_is_pure_asgi():
     from starlette.middleware.base import BaseHTTPMiddleware
 
-    with_key = create_app([ServedModel("broken", _BrokenBackend())], api_key="sk-test")
-    without = create_app([ServedModel("broken", _BrokenBackend())])
-    assert [m.cls for m in with_key.user_middleware] == [APIKeyMiddleware]
-    assert without.user_middleware == []
-    assert not issubclass(APIKeyMiddleware, BaseHTTPMiddleware)
+    with_key = create_app([ServedModel("broken", _BrokenBackend())], auth=KEYS, environ={"TEST_KEY": TEST_KEY})
+    assert [m.cls for m in with_key.user_middleware] == [AuthMiddleware]
+    assert not issubclass(AuthMiddleware, BaseHTTPMiddleware)
 
 
 def test_unavailable_model_is_a_503_before_any_work():

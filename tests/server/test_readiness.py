@@ -7,6 +7,7 @@ from __future__ import annotations
 import httpx
 import openai
 
+from responses_serve.config import AuthConfig
 from responses_serve.engines.replay import ReplayBackend
 from responses_serve.server.app import ServedModel, Unavailable, create_app
 from tests.conftest import uvicorn_server
@@ -23,13 +24,16 @@ def test_ready_only_when_every_model_is_and_health_meanwhile():
         return states[model]
 
     backend = ReplayBackend()
-    app = create_app([ServedModel(name, backend, unavailable=unavailable) for name in states], api_key="sk-test")
+    auth = AuthConfig(keys=[{"tenant": "t", "key_env": "KEY"}])
+    app = create_app(
+        [ServedModel(name, backend, unavailable=unavailable) for name in states], auth=auth, environ={"KEY": "sk-test-0123456789"}
+    )
     with uvicorn_server(app) as url, httpx.Client(timeout=30) as http:
         root = url.removesuffix("/v1")
         health, loading = http.get(f"{root}/health"), http.get(f"{root}/ready")
-        listed = http.get(f"{url}/models", headers={"Authorization": "Bearer sk-test"})
-        one = http.get(f"{url}/models/a", headers={"Authorization": "Bearer sk-test"})
-        sdk = openai.OpenAI(base_url=url, api_key="sk-test").models.list().data
+        listed = http.get(f"{url}/models", headers={"Authorization": "Bearer sk-test-0123456789"})
+        one = http.get(f"{url}/models/a", headers={"Authorization": "Bearer sk-test-0123456789"})
+        sdk = openai.OpenAI(base_url=url, api_key="sk-test-0123456789").models.list().data
         states.update(a=None, b=None)
         ready = http.get(f"{root}/ready")
         refused = http.get(f"{url}/models")

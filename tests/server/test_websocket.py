@@ -9,6 +9,7 @@ import json
 import pytest
 from websockets.exceptions import InvalidStatus
 
+from responses_serve.config import AuthConfig
 from responses_serve.engines.replay import ReplayBackend, ReplayConfig
 from responses_serve.server.app import ServedModel, create_app
 from responses_serve.state import MemoryStore, ResponseStore
@@ -34,7 +35,7 @@ def slow_engine():
 
 @pytest.fixture(scope="module")
 def slow_url(slow_engine):
-    app = create_app([ServedModel("slow", slow_engine)], max_request_bytes=64 * 1024, api_key=None)
+    app = create_app([ServedModel("slow", slow_engine)], max_request_bytes=64 * 1024)
     with uvicorn_server(app) as url:
         yield url
 
@@ -64,7 +65,9 @@ def test_a_message_over_the_size_limit_is_refused_and_the_connection_goes_on(slo
 
 
 def test_the_api_key_is_checked_at_the_handshake():
-    app = create_app([ServedModel("gpt-oss-replay", ReplayBackend())], api_key="sekret")
+    key = "sekret-0123456789abcdef"
+    auth = AuthConfig(keys=[{"tenant": "team-a", "key_env": "KEY"}])
+    app = create_app([ServedModel("gpt-oss-replay", ReplayBackend())], auth=auth, environ={"KEY": key})
     with uvicorn_server(app) as url:
         for headers in (None, {"Authorization": "Bearer wrong"}):
             with pytest.raises(InvalidStatus) as refused:
@@ -72,7 +75,7 @@ def test_the_api_key_is_checked_at_the_handshake():
                     pass
             assert refused.value.response.status_code == 401
             assert json.loads(refused.value.response.body)["error"]["code"] == "invalid_api_key"
-        with socket_scenarios.socket(url, {"Authorization": "Bearer sekret"}) as connection:
+        with socket_scenarios.socket(url, {"Authorization": f"Bearer {key}"}) as connection:
             socket_scenarios.create(connection, model="gpt-oss-replay", input="let me in")
             assert socket_scenarios.until_end(connection)[-1]["type"] == "response.completed"
 
@@ -136,7 +139,7 @@ def _user(text: str):
 def test_a_connection_reads_its_own_chain_from_memory_and_the_rest_from_the_store():
     async def scenario():
         store = CountingStore()
-        shared = ResponseStore(store)
+        shared = ResponseStore(store, "t")
         await shared.save(_response("r0", None, "from http"), _user("first, over HTTP"))
         mine = ConnectionResponses(shared)
         mine.remember(None, _response("r1", "r0"), _user("second"))
@@ -152,7 +155,7 @@ def test_a_connection_reads_its_own_chain_from_memory_and_the_rest_from_the_stor
 
 def test_a_connection_keeps_what_its_lanes_can_still_continue():
     async def scenario():
-        mine = ConnectionResponses(ResponseStore(MemoryStore()), max_lanes=2)
+        mine = ConnectionResponses(ResponseStore(MemoryStore(), "t"), max_lanes=2)
         mine.remember("a", _response("a1", None), _user("a1"))
         mine.remember("a", _response("a2", "a1"), _user("a2"))
         mine.remember("b", _response("b1", "a1"), _user("b1"))  # a fork of lane a's first turn
@@ -172,7 +175,7 @@ def test_a_connection_keeps_at_most_its_byte_budget():
 
     async def scenario():
         big = "x" * 10_000
-        mine = ConnectionResponses(ResponseStore(MemoryStore()), max_bytes=35_000)
+        mine = ConnectionResponses(ResponseStore(MemoryStore(), "t"), max_bytes=35_000)
         mine.remember("a", _response("a1", None, big), _user("a1"))
         mine.remember("b", _response("b1", None, big), _user("b1"))
         mine.remember("a", _response("a2", "a1", big), _user("a2"))

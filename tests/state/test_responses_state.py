@@ -90,7 +90,7 @@ class ConversationAppendsFail(MemoryStore):
     failing = False
 
     async def append(self, key, values, *, ttl_s, expected_length=None):
-        if self.failing and key.startswith("conversation:"):
+        if self.failing and ":conversation:" in key:  # a tenant's conversation key: t:<tenant>:conversation:...
             raise StoreUnavailable()
         return await super().append(key, values, ttl_s=ttl_s, expected_length=expected_length)
 

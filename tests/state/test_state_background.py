@@ -11,7 +11,6 @@ import pytest
 from responses_serve.api.request import MessageItem
 from responses_serve.state.conversations import ConversationStore
 from responses_serve.state.runs import RunStore
-from tests.state.test_store_contract import anyio_backend, store  # noqa: F401 - fixtures: every backend
 
 pytestmark = pytest.mark.anyio
 
@@ -26,7 +25,7 @@ class Clock:
 
 async def test_run_lease_cancel_close(store):
     clock = Clock()
-    runs = RunStore(store, ttl_s=60, lease_s=10, clock=clock)
+    runs = RunStore(store, "t", ttl_s=60, lease_s=10, clock=clock)
     record = await runs.create("resp_1", "replica-a")
     assert (record.owner, record.lease_until, record.cancel, record.closed) == ("replica-a", 1010.0, False, False)
     with pytest.raises(RuntimeError):
@@ -48,7 +47,7 @@ async def test_run_lease_cancel_close(store):
 
 
 async def test_concurrent_updates_are_not_lost(store):
-    runs = RunStore(store, ttl_s=60)
+    runs = RunStore(store, "t", ttl_s=60)
     await runs.create("resp_2", "a")
     # The owner renews while another replica cancels: both changes stick.
     await asyncio.gather(*[runs.renew("resp_2", "a") for _ in range(10)], runs.request_cancel("resp_2"))
@@ -57,7 +56,7 @@ async def test_concurrent_updates_are_not_lost(store):
 
 
 async def test_event_log_has_one_writer_per_position(store):
-    runs = RunStore(store, ttl_s=60)
+    runs = RunStore(store, "t", ttl_s=60)
     assert await runs.append("resp_3", [b"e0", b"e1"], at=0)
     assert not await runs.append("resp_3", [b"x"], at=1)  # position 1 is taken
     assert await runs.append("resp_3", [b"e2"], at=2)
@@ -70,7 +69,7 @@ async def test_event_log_has_one_writer_per_position(store):
 
 
 async def test_conversation_lifecycle(store):
-    conversations = ConversationStore(store, ttl_s=60)
+    conversations = ConversationStore(store, "t", ttl_s=60)
     created = await conversations.create({"topic": "demo"}, [MessageItem(role="user", content="hello")])
     assert created.id.startswith("conv_") and created.metadata == {"topic": "demo"}
     assert (await conversations.get(created.id)) == created
@@ -89,7 +88,7 @@ async def test_conversation_lifecycle(store):
 
 
 async def test_conversation_pages_and_item_deletion(store):
-    conversations = ConversationStore(store, ttl_s=60)
+    conversations = ConversationStore(store, "t", ttl_s=60)
     conversation = await conversations.create(None, [])
     added = await conversations.append(conversation.id, [MessageItem(role="user", content=f"m{i}") for i in range(5)])
     ids = [item["id"] for item in added]
@@ -108,7 +107,7 @@ async def test_conversation_pages_and_item_deletion(store):
 
 
 async def test_concurrent_turns_lose_no_item(store):
-    conversations = ConversationStore(store, ttl_s=60)
+    conversations = ConversationStore(store, "t", ttl_s=60)
     conversation = await conversations.create(None, [])
 
     async def turn(n: int) -> None:

@@ -48,7 +48,7 @@ async def _chain(responses: ResponseStore, n: int) -> list[Response]:
 
 
 async def test_history_walks_the_chain_in_order():
-    responses = ResponseStore(MemoryStore())
+    responses = ResponseStore(MemoryStore(), "t")
     chain = await _chain(responses, 3)
     history = await responses.history(chain[-1].id)
     texts = [(item.role, item.text) for item in history]
@@ -65,14 +65,14 @@ async def test_history_walks_the_chain_in_order():
 async def test_each_turn_is_stored_once():
     """A turn's record holds its own input, not the history: constant size along a chain."""
     store = MemoryStore()
-    responses = ResponseStore(store)
+    responses = ResponseStore(store, "t")
     chain = await _chain(responses, 12)
-    sizes = [len(await store.get(response_key(r.id))) for r in chain]
+    sizes = [len(await responses.store.get(response_key(r.id))) for r in chain]
     assert max(sizes) - min(sizes) < 200  # ids and texts differ by a few characters only
 
 
 async def test_a_hole_in_the_chain_is_not_a_shorter_history():
-    responses = ResponseStore(MemoryStore())
+    responses = ResponseStore(MemoryStore(), "t")
     chain = await _chain(responses, 3)
     assert await responses.delete(chain[1].id)
     with pytest.raises(APIError) as error:
@@ -83,14 +83,14 @@ async def test_a_hole_in_the_chain_is_not_a_shorter_history():
 
 
 async def test_unknown_previous_response_is_a_400():
-    responses = ResponseStore(MemoryStore())
+    responses = ResponseStore(MemoryStore(), "t")
     with pytest.raises(APIError) as error:
         await responses.history("resp_missing")
     assert error.value.param == "previous_response_id"
 
 
 async def test_input_items_are_the_sdk_items_the_model_saw():
-    responses = ResponseStore(MemoryStore())
+    responses = ResponseStore(MemoryStore(), "t")
     chain = await _chain(responses, 2)
     items = await responses.input_items(chain[1].id)
     adapter = TypeAdapter(ResponseItem)
@@ -106,7 +106,7 @@ async def test_input_items_are_the_sdk_items_the_model_saw():
 async def test_reading_a_chain_keeps_it_alive():
     now = [0.0]
     store = MemoryStore(clock=lambda: now[0])
-    responses = ResponseStore(store, ttl_s=100)
+    responses = ResponseStore(store, "t", ttl_s=100)
     chain = await _chain(responses, 2)
     now[0] = 90
     await responses.history(chain[1].id)  # refreshes both records
@@ -133,9 +133,9 @@ class CountingStore(MemoryStore):
 
 async def test_a_cached_chain_costs_a_store_read_per_new_turn_not_per_turn():
     store = CountingStore()
-    writer = ResponseStore(store, cache=TurnCache(1 << 20))  # the replica that made the turns
-    reader = ResponseStore(store, cache=TurnCache(1 << 20))  # another one
-    uncached = ResponseStore(store)
+    writer = ResponseStore(store, "t", cache=TurnCache(1 << 20))  # the replica that made the turns
+    reader = ResponseStore(store, "t", cache=TurnCache(1 << 20))  # another one
+    uncached = ResponseStore(store, "t")
     chain = await _chain(writer, 10)
     for responses, reads in ((writer, 0), (reader, 10), (reader, 0), (uncached, 10)):
         store.gets = 0
@@ -150,7 +150,7 @@ async def test_a_cached_chain_costs_a_store_read_per_new_turn_not_per_turn():
 async def test_a_turn_deleted_or_expired_elsewhere_breaks_a_cached_chain():
     now = [0.0]
     store = MemoryStore(clock=lambda: now[0])
-    other, mine = ResponseStore(store, ttl_s=100), ResponseStore(store, ttl_s=100, cache=TurnCache(1 << 20))
+    other, mine = ResponseStore(store, "t", ttl_s=100), ResponseStore(store, "t", ttl_s=100, cache=TurnCache(1 << 20))
     chain = await _chain(other, 3)
     assert len(await mine.history(chain[2].id)) == 6  # all three cached here now
     assert await other.delete(chain[1].id)
@@ -167,7 +167,7 @@ async def test_a_turn_deleted_or_expired_elsewhere_breaks_a_cached_chain():
 
 async def test_only_finished_turns_are_cached():
     """A background response is stored while it runs and again when it ends."""
-    responses = ResponseStore(MemoryStore(), cache=TurnCache(1 << 20))
+    responses = ResponseStore(MemoryStore(), "t", cache=TurnCache(1 << 20))
     done = _response("done")
     running = done.model_copy(update={"status": "in_progress"})
     await responses.save(running, [MessageItem(role="user", content="run")])
@@ -179,9 +179,9 @@ async def test_only_finished_turns_are_cached():
 
 async def test_the_cache_is_bounded_by_the_records_bytes():
     store = MemoryStore()
-    record = len((await ResponseStore(store).save(_response("x"), [MessageItem(role="user", content="x")])).encode())
+    record = len((await ResponseStore(store, "t").save(_response("x"), [MessageItem(role="user", content="x")])).encode())
     cache = TurnCache(3 * record + record // 2)
-    responses = ResponseStore(store, cache=cache)
+    responses = ResponseStore(store, "t", cache=cache)
     chain = await _chain(responses, 8)
     assert len(cache) == 3
     assert len(await responses.history(chain[-1].id)) == 16  # the rest read from the store

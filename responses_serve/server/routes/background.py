@@ -16,6 +16,7 @@ from responses_serve.server.background import BackgroundRuns
 from responses_serve.server.metrics import report_response
 from responses_serve.server.routes.event_stream import EventStreamResponse
 from responses_serve.server.run import Turn, run_turn
+from responses_serve.server.tenants import TenantState, tenant_state
 
 router = APIRouter()
 
@@ -26,12 +27,12 @@ def _headers(background: BackgroundRuns) -> dict[str, str]:
     return {REPLICA_HEADER: background.replica_id}
 
 
-async def start_background(turn: Turn, state) -> Response:
-    """Start `turn` as a background run on this replica; answer at once (the response,
-    `in_progress`) or, with `stream`, follow its events (a client that goes away stops
-    following, not the run)."""
-    background: BackgroundRuns = state.background
-    responses = state.responses
+async def start_background(turn: Turn, state, tenant: TenantState) -> Response:
+    """Start `turn` as a background run of `tenant` on this replica; answer at once (the
+    response, `in_progress`) or, with `stream`, follow its events (a client that goes away
+    stops following, not the run)."""
+    background = tenant.background
+    responses = tenant.responses
 
     async def finish(response) -> None:
         # The request is counted when its run ends, like a stream when it closes.
@@ -60,7 +61,7 @@ def wants_stream(query: QueryParams) -> bool:
 
 async def follow_response(response_id: str, request: Request) -> EventStreamResponse:
     """`GET /v1/responses/{id}?stream=true[&starting_after=N]`: the events after N, live."""
-    background: BackgroundRuns = request.app.state.background
+    background = tenant_state(request).background
     text = request.query_params.get("starting_after", "-1")
     try:
         starting_after = int(text)
@@ -79,8 +80,9 @@ async def follow_response(response_id: str, request: Request) -> EventStreamResp
 
 async def current_response(response_id: str, request: Request):
     """The stored response as it is now (a background one whose replica is gone: failed)."""
-    background: BackgroundRuns = request.app.state.background
-    turn = await request.app.state.responses.get(response_id)
+    tenant = tenant_state(request)
+    background = tenant.background
+    turn = await tenant.responses.get(response_id)
     if turn is None:
         raise response_not_found(response_id)
     return await background.refresh(turn.response)
@@ -88,6 +90,6 @@ async def current_response(response_id: str, request: Request):
 
 @router.post("/v1/responses/{response_id}/cancel")
 async def cancel_response(response_id: str, request: Request) -> Response:
-    background: BackgroundRuns = request.app.state.background
+    background = tenant_state(request).background
     response = await background.cancel(response_id)
     return Response(response.model_dump_json(by_alias=True), media_type="application/json", headers=_headers(background))

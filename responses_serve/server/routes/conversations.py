@@ -13,6 +13,7 @@ from pydantic import ValidationError
 from responses_serve.api.conversations import ConversationCreate, ConversationUpdate, ItemsCreate, ItemsQuery
 from responses_serve.api.errors import APIError, from_validation_error, invalid_request
 from responses_serve.api.request import parse_body
+from responses_serve.server.tenants import tenant_state
 from responses_serve.state.conversations import ConversationStore, conversation_not_found
 
 router = APIRouter()
@@ -28,7 +29,7 @@ def _item_not_found(item_id: str) -> APIError:
 
 
 def _store(request: Request) -> ConversationStore:
-    return request.app.state.conversations
+    return tenant_state(request).conversations
 
 
 async def _body(request: Request) -> bytes:

@@ -17,6 +17,7 @@ from responses_serve.api.errors import model_not_found
 from responses_serve.api.request import parse_request
 from responses_serve.server.routes.responses import read_body
 from responses_serve.server.run import render_turn
+from responses_serve.server.tenants import tenant_state
 
 router = APIRouter()
 
@@ -28,6 +29,7 @@ async def count_input_tokens(http_request: Request) -> Response:
     model = state.served.get(request.model)
     if model is None:
         raise model_not_found(request.model)
-    rendered = await render_turn(request, model, state.responses, state.conversations, state.cipher)
+    tenant = tenant_state(http_request)
+    rendered = await render_turn(request, model, tenant.responses, tenant.conversations, state.cipher)
     count = InputTokenCountResponse(object="response.input_tokens", input_tokens=len(rendered.prompt))
     return Response(count.model_dump_json(), media_type="application/json")

@@ -21,6 +21,7 @@ from responses_serve.server.metrics import Metrics, RequestTrace, report_once, r
 from responses_serve.server.routes.background import current_response, follow_response, start_background, wants_stream
 from responses_serve.server.routes.event_stream import EventStreamResponse
 from responses_serve.server.run import Turn, run_turn, start_turn
+from responses_serve.server.tenants import TenantState, tenant_state
 from responses_serve.state import ResponseStore
 
 logger = logging.getLogger("responses_serve")
@@ -37,11 +38,11 @@ async def create_response(http_request: Request) -> Response:
     state = http_request.app.state
     trace = http_request.state.trace = RequestTrace()  # reported when the request ends (metrics)
     request = parse_request(await read_body(http_request, state.max_request_bytes))
-    responses: ResponseStore = state.responses
-    turn = await begin_turn(request, state, responses, trace)
+    tenant = tenant_state(http_request)
+    turn = await begin_turn(request, state, tenant, tenant.responses, trace)
     if request.background:
-        return await start_background(turn, state)
-    events = run_turn(turn, responses, state.max_stream_duration_s)
+        return await start_background(turn, state, tenant)
+    events = run_turn(turn, tenant.responses, state.max_stream_duration_s)
     if request.stream:
         return EventStreamResponse(_sse(events, turn, state.metrics), state.sse_keepalive_s)
     try:
@@ -73,7 +74,7 @@ async def retrieve_response(response_id: str, request: Request) -> Response:
 
 @router.delete("/v1/responses/{response_id}")
 async def delete_response(response_id: str, request: Request) -> Response:
-    if not await request.app.state.background.delete(response_id):
+    if not await tenant_state(request).background.delete(response_id):
         raise response_not_found(response_id)
     # What the OpenAI API answers (the SDK's `responses.delete` returns None and ignores it).
     return _json(json.dumps({"id": response_id, "object": "response", "deleted": True}))
@@ -89,7 +90,7 @@ async def list_input_items(response_id: str, request: Request) -> Response:
     limit = int(limit_text)
     if order not in ("asc", "desc"):
         raise invalid_request(f"Invalid 'order': '{order}'. It must be 'asc' or 'desc'.", param="order")
-    items = await request.app.state.responses.input_items(response_id)
+    items = await tenant_state(request).responses.input_items(response_id)
     if items is None:
         raise response_not_found(response_id)
     if order == "desc":
@@ -111,16 +112,17 @@ async def list_input_items(response_id: str, request: Request) -> Response:
     return _json(json.dumps(body, separators=(",", ":")))
 
 
-async def begin_turn(request: ResponsesRequest, state: State, responses: ResponseStore, trace: RequestTrace) -> Turn:
-    """The served model's turn for `request` (history read from `responses`), logged; a 404
-    for a model not served, a 503 for one whose engine is down."""
+async def begin_turn(request: ResponsesRequest, state: State, tenant: TenantState, responses: ResponseStore, trace: RequestTrace) -> Turn:
+    """`tenant`'s turn of the served model for `request` (history read from `responses`, the
+    tenant's own or a view of them), logged; a 404 for a model not served, a 503 for one
+    whose engine is down."""
     model = state.served.get(request.model)
     if model is None:
         raise model_not_found(request.model)
     trace.model = model.name
     if model.unavailable is not None and (why := await model.unavailable(model.name)):
         raise model_unavailable(model.name, why.reason)
-    turn = await start_turn(request, model, responses, state.conversations, state.cipher, trace)
+    turn = await start_turn(request, model, responses, tenant.conversations, state.cipher, trace, tenant.service_tiers)
     logger.info(
         "response %s: model=%s stream=%s prompt_tokens=%d max_tokens=%d render_ms=%.1f reused_tokens=%d%s",
         turn.generation.request_id,

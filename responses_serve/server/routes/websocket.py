@@ -25,6 +25,7 @@ from responses_serve.api.websocket import CreateEvent, SteerEvent, error_message
 from responses_serve.server.metrics import RequestTrace, report_once
 from responses_serve.server.routes.responses import begin_turn, reported
 from responses_serve.server.run import PromptOnly, run_turn
+from responses_serve.server.tenants import tenant_state
 from responses_serve.state.connection import MAX_LANES, ConnectionResponses
 
 logger = logging.getLogger("responses_serve")
@@ -47,7 +48,8 @@ class ResponsesSocket:
     def __init__(self, websocket: WebSocket) -> None:
         self.websocket = websocket
         self.state = websocket.app.state
-        self.responses = ConnectionResponses(self.state.responses)
+        self.tenant = tenant_state(websocket)
+        self.responses = ConnectionResponses(self.tenant.responses)  # the connection's turns: its tenant's
         self.lanes: dict[str | None, collections.deque[CreateEvent]] = {}  # lanes with work, and their queue
         self.workers: set[asyncio.Task] = set()
         self._sending = asyncio.Lock()  # lanes send side by side: one whole message at a time
@@ -138,7 +140,7 @@ class ResponsesSocket:
             if event.error is not None:
                 raise event.error
             assert event.request is not None  # a create without an error has its request
-            turn = await begin_turn(event.request, self.state, self.responses, trace)
+            turn = await begin_turn(event.request, self.state, self.tenant, self.responses, trace)
         except APIError as error:
             report_once(metrics, trace, "rejected", error.code)
             await self._send(error_message(error, event.lane))
