@@ -142,8 +142,8 @@ class Browser:
             session.pop()
             raise
 
-    async def search(self, session: BrowserSession, query: str, topn: Any = 10, allowed_domains: tuple[str, ...] | None = None) -> Outcome:
-        action: dict[str, Any] = {"type": "search", "query": query, "sources": []}
+    async def search(self, session: BrowserSession, query: Any, topn: Any = 10, allowed_domains: tuple[str, ...] | None = None) -> Outcome:
+        action: dict[str, Any] = {"type": "search", "query": query if isinstance(query, str) else "", "sources": []}
         try:
             if not isinstance(query, str) or not query.strip():
                 raise ToolUsageError("`query` should be a non-empty string")
@@ -182,9 +182,9 @@ class Browser:
                 link = _int(id, "id")
                 current = session.page(cursor)
                 if link >= 0:
-                    url = current.links.get(str(link))
-                    if url is None:
+                    if str(link) not in current.links:
                         raise ToolUsageError(f"Invalid link id `{link}`.")
+                    url = current.links[str(link)]
                     snippet = (current.snippets or {}).get(str(link))
                     stay = False
                 else:  # no link: scroll the page (or view its source)
@@ -198,11 +198,11 @@ class Browser:
             elif view_source:
                 document = await self._fetch(url, allowed_domains, any_text=True)
                 page, truncated = text_page(document.text, document.url, title=f"view-source:{document.url}"), document.truncated
-            else:
-                page = None if isinstance(id, str) else session.cached(url)
-                if page is None:
-                    document = await self._fetch(url, allowed_domains)
-                    page, truncated = await _to_page(document), document.truncated
+            elif not isinstance(id, str) and (cached := session.cached(url)) is not None:  # a link to a page seen before
+                page = cached
+            else:  # a URL the model names is fetched again (a refresh), as in gpt-oss's browser
+                document = await self._fetch(url, allowed_domains)
+                page, truncated = await _to_page(document), document.truncated
             if loc < 0:
                 loc = max(snippet.line - 4, 0) if snippet is not None and snippet.line > 4 else (snippet.line if snippet else 0)
             shown, text = self._show(session, page, allowed_domains, loc=loc, num_lines=num_lines)
@@ -214,7 +214,7 @@ class Browser:
     async def find(
         self, session: BrowserSession, pattern: Any, cursor: Any = -1, allowed_domains: tuple[str, ...] | None = None
     ) -> Outcome:
-        action: dict[str, Any] = {"type": "find_in_page", "pattern": str(pattern), "url": ""}
+        action: dict[str, Any] = {"type": "find_in_page", "pattern": pattern if isinstance(pattern, str) else "", "url": ""}
         try:
             if not isinstance(pattern, str) or not pattern:
                 raise ToolUsageError("`pattern` should be a non-empty string")

@@ -15,6 +15,7 @@ from urllib.parse import urlsplit
 
 import trafilatura
 from lxml import etree
+from trafilatura.settings import Document
 
 from responses_serve.citations import CitedPage
 from responses_serve.tools.browser.page import Page, clean_text, domain_of, link_marker, merge_whitespace
@@ -128,7 +129,7 @@ def html_page(document: str, url: str) -> Page:
         with_metadata=True,
     )
     writer = _Writer(url)
-    if extracted is not None and extracted.body is not None:
+    if isinstance(extracted, Document) and extracted.body is not None:
         body = "\n\n".join(writer.blocks(extracted.body))
         title = _title(document, extracted.title, url)
     else:
