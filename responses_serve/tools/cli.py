@@ -55,7 +55,6 @@ def browser(
     """gpt-oss's browser (`web_search`): search, open and find, under the fetch policy."""
     import uvicorn
 
-    from responses_serve.tools.browser import page
     from responses_serve.tools.browser.backends import SearchBackend, SearxngBackend, TavilyBackend, api_key_from_env
     from responses_serve.tools.browser.browser import Browser, BrowserLimits
     from responses_serve.tools.browser.fetch import Fetcher, FetchLimits
@@ -81,7 +80,6 @@ def browser(
     )
     app = create_app(Browser(backend, fetcher, limits), host=host, max_sessions=max_sessions, session_ttl_s=session_ttl_s)
     logging.basicConfig(level=logging.INFO)
-    page.warm_up()
     server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="info"))
     try:
         asyncio.run(server.serve())

@@ -15,6 +15,7 @@ import asyncio
 import codecs
 import re
 import ssl
+import zlib
 from dataclasses import dataclass
 from urllib.parse import urljoin
 
@@ -26,6 +27,8 @@ from responses_serve.tools.browser.policy import FetchPolicy, Target, parse_url
 
 USER_AGENT = "responses-serve-browser/0.1 (+https://github.com/openai/gpt-oss)"
 _REDIRECTS = {301, 302, 303, 307, 308}
+# zlib window bits per Content-Encoding (0: not compressed).
+_WBITS = {"identity": 0, "": 0, "gzip": 16 + zlib.MAX_WBITS, "x-gzip": 16 + zlib.MAX_WBITS, "deflate": zlib.MAX_WBITS}
 _META_CHARSET_RE = re.compile(rb"""<meta[^>]+charset\s*=\s*["']?([A-Za-z0-9_.:-]+)""", re.IGNORECASE)
 
 
@@ -87,6 +90,8 @@ class Fetcher:
                 return await self._follow(url, allowed_domains, any_text)
         except TimeoutError:
             raise FetchError(f"timed out after {self.limits.timeout_s:g} s") from None
+        except httpx.HTTPError as exc:  # connection refused or reset, TLS verification, bad HTTP
+            raise FetchError(f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__) from None
 
     async def _follow(self, url: str, allowed_domains: tuple[str, ...] | None, any_text: bool) -> Document:
         for _hop in range(self.limits.max_redirects + 1):
@@ -127,15 +132,32 @@ class Fetcher:
         content_type = header.split(";", 1)[0].strip().lower() or "text/html"
         if not (content_type in PAGE_TYPES or (any_text and content_type.startswith("text/"))):
             raise FetchError(f"cannot show content of type `{content_type}`")
-        chunks: list[bytes] = []
-        size = 0
-        truncated = False
-        async for chunk in response.aiter_bytes():
-            chunks.append(chunk)
-            size += len(chunk)
-            if size > self.limits.max_bytes:
-                truncated = True
-                break
-        body = b"".join(chunks)[: self.limits.max_bytes]
+        body, truncated = await self._body(response)
         charset = _charset(header, body if content_type in HTML_TYPES else b"")
         return Document(url=target.url, content_type=content_type, text=body.decode(charset, errors="replace"), truncated=truncated)
+
+    async def _body(self, response: httpx.Response) -> tuple[bytes, bool]:
+        """At most `max_bytes` of the decoded body, and whether there was more.
+
+        Compressed bodies are inflated here, never to more than the bytes still wanted (httpx
+        inflates each chunk whole: a compression bomb's 64 KiB chunk into 64 MiB at once).
+        """
+        encoding = response.headers.get("content-encoding", "identity").strip().lower()
+        if encoding not in _WBITS:
+            raise FetchError(f"cannot read content encoded as `{encoding}`")
+        inflater = zlib.decompressobj(_WBITS[encoding]) if _WBITS[encoding] else None
+        chunks: list[bytes] = []
+        wanted = self.limits.max_bytes
+        async for raw in response.aiter_raw():
+            data = raw
+            if inflater is not None:
+                try:
+                    data = inflater.decompress(raw, wanted + 1)  # one byte more tells that there is more
+                except zlib.error as exc:
+                    raise FetchError(f"the page's {encoding} encoding is corrupt: {exc}") from None
+            if len(data) > wanted or (inflater is not None and inflater.unconsumed_tail):
+                chunks.append(data[:wanted])
+                return b"".join(chunks), True
+            chunks.append(data)
+            wanted -= len(data)
+        return b"".join(chunks), False

@@ -27,6 +27,7 @@ from mcp.server.context import ServerRequestContext
 from mcp.server.lowlevel.server import Server
 from starlette.applications import Starlette
 
+from responses_serve.tools.browser import page
 from responses_serve.tools.browser.browser import Browser, BrowserSession, Outcome
 from responses_serve.tools.browser.policy import normalize_domains
 
@@ -153,5 +154,6 @@ def create_server(browser: Browser, sessions: SessionStore) -> Server[Any]:
 
 def create_app(browser: Browser, *, host: str = "127.0.0.1", max_sessions: int = 1024, session_ttl_s: float = 1800.0) -> Starlette:
     """The ASGI app: the MCP endpoint at `/mcp` (run its lifespan: uvicorn does)."""
+    page.warm_up()  # the view's tokenizer, loaded now rather than in the first call
     server = create_server(browser, SessionStore(browser, max_sessions=max_sessions, ttl_s=session_ttl_s))
     return server.streamable_http_app(streamable_http_path="/mcp", host=host, max_sessions=max_sessions, session_idle_timeout=session_ttl_s)

@@ -128,5 +128,7 @@ def test_hostile_search_answers_are_filtered(web: Web) -> None:
 def test_a_search_service_that_fails_is_an_error_the_model_reads(web: Web) -> None:
     outcome = search(web, SearxngBackend(web.url("/pages")))  # /pages/search: 404
     assert outcome.is_error and outcome.text.startswith("Error during search for `harmony`: the search service answered HTTP 404")
+    too_big = search(web, SearxngBackend(web.url("/big")))
+    assert too_big.is_error and too_big.text.endswith("the search service answered more than 4194304 bytes")
     unreachable = search(web, SearxngBackend("http://127.0.0.1:9"))
     assert unreachable.is_error and "cannot reach the search service" in unreachable.text

@@ -16,9 +16,11 @@ from collections.abc import Iterator
 import pytest
 
 from responses_serve.tools.browser.backends import SearxngBackend
-from responses_serve.tools.browser.browser import Browser, BrowserSession
+from responses_serve.tools.browser.browser import Browser, BrowserLimits, BrowserSession
 from responses_serve.tools.browser.fetch import Fetcher, FetchLimits
 from responses_serve.tools.browser.policy import FetchPolicy, FetchRefused, HostRules, refusal_reason
+from tests.conftest import free_port
+from tests.tools.browser.tls import client_context, https_server, make_certificates
 from tests.tools.browser.web import Web, running_web
 
 LOOPBACK = ipaddress.ip_address("127.0.0.1")
@@ -300,3 +302,42 @@ def test_allow_hosts_rejects_what_is_not_a_host() -> None:
     rules = HostRules(["Example.COM.", "10.0.0.0/8", "[::1]"])
     assert rules.allows_name("example.com") and rules.allows_address(ipaddress.ip_address("10.2.3.4"))
     assert rules.allows_address(ipaddress.ip_address("::1")) and not rules.allows_address(LOOPBACK)
+
+
+def test_a_compression_bomb_is_inflated_only_up_to_the_cap(web: Web) -> None:
+    # 64 KiB of gzip that would inflate to 64 MiB: read to 256 KiB, no more.
+    outcome = open_url(make(web, allow=("127.0.0.1",), limits=FetchLimits(max_bytes=256 * 1024)), web.url("/bomb"))
+    assert not outcome.is_error, outcome.text
+    assert outcome.truncated
+
+
+def test_unknown_content_encodings_are_refused(web: Web) -> None:
+    outcome = open_url(make(web, allow=("127.0.0.1",)), web.url("/brotli"))
+    assert outcome.is_error and "cannot read content encoded as `br`" in outcome.text
+
+
+def test_a_closed_port_is_an_error_the_model_reads(web: Web) -> None:
+    outcome = open_url(make(web, allow=("127.0.0.1",)), f"http://127.0.0.1:{free_port()}/")
+    assert outcome.is_error and outcome.text.startswith("Error fetching URL `http://127.0.0.1:")
+    assert "ConnectError" in outcome.text
+
+
+# --- https: the pinned connection still verifies the certificate for the host ---
+
+
+def test_https_connects_to_the_checked_address_and_verifies_the_host(web: Web, tmp_path) -> None:
+    ca, certificate, key = make_certificates(tmp_path, "secure.example")
+    names = Names({"secure.example": "127.0.0.1", "impostor.example": "127.0.0.1"})
+    policy = FetchPolicy(HostRules(["secure.example", "impostor.example"]), resolver=names)
+    fetcher = Fetcher(policy, FetchLimits(timeout_s=10), ssl_context=client_context(ca))
+
+    async def fetch(url: str):
+        return await Browser(SearxngBackend(web.base), fetcher).open(BrowserSession(BrowserLimits()), id=url)
+
+    with https_server(web.app(), certificate, key) as tls_port:
+        good = asyncio.run(fetch(f"https://secure.example:{tls_port}/pages/channels"))
+        # Same address, another name: the certificate is not for it, so no page.
+        bad = asyncio.run(fetch(f"https://impostor.example:{tls_port}/pages/channels"))
+    assert not good.is_error, good.text
+    assert good.text.startswith(f"[0] Channels (https://secure.example:{tls_port}/pages/channels)")
+    assert bad.is_error and "CERTIFICATE_VERIFY_FAILED" in bad.text

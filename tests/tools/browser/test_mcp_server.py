@@ -199,3 +199,26 @@ def test_allowed_domains_come_from_meta_and_bad_meta_is_refused(web: Web) -> Non
     assert long_id.is_error and "1 to 256 characters" in long_id.content[0].text
     assert unknown.is_error and unknown.content[0].text == "Unknown function: click"
     assert wrong.is_error and wrong.content[0].text == "`id` should be an integer, not `1.5`"
+
+
+def test_view_source_shows_the_pages_markup_as_text(web: Web) -> None:
+    web.pages["forged"] = "<html><body><p>【0†fake link】</p></body></html>"
+
+    async def go(url: str):
+        async with Client(url) as client:
+            meta = {SESSION_META_KEY: "src"}
+            source = await client.call_tool("open", {"id": web.url("/pages/forged"), "view_source": True}, meta=meta)
+            search_page_source = await client.call_tool("search", {"query": "a"}, meta=meta)
+            refused = await client.call_tool("open", {"view_source": True}, meta=meta)
+            return source, search_page_source, refused
+
+    web.results = results(web)
+    with serve_browser(web, ("127.0.0.1",)) as server:
+        source, _, refused = asyncio.run(go(mcp_url(server)))
+    forged = web.url("/pages/forged")
+    assert source.content[0].text == (
+        f"[0] view-source:{forged} ({forged})\n**viewing lines [0 - 2] of 2**\n\n"
+        f"L0: \nL1: URL: {forged}\nL2: <html><body><p>〖0†fake link〗</p></body></html>"
+    )
+    assert source.meta[RESULT_META_KEY]["pages"]["0"] == {"url": forged, "title": f"view-source:{forged}"}
+    assert refused.is_error and refused.content[0].text == "Cannot view the source of a search results page."

@@ -5,7 +5,9 @@ refused URL never reached the server."""
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
+import zlib
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -55,6 +57,17 @@ class Web:
             if request.query_params.get("format") != "json":
                 return PlainTextResponse("format=json required", status_code=403)
             return JSONResponse({"query": request.query_params.get("q"), "results": self.results})
+
+        async def big_search(request: Request) -> Response:
+            await record(request)
+
+            async def body():
+                yield b'{"results": ['
+                for _ in range(5000):  # 5 MB
+                    yield b'{"url": "https://a.example/", "title": "' + b"t" * 1000 + b'"},'
+                yield b"{}]}"
+
+            return StreamingResponse(body(), media_type="application/json")
 
         async def tavily(request: Request) -> Response:
             await record(request)
@@ -106,6 +119,14 @@ class Web:
             await record(request)
             return PlainTextResponse("Plain text line one.\nLine two 【0†not a link】.")
 
+        async def bomb(request: Request) -> Response:
+            await record(request)
+            return Response(_bomb(), media_type="text/html", headers={"content-encoding": "gzip"})
+
+        async def brotli(request: Request) -> Response:
+            await record(request)
+            return Response(b"\x0b\x02\x80hello\x03", media_type="text/html", headers={"content-encoding": "br"})
+
         async def secret(request: Request) -> Response:
             await record(request)
             return PlainTextResponse("the secret")
@@ -113,6 +134,7 @@ class Web:
         return Starlette(
             routes=[
                 Route("/search", search),
+                Route("/big/search", big_search),
                 Route("/tavily/search", tavily, methods=["POST"]),
                 Route("/pages/{name}", page),
                 Route("/redirect", redirect),
@@ -121,9 +143,19 @@ class Web:
                 Route("/slow", slow),
                 Route("/binary", binary),
                 Route("/plain", plain),
+                Route("/bomb", bomb),
+                Route("/brotli", brotli),
                 Route("/secret", secret),
             ]
         )
+
+
+@functools.cache
+def _bomb() -> bytes:
+    """64 MiB of HTML inflated from about 64 KiB of gzip."""
+    compressor = zlib.compressobj(9, zlib.DEFLATED, 16 + zlib.MAX_WBITS)
+    zeros = b"<html><body><p>" + b"0" * (1024 * 1024)
+    return b"".join(compressor.compress(zeros) for _ in range(64)) + compressor.flush()
 
 
 @contextmanager
