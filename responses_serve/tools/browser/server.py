@@ -27,6 +27,7 @@ from mcp.server.context import ServerRequestContext
 from mcp.server.lowlevel.server import Server
 from starlette.applications import Starlette
 
+from responses_serve.citations import CitedPage
 from responses_serve.tools.browser import page
 from responses_serve.tools.browser.browser import Browser, BrowserSession, Outcome
 from responses_serve.tools.browser.policy import normalize_domains
@@ -100,6 +101,22 @@ def result_meta(outcome: Outcome, session: BrowserSession) -> dict[str, Any]:
         "truncated": outcome.truncated,
         "pages": {str(cursor): {"url": page.url, "title": page.title} for cursor, page in session.citable().items()},
     }
+
+
+def cited_pages(meta: Any) -> dict[int, CitedPage]:
+    """The cursor -> page map of a result's `_meta` (the loop's input to `CitationStream`);
+    entries of the wrong shape are left out."""
+    browser_meta = meta.get(RESULT_META_KEY) if isinstance(meta, dict) else None
+    pages = browser_meta.get("pages") if isinstance(browser_meta, dict) else None
+    if not isinstance(pages, dict):
+        return {}
+    out: dict[int, CitedPage] = {}
+    for cursor, entry in pages.items():
+        if isinstance(cursor, str) and cursor.isdigit() and isinstance(entry, dict):
+            url, title = entry.get("url"), entry.get("title")
+            if isinstance(url, str) and isinstance(title, str):
+                out[int(cursor)] = CitedPage(url=url, title=title)
+    return out
 
 
 async def call(browser: Browser, session: BrowserSession, name: str, arguments: dict[str, Any], allowed: tuple[str, ...] | None) -> Outcome:

@@ -19,7 +19,7 @@ from responses_serve.tools.browser.backends import SearxngBackend
 from responses_serve.tools.browser.browser import Browser
 from responses_serve.tools.browser.fetch import Fetcher
 from responses_serve.tools.browser.policy import FetchPolicy, HostRules
-from responses_serve.tools.browser.server import ALLOWED_DOMAINS_META_KEY, RESULT_META_KEY, SESSION_META_KEY, create_app
+from responses_serve.tools.browser.server import ALLOWED_DOMAINS_META_KEY, RESULT_META_KEY, SESSION_META_KEY, cited_pages, create_app
 from tests.conftest import uvicorn_server
 from tests.tools.browser.web import Web, running_web
 
@@ -110,7 +110,8 @@ def test_search_open_find_and_open_a_url(web: Web) -> None:
         "5": {"url": article_url, "title": "Harmony, explained"},
     }
     # What the loop does with them: the answer's markers become annotations.
-    cited = {int(cursor): CitedPage(**page) for cursor, page in pages.items()}
+    cited = cited_pages(scrolled.meta)
+    assert cited[4] == CitedPage(url=channels_url, title="Channels") and sorted(cited) == [1, 2, 3, 4, 5]
     answer, annotations = annotate("Harmony has three channels【4†L2】. It is gpt-oss's format【1†L3-L5】.", cited)
     assert answer == "Harmony has three channels. It is gpt-oss's format."
     assert [(answer[a.start_index : a.end_index], a.url) for a in annotations] == [
@@ -199,6 +200,12 @@ def test_allowed_domains_come_from_meta_and_bad_meta_is_refused(web: Web) -> Non
     assert long_id.is_error and "1 to 256 characters" in long_id.content[0].text
     assert unknown.is_error and unknown.content[0].text == "Unknown function: click"
     assert wrong.is_error and wrong.content[0].text == "`id` should be an integer, not `1.5`"
+
+
+def test_cited_pages_leaves_out_what_is_not_a_page() -> None:
+    meta = {RESULT_META_KEY: {"pages": {"1": {"url": "https://a.example/", "title": "A"}, "x": {}, "2": {"url": 5}, "3": "no"}}}
+    assert cited_pages(meta) == {1: CitedPage(url="https://a.example/", title="A")}
+    assert cited_pages(None) == {} and cited_pages({RESULT_META_KEY: []}) == {}
 
 
 def test_view_source_shows_the_pages_markup_as_text(web: Web) -> None:
