@@ -203,8 +203,8 @@ class Browser:
             else:  # a URL the model names is fetched again (a refresh), as in gpt-oss's browser
                 document = await self._fetch(url, allowed_domains)
                 page, truncated = await _to_page(document), document.truncated
-            if loc < 0:
-                loc = max(snippet.line - 4, 0) if snippet is not None and snippet.line > 4 else (snippet.line if snippet else 0)
+            if loc < 0:  # a find match opens a few lines above the match, as in gpt-oss's browser
+                loc = 0 if snippet is None else snippet.line - 4 if snippet.line > 4 else snippet.line
             shown, text = self._show(session, page, allowed_domains, loc=loc, num_lines=num_lines)
         except (ToolUsageError, FetchRefused, FetchError) as exc:
             return Outcome(text=str(exc), action=action, is_error=True)

@@ -126,7 +126,7 @@ async def call(browser: Browser, session: BrowserSession, name: str, arguments: 
     if name == "open":
         keys = ("id", "cursor", "loc", "num_lines")
         given = {key: arguments[key] for key in keys if key in arguments}
-        return await browser.open(session, **given, view_source=bool(arguments.get("view_source", False)), allowed_domains=allowed)
+        return await browser.open(session, **given, view_source=arguments.get("view_source") is True, allowed_domains=allowed)
     return await browser.find(session, arguments.get("pattern"), arguments.get("cursor", -1), allowed_domains=allowed)
 
 

@@ -87,8 +87,8 @@ def test_search_open_find_and_open_a_url(web: Web) -> None:
     assert text[1].startswith(f"[1] Harmony, explained ({article_url})\n**viewing lines [0 - ")
     assert "【0†channels page】" in text[1] and "【1†the \nL6: cookbook†cookbook.example.org】" in text[1]  # wrapped at 80
     assert text[2].startswith(f"[2] Find results for text: `channels` in `Harmony, explained` ({article_url}/find?pattern=channels)")
-    assert "# 【0†match at L" in text[2]
-    assert text[3].startswith(f"[3] Harmony, explained ({article_url})\n")
+    assert "L0: # 【0†match at L5】\nL1: channels, and it is described in the channels page and on the " in text[2]
+    assert text[3].startswith(f"[3] Harmony, explained ({article_url})\n**viewing lines [1 - ")  # 4 lines above the match
     assert text[4].startswith(f"[4] Channels ({channels_url})\n")
     assert text[5].startswith(f"[5] Harmony, explained ({article_url})\n**viewing lines [3 - 4] of ")
     assert "\nL3: " in text[5] and "\nL5: " not in text[5]
