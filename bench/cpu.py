@@ -7,7 +7,7 @@ Serve, HAProxy and our replicas. The worker and the engine core spin while they 
 other, so on cores of their own their figures stay near a core whatever they do; where the
 engine core shares the worker's core (ours on a CPU node: its scheduling thread), each wait
 gives the CPU to the other and the engine core's figure drops to what it works. The stack's
-figure is the cost of serving (README, "Against vLLM's own server").
+figure is the cost of serving (docs/benchmarks.md, "Against vLLM's own server").
 """
 
 from __future__ import annotations

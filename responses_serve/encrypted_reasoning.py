@@ -8,8 +8,8 @@ timestamp and a version byte: authenticated, so a changed, cut or foreign blob i
 never half-read) under a `MultiFernet`: the first key encrypts, every key decrypts, so keys
 rotate by putting the new one first and dropping the old one once its blobs have aged out.
 
-Whoever holds a key can read every blob made with it: all replicas share the keys (see the
-README, "Encrypted reasoning"), and a blob from a key the server no longer has is a 400.
+Whoever holds a key can read every blob made with it: all replicas share the keys
+(`RESPONSES_SERVE_REASONING_KEYS`), and a blob from a key the server no longer has is a 400.
 """
 
 from __future__ import annotations

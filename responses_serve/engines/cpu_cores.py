@@ -95,7 +95,7 @@ def leave_batch_policy() -> None:
     (and so vLLM's processes, which an engine replica starts). Woken by a request or by a
     step's outputs, they then run at once instead of waiting behind whatever runs on the
     serving core until the next tick; Ray's own processes, which wake 100 times a second
-    with nothing urgent to do, stay SCHED_BATCH. Measured (README, "Configuration"): the first
+    with nothing urgent to do, stay SCHED_BATCH. Measured (bench.vs_vllm): the first
     token at 8 and 32 streams 12-17 % sooner, tokens/s unchanged.
     """
     if not hasattr(os, "SCHED_BATCH") or os.sched_getscheduler(0) != os.SCHED_BATCH:
@@ -130,8 +130,8 @@ def cores_for_cpu_engine() -> Iterator[set[int]]:
     between this one and the worker (vLLM's engine core), which joins the worker's main thread
     on its core as `SCHED_IDLE`.
 
-    Why the engine core's main thread goes with its worker (README, "Against vLLM's own
-    server"): it schedules a step and then spins while the worker runs it, and the worker
+    Why the engine core's main thread goes with its worker (measured with bench.vs_vllm): it
+    schedules a step and then spins while the worker runs it, and the worker
     spins while it schedules the next, each yielding the CPU on every turn of its wait; on one
     core they take turns at the cost of a yield. On the serving core it lost time to every
     wake-up of our stack between two steps, with the worker waiting. As `SCHED_IDLE` its

@@ -251,8 +251,7 @@ class VLLMBackend:
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", DEFAULT_CPU_KVCACHE_SPACE_GIB)
         # REPLICA_ENV's allocator settings are for this replica's own heap (read when the
         # process started); vLLM's processes, spawned below, start as vLLM's own server starts
-        # them: in the CPU worker two glibc arenas made decoding ~15 % slower (README "Against
-        # vLLM's own server").
+        # them: in the CPU worker two glibc arenas made decoding ~15 % slower (bench.vs_vllm).
         drop_allocator_env()
         from vllm.v1.engine.async_llm import AsyncLLM
 

@@ -43,7 +43,7 @@ REPLICA_ENV = {
     "RAY_SERVE_RUN_ROUTER_IN_SEPARATE_LOOP": "0",
     # glibc's malloc gives each thread that allocates an arena of its own, up to 8 per core; a
     # replica's ~35 threads (Ray's core worker, gRPC, Serve) fragment them and RSS keeps
-    # growing under load (README "Load"). So the replicas allocate with jemalloc, which Ray
+    # growing under load. So the replicas allocate with jemalloc, which Ray
     # ships; two glibc arenas where it cannot be loaded. Both measured with bench.load.
     **ALLOCATOR_ENV,
 }

@@ -1,9 +1,10 @@
 """The docs stay true to the code: the configuration page is what `docs/gen_config.py` makes of
-the config models (every field described), and the metrics page names every metric the app
-defines."""
+the config models (every field described), the metrics page names every metric the app
+defines, and the README stays a short front page."""
 
 from __future__ import annotations
 
+import re
 import runpy
 from pathlib import Path
 
@@ -55,3 +56,16 @@ def test_the_metrics_page_names_every_metric():
     for spec in METRICS:
         suffix = spec.name.removeprefix("responses_serve_")
         assert spec.exported in page or f"_{suffix}" in page, f"{spec.exported} is not on docs/metrics.md"
+
+
+def test_readme_is_a_short_front_page():
+    lines = (ROOT / "README.md").read_text().splitlines()
+    assert len(lines) <= 300, f"README.md has {len(lines)} lines; the reference belongs in docs/"
+
+
+def test_readme_links_lead_to_files():
+    text = (ROOT / "README.md").read_text()
+    targets = {link.split("#")[0] for link in re.findall(r"\]\(([^)]+)\)", text) if not link.startswith(("http://", "https://"))}
+    assert targets, "the README links to the docs"
+    missing = sorted(target for target in targets if not (ROOT / target).exists())
+    assert not missing, f"README.md links to missing files: {missing}"

@@ -53,7 +53,7 @@ def sim_cluster() -> Iterator[SimCluster]:
     # Serve's proxy actor, not its HAProxy ingress (the default, tests/conftest.py): every
     # simulated node would start an HAProxy, and they would all bind the same stats and
     # metrics ports of this one machine. Multi-node HTTP through HAProxy is therefore not
-    # covered here (README "Scaling and failure").
+    # covered here (docs/scaling.md, "Failures").
     os.environ["RAY_SERVE_ENABLE_HA_PROXY"] = "0"
     # All nodes share one machine's address: the proxy's preference for the ingress replica
     # on its own node would send every request to the head's. Spread them like on many hosts.

@@ -264,7 +264,7 @@ def test_replicas_run_serve_single_loop_unless_a_deployment_says_otherwise(monke
     assert REPLICA_ENV == {
         "RAY_SERVE_RUN_USER_CODE_IN_SEPARATE_THREAD": "0",
         "RAY_SERVE_RUN_ROUTER_IN_SEPARATE_LOOP": "0",
-        # the allocator: replica RSS growth under load (README "Load")
+        # the allocator: replica RSS growth under load (docs/benchmarks.md, "Load")
         "LD_PRELOAD": RAY_JEMALLOC,
         "MALLOC_ARENA_MAX": "2",
     }

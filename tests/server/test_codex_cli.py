@@ -1,5 +1,5 @@
 """The real Codex CLI (`codex exec`, Responses wire API) against the in-process app on
-`gpt-oss-replay`: its stateless requests (`store: false`, encrypted reasoning, its own tools),
+`gpt-oss-replay`, configured by examples/codex/config.toml: its stateless requests (`store: false`, encrypted reasoning, its own tools),
 `--output-schema` (a `text.format` json_schema), and a tool turn that Codex executes.
 
 Skipped unless a `codex` binary is found (`CODEX_BIN`, or `codex` on PATH; `npm install
@@ -18,6 +18,7 @@ import jsonschema
 import pytest
 
 CODEX = os.environ.get("CODEX_BIN") or shutil.which("codex")
+EXAMPLE_CONFIG = Path(__file__).resolve().parents[2] / "examples" / "codex" / "config.toml"
 pytestmark = pytest.mark.skipif(not CODEX, reason="no codex binary (set CODEX_BIN or put codex on PATH)")
 SCHEMA = {
     "type": "object",
@@ -32,10 +33,11 @@ def codex_exec(url: str, tmp_path: Path, prompt: str, *args: str) -> str:
     home, work = tmp_path / "codex-home", tmp_path / "work"
     home.mkdir(exist_ok=True)
     work.mkdir(exist_ok=True)
-    (home / "config.toml").write_text(
-        'model = "gpt-oss-replay"\nmodel_provider = "local"\n'
-        f'[model_providers.local]\nname = "responses-serve"\nbase_url = "{url}"\nwire_api = "responses"\n'
-    )
+    # The configuration users copy (examples/codex/config.toml), pointed at this server.
+    example = EXAMPLE_CONFIG.read_text()
+    config = example.replace('base_url = "http://127.0.0.1:8000/v1"', f'base_url = "{url}"')
+    assert config != example and 'model = "gpt-oss-replay"' in config
+    (home / "config.toml").write_text(config)
     last = tmp_path / "last.txt"
     command = [CODEX, "exec", "--skip-git-repo-check", "--ephemeral", "-s", "read-only", "-C", str(work), "-o", str(last), *args, prompt]
     done = subprocess.run(
