@@ -38,7 +38,10 @@ HEADER = """\
 
 A Serve config file names the application's builder and passes it `args`, which are
 validated against the models below when the application is built: an unknown key, a wrong
-type or a value out of bounds fails `serve run` with a message naming the field.
+type or a value out of bounds fails with a message naming the field.
+`responses-serve config validate FILE.yaml` runs every check the build makes without Ray, a
+GPU, Redis or the model; `responses-serve config schema` prints the JSON schema of `args`
+(for editors that validate YAML).
 
 ```yaml
 applications:
