@@ -113,8 +113,14 @@ def _section(model: type[BaseModel], root: type[BaseModel]) -> str:
         if not field.description:
             raise ValueError(f"{model.__name__}.{name} has no description: give the field Field(description=...)")
         row = [f"`{name}`", _type(field), _default(field), _text(field.description)]
-        lines.append("| " + " | ".join(cell.replace("|", "\\|").replace("\n", " ") for cell in row) + " |")
+        lines.append("| " + " | ".join(_cell(cell) for cell in row) + " |")
     return "\n".join(lines) + "\n"
+
+
+def _cell(text: str) -> str:
+    """One table cell: a `|` outside code would end the cell (inside code it does not)."""
+    pieces = re.split(r"(`[^`]*`)", text.replace("\n", " "))
+    return "".join(p if p.startswith("`") else p.replace("|", "\\|") for p in pieces)
 
 
 def _text(text: str) -> str:
@@ -189,6 +195,8 @@ def _bound(item: object) -> str:
         return f"at least {item.min_length}"
     if isinstance(item, annotated_types.MaxLen):
         return f"at most {item.max_length}"
+    if pattern := getattr(item, "pattern", None):
+        return f"matching `{pattern}`"
     return ""
 
 

@@ -1,8 +1,8 @@
 #!/bin/sh
 # The API with curl: a response, a streamed one, a follow-up, and the stored response.
 #   sh examples/curl.sh               # against `make serve` at http://127.0.0.1:8000/v1
-# OPENAI_BASE_URL and MODEL change the server and the model; with an api_key in the server's
-# config, set OPENAI_API_KEY.
+# OPENAI_BASE_URL and MODEL change the server and the model; with API keys in the server's
+# config (auth.keys), set OPENAI_API_KEY.
 set -eu
 BASE=${OPENAI_BASE_URL:-http://127.0.0.1:8000/v1}
 MODEL=${MODEL:-gpt-oss-replay}

@@ -438,7 +438,7 @@ class AuthConfig(_Strict):
     (`Authorization: Bearer <key>`), and each key acts for a tenant. Without it the server is
     open and everyone is one anonymous tenant."""
 
-    keys: list[APIKeyConfig] = Field(min_length=1)
+    keys: list[APIKeyConfig] = Field(min_length=1, description="the accepted keys; several may act for one tenant")
 
     @model_validator(mode="after")
     def _tenants_agree(self) -> AuthConfig:
