@@ -69,3 +69,11 @@ def test_readme_links_lead_to_files():
     assert targets, "the README links to the docs"
     missing = sorted(target for target in targets if not (ROOT / target).exists())
     assert not missing, f"README.md links to missing files: {missing}"
+
+
+def test_every_page_is_in_the_nav():
+    """`mkdocs build --strict` refuses a page missing from the nav; this says so in the fast tests."""
+    nav = (ROOT / "mkdocs.yml").read_text()
+    pages = sorted(path.name for path in DOCS.glob("*.md"))
+    missing = [page for page in pages if f": {page}" not in nav]
+    assert not missing, f"add these pages to nav in mkdocs.yml: {missing}"
