@@ -2,7 +2,8 @@
 
 The chat-template twin of `gpt-oss-replay` (same rules, same `ReplayBackend` steps). It
 reads the conversation back out of the ChatML prompt the ingress rendered with the `qwen3`
-template, and writes its completion as text through SmolLM2's real tokenizer, so tags and
+template (its turns by their control token ids: a client's text that spells `<|im_end|>` is
+text in a turn, as it is to a real model), and writes its completion as text through SmolLM2's real tokenizer, so tags and
 multi-byte characters fall across tokens as a real model's would:
 
 1. the last turn is tool results (`<tool_response>`), the last one O, for a call of NAME ->
@@ -29,11 +30,9 @@ from responses_serve.engines.replay import Call, _wanted_call, obey
 from responses_serve.families.smollm2 import SMOLLM2, load_tokenizer
 from responses_serve.tokens import OutputConstraint
 
-_TURN = re.compile(r"<\|im_start\|>(\w+)\n(.*?)<\|im_end\|>", re.S)
 _TOOLS = re.compile(r"<tools>\n(.*?)\n</tools>", re.S)
 _TOOL_RESPONSE = re.compile(r"<tool_response>\n(.*?)\n</tool_response>", re.S)
 _TOOL_CALL_NAME = re.compile(r'<tool_call>\n\{"name": "([^"]+)"')
-_GENERATION_PROMPT = "<|im_start|>assistant\n"
 
 
 def _offered_functions(system: str) -> set[str]:
@@ -43,9 +42,27 @@ def _offered_functions(system: str) -> set[str]:
     return {json.loads(line)["function"]["name"] for line in block.group(1).splitlines() if line.strip()}
 
 
-def _answer(prompt: str, constraint: OutputConstraint | None) -> tuple[str, str]:
-    """(reasoning, answer) the rules give for a rendered prompt."""
-    turns = _TURN.findall(prompt)
+def _turns(prompt_token_ids: list[int], tokenizer) -> tuple[list[tuple[str, str]], str]:
+    """The prompt's closed turns as (role, text), and the text of the turn left open (the
+    generation prompt: what the template wrote after `<|im_start|>assistant\n`)."""
+    start, end = tokenizer.convert_tokens_to_ids(["<|im_start|>", "<|im_end|>"])
+    turns: list[tuple[str, str]] = []
+    turn: list[int] | None = None
+    for token in prompt_token_ids:
+        if token == start:
+            turn = []
+        elif token == end and turn is not None:
+            role, _, text = tokenizer.decode(turn).partition("\n")
+            turns.append((role, text))
+            turn = None
+        elif turn is not None:
+            turn.append(token)
+    opened = tokenizer.decode(turn or []).partition("\n")[2]
+    return turns, opened
+
+
+def _answer(turns: list[tuple[str, str]], constraint: OutputConstraint | None) -> tuple[str, str]:
+    """(reasoning, answer) the rules give for a rendered prompt's turns."""
     system = turns[0][1] if turns and turns[0][0] == "system" else ""
     last_role, last_text = turns[-1] if turns else ("", "")
     results = _TOOL_RESPONSE.findall(last_text) if last_role == "user" else []
@@ -67,13 +84,13 @@ def _answer(prompt: str, constraint: OutputConstraint | None) -> tuple[str, str]
 
 def script_qwen3_completion(prompt_token_ids: list[int], constraint: OutputConstraint | None = None) -> list[int]:
     tokenizer = load_tokenizer(SMOLLM2)
-    prompt = tokenizer.decode(prompt_token_ids, skip_special_tokens=False)
-    reasoning, answer = _answer(prompt, constraint)
-    opened = prompt[prompt.rfind(_GENERATION_PROMPT) + len(_GENERATION_PROMPT) :]
+    turns, opened = _turns(prompt_token_ids, tokenizer)
+    reasoning, answer = _answer(turns, constraint)
     if "</think>" in opened or (answer[:1].isspace() and "<think>" not in opened):
         text = answer  # thinking off, or an answer whose leading whitespace must survive
     elif "<think>" in opened:  # the template opened the think block
         text = f"{reasoning}\n</think>\n\n{answer}"
     else:
         text = f"<think>\n{reasoning}\n</think>\n\n{answer}"
-    return tokenizer.encode(text, add_special_tokens=False) + [tokenizer.eos_token_id]
+    # A text that spells a special token is written as text, as a model writes it.
+    return tokenizer.encode(text, add_special_tokens=False, split_special_tokens=True) + [tokenizer.eos_token_id]

@@ -28,6 +28,7 @@ from responses_serve.api.errors import invalid_request
 from responses_serve.api.request import FunctionCallItem, FunctionCallOutputItem, FunctionTool, MessageItem, ReasoningItem, ResponsesRequest
 from responses_serve.families.chat_parser import ChatCompletionParser, TaggedTextParser, Tags, Vocabulary
 from responses_serve.families.constraints import chat_template_constraint, plan
+from responses_serve.families.control_tokens import ESCAPE, ControlTokens, Piece
 from responses_serve.families.harmony import HistoryItem
 from responses_serve.families.prompt_cache import DEFAULT_MAX_TOKENS, PromptCache
 from responses_serve.items import ItemSink
@@ -193,6 +194,7 @@ class ChatTemplateModel:
         self.token_bytes = self.vocabulary.bytes_of  # logprobs
         self.prompt_cache = PromptCache(prompt_cache_tokens) if prompt_cache_tokens else None
         self.piece_start = piece_starts(tokenizer) if self.prompt_cache else None  # None: whole-text encoding
+        self.control = ControlTokens(tokenizer)
 
     def writes_text(self, token_id: int) -> bool:
         return token_id not in self.vocabulary.skip_ids
@@ -204,6 +206,14 @@ class ChatTemplateModel:
             raise invalid_request("The input has no message for the model's chat template to render.", param="input")
         # Tools are offered only when calls can be parsed back out of the completion.
         tools = _tools(request) if tool_calls and request.offers_tools() else None
+        return self.render_messages(messages, tools)
+
+    def render_messages(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None) -> list[int]:
+        """The prompt token ids of chat `messages` (and `tools`, as templates take them) where
+        every string in them is text: only the template itself writes control tokens
+        (control_tokens.py). Text from a request or a tool reaches a chat-template prompt
+        only through here."""
+        (messages, tools), protected = self.control.protect((messages, tools))
         try:
             text = self.tokenizer.apply_chat_template(
                 messages,
@@ -214,8 +224,11 @@ class ChatTemplateModel:
                 **self.template_kwargs,
             )
         except TemplateError as exc:  # e.g. "roles must alternate": the request's shape, not a server fault
-            raise invalid_request(f"The model's chat template rejected this conversation: {exc}", param="input") from exc
-        return self.encode(text)
+            raise invalid_request(
+                f"The model's chat template rejected this conversation: {self.control.restore(exc.message or '')}", param="input"
+            ) from exc
+        # No string held a spelling: the text is what it always was, its special tokens the template's.
+        return self._encode_protected(text) if protected else self.encode(text)
 
     def encode(self, text: str) -> list[int]:
         """`text`'s token ids (the template wrote any BOS itself), through the prompt cache:
@@ -225,6 +238,19 @@ class ChatTemplateModel:
             return self.tokenizer.encode(text, add_special_tokens=False)
         pieces = [piece for piece in self.piece_start.split(text) if piece]
         return self.prompt_cache.concat([(piece, piece) for piece in pieces], self._encode_many)
+
+    def _encode_protected(self, text: str) -> list[int]:
+        """The ids of a rendering of protected strings: each control token of the template,
+        then the text after it with special tokens split as text (kept apart in the cache
+        from pieces tokenized by `encode`)."""
+        pieces = [piece for piece in self.control.pieces(text) if piece.special or piece.text]
+        if self.prompt_cache is None:
+            return [token for ids in self._encode_pieces(pieces) for token in ids]
+        return self.prompt_cache.concat([(ESCAPE + piece.special + ESCAPE + piece.text, piece) for piece in pieces], self._encode_pieces)
+
+    def _encode_pieces(self, pieces: list[Piece]) -> list[list[int]]:
+        texts = self.tokenizer([piece.text for piece in pieces], add_special_tokens=False, split_special_tokens=True)["input_ids"]
+        return [([self.control.ids[piece.special]] if piece.special else []) + ids for piece, ids in zip(pieces, texts, strict=True)]
 
     def _encode_many(self, texts: list[str]) -> list[list[int]]:
         return self.tokenizer(texts, add_special_tokens=False)["input_ids"]  # one call: a batch

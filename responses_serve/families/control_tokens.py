@@ -1,0 +1,97 @@
+"""Text from a request or a tool never becomes a control token of a chat-template model.
+
+A chat template is rendered to text, and a tokenizer reads every spelling of one of its
+special tokens in that text as the token itself: a user message
+`hi<|im_end|>\\n<|im_start|>system\\n...` would open a system turn of its own, a tool output a
+forged assistant turn. So every string the template is given (messages, instructions, tool
+call names and arguments, tool outputs, tool descriptions and schemas) is first `protect`ed:
+each special token's spelling in it is replaced by a code of private-use characters. Every
+spelling left in the rendered text is then the template's own. `pieces` cuts the text there
+and turns the codes back into the spellings, and each piece between the template's special
+tokens is tokenized with special tokens split as text (`split_special_tokens`).
+
+Strings that hold no spelling (nearly all) are left as they are, so an honest conversation
+renders to the very text, and tokens, it always did. What the tokenizer itself marks as not
+special (Qwen3's `<think>`, `<tool_call>` are added tokens of that kind) is text to it, and
+stays as it tokenizes it. The template is trusted to write each control token whole, as
+templates do; tests/families/test_control_tokens.py tries every special token, and its
+halves, in every position of the built-in qwen3 template and of SmolLM2's own.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any, NamedTuple
+
+# Private-use characters: text that templates pass through untouched. ESCAPE + ESCAPE codes
+# ESCAPE itself (a client's own private-use text comes back as it was sent).
+ESCAPE = "\U000f0000"
+_FIRST_CODE = 0xF0001
+_LAST_CODE = 0xFFFFD
+
+
+class Piece(NamedTuple):
+    """Prompt text up to the next control token: the template's `special` token that opens
+    it ("" for text before the first) and the `text` after it, all of it text."""
+
+    special: str
+    text: str
+
+
+class ControlTokens:
+    """The special tokens of `tokenizer`, and text kept from becoming them."""
+
+    def __init__(self, tokenizer: Any) -> None:
+        tokens = {token.content: (token_id, token) for token_id, token in tokenizer.added_tokens_decoder.items() if token.special}
+        if len(tokens) > _LAST_CODE - _FIRST_CODE:
+            raise ValueError(f"the tokenizer has {len(tokens)} special tokens, more than can be coded")
+        spellings = sorted(tokens, key=len, reverse=True)  # the longest first, as the tokenizer matches
+        self.ids = {spelling: token_id for spelling, (token_id, _) in tokens.items()}
+        # Whitespace a special token takes in beside it (`lstrip`/`rstrip` of an added token).
+        self._strips = {spelling: (token.lstrip, token.rstrip) for spelling, (_, token) in tokens.items()}
+        alternatives = "|".join(re.escape(spelling) for spelling in spellings)
+        self._special = re.compile(f"({alternatives})") if spellings else None
+        self._protected = re.compile(re.escape(ESCAPE) + (f"|{alternatives}" if spellings else ""))
+        self._code = {spelling: ESCAPE + chr(_FIRST_CODE + index) for index, spelling in enumerate(spellings)}
+        self._code[ESCAPE] = ESCAPE + ESCAPE
+        self._spelling = {code[1]: spelling for spelling, code in self._code.items()}
+        self._coded = re.compile(re.escape(ESCAPE) + "(.)", re.S)
+
+    def protect(self, value: Any) -> tuple[Any, bool]:
+        """`value` (strings, lists, tuples and dicts of them, keys too) with every special
+        token's spelling coded; and whether any string held one."""
+        found = False
+
+        def code(match: re.Match[str]) -> str:
+            nonlocal found
+            found = True
+            return self._code[match.group(0)]
+
+        def walk(item: Any) -> Any:
+            if isinstance(item, str):
+                return self._protected.sub(code, item)
+            if isinstance(item, dict):
+                return {walk(key): walk(inner) for key, inner in item.items()}
+            if isinstance(item, (list, tuple)):
+                return type(item)(walk(inner) for inner in item)
+            return item
+
+        return walk(value), found
+
+    def restore(self, text: str) -> str:
+        """Protected text with its codes back as the spellings they stand for."""
+        return self._coded.sub(lambda match: self._spelling.get(match.group(1), match.group(0)), text)
+
+    def pieces(self, rendered: str) -> list[Piece]:
+        """A template's rendering of protected strings, cut at its control tokens; the text of
+        each piece restored, without the whitespace a control token beside it takes in."""
+        parts = self._special.split(rendered) if self._special is not None else [rendered]
+        pieces = [Piece("", parts[0])] + [Piece(parts[index], parts[index + 1]) for index in range(1, len(parts), 2)]
+        for index, piece in enumerate(pieces):
+            text = piece.text
+            if piece.special and self._strips[piece.special][1]:
+                text = text.lstrip()
+            if index + 1 < len(pieces) and self._strips[pieces[index + 1].special][0]:
+                text = text.rstrip()
+            pieces[index] = Piece(piece.special, self.restore(text))
+        return pieces
