@@ -23,10 +23,12 @@ whose think block is closed (thinking off) gets no reasoning.
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 
 from responses_serve.engines.replay import Call, _wanted_call, obey
+from responses_serve.families.control_tokens import text_tokenizer
 from responses_serve.families.smollm2 import SMOLLM2, load_tokenizer
 from responses_serve.tokens import OutputConstraint
 
@@ -93,4 +95,9 @@ def script_qwen3_completion(prompt_token_ids: list[int], constraint: OutputConst
     else:
         text = f"<think>\n{reasoning}\n</think>\n\n{answer}"
     # A text that spells a special token is written as text, as a model writes it.
-    return tokenizer.encode(text, add_special_tokens=False, split_special_tokens=True) + [tokenizer.eos_token_id]
+    return _text_tokenizer().encode(text, add_special_tokens=False).ids + [tokenizer.eos_token_id]
+
+
+@functools.cache
+def _text_tokenizer():
+    return text_tokenizer(load_tokenizer(SMOLLM2))

@@ -249,7 +249,7 @@ class ChatTemplateModel:
         return self.prompt_cache.concat([(ESCAPE + piece.special + ESCAPE + piece.text, piece) for piece in pieces], self._encode_pieces)
 
     def _encode_pieces(self, pieces: list[Piece]) -> list[list[int]]:
-        texts = self.tokenizer([piece.text for piece in pieces], add_special_tokens=False, split_special_tokens=True)["input_ids"]
+        texts = self.control.encode_text([piece.text for piece in pieces])
         return [([self.control.ids[piece.special]] if piece.special else []) + ids for piece, ids in zip(pieces, texts, strict=True)]
 
     def _encode_many(self, texts: list[str]) -> list[list[int]]:

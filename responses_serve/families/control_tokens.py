@@ -20,6 +20,7 @@ halves, in every position of the built-in qwen3 template and of SmolLM2's own.
 
 from __future__ import annotations
 
+import copy as copy_module
 import re
 from typing import Any, NamedTuple
 
@@ -28,6 +29,14 @@ from typing import Any, NamedTuple
 ESCAPE = "\U000f0000"
 _FIRST_CODE = 0xF0001
 _LAST_CODE = 0xFFFFD
+
+
+def text_tokenizer(tokenizer: Any) -> Any:
+    """A copy of `tokenizer`'s backend (a `tokenizers.Tokenizer`) that reads the spelling of
+    a special token as text."""
+    copy = copy_module.deepcopy(tokenizer.backend_tokenizer)
+    copy.encode_special_tokens = True
+    return copy
 
 
 class Piece(NamedTuple):
@@ -56,6 +65,11 @@ class ControlTokens:
         self._code[ESCAPE] = ESCAPE + ESCAPE
         self._spelling = {code[1]: spelling for spelling, code in self._code.items()}
         self._coded = re.compile(re.escape(ESCAPE) + "(.)", re.S)
+        self._text_tokenizer = text_tokenizer(tokenizer)
+
+    def encode_text(self, texts: list[str]) -> list[list[int]]:
+        """The token ids of each text, special tokens' spellings in it read as text."""
+        return [encoding.ids for encoding in self._text_tokenizer.encode_batch(texts, add_special_tokens=False)] if texts else []
 
     def protect(self, value: Any) -> tuple[Any, bool]:
         """`value` (strings, lists, tuples and dicts of them, keys too) with every special
