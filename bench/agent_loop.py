@@ -40,7 +40,7 @@ import aiohttp
 import yaml
 
 from bench.load import percentile
-from bench.stack import make_serve_env, serve_config, stop, wait_healthy
+from bench.stack import make_serve_env, serve_config, stop, wait_ready
 from tests.support.sdk_scenarios import WEATHER_TOOL
 
 RESULTS = Path(__file__).parent / "results"
@@ -164,7 +164,7 @@ def main() -> None:
     )
     rounds: dict[str, list[dict]] = {mode: [] for mode in MODES}
     try:
-        wait_healthy(url.removesuffix("/v1"), process)
+        wait_ready(url.removesuffix("/v1"), process)
         asyncio.run(run_mode(url, "websocket", 2, 4))  # warm-up: every path once
         asyncio.run(run_mode(url, "http-store", 2, 4))
         for index in range(args.rounds):

@@ -26,7 +26,7 @@ from pathlib import Path
 import aiohttp
 import yaml
 
-from bench.stack import serve_config, stop, wait_healthy
+from bench.stack import serve_config, stop, wait_ready
 from responses_serve.config import SpeculativeConfig, VLLMBackendConfig
 
 PROMPTS = {
@@ -163,7 +163,7 @@ def main() -> None:
         [str(Path(sys.executable).parent / "serve"), "run", config.name], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
     )
     try:
-        wait_healthy(url, process, timeout_s=600)
+        wait_ready(url, process, timeout_s=600)
         for speculative in (True, False):
             model = "smollm2-ngram" if speculative else "smollm2-plain"
             rows[f"Serve stack, ngram {'on' if speculative else 'off'}"] = asyncio.run(stack(url, model, args.tokens, args.repeats))

@@ -45,7 +45,7 @@ import psutil
 import yaml
 from tqdm import tqdm
 
-from bench.stack import make_serve_env, stop, wait_healthy
+from bench.stack import make_serve_env, stop, wait_ready
 from tests.support.contract import check_stream, parse_sse
 
 RESULTS = Path(__file__).parent / "results"
@@ -255,7 +255,7 @@ def main() -> None:
         url = f"http://127.0.0.1:{args.port}/v1"
     try:
         if process is not None:
-            wait_healthy(url.removesuffix("/v1"), process)
+            wait_ready(url.removesuffix("/v1"), process)
         replicas = None
         if process is not None and args.ray_address != "none":
             args.ray_address = cluster_address(process)

@@ -75,7 +75,9 @@ def replay_models() -> tuple[list[dict], dict]:
     return models, engine
 
 
-def wait_healthy(url: str, process: subprocess.Popen, timeout_s: float = 240) -> None:
+def wait_ready(url: str, process: subprocess.Popen, timeout_s: float = 240, path: str = "/ready") -> None:
+    """Until `url + path` answers 200: our readiness route, every model's engine up (`/health`
+    answers while engines still load, and requests then get 503 model_unavailable)."""
     import urllib.request
 
     deadline = time.monotonic() + timeout_s
@@ -83,13 +85,13 @@ def wait_healthy(url: str, process: subprocess.Popen, timeout_s: float = 240) ->
         if process.poll() is not None:
             raise RuntimeError(f"server exited with {process.returncode}")
         try:
-            with urllib.request.urlopen(f"{url}/health", timeout=2) as response:
+            with urllib.request.urlopen(f"{url}{path}", timeout=2) as response:
                 if response.status == 200:
                     return
-        except OSError:
+        except OSError:  # not up yet, or 503: not ready
             pass
         time.sleep(1)
-    raise RuntimeError(f"{url} did not become healthy")
+    raise RuntimeError(f"{url}{path} did not answer 200 within {timeout_s:.0f} s")
 
 
 def stop(process: subprocess.Popen) -> None:
@@ -180,7 +182,7 @@ def main() -> None:
         stderr=subprocess.DEVNULL,
     )
     try:
-        wait_healthy(url, process)
+        wait_ready(url, process)
         results["(c) in-process"] = measure(url, "gpt-oss-replay", stream_counts, args.duration)
     finally:
         stop(process)
@@ -196,7 +198,7 @@ def main() -> None:
             stderr=subprocess.DEVNULL,
         )
         try:
-            wait_healthy(url, process)
+            wait_ready(url, process)
             results[f"(a) serve {mode}, coalescing on"] = measure(url, "replay-coalesced", stream_counts, args.duration)
             results[f"(b) serve {mode}, coalescing off"] = measure(url, "replay-raw", stream_counts, args.duration)
         finally:

@@ -52,7 +52,7 @@ import aiohttp
 import yaml
 
 from bench.cpu import ROLES, cores_by_role, cpu_seconds
-from bench.stack import make_serve_env, serve_config, stop, wait_healthy
+from bench.stack import make_serve_env, serve_config, stop, wait_ready
 
 MODEL = "smollm2"
 NGRAM = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 2, "prompt_lookup_max": 4}
@@ -190,8 +190,8 @@ async def round_at(url: str, concurrency: int, requests: int, max_tokens: int, s
 
 
 def wait_model_ready(url: str, process: subprocess.Popen, timeout_s: float) -> None:
-    """Until one short request for MODEL succeeds: `/health` answers before the engine is up
-    (our ingress is healthy while the engine replica still loads; it answers 503 meanwhile)."""
+    """Until one short request for MODEL succeeds: vLLM's `/health` answers before its engine
+    takes requests; for our server it is the first request's one-off costs, paid before timing."""
     import urllib.error
     import urllib.request
 
@@ -246,7 +246,7 @@ def vllm_server(port: int, start_timeout_s: float, store: bool, extra_args: tupl
     )
     try:
         url = f"http://127.0.0.1:{port}"
-        wait_healthy(url, process, timeout_s=start_timeout_s)
+        wait_ready(url, process, timeout_s=start_timeout_s, path="/health")  # vLLM's server has no readiness route
         wait_model_ready(url, process, start_timeout_s)
         yield url, process.pid
     finally:
@@ -270,7 +270,7 @@ def our_server(port: int, config: dict, start_timeout_s: float, via: str = "prox
     process = subprocess.Popen(command, env=env, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         url = f"http://127.0.0.1:{port + 1 if via == 'replica' else port}"
-        wait_healthy(url, process, timeout_s=start_timeout_s)
+        wait_ready(url, process, timeout_s=start_timeout_s)
         wait_model_ready(url, process, start_timeout_s)
         yield url, process.pid
     finally:
