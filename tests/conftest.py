@@ -299,6 +299,7 @@ def serve_url(tmp_path_factory, metrics_port) -> Iterator[str]:
     from ray import serve
 
     from responses_serve.serve.app import build_app
+    from tests.support.readiness import ReadinessLog
 
     args = {**E2E_ARGS, "models": list(E2E_ARGS["models"])}
     if have_vllm():
@@ -316,13 +317,23 @@ def serve_url(tmp_path_factory, metrics_port) -> Iterator[str]:
     ray.init(num_cpus=2, include_dashboard=False, _temp_dir=str(temp_dir), log_to_driver=False, _metrics_export_port=metrics_port)
     port = free_port()
     serve.start(http_options={"host": "127.0.0.1", "port": port})
-    serve.run(build_app(args), name=E2E_APP, route_prefix="/")
+    # Ready means /ready (every model's engine up), as for `responses-serve run`, the benchmarks
+    # and the RayService probes; what it said while the engines loaded is kept for
+    # tests/serve/test_readiness_e2e.py.
+    with ReadinessLog(f"http://127.0.0.1:{port}", probe_model=READINESS_PROBE_MODEL) as readiness:
+        serve.run(build_app(args), name=E2E_APP, route_prefix="/")
+        readiness.wait_ready(timeout_s=300)
+    SESSION_READINESS.extend(readiness.observations)
     node_id = ray.get_runtime_context().get_node_id()
     try:
         yield f"http://127.0.0.1:{port}/v1"
     finally:
         ray.shutdown()  # takes Serve down with the local cluster (serve.shutdown() waits ~30 s)
         stop_orphaned_haproxy(node_id)
+
+
+READINESS_PROBE_MODEL = "smollm2-135m-instruct"  # the demo's real model
+SESSION_READINESS: list = []  # tests.support.readiness.Observation of the session app's start
 
 
 @pytest.fixture(scope="session")

@@ -192,3 +192,47 @@ def test_the_run_watch_says_what_loads_then_ready_then_not(capsys):
     assert lines[1].endswith("http://127.0.0.1:8000/v1: loading: big (UPDATING); ready: small")
     assert "READY after" in lines[2] and lines[2].endswith("http://127.0.0.1:8000/v1 serves big, small. Ctrl-C stops it.")
     assert lines[3] == "responses-serve: NOT READY: http://127.0.0.1:8000/v1: unavailable: big (UNHEALTHY); ready: small"
+
+
+def test_doctor_reaches_redis_and_never_shows_its_password(redis_server, monkeypatch):
+    from responses_serve.cli.doctor import check_redis, redact
+
+    monkeypatch.setenv("REDIS_URL", redis_server.url)
+    monkeypatch.setenv("REDIS_PASSWORD", redis_server.password)
+    reached = check_redis()
+    assert reached.ok and "server 6." in reached.detail and "REDIS_PASSWORD" in reached.detail
+    monkeypatch.setenv("REDIS_PASSWORD", "wrong-secret")
+    refused = check_redis()
+    assert not refused.ok and refused.required and "AuthenticationError" in refused.detail
+    for finding in (reached, refused):
+        text = finding.detail + finding.fix
+        assert redis_server.password not in text and "wrong-secret" not in text
+    assert redact("redis://user:pw@host:6379/0") == "redis://user:***@host:6379/0"
+    monkeypatch.setenv("REDIS_URL", "redis://:in-url-secret@127.0.0.1:1/0")  # nothing listens there
+    down = check_redis()
+    assert not down.ok and "redis://:***@127.0.0.1:1/0" in down.detail and "in-url-secret" not in down.detail + down.fix
+
+
+def test_doctor_lists_every_check_and_fails_only_on_what_every_config_needs(monkeypatch):
+    from responses_serve.cli import doctor
+
+    monkeypatch.delenv("REDIS_URL", raising=False)
+    monkeypatch.setattr(doctor, "check_vllm", lambda: doctor.Finding("vllm", False, "not installed", "make install"))
+    checks = [c if c.__name__ != "check_vllm" else doctor.check_vllm for c in doctor.CHECKS]
+    findings = doctor.run_checks(checks)
+    assert [f.name for f in findings] == [
+        "machine",
+        "python",
+        "vllm",
+        "gpus",
+        "ray",
+        "haproxy",
+        "redis",
+        "harmony vocabulary",
+        "smollm2",
+        "bwrap",
+    ]
+    by_name = {f.name: f for f in findings}
+    assert by_name["harmony vocabulary"].ok and by_name["python"].ok and by_name["haproxy"].ok
+    assert not any(f.required and not f.ok for f in findings)  # a machine without vLLM or GPUs still serves the replay models
+    assert "-> make install" in doctor.report(findings)
