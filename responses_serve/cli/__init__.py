@@ -79,6 +79,9 @@ def run(
     max_replicas: Annotated[int | None, typer.Option(min=1, help="Autoscale engine replicas up to this many.")] = None,
     ingress_replicas: Annotated[int, typer.Option(min=1, help="Ingress (HTTP, parsing) replicas.")] = 2,
     store: Annotated[str, typer.Option(help="embedded (in this app, in memory) or redis (REDIS_URL, REDIS_PASSWORD).")] = "embedded",
+    api_key_env: Annotated[
+        str | None, typer.Option(help="Require an API key: the one in this environment variable (where the replicas run) [default: open].")
+    ] = None,
     host: Annotated[str | None, typer.Option(help="Listen on this address [default: the config's; 127.0.0.1 with --model].")] = None,
     port: Annotated[
         int | None, typer.Option(min=1, max=65535, help="Listen on this port [default: the config's; 8000 with --model].")
@@ -137,6 +140,7 @@ def run(
             max_replicas=max_replicas,
             ingress_replicas=ingress_replicas,
             store=store,
+            api_key_env=api_key_env,
             host=host or "127.0.0.1",
             port=port or 8000,
         )

@@ -52,6 +52,7 @@ class ModelFlags:
     max_replicas: int | None = None
     ingress_replicas: int = 2
     store: str = "embedded"
+    api_key_env: str | None = None
     host: str = "127.0.0.1"
     port: int = 8000
 
@@ -203,6 +204,17 @@ def serve_config(flags: ModelFlags) -> dict[str, Any]:
     model = model_args(flags)
     cpu = model["backend"]["device"] == "cpu"
     store: dict[str, Any] = {"type": flags.store}
+    args: dict[str, Any] = {
+        "models": [model],
+        "ingress": {
+            "num_replicas": flags.ingress_replicas,
+            "max_ongoing_requests": 1024,
+            "ray_actor_options": {"num_cpus": 0 if cpu else 1},
+        },
+        "store": store,
+    }
+    if flags.api_key_env:  # one key, read from this variable where the replicas run (docs/security.md)
+        args["auth"] = {"keys": [{"tenant": "default", "key_env": flags.api_key_env}]}
     return {
         "proxy_location": "HeadOnly" if cpu else "EveryNode",
         "http_options": {"host": flags.host, "port": flags.port},
@@ -212,15 +224,7 @@ def serve_config(flags: ModelFlags) -> dict[str, Any]:
                 "name": "responses",
                 "route_prefix": "/",
                 "import_path": "responses_serve.serve.app:build_app",
-                "args": {
-                    "models": [model],
-                    "ingress": {
-                        "num_replicas": flags.ingress_replicas,
-                        "max_ongoing_requests": 1024,
-                        "ray_actor_options": {"num_cpus": 0 if cpu else 1},
-                    },
-                    "store": store,
-                },
+                "args": args,
             }
         ],
     }

