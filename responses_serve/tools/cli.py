@@ -1,6 +1,6 @@
 """`responses-serve tool ...`: the built-in tools as MCP servers of their own.
 
-Until the main command mounts it, run it as `python -m responses_serve.tools browser ...`.
+Mounted by the main command (responses_serve/cli/); also `python -m responses_serve.tools browser|python ...`.
 """
 
 from __future__ import annotations
@@ -8,9 +8,12 @@ from __future__ import annotations
 import asyncio
 import enum
 import logging
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
+
+from responses_serve.tools.python.containers import ContainerLimits
+from responses_serve.tools.python.sandbox import SandboxLimits
 
 tool_app = typer.Typer(name="tool", help="Run a built-in tool as an MCP server (streamable HTTP at /mcp).", no_args_is_help=True)
 
@@ -85,3 +88,62 @@ def browser(
         asyncio.run(server.serve())
     finally:
         asyncio.run(backend.aclose())
+
+
+def _default(name: str) -> Any:
+    """The limit's default from its model, so the CLI and the models agree."""
+    fields = {**SandboxLimits.model_fields, **ContainerLimits.model_fields}
+    return fields[name].default
+
+
+@tool_app.command("python")
+def python(
+    host: Annotated[str, typer.Option(help="address to listen on (loopback by default)")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="port to listen on")] = 8080,
+    timeout_s: Annotated[float, typer.Option(help="wall-clock seconds of one call")] = _default("timeout_s"),
+    memory_mb: Annotated[int, typer.Option(help="address space of each sandbox process, MiB")] = _default("memory_mb"),
+    cpu_s: Annotated[int, typer.Option(help="CPU seconds of each sandbox process over its life")] = _default("cpu_s"),
+    max_processes: Annotated[int, typer.Option(help="processes and threads of one sandbox")] = _default("max_processes"),
+    max_open_files: Annotated[int, typer.Option(help="open files of each sandbox process")] = _default("max_open_files"),
+    max_file_mb: Annotated[int, typer.Option(help="size of one written file, MiB")] = _default("max_file_mb"),
+    disk_mb: Annotated[int, typer.Option(help="size of each tmpfs of a sandbox (/mnt/data, /tmp, /dev/shm), MiB")] = _default("disk_mb"),
+    max_output_bytes: Annotated[int, typer.Option(help="output of one call returned; the rest is dropped")] = _default("max_output_bytes"),
+    max_containers: Annotated[int, typer.Option(help="containers of this server")] = _default("max_containers"),
+    max_containers_per_owner: Annotated[int, typer.Option(help="containers of one owner (tenant)")] = _default("max_containers_per_owner"),
+    ttl_s: Annotated[float, typer.Option(help="seconds after its last use a container is removed")] = _default("ttl_s"),
+    python_path: Annotated[str | None, typer.Option("--python", help="the Python the sandbox runs (default: this one)")] = None,
+    sandbox_uid: Annotated[int, typer.Option(help="host uid of the sandboxes when the server runs as root")] = 65534,
+    seccomp: Annotated[bool, typer.Option(help="load the seccomp filter (needs libseccomp)")] = True,
+) -> None:
+    """gpt-oss's python tool: a stateful, sandboxed interpreter per container, at http://HOST:PORT/mcp."""
+    import uvicorn
+
+    from responses_serve.tools.python.containers import ContainerManager
+    from responses_serve.tools.python.mcp_server import mcp_app
+    from responses_serve.tools.python.sandbox import SandboxError, self_test
+
+    limits = SandboxLimits(
+        timeout_s=timeout_s,
+        memory_mb=memory_mb,
+        cpu_s=cpu_s,
+        max_processes=max_processes,
+        max_open_files=max_open_files,
+        max_file_mb=max_file_mb,
+        disk_mb=disk_mb,
+        max_output_bytes=max_output_bytes,
+    )
+    container_limits = ContainerLimits(max_containers=max_containers, max_containers_per_owner=max_containers_per_owner, ttl_s=ttl_s)
+    logging.basicConfig(level=logging.INFO)
+
+    async def serve() -> None:
+        manager = await ContainerManager.create(limits, container_limits, python=python_path, seccomp=seccomp, sandbox_uid=sandbox_uid)
+        await self_test(manager.runtime, limits)
+        async with manager:
+            server = uvicorn.Server(uvicorn.Config(mcp_app(manager, host=host), host=host, port=port, log_level="info"))
+            await server.serve()
+
+    try:
+        asyncio.run(serve())
+    except SandboxError as error:
+        typer.echo(f"python tool: {error}", err=True)
+        raise typer.Exit(1) from None

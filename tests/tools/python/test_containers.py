@@ -1,0 +1,145 @@
+"""The container manager without MCP (what a Ray Serve deployment would wrap), with the real
+sandbox: expiry kills the interpreter (its files live in the sandbox's tmpfs, gone with it), the
+limits on containers hold, a cancelled call leaves no cell running, and the event loop keeps
+turning while sandboxes run. Also the output reader on every chunking of a stream."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+
+import psutil
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from responses_serve.tools.python.containers import ContainerError, ContainerLimits, ContainerManager
+from responses_serve.tools.python.sandbox import Runtime, SandboxLimits, _Output
+
+pytestmark = pytest.mark.anyio
+
+
+@pytest.fixture
+def anyio_backend():
+    return "asyncio"
+
+
+@pytest.fixture(scope="module")
+def runtime() -> Runtime:
+    return asyncio.run(Runtime.discover())
+
+
+def sandbox_processes(pid: int) -> list[psutil.Process]:
+    root = psutil.Process(pid)
+    return [root, *root.children(recursive=True)]
+
+
+async def test_expiry_removes_the_interpreter_and_its_files(runtime: Runtime):
+    async with ContainerManager(runtime, SandboxLimits(), ContainerLimits(ttl_s=0.5)) as manager:
+        container, result = await manager.run("tenant", None, "open('/mnt/data/kept', 'w').write('x')\nvalue = 1")
+        assert result.status == "ok"
+        pid = manager.interpreter_pid("tenant", container)
+        assert pid is not None
+        processes = sandbox_processes(pid)
+        assert len(processes) >= 3  # bwrap(s) and the interpreter
+        # The reaper removes it once idle past the TTL; its processes (and with them its tmpfs) are gone.
+        for _ in range(200):
+            if not manager.owned("tenant"):
+                break
+            await asyncio.sleep(0.05)
+        assert manager.owned("tenant") == []
+        _, alive = psutil.wait_procs(processes, timeout=10)
+        assert alive == []
+        with pytest.raises(ContainerError) as missing:
+            await manager.run("tenant", container, "value")
+        assert missing.value.reason == "not_found"
+
+
+async def test_delete_kills_at_once_and_only_for_the_owner(runtime: Runtime):
+    async with ContainerManager(runtime) as manager:
+        container, _ = await manager.run("tenant", None, "x = 1")
+        pid = manager.interpreter_pid("tenant", container)
+        assert pid is not None and manager.interpreter_pid("other", container) is None
+        processes = sandbox_processes(pid)
+        assert await manager.delete("other", container) is False
+        assert manager.owned("tenant") == [container]
+        assert await manager.delete("tenant", container) is True
+        _, alive = psutil.wait_procs(processes, timeout=10)
+        assert alive == [] and manager.owned("tenant") == []
+
+
+async def test_container_limits_per_owner_and_per_server(runtime: Runtime):
+    limits = ContainerLimits(max_containers=3, max_containers_per_owner=2)
+    async with ContainerManager(runtime, SandboxLimits(), limits) as manager:
+        await manager.run("a", None, "1")
+        await manager.run("a", None, "1")
+        with pytest.raises(ContainerError) as refused:
+            await manager.run("a", None, "1")
+        assert refused.value.reason == "limit" and "owner" in str(refused.value)
+        await manager.run("b", None, "1")
+        with pytest.raises(ContainerError) as refused:
+            await manager.run("c", None, "1")
+        assert refused.value.reason == "limit" and "try again later" in str(refused.value)
+        assert len(manager.owned("a")) == 2 and len(manager.owned("b")) == 1 and manager.owned("c") == []
+
+
+async def test_a_cancelled_call_kills_its_cell(runtime: Runtime):
+    async with ContainerManager(runtime) as manager:
+        container, _ = await manager.run("tenant", None, "x = 1")
+        pid = manager.interpreter_pid("tenant", container)
+        assert pid is not None
+        processes = sandbox_processes(pid)
+        call = asyncio.create_task(manager.run("tenant", container, "import time\ntime.sleep(60)"))
+        await asyncio.sleep(0.5)
+        call.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await call
+        _, alive = psutil.wait_procs(processes, timeout=10)
+        assert alive == []
+        # The container goes on with a fresh interpreter.
+        _, result = await manager.run("tenant", container, "print(globals().get('x'))")
+        assert result.output == "None\n"
+
+
+async def test_the_event_loop_turns_while_cells_run(runtime: Runtime):
+    async with ContainerManager(runtime, SandboxLimits(timeout_s=2)) as manager:
+        endless = asyncio.create_task(manager.run("tenant", None, "while True:\n    pass"))
+        _, quick = await manager.run("tenant", None, "import time\ntime.sleep(0.5)\nprint('done')")
+        # The other container's call went start to end while the endless loop still ran.
+        assert (quick.output, endless.done()) == ("done\n", False)
+        _, result = await endless
+    assert result.status == "timeout"
+
+
+async def test_the_single_bwrap_path_of_a_non_root_server(runtime: Runtime):
+    """As any user but root one bwrap builds the view and the namespaces; as root it runs too
+    (without RLIMIT_NPROC, which the kernel never applies to uid 0): its view is the same."""
+    single = dataclasses.replace(runtime, sandbox_uid=None)
+    async with ContainerManager(single) as manager:
+        _, result = await manager.run("tenant", None, "import os, sys\nprint(os.getuid(), sorted(os.listdir('/etc')), os.environ['HOME'])")
+    assert result.output == "1000 ['fonts', 'ld.so.cache'] /tmp\n"
+
+
+class _Chunks:
+    def __init__(self, chunks: list[bytes]):
+        self.chunks = list(chunks)
+
+    async def read(self, n: int) -> bytes:
+        return self.chunks.pop(0) if self.chunks else b""
+
+
+@given(
+    output=st.binary(max_size=300),
+    after=st.binary(max_size=20),
+    cuts=st.lists(st.integers(min_value=0, max_value=400), max_size=12),
+    limit=st.integers(min_value=1, max_value=400),
+)
+def test_the_output_is_cut_at_the_sentinel_for_every_chunking(output: bytes, after: bytes, cuts: list[int], limit: int):
+    sentinel = b"\x00" + b"ab12" * 8 + b"\x00"
+    stream = output + sentinel + after
+    points = sorted({min(cut, len(stream)) for cut in cuts} | {0, len(stream)})
+    chunks = [stream[start:end] for start, end in zip(points, points[1:]) if end > start]
+    reader = _Output(limit, sentinel, b"")
+    assert asyncio.run(reader.read_until_sentinel(_Chunks(chunks))) is True  # type: ignore[arg-type]
+    assert bytes(reader.kept) == output[:limit] and reader.dropped == max(0, len(output) - limit)
+    assert after.startswith(reader.after)  # what came with the sentinel, kept for the next cell
