@@ -1,4 +1,4 @@
-"""`python -m responses_serve.tools browser ...` (the same commands as `responses-serve tool`)."""
+"""`python -m responses_serve.tools browser|python ...` (the same commands as `responses-serve tool`)."""
 
 from responses_serve.tools.cli import tool_app
 
