@@ -111,6 +111,16 @@ async def test_the_event_loop_turns_while_cells_run(runtime: Runtime):
     assert result.status == "timeout"
 
 
+async def test_calls_on_one_container_run_one_after_the_other(runtime: Runtime):
+    async with ContainerManager(runtime) as manager:
+        container, _ = await manager.run("tenant", None, "order = []")
+        first = asyncio.create_task(manager.run("tenant", container, "import time\ntime.sleep(0.5)\norder.append('first')"))
+        await asyncio.sleep(0.1)
+        _, second = await manager.run("tenant", container, "order.append('second')\norder")
+        await first
+    assert second.output == "['first', 'second']\n"
+
+
 async def test_the_single_bwrap_path_of_a_non_root_server(runtime: Runtime):
     """As any user but root one bwrap builds the view and the namespaces; as root it runs too
     (without RLIMIT_NPROC, which the kernel never applies to uid 0): its view is the same."""

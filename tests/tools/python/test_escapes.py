@@ -73,6 +73,11 @@ async def test_a_normal_program_output_is_exact(tool_server: ToolServer):
     assert text(result).startswith('Traceback (most recent call last):\n  File "<cell 2>", line 2, in <module>\n    1 / 0\n')
     assert text(result).endswith("\nZeroDivisionError: division by zero\n")
     assert "repl.py" not in text(result)  # the driver's own frames are not shown
+    # Bytes that are not UTF-8 come back replaced; sys.exit() ends the cell, not the interpreter.
+    code = "import sys\nsys.stdout.buffer.write(b'\\xff\\x00ok\\n')\nsys.stdout.flush()\nsys.exit(3)"
+    result = await call(tool_server.url, code, container=container_of(result))
+    assert text(result).startswith("\ufffd\x00ok\nTraceback") and text(result).endswith("\nSystemExit: 3\n")
+    assert text(await call(tool_server.url, "y", container=container_of(result))) == "1\n"
 
 
 async def test_state_is_kept_within_a_container_and_not_across_containers(tool_server: ToolServer):
@@ -265,6 +270,10 @@ except OSError as error:
         tool_server.url, "import os\nprint(sorted(int(p) for p in os.listdir('/proc') if p.isdigit()))", container=container_of(result)
     )
     assert text(pids) == "[1, 2]\n"
+    # Threads count too.
+    code = "import threading, time\nthreads = 0\ntry:\n    while True:\n        threading.Thread(target=time.sleep, args=(5,), daemon=True).start()\n        threads += 1\nexcept RuntimeError as error:\n    print(threads < 24, error)"
+    result = await call(tool_server.url, code, container=container_of(result))
+    assert text(result) == "True can't start new thread\n"
     await assert_still_serving(tool_server.url)
 
 
@@ -413,6 +422,10 @@ async def test_figures_come_back_as_png_images(tool_server: ToolServer):
     # Shown once: the figure was closed.
     again = await call(tool_server.url, "import matplotlib.pyplot as plt\nplt.get_fignums()", container=container_of(result))
     assert text(again) == "[]\n" and len(again.content) == 1
+    # At most 8 figures a call; the others are said to be left out.
+    many = await call(tool_server.url, "for i in range(10):\n    plt.figure()\n    plt.plot([i])", container=container_of(result))
+    assert len([block for block in many.content if isinstance(block, types.ImageContent)]) == 8
+    assert text(many) == "[2 figure(s) not returned: more than 8 or larger than 2097152 bytes]"
 
 
 async def test_concurrent_calls_do_not_wait_for_each_other(tool_server: ToolServer):
