@@ -104,6 +104,24 @@ def redis_server(tmp_path_factory):
         server.stop()
 
 
+# The Secrets of docs/kubernetes.md, for the Valkey of k8s/store/redis.yaml as the tests run it.
+K8S_PASSWORDS = {"responses-serve-store": "store password", "responses-serve-gcs": "gcs password"}
+
+
+@pytest.fixture(scope="session")
+def k8s_valkey(tmp_path_factory):
+    """The Valkey of k8s/store/redis.yaml, started by its container's own script: its users
+    (the response store's, the GCS's) and their ACL as in Kubernetes."""
+    from tests.support.redis_server import ManifestValkey
+
+    server = ManifestValkey(tmp_path_factory.mktemp("valkey"), K8S_PASSWORDS)
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
 QWEN3_REPLAY = {**LOCAL_QWEN3_REPLAY, "engine": {"num_replicas": 1, "ray_actor_options": {"num_cpus": 0}}}
 
 

@@ -11,9 +11,10 @@ import yaml
 from ray.serve.schema import ServeDeploySchema
 
 from responses_serve.config import AppConfig
+from tests.k8s.manifests import rayservice, runs_ingress
 
 ROOT = Path(__file__).parents[2]
-MANIFESTS = sorted((ROOT / "k8s").glob("*.yaml"))
+MANIFESTS = sorted((ROOT / "k8s").glob("*.yaml"))  # RayServices, each followed by its NetworkPolicies
 # KubeRay's CRD (data for development and CI only; the product never reads it): shared/ beside
 # the repository (a clone, CI) or beside the folder of work trees (/work/wt/<name>).
 CRD = next(
@@ -24,7 +25,6 @@ CRD = next(
 SERVES = {"rayservice-gpt-oss-20b.yaml": "gpt-oss-20b.yaml", "rayservice-gpt-oss-120b.yaml": "gpt-oss-120b.yaml"}
 # The Ray node label of the CPU nodes (head, CPU workers), which the ingress selects.
 CPU_NODE_LABEL = {"responses-serve/node": "cpu"}
-SECRET_REF = {"secretKeyRef": {"name": "responses-serve-redis", "key": "password"}}
 
 
 @pytest.fixture(scope="module")
@@ -38,7 +38,7 @@ def rayservice_schema() -> dict:
 
 @pytest.mark.parametrize("path", MANIFESTS, ids=lambda p: p.name)
 def test_manifest_is_a_valid_rayservice(path, rayservice_schema):
-    manifest = yaml.safe_load(path.read_text())
+    manifest = rayservice(path)
     assert manifest["apiVersion"] == "ray.io/v1" and manifest["kind"] == "RayService"
     jsonschema.validate(manifest, rayservice_schema)
     serve_config = ServeDeploySchema.model_validate(yaml.safe_load(manifest["spec"]["serveConfigV2"]))
@@ -58,18 +58,20 @@ def _ingress_label_selector(application: dict) -> dict:
 
 @pytest.mark.parametrize("name", sorted(SERVES))
 def test_rayservice_serves_its_config(name):
-    """The config file's applications, plus what only a labelled cluster can take: the
-    ingress held to CPU nodes (a single machine's `serve run` has no node labels), and the
-    store in Redis (the config's one-line switch from its embedded default)."""
-    manifest = yaml.safe_load((ROOT / "k8s" / name).read_text())
+    """The config file's applications, plus what only this cluster has: the ingress held to
+    CPU nodes (a single machine's `serve run` has no node labels), the store in Redis (the
+    config's one-line switch from its embedded default: k8s/store/, which survives restarts),
+    and the store's password read from a variable of its own (KubeRay sets REDIS_PASSWORD on
+    the head to the GCS's)."""
+    manifest = rayservice(ROOT / "k8s" / name)
     config = yaml.safe_load((ROOT / "responses_serve" / "configs" / SERVES[name]).read_text())
     applications = yaml.safe_load(manifest["spec"]["serveConfigV2"])["applications"]
     for application in applications:
         assert _ingress_label_selector(application) == CPU_NODE_LABEL
         del application["args"]["ingress"]["ray_actor_options"]["label_selector"]
-        # The config's one-line production switch: the store in Redis (k8s/store/), which survives restarts.
         assert application["args"]["store"]["type"] == "redis"
         application["args"]["store"]["type"] = "embedded"
+        assert application["args"]["store"].pop("password_env") != "REDIS_PASSWORD"
     assert applications == config["applications"]
 
 
@@ -87,7 +89,7 @@ def _groups(manifest: dict) -> list[dict]:
 def test_ingress_lands_on_cpu_nodes_only(path):
     """The Ray node labels (KubeRay's group `labels`) that the ingress selects: on the head
     and the CPU workers, never on a group that has GPUs."""
-    manifest = yaml.safe_load(path.read_text())
+    manifest = rayservice(path)
     (application,) = yaml.safe_load(manifest["spec"]["serveConfigV2"])["applications"]
     selector = _ingress_label_selector(application)
     for group in _groups(manifest):
@@ -100,19 +102,16 @@ def test_ingress_lands_on_cpu_nodes_only(path):
 @pytest.mark.parametrize("path", MANIFESTS, ids=lambda p: p.name)
 def test_pod_templates_are_valid_kubernetes(path):
     """The pods KubeRay makes from each group's template, against Kubernetes' own schema."""
-    for group in _groups(yaml.safe_load(path.read_text())):
+    for group in _groups(rayservice(path)):
         document = {"apiVersion": "v1", "kind": "PodTemplate", "metadata": {"name": "ray-pod"}, "template": group["template"]}
         kubernetes_validate.validate(document, kubernetes_validate.latest_version(), strict=True)
 
 
 @pytest.mark.parametrize("path", MANIFESTS, ids=lambda p: p.name)
-def test_gcs_fault_tolerance_uses_the_store_redis(path):
-    manifest = yaml.safe_load(path.read_text())
-    (service,) = [d for d in yaml.safe_load_all((ROOT / "k8s" / "store" / "redis.yaml").read_text()) if d["kind"] == "Service"]
-    options = manifest["spec"]["rayClusterConfig"]["gcsFaultToleranceOptions"]
-    assert options["redisAddress"] == f"{service['metadata']['name']}:{service['spec']['ports'][0]['port']}"
-    assert options["redisPassword"] == {"valueFrom": SECRET_REF}
-    # KubeRay names each cluster's GCS keys itself: an upgrade's new cluster must not share them.
+def test_each_cluster_keeps_its_own_gcs_state(path):
+    """KubeRay names each cluster's GCS keys itself: an upgrade's new cluster must not share
+    them. (Where the GCS state lives and as whom: tests/k8s/test_k8s_store.py.)"""
+    options = rayservice(path)["spec"]["rayClusterConfig"]["gcsFaultToleranceOptions"]
     assert "externalStorageNamespace" not in options
 
 
@@ -120,7 +119,7 @@ def test_gcs_fault_tolerance_uses_the_store_redis(path):
 def test_pods_and_upgrades_outlast_the_longest_stream(path):
     """Serve's drain of the ingress and engines, Kubernetes' grace period of the worker pods and
     the old cluster's life after an upgrade are all at least the app's maximum stream duration."""
-    manifest = yaml.safe_load(path.read_text())
+    manifest = rayservice(path)
     (application,) = yaml.safe_load(manifest["spec"]["serveConfigV2"])["applications"]
     config = AppConfig.model_validate(application["args"])
     longest = config.max_stream_duration_s
@@ -135,15 +134,15 @@ def test_pods_and_upgrades_outlast_the_longest_stream(path):
 
 @pytest.mark.parametrize("path", MANIFESTS, ids=lambda p: p.name)
 def test_probes_and_secrets(path):
-    manifest = yaml.safe_load(path.read_text())
+    manifest = rayservice(path)
     keys = {
         "name": "RESPONSES_SERVE_REASONING_KEYS",
         "valueFrom": {"secretKeyRef": {"name": "responses-serve-reasoning-keys", "key": "keys"}},
     }
     for group in _groups(manifest):
         (container,) = group["template"]["spec"]["containers"]
-        assert keys in container["env"]  # every replica seals and opens reasoning with the same keys
-        assert not any("value" in e for e in container["env"] if e["name"] in ("REDIS_PASSWORD", keys["name"]))
+        # Every ingress replica seals and opens reasoning with the same keys; no other pod has them.
+        assert (keys in container["env"]) == runs_ingress(manifest, group)
         assert "livenessProbe" not in container  # KubeRay's (raylet only): no restarts for a slow model
     for group in manifest["spec"]["rayClusterConfig"]["workerGroupSpecs"]:
         (container,) = group["template"]["spec"]["containers"]
@@ -154,7 +153,7 @@ def test_probes_and_secrets(path):
 
 
 def test_gpt_oss_120b_pods_hold_one_tensor_parallel_engine():
-    manifest = yaml.safe_load((ROOT / "k8s" / "rayservice-gpt-oss-120b.yaml").read_text())
+    manifest = rayservice(ROOT / "k8s" / "rayservice-gpt-oss-120b.yaml")
     (application,) = yaml.safe_load(manifest["spec"]["serveConfigV2"])["applications"]
     (model,) = AppConfig.model_validate(application["args"]).models
     assert model.backend.tensor_parallel_size == 4
@@ -172,7 +171,7 @@ def test_the_cluster_wide_serve_settings_are_the_same_for_responses_serve_run_an
 
     from responses_serve.serve.app import CLUSTER_ENV, cluster_env
 
-    manifest = yaml.safe_load(path.read_text())
+    manifest = rayservice(path)
     (head,) = _groups(manifest)[0]["template"]["spec"]["containers"]
     env = {e["name"]: e.get("value") for e in head["env"]}
     launched = cluster_env({})  # nothing exported: the command's own settings
@@ -191,7 +190,7 @@ def test_every_pod_runs_serves_haproxy_ingress(path):
     from responses_serve.serve import haproxy
     from responses_serve.serve.app import CLUSTER_ENV, HAPROXY_HARD_STOP_AFTER
 
-    manifest = yaml.safe_load(path.read_text())
+    manifest = rayservice(path)
     for group in _groups(manifest):
         (container,) = group["template"]["spec"]["containers"]
         env = {e["name"]: e.get("value") for e in container["env"]}
