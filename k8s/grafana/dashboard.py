@@ -23,6 +23,12 @@ from responses_serve.serve.metrics import (
     CACHED_TOKENS,
     DRAFT_TOKENS,
     E2E,
+    ENGINE_KV_CACHE,
+    ENGINE_PREEMPTIONS,
+    ENGINE_PREFIX_HITS,
+    ENGINE_PREFIX_QUERIES,
+    ENGINE_RUNNING,
+    ENGINE_WAITING,
     OUTPUT_TOKENS,
     PROMPT_TOKENS,
     RENDER,
@@ -202,6 +208,49 @@ def build() -> dashboard.Dashboard:
                 _query(_rate(ACCEPTED_TOKENS, "_total", "model"), "accepted/s {{model}}"),
                 _query(spec_rate, "acceptance rate {{model}}"),
                 description="acceptance rate = accepted / drafted tokens (right axis would be 0..1)",
+            )
+        )
+        .with_row(dashboard.Row("vLLM engines"))
+        .with_panel(
+            _panel(
+                "KV cache use",
+                "percentunit",
+                _query(f"max by (model) ({ENGINE_KV_CACHE.exported}{{{_MODEL}}})", "fullest replica {{model}}"),
+                _query(f"avg by (model) ({ENGINE_KV_CACHE.exported}{{{_MODEL}}})", "mean {{model}}"),
+                description=ENGINE_KV_CACHE.description + "; per engine replica, its fullest engine core",
+            )
+        )
+        .with_panel(
+            _panel(
+                "Engine requests running and waiting",
+                "short",
+                _query(f"sum by (model) ({ENGINE_RUNNING.exported}{{{_MODEL}}})", "running {{model}}"),
+                _query(f"sum by (model) ({ENGINE_WAITING.exported}{{{_MODEL}}})", "waiting {{model}}"),
+                description="running: "
+                + ENGINE_RUNNING.description
+                + "; waiting: "
+                + ENGINE_WAITING.description
+                + " (max_num_seqs, KV cache); requests queued in Serve before an engine replica: below",
+            )
+        )
+        .with_panel(
+            _panel(
+                "Preemptions/s",
+                "short",
+                _query(_rate(ENGINE_PREEMPTIONS, "_total", "model"), "{{model}}"),
+                description=ENGINE_PREEMPTIONS.description + ": more KV cache (gpu_memory_utilization, a larger "
+                "GPU) or fewer sequences per engine (max_num_seqs) if this is not 0",
+            )
+        )
+        .with_panel(
+            _panel(
+                "Prefix cache hit rate",
+                "percentunit",
+                _query(
+                    f"{_rate(ENGINE_PREFIX_HITS, '_total', 'model')} / {_rate(ENGINE_PREFIX_QUERIES, '_total', 'model')}",
+                    "{{model}}",
+                ),
+                description="prompt tokens found in the engines' prefix caches / prompt tokens looked up",
             )
         )
         .with_row(dashboard.Row("State"))

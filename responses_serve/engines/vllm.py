@@ -52,7 +52,7 @@ def _engine_kwargs(cfg: VLLMBackendConfig) -> dict[str, Any]:
         "gpu_memory_utilization": cfg.gpu_memory_utilization,
         "distributed_executor_backend": cfg.distributed_executor_backend,
         "scheduling_policy": cfg.scheduling_policy,
-        # Stats must be on: the spec-decode counters come through the stat loggers.
+        # Stats must be on: the spec-decode counters and the engine's load come through the stat loggers.
         "disable_log_stats": False,
     }
     if cfg.world_size > 1 and cfg.distributed_executor_backend is None:
@@ -163,22 +163,68 @@ class SpecDecodeCounters:
         }
 
 
-def _stat_logger_factory(counters: SpecDecodeCounters) -> Any:
-    """The `AsyncLLM`'s stat logger (`AsyncLLM(stat_loggers=[...])`): it feeds `counters`.
+class EngineLoad:
+    """The engine's load as its scheduler reports it every step: what vLLM's own Prometheus
+    logger exports as `vllm:kv_cache_usage_perc`, `vllm:num_requests_running`,
+    `vllm:num_requests_waiting`, `vllm:num_preemptions` and `vllm:prefix_cache_{queries,hits}`.
+
+    Kept per engine core (data parallelism runs several in one `AsyncLLM`) and summed, the KV
+    cache use as its fullest core's; plain assignments per step, read by the serve layer a few
+    times a minute for Ray's metrics (responses_serve/serve/metrics.py `export_engine_load`).
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._running: dict[int, int] = {}
+        self._waiting: dict[int, int] = {}
+        self._kv_cache_usage: dict[int, float] = {}
+        self.preemptions = 0
+        self.prefix_cache_queries = 0
+        self.prefix_cache_hits = 0
+
+    def observe(self, scheduler_stats: Any, iteration_stats: Any, engine_idx: int) -> None:
+        with self._lock:
+            if scheduler_stats is not None:
+                self._running[engine_idx] = scheduler_stats.num_running_reqs
+                # As vLLM counts its waiting gauge: those deferred (e.g. a blocked status) too.
+                self._waiting[engine_idx] = scheduler_stats.num_waiting_reqs + scheduler_stats.num_skipped_waiting_reqs
+                self._kv_cache_usage[engine_idx] = scheduler_stats.kv_cache_usage
+                self.prefix_cache_queries += scheduler_stats.prefix_cache_stats.queries
+                self.prefix_cache_hits += scheduler_stats.prefix_cache_stats.hits
+            if iteration_stats is not None:
+                self.preemptions += iteration_stats.num_preempted_reqs
+
+    def snapshot(self) -> dict[str, Any]:
+        with self._lock:
+            return {
+                "running": sum(self._running.values()),
+                "waiting": sum(self._waiting.values()),
+                "kv_cache_usage": max(self._kv_cache_usage.values(), default=0.0),  # 0..1
+                "preemptions": self.preemptions,
+                "prefix_cache_queries": self.prefix_cache_queries,
+                "prefix_cache_hits": self.prefix_cache_hits,
+            }
+
+
+def _stat_logger_factory(counters: SpecDecodeCounters, load: EngineLoad) -> Any:
+    """The `AsyncLLM`'s stat logger (`AsyncLLM(stat_loggers=[...])`): it feeds `counters` and
+    `load`.
 
     It also stands in for vLLM's `PrometheusStatLogger`, which vLLM adds unless a subclass of
     it is given: that one records every engine step into `prometheus_client` metrics that no
     one can scrape in a Ray replica (our metrics go through Ray's), and it was ~a quarter of
-    this replica's Python samples at 32 streams (bench/HISTORY.md). vLLM's
-    periodic log line (`LoggingStatLogger`) stays.
+    this replica's Python samples at 32 streams (bench/HISTORY.md). The few numbers operators
+    watch (`EngineLoad`) reach Ray's metrics through the serve layer instead. vLLM's periodic
+    log line (`LoggingStatLogger`) stays.
     """
     from vllm.v1.metrics.loggers import PrometheusStatLogger
 
-    class _SpecDecodeStatLogger(PrometheusStatLogger):
+    class _EngineStatLogger(PrometheusStatLogger):
         def __init__(self, vllm_config: Any, engine_indexes: list[int] | None = None) -> None:
             # No super().__init__(): it would create (and register) every vLLM metric.
             self.engine_indexes = engine_indexes or [0]
             self._counters = counters
+            self._load = load
 
         def record(
             self,
@@ -190,6 +236,7 @@ def _stat_logger_factory(counters: SpecDecodeCounters) -> Any:
             spec = getattr(scheduler_stats, "spec_decoding_stats", None)
             if spec is not None:
                 self._counters.observe(spec)
+            self._load.observe(scheduler_stats, iteration_stats, engine_idx)
 
         def record_admission_rejection(self, reason: str) -> None:
             pass
@@ -200,7 +247,7 @@ def _stat_logger_factory(counters: SpecDecodeCounters) -> Any:
         def log_engine_initialized(self) -> None:
             pass
 
-    return _SpecDecodeStatLogger  # called as factory(vllm_config, engine_indexes)
+    return _EngineStatLogger  # called as factory(vllm_config, engine_indexes)
 
 
 # vLLM finish reasons → ours. "repetition" (vLLM's hallucination guard) ended generation
@@ -237,6 +284,7 @@ class VLLMBackend:
         self.engine: AsyncLLM | None = None
         self._running: set[str] = set()
         self._spec_counters = SpecDecodeCounters()
+        self._load = EngineLoad()
         if start:
             self.start()
 
@@ -273,7 +321,7 @@ class VLLMBackend:
         with cores as model_cores:
             self.engine = AsyncLLM.from_engine_args(
                 engine_args_from_config(resolved),
-                stat_loggers=[_stat_logger_factory(self._spec_counters)],
+                stat_loggers=[_stat_logger_factory(self._spec_counters, self._load)],
             )
         if model_cores:
             logger.info(
@@ -380,6 +428,11 @@ class VLLMBackend:
     def spec_decode_stats(self) -> dict[str, Any]:
         """Engine-wide drafted / accepted token totals since start (zeros without speculation)."""
         return self._spec_counters.snapshot()
+
+    def engine_load(self) -> dict[str, Any]:
+        """The engine's KV cache use and requests running and waiting at its last step, and its
+        preemptions and prefix-cache lookups since start (`EngineLoad`)."""
+        return self._load.snapshot()
 
     def shutdown(self) -> None:
         """Stop the engine-core process; the backend cannot serve afterwards."""

@@ -30,6 +30,7 @@ from responses_serve.engines import make_backend
 from responses_serve.engines.cpu_cores import leave_batch_policy
 from responses_serve.serve import use_serve_logging
 from responses_serve.serve.memory import memory_report
+from responses_serve.serve.metrics import export_engine_load
 from responses_serve.tokens import GenerationRequest, TokenBatch
 
 logger = logging.getLogger("ray.serve")
@@ -206,6 +207,9 @@ class EngineServer:
             "accepted_tokens": Counter("responses_serve_spec_accepted_tokens", "speculative tokens accepted"),
         }
         self._callers = CallerWatch()
+        engine_load = getattr(self.backend, "engine_load", None)
+        if engine_load is not None:  # vLLM: its KV cache, queue and preemptions as Ray metrics
+            export_engine_load(self.config.name, engine_load)
         logger.info("EngineServer for %s started with %s backend", self.config.name, self.config.backend.type)
 
     async def generate(self, request: GenerationRequest) -> AsyncGenerator[TokenBatch, None]:
@@ -259,6 +263,7 @@ class EngineServer:
         if hasattr(backend, "spec_decode_stats"):  # vLLM: engine-wide drafted/accepted totals
             stats["spec_decode"] = backend.spec_decode_stats()
             stats["engine_unfinished"] = backend.num_unfinished_engine_requests()
+            stats["engine_load"] = backend.engine_load()
         return stats
 
     async def memory(self, top: int = 8, trace_frames: int = 0, trim: bool = False) -> dict:

