@@ -178,7 +178,10 @@ def test_the_cluster_wide_serve_settings_are_the_same_for_responses_serve_run_an
     assert CLUSTER_ENV  # something to check
     for name, value in CLUSTER_ENV.items():
         assert env[name] == value == launched[name]
-    assert re.search(r"^serve:.*\n\t.*responses-serve run responses_serve/configs/demo.yaml$", (ROOT / "Makefile").read_text(), re.M)
+    makefile = (ROOT / "Makefile").read_text()
+    (config,) = re.findall(r"^serve:.*\n\t.*responses-serve run (\S+)$", makefile, re.M)
+    variables = dict(re.findall(r"^(\w+) \?= (\S+)$", makefile, re.M))
+    assert re.sub(r"\$\((\w+)\)", lambda m: variables[m.group(1)], config) == "responses_serve/configs/demo.yaml"
 
 
 @pytest.mark.parametrize("path", MANIFESTS, ids=lambda p: p.name)
