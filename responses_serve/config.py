@@ -16,6 +16,7 @@ from typing import Annotated, Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from responses_serve.api.limits import RequestLimits
 from responses_serve.api.service_tier import ServiceTier
 from responses_serve.families.prompt_cache import DEFAULT_MAX_TOKENS as DEFAULT_PROMPT_CACHE_TOKENS
 from responses_serve.families.smollm2 import SMOLLM2
@@ -486,6 +487,10 @@ class AppConfig(_Strict):
     auth: AuthConfig | None = Field(None, description="API keys and their tenants (none: open, one anonymous tenant)")
     api_key: Any = Field(None, description="not supported: use `auth` (a key's value is never written in the config)", exclude=True)
     max_request_bytes: int = Field(8 * 1024 * 1024, ge=1024, description="larger request bodies (and WebSocket messages) get 413")
+    request_limits: RequestLimits = Field(
+        default_factory=RequestLimits,
+        description="what one request may hold (items, tools, schemas, strings, nesting): over a limit, a 400 naming it",
+    )
     store: StoreConfig = Field(default_factory=StoreConfig, description="where stored responses, background runs and conversations live")
     max_stream_duration_s: float = Field(
         DEFAULT_MAX_STREAM_DURATION_S,

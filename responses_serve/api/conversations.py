@@ -4,21 +4,16 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field
 
-from responses_serve.api.request import InputItem, _Lenient, check_metadata
+from responses_serve.api.request import InputItem, _Lenient
 
 MAX_ITEMS_PER_REQUEST = 20  # the API's limit for creating items at once
 MAX_PAGE_SIZE = 100
 
 
 class _WithMetadata(_Lenient):
-    metadata: dict[str, str] | None = None
-
-    @field_validator("metadata")
-    @classmethod
-    def _metadata_limits(cls, value: dict[str, str] | None) -> dict[str, str] | None:
-        return check_metadata(value)
+    metadata: dict[str, str] | None = None  # its limits: request_limits (api/limits.py)
 
 
 class ConversationCreate(_WithMetadata):

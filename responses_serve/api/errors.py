@@ -89,14 +89,21 @@ def _param_path(loc: tuple[Any, ...]) -> str:
 _TYPE_LABELS = {"str", "int", "float", "bool", "dict", "list", "none"}
 
 
-def from_validation_error(exc: ValidationError) -> APIError:
-    """Turn pydantic's errors into the message the OpenAI API would give.
+def from_validation_error(exc: ValidationError, at: tuple[str | int, ...] = ()) -> APIError:
+    """Turn pydantic's errors into the message the OpenAI API would give. `at`: where the
+    validated value sits in the request (a part validated alone); a leading int of an
+    error's place is added to its last element (a slice of a list validated alone).
 
     For a union (`input` is a string or a list of items) pydantic reports one error per
     member; the deepest one is the one about what the client actually wrote.
     """
     error = max(exc.errors(include_url=False), key=lambda e: len(e["loc"]))
-    param = _param_path(tuple(error["loc"])) or None
+    loc = tuple(error["loc"])
+    if at and loc and isinstance(at[-1], int) and isinstance(loc[0], int):
+        loc = (*at[:-1], at[-1] + loc[0], *loc[1:])
+    elif at:
+        loc = (*at, *loc)
+    param = _param_path(loc) or None
     kind = error["type"]
     where = f"'{param}'" if param else "request body"
     if kind == "missing":

@@ -22,6 +22,7 @@ from openai.types.responses import ResponseSteerFailedEvent, ResponseStreamEvent
 from pydantic import ValidationError
 
 from responses_serve.api.errors import APIError, invalid_request
+from responses_serve.api.limits import DEFAULT_LIMITS, RequestLimits, check_id, decode_json
 from responses_serve.api.request import ResponsesRequest, parse_request
 from responses_serve.api.sse import event_json
 
@@ -47,21 +48,18 @@ class SteerEvent:
     previous_response_id: Any
 
 
-def parse_client_event(message: str | bytes) -> CreateEvent | SteerEvent:
+def parse_client_event(message: str | bytes, limits: RequestLimits = DEFAULT_LIMITS) -> CreateEvent | SteerEvent:
     """One client message -> its event; an `APIError` when the message itself is unusable (not
-    a JSON object, no known `type`, a `stream_id` that is not a string)."""
-    try:
-        data = json.loads(message)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise invalid_request(
-            f"We could not parse the message as JSON: {exc}. Each message is a client event, a JSON object.", code="invalid_json"
-        ) from None
+    a JSON object, no known `type`, a `stream_id` that is not a string). Strict JSON, and
+    requests within `limits`, as over HTTP."""
+    data = decode_json(message, "We could not parse the message as JSON: {}. Each message is a client event, a JSON object.")
     if not isinstance(data, dict):
         raise invalid_request("Each message is a client event, a JSON object.", code="invalid_type")
     kind = data.get("type")
     lane = data.get("stream_id")
     if lane is not None and not isinstance(lane, str):
         raise invalid_request("'stream_id' must be a string.", param="stream_id", code="invalid_type")
+    check_id(lane, "stream_id", limits)
     if kind == "response.steer":
         return SteerEvent(lane, data.get("input"), data.get("previous_response_id"))
     if kind != "response.create":
@@ -78,7 +76,7 @@ def parse_client_event(message: str | bytes) -> CreateEvent | SteerEvent:
                 param="background",
                 code="unsupported_parameter",
             )
-        request = parse_request({key: value for key, value in data.items() if key not in _ENVELOPE})
+        request = parse_request({key: value for key, value in data.items() if key not in _ENVELOPE}, limits)
     except APIError as error:
         return CreateEvent(lane, None, error)
     return CreateEvent(lane, request.model_copy(update={"stream": True}), generate=generate)

@@ -234,6 +234,7 @@ class ResponsesIngress:
             auth=self.config.auth,
             listen_host=serve_http_host() if self.config.auth is None else None,
             max_request_bytes=self.config.max_request_bytes,
+            request_limits=self.config.request_limits,
             background_drain_s=background_drain_s(self.config),
             # Serve's own id of this replica (its log file is named after it), not host:pid.
             replica_id=serve.get_replica_context().replica_id.unique_id,

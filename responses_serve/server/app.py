@@ -22,6 +22,7 @@ from openai_harmony import Message, Role
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from responses_serve.api.errors import APIError, model_not_found, server_error
+from responses_serve.api.limits import DEFAULT_LIMITS, RequestLimits
 from responses_serve.api.request import ResponsesRequest
 from responses_serve.api.sse import encode_events
 from responses_serve.config import DEFAULT_SSE_KEEPALIVE_S, AuthConfig
@@ -66,6 +67,7 @@ def create_app(
     environ: Mapping[str, str] | None = None,
     listen_host: str | None = None,
     max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
+    request_limits: RequestLimits = DEFAULT_LIMITS,
     replica_id: str | None = None,
     background_drain_s: float = DEFAULT_BACKGROUND_DRAIN_S,
     reasoning_keys: Sequence[str] | None = None,
@@ -79,6 +81,7 @@ def create_app(
     encrypts); None: `RESPONSES_SERVE_REASONING_KEYS`, else a key of this process.
     `max_stream_duration_s`: a response generating longer is ended with `response.failed`.
     `sse_keepalive_s`: a stream quiet this long gets an SSE comment (None or 0: never).
+    `request_limits`: what one request may hold (api/limits.py).
     `auth`: API keys and tenants (None: open, one anonymous tenant; a warning if `listen_host`
     is given and is not a loopback address); keys named by `key_env` are read from `environ`
     (default: this process's environment) now, and a missing one fails here."""
@@ -92,6 +95,7 @@ def create_app(
     app.state.served = served
     app.state.store = BoundedStore(store if store is not None else MemoryStore(), store_timeout_s)
     app.state.max_request_bytes = max_request_bytes
+    app.state.request_limits = request_limits
     app.state.metrics = metrics = GuardedMetrics(metrics or NoMetrics())
     app.state.tenants = _tenant_states(app.state.store, auth, store_ttl_s, store_cache_bytes, replica_id, metrics)
     app.state.background_drain_s = background_drain_s

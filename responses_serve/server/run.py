@@ -31,6 +31,7 @@ from responses_serve.families.truncation import fit_to_context, output_reserve
 from responses_serve.items import CompletionParser, ItemSink
 from responses_serve.logprobs import LogprobFormatter
 from responses_serve.server.metrics import RequestTrace
+from responses_serve.server.offload import big_prompt, off_loop
 from responses_serve.state import ResponseStore, StoreUnavailable
 from responses_serve.state.conversations import ConversationStore, conversation_not_found
 from responses_serve.state.responses import with_ids
@@ -125,8 +126,12 @@ async def render_turn(
     """This turn's own input items and the prompt tokens: the history is rebuilt (a store
     read only with `previous_response_id` or `conversation`), encrypted reasoning opened,
     the oldest items left out with `truncation: "auto"` when it does not fit."""
-    # The same ids in input_items and a conversation.
-    input_items = with_ids(open_reasoning_items(request.input_items(), cipher))
+    items = request.input_items()
+
+    def opened() -> list[HistoryItem]:  # the same ids in input_items and a conversation
+        return with_ids(open_reasoning_items(items, cipher))
+
+    input_items = await off_loop(opened) if big_prompt(items, 0) else opened()
     history = input_items
     if request.previous_response_id is not None:
         history = await responses.history(request.previous_response_id) + input_items
@@ -146,11 +151,14 @@ async def render_turn(
         rendered += len(prompt)
         return prompt
 
-    if request.truncation != "auto":
-        prompt, truncated_items = render(history), 0
-    else:
+    def render_fitting() -> tuple[list[int], int]:
+        if request.truncation != "auto":
+            return render(history), 0
         budget = model.max_model_len - output_reserve(request.max_output_tokens, model.max_model_len)
-        prompt, truncated_items = fit_to_context(render, history, budget)
+        return fit_to_context(render, history, budget)
+
+    # A long conversation renders in a worker thread: the replica's other streams go on.
+    prompt, truncated_items = await off_loop(render_fitting) if big_prompt(history, len(request.tools)) else render_fitting()
     reused = cache.hit_tokens - reused_before if cache is not None else 0
     cost = RenderCost(time.perf_counter() - started, reused, rendered - reused)
     return RenderedTurn(input_items, prompt, truncated_items, cost, affinity_key(request, history))

@@ -4,11 +4,12 @@ retrieve, delete. Shapes as the `openai` SDK's `conversations` resource reads th
 from __future__ import annotations
 
 import json
+from typing import TypeVar
 
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 from openai.types.conversations import Conversation
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 from responses_serve.api.conversations import ConversationCreate, ConversationUpdate, ItemsCreate, ItemsQuery
 from responses_serve.api.errors import APIError, from_validation_error, invalid_request
@@ -17,6 +18,8 @@ from responses_serve.server.tenants import tenant_state
 from responses_serve.state.conversations import ConversationStore, conversation_not_found
 
 router = APIRouter()
+
+Body = TypeVar("Body", bound=BaseModel)
 
 
 def _json(data: str | bytes | dict) -> Response:
@@ -32,10 +35,12 @@ def _store(request: Request) -> ConversationStore:
     return tenant_state(request).conversations
 
 
-async def _body(request: Request) -> bytes:
-    from responses_serve.server.routes.responses import read_body  # one body reader with one size limit
+async def _body(request: Request, model: type[Body]) -> Body:
+    """The body as `model`, read and parsed as a response's body is (one size limit, strict
+    JSON, `request_limits`); an empty body is an empty object."""
+    from responses_serve.server.routes.responses import read_request
 
-    return await read_body(request, request.app.state.max_request_bytes)
+    return await read_request(request, lambda body, limits: parse_body(body or b"{}", model, limits))
 
 
 async def _existing(conversations: ConversationStore, conversation_id: str) -> Conversation:
@@ -57,8 +62,7 @@ def _item_list(data: list[dict], has_more: bool) -> dict:
 
 @router.post("/v1/conversations")
 async def create_conversation(request: Request) -> Response:
-    raw = await _body(request)
-    body = parse_body(raw or b"{}", ConversationCreate)
+    body = await _body(request, ConversationCreate)
     conversation = await _store(request).create(body.metadata, list(body.items or []))
     return _json(conversation.model_dump_json())
 
@@ -70,7 +74,7 @@ async def retrieve_conversation(conversation_id: str, request: Request) -> Respo
 
 @router.post("/v1/conversations/{conversation_id}")
 async def update_conversation(conversation_id: str, request: Request) -> Response:
-    body = parse_body(await _body(request), ConversationUpdate)
+    body = await _body(request, ConversationUpdate)
     conversation = await _store(request).update(conversation_id, body.metadata)
     if conversation is None:
         raise conversation_not_found(conversation_id)
@@ -102,7 +106,7 @@ async def list_items(conversation_id: str, request: Request) -> Response:
 
 @router.post("/v1/conversations/{conversation_id}/items")
 async def create_items(conversation_id: str, request: Request) -> Response:
-    body = parse_body(await _body(request), ItemsCreate)
+    body = await _body(request, ItemsCreate)
     conversations = _store(request)
     await _existing(conversations, conversation_id)
     return _json(_item_list(await conversations.append(conversation_id, list(body.items)), has_more=False))

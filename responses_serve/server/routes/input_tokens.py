@@ -15,7 +15,7 @@ from openai.types.responses.input_token_count_response import InputTokenCountRes
 
 from responses_serve.api.errors import model_not_found
 from responses_serve.api.request import parse_request
-from responses_serve.server.routes.responses import read_body
+from responses_serve.server.routes.responses import read_request
 from responses_serve.server.run import render_turn
 from responses_serve.server.tenants import tenant_state
 
@@ -25,7 +25,7 @@ router = APIRouter()
 @router.post("/v1/responses/input_tokens")
 async def count_input_tokens(http_request: Request) -> Response:
     state = http_request.app.state
-    request = parse_request(await read_body(http_request, state.max_request_bytes))
+    request = await read_request(http_request, parse_request)
     model = state.served.get(request.model)
     if model is None:
         raise model_not_found(request.model)

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import logging
 import time
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Callable
+from typing import TypeVar
 
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
@@ -15,9 +17,11 @@ from openai.types.responses import ResponseStreamEvent
 from starlette.datastructures import State
 
 from responses_serve.api.errors import APIError, invalid_request, model_not_found, model_unavailable, response_not_found, server_error
+from responses_serve.api.limits import RequestLimits
 from responses_serve.api.request import ResponsesRequest, parse_request
 from responses_serve.api.sse import encode_events
 from responses_serve.server.metrics import Metrics, RequestTrace, report_once, report_response
+from responses_serve.server.offload import parse_body_off_loop
 from responses_serve.server.routes.background import current_response, follow_response, start_background, wants_stream
 from responses_serve.server.routes.event_stream import EventStreamResponse
 from responses_serve.server.run import Turn, run_turn, start_turn
@@ -28,6 +32,8 @@ logger = logging.getLogger("responses_serve")
 
 router = APIRouter()
 
+T = TypeVar("T")
+
 
 def _json(data: str | bytes, status_code: int = 200) -> Response:
     return Response(data, status_code=status_code, media_type="application/json")
@@ -37,7 +43,7 @@ def _json(data: str | bytes, status_code: int = 200) -> Response:
 async def create_response(http_request: Request) -> Response:
     state = http_request.app.state
     trace = http_request.state.trace = RequestTrace()  # reported when the request ends (metrics)
-    request = parse_request(await read_body(http_request, state.max_request_bytes))
+    request = await read_request(http_request, parse_request)
     tenant = tenant_state(http_request)
     turn = await begin_turn(request, state, tenant, tenant.responses, trace)
     if request.background:
@@ -175,6 +181,18 @@ async def reported(
         else:
             logger.info("response %s: client went away, generation aborted", turn.stream.response.id)
             report_once(metrics, turn.trace, "cancelled")
+
+
+async def read_request(http_request: Request, parse: Callable[[bytes, RequestLimits], T]) -> T:
+    """The request's body, read within the size limit and parsed by `parse(body, limits)`;
+    a big body is parsed in a worker thread (server/offload.py)."""
+    state = http_request.app.state
+    body = await read_body(http_request, state.max_request_bytes)
+    return await parse_body_off_loop(body, functools.partial(_parse, parse=parse, limits=state.request_limits))
+
+
+def _parse(body: bytes, *, parse: Callable[[bytes, RequestLimits], T], limits: RequestLimits) -> T:
+    return parse(body, limits)
 
 
 async def read_body(request: Request, limit: int) -> bytes:

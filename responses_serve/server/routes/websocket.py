@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import functools
 import logging
 
 from fastapi import APIRouter, WebSocket
@@ -23,6 +24,7 @@ from starlette.websockets import WebSocketDisconnect
 from responses_serve.api.errors import APIError, server_error
 from responses_serve.api.websocket import CreateEvent, SteerEvent, error_message, event_message, parse_client_event, steer_failed_message
 from responses_serve.server.metrics import RequestTrace, report_once
+from responses_serve.server.offload import parse_body_off_loop
 from responses_serve.server.routes.responses import begin_turn, reported
 from responses_serve.server.run import PromptOnly, run_turn
 from responses_serve.server.tenants import tenant_state
@@ -85,7 +87,7 @@ class ResponsesSocket:
                     status_code=413,
                     code="request_too_large",
                 )
-            event = parse_client_event(message)
+            event = await parse_body_off_loop(message, functools.partial(parse_client_event, limits=self.state.request_limits))
             lane = event.lane
             if isinstance(event, SteerEvent):
                 await self._send(steer_failed_message(event))
