@@ -90,9 +90,13 @@ def test_stateful_scenario_on_redis(redis_serve_url, scenario):
 def test_redis_keys_have_the_prefix_and_a_ttl(redis_serve_url, redis_server):
     import redis
 
+    from responses_serve.server.auth import ANONYMOUS
+    from responses_serve.state.tenancy import tenant_prefix
+
     stateful_scenarios.two_turns(stateful_scenarios.OpenAI(base_url=redis_serve_url, api_key="unused"), "ttl")
     client = redis.Redis.from_url(redis_server.url, password=redis_server.password)
-    keys = list(client.scan_iter("e2e-redis:response:*"))
+    # The open app's one tenant: its keys live under its prefix (responses_serve/state/tenancy.py).
+    keys = list(client.scan_iter(f"e2e-redis:{tenant_prefix(ANONYMOUS)}response:*"))
     assert len(keys) >= 2
     assert all(0 < client.pttl(key) <= 30 * 24 * 3600 * 1000 for key in keys)
     client.close()
