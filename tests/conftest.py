@@ -1,7 +1,9 @@
 from __future__ import annotations
 
+import hashlib
 import os
 import re
+import secrets
 import socket
 import threading
 import time
@@ -26,7 +28,7 @@ if os.environ.get("CI"):
 # The slow tests, marked by what they need, so that `make test-fast` (-m "not cluster and not
 # engine") is a quick inner loop: `cluster`, the session's Ray Serve app (`serve_url`);
 # `engine`, a real vLLM engine in this process.
-_CLUSTER_FIXTURES = {"serve_url", "ingress_urls"}
+_CLUSTER_FIXTURES = {"serve_url", "ingress_urls", "secured_url"}
 _ENGINE_FIXTURES = {"smollm2_engine", "engines"}
 
 
@@ -352,6 +354,48 @@ def serve_url(tmp_path_factory, metrics_port) -> Iterator[str]:
 
 READINESS_PROBE_MODEL = "smollm2-135m-instruct"  # the demo's real model
 SESSION_READINESS: list = []  # tests.support.readiness.Observation of the session app's start
+
+
+# A second application on the session's cluster, as an operator exposes one: API keys and
+# tenants with limits, under a route prefix, two ingress replicas behind the proxy. Its keys
+# are made per session and reach the replicas as a Secret would: in their environment (the
+# variables are set before Ray starts, so every process of the cluster inherits them), or as
+# a SHA-256 only. Only the tests that use it (`secured_url`) deploy it.
+SECURED_APP, SECURED_PREFIX = "secured", "/api"
+TENANT_KEYS = {tenant: f"sk-{tenant}-{secrets.token_urlsafe(24)}" for tenant in ("team-a", "team-b", "burst", "busy")}
+for _tenant, _key in TENANT_KEYS.items():
+    os.environ[f"RESPONSES_SERVE_TEST_KEY_{_tenant.replace('-', '_').upper()}"] = _key
+SECURED_RPM = 20
+SECURED_ARGS = {
+    "models": [
+        {
+            "name": "gpt-oss-replay",
+            "backend": {"type": "replay", "step_delay_ms": 10},  # streams that overlap for the concurrency limits
+            "engine": {"num_replicas": 1, "ray_actor_options": {"num_cpus": 0}},
+        }
+    ],
+    "ingress": {"num_replicas": 2, "max_ongoing_requests": 1024, "ray_actor_options": {"num_cpus": 0}},
+    "store": {"type": "embedded"},
+    "auth": {
+        "keys": [
+            {"tenant": "team-a", "key_env": "RESPONSES_SERVE_TEST_KEY_TEAM_A"},
+            {"tenant": "team-b", "key_sha256": hashlib.sha256(TENANT_KEYS["team-b"].encode()).hexdigest()},
+            {"tenant": "burst", "key_env": "RESPONSES_SERVE_TEST_KEY_BURST", "limits": {"requests_per_minute": SECURED_RPM}},
+            {"tenant": "busy", "key_env": "RESPONSES_SERVE_TEST_KEY_BUSY", "limits": {"max_concurrent_requests": 2, "max_background": 1}},
+        ]
+    },
+}
+
+
+@pytest.fixture(scope="session")
+def secured_url(serve_url) -> str:
+    """The secured application's base URL (`.../api/v1`), through the session's proxy."""
+    from ray import serve
+
+    from responses_serve.serve.app import build_app
+
+    serve.run(build_app(SECURED_ARGS), name=SECURED_APP, route_prefix=SECURED_PREFIX)
+    return serve_url.removesuffix("/v1") + SECURED_PREFIX + "/v1"
 
 
 @pytest.fixture(scope="session")

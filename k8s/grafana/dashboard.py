@@ -37,6 +37,9 @@ from responses_serve.serve.metrics import (
     STORE_BYTES,
     STORE_ENTRIES,
     STREAMS_OPEN,
+    TENANT_REFUSALS,
+    TENANT_REQUESTS,
+    TENANT_TOKENS,
     TPOT,
     TRUNCATED,
     TTFT,
@@ -277,6 +280,34 @@ def build() -> dashboard.Dashboard:
             )
         )
         .with_panel(_state_panel("Embedded store size", "bytes", STORE_BYTES, STORE_BYTES.description))
+        .with_row(dashboard.Row("Tenants"))
+        .with_panel(
+            _panel(
+                "Requests/s by tenant and status",
+                "reqps",
+                _sum_by("tenant, status", f"{TENANT_REQUESTS.exported}_total", "{{tenant}} {{status}}", rate=True),
+                description=TENANT_REQUESTS.description,
+                width=8,
+            )
+        )
+        .with_panel(
+            _panel(
+                "Tokens/s by tenant",
+                "short",
+                _sum_by("tenant, kind", f"{TENANT_TOKENS.exported}_total", "{{tenant}} {{kind}}", rate=True),
+                description=TENANT_TOKENS.description + " (what tokens_per_minute counts)",
+                width=8,
+            )
+        )
+        .with_panel(
+            _panel(
+                "Refusals/s by tenant and reason",
+                "reqps",
+                _sum_by("tenant, status, reason", f"{TENANT_REFUSALS.exported}_total", "{{tenant}} {{status}} {{reason}}", rate=True),
+                description=TENANT_REFUSALS.description,
+                width=8,
+            )
+        )
         .with_row(dashboard.Row("Ray Serve replicas and queues"))
         .with_panel(
             _panel(

@@ -25,6 +25,7 @@ class APIError(Exception):
         self.param = param
         self.code = code
         self.type = type
+        self.headers: dict[str, str] = {}  # sent with the error (a 429's Retry-After)
 
     def body(self) -> dict[str, Any]:
         return {

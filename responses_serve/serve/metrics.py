@@ -93,6 +93,15 @@ TRUNCATED = MetricSpec(PREFIX + "truncated_requests", "counter", 'requests whose
 STREAMS_OPEN = MetricSpec(PREFIX + "streams_open", "gauge", "responses streaming on this ingress replica (SSE and WebSocket)")
 BACKGROUND_RUNS = MetricSpec(PREFIX + "background_runs", "gauge", "background responses running on this ingress replica", ())
 WEBSOCKETS_OPEN = MetricSpec(PREFIX + "websockets_open", "gauge", "WebSocket connections open on this ingress replica (idle ones too)", ())
+# Per tenant (the configured tenants, or "anonymous": a bounded set, never a client's words).
+TENANT_REQUESTS = MetricSpec(PREFIX + "tenant_requests", "counter", "requests by tenant and final status", ("tenant", "status"))
+TENANT_TOKENS = MetricSpec(PREFIX + "tenant_tokens", "counter", "input and output tokens by tenant", ("tenant", "kind"))
+TENANT_REFUSALS = MetricSpec(
+    PREFIX + "tenant_refusals",
+    "counter",
+    "429 (a tenant's limit, by name) and 503 (the server's, by error code) answers by tenant",
+    ("tenant", "status", "reason"),
+)
 STORE_ENTRIES = MetricSpec(PREFIX + "store_entries", "gauge", "keys held by the embedded store (responses, runs, logs, conversations)", ())
 STORE_BYTES = MetricSpec(PREFIX + "store_bytes", "gauge", "bytes held by the embedded store (its max_bytes bound counts these)", ())
 # A vLLM engine's load, per engine replica (vLLM's vllm:kv_cache_usage_perc, num_requests_*, ...).
@@ -127,6 +136,9 @@ INGRESS_METRICS = [
     STREAMS_OPEN,
     BACKGROUND_RUNS,
     WEBSOCKETS_OPEN,
+    TENANT_REQUESTS,
+    TENANT_TOKENS,
+    TENANT_REFUSALS,
 ]
 STORE_METRICS = [STORE_ENTRIES, STORE_BYTES]  # set by the embedded store's replica
 ENGINE_METRICS = [ENGINE_KV_CACHE, ENGINE_RUNNING, ENGINE_WAITING, ENGINE_PREEMPTIONS, ENGINE_PREFIX_QUERIES, ENGINE_PREFIX_HITS]
@@ -177,6 +189,14 @@ class RayServeMetrics:
         for source, value in (("cache", outcome.prompt_reused_tokens), ("tokenized", outcome.prompt_tokenized_tokens)):
             if value > 0:
                 self._metrics[RENDER_TOKENS].inc(value, {**model, "source": source})
+        if outcome.tenant:
+            self._metrics[TENANT_REQUESTS].inc(1, {"tenant": outcome.tenant, "status": outcome.status})
+            for kind, value in (("input", outcome.prompt_tokens), ("output", outcome.output_tokens)):
+                if value > 0:
+                    self._metrics[TENANT_TOKENS].inc(value, {"tenant": outcome.tenant, "kind": kind})
+
+    def refused(self, tenant: str, status: int, reason: str) -> None:
+        self._metrics[TENANT_REFUSALS].inc(1, {"tenant": tenant, "status": str(status), "reason": reason})
 
     def stream_opened(self, model: str) -> None:
         self._set_open(model, +1)

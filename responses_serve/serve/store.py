@@ -57,6 +57,18 @@ class StoreServer:
     async def remove(self, key: str, value: bytes) -> bool:
         return await self.store.remove(key, value)
 
+    async def take(self, key: str, capacity: float, per_s: float, cost: float, need: float) -> tuple[bool, float]:
+        return await self.store.take(key, capacity=capacity, per_s=per_s, cost=cost, need=need)
+
+    async def lease(self, key: str, holder: str, limit: int, ttl_s: float) -> int:
+        return await self.store.lease(key, holder, limit=limit, ttl_s=ttl_s)
+
+    async def renew(self, leases: Sequence[tuple[str, str]], ttl_s: float) -> None:
+        await self.store.renew(leases, ttl_s)
+
+    async def release(self, key: str, holder: str) -> None:
+        await self.store.release(key, holder)
+
     async def stats(self) -> dict:
         return {**self.store.stats(), "actor_name": ray.get_runtime_context().get_actor_name()}
 
@@ -99,6 +111,18 @@ class HandleStore:
 
     async def remove(self, key: str, value: bytes) -> bool:
         return await self._call("remove", key, value)
+
+    async def take(self, key: str, *, capacity: float, per_s: float, cost: float, need: float) -> tuple[bool, float]:
+        return await self._call("take", key, capacity, per_s, cost, need)
+
+    async def lease(self, key: str, holder: str, *, limit: int, ttl_s: float) -> int:
+        return await self._call("lease", key, holder, limit, ttl_s)
+
+    async def renew(self, leases: Sequence[tuple[str, str]], ttl_s: float) -> None:
+        await self._call("renew", list(leases), ttl_s)
+
+    async def release(self, key: str, holder: str) -> None:
+        await self._call("release", key, holder)
 
     async def close(self) -> None:
         pass

@@ -30,7 +30,7 @@ from responses_serve.encrypted_reasoning import ReasoningCipher
 from responses_serve.families.harmony import HarmonyParser, render_completion, render_prompt
 from responses_serve.server.auth import ANONYMOUS, AuthMiddleware, Keyring, warn_if_open
 from responses_serve.server.background import BackgroundRuns, default_replica_id
-from responses_serve.server.metrics import GuardedMetrics, Metrics, NoMetrics, report_once
+from responses_serve.server.metrics import GuardedMetrics, Metrics, NoMetrics, report_once, report_refusal
 from responses_serve.server.reasoning_keys import reasoning_keys as configured_reasoning_keys
 from responses_serve.server.routes import background as background_routes
 from responses_serve.server.routes import conversations as conversations_routes
@@ -41,6 +41,7 @@ from responses_serve.server.run import ModelFamily, ServedModel, TokenSource, Un
 from responses_serve.server.tenants import TenantState
 from responses_serve.state import BoundedStore, MemoryStore, ResponseStore, Store
 from responses_serve.state.conversations import ConversationStore
+from responses_serve.state.quotas import LeaseKeeper, QuotaLimits, TenantQuota
 from responses_serve.state.responses import DEFAULT_CACHE_BYTES, DEFAULT_TTL_S, TurnCache
 from responses_serve.state.runs import EVENTS_TTL_S, RunStore
 from responses_serve.stream import ResponseStream
@@ -97,7 +98,8 @@ def create_app(
     app.state.max_request_bytes = max_request_bytes
     app.state.request_limits = request_limits
     app.state.metrics = metrics = GuardedMetrics(metrics or NoMetrics())
-    app.state.tenants = _tenant_states(app.state.store, auth, store_ttl_s, store_cache_bytes, replica_id, metrics)
+    app.state.leases = LeaseKeeper(app.state.store)  # this replica's quota leases, renewed while held
+    app.state.tenants = _tenant_states(app.state.store, auth, store_ttl_s, store_cache_bytes, replica_id, metrics, app.state.leases)
     app.state.background_drain_s = background_drain_s
     app.state.max_stream_duration_s = max_stream_duration_s
     app.state.sse_keepalive_s = sse_keepalive_s
@@ -107,7 +109,8 @@ def create_app(
     @app.exception_handler(APIError)
     async def _api_error(request: Request, exc: APIError) -> JSONResponse:
         report_once(metrics, getattr(request.state, "trace", None), "rejected", exc.code)
-        return JSONResponse(exc.body(), status_code=exc.status_code)
+        report_refusal(metrics, request.scope, exc)
+        return JSONResponse(exc.body(), status_code=exc.status_code, headers=exc.headers)
 
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
@@ -168,7 +171,7 @@ async def model_state(model: ServedModel) -> dict[str, str]:
 
 
 def _tenant_states(
-    store: Store, auth: AuthConfig | None, ttl_s: float, cache_bytes: int, replica_id: str | None, metrics: Metrics
+    store: Store, auth: AuthConfig | None, ttl_s: float, cache_bytes: int, replica_id: str | None, metrics: Metrics, leases: LeaseKeeper
 ) -> dict[str, TenantState]:
     """Every tenant's state, made once per replica: the configured tenants, or the anonymous one."""
     cache = TurnCache(cache_bytes) if cache_bytes else None
@@ -182,7 +185,11 @@ def _tenant_states(
         responses = ResponseStore(store, name, ttl_s, cache)
         tiers = frozenset(auth.tenant_tiers(name)) if auth is not None else None
         background = BackgroundRuns(responses, RunStore(store, name, min(ttl_s, EVENTS_TTL_S)), replica_id=replica_id, on_running=running)
-        tenants[name] = TenantState(name, responses, ConversationStore(store, name, ttl_s), background, tiers)
+        limits = auth.tenant_limits(name) if auth is not None else None
+        quota = None
+        if limits is not None and any(value is not None for value in limits.model_dump().values()):
+            quota = TenantQuota(store, name, QuotaLimits(**limits.model_dump()), leases)
+        tenants[name] = TenantState(name, responses, ConversationStore(store, name, ttl_s), background, tiers, quota)
     return tenants
 
 
@@ -193,8 +200,10 @@ async def _drain_background_runs(app: FastAPI) -> AsyncGenerator[None, None]:
     drain only counts HTTP requests."""
     runs: list[BackgroundRuns] = [state.background for state in app.state.tenants.values()]
     sweeper = asyncio.create_task(_sweep_forever(runs, SWEEP_EVERY_S))
+    renewer = asyncio.create_task(app.state.leases.renew_forever())
     yield
     sweeper.cancel()
+    renewer.cancel()
     await asyncio.gather(*(background.drain(app.state.background_drain_s) for background in runs))
 
 

@@ -11,11 +11,13 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Literal, Protocol, cast
+from typing import Any, Literal, Protocol, cast
 
 from openai.types.responses import Response
 
+from responses_serve.api.errors import APIError
 from responses_serve.tokens import TokenBatch
 
 logger = logging.getLogger("responses_serve")
@@ -45,6 +47,7 @@ class RequestOutcome:
     prompt_reused_tokens: int = 0  # token ids of the renders taken from the prompt cache
     prompt_tokenized_tokens: int = 0  # ... and tokenized
     service_tier: str = "default"  # the tier it was served in (protocol/service_tier.py)
+    tenant: str = ""  # the caller's tenant ("" before it was known)
 
 
 @dataclass(slots=True)
@@ -64,6 +67,7 @@ class RequestTrace:
     prompt_reused_tokens: int = 0
     prompt_tokenized_tokens: int = 0
     service_tier: str = "default"
+    tenant: str = ""
     reported: bool = False
 
     def saw(self, batch: TokenBatch) -> None:
@@ -101,6 +105,7 @@ class RequestTrace:
             prompt_reused_tokens=self.prompt_reused_tokens,
             prompt_tokenized_tokens=self.prompt_tokenized_tokens,
             service_tier=self.service_tier,
+            tenant=self.tenant,
         )
 
 
@@ -110,6 +115,7 @@ class Metrics(Protocol):
     def stream_closed(self, model: str) -> None: ...
     def background_runs(self, running: int) -> None: ...  # background responses running here
     def websockets_open(self, count: int) -> None: ...  # WebSocket connections open here
+    def refused(self, tenant: str, status: int, reason: str) -> None: ...  # a 429 or 503 answer, by reason
 
 
 class NoMetrics:
@@ -128,6 +134,9 @@ class NoMetrics:
         pass
 
     def websockets_open(self, count: int) -> None:
+        pass
+
+    def refused(self, tenant: str, status: int, reason: str) -> None:
         pass
 
 
@@ -153,9 +162,12 @@ class GuardedMetrics:
     def websockets_open(self, count: int) -> None:
         self._call(self._metrics.websockets_open, count)
 
-    def _call(self, method, argument) -> None:
+    def refused(self, tenant: str, status: int, reason: str) -> None:
+        self._call(self._metrics.refused, tenant, status, reason)
+
+    def _call(self, method, *arguments) -> None:
         try:
-            method(argument)
+            method(*arguments)
         except Exception:
             if not self._warned:  # once: a broken exporter must not flood the log either
                 self._warned = True
@@ -167,6 +179,14 @@ def report_once(metrics: Metrics, trace: RequestTrace | None, status: Status, co
     if trace is not None and not trace.reported:
         trace.reported = True
         metrics.request_finished(trace.outcome(status, code))
+
+
+def report_refusal(metrics: Metrics, scope: Mapping[str, Any], error: APIError) -> None:
+    """Count a 429 (a tenant's limit, named: `requests_per_minute`, ...) or a 503 (the server's,
+    by its code) against the caller's tenant."""
+    if error.status_code in (429, 503):
+        tenant = scope.get("state", {}).get("tenant") or ""
+        metrics.refused(tenant, error.status_code, getattr(error, "limit", None) or error.code or "")
 
 
 def report_response(metrics: Metrics, trace: RequestTrace | None, response: Response) -> None:

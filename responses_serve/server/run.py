@@ -34,6 +34,7 @@ from responses_serve.server.metrics import RequestTrace
 from responses_serve.server.offload import big_prompt, off_loop
 from responses_serve.state import ResponseStore, StoreUnavailable
 from responses_serve.state.conversations import ConversationStore, conversation_not_found
+from responses_serve.state.quotas import Admission
 from responses_serve.state.responses import with_ids
 from responses_serve.stream import ResponseStream, new_id
 from responses_serve.tokens import EngineRejected, GenerationRequest, OutputConstraint, TokenBatch
@@ -97,6 +98,9 @@ class Turn:
     store_error: StoreUnavailable | None = None  # set when the finished response could not be stored
     conversations: ConversationStore | None = None  # with the `conversation` parameter
     trace: RequestTrace = field(default_factory=RequestTrace)  # timings and counts for metrics
+    # Its place within the tenant's quotas (None: the tenant has none): `run_turn` counts its
+    # output tokens on it and releases it at the end; the tool loop charges tools on it.
+    admission: Admission | None = None
 
 
 class RenderCost(NamedTuple):
@@ -228,24 +232,64 @@ async def run_turn(
     `source`: where the tokens come from (the model's engine unless given)."""
     stream = turn.stream
     source = source or turn.model.source
+    meter = _OutputMeter(turn)
     async with contextlib.aclosing(engine_events(stream, source, turn.generation, turn.trace, max_duration_s)) as batches:
-        async for events in batches:
-            if stream.continuable:
-                saved = False
-                try:
-                    if turn.request.store:
-                        await responses.save(stream.response, turn.input_items)
-                        saved = True
-                    if turn.request.conversation_id is not None:  # the turn's input and output, in one append
-                        assert turn.conversations is not None  # start_turn checked the conversation
-                        await turn.conversations.append(turn.request.conversation_id, turn.input_items + list(stream.response.output))
-                except StoreUnavailable as exc:
-                    logger.warning("response %s: not stored: %s", stream.response.id, exc.message)
-                    turn.store_error = exc
-                    if saved and not turn.request.background:  # the conversation missed it: told failed, not kept
-                        await _unsave(responses, stream.response.id)  # (a background one is stored failed when it ends)
-                    events = events[:-1] + [_failed(stream, events[-1], exc.message)]
-            yield events
+        try:
+            async for events in batches:
+                await meter.tick()
+                if stream.continuable:
+                    saved = False
+                    try:
+                        if turn.request.store:
+                            await responses.save(stream.response, turn.input_items)
+                            saved = True
+                        if turn.request.conversation_id is not None:  # the turn's input and output, in one append
+                            assert turn.conversations is not None  # start_turn checked the conversation
+                            await turn.conversations.append(turn.request.conversation_id, turn.input_items + list(stream.response.output))
+                    except StoreUnavailable as exc:
+                        logger.warning("response %s: not stored: %s", stream.response.id, exc.message)
+                        turn.store_error = exc
+                        if saved and not turn.request.background:  # the conversation missed it: told failed, not kept
+                            await _unsave(responses, stream.response.id)  # (a background one is stored failed when it ends)
+                        events = events[:-1] + [_failed(stream, events[-1], exc.message)]
+                yield events
+        finally:
+            await meter.close()
+
+
+class _OutputMeter:
+    """A turn's output tokens charged to its tenant's quota as they are produced (at most once
+    a `CHARGE_EVERY_S`, and at the end), then its admission released. Never fails the stream:
+    tokens the store could not take are not counted."""
+
+    CHARGE_EVERY_S = 1.0
+
+    def __init__(self, turn: Turn) -> None:
+        self.turn = turn
+        self.charged = 0
+        self.last = time.monotonic()
+
+    async def tick(self) -> None:
+        if self.turn.admission is not None and time.monotonic() - self.last >= self.CHARGE_EVERY_S:
+            await self._charge()
+
+    async def _charge(self) -> None:
+        assert self.turn.admission is not None
+        self.last = time.monotonic()
+        produced = self.turn.trace.output_tokens
+        if produced > self.charged:
+            try:
+                await self.turn.admission.charge_tokens(produced - self.charged)
+            except StoreUnavailable as exc:
+                logger.warning("response %s: output tokens not counted: %s", self.turn.stream.response.id, exc.message)
+            self.charged = produced
+
+    async def close(self) -> None:
+        if self.turn.admission is not None:
+            try:
+                await self._charge()
+            finally:
+                await self.turn.admission.release()
 
 
 async def _unsave(responses: ResponseStore, response_id: str) -> None:

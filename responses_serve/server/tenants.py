@@ -12,6 +12,7 @@ from starlette.requests import HTTPConnection
 from responses_serve.server.auth import tenant_of
 from responses_serve.server.background import BackgroundRuns
 from responses_serve.state.conversations import ConversationStore
+from responses_serve.state.quotas import TenantQuota
 from responses_serve.state.responses import ResponseStore
 
 
@@ -22,6 +23,7 @@ class TenantState:
     conversations: ConversationStore
     background: BackgroundRuns
     service_tiers: frozenset[str] | None  # the tiers it may ask for (None: every one)
+    quota: TenantQuota | None  # its limits (None: it has none)
 
 
 def tenant_state(connection: HTTPConnection) -> TenantState:

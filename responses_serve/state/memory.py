@@ -7,10 +7,13 @@ calls. Each method runs without awaiting, so on one event loop every call is ato
 
 from __future__ import annotations
 
+import json
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+
+from responses_serve.state.store import bucket_ttl_s
 
 
 @dataclass(slots=True)
@@ -148,6 +151,50 @@ class MemoryStore:
         expires_at = entry.expires_at
         self._set(key, remaining, max(expires_at - self._clock(), 0.0))
         return True
+
+    # -- quotas --
+
+    async def take(self, key: str, *, capacity: float, per_s: float, cost: float, need: float) -> tuple[bool, float]:
+        now = self._clock()
+        entry = self._live(key)
+        level = capacity
+        if entry is not None and isinstance(entry.value, bytes):
+            stored, at = json.loads(entry.value)
+            level = min(capacity, stored + (now - at) * per_s)
+        if level < need:
+            return False, level
+        level -= cost
+        self._set(key, json.dumps([level, now]).encode(), bucket_ttl_s(capacity, per_s, level))
+        return True, level
+
+    def _holders(self, key: str) -> dict[str, float]:
+        entry = self._live(key)
+        if entry is None or not isinstance(entry.value, bytes):
+            return {}
+        now = self._clock()
+        return {holder: until for holder, until in json.loads(entry.value).items() if until > now}
+
+    async def lease(self, key: str, holder: str, *, limit: int, ttl_s: float) -> int:
+        holders = self._holders(key)
+        if holder not in holders and len(holders) >= limit:
+            return -1
+        holders[holder] = self._clock() + ttl_s
+        self._set(key, json.dumps(holders).encode(), ttl_s)
+        return len(holders)
+
+    async def renew(self, leases: Sequence[tuple[str, str]], ttl_s: float) -> None:
+        for key, holder in leases:
+            holders = self._holders(key)
+            holders[holder] = self._clock() + ttl_s
+            self._set(key, json.dumps(holders).encode(), ttl_s)
+
+    async def release(self, key: str, holder: str) -> None:
+        holders = self._holders(key)
+        if holders.pop(holder, None) is not None:
+            if holders:
+                self._set(key, json.dumps(holders).encode(), max(holders.values()) - self._clock())
+            else:
+                self._drop(key)
 
     async def close(self) -> None:
         pass

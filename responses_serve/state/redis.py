@@ -2,8 +2,8 @@
 
 Survives Serve restarts and redeploys, and several Serve applications can share one server
 (each under its own key prefix). Only commands Valkey has too: GET/SET PX/DEL/PEXPIRE,
-RPUSH/LRANGE/LLEN/LREM, TYPE, and EVAL for the two read-modify-write primitives, so each is
-atomic on the server. Every key gets a TTL when written.
+RPUSH/LRANGE/LLEN/LREM, TYPE, HMGET/HSET and ZADD/ZREM/ZCARD/ZSCORE/ZREMRANGEBYSCORE
+(quotas), and EVAL for the read-modify-write primitives, so each is atomic on the server. Every key gets a TTL when written.
 """
 
 from __future__ import annotations
@@ -42,6 +42,50 @@ if length > 0 then redis.call('PEXPIRE', KEYS[1], ARGV[1]) end
 return length
 """
 
+# Quotas run on the server's clock (TIME), so replicas on skewed nodes agree. Redis replicates
+# a script's effects, not the script, so TIME in a writing script is allowed (Redis >= 5, Valkey).
+_NOW = "local t = redis.call('TIME') local now = tonumber(t[1]) + tonumber(t[2]) / 1000000"
+
+# take: ARGV = capacity, per_s, cost, need
+_TAKE = (
+    _NOW
+    + """
+local capacity, per_s, cost, need = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
+local level = capacity
+local state = redis.call('HMGET', KEYS[1], 'level', 'at')
+if state[1] then level = math.min(capacity, tonumber(state[1]) + (now - tonumber(state[2])) * per_s) end
+if level < need then return {0, tostring(level)} end
+level = level - cost
+redis.call('HSET', KEYS[1], 'level', tostring(level), 'at', tostring(now))
+redis.call('PEXPIRE', KEYS[1], math.ceil(((capacity - level) / per_s + 1) * 1000))
+return {1, tostring(level)}
+"""
+)
+
+# lease: ARGV = holder, limit, ttl_s (a sorted set: holder -> expiry); -1 when full
+_LEASE = (
+    _NOW
+    + """
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
+if not redis.call('ZSCORE', KEYS[1], ARGV[1]) and redis.call('ZCARD', KEYS[1]) >= tonumber(ARGV[2]) then return -1 end
+redis.call('ZADD', KEYS[1], now + tonumber(ARGV[3]), ARGV[1])
+redis.call('PEXPIRE', KEYS[1], math.ceil(tonumber(ARGV[3]) * 1000))
+return redis.call('ZCARD', KEYS[1])
+"""
+)
+
+# renew: ARGV = ttl_s, holder for each key
+_RENEW = (
+    _NOW
+    + """
+for i, key in ipairs(KEYS) do
+  redis.call('ZADD', key, now + tonumber(ARGV[1]), ARGV[i + 1])
+  redis.call('PEXPIRE', key, math.ceil(tonumber(ARGV[1]) * 1000))
+end
+return 0
+"""
+)
+
 _DOWN = (redis_errors.ConnectionError, redis_errors.TimeoutError, redis_errors.BusyLoadingError, OSError)
 
 
@@ -75,6 +119,9 @@ class RedisStore:
         )
         self._compare_and_set = self.client.register_script(_COMPARE_AND_SET)
         self._append = self.client.register_script(_APPEND)
+        self._take = self.client.register_script(_TAKE)
+        self._lease = self.client.register_script(_LEASE)
+        self._renew = self.client.register_script(_RENEW)
 
     def _key(self, key: str) -> str:
         return self.prefix + key
@@ -135,6 +182,24 @@ class RedisStore:
             return bool(await self.client.lrem(self._key(key), 1, value))  # type: ignore[arg-type]  # bytes are values too
         except redis_errors.ResponseError:
             return False
+
+    @_unavailable_when_down
+    async def take(self, key: str, *, capacity: float, per_s: float, cost: float, need: float) -> tuple[bool, float]:
+        granted, level = await self._take(keys=[self._key(key)], args=[repr(capacity), repr(per_s), repr(cost), repr(need)])
+        return bool(granted), float(level)
+
+    @_unavailable_when_down
+    async def lease(self, key: str, holder: str, *, limit: int, ttl_s: float) -> int:
+        return int(await self._lease(keys=[self._key(key)], args=[holder, limit, repr(ttl_s)]))
+
+    @_unavailable_when_down
+    async def renew(self, leases: Sequence[tuple[str, str]], ttl_s: float) -> None:
+        if leases:  # one script: the keys of one server (no Redis Cluster)
+            await self._renew(keys=[self._key(key) for key, _ in leases], args=[repr(ttl_s), *(holder for _, holder in leases)])
+
+    @_unavailable_when_down
+    async def release(self, key: str, holder: str) -> None:
+        await self.client.zrem(self._key(key), holder)
 
     async def close(self) -> None:
         await self.client.aclose()

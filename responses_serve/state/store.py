@@ -6,7 +6,9 @@ contract test suite (tests/state/test_store_contract.py) covers them all and eve
 
 - values: `get`, `put`, `compare_and_set` (create-once, leases, flags), `delete`, `expire`;
 - lists, append-only (event logs, conversation items): `append` (all values or none,
-  optionally only at an expected length), `range`, `length`, `remove`.
+  optionally only at an expected length), `range`, `length`, `remove`;
+- quotas (responses_serve/state/quotas.py): token buckets (`take`) and expiring leases
+  (`lease`, `renew`, `release`), timed by the store's own clock so that every replica agrees.
 
 Every write carries a TTL (seconds): nothing stays forever. Values and lists share one key
 space; `delete` and `expire` work on both. Keys are plain strings; a backend may prefix
@@ -67,8 +69,30 @@ class Store(Protocol):
     async def remove(self, key: str, value: bytes) -> bool:
         """Remove the first element equal to `value`; True if one was removed."""
 
+    # -- quotas: token buckets and leases, each read-modify-write atomic, on the store's own clock --
+    async def take(self, key: str, *, capacity: float, per_s: float, cost: float, need: float) -> tuple[bool, float]:
+        """A token bucket at `key` (absent: full), refilled at `per_s` up to `capacity`: if it
+        holds at least `need`, take `cost` (it may go below zero: a debt that refills) and
+        return (True, the level left); else take nothing: (False, the level)."""
+
+    async def lease(self, key: str, holder: str, *, limit: int, ttl_s: float) -> int:
+        """Hold a place among the leases at `key` for `ttl_s` (a holder that has one renews
+        it): the number of live leases, or -1 if `limit` are held by others. A lease not
+        renewed or released expires: a holder that died frees its place."""
+
+    async def renew(self, leases: Sequence[tuple[str, str]], ttl_s: float) -> None:
+        """Give these (key, holder) leases `ttl_s` more, whatever the limit (taken back if one expired meanwhile)."""
+
+    async def release(self, key: str, holder: str) -> None:
+        """Give a lease up (absent: nothing happens)."""
+
     async def close(self) -> None:
         """Release connections (idempotent)."""
+
+
+def bucket_ttl_s(capacity: float, per_s: float, level: float) -> float:
+    """How long a bucket's state matters: until it is full again (then it is as if absent)."""
+    return (capacity - level) / per_s + 1.0
 
 
 class BoundedStore:
@@ -114,6 +138,18 @@ class BoundedStore:
 
     async def remove(self, key: str, value: bytes) -> bool:
         return await self._bounded(self.inner.remove(key, value))
+
+    async def take(self, key: str, *, capacity: float, per_s: float, cost: float, need: float) -> tuple[bool, float]:
+        return await self._bounded(self.inner.take(key, capacity=capacity, per_s=per_s, cost=cost, need=need))
+
+    async def lease(self, key: str, holder: str, *, limit: int, ttl_s: float) -> int:
+        return await self._bounded(self.inner.lease(key, holder, limit=limit, ttl_s=ttl_s))
+
+    async def renew(self, leases: Sequence[tuple[str, str]], ttl_s: float) -> None:
+        return await self._bounded(self.inner.renew(leases, ttl_s))
+
+    async def release(self, key: str, holder: str) -> None:
+        return await self._bounded(self.inner.release(key, holder))
 
     async def close(self) -> None:
         await self.inner.close()

@@ -61,5 +61,17 @@ class TenantStore:
     async def remove(self, key: str, value: bytes) -> bool:
         return await self.inner.remove(self._key(key), value)
 
+    async def take(self, key: str, *, capacity: float, per_s: float, cost: float, need: float) -> tuple[bool, float]:
+        return await self.inner.take(self._key(key), capacity=capacity, per_s=per_s, cost=cost, need=need)
+
+    async def lease(self, key: str, holder: str, *, limit: int, ttl_s: float) -> int:
+        return await self.inner.lease(self._key(key), holder, limit=limit, ttl_s=ttl_s)
+
+    async def renew(self, leases: Sequence[tuple[str, str]], ttl_s: float) -> None:
+        await self.inner.renew([(self._key(key), holder) for key, holder in leases], ttl_s)
+
+    async def release(self, key: str, holder: str) -> None:
+        await self.inner.release(self._key(key), holder)
+
     async def close(self) -> None:
         pass  # the shared store is closed by its owner

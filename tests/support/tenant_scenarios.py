@@ -135,3 +135,103 @@ def tenants_cannot_see_each_other(base_url: str, key_a: str, key_b: str, backgro
         assert a.get(f"{base_url}/responses/{ids['bg']}").status_code == 200
         follow_up = a.post(f"{base_url}/responses", json={"model": MODEL, "input": "on", "previous_response_id": second["id"]})
         assert follow_up.status_code == 200 and follow_up.json()["status"] == "completed"
+
+
+# -- quotas --------------------------------------------------------------------------------------
+
+
+def burst_within_requests_per_minute(urls: list[str], key: str, per_minute: int) -> None:
+    """A concurrent burst of twice the limit, spread over `urls` (the ingress replicas): the
+    limit is admitted plus at most what refills while the burst lasts; every answer carries
+    OpenAI's rate-limit headers, every refusal is a 429 naming the limit with Retry-After."""
+    import concurrent.futures
+    import time
+
+    body = {"model": MODEL, "input": "burst"}
+
+    def post(index: int) -> httpx.Response:
+        with httpx.Client(timeout=60, headers=bearer(key)) as http:
+            return http.post(f"{urls[index % len(urls)]}/responses", json=body)
+
+    started = time.monotonic()
+    with concurrent.futures.ThreadPoolExecutor(16) as pool:
+        answers = list(pool.map(post, range(2 * per_minute)))
+    lasted_s = time.monotonic() - started
+    admitted = [a for a in answers if a.status_code == 200]
+    refused = [a for a in answers if a.status_code != 200]
+    refills = per_minute * lasted_s / 60
+    assert per_minute <= len(admitted) <= per_minute + int(refills) + 1, (len(admitted), lasted_s)
+    for answer in answers:
+        assert answer.headers["x-ratelimit-limit-requests"] == str(per_minute)
+        assert int(answer.headers["x-ratelimit-remaining-requests"]) >= 0
+        assert answer.headers["x-ratelimit-reset-requests"].endswith("s")
+    for answer in refused:
+        assert answer.status_code == 429, answer.text
+        error = answer.json()["error"]
+        assert error["code"] == "rate_limit_exceeded" and "requests_per_minute" in error["message"]
+        assert 1 <= int(answer.headers["retry-after"]) <= 60 / per_minute + 1
+        assert answer.headers["x-ratelimit-remaining-requests"] == "0"
+
+
+def the_sdk_retries_after_a_429(base_url: str, key: str) -> None:
+    """With the tenant's requests used up, the official SDK's own retry waits as told and succeeds."""
+    import openai
+
+    sdk = openai.OpenAI(base_url=base_url, api_key=key, max_retries=4, timeout=60)
+    raw = sdk.responses.with_raw_response.create(model=MODEL, input="after the limit")
+    assert raw.retries_taken >= 1 and raw.http_response.status_code == 200
+    assert "x-ratelimit-remaining-requests" in raw.headers and raw.parse().status == "completed"
+    with pytest.raises(openai.RateLimitError) as refused:  # no retries: the 429 itself
+        openai.OpenAI(base_url=base_url, api_key=key, max_retries=0).responses.create(model=MODEL, input="again")
+    assert refused.value.code == "rate_limit_exceeded" and refused.value.response.headers["retry-after"]
+
+
+def max_concurrent_requests_refuses_the_next(base_url: str, key: str, slow_model: str, limit: int) -> None:
+    """`limit` open streams (on any replica): the next request, of any kind, is a 429 until one ends."""
+    import contextlib
+
+    readers = []  # each stream's reader kept: a reader dropped closes its stream
+    with contextlib.ExitStack() as streams:
+        for index in range(limit):
+            http = streams.enter_context(httpx.Client(timeout=120, headers=bearer(key)))
+            stream = streams.enter_context(
+                http.stream("POST", f"{base_url}/responses", json={"model": slow_model, "input": f"hold {index} " * 300, "stream": True})
+            )
+            assert stream.status_code == 200
+            readers.append(stream.iter_raw())
+            next(readers[-1])  # it is running
+        with httpx.Client(timeout=60, headers=bearer(key)) as http:
+            for body in ({"model": MODEL, "input": "one more"}, {"model": MODEL, "input": "one more", "stream": True}):
+                refused = http.post(f"{base_url}/responses", json=body)
+                assert refused.status_code == 429 and "max_concurrent_requests" in refused.json()["error"]["message"], refused.text[:300]
+                assert refused.headers["retry-after"] == "1"
+    with httpx.Client(timeout=60, headers=bearer(key)) as http:  # the streams ended: their places are free
+        assert _eventually_admitted(http, f"{base_url}/responses", {"model": MODEL, "input": "now"})
+
+
+def max_background_refuses_the_next(base_url: str, key: str, slow_model: str, limit: int) -> None:
+    """`limit` background responses running: the next one is a 429 until one is cancelled."""
+    body = {"model": slow_model, "input": "long " * 600, "background": True}
+    with httpx.Client(timeout=60, headers=bearer(key)) as http:
+        running = [http.post(f"{base_url}/responses", json=body) for _ in range(limit)]
+        assert all(r.status_code == 200 for r in running), [r.text for r in running]
+        refused = http.post(f"{base_url}/responses", json=body)
+        assert refused.status_code == 429 and "max_background" in refused.json()["error"]["message"]
+        assert http.post(f"{base_url}/responses", json={"model": MODEL, "input": "in the foreground"}).status_code == 200
+        for answer in running:
+            assert http.post(f"{base_url}/responses/{answer.json()['id']}/cancel").json()["status"] == "cancelled"
+        again = _eventually_admitted(http, f"{base_url}/responses", body)
+        http.post(f"{base_url}/responses/{again.json()['id']}/cancel")
+
+
+def _eventually_admitted(http: httpx.Client, url: str, body: dict) -> httpx.Response:
+    """Released places are freed as the ending request's last step (a moment after its client saw the end)."""
+    import time
+
+    deadline = time.monotonic() + 10
+    while True:
+        answer = http.post(url, json=body)
+        if answer.status_code != 429 or time.monotonic() > deadline:
+            assert answer.status_code == 200, answer.text
+            return answer
+        time.sleep(0.1)

@@ -42,10 +42,16 @@ async def start_background(turn: Turn, state, tenant: TenantState) -> Response:
         if not turn.stream.continuable or turn.store_error is not None:
             await responses.save(response, turn.input_items)
 
-    snapshot = await background.start(turn.stream, run_turn(turn, responses, state.max_stream_duration_s), turn.input_items, finish)
+    try:
+        snapshot = await background.start(turn.stream, run_turn(turn, responses, state.max_stream_duration_s), turn.input_items, finish)
+    except BaseException:  # no run: its place within the tenant's quotas goes back now
+        if turn.admission is not None:
+            await turn.admission.release()
+        raise
+    headers = {**_headers(background), **(turn.admission.headers if turn.admission is not None else {})}
     if turn.request.stream:
-        return _event_stream(background.follow(snapshot.id, -1), background, state.sse_keepalive_s)
-    return Response(snapshot.model_dump_json(by_alias=True), media_type="application/json", headers=_headers(background))
+        return EventStreamResponse(background.follow(snapshot.id, -1), state.sse_keepalive_s, headers=headers)
+    return Response(snapshot.model_dump_json(by_alias=True), media_type="application/json", headers=headers)
 
 
 def _event_stream(frames: AsyncGenerator[bytes, None], background: BackgroundRuns, keepalive_s: float | None) -> EventStreamResponse:

@@ -20,6 +20,7 @@ from responses_serve.api.errors import APIError, invalid_request, model_not_foun
 from responses_serve.api.limits import RequestLimits
 from responses_serve.api.request import ResponsesRequest, parse_request
 from responses_serve.api.sse import encode_events
+from responses_serve.server.auth import tenant_of
 from responses_serve.server.metrics import Metrics, RequestTrace, report_once, report_response
 from responses_serve.server.offload import parse_body_off_loop
 from responses_serve.server.routes.background import current_response, follow_response, start_background, wants_stream
@@ -35,22 +36,24 @@ router = APIRouter()
 T = TypeVar("T")
 
 
-def _json(data: str | bytes, status_code: int = 200) -> Response:
-    return Response(data, status_code=status_code, media_type="application/json")
+def _json(data: str | bytes, status_code: int = 200, headers: dict[str, str] | None = None) -> Response:
+    return Response(data, status_code=status_code, media_type="application/json", headers=headers)
 
 
 @router.post("/v1/responses")
 async def create_response(http_request: Request) -> Response:
     state = http_request.app.state
-    trace = http_request.state.trace = RequestTrace()  # reported when the request ends (metrics)
+    # Reported when the request ends (metrics).
+    trace = http_request.state.trace = RequestTrace(tenant=tenant_of(http_request.scope))
     request = await read_request(http_request, parse_request)
     tenant = tenant_state(http_request)
     turn = await begin_turn(request, state, tenant, tenant.responses, trace)
     if request.background:
         return await start_background(turn, state, tenant)
     events = run_turn(turn, tenant.responses, state.max_stream_duration_s)
+    headers = turn.admission.headers if turn.admission is not None else None
     if request.stream:
-        return EventStreamResponse(_sse(events, turn, state.metrics), state.sse_keepalive_s)
+        return EventStreamResponse(_sse(events, turn, state.metrics), state.sse_keepalive_s, headers=headers)
     try:
         async with contextlib.aclosing(events):
             async for _ in events:
@@ -68,7 +71,7 @@ async def create_response(http_request: Request) -> Response:
             raise invalid_request(response.error.message, code="invalid_prompt")
         raise server_error(response.error.message, status_code=503)
     # The same serialization as the terminal event of a stream: one source of truth.
-    return _json(response.model_dump_json(by_alias=True))
+    return _json(response.model_dump_json(by_alias=True), headers=headers)
 
 
 @router.get("/v1/responses/{response_id}")
@@ -128,7 +131,18 @@ async def begin_turn(request: ResponsesRequest, state: State, tenant: TenantStat
     trace.model = model.name
     if model.unavailable is not None and (why := await model.unavailable(model.name)):
         raise model_unavailable(model.name, why.reason)
-    turn = await start_turn(request, model, responses, tenant.conversations, state.cipher, trace, tenant.service_tiers)
+    # Within the tenant's quotas (or a 429), then counted: the prompt's tokens now, the output's
+    # as `run_turn` produces them; `run_turn` releases the admission when the turn ends.
+    admission = await tenant.quota.admit(background=request.background) if tenant.quota is not None else None
+    try:
+        turn = await start_turn(request, model, responses, tenant.conversations, state.cipher, trace, tenant.service_tiers)
+        if admission is not None:
+            await admission.charge_tokens(len(turn.prompt))
+    except BaseException:
+        if admission is not None:
+            await admission.release()
+        raise
+    turn.admission = admission
     logger.info(
         "response %s: model=%s stream=%s prompt_tokens=%d max_tokens=%d render_ms=%.1f reused_tokens=%d%s",
         turn.generation.request_id,

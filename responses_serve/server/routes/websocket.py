@@ -23,7 +23,7 @@ from starlette.websockets import WebSocketDisconnect
 
 from responses_serve.api.errors import APIError, server_error
 from responses_serve.api.websocket import CreateEvent, SteerEvent, error_message, event_message, parse_client_event, steer_failed_message
-from responses_serve.server.metrics import RequestTrace, report_once
+from responses_serve.server.metrics import RequestTrace, report_once, report_refusal
 from responses_serve.server.offload import parse_body_off_loop
 from responses_serve.server.routes.responses import begin_turn, reported
 from responses_serve.server.run import PromptOnly, run_turn
@@ -137,7 +137,7 @@ class ResponsesSocket:
 
     async def _respond(self, event: CreateEvent) -> None:
         metrics = self.state.metrics
-        trace = RequestTrace()
+        trace = RequestTrace(tenant=self.tenant.name)
         try:
             if event.error is not None:
                 raise event.error
@@ -145,6 +145,7 @@ class ResponsesSocket:
             turn = await begin_turn(event.request, self.state, self.tenant, self.responses, trace)
         except APIError as error:
             report_once(metrics, trace, "rejected", error.code)
+            report_refusal(metrics, self.websocket.scope, error)
             await self._send(error_message(error, event.lane))
             return
         events = run_turn(turn, self.responses, self.state.max_stream_duration_s, source=None if event.generate else PROMPT_ONLY)

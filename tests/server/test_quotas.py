@@ -1,0 +1,92 @@
+"""Quotas through the HTTP API, in-process: two apps on one store stand for two ingress replicas
+(the same scenarios through Serve: tests/serve/test_tenants_e2e.py)."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+
+from responses_serve.config import AuthConfig
+from responses_serve.engines.replay import ReplayBackend, ReplayConfig
+from responses_serve.server.app import ServedModel, create_app
+from responses_serve.server.metrics import NoMetrics
+from responses_serve.state import MemoryStore
+from tests.conftest import uvicorn_server
+from tests.support import tenant_scenarios
+from tests.support.tenant_scenarios import bearer
+
+KEYS = {name: f"sk-{name}-0123456789abcdef" for name in ("burst", "busy", "tokens", "free")}
+AUTH = AuthConfig.model_validate(
+    {
+        "keys": [
+            {"tenant": "burst", "key_env": "BURST", "limits": {"requests_per_minute": 12}},
+            {"tenant": "busy", "key_env": "BUSY", "limits": {"max_concurrent_requests": 2, "max_background": 1}},
+            {"tenant": "tokens", "key_env": "TOKENS", "limits": {"tokens_per_minute": 300}},
+            {"tenant": "free", "key_env": "FREE"},
+        ]
+    }
+)
+ENVIRON = {name.upper(): key for name, key in KEYS.items()}
+
+
+class Refusals(NoMetrics):
+    def __init__(self) -> None:
+        self.seen: list[tuple[str, int, str]] = []
+
+    def refused(self, tenant: str, status: int, reason: str) -> None:
+        self.seen.append((tenant, status, reason))
+
+
+@pytest.fixture(scope="module")
+def metrics() -> Refusals:
+    return Refusals()
+
+
+@pytest.fixture(scope="module")
+def replica_urls(metrics):
+    """Two apps (replicas) on one store, each with a slow model for requests that must overlap."""
+    store = MemoryStore()
+    apps = [
+        create_app(
+            [ServedModel("gpt-oss-replay", ReplayBackend()), ServedModel("slow", ReplayBackend(ReplayConfig(step_delay_s=0.05)))],
+            store=store,
+            auth=AUTH,
+            environ=ENVIRON,
+            metrics=metrics,
+        )
+        for _ in range(2)
+    ]
+    with uvicorn_server(apps[0]) as first, uvicorn_server(apps[1]) as second:
+        yield [first, second]
+
+
+def test_requests_per_minute_holds_across_replicas_and_the_sdk_retries(replica_urls, metrics):
+    tenant_scenarios.burst_within_requests_per_minute(replica_urls, KEYS["burst"], per_minute=12)
+    tenant_scenarios.the_sdk_retries_after_a_429(replica_urls[1], KEYS["burst"])
+    assert ("burst", 429, "requests_per_minute") in metrics.seen
+
+
+def test_max_concurrent_requests_holds_across_replicas(replica_urls):
+    tenant_scenarios.max_concurrent_requests_refuses_the_next(replica_urls[0], KEYS["busy"], "slow", limit=2)
+
+
+def test_max_background_refuses_the_next(replica_urls):
+    tenant_scenarios.max_background_refuses_the_next(replica_urls[1], KEYS["busy"], "slow", limit=1)
+
+
+def test_a_stream_is_never_cut_for_tokens_and_its_tokens_are_a_debt(replica_urls):
+    """300 tokens a minute; one stream of far more runs to its end, then the tenant waits."""
+    with httpx.Client(timeout=120, headers=bearer(KEYS["tokens"])) as http:
+        first = http.post(f"{replica_urls[0]}/responses", json={"model": "gpt-oss-replay", "input": "many tokens " * 200, "stream": True})
+        assert first.status_code == 200 and first.headers["x-ratelimit-limit-tokens"] == "300"
+        assert b"response.completed" in first.content
+        refused = http.post(f"{replica_urls[1]}/responses", json={"model": "gpt-oss-replay", "input": "more"})
+        assert refused.status_code == 429 and refused.json()["error"]["type"] == "tokens"
+        assert "tokens_per_minute" in refused.json()["error"]["message"]
+        assert int(refused.headers["retry-after"]) > 10  # hundreds of tokens of debt at 5 a second
+
+
+def test_a_tenant_without_limits_gets_no_rate_headers(replica_urls):
+    with httpx.Client(timeout=60, headers=bearer(KEYS["free"])) as http:
+        answer = http.post(f"{replica_urls[0]}/responses", json={"model": "gpt-oss-replay", "input": "x"})
+    assert answer.status_code == 200 and not [h for h in answer.headers if h.startswith("x-ratelimit")]
