@@ -387,15 +387,19 @@ SECURED_ARGS = {
 }
 
 
-@pytest.fixture(scope="session")
-def secured_url(serve_url) -> str:
-    """The secured application's base URL (`.../api/v1`), through the session's proxy."""
+@pytest.fixture(scope="module")
+def secured_url(serve_url) -> Iterator[str]:
+    """The secured application's base URL (`.../api/v1`), through the session's proxy; taken
+    down after the module that uses it, so the rest of the session does not carry it."""
     from ray import serve
 
     from responses_serve.serve.app import build_app
 
     serve.run(build_app(SECURED_ARGS), name=SECURED_APP, route_prefix=SECURED_PREFIX)
-    return serve_url.removesuffix("/v1") + SECURED_PREFIX + "/v1"
+    try:
+        yield serve_url.removesuffix("/v1") + SECURED_PREFIX + "/v1"
+    finally:
+        serve.delete(SECURED_APP)
 
 
 @pytest.fixture(scope="session")

@@ -14,6 +14,12 @@
 Over a limit: `RateLimited`, a 429 naming the limit, with `Retry-After` and OpenAI's
 `x-ratelimit-*` headers, which `Admission.headers` also gives every admitted request.
 Server-side tools (the tool loop) charge their tokens and calls on the same `Admission`.
+
+Not the `limits` library: it has no token bucket and no charge after the fact (a cost over
+the limit is refused, never counted), its moving window stores one entry per unit (two
+million for a tokens-per-minute limit), it knows no leases, and each limit would be a round
+trip of its own over a connection pool of its own. Two small primitives of the store do it,
+atomically on every backend (tests/state/test_quota_primitives.py).
 """
 
 from __future__ import annotations
@@ -121,16 +127,27 @@ class Admission:
         await self.quota.charge(requests=requests)
 
     async def release(self) -> None:
-        """Give the leases back (idempotent). Stopped renewing at once; the store told if it answers."""
+        """Give the leases back (idempotent): no longer renewed from now on, and given back in
+        the store by a task of its own, which the caller's cancellation (a client that went
+        away) does not stop; if the store does not answer, they expire."""
         if self.released:
             return
         self.released = True
-        keeper = self.quota.keeper
         for key in self.leases:
-            keeper.drop(self.quota.store.prefix + key, self.holder)
+            self.quota.keeper.drop(self.quota.store.prefix + key, self.holder)
+        if self.leases:
+            task = asyncio.create_task(self._give_back())
+            _GIVING_BACK.add(task)
+            task.add_done_callback(_GIVING_BACK.discard)
+            await asyncio.shield(task)
+
+    async def _give_back(self) -> None:
         for key in self.leases:
-            with contextlib.suppress(StoreUnavailable):  # it expires then
+            with contextlib.suppress(StoreUnavailable):
                 await self.quota.store.release(key, self.holder)
+
+
+_GIVING_BACK: set[asyncio.Task] = set()  # releases in flight (the loop keeps only weak references to tasks)
 
 
 class TenantQuota:

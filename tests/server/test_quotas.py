@@ -12,10 +12,10 @@ from responses_serve.server.app import ServedModel, create_app
 from responses_serve.server.metrics import NoMetrics
 from responses_serve.state import MemoryStore
 from tests.conftest import uvicorn_server
-from tests.support import tenant_scenarios
+from tests.support import socket_scenarios, tenant_scenarios
 from tests.support.tenant_scenarios import bearer
 
-KEYS = {name: f"sk-{name}-0123456789abcdef" for name in ("burst", "busy", "tokens", "free")}
+KEYS = {name: f"sk-{name}-0123456789abcdef" for name in ("burst", "busy", "tokens", "free", "socket")}
 AUTH = AuthConfig.model_validate(
     {
         "keys": [
@@ -23,6 +23,7 @@ AUTH = AuthConfig.model_validate(
             {"tenant": "busy", "key_env": "BUSY", "limits": {"max_concurrent_requests": 2, "max_background": 1}},
             {"tenant": "tokens", "key_env": "TOKENS", "limits": {"tokens_per_minute": 300}},
             {"tenant": "free", "key_env": "FREE"},
+            {"tenant": "socket", "key_env": "SOCKET", "limits": {"requests_per_minute": 1}},
         ]
     }
 )
@@ -90,3 +91,14 @@ def test_a_tenant_without_limits_gets_no_rate_headers(replica_urls):
     with httpx.Client(timeout=60, headers=bearer(KEYS["free"])) as http:
         answer = http.post(f"{replica_urls[0]}/responses", json={"model": "gpt-oss-replay", "input": "x"})
     assert answer.status_code == 200 and not [h for h in answer.headers if h.startswith("x-ratelimit")]
+
+
+def test_a_websocket_create_counts_and_is_refused_with_an_error_event(replica_urls, metrics):
+    with socket_scenarios.socket(replica_urls[0], bearer(KEYS["socket"])) as connection:
+        socket_scenarios.create(connection, model="gpt-oss-replay", input="first")
+        assert socket_scenarios.until_end(connection)[-1]["type"] == "response.completed"
+        socket_scenarios.create(connection, model="gpt-oss-replay", input="second")
+        (error,) = socket_scenarios.until_end(connection)
+        assert error["status"] == 429 and error["error"]["code"] == "rate_limit_exceeded"
+        assert "requests_per_minute" in error["error"]["message"]
+    assert ("socket", 429, "requests_per_minute") in metrics.seen

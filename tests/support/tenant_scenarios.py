@@ -40,7 +40,13 @@ def unauthenticated_everywhere(base_url: str, key: str, paths: list[str]) -> Non
             for method in ("GET", "POST", "DELETE", "HEAD", "OPTIONS", "PUT", "PATCH"):
                 for headers in wrong_headers:
                     answer = http.request(method, origin.group(0) + path, headers=headers, json={} if method == "POST" else None)
-                    assert answer.status_code in (401, 431), (method, path, answer.status_code, answer.text[:200])
+                    huge = len(headers.get("Authorization", "")) > 8192  # a proxy in front may refuse it first (400, 431)
+                    assert answer.status_code in ((400, 401, 431) if huge else (401,)), (
+                        method,
+                        path,
+                        answer.status_code,
+                        answer.text[:200],
+                    )
                     if answer.status_code == 401 and method != "HEAD":
                         assert answer.json()["error"]["code"] == "invalid_api_key"
                         assert key not in answer.text

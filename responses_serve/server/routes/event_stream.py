@@ -13,13 +13,16 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import AsyncGenerator
+from typing import Any
 
+import anyio
 from starlette.responses import StreamingResponse
 from starlette.types import Send
 
 logger = logging.getLogger("responses_serve")
 
 KEEPALIVE = b": keep-alive\n\n"
+CLOSE_TIMEOUT_S = 5.0  # the longest a stream's own cleanup may hold its end
 HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}  # X-Accel: nginx must not buffer it
 
 
@@ -44,6 +47,11 @@ class EventStreamResponse(StreamingResponse):
                 self._last_write = loop.time()
                 await send({"type": "http.response.body", "body": frame, "more_body": True})
         finally:
+            # A client that went away cancels this: the events' own `finally` blocks (aborting
+            # the engine request, giving the tenant's places back) run now, not whenever the
+            # garbage collector finds the abandoned generator (Starlette leaves it open).
+            with anyio.CancelScope(shield=True), anyio.move_on_after(CLOSE_TIMEOUT_S):
+                await _close(self.body_iterator)
             # Before the last write: no comment may follow the end of the body. `wait`, not
             # `await keepalive`: a cancellation of this task must go on propagating.
             if keepalive is not None:
@@ -65,3 +73,9 @@ class EventStreamResponse(StreamingResponse):
                 continue
             self._last_write = loop.time()
             await send({"type": "http.response.body", "body": KEEPALIVE, "more_body": True})
+
+
+async def _close(iterator: Any) -> None:
+    aclose = getattr(iterator, "aclose", None)
+    if aclose is not None:
+        await aclose()
