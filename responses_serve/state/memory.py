@@ -3,10 +3,18 @@
 Used directly for tests and a single-replica app (`store: {type: memory}`), and inside the
 embedded store deployment (`responses_serve/serve/store.py`), whose one replica every ingress replica
 calls. Each method runs without awaiting, so on one event loop every call is atomic.
+
+Every call costs O(log n) at most in the number of keys n: keys expire through a heap of
+their expiry times (the due ones are taken off its top), and the keys written longest ago
+go first from an ordered dict when a bound is reached. A key given a new expiry leaves its
+old heap entry behind, skipped when it comes up; the heap is rebuilt once those outnumber
+the keys. (A scan of every key on each write cost 14 ms a write at 100,000 keys.)
 """
 
 from __future__ import annotations
 
+import heapq
+import itertools
 import json
 import time
 from collections import OrderedDict
@@ -21,6 +29,7 @@ class _Entry:
     value: bytes | list[bytes]
     expires_at: float
     size: int
+    stamp: int  # of its current entry in the expiry heap
 
 
 def _size(key: str, value: bytes | list[bytes]) -> int:
@@ -37,6 +46,8 @@ class MemoryStore:
         self._clock = clock
         self._entries: OrderedDict[str, _Entry] = OrderedDict()
         self._bytes = 0
+        self._expiries: list[tuple[float, int, str]] = []  # (expires_at, stamp, key), a heap
+        self._stamps = itertools.count()
 
     def stats(self) -> dict[str, int]:
         return {"entries": len(self._entries), "bytes": self._bytes}
@@ -57,15 +68,26 @@ class MemoryStore:
     def _set(self, key: str, value: bytes | list[bytes], ttl_s: float) -> None:
         if key in self._entries:
             self._drop(key)
-        entry = _Entry(value, self._clock() + ttl_s, _size(key, value))
+        entry = _Entry(value, 0.0, _size(key, value), 0)
         self._entries[key] = entry
         self._bytes += entry.size
+        self._expire_at(key, entry, self._clock() + ttl_s)
         self._evict(keep=key)
+
+    def _expire_at(self, key: str, entry: _Entry, expires_at: float) -> None:
+        entry.expires_at, entry.stamp = expires_at, next(self._stamps)
+        heapq.heappush(self._expiries, (expires_at, entry.stamp, key))
+        if len(self._expiries) > 2 * len(self._entries) + 64:  # mostly stale: rebuilt, O(n) once per n pushes
+            self._expiries = [(e.expires_at, e.stamp, k) for k, e in self._entries.items()]
+            heapq.heapify(self._expiries)
 
     def _evict(self, keep: str) -> None:
         now = self._clock()
-        for key in [k for k, e in self._entries.items() if e.expires_at <= now]:
-            self._drop(key)
+        while self._expiries and self._expiries[0][0] <= now:
+            _, stamp, key = heapq.heappop(self._expiries)
+            entry = self._entries.get(key)
+            if entry is not None and entry.stamp == stamp:  # not a stale one
+                self._drop(key)
         while len(self._entries) > self.max_entries or self._bytes > self.max_bytes:
             oldest = next(iter(self._entries))
             if oldest == keep:  # one entry larger than the whole budget: it goes too
@@ -105,7 +127,7 @@ class MemoryStore:
         for key in keys:
             entry = self._live(key)
             if entry is not None:
-                entry.expires_at = self._clock() + ttl_s
+                self._expire_at(key, entry, self._clock() + ttl_s)
                 self._entries.move_to_end(key)
                 found += 1
         return found
@@ -125,7 +147,7 @@ class MemoryStore:
         added = [bytes(v) for v in values]
         entry.value.extend(added)
         entry.size += sum(len(v) for v in added)
-        entry.expires_at = self._clock() + ttl_s
+        self._expire_at(key, entry, self._clock() + ttl_s)
         self._bytes += sum(len(v) for v in added)
         self._entries.move_to_end(key)
         length = len(entry.value)

@@ -175,7 +175,13 @@ CASES = [
         "mutually_exclusive_parameters",
     ),
     ("conversation_bad_type", {"model": MODEL, "input": "hi", "conversation": 5}, 400, "conversation", "invalid_type"),
-    ("metadata_too_many", {"model": MODEL, "input": "hi", "metadata": {str(i): "v" for i in range(17)}}, 400, "metadata", "object_above_max_properties"),
+    (
+        "metadata_too_many",
+        {"model": MODEL, "input": "hi", "metadata": {str(i): "v" for i in range(17)}},
+        400,
+        "metadata",
+        "object_above_max_properties",
+    ),
     (
         "top_logprobs_too_high",
         {"model": MODEL, "input": "hi", "include": ["message.output_text.logprobs"], "top_logprobs": 21},
