@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import contextvars
+import json
 import logging
 import os
 import socket
@@ -28,7 +29,7 @@ from openai.types.responses.response_error import ResponseError
 from responses_serve.api.errors import invalid_request, response_not_found
 from responses_serve.api.sse import frame
 from responses_serve.families.harmony import HistoryItem
-from responses_serve.state.responses import ResponseStore
+from responses_serve.state.responses import FINISHED, ResponseStore
 from responses_serve.state.runs import RunRecord, RunStore
 from responses_serve.state.store import StoreUnavailable
 from responses_serve.stream import ResponseStream
@@ -37,6 +38,7 @@ logger = logging.getLogger("responses_serve.background")
 
 Finish = Callable[[Response], Awaitable[None]]
 _ACTIVE = ("queued", "in_progress")
+TERMINAL_EVENTS = ("response.completed", "response.incomplete", "response.failed")
 
 
 def default_replica_id() -> str:
@@ -107,11 +109,19 @@ class BackgroundRuns:
         input_items: list[HistoryItem],
         finish: Finish,
     ) -> Response:
-        """Store the response as `in_progress`, start its run here, return that snapshot."""
+        """Store the response as `in_progress`, start its run here, return that snapshot.
+        The run's record is made first: a stored response in progress always has one, whose
+        lease fails it if its run never starts (a snapshot stored before a record that could
+        not be made stayed `in_progress` for the response's TTL)."""
         response = stream.response
         snapshot = response.model_copy(deep=True)
-        await self.responses.save(snapshot, input_items)
         await self.runs.create(response.id, self.replica_id)
+        try:
+            await self.responses.save(snapshot, input_items)
+        except BaseException:
+            with contextlib.suppress(StoreUnavailable):  # else its lease runs out, and a sweep closes it
+                await self.runs.delete(response.id)
+            raise
         local = _LocalRun(response.id, stream)
         self._local[response.id] = local
         self._on_running(len(self._local))
@@ -244,7 +254,7 @@ class BackgroundRuns:
         if not response.background or response.status not in _ACTIVE:
             return response
         record = await self.runs.get(response.id)
-        if record is not None and record.expired(self.runs.clock()):
+        if record is None or record.expired(self.runs.clock()):  # no record: its run is gone too
             await self._expire(response.id)
         turn = await self.responses.get(response.id)
         return turn.response if turn is not None else response
@@ -263,11 +273,22 @@ class BackgroundRuns:
     async def _expire(self, response_id: str) -> None:
         """Declare a run whose lease ran out failed: a `response.failed` event at the end of
         its log (only if nobody wrote there meanwhile: then the owner lives), the failed
-        response stored, the run closed."""
+        response stored, the run closed. A run that had ended (its log ends with its
+        terminal event, or its response is stored finished), whose owner went before it
+        closed it, is closed as it ended instead: never failed after its end."""
         turn = await self.responses.get(response_id)
-        if turn is None:
-            return
         at = await self.runs.length(response_id)
+        if turn is None:  # deleted, or never stored (its save failed): nothing to fail
+            await self.runs.close(response_id, at, "failed")
+            return
+        stored = turn.response
+        ended = stored if stored.status in FINISHED else await self._logged_end(response_id, at)
+        if ended is not None:
+            if ended is not stored:  # its end is in the log, not yet in the store
+                await self.responses.save(ended, turn.input)
+            logger.warning("background response %s: its replica went after it ended (%s); closed", response_id, ended.status)
+            await self.runs.close(response_id, at, ended.status or "failed")
+            return
         failed = turn.response.model_copy(
             update={
                 "status": "failed",
@@ -283,6 +304,18 @@ class BackgroundRuns:
         logger.warning("background response %s: its replica is gone (lease expired); failed", response_id)
         await self.responses.save(failed, turn.input)
         await self.runs.close(response_id, at + 1, "failed")
+
+    async def _logged_end(self, response_id: str, length: int) -> Response | None:
+        """The response of the terminal event that ends the run's log, if it ends with one."""
+        if length == 0:
+            return None
+        last = await self.runs.events(response_id, length - 1)
+        if not last:
+            return None
+        kind, _, data = last[-1].partition(b"\ndata: ")
+        if kind.removeprefix(b"event: ").decode() not in TERMINAL_EVENTS:
+            return None
+        return Response.model_validate(json.loads(data)["response"])
 
     async def background_response(self, response_id: str) -> Response:
         turn = await self.responses.get(response_id)

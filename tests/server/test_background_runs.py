@@ -13,7 +13,8 @@ from responses_serve.engines.replay import ReplayBackend, ReplayConfig
 from responses_serve.server.background import BackgroundRuns
 from responses_serve.server.run import engine_events
 from responses_serve.state import MemoryStore, ResponseStore
-from responses_serve.state.runs import RunStore
+from responses_serve.state.runs import RunStore, run_key
+from responses_serve.state.store import StoreUnavailable
 from responses_serve.stream import ResponseStream, new_id
 from responses_serve.tokens import GenerationRequest
 from tests.support.contract import parse_sse
@@ -195,3 +196,115 @@ async def test_a_cancel_that_lands_while_the_end_is_stored_does_not_cut_it():
     record = await runs.runs.get(snapshot.id)
     assert record.closed and record.status == "completed" and record.length == len(events)
     assert not runs.running
+
+
+async def start_with(runs: BackgroundRuns, backend: ReplayBackend, text: str, finish) -> tuple[str, ResponseStream]:
+    """`start`, with a `finish` of the test's, and the stream (its id even when start fails)."""
+    from responses_serve.families.harmony import HarmonyModel
+
+    request = ResponsesRequest(model="m", input=text, background=True)
+    family = HarmonyModel()
+    prompt = family.render_prompt(request, request.input_items())
+    generation = GenerationRequest(
+        request_id=new_id("resp"), prompt_token_ids=prompt, stop_token_ids=family.stop_token_ids, max_tokens=10_000
+    )
+    stream = ResponseStream(request, response_id=generation.request_id, parser_factory=lambda sink: family.parser(sink, prompt))
+    try:
+        snapshot = await runs.start(stream, engine_events(stream, backend, generation), request.input_items(), finish)
+    except Exception:
+        return stream.response.id, stream
+    return snapshot.id, stream
+
+
+@pytest.mark.parametrize("lost", ["the final save", "the close"])
+async def test_a_run_that_ended_is_never_failed_after_its_end(lost):
+    """The owner streamed the whole response (its log ends with `response.completed`) and
+    then could not store its end or close its run (the store failed; then its replica went):
+    once its lease runs out, a sweep closes the run as it ended. It used to append
+    `response.failed` after `response.completed` and store the response as failed."""
+    store, clock = MemoryStore(), Clock()
+    owner, sweeper = replica(store, clock, "a"), replica(store, clock, "b")
+
+    async def finish(response) -> None:
+        if lost == "the final save":
+            raise StoreUnavailable()
+        await owner.responses.save(response, [])
+
+    async def close(*args, **kwargs):
+        raise StoreUnavailable()
+
+    if lost == "the close":
+        owner.runs.close = close  # type: ignore[method-assign]
+    response_id, stream = await start_with(owner, ReplayBackend(), "all of it", finish)
+    while owner.running:
+        await asyncio.sleep(0.01)
+    assert (await sweeper.runs.get(response_id)).closed is False
+    clock.now += 11
+    await sweeper.sweep()
+    stored = (await sweeper.responses.get(response_id)).response
+    assert stored.status == "completed" and stored.output_text == "all of it" == stream.response.output_text
+    events = await collect(sweeper, response_id)
+    assert [e["type"] for e in events].count("response.completed") == 1
+    assert events[-1]["type"] == "response.completed" and not [e for e in events if e["type"] == "response.failed"]
+    record = await sweeper.runs.get(response_id)
+    assert record.closed and record.status == "completed" and record.length == len(events)
+    assert await sweeper.runs.open_runs() == []
+    assert (await sweeper.refresh(stored)).status == "completed"
+
+
+class RefusingStore(MemoryStore):
+    """A store that is unavailable for the keys `refused` picks (and only for writes)."""
+
+    def __init__(self, refused) -> None:
+        super().__init__()
+        self.refused = refused
+
+    async def put(self, key, value, *, ttl_s):
+        if self.refused(key):
+            raise StoreUnavailable()
+        return await super().put(key, value, ttl_s=ttl_s)
+
+    async def compare_and_set(self, key, expected, value, *, ttl_s):
+        if self.refused(key):
+            raise StoreUnavailable()
+        return await super().compare_and_set(key, expected, value, ttl_s=ttl_s)
+
+
+async def test_a_run_that_cannot_be_recorded_leaves_no_response_in_progress():
+    """The run's record could not be made: the start fails (a 503), and no response is left
+    `in_progress` (its snapshot was stored first, and stayed so for the response's TTL)."""
+    clock = Clock()
+    store = RefusingStore(lambda key: ":run:" in key)
+    runs = replica(store, clock, "a")
+    backend = ReplayBackend()
+    response_id, _ = await start_with(runs, backend, "never", lambda response: asyncio.sleep(0))
+    assert not runs.running and backend.num_running() == 0
+    turn = await runs.responses.get(response_id)
+    assert turn is None or (await runs.refresh(turn.response)).status == "failed"
+
+
+async def test_a_snapshot_that_cannot_be_stored_leaves_no_run_open():
+    """The record was made, the snapshot could not be stored: the start fails, and the run is
+    not left open (deleted; else its lease runs out and a sweep closes it)."""
+    clock = Clock()
+    store = RefusingStore(lambda key: ":response:" in key)
+    runs = replica(store, clock, "a")
+    response_id, _ = await start_with(runs, ReplayBackend(), "never", lambda response: asyncio.sleep(0))
+    assert not runs.running
+    assert await runs.responses.get(response_id) is None
+    clock.now += 11
+    await runs.sweep()
+    assert await runs.runs.open_runs() == []
+
+
+async def test_an_active_response_whose_run_record_is_gone_is_failed():
+    store, clock = MemoryStore(), Clock()
+    owner, reader = replica(store, clock, "a"), replica(store, clock, "b")
+    response_id = await start(owner, ReplayBackend(ReplayConfig(step_delay_s=0.05)), "v" * 2000)
+    owner.renew_s = 3600
+    await asyncio.sleep(0.05)
+    await owner.runs.store.delete(run_key(response_id))  # lost (its TTL, or a store that lost it)
+    refreshed = await reader.refresh((await reader.responses.get(response_id)).response)
+    assert refreshed.status == "failed"
+    while owner.running:
+        await asyncio.sleep(0.01)
