@@ -11,6 +11,7 @@ ROOT = Path(__file__).resolve().parents[2]
 K8S = ROOT / "k8s"
 RAYSERVICES = sorted(K8S.glob("rayservice-*.yaml"))
 VALKEY = K8S / "store" / "redis.yaml"
+TOOLS = {path.stem: path for path in sorted((K8S / "tools").glob("*.yaml"))}  # the built-in tools' MCP servers
 # Opt-in policies (applied on their own), beside the ones every install applies.
 OPT_IN = sorted((K8S / "network").glob("*.yaml"))
 

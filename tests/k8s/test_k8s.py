@@ -61,8 +61,8 @@ def test_rayservice_serves_its_config(name):
     """The config file's applications, plus what only this cluster has: the ingress held to
     CPU nodes (a single machine's `serve run` has no node labels), the store in Redis (the
     config's one-line switch from its embedded default: k8s/store/, which survives restarts),
-    and the store's password read from a variable of its own (KubeRay sets REDIS_PASSWORD on
-    the head to the GCS's)."""
+    the store's password read from a variable of its own (KubeRay sets REDIS_PASSWORD on the
+    head to the GCS's), and API keys (a public endpoint is not open)."""
     manifest = rayservice(ROOT / "k8s" / name)
     config = yaml.safe_load((ROOT / "responses_serve" / "configs" / SERVES[name]).read_text())
     applications = yaml.safe_load(manifest["spec"]["serveConfigV2"])["applications"]
@@ -72,6 +72,7 @@ def test_rayservice_serves_its_config(name):
         assert application["args"]["store"]["type"] == "redis"
         application["args"]["store"]["type"] = "embedded"
         assert application["args"]["store"].pop("password_env") != "REDIS_PASSWORD"
+        assert application["args"].pop("auth")["keys"]  # API keys (tests/k8s/test_k8s_security.py)
     assert applications == config["applications"]
 
 
@@ -147,9 +148,11 @@ def test_probes_and_secrets(path):
     for group in manifest["spec"]["rayClusterConfig"]["workerGroupSpecs"]:
         (container,) = group["template"]["spec"]["containers"]
         probe = " ".join(container["readinessProbe"]["exec"]["command"])
-        # KubeRay's own checks (raylet, Serve proxy), and our app's /health through the proxy.
-        for url in ("localhost:52365/api/local_raylet_healthz", "localhost:8000/-/healthz", "localhost:8000/health"):
+        # KubeRay's own checks (raylet, Serve proxy), and our app's readiness through the proxy
+        # (every model has a running engine replica), not its liveness (/health).
+        for url in ("localhost:52365/api/local_raylet_healthz", "localhost:8000/-/healthz", "localhost:8000/ready"):
             assert url in probe
+        assert "/health " not in probe + " "
 
 
 def test_gpt_oss_120b_pods_hold_one_tensor_parallel_engine():

@@ -1,8 +1,9 @@
 """The RayService's head pod, run on this machine as the manifests configure it: a read-only
 root filesystem with only the manifest's emptyDirs (and KubeRay's /dev/shm) writable (a
 bubblewrap sandbox), Ray token authentication on, the GCS's state in the Valkey of
-k8s/store/redis.yaml as its user `ray-gcs`, and the app's store there as its user
-`responses-store` (tests/support/k8s_pod.py is what runs inside). Then KubeRay's cleanup of a
+k8s/store/redis.yaml as its user `ray-gcs`, the app's store there as its user
+`responses-store`, its API keys from the environment, and a worker's readiness probe
+(tests/support/k8s_pod.py is what runs inside). Then KubeRay's cleanup of a
 deleted cluster's GCS state, as `ray-gcs`, leaves the stored responses alone.
 One Ray start (~1 min): marked `cluster`.
 """
@@ -25,6 +26,7 @@ from tests.conftest import K8S_PASSWORDS, free_port
 from tests.k8s.manifests import RAYSERVICES, ROOT, applications, env, groups, ray_container, rayservice
 
 pytestmark = pytest.mark.cluster
+API_KEYS = {"team-a": "sk-team-a-" + secrets.token_hex(16)}  # the Secret responses-serve-api-keys, by key
 
 
 def _writable(container: dict) -> list[Path]:
@@ -41,7 +43,8 @@ def _head_environment(service: dict, valkey, namespace: str, token: str) -> dict
     secret_values = {**K8S_PASSWORDS, "responses-serve-reasoning-keys": Fernet.generate_key().decode()}
     for name, entry in env(ray_container(groups(service)[0])).items():
         if "valueFrom" in entry:
-            environment[name] = secret_values[entry["valueFrom"]["secretKeyRef"]["name"]]
+            ref = entry["valueFrom"]["secretKeyRef"]
+            environment[name] = API_KEYS[ref["key"]] if ref["name"] == "responses-serve-api-keys" else secret_values[ref["name"]]
         else:
             environment[name] = entry["value"].replace("responses-serve-redis:6379", local)
     from responses_serve.serve import haproxy
@@ -64,13 +67,16 @@ def _head_environment(service: dict, valkey, namespace: str, token: str) -> dict
     return environment
 
 
-def _app_args(service: dict) -> dict:
-    """The manifest's application with a replay model in place of the GPU one and no node labels."""
+def _settings(service: dict) -> dict:
+    """For tests/support/k8s_pod.py: the manifest's application with a replay model in place of
+    the GPU one and no node labels, a worker's readiness probe, a tenant's key variable."""
     (application,) = applications(service)
     args = dict(application["args"])
     args["models"] = [{"name": "gpt-oss-replay", "engine": {"num_replicas": 1, "ray_actor_options": {"num_cpus": 0}}}]
     args["ingress"] = {"num_replicas": 2, "ray_actor_options": {"num_cpus": 0}}
-    return args
+    probe = ray_container(groups(service)[-1])["readinessProbe"]["exec"]["command"]
+    assert probe[:2] == ["bash", "-c"]
+    return {"app": args, "probe": probe[2], "key_env": args["auth"]["keys"][0]["key_env"]}
 
 
 def _keys(client: redis.Redis, pattern: str) -> list[bytes]:
@@ -84,11 +90,11 @@ def test_the_head_pod_runs_on_a_read_only_root_with_token_auth_and_its_valkey_us
     service = rayservice(RAYSERVICES[0])
     namespace, token = f"test-{uuid.uuid4().hex}", secrets.token_hex(16)
     writable = _writable(ray_container(groups(service)[0]))
-    sandbox = [str(bwrap_path()), "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--die-with-parent"]
+    sandbox = [str(bwrap_path()), "--ro-bind", "/", "/", "--dev", "/dev", "--unshare-pid", "--proc", "/proc", "--die-with-parent"]
     for path in writable:
         path.mkdir(parents=True, exist_ok=True)  # a mount point must exist in the read-only root
         sandbox += ["--tmpfs", str(path)]
-    command = [*sandbox, "--chdir", str(ROOT), sys.executable, "-m", "tests.support.k8s_pod", json.dumps(_app_args(service))]
+    command = [*sandbox, "--chdir", str(ROOT), sys.executable, "-m", "tests.support.k8s_pod", json.dumps(_settings(service))]
     done = subprocess.run(
         command, env=_head_environment(service, k8s_valkey, namespace, token), capture_output=True, text=True, timeout=600
     )
@@ -98,6 +104,11 @@ def test_the_head_pod_runs_on_a_read_only_root_with_token_auth_and_its_valkey_us
 
     # Ray's dashboard (what KubeRay's operator calls) refuses calls without the token.
     assert (seen["dashboard_without_token"], seen["dashboard_with_wrong_token"], seen["dashboard_with_token"]) == (401, 403, 200)
+    # A worker's readiness probe passes once the app answers /ready; API keys: only the health
+    # routes are open.
+    assert seen["probe"] == 0, seen.get("probe_parts")
+    assert seen["open"] == {"/health": 200, "/ready": 200}
+    assert set(seen["without_key"].values()) == {401}
     # A response stored through the store user, read back by id.
     assert seen["stored"]["id"] == seen["created"]["id"] and seen["stored"]["output"] == seen["created"]["output"]
     store = redis.Redis(port=k8s_valkey.port, username=k8s_valkey.env["STORE_USER"], password=K8S_PASSWORDS["responses-serve-store"])

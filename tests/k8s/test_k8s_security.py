@@ -14,6 +14,7 @@ from tests.k8s.manifests import (
     K8S,
     OPT_IN,
     RAYSERVICES,
+    TOOLS,
     VALKEY,
     applications,
     documents,
@@ -62,6 +63,7 @@ def test_the_manifests_are_the_ones_checked_here():
         [(p.name, "RayService") for p in RAYSERVICES]
         + [(p.name, "NetworkPolicy") for p in RAYSERVICES for _ in range(2)]
         + [("store/redis.yaml", kind) for kind in ("Deployment", "Service", "NetworkPolicy")]
+        + [(f"tools/{tool}.yaml", kind) for tool in ("browser", "python") for kind in ("Deployment", "Service", "NetworkPolicy")]
         + [(p.relative_to(K8S).as_posix(), "NetworkPolicy") for p in OPT_IN]
     )
 
@@ -190,6 +192,25 @@ def test_no_secret_in_plain_text():
 
 
 @pytest.mark.parametrize("path", RAYSERVICES, ids=lambda p: p.name)
+def test_api_keys_come_from_a_secret_where_the_ingress_runs(path):
+    """The server is not open: `auth` names each key's variable, and every pod that may run an
+    ingress replica sets it from the Secret responses-serve-api-keys (a replica without it
+    refuses to start); no key is in the config itself."""
+    service = rayservice(path)
+    (application,) = applications(service)
+    keys = application["args"]["auth"]["keys"]
+    assert keys and all("key_env" in key and "key_sha256" not in key for key in keys)
+    for group in groups(service):
+        variables = env(ray_container(group))
+        for key in keys:
+            if runs_ingress(service, group):
+                ref = variables[key["key_env"]]["valueFrom"]["secretKeyRef"]
+                assert ref["name"] == "responses-serve-api-keys", key
+            else:
+                assert key["key_env"] not in variables
+
+
+@pytest.mark.parametrize("path", RAYSERVICES, ids=lambda p: p.name)
 def test_credentials_only_where_the_ingress_runs(path):
     """The store's password and the reasoning keys (and the API keys) live on the pods where
     ingress replicas may run; GPU pods, which hold only engines, have no Secret at all."""
@@ -214,7 +235,7 @@ def _ray_pod(path) -> Pod:
 
 
 def _policies(opt_in: bool = False) -> list[dict]:
-    paths = [*RAYSERVICES, VALKEY, *(OPT_IN if opt_in else [])]
+    paths = [*RAYSERVICES, VALKEY, *TOOLS.values(), *(OPT_IN if opt_in else [])]
     return [d for path in paths for d in documents(path) if d["kind"] == "NetworkPolicy"]
 
 
@@ -329,3 +350,88 @@ def test_each_rayservice_file_brings_the_policies_of_its_own_pods(path):
     assert policies and all(p["spec"]["podSelector"]["matchLabels"] == _labels(path) for p in policies)
     directions = {t for p in policies for t in p["spec"]["policyTypes"]}
     assert directions == {"Ingress", "Egress"}
+
+
+# -- the tools' MCP servers ------------------------------------------------------------------
+
+
+def _tool_pod(tool: str, ip: str = "10.244.3.9") -> Pod:
+    (deployment,) = of_kind(TOOLS[tool], "Deployment")
+    template = deployment["spec"]["template"]
+    (container,) = template["spec"]["containers"]
+    return Pod(template["metadata"]["labels"], ports={p["name"]: p["containerPort"] for p in container["ports"]}, ip=ip)
+
+
+def _tool_port(tool: str) -> int:
+    (service,) = of_kind(TOOLS[tool], "Service")
+    (port,) = service["spec"]["ports"]
+    return port["port"]
+
+
+@pytest.mark.parametrize("tool", ["python", "browser"])
+def test_each_tool_serves_its_command_on_its_service_port(tool):
+    (deployment,) = of_kind(TOOLS[tool], "Deployment")
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    command = container["command"]
+    assert command[:3] == ["responses-serve", "tool", tool]
+    assert command[command.index("--host") + 1] == "0.0.0.0"  # in its pod; the NetworkPolicy admits callers
+    assert int(command[command.index("--port") + 1]) == _tool_port(tool) == container["ports"][0]["containerPort"]
+
+
+@pytest.mark.parametrize("tool", ["python", "browser"])
+def test_only_the_ray_pods_call_the_tools(tool):
+    policies, server, port = _policies(), _tool_pod(tool), _tool_port(tool)
+    for path in RAYSERVICES:
+        assert allowed(policies, _ray_pod(path), server, port)  # both ends: the Ray pods' egress too
+    for source in (
+        NEIGHBOUR,
+        ELSEWHERE,
+        OPERATOR,
+        PROMETHEUS,
+        VALKEY_POD,
+        INTERNET,
+        _tool_pod("python" if tool == "browser" else "browser"),
+    ):
+        assert not admits(policies, source, server, port), source
+
+
+def test_the_python_tool_runs_in_a_sandboxed_runtime_and_reaches_nothing():
+    (deployment,) = of_kind(TOOLS["python"], "Deployment")
+    assert deployment["spec"]["template"]["spec"]["runtimeClassName"] in ("gvisor", "kata", "kata-qemu", "kata-fc", "kata-clh")
+    policies, server = _policies(), _tool_pod("python")
+    for destination, port, protocol in (
+        (DNS, 53, "UDP"),
+        (INTERNET, 443, "TCP"),
+        (METADATA, 80, "TCP"),
+        (VALKEY_POD, 6379, "TCP"),
+        (_ray_pod(RAYSERVICES[0]), SERVE_PORT, "TCP"),
+        (NEIGHBOUR, 80, "TCP"),
+        (Address("10.0.0.1"), 443, "TCP"),
+    ):
+        assert not allowed(policies, server, destination, port, protocol), destination
+
+
+def test_the_browser_reaches_the_web_but_not_the_cluster_nor_the_metadata_service():
+    policies, browser = _policies(), _tool_pod("browser")
+    assert allowed(policies, browser, DNS, 53, "UDP")
+    assert allowed(policies, browser, Pod({"app.kubernetes.io/name": "searxng"}, ip="10.244.7.7"), 8080)
+    for public in ("203.0.113.7", "8.8.8.8", "2606:4700::1111"):
+        assert allowed(policies, browser, Address(public), 443) and allowed(policies, browser, Address(public), 80)
+        assert not allowed(policies, browser, Address(public), 22)
+    for private in (
+        "10.96.0.1",  # a Service address; the API server
+        "10.244.1.5",  # a pod
+        "172.20.0.5",
+        "192.168.1.1",
+        "100.64.0.1",
+        "127.0.0.1",
+        "169.254.169.254",  # the cloud metadata service
+        "fd00:ec2::254",  # AWS's IPv6 metadata service
+        "fe80::1",
+        "::ffff:10.0.0.1",
+        "64:ff9b::a00:1",  # NAT64 to 10.0.0.1
+    ):
+        assert not allowed(policies, browser, Address(private), 443), private
+    ray = Pod(_labels(RAYSERVICES[0]), ports={"dashboard": 8265}, ip="10.244.2.2")
+    assert not allowed(policies, browser, ray, 8265) and not allowed(policies, browser, ray, 443)
+    assert not allowed(policies, browser, Pod(VALKEY_POD.labels, ip="10.244.4.4"), 6379)

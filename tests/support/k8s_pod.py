@@ -1,8 +1,10 @@
 """A RayService head pod's life on this machine, for tests/k8s/test_k8s_pod.py: run (inside
-its sandbox) as `python -m tests.support.k8s_pod`, with the environment the manifest and
-KubeRay give the head container. It starts Ray as KubeRay's `ray start` would (token
+its sandbox) as `python -m tests.support.k8s_pod SETTINGS`, with the environment the manifest
+and KubeRay give the head container. It starts Ray as KubeRay's `ray start` would (token
 authentication, GCS state in the Valkey as its GCS user), deploys the app with the manifest's
-store settings, stores a response and reads it back, and prints what it saw as one JSON line.
+settings (API keys, store), runs a worker's readiness probe, stores a response and reads it
+back, and prints what it saw as one JSON line. SETTINGS (JSON): `app` (the application's
+args), `probe` (the readiness probe's shell command), `key_env` (a tenant's key variable).
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import socket
+import subprocess
 import sys
 import time
 import urllib.error
@@ -30,8 +33,9 @@ def _status(url: str, headers: dict[str, str] | None = None) -> int:
         return error.code
 
 
-def _post(url: str, body: dict) -> dict:
-    request = urllib.request.Request(url, json.dumps(body).encode(), {"Content-Type": "application/json"})
+def _post(url: str, body: dict, key: str | None) -> dict:
+    headers = {"Content-Type": "application/json"} | ({"Authorization": f"Bearer {key}"} if key else {})
+    request = urllib.request.Request(url, json.dumps(body).encode(), headers)
     with urllib.request.urlopen(request, timeout=60) as response:
         return json.load(response)
 
@@ -42,20 +46,21 @@ def main() -> None:
 
     from responses_serve.serve.app import build_app
 
-    app_args = json.loads(sys.argv[1])
-    dashboard_port = _free_port()
-    # What KubeRay's `ray start --head` gets: the dashboard, the GCS in Redis as
-    # --redis-username/--redis-password ($REDIS_USERNAME, $REDIS_PASSWORD), the token from the environment.
-    ray.init(
-        num_cpus=2,
-        include_dashboard=True,
-        dashboard_host="127.0.0.1",
-        dashboard_port=dashboard_port,
-        log_to_driver=False,
-        _metrics_export_port=_free_port(),
-        _redis_username=os.environ["REDIS_USERNAME"],
-        _redis_password=os.environ["REDIS_PASSWORD"],
-    )
+    settings = json.loads(sys.argv[1])
+    key = os.environ[settings["key_env"]]
+    ports = {name: _free_port() for name in ("gcs", "dashboard", "agent", "client", "metrics")}
+    # KubeRay's `ray start --head` for this head group (rayStartParams, and the GCS in Redis as
+    # --redis-username/--redis-password from $REDIS_USERNAME/$REDIS_PASSWORD), on free ports:
+    # this machine's network is shared. The sandbox has a PID namespace of its own, so every Ray
+    # process ends with it.
+    start = [sys.executable, "-m", "ray.scripts.scripts", "start", "--head", "--num-cpus=2", "--num-gpus=0", "--disable-usage-stats"]
+    start += [f"--port={ports['gcs']}", "--dashboard-host=127.0.0.1", f"--dashboard-port={ports['dashboard']}"]
+    start += [f"--dashboard-agent-listen-port={ports['agent']}", f"--ray-client-server-port={ports['client']}"]
+    start += [f"--metrics-export-port={ports['metrics']}", "--redis-username=" + os.environ["REDIS_USERNAME"]]
+    start += ["--redis-password=" + os.environ["REDIS_PASSWORD"]]
+    subprocess.run(start, check=True, capture_output=True, timeout=180)
+    ray.init(address=f"127.0.0.1:{ports['gcs']}", log_to_driver=False)
+    dashboard_port = ports["dashboard"]
     seen: dict = {}
     try:
         applications = f"http://127.0.0.1:{dashboard_port}/api/serve/applications/"
@@ -64,18 +69,26 @@ def main() -> None:
         seen["dashboard_with_token"] = _status(applications, {"Authorization": f"Bearer {os.environ['RAY_AUTH_TOKEN']}"})
         port = _free_port()
         serve.start(http_options={"host": "127.0.0.1", "port": port})
-        serve.run(build_app(app_args), name="responses", route_prefix="/")
-        base = f"http://127.0.0.1:{port}/v1"
+        serve.run(build_app(settings["app"]), name="responses", route_prefix="/")
+        root, base = f"http://127.0.0.1:{port}", f"http://127.0.0.1:{port}/v1"
+        # The worker's readiness probe, on this node's ports (KubeRay's agent port, the Serve port).
+        probe = settings["probe"].replace("localhost:52365", f"127.0.0.1:{ports['agent']}").replace("localhost:8000", f"127.0.0.1:{port}")
         deadline = time.monotonic() + 120
-        while True:
-            try:
-                created = _post(f"{base}/responses", {"model": "gpt-oss-replay", "input": "kept in the store", "store": True})
+        while (ready := subprocess.run(["bash", "-c", probe], capture_output=True, timeout=30).returncode) != 0:
+            if time.monotonic() > deadline:
                 break
-            except (urllib.error.URLError, ConnectionError):
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(1)
-        with urllib.request.urlopen(f"{base}/responses/{created['id']}", timeout=30) as response:
+            time.sleep(1)
+        seen["probe"] = ready
+        if ready != 0:  # what each of its checks said, for the failure's message
+            seen["probe_parts"] = [
+                subprocess.run(["bash", "-c", part.split("|")[0]], capture_output=True, text=True, timeout=30).stdout[:300]
+                for part in probe.split("&&")
+            ]
+        seen["open"] = {path: _status(f"{root}{path}") for path in ("/health", "/ready")}
+        seen["without_key"] = {path: _status(f"{root}{path}") for path in ("/v1/models", "/docs", "/openapi.json")}
+        created = _post(f"{base}/responses", {"model": "gpt-oss-replay", "input": "kept in the store", "store": True}, key)
+        request = urllib.request.Request(f"{base}/responses/{created['id']}", headers={"Authorization": f"Bearer {key}"})
+        with urllib.request.urlopen(request, timeout=30) as response:
             stored = json.load(response)
         seen["created"], seen["stored"] = created, stored
     finally:

@@ -6,8 +6,8 @@ selects takes only what one of those policies' rules allows: a rule matches when
 peers matches the other end (no peers: any end) and one of its ports matches the port (no
 ports: any port). Peers: `podSelector` alone is pods of the policy's namespace,
 `namespaceSelector` alone every pod of the matching namespaces, both together the matching
-pods in the matching namespaces, `ipBlock` addresses (which may also be pods' addresses: a
-pod is taken to match any ipBlock, the worst case). Connections need both ends to allow them:
+pods in the matching namespaces, `ipBlock` addresses (pods' addresses too: a pod given no
+address is taken to match every ipBlock, the worst case). Connections need both ends to allow them:
 the source's egress and the destination's ingress.
 Only `matchLabels` selectors are supported; anything else fails loudly.
 """
@@ -24,6 +24,7 @@ class Pod:
     namespace: str = "default"
     namespace_labels: dict[str, str] = field(default_factory=dict)
     ports: dict[str, int] = field(default_factory=dict)  # named container ports
+    ip: str | None = None  # its address; None: any (it matches every ipBlock)
 
     def __post_init__(self) -> None:
         self.namespace_labels.setdefault("kubernetes.io/metadata.name", self.namespace)
@@ -50,13 +51,14 @@ def _matches(selector: dict, labels: dict[str, str]) -> bool:
 
 def _peer_matches(peer: dict, end: End, policy_namespace: str) -> bool:
     if "ipBlock" in peer:
-        if isinstance(end, Pod):
-            return True  # a pod's address may fall in any block: assume it does
+        if end.ip is None:
+            return True  # a pod of no given address may fall in any block: assume it does
         address = ipaddress.ip_address(end.ip)
         block = peer["ipBlock"]
-        return address in ipaddress.ip_network(block["cidr"]) and not any(
-            address in ipaddress.ip_network(cidr) for cidr in block.get("except", [])
-        )
+        network = ipaddress.ip_network(block["cidr"])
+        if address.version != network.version:
+            return False
+        return address in network and not any(address in ipaddress.ip_network(cidr) for cidr in block.get("except", []))
     if isinstance(end, Address):
         return False
     if "namespaceSelector" in peer:
