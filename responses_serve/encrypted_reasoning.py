@@ -10,10 +10,13 @@ rotate by putting the new one first and dropping the old one once its blobs have
 
 Whoever holds a key can read every blob made with it: all replicas share the keys
 (`RESPONSES_SERVE_REASONING_KEYS`), and a blob from a key the server no longer has is a 400.
+A blob is sealed for one tenant (`for_tenant`) and opens for that tenant only: another
+tenant that got hold of it cannot have the model read it back to it.
 """
 
 from __future__ import annotations
 
+import copy
 import json
 from collections.abc import Sequence
 
@@ -29,7 +32,9 @@ _VERSION = 1
 class ReasoningCipher:
     """Seals and opens reasoning text with a list of Fernet keys (the first one encrypts)."""
 
-    def __init__(self, keys: Sequence[str | bytes]) -> None:
+    def __init__(self, keys: Sequence[str | bytes], tenant: str | None = None) -> None:
+        """`tenant`: whose blobs these are (None: a server without tenants)."""
+        self.tenant = tenant
         if not keys:
             raise ValueError("at least one reasoning key is needed")
         fernets = []
@@ -43,12 +48,19 @@ class ReasoningCipher:
                 ) from None
         self._fernet = MultiFernet(fernets)
 
+    def for_tenant(self, tenant: str | None) -> ReasoningCipher:
+        """The same keys, sealing and opening `tenant`'s blobs only."""
+        bound = copy.copy(self)
+        bound.tenant = tenant
+        return bound
+
     @staticmethod
     def generate_key() -> str:
         return Fernet.generate_key().decode()
 
     def encrypt(self, text: str) -> str:
-        payload = json.dumps({"v": _VERSION, "reasoning": text}, ensure_ascii=False)
+        sealed = {"v": _VERSION, "reasoning": text} | ({"tenant": self.tenant} if self.tenant is not None else {})
+        payload = json.dumps(sealed, ensure_ascii=False)
         return self._fernet.encrypt(payload.encode()).decode("ascii")
 
     def decrypt(self, blob: str) -> str:
@@ -59,6 +71,8 @@ class ReasoningCipher:
             raise ValueError("not sealed by this server's keys (tampered, truncated, or from another key)") from None
         if not isinstance(payload, dict) or payload.get("v") != _VERSION or not isinstance(payload.get("reasoning"), str):
             raise ValueError("an unknown payload version")
+        if payload.get("tenant") != self.tenant:  # said as for any foreign blob: whose it is stays unsaid
+            raise ValueError("not sealed by this server's keys (tampered, truncated, or from another key)")
         return payload["reasoning"]
 
 

@@ -99,12 +99,13 @@ def create_app(
     app.state.request_limits = request_limits
     app.state.metrics = metrics = GuardedMetrics(metrics or NoMetrics())
     app.state.leases = LeaseKeeper(app.state.store)  # this replica's quota leases, renewed while held
-    app.state.tenants = _tenant_states(app.state.store, auth, store_ttl_s, store_cache_bytes, replica_id, metrics, app.state.leases)
+    cipher = ReasoningCipher(reasoning_keys or configured_reasoning_keys())
+    tenants = _tenant_states(app.state.store, auth, store_ttl_s, store_cache_bytes, replica_id, metrics, app.state.leases, cipher)
+    app.state.tenants = tenants
     app.state.background_drain_s = background_drain_s
     app.state.max_stream_duration_s = max_stream_duration_s
     app.state.sse_keepalive_s = sse_keepalive_s
     app.state.websockets_open = 0  # connections to /v1/responses (routes/websocket.py)
-    app.state.cipher = ReasoningCipher(reasoning_keys or configured_reasoning_keys())
 
     @app.exception_handler(APIError)
     async def _api_error(request: Request, exc: APIError) -> JSONResponse:
@@ -171,7 +172,14 @@ async def model_state(model: ServedModel) -> dict[str, str]:
 
 
 def _tenant_states(
-    store: Store, auth: AuthConfig | None, ttl_s: float, cache_bytes: int, replica_id: str | None, metrics: Metrics, leases: LeaseKeeper
+    store: Store,
+    auth: AuthConfig | None,
+    ttl_s: float,
+    cache_bytes: int,
+    replica_id: str | None,
+    metrics: Metrics,
+    leases: LeaseKeeper,
+    cipher: ReasoningCipher,
 ) -> dict[str, TenantState]:
     """Every tenant's state, made once per replica: the configured tenants, or the anonymous one."""
     cache = TurnCache(cache_bytes) if cache_bytes else None
@@ -189,7 +197,10 @@ def _tenant_states(
         quota = None
         if limits is not None and any(value is not None for value in limits.model_dump().values()):
             quota = TenantQuota(store, name, QuotaLimits(**limits.model_dump()), leases)
-        tenants[name] = TenantState(name, responses, ConversationStore(store, name, ttl_s), background, tiers, quota)
+        sealed_for = name if auth is not None else None  # without tenants, blobs are as they always were
+        tenants[name] = TenantState(
+            name, responses, ConversationStore(store, name, ttl_s), background, tiers, quota, cipher.for_tenant(sealed_for)
+        )
     return tenants
 
 

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 from starlette.requests import HTTPConnection
 
+from responses_serve.encrypted_reasoning import ReasoningCipher
 from responses_serve.server.auth import tenant_of
 from responses_serve.server.background import BackgroundRuns
 from responses_serve.state.conversations import ConversationStore
@@ -24,6 +25,7 @@ class TenantState:
     background: BackgroundRuns
     service_tiers: frozenset[str] | None  # the tiers it may ask for (None: every one)
     quota: TenantQuota | None  # its limits (None: it has none)
+    cipher: ReasoningCipher  # its encrypted reasoning: sealed for it, opened for it only
 
 
 def tenant_state(connection: HTTPConnection) -> TenantState:

@@ -190,3 +190,17 @@ def test_keys_from_the_environment(monkeypatch):
     assert len(reasoning_keys()) == 1  # in-process: a key of this process
     with pytest.raises(ValueError, match="reasoning key #2 is not a Fernet key"):
         ReasoningCipher([KEY_1, "not-a-key"])  # a bad key fails at start-up, not per request
+
+
+def test_a_blob_opens_for_the_tenant_it_was_sealed_for_only():
+    from responses_serve.encrypted_reasoning import ReasoningCipher
+
+    cipher = ReasoningCipher([ReasoningCipher.generate_key()])
+    a, b, untenanted = cipher.for_tenant("team-a"), cipher.for_tenant("team-b"), cipher.for_tenant(None)
+    blob = a.encrypt("A's thoughts")
+    assert a.decrypt(blob) == "A's thoughts"
+    for other in (b, untenanted):
+        with pytest.raises(ValueError, match="not sealed by this server's keys"):
+            other.decrypt(blob)
+    with pytest.raises(ValueError):
+        a.decrypt(untenanted.encrypt("no tenant's"))

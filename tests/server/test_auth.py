@@ -105,7 +105,12 @@ def test_a_missing_key_variable_names_the_variable_not_a_value():
 # -- deny by default ---------------------------------------------------------------------------
 
 
-@given(st.from_regex(r"(/[a-z0-9%./]{0,12}){0,4}", fullmatch=True), st.sampled_from(["", "/api", "/api/v2", "/health"]))
+_SEGMENTS = st.sampled_from(["", "health", "ready", "api", "v1", "models", "%2F", "%68ealth", "..", ".", "api2"])
+
+
+@given(
+    st.lists(_SEGMENTS, max_size=5).map(lambda parts: "".join("/" + p for p in parts)), st.sampled_from(["", "/api", "/api/v2", "/health"])
+)
 def test_the_open_paths_are_exactly_what_the_router_matches(path, prefix):
     """The middleware's idea of the route below the prefix is Starlette's router's, for any
     path: a path the middleware lets through as /health is routed to /health."""
@@ -226,3 +231,22 @@ def test_keys_are_never_logged_stored_or_echoed(app, url, store, caplog):
     for key in (KEY_A, KEY_A2, KEY_B):
         assert key not in everything_logged and key.encode() not in stored
         assert key not in repr(app.state.tenants) and key not in repr(app.user_middleware)
+
+
+def test_another_tenants_encrypted_reasoning_does_not_open(url):
+    """A's reasoning sealed for A: sent back by B (who got hold of the blob), it is refused
+    exactly as a blob this server never made, so the model never reads it to B."""
+    body = {"model": "gpt-oss-replay", "input": "think about A's secret", "store": False, "include": ["reasoning.encrypted_content"]}
+    with httpx.Client(timeout=30) as http:
+        made = http.post(f"{url}/responses", headers=bearer(KEY_A), json=body).json()
+        reasoning = next(item for item in made["output"] if item["type"] == "reasoning")
+        assert reasoning["encrypted_content"]
+
+        def send_back(key: str, blob: str) -> httpx.Response:
+            item = {"type": "reasoning", "id": reasoning["id"], "summary": [], "encrypted_content": blob}
+            return http.post(f"{url}/responses", headers=bearer(key), json={**body, "input": [item, {"role": "user", "content": "go on"}]})
+
+        assert send_back(KEY_A2, reasoning["encrypted_content"]).status_code == 200  # A's own, with A's other key
+        theirs, garbage = send_back(KEY_B, reasoning["encrypted_content"]), send_back(KEY_B, "gAAAAAB" + "x" * 120)
+    assert theirs.status_code == 400 and theirs.json()["error"]["code"] == "invalid_encrypted_content"
+    assert theirs.json() == garbage.json()

@@ -30,6 +30,6 @@ async def count_input_tokens(http_request: Request) -> Response:
     if model is None:
         raise model_not_found(request.model)
     tenant = tenant_state(http_request)
-    rendered = await render_turn(request, model, tenant.responses, tenant.conversations, state.cipher)
+    rendered = await render_turn(request, model, tenant.responses, tenant.conversations, tenant.cipher)
     count = InputTokenCountResponse(object="response.input_tokens", input_tokens=len(rendered.prompt))
     return Response(count.model_dump_json(), media_type="application/json")

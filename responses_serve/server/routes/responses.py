@@ -135,7 +135,7 @@ async def begin_turn(request: ResponsesRequest, state: State, tenant: TenantStat
     # as `run_turn` produces them; `run_turn` releases the admission when the turn ends.
     admission = await tenant.quota.admit(background=request.background) if tenant.quota is not None else None
     try:
-        turn = await start_turn(request, model, responses, tenant.conversations, state.cipher, trace, tenant.service_tiers)
+        turn = await start_turn(request, model, responses, tenant.conversations, tenant.cipher, trace, tenant.service_tiers)
         if admission is not None:
             await admission.charge_tokens(len(turn.prompt))
     except BaseException:
