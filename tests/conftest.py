@@ -28,7 +28,7 @@ if os.environ.get("CI"):
 # The slow tests, marked by what they need, so that `make test-fast` (-m "not cluster and not
 # engine") is a quick inner loop: `cluster`, the session's Ray Serve app (`serve_url`);
 # `engine`, a real vLLM engine in this process.
-_CLUSTER_FIXTURES = {"serve_url", "ingress_urls", "secured_url"}
+_CLUSTER_FIXTURES = {"serve_url", "ingress_urls", "secured_url", "secured_ingress_urls"}
 _ENGINE_FIXTURES = {"smollm2_engine", "engines"}
 
 
@@ -414,6 +414,21 @@ def ingress_urls(serve_url) -> list[str]:
 
     urls = wait_until(lambda: len(listed()) == E2E_ARGS["ingress"]["num_replicas"], timeout_s=60) and listed()
     assert urls, f"the session's HAProxy lists {listed()}"
+    return urls
+
+
+@pytest.fixture(scope="module")
+def secured_ingress_urls(secured_url) -> list[str]:
+    """Each ingress replica of the secured app at its own address (its HAProxy backend's
+    servers), under the route prefix: a request sent there is handled by that replica."""
+
+    def listed() -> list[str]:
+        section = re.search(rf"^backend http-{SECURED_APP}\n(.*?)(?=^\S|\Z)", session_haproxy_config(), re.M | re.S)
+        servers = re.findall(r"^\s*server \S+ (\S+:\d+) check(?!.* backup)", section.group(1), re.M) if section else []
+        return [f"http://{address}{SECURED_PREFIX}/v1" for address in dict.fromkeys(servers)]
+
+    urls = wait_until(lambda: len(listed()) == SECURED_ARGS["ingress"]["num_replicas"], timeout_s=60) and listed()
+    assert urls, f"the session's HAProxy lists {listed()} for {SECURED_APP}"
     return urls
 
 

@@ -165,6 +165,8 @@ def burst_within_requests_per_minute(urls: list[str], key: str, per_minute: int)
     lasted_s = time.monotonic() - started
     admitted = [a for a in answers if a.status_code == 200]
     refused = [a for a in answers if a.status_code != 200]
+    by_url = [sum(a.status_code == 200 for a in answers[i :: len(urls)]) for i in range(len(urls))]
+    assert all(by_url), f"admitted per replica: {by_url}"  # each counted against the one limit
     refills = per_minute * lasted_s / 60
     assert per_minute <= len(admitted) <= per_minute + int(refills) + 1, (len(admitted), lasted_s)
     for answer in answers:
