@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from pydantic import ValidationError
@@ -56,17 +57,31 @@ def response_not_found(response_id: str) -> APIError:
 
 
 def model_unavailable(model: str, state: str) -> APIError:
-    return APIError(
+    error = APIError(
         f"The model '{model}' is unavailable: no engine replica is running ({state}). Try again later.",
         status_code=503,
         param="model",
         code="model_unavailable",
         type="server_error",
     )
+    return retry_after(error, 5)
 
 
 def server_error(message: str, *, status_code: int = 500, code: str = "server_error") -> APIError:
-    return APIError(message, status_code=status_code, code=code, type="server_error")
+    error = APIError(message, status_code=status_code, code=code, type="server_error")
+    return retry_after(error, 1) if status_code == 503 else error
+
+
+def server_full(message: str, *, code: str, param: str | None = None, retry_after_s: float = 1) -> APIError:
+    """A 503: this server (not the client) is at one of its bounds; retry later, elsewhere."""
+    return retry_after(APIError(message, status_code=503, param=param, code=code, type="server_error"), retry_after_s)
+
+
+def retry_after(error: APIError, seconds: float) -> APIError:
+    """`error` sent with `Retry-After` (whole seconds, as HTTP has it) and `retry-after-ms`,
+    which the `openai` SDK's retry reads first."""
+    error.headers = {**error.headers, "retry-after": str(max(1, math.ceil(seconds))), "retry-after-ms": str(math.ceil(seconds * 1000))}
+    return error
 
 
 def _param_path(loc: tuple[Any, ...]) -> str:

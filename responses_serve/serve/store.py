@@ -11,15 +11,16 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import ray
-from ray.exceptions import ActorDiedError, ActorUnavailableError, RayActorError
-from ray.serve.exceptions import BackPressureError, DeploymentUnavailableError
+from ray.exceptions import RayError
+from ray.serve.exceptions import RayServeException
 from ray.serve.handle import DeploymentHandle
 
 from responses_serve.engines.cpu_cores import leave_batch_policy
 from responses_serve.serve.metrics import export_store_size
 from responses_serve.state import MemoryStore, StoreUnavailable
 
-_GONE = (ActorDiedError, ActorUnavailableError, RayActorError, BackPressureError, DeploymentUnavailableError)
+# The replica gone or restarting, its queue full (BackPressureError), an error inside it: a 503.
+_GONE = (RayError, RayServeException)
 
 
 class StoreServer:

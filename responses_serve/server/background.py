@@ -23,7 +23,7 @@ import uuid
 from collections.abc import AsyncGenerator, Awaitable, Callable
 from dataclasses import dataclass, field
 
-from openai.types.responses import Response, ResponseFailedEvent, ResponseStreamEvent
+from openai.types.responses import Response, ResponseErrorEvent, ResponseFailedEvent, ResponseStreamEvent
 from openai.types.responses.response_error import ResponseError
 
 from responses_serve.api.errors import invalid_request, response_not_found
@@ -355,7 +355,9 @@ class BackgroundRuns:
         return await self.responses.delete(response_id)
 
     async def follow(self, response_id: str, starting_after: int) -> AsyncGenerator[bytes, None]:
-        """The SSE frames of a run's events after `starting_after`, live until the run ends."""
+        """The SSE frames of a run's events after `starting_after`, live until the run ends.
+        A store that fails on the way ends the stream with an `error` event (numbered as the
+        next event would be: resume with `starting_after` of the last one received)."""
         position = starting_after + 1
         while True:
             local = self._local.get(response_id)
@@ -370,19 +372,25 @@ class BackgroundRuns:
                 else:
                     await changed.wait()
                 continue
-            frames = await self.runs.events(response_id, position)
+            try:
+                frames = await self.runs.events(response_id, position)
+                if not frames:
+                    record: RunRecord | None = await self.runs.get(response_id)
+                    if record is not None and not record.closed and record.expired(self.runs.clock()):
+                        await self._expire(response_id)
+                        continue
+            except StoreUnavailable as exc:
+                logger.warning("background response %s: following it stopped: %s", response_id, exc.message)
+                yield frame(ResponseErrorEvent(type="error", code=exc.code, message=exc.message, param=None, sequence_number=position))
+                return
             if frames:
                 position += len(frames)
                 yield b"".join(frames)
                 continue
-            record: RunRecord | None = await self.runs.get(response_id)
             if record is None:
                 return
             if record.closed:
                 if record.length is None or position >= record.length:
                     return
-                continue
-            if record.expired(self.runs.clock()):
-                await self._expire(response_id)
                 continue
             await asyncio.sleep(self.poll_s)

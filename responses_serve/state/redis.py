@@ -9,6 +9,7 @@ RPUSH/LRANGE/LLEN/LREM, TYPE, HMGET/HSET and ZADD/ZREM/ZCARD/ZSCORE/ZREMRANGEBYS
 from __future__ import annotations
 
 import functools
+import logging
 from collections.abc import Sequence
 from typing import cast
 
@@ -16,6 +17,8 @@ import redis.asyncio as aioredis
 from redis import exceptions as redis_errors
 
 from responses_serve.state.store import StoreUnavailable
+
+logger = logging.getLogger("responses_serve")
 
 # compare_and_set: ARGV = has_expected, expected, has_value, value, ttl_ms
 _COMPARE_AND_SET = """
@@ -86,7 +89,33 @@ return 0
 """
 )
 
-_DOWN = (redis_errors.ConnectionError, redis_errors.TimeoutError, redis_errors.BusyLoadingError, OSError)
+# What a Redis error means for the client: every one is a 503 (the store cannot do it now).
+_REFUSALS: list[tuple[type[Exception], str]] = [
+    (redis_errors.OutOfMemoryError, "is out of memory (maxmemory)"),
+    (redis_errors.NoPermissionError, "refused: its user lacks a permission (ACL)"),
+    (redis_errors.AuthenticationError, "refused the credentials"),
+    (redis_errors.ReadOnlyError, "is a read-only replica"),
+    (redis_errors.BusyLoadingError, "is loading its data"),
+    (redis_errors.TimeoutError, "did not answer in time"),
+    (redis_errors.ConnectionError, "is unreachable"),
+    (OSError, "is unreachable"),
+    (redis_errors.RedisError, "failed"),
+]
+
+
+# A refusal inside a script (EVAL) comes back as a plain error that quotes it.
+_QUOTED = {"-OOM ": redis_errors.OutOfMemoryError, "-NOPERM ": redis_errors.NoPermissionError, "-READONLY ": redis_errors.ReadOnlyError}
+
+
+def _what(exc: Exception) -> str:
+    """What a Redis error says of the store, for the client."""
+    kind: type[Exception] = next((quoted for text, quoted in _QUOTED.items() if text in str(exc)), type(exc))
+    return next(what for refused, what in _REFUSALS if issubclass(kind, refused))
+
+
+def _wrong_type(exc: redis_errors.ResponseError) -> bool:
+    """A command on a key holding the other kind (a value where a list is read): not a failure."""
+    return str(exc).startswith("WRONGTYPE")
 
 
 def _ms(ttl_s: float) -> int:
@@ -98,8 +127,10 @@ def _unavailable_when_down(method):
     async def call(self, *args, **kwargs):
         try:
             return await method(self, *args, **kwargs)
-        except _DOWN as exc:
-            raise StoreUnavailable(f"The response store (Redis) is unavailable: {type(exc).__name__}; retry later.") from exc
+        except (redis_errors.RedisError, OSError) as exc:
+            what = _what(exc)
+            logger.warning("the response store (Redis) %s: %s", what, exc)
+            raise StoreUnavailable(f"The response store (Redis) {what}; retry later.") from exc
 
     return call
 
@@ -130,7 +161,9 @@ class RedisStore:
     async def get(self, key: str) -> bytes | None:
         try:
             return cast(bytes | None, await self.client.get(self._key(key)))
-        except redis_errors.ResponseError:  # WRONGTYPE: a list lives there
+        except redis_errors.ResponseError as exc:
+            if not _wrong_type(exc):  # a list lives there; anything else is a failure
+                raise
             return None
 
     @_unavailable_when_down
@@ -166,21 +199,27 @@ class RedisStore:
             return []
         try:
             return cast(list[bytes], await self.client.lrange(self._key(key), start, -1 if stop is None else stop - 1))
-        except redis_errors.ResponseError:
+        except redis_errors.ResponseError as exc:
+            if not _wrong_type(exc):
+                raise
             return []
 
     @_unavailable_when_down
     async def length(self, key: str) -> int:
         try:
             return await self.client.llen(self._key(key))
-        except redis_errors.ResponseError:
+        except redis_errors.ResponseError as exc:
+            if not _wrong_type(exc):
+                raise
             return 0
 
     @_unavailable_when_down
     async def remove(self, key: str, value: bytes) -> bool:
         try:
             return bool(await self.client.lrem(self._key(key), 1, value))  # type: ignore[arg-type]  # bytes are values too
-        except redis_errors.ResponseError:
+        except redis_errors.ResponseError as exc:
+            if not _wrong_type(exc):
+                raise
             return False
 
     @_unavailable_when_down

@@ -21,17 +21,22 @@ Backends raise `StoreUnavailable` when they cannot answer (connection refused, a
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Sequence
 from typing import Protocol, runtime_checkable
 
-from responses_serve.api.errors import APIError
+from responses_serve.api.errors import APIError, retry_after
+
+logger = logging.getLogger("responses_serve")
 
 
 class StoreUnavailable(APIError):
-    """The store did not answer (down, unreachable, or slower than the timeout): a 503."""
+    """The store did not answer, or refused (down, unreachable, out of memory, without the
+    permission, slower than the timeout): a 503 with `Retry-After`."""
 
     def __init__(self, message: str = "The response store is unavailable; retry later.") -> None:
         super().__init__(message, status_code=503, code="store_unavailable", type="server_error")
+        retry_after(self, 1)
 
 
 @runtime_checkable
@@ -96,7 +101,10 @@ def bucket_ttl_s(capacity: float, per_s: float, level: float) -> float:
 
 
 class BoundedStore:
-    """A `Store` whose every call ends within `timeout_s`: a slow store is an unavailable one.
+    """A `Store` whose every call ends within `timeout_s` (a slow store is an unavailable
+    one), and whose every failure is `StoreUnavailable`: whatever a backend raises (a Redis
+    error, a Ray error, a bug), the caller gets a 503 and a stream its terminal event, never
+    an exception it did not expect. The details go to the log.
 
     A call that times out may still happen on the backend (a write in flight); every write
     is a single atomic primitive, so a reader sees it whole or not at all.
@@ -111,6 +119,11 @@ class BoundedStore:
             return await asyncio.wait_for(call, self.timeout_s)
         except TimeoutError:
             raise StoreUnavailable(f"The response store did not answer within {self.timeout_s:g} s; retry later.") from None
+        except StoreUnavailable:
+            raise
+        except Exception as exc:  # not CancelledError: a caller that goes away is not a store failure
+            logger.exception("the response store failed")
+            raise StoreUnavailable(f"The response store failed ({type(exc).__name__}); retry later.") from exc
 
     async def get(self, key: str) -> bytes | None:
         return await self._bounded(self.inner.get(key))

@@ -10,6 +10,7 @@ import httpx
 import pytest
 
 from tests.support import stateful_scenarios
+from tests.support.contract import parse_sse
 
 
 def test_two_ingress_replicas_behind_the_proxy(serve_url):
@@ -121,7 +122,13 @@ def test_embedded_store_replica_killed_then_replaced(serve_url):
     with pytest.raises(openai.InternalServerError) as error:
         sdk.responses.retrieve(before.id)
     assert error.value.status_code == 503 and error.value.body["code"] == "store_unavailable"
+    assert error.value.response.headers["retry-after"] == "1"
     assert sdk.responses.create(model=stateful_scenarios.MODEL, input="stateless", store=False).output_text == "stateless"
+    # A stream that cannot be stored still ends with its terminal event (failed, saying why).
+    with httpx.Client(timeout=60) as http:
+        body = {"model": stateful_scenarios.MODEL, "input": "stream me", "stream": True}
+        events = parse_sse(http.post(f"{serve_url}/responses", json=body).content)
+    assert events[-1]["type"] == "response.failed" and "could not be stored" in events[-1]["response"]["error"]["message"]
 
     deadline = time.monotonic() + 90
     while True:

@@ -308,3 +308,35 @@ async def test_an_active_response_whose_run_record_is_gone_is_failed():
     assert refreshed.status == "failed"
     while owner.running:
         await asyncio.sleep(0.01)
+
+
+class ReadsFail(MemoryStore):
+    failing = False
+
+    async def range(self, key, start=0, stop=None):
+        if self.failing:
+            raise StoreUnavailable()
+        return await super().range(key, start, stop)
+
+
+async def test_a_follower_whose_store_fails_gets_an_error_event_to_resume_from():
+    """Following a run from another replica, the store fails: the stream ends with an `error`
+    event numbered as the next event would be (never cut without an end); resuming after
+    the last event received gives the rest, once the store is back."""
+    store, clock = ReadsFail(), Clock()
+    owner, reader = replica(store, clock, "a"), replica(store, clock, "b")
+    response_id = await start(owner, ReplayBackend(ReplayConfig(step_delay_s=0.005)), "resume me " * 10)
+    received: list[dict] = []
+    async for chunk in reader.follow(response_id, -1):
+        received += parse_sse(chunk)
+        if len(received) >= 3:
+            store.failing = True
+    assert received[-1]["type"] == "error" and received[-1]["code"] == "store_unavailable"
+    seen = received[:-1]
+    assert received[-1]["sequence_number"] == len(seen) == seen[-1]["sequence_number"] + 1
+    store.failing = False
+    while owner.running:
+        await asyncio.sleep(0.01)
+    rest = await collect(reader, response_id, after=seen[-1]["sequence_number"])
+    assert [e["sequence_number"] for e in seen + rest] == list(range(len(seen) + len(rest)))
+    assert rest[-1]["type"] == "response.completed"
