@@ -239,6 +239,12 @@ class DeploymentConfig(_Strict):
         None, description="Serve's autoscaling_config: min_replicas, max_replicas, target_ongoing_requests, ..."
     )
     max_ongoing_requests: int = Field(256, ge=1, description="concurrent requests per replica (Serve's default of 5 queues streams)")
+    max_queued_requests: int | None = Field(
+        None,
+        ge=1,
+        description="requests waiting for a replica beyond max_ongoing_requests (for an engine: in each ingress replica's handle; "
+        "for the ingress: at each replica); past it a 503 with Retry-After at once. None: Serve's default, no bound",
+    )
     ray_actor_options: dict[str, Any] = Field(
         default_factory=dict, description="num_cpus, num_gpus, accelerator_type, label_selector, runtime_env, ..."
     )
@@ -264,7 +270,10 @@ class DeploymentConfig(_Strict):
         return self  # the autoscaling_config's own keys: Serve's schema, when the app is built
 
     def serve_options(self) -> dict[str, Any]:
-        return self.model_dump(exclude_none=True)
+        options = self.model_dump(exclude_none=True)
+        if self.max_queued_requests is not None:  # Serve's refusals say when to come back
+            options["backpressure_config"] = {"status_code": 503, "retry_after_s": 1}
+        return options
 
 
 class ModelConfig(_Strict):
@@ -472,6 +481,30 @@ DEFAULT_SSE_KEEPALIVE_S = 15.0  # below the 60 s idle timeout of common load bal
 SHUTDOWN_MARGIN_S = 30.0
 
 
+class ReplicaLimits(_Strict):
+    """What one ingress replica takes on at once, whoever asks: past a bound the request is
+    refused at once with `Retry-After`: a 503 for the replica's bounds (retry later or
+    elsewhere), a 429 for one connection's (it sends faster than it is served).
+    (docs/overload.md lists every bound of the server.)"""
+
+    max_background_runs: int = Field(64, ge=0, description="background responses running on one replica (503 past it)")
+    max_websockets: int = Field(256, ge=0, description="WebSocket connections open on one replica (refused with 503)")
+    max_websocket_kept_bytes: int = Field(
+        512 * 1024 * 1024,
+        ge=0,
+        description="turns all of a replica's WebSocket connections keep for their next turns, as stored records; past it, "
+        "the least recently used lanes of the connection that adds one go",
+    )
+    max_lanes_per_connection: int = Field(
+        64, ge=1, description="lanes (stream_id) with responses running or queued on one connection (429)"
+    )
+    max_kept_bytes_per_connection: int = Field(
+        64 * 1024 * 1024, ge=0, description="turns one WebSocket connection keeps (its LRU lanes go)"
+    )
+    max_queued_per_lane: int = Field(16, ge=0, description="response.create messages waiting behind a lane's running one (429 past it)")
+    max_queued_per_connection: int = Field(64, ge=0, description="response.create messages waiting on one connection, all lanes (429)")
+
+
 class AppConfig(_Strict):
     """The application: its models, the `ResponsesIngress` deployment in front of them, who may
     call it (`auth`) and the store shared by every ingress replica."""
@@ -490,6 +523,10 @@ class AppConfig(_Strict):
     request_limits: RequestLimits = Field(
         default_factory=RequestLimits,
         description="what one request may hold (items, tools, schemas, strings, nesting): over a limit, a 400 naming it",
+    )
+    replica_limits: ReplicaLimits = Field(
+        default_factory=ReplicaLimits,
+        description="what one ingress replica takes on at once: past a bound, a 503 (or 429) with Retry-After",
     )
     store: StoreConfig = Field(default_factory=StoreConfig, description="where stored responses, background runs and conversations live")
     max_stream_duration_s: float = Field(

@@ -38,7 +38,7 @@ logger = logging.getLogger("ray.serve")
 _FAILED = {DeploymentStatus.DEPLOY_FAILED.value, DeploymentStatus.UNHEALTHY.value}
 
 # Failures that mean "this replica is gone", worth one retry elsewhere if nothing was sent yet.
-_REPLICA_GONE = (ActorDiedError, ActorUnavailableError, RayActorError, BackPressureError)
+_REPLICA_GONE = (ActorDiedError, ActorUnavailableError, RayActorError)
 
 
 class HandleTokenSource:
@@ -61,6 +61,8 @@ class HandleTokenSource:
                     yield batch
                 ended = True
                 return
+            except BackPressureError as exc:  # the engines' queue in this replica's handle is full: no retry helps
+                raise EngineRejected(f"{exc.args[0]} requests already wait for them here", client_error=False) from None
             except (*_REPLICA_GONE, EngineRejected) as exc:
                 # A refusal is retried only when the engine was busy (vLLM's admission
                 # control: "try again … on a different instance"), never the request's fault.
@@ -235,6 +237,7 @@ class ResponsesIngress:
             listen_host=serve_http_host() if self.config.auth is None else None,
             max_request_bytes=self.config.max_request_bytes,
             request_limits=self.config.request_limits,
+            replica_limits=self.config.replica_limits,
             background_drain_s=background_drain_s(self.config),
             # Serve's own id of this replica (its log file is named after it), not host:pid.
             replica_id=serve.get_replica_context().replica_id.unique_id,

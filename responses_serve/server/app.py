@@ -25,7 +25,7 @@ from responses_serve.api.errors import APIError, model_not_found, server_error
 from responses_serve.api.limits import DEFAULT_LIMITS, RequestLimits
 from responses_serve.api.request import ResponsesRequest
 from responses_serve.api.sse import encode_events
-from responses_serve.config import DEFAULT_SSE_KEEPALIVE_S, AuthConfig
+from responses_serve.config import DEFAULT_SSE_KEEPALIVE_S, AuthConfig, ReplicaLimits
 from responses_serve.encrypted_reasoning import ReasoningCipher
 from responses_serve.families.harmony import HarmonyParser, render_completion, render_prompt
 from responses_serve.server.auth import ANONYMOUS, AuthMiddleware, Keyring, warn_if_open
@@ -40,6 +40,7 @@ from responses_serve.server.routes import websocket as websocket_routes
 from responses_serve.server.run import ModelFamily, ServedModel, TokenSource, Unavailable
 from responses_serve.server.tenants import TenantState
 from responses_serve.state import BoundedStore, MemoryStore, ResponseStore, Store
+from responses_serve.state.connection import KeptBytes
 from responses_serve.state.conversations import ConversationStore
 from responses_serve.state.quotas import LeaseKeeper, QuotaLimits, TenantQuota
 from responses_serve.state.responses import DEFAULT_CACHE_BYTES, DEFAULT_TTL_S, TurnCache
@@ -69,6 +70,7 @@ def create_app(
     listen_host: str | None = None,
     max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
     request_limits: RequestLimits = DEFAULT_LIMITS,
+    replica_limits: ReplicaLimits | None = None,
     replica_id: str | None = None,
     background_drain_s: float = DEFAULT_BACKGROUND_DRAIN_S,
     reasoning_keys: Sequence[str] | None = None,
@@ -82,7 +84,8 @@ def create_app(
     encrypts); None: `RESPONSES_SERVE_REASONING_KEYS`, else a key of this process.
     `max_stream_duration_s`: a response generating longer is ended with `response.failed`.
     `sse_keepalive_s`: a stream quiet this long gets an SSE comment (None or 0: never).
-    `request_limits`: what one request may hold (api/limits.py).
+    `request_limits`: what one request may hold (api/limits.py); `replica_limits`: what this
+    replica takes on at once (config.ReplicaLimits).
     `auth`: API keys and tenants (None: open, one anonymous tenant; a warning if `listen_host`
     is given and is not a loopback address); keys named by `key_env` are read from `environ`
     (default: this process's environment) now, and a missing one fails here."""
@@ -97,6 +100,8 @@ def create_app(
     app.state.store = BoundedStore(store if store is not None else MemoryStore(), store_timeout_s)
     app.state.max_request_bytes = max_request_bytes
     app.state.request_limits = request_limits
+    app.state.replica_limits = replica_limits = replica_limits or ReplicaLimits()
+    app.state.websocket_turns = KeptBytes(replica_limits.max_websocket_kept_bytes)  # all connections' kept turns
     app.state.metrics = metrics = GuardedMetrics(metrics or NoMetrics())
     app.state.leases = LeaseKeeper(app.state.store)  # this replica's quota leases, renewed while held
     cipher = ReasoningCipher(reasoning_keys or configured_reasoning_keys())

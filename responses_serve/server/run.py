@@ -20,7 +20,7 @@ from typing import Literal, NamedTuple, Protocol
 
 from openai.types.responses import ResponseError, ResponseFailedEvent, ResponseStreamEvent
 
-from responses_serve.api.errors import invalid_request
+from responses_serve.api.errors import APIError, invalid_request, server_full
 from responses_serve.api.request import MessageItem, ResponsesRequest
 from responses_serve.api.service_tier import engine_priority, served_tier
 from responses_serve.encrypted_reasoning import INCLUDE as ENCRYPTED_REASONING
@@ -224,16 +224,22 @@ class PromptOnly:
 
 
 async def run_turn(
-    turn: Turn, responses: ResponseStore, max_duration_s: float | None = None, source: TokenSource | None = None
+    turn: Turn,
+    responses: ResponseStore,
+    max_duration_s: float | None = None,
+    source: TokenSource | None = None,
+    refusal_window_s: float | None = None,
 ) -> AsyncGenerator[list[ResponseStreamEvent], None]:
     """The events of `turn`. With `store`, a finished response is stored before its terminal
     event goes out; if the store fails, that event becomes `response.failed`, so a client
-    never holds the id of a response that is not there. `max_duration_s`: see `engine_events`.
-    `source`: where the tokens come from (the model's engine unless given)."""
+    never holds the id of a response that is not there. `max_duration_s`,
+    `refusal_window_s`: see `engine_events`. `source`: where the tokens come from (the
+    model's engine unless given)."""
     stream = turn.stream
     source = source or turn.model.source
     meter = _OutputMeter(turn)
-    async with contextlib.aclosing(engine_events(stream, source, turn.generation, turn.trace, max_duration_s)) as batches:
+    events_of_engine = engine_events(stream, source, turn.generation, turn.trace, max_duration_s, refusal_window_s)
+    async with contextlib.aclosing(events_of_engine) as batches:
         try:
             async for events in batches:
                 await meter.tick()
@@ -308,26 +314,40 @@ def _failed(stream: ResponseStream, terminal: ResponseStreamEvent, message: str)
     return ResponseFailedEvent(type="response.failed", response=response, sequence_number=terminal.sequence_number)
 
 
+# How long a streamed response waits for its engine to refuse it (at capacity) before it
+# starts: a refusal then is a 503 with Retry-After, not a stream that starts and fails.
+# Serve's handle refuses at once when its queue is full, vLLM's admission control as soon as
+# the request reaches it; a first batch within the window goes out with the start.
+REFUSAL_WINDOW_S = 0.25
+
+
 async def engine_events(
     stream: ResponseStream,
     source: TokenSource,
     generation: GenerationRequest,
     trace: RequestTrace | None = None,
     max_duration_s: float | None = None,
+    refusal_window_s: float | None = None,
 ) -> AsyncGenerator[list[ResponseStreamEvent], None]:
     """Events of one response, a list per token batch. Ends with exactly one terminal event.
 
     A response still generating after `max_duration_s` is ended here with `response.failed`
     (and its engine request aborted): the replica's drain is sized for that maximum, so a
-    stream is ended by us, cleanly, before Serve would kill the replica under it."""
-    yield stream.start()
-    try:
-        # aclosing: a client that goes away closes this generator, which must close (and so
-        # abort) the engine stream at once rather than whenever the GC gets to it.
-        async with contextlib.aclosing(source.generate(generation)) as batches:
+    stream is ended by us, cleanly, before Serve would kill the replica under it.
+
+    With `refusal_window_s`, the engine's first answer is awaited that long before the
+    first event: an engine at capacity then raises `engine_at_capacity` (a 503) before
+    anything was sent."""
+    # aclosing: a client that goes away closes this generator, which must close (and so
+    # abort) the engine stream at once rather than whenever the GC gets to it.
+    async with contextlib.aclosing(source.generate(generation)) as batches, _FirstBatch(batches) as first:
+        if refusal_window_s is not None:
+            await first.refused_within(refusal_window_s, generation.request_id)
+        yield stream.start()
+        try:
             # Read the source to its end even after the last batch, so a finished engine
             # call ends normally instead of being cancelled.
-            async for batch in _until(batches, max_duration_s):
+            async for batch in _until(first.then(batches), max_duration_s):
                 if stream.finished:
                     logger.warning("response %s: engine sent tokens after its last batch", stream.response.id)
                     continue
@@ -335,24 +355,66 @@ async def engine_events(
                     trace.saw(batch)
                 if events := stream.feed(batch):
                     yield events
-        if not stream.finished:  # the source ended without a finish reason: a normal stop
-            yield stream.feed(TokenBatch([], finish_reason="stop"))
-    except StreamTooLong:
-        logger.warning("response %s: still generating after %g s, the maximum stream duration: ended", stream.response.id, max_duration_s)
-        yield stream.fail(
-            f"The response was still being generated after {max_duration_s:g} s, this server's maximum stream "
-            "duration, and was ended. Ask for fewer output tokens (max_output_tokens)."
-        )
-    except EngineRejected as exc:  # vLLM's validation or admission control: its words are for the client
-        logger.warning("response %s: the engine refused it: %s", stream.response.id, exc.reason)
-        yield stream.fail(
-            f"The engine refused this request: {exc.reason}" if exc.client_error else exc.reason,
-            code="invalid_prompt" if exc.client_error else "server_error",
-        )
-    except Exception:  # engine died or raised: the client still gets a proper ending
-        # Ray's errors carry actor ids, pids and node IPs: the details go to the log only.
-        logger.exception("response %s: engine stream failed", stream.response.id)
-        yield stream.fail(f"The engine failed while generating this response ({stream.response.id}). Please try again.")
+            if not stream.finished:  # the source ended without a finish reason: a normal stop
+                yield stream.feed(TokenBatch([], finish_reason="stop"))
+        except StreamTooLong:
+            logger.warning(
+                "response %s: still generating after %g s, the maximum stream duration: ended", stream.response.id, max_duration_s
+            )
+            yield stream.fail(
+                f"The response was still being generated after {max_duration_s:g} s, this server's maximum stream "
+                "duration, and was ended. Ask for fewer output tokens (max_output_tokens)."
+            )
+        except EngineRejected as exc:  # vLLM's validation or admission control: its words are for the client
+            logger.warning("response %s: the engine refused it: %s", stream.response.id, exc.reason)
+            yield stream.fail(
+                f"The engine refused this request: {exc.reason}" if exc.client_error else exc.reason,
+                code="invalid_prompt" if exc.client_error else "server_error",
+            )
+        except Exception:  # engine died or raised: the client still gets a proper ending
+            # Ray's errors carry actor ids, pids and node IPs: the details go to the log only.
+            logger.exception("response %s: engine stream failed", stream.response.id)
+            yield stream.fail(f"The engine failed while generating this response ({stream.response.id}). Please try again.")
+
+
+def engine_at_capacity(reason: str) -> APIError:
+    return server_full(f"The model's engines are at capacity ({reason}). Retry shortly.", code="engine_at_capacity")
+
+
+class _FirstBatch:
+    """The engine's first batch, asked for early (`refused_within`) so that a refusal can come
+    before the response starts; `then` gives it, then the rest."""
+
+    def __init__(self, batches: AsyncGenerator[TokenBatch, None]) -> None:
+        self._batches = batches
+        self._pending: asyncio.Future[TokenBatch] | None = None
+
+    async def __aenter__(self) -> _FirstBatch:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        if self._pending is not None and not self._pending.done():  # the engine call is still waited for
+            self._pending.cancel()
+            await asyncio.wait([self._pending])
+
+    async def refused_within(self, window_s: float, request_id: str) -> None:
+        """Wait up to `window_s` for the first batch; an engine at capacity raises `engine_at_capacity`."""
+        self._pending = asyncio.ensure_future(anext(self._batches))
+        await asyncio.wait([self._pending], timeout=window_s)
+        if self._pending.done() and not self._pending.cancelled():
+            error = self._pending.exception()
+            if isinstance(error, EngineRejected) and not error.client_error:
+                logger.warning("response %s: refused, the engines are at capacity: %s", request_id, error.reason)
+                raise engine_at_capacity(error.reason) from None
+
+    async def then(self, batches: AsyncGenerator[TokenBatch, None]) -> AsyncGenerator[TokenBatch, None]:
+        if self._pending is not None:
+            try:
+                yield await self._pending
+            except StopAsyncIteration:
+                return
+        async for batch in batches:
+            yield batch
 
 
 class StreamTooLong(Exception):

@@ -20,21 +20,35 @@ MAX_LANES = 64  # lanes whose latest response a connection keeps; the least rece
 MAX_BYTES = 64 * 1024 * 1024  # the turns a connection keeps, measured as stored records
 
 
+class KeptBytes:
+    """What all of a replica's connections keep together, against one budget (`max_bytes`)."""
+
+    def __init__(self, max_bytes: int) -> None:
+        self.max_bytes = max_bytes
+        self.total = 0
+
+
 class ConnectionResponses(ResponseStore):
     """A `ResponseStore` that first looks in the connection's own turns.
 
     Each lane's latest response is kept with every turn before it on its chain, and nothing
     else: a lane that moves on (or forks from an older response) lets the turns it no longer
     reaches go. So memory follows the conversations being continued, not the connection's age.
-    Bounded twice: at most `max_lanes` lanes, and at most `max_bytes` of turns (as their stored
-    records measure them); past either, the least recently used lanes go whole (the latest one
-    stays), and continuing one of their responses is then a 400 unless it was also stored.
+    Bounded three times: at most `max_lanes` lanes, at most `max_bytes` of turns (as their
+    stored records measure them), and `replica` (if given), what all the replica's connections keep;
+    past either of the first two the least recently used lanes go whole (the latest one
+    stays), past the replica's budget the connection that adds a turn gives up its lanes
+    until it fits, its latest too. Continuing a response that went is then a 400 unless it
+    was also stored. `close` gives the connection's share of the replica's budget back.
     """
 
-    def __init__(self, shared: ResponseStore, max_lanes: int = MAX_LANES, max_bytes: int = MAX_BYTES) -> None:
+    def __init__(
+        self, shared: ResponseStore, max_lanes: int = MAX_LANES, max_bytes: int = MAX_BYTES, replica: KeptBytes | None = None
+    ) -> None:
         super().__init__(shared.base, shared.tenant, shared.ttl_s, shared.cache)
         self.max_lanes = max_lanes
         self.max_bytes = max_bytes
+        self.replica = replica
         self._turns: dict[str, tuple[StoredTurn, int]] = {}  # response id -> its turn, the bytes of its record
         self.bytes = 0  # of the turns kept, as stored records (a turn two lanes share counts once)
         self._latest: collections.OrderedDict[str | None, str] = collections.OrderedDict()  # lane -> response id
@@ -49,6 +63,14 @@ class ConnectionResponses(ResponseStore):
         while len(self._latest) > 1 and (len(self._latest) > self.max_lanes or self.bytes > self.max_bytes):
             self._latest.popitem(last=False)
             self._keep_reachable()
+        while self._latest and self.replica is not None and self.replica.total > self.replica.max_bytes:
+            self._latest.popitem(last=False)
+            self._keep_reachable()
+
+    def close(self) -> None:
+        """Keep nothing more (the connection closed)."""
+        self._latest.clear()
+        self._keep_reachable()
 
     def __len__(self) -> int:
         """The turns kept in memory."""
@@ -77,4 +99,7 @@ class ConnectionResponses(ResponseStore):
                 kept[next_id] = self._turns[next_id]
                 next_id = kept[next_id][0].previous_response_id
         self._turns = kept
-        self.bytes = sum(size for _, size in kept.values())
+        kept_bytes = sum(size for _, size in kept.values())
+        if self.replica is not None:
+            self.replica.total += kept_bytes - self.bytes
+        self.bytes = kept_bytes

@@ -73,6 +73,23 @@ def test_engine_start_attempts_reach_serve():
         build_app({"models": [{"name": "a", "engine": {"max_constructor_retry_count": 0}}]})
 
 
+def test_queues_of_the_ingress_and_each_engine_are_bounded_when_configured():
+    """`max_queued_requests` reaches Serve for the ingress and each engine (Serve refuses past
+    it with a 503 and Retry-After; the ingress turns an engine's into a 503 before a stream
+    starts); unset, Serve's default (no bound)."""
+    from responses_serve.serve.app import build_app
+
+    args = {"models": [{"name": "a", "engine": {"max_queued_requests": 8}}, {"name": "b"}], "ingress": {"max_queued_requests": 64}}
+    application = build_app(args)
+    ingress = application._bound_deployment._deployment_config
+    engines = {name: engine._bound_deployment._deployment_config for name, engine in application._bound_deployment.init_args[1].items()}
+    assert (ingress.max_queued_requests, engines["a"].max_queued_requests, engines["b"].max_queued_requests) == (64, 8, -1)
+    for config in (ingress, engines["a"]):
+        assert (config.backpressure_config.status_code, config.backpressure_config.retry_after_s) == (503, 1)
+    with pytest.raises(ValueError, match="max_queued_requests"):
+        build_app({"models": [{"name": "a", "engine": {"max_queued_requests": 0}}]})
+
+
 def test_engine_requests_are_routed_by_tier_and_by_conversation_unless_turned_off():
     from responses_serve.serve.app import build_app
 

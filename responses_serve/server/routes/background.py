@@ -11,7 +11,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response
 from starlette.datastructures import QueryParams
 
-from responses_serve.api.errors import invalid_request, response_not_found
+from responses_serve.api.errors import invalid_request, response_not_found, server_full
 from responses_serve.server.background import BackgroundRuns
 from responses_serve.server.metrics import report_response
 from responses_serve.server.routes.event_stream import EventStreamResponse
@@ -25,6 +25,18 @@ REPLICA_HEADER = "x-responses-serve-replica"
 
 def _headers(background: BackgroundRuns) -> dict[str, str]:
     return {REPLICA_HEADER: background.replica_id}
+
+
+def check_background_room(state) -> None:
+    """A 503 when this replica already runs `replica_limits.max_background_runs` background
+    responses (all tenants'); a tenant's own `max_background` is its quota (a 429)."""
+    limit = state.replica_limits.max_background_runs
+    if sum(tenant.background.running for tenant in state.tenants.values()) >= limit:
+        raise server_full(
+            f"This server runs as many background responses as it takes ({limit}, replica_limits.max_background_runs). Retry shortly.",
+            code="too_many_background_runs",
+            param="background",
+        )
 
 
 async def start_background(turn: Turn, state, tenant: TenantState) -> Response:
@@ -43,6 +55,7 @@ async def start_background(turn: Turn, state, tenant: TenantState) -> Response:
             await responses.save(response, turn.input_items)
 
     try:
+        check_background_room(state)  # again: others may have started while this one rendered
         snapshot = await background.start(turn.stream, run_turn(turn, responses, state.max_stream_duration_s), turn.input_items, finish)
     except BaseException:  # no run: its place within the tenant's quotas goes back now
         if turn.admission is not None:

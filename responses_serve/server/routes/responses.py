@@ -23,9 +23,15 @@ from responses_serve.api.sse import encode_events
 from responses_serve.server.auth import tenant_of
 from responses_serve.server.metrics import Metrics, RequestTrace, report_once, report_response
 from responses_serve.server.offload import parse_body_off_loop
-from responses_serve.server.routes.background import current_response, follow_response, start_background, wants_stream
+from responses_serve.server.routes.background import (
+    check_background_room,
+    current_response,
+    follow_response,
+    start_background,
+    wants_stream,
+)
 from responses_serve.server.routes.event_stream import EventStreamResponse
-from responses_serve.server.run import Turn, run_turn, start_turn
+from responses_serve.server.run import REFUSAL_WINDOW_S, Turn, run_turn, start_turn
 from responses_serve.server.tenants import TenantState, tenant_state
 from responses_serve.state import ResponseStore
 
@@ -47,13 +53,17 @@ async def create_response(http_request: Request) -> Response:
     trace = http_request.state.trace = RequestTrace(tenant=tenant_of(http_request.scope))
     request = await read_request(http_request, parse_request)
     tenant = tenant_state(http_request)
+    if request.background:
+        check_background_room(state)  # before any work: the replica's bound, not the tenant's
     turn = await begin_turn(request, state, tenant, tenant.responses, trace)
     if request.background:
         return await start_background(turn, state, tenant)
-    events = run_turn(turn, tenant.responses, state.max_stream_duration_s)
+    events = run_turn(turn, tenant.responses, state.max_stream_duration_s, refusal_window_s=REFUSAL_WINDOW_S)
     headers = turn.admission.headers if turn.admission is not None else None
     if request.stream:
-        return EventStreamResponse(_sse(events, turn, state.metrics), state.sse_keepalive_s, headers=headers)
+        # The first events before the response starts: engines at capacity are a 503, not a stream.
+        first = await first_events(events)
+        return EventStreamResponse(_sse(prepended(first, events), turn, state.metrics), state.sse_keepalive_s, headers=headers)
     try:
         async with contextlib.aclosing(events):
             async for _ in events:
@@ -169,6 +179,25 @@ def _finished(turn: Turn, metrics: Metrics) -> None:
         time.perf_counter() - turn.trace.started,
     )
     report_response(metrics, turn.trace, response)
+
+
+async def first_events(events: AsyncGenerator[list[ResponseStreamEvent], None]) -> list[ResponseStreamEvent]:
+    """The first events of a turn; what refuses it before it starts (an `APIError`) is raised
+    here, and `events` closed."""
+    try:
+        return await anext(events)
+    except BaseException:
+        await events.aclose()
+        raise
+
+
+async def prepended(
+    first: list[ResponseStreamEvent], rest: AsyncGenerator[list[ResponseStreamEvent], None]
+) -> AsyncGenerator[list[ResponseStreamEvent], None]:
+    async with contextlib.aclosing(rest):
+        yield first
+        async for events in rest:
+            yield events
 
 
 async def _sse(events: AsyncGenerator[list[ResponseStreamEvent], None], turn: Turn, metrics: Metrics) -> AsyncGenerator[bytes, None]:

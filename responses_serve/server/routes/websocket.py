@@ -19,16 +19,18 @@ import functools
 import logging
 
 from fastapi import APIRouter, WebSocket
+from fastapi.responses import JSONResponse
 from starlette.websockets import WebSocketDisconnect
 
-from responses_serve.api.errors import APIError, server_error
+from responses_serve.api.errors import APIError, retry_after, server_error, server_full
 from responses_serve.api.websocket import CreateEvent, SteerEvent, error_message, event_message, parse_client_event, steer_failed_message
+from responses_serve.config import ReplicaLimits
 from responses_serve.server.metrics import RequestTrace, report_once, report_refusal
 from responses_serve.server.offload import parse_body_off_loop
-from responses_serve.server.routes.responses import begin_turn, reported
-from responses_serve.server.run import PromptOnly, run_turn
+from responses_serve.server.routes.responses import begin_turn, first_events, prepended, reported
+from responses_serve.server.run import REFUSAL_WINDOW_S, PromptOnly, run_turn
 from responses_serve.server.tenants import tenant_state
-from responses_serve.state.connection import MAX_LANES, ConnectionResponses
+from responses_serve.state.connection import ConnectionResponses
 
 logger = logging.getLogger("responses_serve")
 
@@ -42,6 +44,19 @@ async def responses_socket(websocket: WebSocket) -> None:
     await ResponsesSocket(websocket).serve()
 
 
+def _too_many(message: str, code: str) -> APIError:
+    return retry_after(APIError(f"{message}. Wait for the responses before it.", status_code=429, param="stream_id", code=code), 1)
+
+
+async def _deny(websocket: WebSocket, error: APIError) -> None:
+    """Refuse a WebSocket before it opens: with the HTTP answer (status, Retry-After, the
+    error body) where the server can send one, else closed with 1013 (try again later)."""
+    if "websocket.http.response" in websocket.scope.get("extensions", {}):
+        await websocket.send_denial_response(JSONResponse(error.body(), status_code=error.status_code, headers=error.headers))
+    else:
+        await websocket.close(code=1013, reason=error.message[:120])
+
+
 class ClientGone(Exception):
     """A send found the connection closed."""
 
@@ -51,12 +66,27 @@ class ResponsesSocket:
         self.websocket = websocket
         self.state = websocket.app.state
         self.tenant = tenant_state(websocket)
-        self.responses = ConnectionResponses(self.tenant.responses)  # the connection's turns: its tenant's
-        self.lanes: dict[str | None, collections.deque[CreateEvent]] = {}  # lanes with work, and their queue
+        self.limits: ReplicaLimits = self.state.replica_limits
+        # The connection's turns (its tenant's), within its own bounds and the replica's.
+        self.responses = ConnectionResponses(
+            self.tenant.responses,
+            self.limits.max_lanes_per_connection,
+            self.limits.max_kept_bytes_per_connection,
+            self.state.websocket_turns,
+        )
+        self.lanes: dict[str | None, collections.deque[CreateEvent]] = {}  # lanes with work, and their queue (the running one first)
         self.workers: set[asyncio.Task] = set()
         self._sending = asyncio.Lock()  # lanes send side by side: one whole message at a time
 
     async def serve(self) -> None:
+        limit = self.limits.max_websockets
+        if self.state.websockets_open >= limit:  # refused before it opens: a 503, as over HTTP
+            error = server_full(
+                f"This server holds as many WebSocket connections as it takes ({limit}, replica_limits.max_websockets). Retry shortly.",
+                code="too_many_connections",
+            )
+            await _deny(self.websocket, error)
+            return
         await self.websocket.accept()
         self._count_open(+1)
         try:
@@ -66,6 +96,7 @@ class ResponsesSocket:
             for worker in self.workers:
                 worker.cancel()
             await asyncio.gather(*self.workers, return_exceptions=True)
+            self.responses.close()
             self._count_open(-1)
 
     def _count_open(self, change: int) -> None:
@@ -100,14 +131,26 @@ class ResponsesSocket:
             pass  # the next receive sees the disconnect
 
     def _enqueue(self, event: CreateEvent) -> None:
+        """Into its lane's queue, within the connection's bounds (a 429: it sends faster than
+        it is served; the message is answered with an error on its lane, never kept)."""
+        limits = self.limits
         queue = self.lanes.get(event.lane)
+        if queue is not None and len(queue) > limits.max_queued_per_lane:  # the running one and those waiting
+            raise _too_many(
+                f"{limits.max_queued_per_lane} response.create messages wait on lane {event.lane!r} (replica_limits.max_queued_per_lane)",
+                "too_many_queued",
+            )
+        waiting = sum(len(lane) - 1 for lane in self.lanes.values())
+        if queue is not None and waiting >= limits.max_queued_per_connection:
+            raise _too_many(
+                f"{waiting} response.create messages wait on this connection (replica_limits.max_queued_per_connection)", "too_many_queued"
+            )
         if queue is None:
-            if len(self.lanes) >= MAX_LANES:
-                raise APIError(
-                    f"At most {MAX_LANES} lanes (stream_id) may have responses running or queued on one connection.",
-                    status_code=429,
-                    param="stream_id",
-                    code="too_many_lanes",
+            if len(self.lanes) >= limits.max_lanes_per_connection:
+                raise _too_many(
+                    f"At most {limits.max_lanes_per_connection} lanes (stream_id) may have responses running or queued on one "
+                    "connection (replica_limits.max_lanes_per_connection)",
+                    "too_many_lanes",
                 )
             queue = self.lanes[event.lane] = collections.deque()
             worker = asyncio.create_task(self._run_lane(event.lane, queue))
@@ -148,8 +191,21 @@ class ResponsesSocket:
             report_refusal(metrics, self.websocket.scope, error)
             await self._send(error_message(error, event.lane))
             return
-        events = run_turn(turn, self.responses, self.state.max_stream_duration_s, source=None if event.generate else PROMPT_ONLY)
-        async with contextlib.aclosing(reported(events, turn, metrics)) as batches:
+        events = run_turn(
+            turn,
+            self.responses,
+            self.state.max_stream_duration_s,
+            source=None if event.generate else PROMPT_ONLY,
+            refusal_window_s=REFUSAL_WINDOW_S,
+        )
+        try:
+            first = await first_events(events)
+        except APIError as error:  # engines at capacity: refused before it started
+            report_once(metrics, trace, "rejected", error.code)
+            report_refusal(metrics, self.websocket.scope, error)
+            await self._send(error_message(error, event.lane))
+            return
+        async with contextlib.aclosing(reported(prepended(first, events), turn, metrics)) as batches:
             async for batch in batches:
                 for response_event in batch:
                     await self._send(event_message(response_event, event.lane))

@@ -1,0 +1,116 @@
+"""Bounded admission in one ingress replica (config.ReplicaLimits), in process: past each
+bound the next request is refused at once with Retry-After (a 503 for the replica's bounds,
+a 429 for one connection's), never queued without end, and what was admitted goes on.
+(Serve's own queues and the engines': tests/serve/test_configs.py and bench.overload;
+the tenants' quotas: tests/server/test_auth.py.)"""
+
+from __future__ import annotations
+
+import json
+import time
+
+import httpx
+import pytest
+from websockets.exceptions import InvalidStatus
+
+from responses_serve.config import ReplicaLimits
+from responses_serve.engines.replay import ReplayBackend, ReplayConfig
+from responses_serve.server.app import ServedModel, create_app
+from responses_serve.state import ResponseStore
+from responses_serve.state.connection import ConnectionResponses, KeptBytes
+from responses_serve.state.memory import MemoryStore
+from tests.conftest import uvicorn_server, wait_until
+from tests.support import socket_scenarios
+
+SLOW = ReplayConfig(min_step_tokens=1, max_step_tokens=1, step_delay_s=0.02)
+LIMITS = ReplicaLimits(max_background_runs=2, max_websockets=2, max_queued_per_lane=1, max_queued_per_connection=2)
+LONG = "a long answer " * 40  # ~200 steps of 20 ms: seconds
+
+
+@pytest.fixture(scope="module")
+def engine():
+    return ReplayBackend(SLOW)
+
+
+@pytest.fixture(scope="module")
+def url(engine):
+    with uvicorn_server(create_app([ServedModel("slow", engine)], replica_limits=LIMITS)) as url:
+        yield url
+
+
+def test_background_runs_past_the_replicas_bound_are_503s(url, engine):
+    with httpx.Client(base_url=url, timeout=30) as http:
+        body = {"model": "slow", "input": LONG, "background": True}
+        running = [http.post("/responses", json=body).json()["id"] for _ in range(2)]
+        begin = time.monotonic()
+        refused = http.post("/responses", json=body)
+        assert time.monotonic() - begin < 5  # at once, not after the others
+        assert refused.status_code == 503 and refused.headers["retry-after"] == "1"
+        assert refused.json()["error"]["code"] == "too_many_background_runs"
+        assert "replica_limits.max_background_runs" in refused.json()["error"]["message"]
+        assert http.post("/responses", json={"model": "slow", "input": "not in the background"}).status_code == 200
+        for response_id in running:  # the admitted ones finish; then there is room again
+            http.post(f"/responses/{response_id}/cancel")
+        assert wait_until(lambda: engine.num_running() == 0, timeout_s=20)
+        again = http.post("/responses", json=body)
+        assert again.status_code == 200
+        http.post(f"/responses/{again.json()['id']}/cancel")
+
+
+def test_websocket_connections_past_the_replicas_bound_are_refused_with_503(url):
+    with socket_scenarios.socket(url), socket_scenarios.socket(url):
+        with pytest.raises(InvalidStatus) as refused:
+            with socket_scenarios.socket(url):
+                pass
+        response = refused.value.response
+        assert response.status_code == 503 and response.headers["retry-after"] == "1"
+        assert json.loads(response.body)["error"]["code"] == "too_many_connections"
+    with socket_scenarios.socket(url) as connection:  # closed ones give their place back
+        socket_scenarios.create(connection, model="slow", input="hello")
+        assert socket_scenarios.until_end(connection)[-1]["type"] == "response.completed"
+
+
+def test_messages_queued_past_a_connections_bounds_are_429s_on_their_lane(url, engine):
+    """One lane runs one response and queues one more (max_queued_per_lane); a third is
+    refused on that lane; the connection queues two in all (max_queued_per_connection). The
+    admitted ones all complete, in order."""
+    with socket_scenarios.socket(url) as connection:
+        for lane, text in (("a", LONG), ("a", "a2"), ("a", "a3"), ("b", LONG), ("b", "b2"), ("c", LONG), ("c", "c2")):
+            socket_scenarios.create(connection, model="slow", input=text, stream_id=lane, store=False)
+        ends: dict[str, list[str]] = {}
+        while sum(len(v) for v in ends.values()) < 7:
+            event = socket_scenarios.receive(connection)
+            if event["type"] == "error":
+                assert event["status"] == 429 and event["error"]["code"] == "too_many_queued", event
+                ends.setdefault(event["stream_id"], []).append("429")
+            elif event["type"] == "response.completed":
+                ends.setdefault(event["stream_id"], []).append(event["response"]["output"][-1]["content"][0]["text"])
+    assert ends["a"] == ["429", LONG, "a2"]  # a3: a's queue was full
+    assert ends["b"] == [LONG, "b2"]
+    assert ends["c"] == ["429", LONG]  # c2: the connection's queue was full (a2, b2)
+    assert wait_until(lambda: engine.num_running() == 0, timeout_s=20)
+
+
+def _turn(response_id: str, size: int):
+    from tests.server.test_websocket import _response, _user
+
+    return _response(response_id, None, "x" * size), _user(response_id)
+
+
+def test_what_connections_keep_is_bounded_for_the_replica():
+    """Two connections, one replica budget: the one that adds a turn past it gives up its own
+    least recent lanes (its latest too, if it must); nothing is kept past the budget; a
+    closed connection gives its share back."""
+    replica = KeptBytes(60_000)
+    shared = ResponseStore(MemoryStore(), "t")
+    first, second = ConnectionResponses(shared, replica=replica), ConnectionResponses(shared, replica=replica)
+    first.remember("a", *_turn("a1", 20_000))
+    first.remember("b", *_turn("b1", 20_000))
+    second.remember("c", *_turn("c1", 15_000))
+    assert replica.total == first.bytes + second.bytes <= 60_000
+    second.remember("d", *_turn("d1", 15_000))  # over: the second connection's own least recent lane goes
+    assert replica.total <= 60_000 and len(first) == 2 and len(second) == 1
+    second.remember("e", *_turn("e1", 70_000))  # alone over the budget: not kept at all
+    assert replica.total <= 60_000 and len(second) == 0 and len(first) == 2
+    first.close()
+    assert replica.total == second.bytes == 0
