@@ -487,6 +487,12 @@ class ReplicaLimits(_Strict):
     elsewhere), a 429 for one connection's (it sends faster than it is served).
     (docs/overload.md lists every bound of the server.)"""
 
+    max_request_bytes_in_flight: int = Field(
+        256 * 1024 * 1024,
+        ge=1024,
+        description="bytes of request bodies one replica reads and parses at once, and of its WebSocket requests queued or "
+        "running (503 past it); at least max_request_bytes",
+    )
     max_background_runs: int = Field(64, ge=0, description="background responses running on one replica (503 past it)")
     max_websockets: int = Field(256, ge=0, description="WebSocket connections open on one replica (refused with 503)")
     max_websocket_kept_bytes: int = Field(
@@ -560,6 +566,12 @@ class AppConfig(_Strict):
                     f"model names must be unique (also after replacing characters other than letters, digits, '_', '.', '-'), got {names}"
                 )
         return models
+
+    @model_validator(mode="after")
+    def _one_request_fits(self) -> AppConfig:
+        if self.replica_limits.max_request_bytes_in_flight < self.max_request_bytes:
+            raise ValueError("replica_limits.max_request_bytes_in_flight must be at least max_request_bytes: the largest request must fit")
+        return self
 
     @model_validator(mode="after")
     def _store_serves_every_replica(self) -> AppConfig:

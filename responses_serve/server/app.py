@@ -28,6 +28,7 @@ from responses_serve.api.sse import encode_events
 from responses_serve.config import DEFAULT_SSE_KEEPALIVE_S, AuthConfig, ReplicaLimits
 from responses_serve.encrypted_reasoning import ReasoningCipher
 from responses_serve.families.harmony import HarmonyParser, render_completion, render_prompt
+from responses_serve.server.admission import ByteBudget
 from responses_serve.server.auth import ANONYMOUS, AuthMiddleware, Keyring, warn_if_open
 from responses_serve.server.background import BackgroundRuns, default_replica_id
 from responses_serve.server.metrics import GuardedMetrics, Metrics, NoMetrics, report_once, report_refusal
@@ -102,6 +103,7 @@ def create_app(
     app.state.request_limits = request_limits
     app.state.replica_limits = replica_limits = replica_limits or ReplicaLimits()
     app.state.websocket_turns = KeptBytes(replica_limits.max_websocket_kept_bytes)  # all connections' kept turns
+    app.state.request_bytes = ByteBudget(replica_limits.max_request_bytes_in_flight)  # bodies read, parsed; WebSocket requests
     app.state.metrics = metrics = GuardedMetrics(metrics or NoMetrics())
     app.state.leases = LeaseKeeper(app.state.store)  # this replica's quota leases, renewed while held
     cipher = ReasoningCipher(reasoning_keys or configured_reasoning_keys())

@@ -114,3 +114,46 @@ def test_what_connections_keep_is_bounded_for_the_replica():
     assert replica.total <= 60_000 and len(second) == 0 and len(first) == 2
     first.close()
     assert replica.total == second.bytes == 0
+
+
+def test_request_bytes_in_flight_are_bounded_for_the_replica():
+    """Bodies being read and parsed, and WebSocket requests queued or running, hold the
+    replica's byte budget: one that does not fit is a 503 at once; the budget comes back."""
+    limits = ReplicaLimits(max_request_bytes_in_flight=64 * 1024)
+    app = create_app([ServedModel("slow", ReplayBackend(SLOW))], max_request_bytes=64 * 1024, replica_limits=limits)
+    with uvicorn_server(app) as url, httpx.Client(base_url=url, timeout=30) as http:
+        body = json.dumps({"model": "slow", "input": "x" * (40 * 1024), "max_output_tokens": 5}).encode()  # two do not fit
+
+        def slowly():  # a client that sends most of its body, then takes its time
+            yield body[:-10]
+            time.sleep(1.0)
+            yield body[-10:]
+
+        import threading
+
+        answers = {}
+        sender = threading.Thread(target=lambda: answers.setdefault("slow", http.post("/responses", content=slowly())))
+        sender.start()
+        time.sleep(0.5)
+        with httpx.Client(base_url=url, timeout=30) as other:
+            refused = other.post("/responses", content=body, headers={"content-type": "application/json"})
+        sender.join()
+        assert refused.status_code == 503 and refused.json()["error"]["code"] == "too_many_request_bytes"
+        assert refused.headers["retry-after"] == "1"
+        assert answers["slow"].status_code == 200
+        assert http.post("/responses", content=body, headers={"content-type": "application/json"}).status_code == 200
+
+        text = "x" * (25 * 1024)  # two fit, three do not
+        with socket_scenarios.socket(url) as connection:
+            short = {"model": "slow", "input": text, "store": False, "max_output_tokens": 20}
+            socket_scenarios.create(connection, **short, stream_id="a")  # runs
+            socket_scenarios.create(connection, **short, stream_id="a")  # waits
+            socket_scenarios.create(connection, **short, stream_id="b")  # does not fit
+            first = socket_scenarios.receive(connection)
+            while first["type"] != "error":
+                first = socket_scenarios.receive(connection)
+            assert (first["status"], first["error"]["code"], first.get("stream_id")) == (503, "too_many_request_bytes", None)
+            ends = 0
+            while ends < 2:  # the admitted two complete; their bytes come back
+                ends += socket_scenarios.receive(connection)["type"] == "response.incomplete"
+        assert app.state.request_bytes.held == 0

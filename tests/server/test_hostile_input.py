@@ -86,14 +86,16 @@ def test_big_refusals_leave_other_streams_flowing(slow_app):
     stream on the same replica goes on: its longest gap between events stays under 100 ms
     (its steps come every 10 ms), and each refusal takes well under a second. A behaviour
     check with a generous bound (the numbers are bench.overload's); a stall of ours would
-    show every time, a busy machine's scheduling only now and then: the best of three runs."""
+    show every time, a busy machine's scheduling only now and then: up to three runs, one must pass."""
     url, _ = slow_app
     tool = {"type": "function", "name": "f", "parameters": {"type": "object", "properties": {"a": {"type": "string"}}}}
     bodies = [
         json.dumps({"model": "slow", "input": "hi", "tools": [{**tool, "name": f"f{i}"} for i in range(50_000)]}).encode(),
         json.dumps({"model": "slow", "input": [{"role": "user", "content": "x"}] * 50_000}).encode(),
     ]
-    runs = [_gaps_while_refused(url, bodies) for _ in range(3)]
+    runs: list[tuple[float, float]] = []
+    while len(runs) < 3 and not any(gap < 0.1 and slowest < 1.0 for gap, slowest in runs):
+        runs.append(_gaps_while_refused(url, bodies))
     assert any(gap < 0.1 and slowest < 1.0 for gap, slowest in runs), f"(longest gap, slowest refusal) of each run: {runs}"
 
 

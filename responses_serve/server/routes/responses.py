@@ -20,6 +20,7 @@ from responses_serve.api.errors import APIError, invalid_request, model_not_foun
 from responses_serve.api.limits import RequestLimits
 from responses_serve.api.request import ResponsesRequest, parse_request
 from responses_serve.api.sse import encode_events
+from responses_serve.server.admission import ByteBudget
 from responses_serve.server.auth import tenant_of
 from responses_serve.server.metrics import Metrics, RequestTrace, report_once, report_response
 from responses_serve.server.offload import parse_body_off_loop
@@ -228,17 +229,25 @@ async def reported(
 
 async def read_request(http_request: Request, parse: Callable[[bytes, RequestLimits], T]) -> T:
     """The request's body, read within the size limit and parsed by `parse(body, limits)`;
-    a big body is parsed in a worker thread (server/offload.py)."""
+    a big body is parsed in a worker thread (server/offload.py). Its bytes count against the
+    replica's budget while it is read and parsed (server/admission.py)."""
     state = http_request.app.state
-    body = await read_body(http_request, state.max_request_bytes)
-    return await parse_body_off_loop(body, functools.partial(_parse, parse=parse, limits=state.request_limits))
+    budget: ByteBudget = state.request_bytes
+    held = [0]
+    try:
+        body = await read_body(http_request, state.max_request_bytes, budget, held)
+        return await parse_body_off_loop(body, functools.partial(_parse, parse=parse, limits=state.request_limits))
+    finally:
+        budget.give(held[0])
 
 
 def _parse(body: bytes, *, parse: Callable[[bytes, RequestLimits], T], limits: RequestLimits) -> T:
     return parse(body, limits)
 
 
-async def read_body(request: Request, limit: int) -> bytes:
+async def read_body(request: Request, limit: int, budget: ByteBudget | None = None, held: list[int] | None = None) -> bytes:
+    """The body, at most `limit` bytes (else a 413); each chunk taken from `budget` as it
+    comes (a 503 when it is spent), the bytes taken added to `held[0]` for the caller to give back."""
     declared = request.headers.get("content-length")
     too_large = APIError(f"The request body is larger than this server accepts ({limit} bytes).", status_code=413, code="request_too_large")
     if declared is not None and declared.isdigit() and int(declared) > limit:
@@ -248,5 +257,8 @@ async def read_body(request: Request, limit: int) -> bytes:
         size += len(chunk)
         if size > limit:
             raise too_large
+        if budget is not None and held is not None:
+            budget.take(len(chunk))
+            held[0] += len(chunk)
         chunks.append(chunk)
     return b"".join(chunks)

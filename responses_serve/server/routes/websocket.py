@@ -25,6 +25,7 @@ from starlette.websockets import WebSocketDisconnect
 from responses_serve.api.errors import APIError, retry_after, server_error, server_full
 from responses_serve.api.websocket import CreateEvent, SteerEvent, error_message, event_message, parse_client_event, steer_failed_message
 from responses_serve.config import ReplicaLimits
+from responses_serve.server.admission import ByteBudget
 from responses_serve.server.metrics import RequestTrace, report_once, report_refusal
 from responses_serve.server.offload import parse_body_off_loop
 from responses_serve.server.routes.responses import begin_turn, first_events, prepended, reported
@@ -74,7 +75,9 @@ class ResponsesSocket:
             self.limits.max_kept_bytes_per_connection,
             self.state.websocket_turns,
         )
-        self.lanes: dict[str | None, collections.deque[CreateEvent]] = {}  # lanes with work, and their queue (the running one first)
+        # Lanes with work: their requests (the running one first), each with the bytes of its message held.
+        self.lanes: dict[str | None, collections.deque[tuple[CreateEvent, int]]] = {}
+        self.budget: ByteBudget = self.state.request_bytes
         self.workers: set[asyncio.Task] = set()
         self._sending = asyncio.Lock()  # lanes send side by side: one whole message at a time
 
@@ -118,19 +121,26 @@ class ResponsesSocket:
                     status_code=413,
                     code="request_too_large",
                 )
-            event = await parse_body_off_loop(message, functools.partial(parse_client_event, limits=self.state.request_limits))
-            lane = event.lane
-            if isinstance(event, SteerEvent):
-                await self._send(steer_failed_message(event))
-                return
-            self._enqueue(event)
+            size = len(message)
+            self.budget.take(size)  # given back when its response has ended, or it was refused
+            try:
+                event = await parse_body_off_loop(message, functools.partial(parse_client_event, limits=self.state.request_limits))
+                lane = event.lane
+                if isinstance(event, SteerEvent):
+                    await self._send(steer_failed_message(event))
+                    self.budget.give(size)
+                    return
+                self._enqueue(event, size)
+            except BaseException:
+                self.budget.give(size)
+                raise
         except APIError as error:
             with contextlib.suppress(ClientGone):
                 await self._send(error_message(error, lane))
         except ClientGone:
             pass  # the next receive sees the disconnect
 
-    def _enqueue(self, event: CreateEvent) -> None:
+    def _enqueue(self, event: CreateEvent, size: int) -> None:
         """Into its lane's queue, within the connection's bounds (a 429: it sends faster than
         it is served; the message is answered with an error on its lane, never kept)."""
         limits = self.limits
@@ -140,7 +150,7 @@ class ResponsesSocket:
                 f"{limits.max_queued_per_lane} response.create messages wait on lane {event.lane!r} (replica_limits.max_queued_per_lane)",
                 "too_many_queued",
             )
-        waiting = sum(len(lane) - 1 for lane in self.lanes.values())
+        waiting = sum(len(queued) - 1 for queued in self.lanes.values())
         if queue is not None and waiting >= limits.max_queued_per_connection:
             raise _too_many(
                 f"{waiting} response.create messages wait on this connection (replica_limits.max_queued_per_connection)", "too_many_queued"
@@ -156,14 +166,14 @@ class ResponsesSocket:
             worker = asyncio.create_task(self._run_lane(event.lane, queue))
             self.workers.add(worker)
             worker.add_done_callback(self.workers.discard)
-        queue.append(event)
+        queue.append((event, size))
 
-    async def _run_lane(self, lane: str | None, queue: collections.deque[CreateEvent]) -> None:
+    async def _run_lane(self, lane: str | None, queue: collections.deque[tuple[CreateEvent, int]]) -> None:
         """The lane's responses in order; the lane is gone once its queue is empty (no await
         between the last check and the removal, so a new create starts a new worker)."""
         try:
             while queue:
-                event = queue[0]
+                event, _ = queue[0]
                 try:
                     await self._respond(event)
                 except ClientGone:
@@ -171,12 +181,14 @@ class ResponsesSocket:
                 except Exception:  # a bug of ours: the client still hears of it, the lane goes on
                     logger.exception("unexpected error")
                     await self._send(error_message(server_error("The server had an error while processing your request."), event.lane))
-                queue.popleft()
+                self.budget.give(queue.popleft()[1])
         except ClientGone:
             pass
         finally:
             if self.lanes.get(lane) is queue:
                 del self.lanes[lane]
+            while queue:  # the connection went: what waited is dropped, its bytes given back
+                self.budget.give(queue.popleft()[1])
 
     async def _respond(self, event: CreateEvent) -> None:
         metrics = self.state.metrics
