@@ -493,6 +493,14 @@ class ReplicaLimits(_Strict):
         description="bytes of request bodies one replica reads and parses at once, and of its WebSocket requests queued or "
         "running (503 past it); at least max_request_bytes",
     )
+    body_read_timeout_s: float = Field(
+        60.0, gt=0, description="a request body not read whole within this (a client sending it slowly) is a 408; its bytes go back"
+    )
+    client_send_timeout_s: float = Field(
+        60.0,
+        gt=0,
+        description="a client that takes nothing of its stream (SSE or WebSocket) for this long is dropped: its responses aborted",
+    )
     max_background_runs: int = Field(64, ge=0, description="background responses running on one replica (503 past it)")
     max_websockets: int = Field(256, ge=0, description="WebSocket connections open on one replica (refused with 503)")
     max_websocket_kept_bytes: int = Field(

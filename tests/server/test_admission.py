@@ -157,3 +157,96 @@ def test_request_bytes_in_flight_are_bounded_for_the_replica():
             while ends < 2:  # the admitted two complete; their bytes come back
                 ends += socket_scenarios.receive(connection)["type"] == "response.incomplete"
         assert app.state.request_bytes.held == 0
+
+
+# --- slow clients ------------------------------------------------------------------------
+
+PATIENCE = ReplicaLimits(body_read_timeout_s=1.0, client_send_timeout_s=1.0)
+WORDS = " w" * 60_000  # an echo of ~60,000 tokens: ~15 MB of events, far more than socket buffers hold
+
+
+@pytest.fixture(scope="module")
+def impatient():
+    engine = ReplayBackend()
+    app = create_app([ServedModel("fast", engine)], replica_limits=PATIENCE)
+    with uvicorn_server(app) as url:
+        yield url, engine, app
+
+
+def _rest(client) -> bytes:
+    """What the server sent until it closed the connection."""
+    client.settimeout(10)
+    data = bytearray()
+    while chunk := client.recv(1 << 20):
+        data += chunk
+    return bytes(data)
+
+
+def _raw_client(url: str):
+    """A TCP client with a tiny receive buffer: what the server writes to it piles up fast."""
+    import socket
+    from urllib.parse import urlsplit
+
+    address = urlsplit(url)
+    client = socket.socket()
+    client.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    client.connect((address.hostname, address.port))
+    return client
+
+
+def test_a_body_sent_too_slowly_is_a_408_and_gives_its_bytes_back(impatient):
+    url, _, app = impatient
+    client = _raw_client(url)
+    try:
+        head = "POST /v1/responses HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 100000\r\n\r\n"
+        client.sendall(head.encode() + b'{"model": "fast", "input": "' + b"x" * 50_000)  # then nothing more
+        client.settimeout(10)
+        answer = client.recv(65536).decode()
+    finally:
+        client.close()
+    assert answer.startswith("HTTP/1.1 408") and "request_timeout" in answer and "body_read_timeout_s" in answer
+    assert wait_until(lambda: app.state.request_bytes.held == 0, timeout_s=5)
+
+
+def test_a_client_that_reads_nothing_of_its_stream_is_dropped_and_its_engine_request_aborted(impatient):
+    url, engine, _ = impatient
+    body = json.dumps({"model": "fast", "input": WORDS, "stream": True, "store": False}).encode()
+    client = _raw_client(url)
+    try:
+        head = f"POST /v1/responses HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
+        client.sendall(head.encode() + body)  # and never reads
+        assert wait_until(lambda: engine.num_running() == 1, timeout_s=10)
+        assert wait_until(lambda: engine.num_running() == 0, timeout_s=15), "the stalled stream still holds its engine request"
+        sent = _rest(client)  # the connection was closed mid-stream: no terminal event
+    finally:
+        client.close()
+    assert b"response.output_text.delta" in sent and b"event: response.completed" not in sent and b"response.incomplete" not in sent
+
+
+def test_a_websocket_client_that_reads_nothing_is_dropped(impatient):
+    import base64
+    import os
+
+    url, engine, app = impatient
+    client = _raw_client(url)
+    try:
+        key = base64.b64encode(os.urandom(16)).decode()
+        client.sendall(
+            (
+                "GET /v1/responses HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+                f"Sec-WebSocket-Key: {key}\r\nSec-WebSocket-Version: 13\r\n\r\n"
+            ).encode()
+        )
+        client.settimeout(10)
+        assert client.recv(4096).startswith(b"HTTP/1.1 101")
+        message = json.dumps({"type": "response.create", "model": "fast", "input": WORDS, "store": False}).encode()
+        mask = os.urandom(4)
+        frame = bytes([0x81, 0xFF]) + len(message).to_bytes(8, "big") + mask + bytes(b ^ mask[i % 4] for i, b in enumerate(message))
+        client.sendall(frame)  # one masked text frame; then nothing is read
+        assert wait_until(lambda: engine.num_running() == 1, timeout_s=10)
+        assert wait_until(lambda: engine.num_running() == 0 and app.state.websockets_open == 0, timeout_s=15)
+        assert app.state.request_bytes.held == 0
+        sent = _rest(client)
+    finally:
+        client.close()
+    assert b"response.output_text.delta" in sent and b'"response.completed"' not in sent and b'"response.incomplete"' not in sent

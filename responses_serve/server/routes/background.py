@@ -63,12 +63,19 @@ async def start_background(turn: Turn, state, tenant: TenantState) -> Response:
         raise
     headers = {**_headers(background), **(turn.admission.headers if turn.admission is not None else {})}
     if turn.request.stream:
-        return EventStreamResponse(background.follow(snapshot.id, -1), state.sse_keepalive_s, headers=headers)
+        return EventStreamResponse(
+            background.follow(snapshot.id, -1),
+            state.sse_keepalive_s,
+            headers=headers,
+            send_timeout_s=state.replica_limits.client_send_timeout_s,
+        )
     return Response(snapshot.model_dump_json(by_alias=True), media_type="application/json", headers=headers)
 
 
-def _event_stream(frames: AsyncGenerator[bytes, None], background: BackgroundRuns, keepalive_s: float | None) -> EventStreamResponse:
-    return EventStreamResponse(frames, keepalive_s, headers=_headers(background))
+def _event_stream(frames: AsyncGenerator[bytes, None], background: BackgroundRuns, state) -> EventStreamResponse:
+    return EventStreamResponse(
+        frames, state.sse_keepalive_s, headers=_headers(background), send_timeout_s=state.replica_limits.client_send_timeout_s
+    )
 
 
 def wants_stream(query: QueryParams) -> bool:
@@ -94,7 +101,7 @@ async def follow_response(response_id: str, request: Request) -> EventStreamResp
             f"Response '{response_id}' was not created with 'background': true; only background responses can be streamed.",
             param="stream",
         )
-    return _event_stream(background.follow(response_id, starting_after), background, request.app.state.sse_keepalive_s)
+    return _event_stream(background.follow(response_id, starting_after), background, request.app.state)
 
 
 async def current_response(response_id: str, request: Request):

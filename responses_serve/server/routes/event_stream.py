@@ -17,7 +17,7 @@ from typing import Any
 
 import anyio
 from starlette.responses import StreamingResponse
-from starlette.types import Send
+from starlette.types import Message, Send
 
 logger = logging.getLogger("responses_serve")
 
@@ -26,16 +26,40 @@ CLOSE_TIMEOUT_S = 5.0  # the longest a stream's own cleanup may hold its end
 HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}  # X-Accel: nginx must not buffer it
 
 
+class ClientStalled(Exception):
+    """A client took nothing of its stream for the send timeout."""
+
+
 class EventStreamResponse(StreamingResponse):
     """`text/event-stream` of `frames` (whole events), with `KEEPALIVE` after `keepalive_s`
     of quiet (None or 0: never)."""
 
     media_type = "text/event-stream"
 
-    def __init__(self, frames: AsyncGenerator[bytes, None], keepalive_s: float | None, headers: dict[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        frames: AsyncGenerator[bytes, None],
+        keepalive_s: float | None,
+        headers: dict[str, str] | None = None,
+        send_timeout_s: float | None = None,
+    ) -> None:
+        """`send_timeout_s`: a client that takes no write for this long is dropped (the
+        stream ends, its events closed: the engine request aborted)."""
         super().__init__(frames, headers={**HEADERS, **(headers or {})})
         self.keepalive_s = keepalive_s
+        self.send_timeout_s = send_timeout_s
         self._last_write = 0.0
+
+    async def _send(self, send: Send, message: Message) -> None:
+        """`send(message)`, within the send timeout: a client that reads nothing (its socket's
+        buffers full) must not hold the stream, and what it holds, forever."""
+        if self.send_timeout_s is None:
+            return await send(message)
+        try:
+            async with asyncio.timeout(self.send_timeout_s):
+                await send(message)
+        except TimeoutError:
+            raise ClientStalled(f"the client took nothing for {self.send_timeout_s:g} s") from None
 
     async def stream_response(self, send: Send) -> None:
         await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
@@ -45,7 +69,10 @@ class EventStreamResponse(StreamingResponse):
         try:
             async for frame in self.body_iterator:
                 self._last_write = loop.time()
-                await send({"type": "http.response.body", "body": frame, "more_body": True})
+                await self._send(send, {"type": "http.response.body", "body": frame, "more_body": True})
+        except ClientStalled as stalled:
+            logger.warning("SSE stream dropped: %s", stalled)
+            return  # its connection is closed under it (the response is left unfinished)
         finally:
             # A client that went away cancels this: the events' own `finally` blocks (aborting
             # the engine request, giving the tenant's places back) run now, not whenever the
@@ -72,7 +99,7 @@ class EventStreamResponse(StreamingResponse):
                 await asyncio.sleep(keepalive_s - quiet)
                 continue
             self._last_write = loop.time()
-            await send({"type": "http.response.body", "body": KEEPALIVE, "more_body": True})
+            await self._send(send, {"type": "http.response.body", "body": KEEPALIVE, "more_body": True})
 
 
 async def _close(iterator: Any) -> None:

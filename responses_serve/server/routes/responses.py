@@ -64,7 +64,12 @@ async def create_response(http_request: Request) -> Response:
     if request.stream:
         # The first events before the response starts: engines at capacity are a 503, not a stream.
         first = await first_events(events)
-        return EventStreamResponse(_sse(prepended(first, events), turn, state.metrics), state.sse_keepalive_s, headers=headers)
+        return EventStreamResponse(
+            _sse(prepended(first, events), turn, state.metrics),
+            state.sse_keepalive_s,
+            headers=headers,
+            send_timeout_s=state.replica_limits.client_send_timeout_s,
+        )
     try:
         async with contextlib.aclosing(events):
             async for _ in events:
@@ -235,7 +240,16 @@ async def read_request(http_request: Request, parse: Callable[[bytes, RequestLim
     budget: ByteBudget = state.request_bytes
     held = [0]
     try:
-        body = await read_body(http_request, state.max_request_bytes, budget, held)
+        try:
+            async with asyncio.timeout(state.replica_limits.body_read_timeout_s):
+                body = await read_body(http_request, state.max_request_bytes, budget, held)
+        except TimeoutError:
+            raise APIError(
+                f"The request body did not arrive whole within {state.replica_limits.body_read_timeout_s:g} s "
+                "(replica_limits.body_read_timeout_s).",
+                status_code=408,
+                code="request_timeout",
+            ) from None
         return await parse_body_off_loop(body, functools.partial(_parse, parse=parse, limits=state.request_limits))
     finally:
         budget.give(held[0])

@@ -78,6 +78,8 @@ class ResponsesSocket:
         # Lanes with work: their requests (the running one first), each with the bytes of its message held.
         self.lanes: dict[str | None, collections.deque[tuple[CreateEvent, int]]] = {}
         self.budget: ByteBudget = self.state.request_bytes
+        self._receiver: asyncio.Task | None = None
+        self._dropped = False
         self.workers: set[asyncio.Task] = set()
         self._sending = asyncio.Lock()  # lanes send side by side: one whole message at a time
 
@@ -92,9 +94,13 @@ class ResponsesSocket:
             return
         await self.websocket.accept()
         self._count_open(+1)
+        self._receiver = asyncio.current_task()  # cancelled to end a connection whose client stalled
         try:
             while (message := await self._receive()) is not None:
                 await self._dispatch(message)
+        except asyncio.CancelledError:
+            if not self._dropped:  # not our own ending of a stalled client's connection
+                raise
         finally:
             for worker in self.workers:
                 worker.cancel()
@@ -225,8 +231,16 @@ class ResponsesSocket:
             self.responses.remember(event.lane, turn.stream.response, turn.input_items)
 
     async def _send(self, message: str) -> None:
+        """One whole message; a client that takes nothing for the send timeout is dropped:
+        the connection is ended (its responses aborted), not held by a reader that never reads."""
         try:
-            async with self._sending:
+            async with self._sending, asyncio.timeout(self.limits.client_send_timeout_s):
                 await self.websocket.send_text(message)
+        except TimeoutError:
+            logger.warning("WebSocket dropped: the client took nothing for %g s", self.limits.client_send_timeout_s)
+            if self._receiver is not None and not self._dropped:
+                self._dropped = True
+                self._receiver.cancel()
+            raise ClientGone from None
         except (WebSocketDisconnect, RuntimeError, OSError) as exc:  # closed under us
             raise ClientGone from exc
