@@ -9,6 +9,13 @@ this class turns item operations into events.
 
 Deltas of one item within one `feed()` are merged into one delta event: a batch of k
 tokens costs one event, not k, and clients see the same text whatever the batching.
+
+Server-side tools (`tool_items.py`): a call the server runs stays open after its arguments
+until the tool loop (responses_serve/server/tool_loop.py) hands in its outcome, so its
+`*.completed` comes only after the tool returned. Items are shown one after another: the
+events of items that follow an unfinished one are held back until it is done. A response
+may span several engine generations (one per tool round): `next_turn()` starts the next
+one with a fresh parser; usage is counted over all of them.
 """
 
 from __future__ import annotations
@@ -52,17 +59,27 @@ from openai.types.responses.response_reasoning_item import Content as ReasoningC
 from openai.types.responses.response_usage import InputTokensDetails, OutputTokensDetails, ResponseUsage
 from pydantic import BaseModel, TypeAdapter, ValidationError
 
-from responses_serve.api.request import ResponsesRequest
+from responses_serve.api.request import McpTool, ResponsesRequest
 from responses_serve.api.service_tier import ServedTier
 from responses_serve.construct import trusted_constructor as _trusted_constructor
 from responses_serve.items import CompletionParser, Phase
 from responses_serve.logprobs import LogprobFormatter, for_delta, for_done
 from responses_serve.tokens import TokenBatch, TokenLogprobs
+from responses_serve.tool_items import (
+    NOT_FINISHED,
+    CallKind,
+    ServerCall,
+    ServerTools,
+    ToolOutcome,
+    listing_added,
+    listing_finished,
+    listing_opened,
+)
 from responses_serve.utf8 import unfinished_utf8_tail
 
 logger = logging.getLogger("responses_serve.stream")
 
-ItemKind = Literal["reasoning", "message", "function_call"]
+ItemKind = Literal["reasoning", "message", "function_call", "server_call"]
 ItemStatus = Literal["in_progress", "completed", "incomplete"]
 _ID_PREFIX: dict[ItemKind, str] = {"reasoning": "rs", "message": "msg", "function_call": "fc"}
 
@@ -92,14 +109,25 @@ _DELTA_EVENTS: dict[ItemKind, _DeltaEvents] = {
 }
 
 _SDK_TOOL = TypeAdapter(Tool)
+_SERVER_CALL_DELTAS: dict[type[BaseModel], _DeltaEvents] = {}
+
+
+def _server_call_deltas(kind: CallKind) -> _DeltaEvents | None:
+    if kind.delta_event is None:
+        return None
+    if kind.delta_event not in _SERVER_CALL_DELTAS:
+        event_type = kind.delta_event.model_fields["type"].annotation.__args__[0]  # type: ignore[union-attr]
+        _SERVER_CALL_DELTAS[kind.delta_event] = _DeltaEvents(kind.delta_event, type=event_type)
+    return _SERVER_CALL_DELTAS[kind.delta_event]
 
 
 def _echo_tools(request: ResponsesRequest) -> list[Tool]:
-    """The request's tools as the SDK models them; a hosted type the SDK doesn't know is left out."""
+    """The request's tools as the SDK models them, without secrets (an MCP server's headers);
+    a hosted type the SDK doesn't know is left out."""
     tools = []
     for tool in request.tools:
         try:
-            tools.append(_SDK_TOOL.validate_python(tool.model_dump(exclude_none=True)))
+            tools.append(_SDK_TOOL.validate_python(tool.echo() if isinstance(tool, McpTool) else tool.model_dump(exclude_none=True)))
         except ValidationError:
             logger.debug("not echoing tool of type %r", tool.type)
     return tools
@@ -120,13 +148,22 @@ class _PendingToken:
     end: int
 
 
+@dataclass(frozen=True, slots=True)
+class _Listing:
+    """An `mcp_list_tools` item waiting for its server."""
+
+    item_id: str
+    server_label: str
+
+
 @dataclass(slots=True)
 class _OpenItem:
     kind: ItemKind
     id: str
     output_index: int
     delta_template: dict[str, Any]  # the fields of the item's delta events
-    make_delta: Callable[[dict[str, Any]], ResponseStreamEvent]
+    make_delta: Callable[[dict[str, Any]], ResponseStreamEvent] | None  # None: deltas not sent
+    call: ServerCall | None = None  # a server-side call
     name: str | None = None
     namespace: str | None = None
     call_id: str | None = None
@@ -172,6 +209,13 @@ class ResponseStream:
         self._written = bytearray()  # what the pending tokens wrote, from offset `_written_at`
         self._written_at = 0
         self._released: list[tuple[_OpenItem, bytes]] = []  # text that came out since, in order
+        # Server-side tools: the calls the server runs (set by the tool loop once it knows them).
+        self.server_tools = ServerTools()
+        self._unfinished: dict[int, ServerCall | _Listing] = {}  # output index -> a call or listing not done yet
+        self._held: dict[int, list[ResponseStreamEvent]] = {}  # events of items after an unfinished one
+        self._earlier_reasoning_tokens = 0  # of the turns before this one
+        self.awaiting_tools = False  # the turn ended with server-side calls to run
+        self.hands_back = False  # the turn made a call the client answers (function call, approval request)
         self.finished = False
         self.response = Response(
             id=response_id or new_id("resp"),
@@ -184,6 +228,7 @@ class ResponseStream:
             tools=_echo_tools(request),
             tool_choice=request.tool_choice if isinstance(request.tool_choice, str) else request.tool_choice.model_dump(),
             parallel_tool_calls=request.parallel_tool_calls,
+            max_tool_calls=request.max_tool_calls,
             temperature=request.temperature,
             top_p=request.top_p,
             top_logprobs=request.top_logprobs,
@@ -216,10 +261,10 @@ class ResponseStream:
         """Parse every token of the batch, one at a time; finish if it is the last batch."""
         if self.finished:
             raise RuntimeError("feed() after the terminal event")
-        if batch.num_prompt_tokens is not None:
-            self._prompt_tokens = batch.num_prompt_tokens
+        if batch.num_prompt_tokens is not None:  # each tool round's generation has a prompt of its own
+            self._prompt_tokens += batch.num_prompt_tokens
         if batch.num_cached_tokens is not None:
-            self._cached_tokens = batch.num_cached_tokens
+            self._cached_tokens += batch.num_cached_tokens
         self._output_tokens += len(batch.token_ids)
         finish_reason = batch.finish_reason
         try:
@@ -240,7 +285,9 @@ class ResponseStream:
         if finish_reason is not None:
             if finish_reason == "abort":
                 return self.fail("The generation was aborted by the engine.")
-            if finish_reason in ("length", "stop"):
+            if finish_reason == "stop" and self._unfinished:  # the tool loop runs them, then goes on
+                self.awaiting_tools = True
+            elif finish_reason in ("length", "stop"):
                 self._finish("completed" if finish_reason == "stop" else "incomplete")
         return self._drain()
 
@@ -266,6 +313,22 @@ class ResponseStream:
             self.response.error = ResponseError(code=code, message=message)
             self._finish("failed")
         return self._drain()
+
+    def complete(self, status: Literal["completed", "incomplete"] = "completed") -> list[ResponseStreamEvent]:
+        """End after a tool round, when the tool loop does not go on (a call the client
+        answers, or no output tokens left: `incomplete`)."""
+        if not self.finished:
+            self._finish(status)
+        return self._drain()
+
+    def next_turn(self, parser_factory: Callable[[ResponseStream], CompletionParser]) -> None:
+        """The tool round is over: the next generation's tokens come with a fresh parser."""
+        if self.finished or self._unfinished:
+            raise RuntimeError("next_turn() with the response finished or a call still running")
+        self._earlier_reasoning_tokens += self._parser.reasoning_tokens
+        self._parser = parser_factory(self)
+        self._pending, self._written, self._written_at, self._released = [], bytearray(), 0, []
+        self.awaiting_tools = self.hands_back = False
 
     def cancel(self) -> list[ResponseStreamEvent]:
         """End as `cancelled` (a background response cancelled by the client): the open item
@@ -299,8 +362,100 @@ class ResponseStream:
         return item
 
     def open_function_call(self, name: str, namespace: str | None) -> None:
+        """A call the model makes: run by the server if `server_tools` says so, else by the client."""
+        kind = self.server_tools.kind_of(namespace, name)
+        if kind is not None:
+            self._open_server_call(kind, namespace, name)
+            return
         item = self._open("function_call", name=name, namespace=namespace, call_id=new_id("call"))
         self._emit_added(self._function_call(item, "", "in_progress"))
+
+    # -- server-side tools (called by the tool loop) ----------------------------------------
+
+    def _open_server_call(self, kind: CallKind, namespace: str | None, name: str, approval_request_id: str | None = None) -> ServerCall:
+        deltas = _server_call_deltas(kind)
+        item = self._open("server_call", prefix=kind.id_prefix, deltas=deltas)
+        call = item.call = ServerCall(item.id, item.output_index, kind, namespace, name, approval_request_id=approval_request_id)
+        self._emit_added(kind.added(call))
+        for event in kind.opened(call):
+            self._emit(event)
+        return call
+
+    def add_server_call(
+        self, kind: CallKind, namespace: str | None, name: str, arguments: str, approval_request_id: str | None = None
+    ) -> ServerCall:
+        """A call the model made earlier that runs now (one the client approved): its item is
+        opened with all its arguments; finish it with `finish_call`."""
+        call = self._open_server_call(kind, namespace, name, approval_request_id)
+        if arguments:
+            self.add_text(arguments)
+        self.close_item()
+        return call
+
+    @property
+    def unfinished_calls(self) -> list[ServerCall]:
+        """The server-side calls waiting to be run, in output order."""
+        return [call for _, call in sorted(self._unfinished.items()) if isinstance(call, ServerCall)]
+
+    def run_call(self, call: ServerCall) -> list[ResponseStreamEvent]:
+        """The tool is being called now: the kind's events for that (e.g. `searching`)."""
+        for event in call.kind.running(call):
+            self._emit(event)
+        return self._drain()
+
+    def finish_call(self, call: ServerCall, outcome: ToolOutcome) -> list[ResponseStreamEvent]:
+        """The tool returned (or failed): the call's last events and its done item."""
+        self._finish_call(call, outcome)
+        return self._drain()
+
+    def _finish_call(self, call: ServerCall, outcome: ToolOutcome) -> None:
+        if self._unfinished.get(call.output_index) is not call:
+            raise RuntimeError(f"call {call.item_id} is not waiting for its outcome")
+        events, done = call.kind.finished(call, outcome)
+        for event in events:
+            self._emit(event)
+        self._done(call.output_index, done)
+
+    def open_tool_listing(self, server_label: str) -> str:
+        """An `mcp_list_tools` item for a server being asked for its tools; its id."""
+        item_id, output_index = new_id("mcpl"), len(self.response.output)
+        self.response.output.append(listing_added(item_id, server_label))  # its place, until it is done
+        self._emit(
+            ResponseOutputItemAddedEvent(
+                type="response.output_item.added", item=listing_added(item_id, server_label), output_index=output_index, sequence_number=0
+            )
+        )
+        for event in listing_opened(item_id, output_index):
+            self._emit(event)
+        self._unfinished[output_index] = _Listing(item_id, server_label)
+        return item_id
+
+    def finish_tool_listing(self, item_id: str, tools: list[Any], error: str | None = None) -> list[ResponseStreamEvent]:
+        """The server listed its tools (`error`: it could not)."""
+        self._finish_listing(item_id, tools, error)
+        return self._drain()
+
+    def _finish_listing(self, item_id: str, tools: list[Any], error: str | None) -> None:
+        output_index, listing = next((i, u) for i, u in self._unfinished.items() if isinstance(u, _Listing) and u.item_id == item_id)
+        events, done = listing_finished(item_id, output_index, listing.server_label, tools, error)
+        for event in events:
+            self._emit(event)
+        self._done(output_index, done)
+
+    def _done(self, output_index: int, item: ResponseOutputItem) -> None:
+        """An unfinished item is done: its `output_item.done`, then what waited behind it."""
+        self.response.output[output_index] = item
+        self._emit(ResponseOutputItemDoneEvent(type="response.output_item.done", item=item, output_index=output_index, sequence_number=0))
+        del self._unfinished[output_index]
+        for index in sorted(self._held):
+            if self._held_back(index):
+                break
+            for event in self._held.pop(index):
+                self._stamp(event)
+
+    def _held_back(self, output_index: int) -> bool:
+        """Whether an item's events must wait: an earlier item is not done yet."""
+        return any(index < output_index for index in self._unfinished)
 
     def add_text(self, text: str) -> None:
         item = self._item
@@ -331,6 +486,10 @@ class ResponseStream:
                 encrypted_content=self._encrypt_reasoning(text) if self._encrypt_reasoning else None,
                 status=status,
             )
+        elif item.call is not None:
+            self._close_server_call(item.call, text, status)
+            self._item = None
+            return
         elif item.kind == "message":
             part = ResponseOutputText(type="output_text", text=text, annotations=[], logprobs=item.logprobs)
             logprobs = for_done(item.logprobs) if item.logprobs else []
@@ -344,19 +503,37 @@ class ResponseStream:
                 )
             )
             done = self._function_call(item, text, status)
+            self.hands_back = self.hands_back or status == "completed"
         self.response.output.append(done)
         self._emit(
             ResponseOutputItemDoneEvent(type="response.output_item.done", item=done, output_index=item.output_index, sequence_number=0)
         )
         self._item = None
 
+    def _close_server_call(self, call: ServerCall, arguments: str, status: ItemStatus) -> None:
+        """Its arguments are complete: a call the server runs waits for its outcome (unless the
+        model's output was cut inside it); an approval request is done, for the client."""
+        call.arguments = arguments
+        for event in call.kind.arguments_done(call):
+            self._emit(event)
+        self.response.output.append(call.kind.added(call))  # its place, until it is done
+        self._unfinished[call.output_index] = call
+        if not call.kind.runs:
+            self.hands_back = self.hands_back or status == "completed"
+            self._done(call.output_index, call.kind.finished(call, NOT_FINISHED)[1])
+        elif status != "completed":
+            self._finish_call(call, NOT_FINISHED)
+
     # -- internals ---------------------------------------------------------------------------
 
-    def _open(self, kind: ItemKind, **details: Any) -> _OpenItem:
+    def _open(self, kind: ItemKind, prefix: str | None = None, deltas: _DeltaEvents | None = None, **details: Any) -> _OpenItem:
         if self._item is not None:  # a new header before the end token: close what is open
             self.close_item("incomplete")
-        item_id, output_index, deltas = new_id(_ID_PREFIX[kind]), len(self.response.output), _DELTA_EVENTS[kind]
-        item = _OpenItem(kind, item_id, output_index, deltas.template(item_id, output_index), deltas.construct, **details)
+        item_id, output_index = new_id(prefix or _ID_PREFIX[kind]), len(self.response.output)
+        if kind != "server_call":
+            deltas = _DELTA_EVENTS[kind]
+        template = deltas.template(item_id, output_index) if deltas is not None else {}
+        item = _OpenItem(kind, item_id, output_index, template, deltas.construct if deltas is not None else None, **details)
         self._item = item
         return item
 
@@ -381,6 +558,12 @@ class ResponseStream:
         )
 
     def _emit(self, event: ResponseStreamEvent) -> None:
+        if self._unfinished and (index := getattr(event, "output_index", None)) is not None and self._held_back(index):
+            self._held.setdefault(index, []).append(event)  # numbered when it goes out
+            return
+        self._stamp(event)
+
+    def _stamp(self, event: ResponseStreamEvent) -> None:
         event.sequence_number = self._sequence_number
         self._sequence_number += 1
         self._events.append(event)
@@ -389,14 +572,20 @@ class ResponseStream:
         item = self._item
         if item is None or not item.unsent:
             return
+        if item.make_delta is None:  # a kind whose arguments are not streamed
+            item.unsent = ""
+            return
         fields = item.delta_template.copy()
         fields["delta"], fields["sequence_number"] = item.unsent, self._sequence_number
         if item.unsent_logprobs:
             fields["logprobs"] = for_delta(item.unsent_logprobs)
             item.unsent_logprobs = []
+        item.unsent = ""
+        if self._unfinished and self._held_back(item.output_index):
+            self._held.setdefault(item.output_index, []).append(item.make_delta(fields))
+            return
         self._events.append(item.make_delta(fields))
         self._sequence_number += 1
-        item.unsent = ""
 
     def _attribute(self, *, settled: bool) -> None:
         """Give the pending tokens whose bytes the released text came from their logprobs.
@@ -462,13 +651,18 @@ class ResponseStream:
 
     def _finish(self, status: Literal["completed", "incomplete", "failed", "cancelled"]) -> None:
         self.close_item("completed" if status == "completed" else "incomplete")
+        for _, unfinished in sorted(self._unfinished.items()):  # the response ends before they did
+            if isinstance(unfinished, ServerCall):
+                self._finish_call(unfinished, NOT_FINISHED)
+            else:
+                self._finish_listing(unfinished.item_id, [], "The response ended before the server listed its tools.")
         response = self.response
         response.status = status
         response.usage = ResponseUsage(
             input_tokens=self._prompt_tokens,
             input_tokens_details=InputTokensDetails(cached_tokens=self._cached_tokens, cache_write_tokens=0),
             output_tokens=self._output_tokens,
-            output_tokens_details=OutputTokensDetails(reasoning_tokens=self._parser.reasoning_tokens),
+            output_tokens_details=OutputTokensDetails(reasoning_tokens=self._earlier_reasoning_tokens + self._parser.reasoning_tokens),
             total_tokens=self._prompt_tokens + self._output_tokens,
         )
         if status == "completed":

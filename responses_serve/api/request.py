@@ -13,7 +13,18 @@ from typing import Annotated, Any, Literal, TypeVar
 
 import jsonschema
 from openai.types.responses import ResponseIncludable
-from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, TypeAdapter, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Discriminator,
+    Field,
+    SecretStr,
+    Tag,
+    TypeAdapter,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from responses_serve.api.errors import from_validation_error, invalid_request
 from responses_serve.api.json_schema import check_schema, strict_problem
@@ -128,6 +139,86 @@ class ReasoningItem(_Lenient):
         return "\n\n".join(part.text for part in self.summary)
 
 
+# --- items of server-side tools, sent back as history (responses_serve/families/hosted.py renders them) ---
+
+
+class McpListedTool(_Lenient):
+    name: str
+    input_schema: Any = None
+    description: str | None = None
+    annotations: Any = None
+
+
+class McpListToolsItem(_Lenient):
+    """The tools an MCP server listed: while one for a label is in the conversation, that
+    server is not asked again."""
+
+    type: Literal["mcp_list_tools"]
+    id: str | None = None
+    server_label: str
+    tools: list[McpListedTool] = Field(default_factory=list)
+    error: str | None = None
+
+
+class McpCallItem(_Lenient):
+    type: Literal["mcp_call"]
+    id: str | None = None
+    server_label: str
+    name: str
+    arguments: str
+    output: str | None = None
+    # The SDK's tagged union (openai 3.x) or a plain message (2.x): the model reads its text.
+    error: str | dict[str, Any] | None = None
+    approval_request_id: str | None = None
+    status: str | None = None
+
+
+class McpApprovalRequestItem(_Lenient):
+    type: Literal["mcp_approval_request"]
+    id: str = Field(min_length=1)
+    server_label: str
+    name: str
+    arguments: str
+
+
+class McpApprovalResponseItem(_Lenient):
+    type: Literal["mcp_approval_response"]
+    id: str | None = None
+    approval_request_id: str = Field(min_length=1)
+    approve: bool
+    reason: str | None = None
+
+
+class WebSearchCallItem(_Lenient):
+    """A `web_search_call` (the browser tool); its action as the SDK types it."""
+
+    type: Literal["web_search_call"]
+    id: str | None = None
+    status: str | None = None
+    action: dict[str, Any] | None = None
+
+
+class CodeInterpreterCallItem(_Lenient):
+    """A `code_interpreter_call` (the python tool): its code and, when included, its outputs."""
+
+    type: Literal["code_interpreter_call"]
+    id: str | None = None
+    code: str | None = None
+    container_id: str | None = None
+    outputs: list[dict[str, Any]] | None = None
+    status: str | None = None
+
+
+HOSTED_ITEM_TYPES = (
+    "mcp_list_tools",
+    "mcp_call",
+    "mcp_approval_request",
+    "mcp_approval_response",
+    "web_search_call",
+    "code_interpreter_call",
+)
+
+
 def _item_tag(value: Any) -> str | None:
     kind = value.get("type", "message") if isinstance(value, dict) else getattr(value, "type", None)
     return f"item:{kind}"  # EasyInputMessage has no `type`
@@ -137,13 +228,35 @@ InputItem = Annotated[
     Annotated[MessageItem, Tag("item:message")]
     | Annotated[FunctionCallItem, Tag("item:function_call")]
     | Annotated[FunctionCallOutputItem, Tag("item:function_call_output")]
-    | Annotated[ReasoningItem, Tag("item:reasoning")],
+    | Annotated[ReasoningItem, Tag("item:reasoning")]
+    | Annotated[McpListToolsItem, Tag("item:mcp_list_tools")]
+    | Annotated[McpCallItem, Tag("item:mcp_call")]
+    | Annotated[McpApprovalRequestItem, Tag("item:mcp_approval_request")]
+    | Annotated[McpApprovalResponseItem, Tag("item:mcp_approval_response")]
+    | Annotated[WebSearchCallItem, Tag("item:web_search_call")]
+    | Annotated[CodeInterpreterCallItem, Tag("item:code_interpreter_call")],
     Discriminator(
         _item_tag,
         custom_error_type="invalid_value",
-        custom_error_message=("input items must be of type 'message', 'function_call', 'function_call_output' or 'reasoning'"),
+        custom_error_message=(
+            "input items must be of type 'message', 'function_call', 'function_call_output', 'reasoning', "
+            + ", ".join(f"'{kind}'" for kind in HOSTED_ITEM_TYPES)
+        ),
     ),
 ]
+# An item of a conversation's history, as the families render it.
+HistoryItem = (
+    MessageItem
+    | FunctionCallItem
+    | FunctionCallOutputItem
+    | ReasoningItem
+    | McpListToolsItem
+    | McpCallItem
+    | McpApprovalRequestItem
+    | McpApprovalResponseItem
+    | WebSearchCallItem
+    | CodeInterpreterCallItem
+)
 
 
 # --- tools ---------------------------------------------------------------------------------
@@ -177,9 +290,92 @@ class HostedTool(BaseModel):
     type: str
 
 
+class McpToolFilter(_Lenient):
+    """Tools of an MCP server picked by name and/or by their `readOnlyHint` annotation."""
+
+    tool_names: list[str] | None = None
+    read_only: bool | None = None
+
+    def matches(self, name: str, read_only_hint: bool | None) -> bool:
+        if self.tool_names is not None and name not in self.tool_names:
+            return False
+        return self.read_only is None or bool(read_only_hint) == self.read_only
+
+    @property
+    def empty(self) -> bool:
+        return self.tool_names is None and self.read_only is None
+
+
+class McpApprovalFilter(_Lenient):
+    always: McpToolFilter | None = None
+    never: McpToolFilter | None = None
+
+
+class McpTool(_Lenient):
+    """A remote MCP server whose tools the server runs inside the response
+    (responses_serve/tools/mcp_client.py). `headers` and `authorization` are secrets: sent to
+    that server only, never stored, logged or echoed (pydantic's `SecretStr` hides them from
+    every dump and repr)."""
+
+    type: Literal["mcp"]
+    server_label: str = Field(pattern=FUNCTION_NAME_PATTERN)
+    server_url: str | None = None
+    connector_id: str | None = None
+    tunnel_id: str | None = None
+    headers: dict[str, SecretStr] | None = None
+    authorization: SecretStr | None = None
+    allowed_tools: list[str] | McpToolFilter | None = None
+    # Unset: OpenAI's default, every call needs the client's approval.
+    require_approval: Literal["always", "never"] | McpApprovalFilter | None = None
+    server_description: str | None = None
+
+    @model_validator(mode="after")
+    def _served_by_url(self) -> McpTool:
+        if self.connector_id is not None or self.tunnel_id is not None:
+            raise ValueError("MCP connectors and tunnels are not supported by this server: give a server_url")
+        if not self.server_url:
+            raise ValueError("an MCP tool needs a server_url")
+        return self
+
+    def allows(self, name: str, read_only_hint: bool | None) -> bool:
+        """Whether the request lets the model use this server's tool `name`."""
+        allowed = self.allowed_tools
+        if allowed is None:
+            return True
+        if isinstance(allowed, list):
+            return name in allowed
+        return allowed.matches(name, read_only_hint)
+
+    def needs_approval(self, name: str, read_only_hint: bool | None) -> bool:
+        policy = self.require_approval
+        if policy == "never":
+            return False
+        if policy is None or policy == "always":
+            return True
+        if policy.never is not None and not policy.never.empty and policy.never.matches(name, read_only_hint):
+            return False
+        if policy.always is not None and not policy.always.empty:
+            if policy.always.matches(name, read_only_hint):
+                return True
+            if policy.never is None:  # only `always` given: it names the tools that need approval
+                return False
+        return True  # named by neither: approval, the safe default
+
+    def secret_headers(self) -> dict[str, str]:
+        """The HTTP headers for this server: `headers`, and `authorization` as a bearer token."""
+        headers = {name: value.get_secret_value() for name, value in (self.headers or {}).items()}
+        if self.authorization is not None:
+            headers["Authorization"] = f"Bearer {self.authorization.get_secret_value()}"
+        return headers
+
+    def echo(self) -> dict[str, Any]:
+        """The tool as a response shows it: without its secrets."""
+        return self.model_dump(exclude_none=True, exclude={"headers", "authorization"})
+
+
 def _tool_tag(value: Any) -> str | None:
     kind = value.get("type") if isinstance(value, dict) else getattr(value, "type", None)
-    if kind in ("function", "namespace"):
+    if kind in ("function", "namespace", "mcp"):
         return f"tool:{kind}"
     return "tool:hosted" if isinstance(kind, str) else None
 
@@ -205,6 +401,7 @@ class NamespaceTool(_Lenient):
 Tool = Annotated[
     Annotated[FunctionTool, Tag("tool:function")]
     | Annotated[NamespaceTool, Tag("tool:namespace")]
+    | Annotated[McpTool, Tag("tool:mcp")]
     | Annotated[HostedTool, Tag("tool:hosted")],
     _TOOL_TAG,
 ]
@@ -213,6 +410,14 @@ Tool = Annotated[
 class NamedFunctionChoice(_Lenient):
     type: Literal["function"]
     name: str
+
+
+class McpToolChoice(_Lenient):
+    """Call a tool of the MCP server `server_label`: `name`, or any of its tools."""
+
+    type: Literal["mcp"]
+    server_label: str
+    name: str | None = None
 
 
 class AllowedToolRef(_Lenient):
@@ -236,7 +441,7 @@ class AllowedToolsChoice(_Lenient):
 
 def _choice_tag(value: Any) -> str | None:
     kind = value.get("type") if isinstance(value, dict) else getattr(value, "type", None)
-    if kind in ("function", "allowed_tools"):
+    if kind in ("function", "allowed_tools", "mcp"):
         return f"choice:{kind}"
     return "choice:hosted" if isinstance(kind, str) else None
 
@@ -245,6 +450,7 @@ def _choice_tag(value: Any) -> str | None:
 ToolChoiceObject = Annotated[
     Annotated[NamedFunctionChoice, Tag("choice:function")]
     | Annotated[AllowedToolsChoice, Tag("choice:allowed_tools")]
+    | Annotated[McpToolChoice, Tag("choice:mcp")]
     | Annotated[HostedTool, Tag("choice:hosted")],
     Discriminator(_choice_tag, custom_error_type="invalid_value", custom_error_message="a tool_choice object needs a string 'type'"),
 ]
@@ -322,6 +528,7 @@ class ResponsesRequest(_Lenient):
     tools: list[Tool] = Field(default_factory=list)
     tool_choice: Literal["auto", "none", "required"] | ToolChoiceObject = "auto"
     parallel_tool_calls: bool = True
+    max_tool_calls: int | None = Field(default=None, ge=0)  # server-side tool calls one response may run
     reasoning: ReasoningConfig | None = None
     # The SDK's values; those about hosted tools this server does not run include nothing.
     include: list[ResponseIncludable] = Field(default_factory=list)
@@ -357,6 +564,11 @@ class ResponsesRequest(_Lenient):
         duplicates = [name for name, count in names.items() if count > 1]
         if duplicates:
             raise ValueError(f"duplicate function tool names: {sorted(duplicates)}")
+        # An MCP server's tools are offered as a namespace named by its label.
+        labels = collections.Counter(tool.server_label for tool in self.mcp_tools())
+        taken = {namespace.name for namespace in self.namespace_tools()} | {"functions"}
+        if clash := sorted(label for label, count in labels.items() if count > 1 or label in taken):
+            raise ValueError(f"MCP server_label must be unique and differ from namespace tool names and 'functions': {clash}")
         return self
 
     def check_consistency(self) -> None:
@@ -373,7 +585,11 @@ class ResponsesRequest(_Lenient):
                         f"tool_choice.tools[{index}] names function '{tool.name}', which is not in tools.",
                         param=f"tool_choice.tools[{index}].name",
                     )
-        if choice == "required" and not names:
+        if isinstance(choice, McpToolChoice) and choice.server_label not in {tool.server_label for tool in self.mcp_tools()}:
+            raise invalid_request(
+                f"tool_choice names MCP server '{choice.server_label}', which is not in tools.", param="tool_choice.server_label"
+            )
+        if choice == "required" and not names and not self.mcp_tools():
             raise invalid_request("tool_choice 'required' needs at least one function tool in tools.", param="tool_choice")
         fmt = self.text.format if self.text else None
         if isinstance(fmt, JSONObjectFormat):
@@ -390,7 +606,7 @@ class ResponsesRequest(_Lenient):
     def conversation_id(self) -> str | None:
         return self.conversation.id if isinstance(self.conversation, ConversationRef) else self.conversation
 
-    def input_items(self) -> list[MessageItem | FunctionCallItem | FunctionCallOutputItem | ReasoningItem]:
+    def input_items(self) -> list[HistoryItem]:
         if isinstance(self.input, str):
             return [MessageItem(role="user", content=self.input)]
         return list(self.input)
@@ -400,6 +616,9 @@ class ResponsesRequest(_Lenient):
 
     def namespace_tools(self) -> list[NamespaceTool]:
         return [t for t in self.tools if isinstance(t, NamespaceTool)]
+
+    def mcp_tools(self) -> list[McpTool]:
+        return [t for t in self.tools if isinstance(t, McpTool)]
 
     @property
     def logprobs(self) -> int | None:

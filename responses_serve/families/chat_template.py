@@ -25,11 +25,19 @@ from typing import Any
 from jinja2 import TemplateError
 
 from responses_serve.api.errors import invalid_request
-from responses_serve.api.request import FunctionCallItem, FunctionCallOutputItem, FunctionTool, MessageItem, ReasoningItem, ResponsesRequest
+from responses_serve.api.request import (
+    FunctionCallItem,
+    FunctionCallOutputItem,
+    FunctionTool,
+    HistoryItem,
+    MessageItem,
+    ReasoningItem,
+    ResponsesRequest,
+)
 from responses_serve.families.chat_parser import ChatCompletionParser, TaggedTextParser, Tags, Vocabulary
 from responses_serve.families.constraints import chat_template_constraint, plan
 from responses_serve.families.control_tokens import ESCAPE, ControlTokens, Piece
-from responses_serve.families.harmony import HistoryItem
+from responses_serve.families.hosted import ToolCall, ToolOutput, as_tool_turns
 from responses_serve.families.prompt_cache import DEFAULT_MAX_TOKENS, PromptCache
 from responses_serve.items import ItemSink
 from responses_serve.tokens import OutputConstraint
@@ -84,14 +92,15 @@ def conversation(request: ResponsesRequest, history: list[HistoryItem], *, tool_
     reasoning: list[str] = []  # reasoning waiting for its assistant turn
     turn: dict[str, Any] | None = None  # the assistant turn calls are still added to
     calls: dict[str, str] = {}  # call_id -> qualified name, for tool results
-    for index, item in enumerate(history):
+    for index, item in as_tool_turns(history):  # server-side tools' items: calls and outputs
         if isinstance(item, ReasoningItem):
             if text := item.text:
                 reasoning.append(text)
             continue
-        if isinstance(item, (FunctionCallItem, FunctionCallOutputItem)) and not tool_calls:
+        if isinstance(item, (FunctionCallItem, FunctionCallOutputItem, ToolCall, ToolOutput)) and not tool_calls:
+            kind = history[index].type
             raise invalid_request(
-                f"Model '{request.model}' has no tool-call parser configured, so it cannot take '{item.type}' items.",
+                f"Model '{request.model}' has no tool-call parser configured, so it cannot take '{kind}' items.",
                 param=f"input[{index}]",
             )
         if isinstance(item, MessageItem) and item.role != "assistant":
@@ -100,6 +109,9 @@ def conversation(request: ResponsesRequest, history: list[HistoryItem], *, tool_
                 system.append(item.text)
             else:
                 messages.append({"role": "user" if item.role == "user" else "system", "content": item.text})
+        elif isinstance(item, ToolOutput):
+            turn = None
+            messages.append({"role": "tool", "tool_call_id": item.call_id, "name": item.author, "content": item.text})
         elif isinstance(item, FunctionCallOutputItem):
             turn = None
             name = calls.get(item.call_id)
@@ -118,6 +130,10 @@ def conversation(request: ResponsesRequest, history: list[HistoryItem], *, tool_
                 reasoning = []
             if isinstance(item, MessageItem):
                 turn["content"] = item.text
+            elif isinstance(item, ToolCall):
+                turn.setdefault("tool_calls", []).append(
+                    {"id": item.call_id, "type": "function", "function": {"name": item.recipient, "arguments": item.json_arguments()}}
+                )
             else:
                 name = _qualified(item.name, item.namespace)
                 calls[item.call_id] = name

@@ -7,6 +7,7 @@ Responses API's items:
     commentary, to=functions.NAME (json)  <-> function_call item (`NS.NAME` for namespaces)
     final channel / commentary preamble   <-> message item (output_text)
     tool message from functions.NAME      <-  function_call_output item
+    call to=LABEL.TOOL, tool message      <-  items of server-side tools (families/hosted.py)
 """
 
 from __future__ import annotations
@@ -39,14 +40,15 @@ from openai_harmony import (
 from responses_serve.api.errors import invalid_request
 from responses_serve.api.request import (
     FunctionCallItem,
-    FunctionCallOutputItem,
     FunctionTool,
+    HistoryItem,
     JSONSchemaFormat,
     MessageItem,
     ReasoningItem,
     ResponsesRequest,
 )
 from responses_serve.families.constraints import harmony_grammar, plan
+from responses_serve.families.hosted import ToolCall, ToolOutput, as_tool_turns
 from responses_serve.families.prompt_cache import DEFAULT_MAX_TOKENS, PromptCache
 from responses_serve.families.vocab import harmony_encoding
 from responses_serve.items import ItemSink
@@ -70,7 +72,7 @@ _EFFORTS = {
 
 logger = logging.getLogger("responses_serve.harmony")
 
-HistoryItem = MessageItem | FunctionCallItem | FunctionCallOutputItem | ReasoningItem
+__all__ = ["HistoryItem", "HarmonyModel", "HarmonyParser", "render_prompt", "render_completion"]
 
 
 # --- rendering -----------------------------------------------------------------------------
@@ -121,8 +123,19 @@ def _history_messages(items: Iterable[HistoryItem]) -> tuple[list[str], list[Mes
     leading: list[str] = []
     messages: list[Message] = []
     calls: dict[str, str] = {}  # call_id -> recipient, to address tool outputs
-    for index, item in enumerate(items):
-        if isinstance(item, MessageItem):
+    for index, item in as_tool_turns(items):
+        if isinstance(item, ToolCall):
+            message = (
+                Message.from_role_and_content(Role.ASSISTANT, item.arguments).with_channel(item.channel).with_recipient(item.recipient)
+            )
+            messages.append(message.with_content_type(item.content_type) if item.content_type else message)
+        elif isinstance(item, ToolOutput):
+            messages.append(
+                Message.from_author_and_content(Author.new(Role.TOOL, item.author), item.text)
+                .with_channel(item.channel)
+                .with_recipient("assistant")
+            )
+        elif isinstance(item, MessageItem):
             if item.role in ("system", "developer"):
                 if not messages:
                     leading.append(item.text)

@@ -28,15 +28,18 @@ from pydantic import TypeAdapter
 
 from responses_serve.api.errors import invalid_request
 from responses_serve.api.request import (
+    HOSTED_ITEM_TYPES,
     FunctionCallItem,
     FunctionCallOutputItem,
+    HistoryItem,
     InputItem,
+    McpCallItem,
     MessageItem,
     ReasoningItem,
     ReasoningText,
     TextPart,
+    WebSearchCallItem,
 )
-from responses_serve.families.harmony import HistoryItem
 from responses_serve.state.store import Store
 from responses_serve.state.tenancy import TenantStore
 from responses_serve.stream import new_id
@@ -46,7 +49,19 @@ DEFAULT_CACHE_BYTES = 32 * 1024 * 1024  # an ingress replica's `TurnCache`
 FINISHED = ("completed", "incomplete", "failed", "cancelled")  # a response's final statuses
 
 _INPUT_ITEM = TypeAdapter(InputItem)
-_ID_PREFIX = {"message": "msg", "function_call": "fc", "function_call_output": "fco", "reasoning": "rs"}
+_RESPONSE_ITEM: TypeAdapter[ResponseItem] = TypeAdapter(ResponseItem)
+_ID_PREFIX = {
+    "message": "msg",
+    "function_call": "fc",
+    "function_call_output": "fco",
+    "reasoning": "rs",
+    "mcp_list_tools": "mcpl",
+    "mcp_call": "mcp",
+    "mcp_approval_request": "mcpr",
+    "mcp_approval_response": "mcpa",
+    "web_search_call": "ws",
+    "code_interpreter_call": "ci",
+}
 
 
 def response_key(response_id: str) -> str:
@@ -110,6 +125,8 @@ def output_as_input(response: Response) -> list[HistoryItem]:
                     arguments=item.arguments,
                 )
             )
+        elif item.type in HOSTED_ITEM_TYPES:  # server-side tools' items: the same shape in and out
+            items.append(_INPUT_ITEM.validate_python(item.model_dump(mode="json", exclude_none=True)))
     return items
 
 
@@ -139,6 +156,8 @@ def as_response_item(item: HistoryItem) -> ResponseItem:
         return ResponseFunctionToolCallOutputItem(
             id=item.id, type="function_call_output", call_id=item.call_id, output=output, status="completed"
         )
+    if not isinstance(item, ReasoningItem):
+        return _hosted_response_item(item)
     return ResponseReasoningItem(
         id=item.id,
         type="reasoning",
@@ -146,6 +165,22 @@ def as_response_item(item: HistoryItem) -> ResponseItem:
         content=[c.model_dump() for c in item.content] if item.content is not None else None,
         encrypted_content=item.encrypted_content,
     )
+
+
+def _hosted_response_item(item: HistoryItem) -> ResponseItem:
+    """An item of a server-side tool sent as input, as the SDK types it (an older client's
+    plain-text `mcp_call` error as the tool's error; a search without an action as one)."""
+    record = item.model_dump(mode="json", exclude_none=True)
+    if isinstance(item, McpCallItem) and isinstance(item.error, str):
+        record["error"] = {"type": "mcp_tool_execution_error", "content": item.error}
+    if isinstance(item, WebSearchCallItem) and item.action is None:
+        record["action"] = {"type": "search", "query": ""}
+    record.setdefault("status", "completed")
+    if item.type == "code_interpreter_call":
+        record.setdefault("container_id", "")
+    if item.type in ("mcp_list_tools", "mcp_approval_request", "mcp_approval_response"):
+        record.pop("status")
+    return _RESPONSE_ITEM.validate_python(record)
 
 
 class TurnCache:

@@ -12,14 +12,46 @@ from pydantic import TypeAdapter
 
 _EVENT = TypeAdapter(ResponseStreamEvent)
 TERMINAL = {"response.completed", "response.incomplete", "response.failed"}
-_PREFIX = {"reasoning": "rs_", "message": "msg_", "function_call": "fc_"}
-# For each item type: the events between its `output_item.added` and `.done`, as a pattern.
+_PREFIX = {
+    "reasoning": "rs_",
+    "message": "msg_",
+    "function_call": "fc_",
+    "mcp_list_tools": "mcpl_",
+    "mcp_call": "mcp_",
+    "mcp_approval_request": "mcpr_",
+}
+# For each item type: the events between its `output_item.added` and `.done`, as a pattern
+# (`*`: any number of, `?`: optional, `a|b`: one of).
 _ITEM_PATTERN = {
     "message": ["response.content_part.added", "response.output_text.delta*", "response.output_text.done", "response.content_part.done"],
     "reasoning": ["response.reasoning_text.delta*", "response.reasoning_text.done"],
     "function_call": ["response.function_call_arguments.delta*", "response.function_call_arguments.done"],
+    # Completed (or failed) only after the tool returned: an unfinished call has neither.
+    "mcp_call": [
+        "response.mcp_call.in_progress",
+        "response.mcp_call_arguments.delta*",
+        "response.mcp_call_arguments.done",
+        "response.mcp_call.completed|response.mcp_call.failed?",
+    ],
+    "mcp_list_tools": ["response.mcp_list_tools.in_progress", "response.mcp_list_tools.completed|response.mcp_list_tools.failed"],
+    "mcp_approval_request": [],  # no events of its own
 }
-_DELTA = {"response.output_text.delta", "response.reasoning_text.delta", "response.function_call_arguments.delta"}
+_DELTA = {
+    "response.output_text.delta",
+    "response.reasoning_text.delta",
+    "response.function_call_arguments.delta",
+    "response.mcp_call_arguments.delta",
+}
+_ARGUMENTS_DONE = {"response.function_call_arguments.done", "response.mcp_call_arguments.done"}
+
+
+def _pattern(steps: list[str]) -> str:
+    parts = []
+    for step in steps:
+        repeat = step[-1] if step[-1] in "*?" else ""
+        names = "|".join(re.escape(name) for name in step.rstrip("*?").split("|"))
+        parts.append(f"(?:(?:{names}) ){repeat}")
+    return "".join(parts)
 
 
 def parse_sse(raw: bytes) -> list[dict[str, Any]]:
@@ -45,7 +77,23 @@ def _item_text(item: Any) -> str:
         return item.content[0].text
     if item.type == "reasoning":
         return "".join(part.text for part in item.content or [])
+    if item.type == "mcp_list_tools":
+        return ""
     return item.arguments
+
+
+def _check_server_item(item: Any, inner: list[str]) -> None:
+    """A server-side item's end says what happened, as its events did."""
+    if item.type == "mcp_call":
+        if "response.mcp_call.completed" in inner:
+            assert item.status == "completed" and item.output is not None and item.error is None, item
+        elif "response.mcp_call.failed" in inner:
+            assert item.status == "failed" and item.error is not None and item.output is None, item
+        else:
+            assert item.status == "incomplete" and item.output is None and item.error is None, item
+    elif item.type == "mcp_list_tools":
+        assert ("response.mcp_list_tools.failed" in inner) == (item.error is not None), item
+        assert item.error is None or not item.tools, "a failed listing with tools"
 
 
 def _contains_minus_one(value: Any) -> bool:
@@ -104,7 +152,7 @@ def check_stream(raw_events: Iterable[Any], allow_replacement: bool = False) -> 
                 assert event.content_index == 0, f"{event.type} at content_index {event.content_index}"
             if event.type in _DELTA:
                 deltas.append(event.delta)
-            elif event.type == "response.function_call_arguments.done":
+            elif event.type in _ARGUMENTS_DONE:
                 done_text = event.arguments
             elif event.type.endswith("text.done"):
                 done_text = event.text
@@ -112,12 +160,17 @@ def check_stream(raw_events: Iterable[Any], allow_replacement: bool = False) -> 
                 assert event.part.text == done_text, "content_part.done text differs from the text's done event"
             inner.append(event.type)
             position += 1
-        pattern = "".join(f"({t[:-1]} )*" if t.endswith("*") else f"{t} " for t in _ITEM_PATTERN[item_type])
-        assert re.fullmatch(pattern.replace(".", r"\."), " ".join(inner) + " "), f"{item_type} events out of order: {inner}"
+        assert re.fullmatch(_pattern(_ITEM_PATTERN[item_type]), "".join(f"{t} " for t in inner)), (
+            f"{item_type} events out of order: {inner}"
+        )
         done = body[position]
         assert done.output_index == k and done.item.id == item_id and done.item.type == item_type, f"item {k} done does not match its added"
         text = "".join(deltas)
-        assert text == done_text == _item_text(done.item), f"{item_type} deltas, done event and item disagree (lost or changed text)"
+        if item_type in ("mcp_approval_request", "mcp_list_tools"):  # nothing of them is streamed
+            assert not deltas and done_text is None, f"{item_type} with deltas"
+        else:
+            assert text == done_text == _item_text(done.item), f"{item_type} deltas, done event and item disagree (lost or changed text)"
+        _check_server_item(done.item, inner)
         assert allow_replacement or "\ufffd" not in text, "U+FFFD in the text (a character split between deltas)"
         if item_type == "function_call":
             assert done.item.call_id and done.item.name, "function call without call_id or name"
@@ -127,6 +180,9 @@ def check_stream(raw_events: Iterable[Any], allow_replacement: bool = False) -> 
 
     assert [i.model_dump() for i in terminal.output] == [i.model_dump() for i in items], "the final output differs from the streamed items"
     if expected_status == "completed":
-        assert all(i.status == "completed" for i in items), "a completed response with an unfinished item"
+        finished = {"completed", "failed"}  # a server-side call may have failed, and the model went on
+        assert all(getattr(i, "status", "completed") in (finished if i.type == "mcp_call" else {"completed"}) for i in items), (
+            "a completed response with an unfinished item"
+        )
     assert terminal.usage is not None and terminal.usage.output_tokens >= 0, "no usage"
     return terminal
