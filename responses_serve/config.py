@@ -472,6 +472,43 @@ class AuthConfig(_Strict):
         return list(dict.fromkeys(key.tenant for key in self.keys))
 
 
+class McpConfig(_Strict):
+    """Remote MCP servers named by requests (`{"type": "mcp", "server_url": ...}`): none unless
+    allowed here. The server connects to them with the request's headers, from inside your
+    network: allow only what clients may reach through it (docs/tools.md)."""
+
+    allowed_urls: list[str] = Field(
+        default_factory=list,
+        description="patterns a request's server_url must match, e.g. https://mcp.example.com/* (none: request MCP servers refused); "
+        "a loopback or private address is reached only when a pattern names it literally",
+    )
+    connect_timeout_s: float = Field(10.0, gt=0, description="connecting to a server and listing its tools")
+    call_timeout_s: float = Field(60.0, gt=0, description="one tool call")
+    max_output_bytes: int = Field(
+        1024 * 1024, ge=1024, description="a tool's output beyond this is cut; a message from a server beyond it fails the call"
+    )
+
+    @field_validator("allowed_urls")
+    @classmethod
+    def _patterns(cls, patterns: list[str]) -> list[str]:
+        from responses_serve.api.url_patterns import UrlPattern
+
+        for pattern in patterns:
+            UrlPattern.parse(pattern)
+        return patterns
+
+
+class ToolsConfig(_Strict):
+    """Server-side tools: the tool loop runs them inside a response (docs/tools.md)."""
+
+    mcp: McpConfig = Field(
+        default_factory=McpConfig, description="remote MCP servers named by requests (refused unless allowed_urls lets them)"
+    )
+    max_calls_per_response: int = Field(
+        64, ge=0, description="server-side tool calls one response may run (a request's max_tool_calls may only lower it)"
+    )
+
+
 # The drain: Serve kills a stopping replica `graceful_shutdown_timeout_s` after it stopped
 # taking requests (20 s by default), while LLM streams run for minutes. Unless set, the
 # ingress's and engines' budget is the longest stream plus this margin for the rest of the
@@ -552,6 +589,10 @@ class AppConfig(_Strict):
         DEFAULT_SSE_KEEPALIVE_S,
         ge=0,
         description="a stream with nothing to send this long gets an SSE comment line, so load balancers keep it open (0: never)",
+    )
+    tools: ToolsConfig = Field(
+        default_factory=ToolsConfig,
+        description="server-side tools the tool loop runs inside a response: remote MCP servers named by requests",
     )
 
     @field_validator("api_key")

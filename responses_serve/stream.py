@@ -392,6 +392,10 @@ class ResponseStream:
         self.close_item()
         return call
 
+    def events(self) -> list[ResponseStreamEvent]:
+        """The events of item operations made since the last call that returned events."""
+        return self._drain()
+
     @property
     def unfinished_calls(self) -> list[ServerCall]:
         """The server-side calls waiting to be run, in output order."""
@@ -642,6 +646,11 @@ class ResponseStream:
         self._flush_delta()
         events, self._events = self._events, []
         return events
+
+    @property
+    def output_tokens(self) -> int:
+        """Completion tokens so far, over every generation of the response."""
+        return self._output_tokens
 
     @property
     def continuable(self) -> bool:

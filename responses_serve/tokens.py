@@ -57,6 +57,9 @@ class GenerationRequest:
     affinity_key: str | None = None
     # The engine serves lower values first (vLLM's priority scheduling; see service_tier.py).
     priority: int = 0
+    # The engine replica that generated the response's previous round (the tool loop): its
+    # prefix cache holds all but the new tokens, so the router keeps this request there.
+    replica: str | None = None
 
 
 @dataclass(slots=True)
@@ -74,6 +77,7 @@ class TokenBatch:
     num_draft_tokens: int = 0
     num_accepted_tokens: int = 0
     logprobs: list[TokenLogprobs] | None = None  # aligned with token_ids, when requested
+    replica: str | None = None  # first batch: the engine replica generating it (`GenerationRequest.replica`)
 
     def __reduce__(self) -> tuple:
         # One per Ray object: the constructor and a tuple pickle in 49 bytes instead of 204
@@ -90,6 +94,8 @@ class TokenBatch:
             self.num_prompt_tokens = later.num_prompt_tokens
         if self.num_cached_tokens is None:
             self.num_cached_tokens = later.num_cached_tokens
+        if self.replica is None:
+            self.replica = later.replica
         self.num_draft_tokens += later.num_draft_tokens
         self.num_accepted_tokens += later.num_accepted_tokens
 

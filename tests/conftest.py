@@ -204,6 +204,8 @@ E2E_ARGS = {
     # Shorter than the slow model's 100 ms coalescing window: its streams carry keep-alive
     # comments between events, so every suite's client reads streams that have them.
     "sse_keepalive_s": 0.05,
+    # The MCP servers the tool loop's tests start on loopback (tests/support/mcp_servers.py).
+    "tools": {"mcp": {"allowed_urls": ["http://127.0.0.1:*/*"], "call_timeout_s": 10}},
 }
 
 

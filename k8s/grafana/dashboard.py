@@ -40,6 +40,8 @@ from responses_serve.serve.metrics import (
     TENANT_REFUSALS,
     TENANT_REQUESTS,
     TENANT_TOKENS,
+    TOOL_CALLS,
+    TOOL_LATENCY,
     TPOT,
     TRUNCATED,
     TTFT,
@@ -191,6 +193,28 @@ def build() -> dashboard.Dashboard:
                 _query(_rate(RENDER_TOKENS, "_total", "model, source"), "{{source}} {{model}}"),
                 description=RENDER_TOKENS.description + " (cache: a turn's history rendered before on that replica; "
                 "see models[].prompt_cache_tokens)",
+            )
+        )
+        .with_row(dashboard.Row("Server-side tools (the tool loop)"))
+        .with_panel(
+            _panel(
+                "Tool calls/s by tool and outcome",
+                "reqps",
+                _query(_rate(TOOL_CALLS, "_total", "tool, kind, status", _APP), "{{tool}} {{kind}} {{status}}"),
+                description=TOOL_CALLS.description + " (not_run: past max_tool_calls; cancelled: the response ended first)",
+            )
+        )
+        .with_panel(
+            _panel(
+                "Tool call time",
+                "s",
+                *[
+                    _query(
+                        f"histogram_quantile({q}, {_rate(TOOL_LATENCY, '_bucket', 'le, tool', _APP)})", f"p{round(q * 100)} {{{{tool}}}}"
+                    )
+                    for q in (0.5, 0.99)
+                ],
+                description=TOOL_LATENCY.description,
             )
         )
         .with_row(dashboard.Row("Tokens and speculative decoding"))

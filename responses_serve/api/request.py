@@ -9,6 +9,7 @@ and simply not offered to the model. Everything else that is wrong is a 400.
 from __future__ import annotations
 
 import collections
+import re
 from typing import Annotated, Any, Literal, TypeVar
 
 import jsonschema
@@ -311,6 +312,10 @@ class McpApprovalFilter(_Lenient):
     never: McpToolFilter | None = None
 
 
+_HEADER_NAME = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]{1,256}")
+_HEADER_VALUE = re.compile(r"[\x20-\x7e]{0,8192}")
+
+
 class McpTool(_Lenient):
     """A remote MCP server whose tools the server runs inside the response
     (responses_serve/tools/mcp_client.py). `headers` and `authorization` are secrets: sent to
@@ -335,6 +340,13 @@ class McpTool(_Lenient):
             raise ValueError("MCP connectors and tunnels are not supported by this server: give a server_url")
         if not self.server_url:
             raise ValueError("an MCP tool needs a server_url")
+        # Checked here, where the message can say which header without showing its value: an
+        # HTTP client's own error would quote it.
+        for name, value in {**(self.headers or {}), **({"authorization": self.authorization} if self.authorization else {})}.items():
+            if not _HEADER_NAME.fullmatch(name):
+                raise ValueError("an MCP header name must be an HTTP token (letters, digits and !#$%&'*+-.^_`|~)")
+            if not _HEADER_VALUE.fullmatch(value.get_secret_value()):
+                raise ValueError(f"the value of MCP header {name!r} must be visible ASCII characters and spaces (it is not shown here)")
         return self
 
     def allows(self, name: str, read_only_hint: bool | None) -> bool:

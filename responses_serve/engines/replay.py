@@ -9,11 +9,16 @@ and streams it in seeded engine-like steps of a few tokens:
 1. last message is a tool result O from NAME -> analysis, then final `Tool NAME returned: O`;
 2. the request offers NAME and the last user text is `call NAME [JSON]` -> analysis
    `Calling NAME.`, then a commentary call `to=functions.NAME` with the JSON (default `{}`);
+   NAME may be `NS.NAME`, a function of a namespace: an MCP server's tool `LABEL.TOOL` (the
+   tool loop offers those as a namespace) is called `to=LABEL.TOOL`, and its output comes
+   back as a tool message from `LABEL.TOOL` (rule 1: `Tool LABEL.TOOL returned: O`);
 3. otherwise -> analysis `The user wrote N characters.`, then a final message echoing it.
 
 Prompt tokens are counted as cached (`num_cached_tokens`) as vLLM's automatic prefix caching
-would find them on this replica (`PrefixCache`), so routing that keeps a conversation on
-one engine replica shows in `usage.input_tokens_details.cached_tokens` without a GPU.
+would find them on this replica (`PrefixCache`: the prompts and the tokens generated after
+them), so routing that keeps a conversation on one engine replica — and a tool loop's next
+round on the replica of the last — shows in `usage.input_tokens_details.cached_tokens`
+without a GPU.
 
 Logprobs, when asked for, tell the script's certainty: every token has logprob 0.0
 (probability 1) and is its own only alternative; no other token was possible.
@@ -218,6 +223,7 @@ class ReplayBackend:
         steps = random.Random(config.seed if request.seed is None else request.seed)
         cached = self.prefix_cache.cached_tokens(request.prompt_token_ids)
         self._running.add(request.request_id)
+        position = 0
         try:
             position, first = 0, True
             while first or position < len(tokens):
@@ -237,5 +243,9 @@ class ReplayBackend:
                 )
                 first = False
         finally:
+            # What the engine computed stays in its prefix cache: the prompt and the tokens it
+            # generated (all but the last, whose KV is never computed), so a tool loop's next
+            # round finds all of it but the tool's output.
+            self.prefix_cache.cached_tokens(request.prompt_token_ids + tokens[: max(0, position - 1)])
             self._running.discard(request.request_id)
             self._aborted.discard(request.request_id)

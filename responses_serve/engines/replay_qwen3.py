@@ -10,7 +10,8 @@ multi-byte characters fall across tokens as a real model's would:
    `<think>The tool NAME returned a result.</think>` then `Tool NAME returned: O`;
 2. the system turn offers NAME (`<tools>`) and the last user text is `call NAME [JSON]` ->
    `<think>Calling NAME.</think>` then `<tool_call>{"name": NAME, "arguments": JSON}</tool_call>`
-   (JSON as written, default `{}`);
+   (JSON as written, default `{}`); an MCP server's tool is offered as `LABEL.TOOL`, and its
+   output comes back as the template's tool turn (rule 1);
 3. otherwise -> `<think>The user wrote N characters.</think>` then the user text (echo),
    exactly: whitespace at its end is kept (the end of the output is not a tag), and a text
    that starts with whitespace is written with no think block before it (whitespace right

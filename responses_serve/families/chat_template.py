@@ -246,6 +246,13 @@ class ChatTemplateModel:
         # No string held a spelling: the text is what it always was, its special tokens the template's.
         return self._encode_protected(text) if protected else self.encode(text)
 
+    def continue_prompt(
+        self, request: ResponsesRequest, history: list[HistoryItem], prompt: list[int], completion: list[int], new_items: list[HistoryItem]
+    ) -> list[int]:
+        """The tool loop's next prompt: the whole conversation rendered again by the template
+        (its tool turn is the template's own; the prompt cache tokenizes only what is new)."""
+        return self.render_prompt(request, history)
+
     def encode(self, text: str) -> list[int]:
         """`text`'s token ids (the template wrote any BOS itself), through the prompt cache:
         the text is cut before each special token that starts a piece (`piece_starts`), and

@@ -130,11 +130,7 @@ def _history_messages(items: Iterable[HistoryItem]) -> tuple[list[str], list[Mes
             )
             messages.append(message.with_content_type(item.content_type) if item.content_type else message)
         elif isinstance(item, ToolOutput):
-            messages.append(
-                Message.from_author_and_content(Author.new(Role.TOOL, item.author), item.text)
-                .with_channel(item.channel)
-                .with_recipient("assistant")
-            )
+            messages.append(tool_message(item))
         elif isinstance(item, MessageItem):
             if item.role in ("system", "developer"):
                 if not messages:
@@ -171,6 +167,28 @@ def _history_messages(items: Iterable[HistoryItem]) -> tuple[list[str], list[Mes
                 .with_recipient("assistant")
             )
     return leading, messages
+
+
+def tool_message(output: ToolOutput) -> Message:
+    """A server-side tool's message to the assistant (its output is text: harmony renders
+    content as ordinary tokens, never as special ones)."""
+    return (
+        Message.from_author_and_content(Author.new(Role.TOOL, output.author), output.text)
+        .with_channel(output.channel)
+        .with_recipient("assistant")
+    )
+
+
+def continue_prompt(prompt: list[int], completion: list[int], new_items: list[HistoryItem]) -> list[int]:
+    """The tool loop's next prompt: the last prompt and the completion exactly as the model
+    wrote them (ending with its `<|call|>`), the messages of the tools it called, and
+    `<|start|>assistant` — so an engine's prefix cache holds all of it but the tools' messages."""
+    encoding = harmony_encoding()
+    stops = _Specials.load().stops
+    if not completion or completion[-1] not in stops:  # an engine that leaves the stop token out
+        completion = completion + encoding.encode("<|call|>", allowed_special="all")
+    messages = [tool_message(turn) for _, turn in as_tool_turns(new_items) if isinstance(turn, ToolOutput)]
+    return prompt + completion + [token for message in messages for token in encoding.render(message)] + _next_assistant_turn()
 
 
 def render_prompt(
@@ -484,6 +502,11 @@ class HarmonyModel:
 
     def render_prompt(self, request: ResponsesRequest, history: list[HistoryItem]) -> list[int]:
         return render_prompt(request, history, cache=self.prompt_cache)
+
+    def continue_prompt(
+        self, request: ResponsesRequest, history: list[HistoryItem], prompt: list[int], completion: list[int], new_items: list[HistoryItem]
+    ) -> list[int]:
+        return continue_prompt(prompt, completion, new_items)
 
     def parser(self, sink: ItemSink, prompt: list[int]) -> HarmonyParser:
         return HarmonyParser(sink)  # harmony completions start in a fresh message whatever the prompt

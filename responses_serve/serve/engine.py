@@ -22,7 +22,9 @@ from collections.abc import AsyncGenerator, Callable
 from typing import Any
 
 import ray
+from ray import serve
 from ray.serve._private.constants import SERVE_NAMESPACE
+from ray.serve.exceptions import RayServeException
 from ray.serve.metrics import Counter
 
 from responses_serve.config import CoalesceConfig, ModelConfig
@@ -210,6 +212,11 @@ class EngineServer:
         engine_load = getattr(self.backend, "engine_load", None)
         if engine_load is not None:  # vLLM: its KV cache, queue and preemptions as Ray metrics
             export_engine_load(self.config.name, engine_load)
+        # Named on each response's first batch, so the tool loop's next round comes back here.
+        try:
+            self.replica_id: str | None = serve.get_replica_context().replica_id.unique_id
+        except RayServeException:  # Serve's local testing mode has no replica context
+            self.replica_id = None
         logger.info("EngineServer for %s started with %s backend", self.config.name, self.config.backend.type)
 
     async def generate(self, request: GenerationRequest) -> AsyncGenerator[TokenBatch, None]:
@@ -221,7 +228,10 @@ class EngineServer:
         try:
             with self._callers.watching(request):
                 async with contextlib.aclosing(source) as batches:
+                    first = True
                     async for batch in batches:
+                        if first:
+                            batch.replica, first = self.replica_id, False
                         self._account(batch, totals)
                         yield batch
         except (asyncio.CancelledError, GeneratorExit):

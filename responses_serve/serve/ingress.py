@@ -245,6 +245,7 @@ class ResponsesIngress:
             metrics=RayServeMetrics(),
             max_stream_duration_s=self.config.max_stream_duration_s,
             sse_keepalive_s=self.config.sse_keepalive_s,
+            tools=self.config.tools,
         )
 
     async def memory(self, top: int = 8, trace_frames: int = 0, trim: bool = False) -> dict:

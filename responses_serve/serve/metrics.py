@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from ray.serve.metrics import Counter, Gauge, Histogram
 
 from responses_serve.server.metrics import RequestOutcome
+from responses_serve.tools.server_tools import CallReport
 
 logger = logging.getLogger("ray.serve")
 
@@ -90,6 +91,16 @@ RENDER_TOKENS = MetricSpec(
     ("model", "source"),
 )
 TRUNCATED = MetricSpec(PREFIX + "truncated_requests", "counter", 'requests whose oldest items truncation "auto" left out of the prompt')
+# Server-side tool calls (the tool loop), by the MCP server's label (or the built-in tool's name).
+# Labels are the clients' words: past `MAX_TOOL_LABELS` per replica they are counted as "other".
+TOOL_CALLS = MetricSpec(
+    PREFIX + "tool_calls", "counter", "server-side tool calls by tool (MCP server label), item type and outcome", ("tool", "kind", "status")
+)
+TOOL_LATENCY = MetricSpec(
+    PREFIX + "tool_call_seconds", "histogram", "a server-side tool call's own time, from sending it to its outcome", ("tool", "kind")
+)
+TOOL_BUCKETS = [0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120]
+MAX_TOOL_LABELS = 64
 STREAMS_OPEN = MetricSpec(PREFIX + "streams_open", "gauge", "responses streaming on this ingress replica (SSE and WebSocket)")
 BACKGROUND_RUNS = MetricSpec(PREFIX + "background_runs", "gauge", "background responses running on this ingress replica", ())
 WEBSOCKETS_OPEN = MetricSpec(PREFIX + "websockets_open", "gauge", "WebSocket connections open on this ingress replica (idle ones too)", ())
@@ -133,6 +144,8 @@ INGRESS_METRICS = [
     TRUNCATED,
     RENDER,
     RENDER_TOKENS,
+    TOOL_CALLS,
+    TOOL_LATENCY,
     STREAMS_OPEN,
     BACKGROUND_RUNS,
     WEBSOCKETS_OPEN,
@@ -143,7 +156,7 @@ INGRESS_METRICS = [
 STORE_METRICS = [STORE_ENTRIES, STORE_BYTES]  # set by the embedded store's replica
 ENGINE_METRICS = [ENGINE_KV_CACHE, ENGINE_RUNNING, ENGINE_WAITING, ENGINE_PREEMPTIONS, ENGINE_PREFIX_QUERIES, ENGINE_PREFIX_HITS]
 METRICS = INGRESS_METRICS + STORE_METRICS + ENGINE_METRICS
-_BUCKETS = {TTFT: TTFT_BUCKETS, TPOT: TPOT_BUCKETS, E2E: E2E_BUCKETS, RENDER: RENDER_BUCKETS}
+_BUCKETS = {TTFT: TTFT_BUCKETS, TPOT: TPOT_BUCKETS, E2E: E2E_BUCKETS, RENDER: RENDER_BUCKETS, TOOL_LATENCY: TOOL_BUCKETS}
 
 
 def _make(spec: MetricSpec):
@@ -160,6 +173,7 @@ class RayServeMetrics:
     def __init__(self) -> None:
         self._metrics = {spec: _make(spec) for spec in INGRESS_METRICS}
         self._open: dict[str, int] = {}
+        self._tool_labels: set[str] = set()
         self._background = 0
         self._websockets = 0
         _refresh_forever(self._set_gauges)
@@ -197,6 +211,14 @@ class RayServeMetrics:
 
     def refused(self, tenant: str, status: int, reason: str) -> None:
         self._metrics[TENANT_REFUSALS].inc(1, {"tenant": tenant, "status": str(status), "reason": reason})
+
+    def tool_call_finished(self, report: CallReport) -> None:
+        if report.label not in self._tool_labels and len(self._tool_labels) < MAX_TOOL_LABELS:
+            self._tool_labels.add(report.label)
+        tool = {"tool": report.label if report.label in self._tool_labels else "other", "kind": report.kind}
+        self._metrics[TOOL_CALLS].inc(1, {**tool, "status": report.status})
+        if report.status in ("completed", "failed"):
+            self._metrics[TOOL_LATENCY].observe(report.seconds, tool)
 
     def stream_opened(self, model: str) -> None:
         self._set_open(model, +1)

@@ -10,6 +10,10 @@ tiered model (`ModelConfig.tiered`), to the oldest of the lowest `GenerationRequ
 for. Each ingress replica orders the requests it holds; between ingress replicas, a freed
 place goes to whichever router asks first.
 
+A response's next round in the tool loop (`GenerationRequest.replica`) goes to the replica
+that generated its previous round, whatever the load: its prefix cache holds everything but
+the tool's output (Serve passes it over only when that replica is full).
+
 Affinity (`routing.conversation_affinity`). vLLM keeps the KV cache of the prompts it
 computed (automatic prefix caching), per engine replica. Serve's default router picks the
 less loaded of two random replicas, so with N engine replicas an agent's next turn lands
@@ -32,6 +36,7 @@ from __future__ import annotations
 import collections
 import hashlib
 import random
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from ray.serve.request_router import LocalityMixin, PendingRequest, ReplicaID, RequestRouter, RunningReplica
@@ -54,6 +59,30 @@ def within_imbalance(preferred: int, others: list[int], max_imbalance: int) -> b
     """Whether the preferred replica's load is at most `max_imbalance` requests above the
     least loaded other replica's."""
     return not others or preferred - min(others) <= max_imbalance
+
+
+def first_choice(
+    *,
+    pinned: str | None,
+    key: str | None,
+    replica_ids: list[str],
+    load: Callable[[str], int],
+    full: Callable[[str], bool],
+    max_imbalance: int,
+) -> str | None:
+    """The replica a request is offered to first, before Serve's two random ones; None: none.
+    A tool loop's next round (`pinned`) goes back to its replica whatever the imbalance (Serve
+    passes it over only when it is full); a conversation's request to the replica its key
+    prefers, unless that one is full or busier than `max_imbalance` allows."""
+    if pinned in replica_ids:
+        return pinned
+    if key is None or len(replica_ids) < 2:
+        return None
+    preferred = preferred_replica(key, replica_ids)
+    others = [load(replica) for replica in replica_ids if replica != preferred]
+    if full(preferred) or not within_imbalance(load(preferred), others, max_imbalance):
+        return None  # full (Serve would probe it again every round) or too busy
+    return preferred
 
 
 class EngineRouter(LocalityMixin, RequestRouter):
@@ -91,16 +120,16 @@ class EngineRouter(LocalityMixin, RequestRouter):
         pending_request: PendingRequest | None = None,
     ) -> list[list[RunningReplica]]:
         two_choices = self._two_choices(candidate_replicas, pending_request)
-        key = _generation_field(pending_request, "affinity_key", None) if self.conversation_affinity else None
-        if key is None or len(candidate_replicas) < 2:
-            return two_choices
         by_id = {replica.replica_id.unique_id: replica for replica in candidate_replicas}
-        preferred = by_id[preferred_replica(key, list(by_id))]
-        load = self.load(preferred)
-        others = [self.load(replica) for replica in candidate_replicas if replica is not preferred]
-        if load >= preferred.max_ongoing_requests or not within_imbalance(load, others, self.max_imbalance):
-            return two_choices  # full (Serve would probe it again every round) or too busy
-        return [[preferred], *two_choices]
+        first = first_choice(
+            pinned=_generation_field(pending_request, "replica", None),
+            key=_generation_field(pending_request, "affinity_key", None) if self.conversation_affinity else None,
+            replica_ids=list(by_id),
+            load=lambda replica_id: self.load(by_id[replica_id]),
+            full=lambda replica_id: self.load(by_id[replica_id]) >= by_id[replica_id].max_ongoing_requests,
+            max_imbalance=self.max_imbalance,
+        )
+        return two_choices if first is None else [[by_id[first]], *two_choices]
 
     def _fulfill_next_pending_request(self, replica: RunningReplica, request_metadata: RequestMetadata | None = None) -> None:
         """Give a replica found for one request to the most urgent waiting request (the oldest

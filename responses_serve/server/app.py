@@ -25,7 +25,7 @@ from responses_serve.api.errors import APIError, model_not_found, server_error
 from responses_serve.api.limits import DEFAULT_LIMITS, RequestLimits
 from responses_serve.api.request import ResponsesRequest
 from responses_serve.api.sse import encode_events
-from responses_serve.config import DEFAULT_SSE_KEEPALIVE_S, AuthConfig, ReplicaLimits
+from responses_serve.config import DEFAULT_SSE_KEEPALIVE_S, AuthConfig, ReplicaLimits, ToolsConfig
 from responses_serve.encrypted_reasoning import ReasoningCipher
 from responses_serve.families.harmony import HarmonyParser, render_completion, render_prompt
 from responses_serve.server.admission import ByteBudget
@@ -48,6 +48,9 @@ from responses_serve.state.responses import DEFAULT_CACHE_BYTES, DEFAULT_TTL_S, 
 from responses_serve.state.runs import EVENTS_TTL_S, RunStore
 from responses_serve.stream import ResponseStream
 from responses_serve.tokens import TokenBatch
+from responses_serve.tools.mcp_client import ConnectPolicy, McpLimits, Resolver
+from responses_serve.tools.remote_mcp import RemoteMcpFactory
+from responses_serve.tools.server_tools import ServerToolRuntime
 
 __all__ = ["ModelFamily", "ServedModel", "TokenSource", "Unavailable", "create_app"]
 
@@ -78,6 +81,8 @@ def create_app(
     metrics: Metrics | None = None,
     max_stream_duration_s: float | None = None,
     sse_keepalive_s: float | None = DEFAULT_SSE_KEEPALIVE_S,
+    tools: ToolsConfig | None = None,
+    server_tools: ServerToolRuntime | None = None,
 ) -> FastAPI:
     """`store`: where responses are kept (default: this process's memory, for one replica);
     `store_cache_bytes`: this replica's cache of finished turns (`TurnCache`; 0: none).
@@ -113,6 +118,7 @@ def create_app(
     app.state.max_stream_duration_s = max_stream_duration_s
     app.state.sse_keepalive_s = sse_keepalive_s
     app.state.websockets_open = 0  # connections to /v1/responses (routes/websocket.py)
+    app.state.server_tools = server_tools or server_tool_runtime(tools or ToolsConfig(), metrics)
 
     @app.exception_handler(APIError)
     async def _api_error(request: Request, exc: APIError) -> JSONResponse:
@@ -209,6 +215,16 @@ def _tenant_states(
             name, responses, ConversationStore(store, name, ttl_s), background, tiers, quota, cipher.for_tenant(sealed_for)
         )
     return tenants
+
+
+def server_tool_runtime(config: ToolsConfig, metrics: Metrics, resolver: Resolver | None = None) -> ServerToolRuntime:
+    """The server-side tools of `tools:` config: the request's remote MCP servers (the
+    built-in tools join here). `resolver`: host names to addresses (tests)."""
+    mcp = config.mcp
+    remote = RemoteMcpFactory(
+        ConnectPolicy(mcp.allowed_urls, resolver), McpLimits(mcp.connect_timeout_s, mcp.call_timeout_s, mcp.max_output_bytes)
+    )
+    return ServerToolRuntime([remote], max_calls=config.max_calls_per_response, report=metrics.tool_call_finished)
 
 
 @contextlib.asynccontextmanager

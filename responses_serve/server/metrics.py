@@ -19,6 +19,7 @@ from openai.types.responses import Response
 
 from responses_serve.api.errors import APIError
 from responses_serve.tokens import TokenBatch
+from responses_serve.tools.server_tools import CallReport
 
 logger = logging.getLogger("responses_serve")
 
@@ -111,6 +112,7 @@ class RequestTrace:
 
 class Metrics(Protocol):
     def request_finished(self, outcome: RequestOutcome) -> None: ...
+    def tool_call_finished(self, report: CallReport) -> None: ...  # a server-side tool call (the tool loop)
     def stream_opened(self, model: str) -> None: ...
     def stream_closed(self, model: str) -> None: ...
     def background_runs(self, running: int) -> None: ...  # background responses running here
@@ -122,6 +124,9 @@ class NoMetrics:
     """The default: report nothing (in-process runs, unit tests)."""
 
     def request_finished(self, outcome: RequestOutcome) -> None:
+        pass
+
+    def tool_call_finished(self, report: CallReport) -> None:
         pass
 
     def stream_opened(self, model: str) -> None:
@@ -149,6 +154,9 @@ class GuardedMetrics:
 
     def request_finished(self, outcome: RequestOutcome) -> None:
         self._call(self._metrics.request_finished, outcome)
+
+    def tool_call_finished(self, report: CallReport) -> None:
+        self._call(self._metrics.tool_call_finished, report)
 
     def stream_opened(self, model: str) -> None:
         self._call(self._metrics.stream_opened, model)

@@ -32,12 +32,14 @@ from responses_serve.items import CompletionParser, ItemSink
 from responses_serve.logprobs import LogprobFormatter
 from responses_serve.server.metrics import RequestTrace
 from responses_serve.server.offload import big_prompt, off_loop
+from responses_serve.server.tool_loop import ContextFull, ToolRounds
 from responses_serve.state import ResponseStore, StoreUnavailable
 from responses_serve.state.conversations import ConversationStore, conversation_not_found
 from responses_serve.state.quotas import Admission
 from responses_serve.state.responses import with_ids
 from responses_serve.stream import ResponseStream, new_id
 from responses_serve.tokens import EngineRejected, GenerationRequest, OutputConstraint, TokenBatch
+from responses_serve.tools.server_tools import ResponseTools, ServerToolRuntime, StreamTooLong, until
 
 logger = logging.getLogger("responses_serve")
 
@@ -53,6 +55,9 @@ class ModelFamily(Protocol):
     prompt_cache: PromptCache | None  # token ids of prompt pieces rendered before
 
     def render_prompt(self, request: ResponsesRequest, history: list[HistoryItem]) -> list[int]: ...
+    def continue_prompt(
+        self, request: ResponsesRequest, history: list[HistoryItem], prompt: list[int], completion: list[int], new_items: list[HistoryItem]
+    ) -> list[int]: ...  # the tool loop's next round (responses_serve/server/tool_loop.py)
     def parser(self, sink: ItemSink, prompt: list[int]) -> CompletionParser: ...
     def token_bytes(self, token_id: int) -> bytes: ...
     def writes_text(self, token_id: int) -> bool: ...
@@ -101,6 +106,13 @@ class Turn:
     # Its place within the tenant's quotas (None: the tenant has none): `run_turn` counts its
     # output tokens on it and releases it at the end; the tool loop charges tools on it.
     admission: Admission | None = None
+    history: list[HistoryItem] = field(default_factory=list)  # the conversation the prompt was rendered from
+    tools: ResponseTools | None = None  # server-side tools (the tool loop), if the request has any
+    rounds: ToolRounds | None = None  # the tool loop, once it runs
+
+    def tools_offered(self) -> ResponsesRequest:
+        """The request as the model is prompted with it: with its server-side tools."""
+        return self.tools.offer(self.request) if self.tools is not None else self.request
 
 
 class RenderCost(NamedTuple):
@@ -118,6 +130,8 @@ class RenderedTurn(NamedTuple):
     truncated_items: int  # history items left out of the prompt (`truncation: "auto"`)
     cost: RenderCost
     affinity_key: str | None  # the conversation's, for the engine's router (`affinity_key`)
+    history: list[HistoryItem]
+    tools: ResponseTools | None  # the response's server-side tools
 
 
 async def render_turn(
@@ -126,10 +140,15 @@ async def render_turn(
     responses: ResponseStore,
     conversations: ConversationStore | None,
     cipher: ReasoningCipher,
+    server_tools: ServerToolRuntime | None = None,
+    tenant: str = "",
 ) -> RenderedTurn:
     """This turn's own input items and the prompt tokens: the history is rebuilt (a store
     read only with `previous_response_id` or `conversation`), encrypted reasoning opened,
-    the oldest items left out with `truncation: "auto"` when it does not fit."""
+    the oldest items left out with `truncation: "auto"` when it does not fit. With
+    `server_tools`, the request's server-side tools are made for the response and the model
+    is prompted with those known without asking anyone (an MCP server's tools listed earlier
+    in the conversation)."""
     items = request.input_items()
 
     def opened() -> list[HistoryItem]:  # the same ids in input_items and a conversation
@@ -144,6 +163,8 @@ async def render_turn(
         if conversations is None or await conversations.get(conversation_id) is None:
             raise conversation_not_found(conversation_id, param="conversation")
         history = await conversations.history(conversation_id) + input_items
+    tools = server_tools.for_response(request, history, input_items, tenant) if server_tools is not None else None
+    offered = tools.offer(request) if tools is not None else request
     cache = model.family.prompt_cache
     reused_before = cache.hit_tokens if cache is not None else 0
     rendered = 0  # tokens of every render
@@ -151,7 +172,7 @@ async def render_turn(
 
     def render(items: list[HistoryItem]) -> list[int]:
         nonlocal rendered
-        prompt = model.family.render_prompt(request, items)
+        prompt = model.family.render_prompt(offered, items)
         rendered += len(prompt)
         return prompt
 
@@ -165,7 +186,7 @@ async def render_turn(
     prompt, truncated_items = await off_loop(render_fitting) if big_prompt(history, len(request.tools)) else render_fitting()
     reused = cache.hit_tokens - reused_before if cache is not None else 0
     cost = RenderCost(time.perf_counter() - started, reused, rendered - reused)
-    return RenderedTurn(input_items, prompt, truncated_items, cost, affinity_key(request, history))
+    return RenderedTurn(input_items, prompt, truncated_items, cost, affinity_key(request, history), history, tools)
 
 
 def affinity_key(request: ResponsesRequest, history: list[HistoryItem]) -> str | None:
@@ -192,18 +213,22 @@ async def start_turn(
     cipher: ReasoningCipher,
     trace: RequestTrace | None = None,
     service_tiers: Collection[str] | None = None,
+    server_tools: ServerToolRuntime | None = None,
+    tenant: str = "",
 ) -> Turn:
     """The history and prompt of `render_turn`, the engine request and the event stream.
     `trace`: the request's, for metrics (it learns how many items truncation left out).
-    `service_tiers`: the tiers the caller may use (None: every one; others are served as `default`)."""
-    rendered = await render_turn(request, model, responses, conversations, cipher)
+    `service_tiers`: the tiers the caller may use (None: every one; others are served as `default`).
+    `server_tools`: what runs the request's server-side tools (the tool loop), for `tenant`."""
+    rendered = await render_turn(request, model, responses, conversations, cipher, server_tools, tenant)
+    offered = rendered.tools.offer(request) if rendered.tools is not None else request
     prompt, cost = rendered.prompt, rendered.cost
     trace = trace or RequestTrace()
     trace.truncated_items = rendered.truncated_items
     trace.render_s, trace.prompt_reused_tokens, trace.prompt_tokenized_tokens = cost.seconds, cost.reused_tokens, cost.tokenized_tokens
     tier = served_tier(request.service_tier, model.tiered, service_tiers)
     trace.service_tier = tier
-    generation = generation_request(request, prompt, model, affinity=rendered.affinity_key, priority=engine_priority(tier))
+    generation = generation_request(offered, prompt, model, affinity=rendered.affinity_key, priority=engine_priority(tier))
     stream = ResponseStream(
         request,
         response_id=generation.request_id,
@@ -212,7 +237,20 @@ async def start_turn(
         encrypt_reasoning=cipher.encrypt if ENCRYPTED_REASONING in request.include else None,
         service_tier=tier,
     )
-    return Turn(request, model, rendered.input_items, prompt, generation, stream, conversations=conversations, trace=trace)
+    if rendered.tools is not None:
+        stream.server_tools = rendered.tools.routing()
+    return Turn(
+        request,
+        model,
+        rendered.input_items,
+        prompt,
+        generation,
+        stream,
+        conversations=conversations,
+        trace=trace,
+        history=rendered.history,
+        tools=rendered.tools,
+    )
 
 
 class PromptOnly:
@@ -237,9 +275,11 @@ async def run_turn(
     model's engine unless given)."""
     stream = turn.stream
     source = source or turn.model.source
+    if turn.tools is not None and source is turn.model.source:
+        turn.rounds = ToolRounds(turn, turn.tools)
     meter = _OutputMeter(turn)
-    events_of_engine = engine_events(stream, source, turn.generation, turn.trace, max_duration_s, refusal_window_s)
-    async with contextlib.aclosing(events_of_engine) as batches:
+    generated = engine_events(stream, source, turn.generation, turn.trace, max_duration_s, refusal_window_s, turn.rounds)
+    async with contextlib.aclosing(generated) as batches:
         try:
             async for events in batches:
                 await meter.tick()
@@ -328,53 +368,113 @@ async def engine_events(
     trace: RequestTrace | None = None,
     max_duration_s: float | None = None,
     refusal_window_s: float | None = None,
+    rounds: ToolRounds | None = None,
 ) -> AsyncGenerator[list[ResponseStreamEvent], None]:
     """Events of one response, a list per token batch. Ends with exactly one terminal event.
 
+    With `rounds` (server-side tools), the response is the tool loop's generations with the
+    tools' calls between them (responses_serve/server/tool_loop.py).
+
     A response still generating after `max_duration_s` is ended here with `response.failed`
-    (and its engine request aborted): the replica's drain is sized for that maximum, so a
-    stream is ended by us, cleanly, before Serve would kill the replica under it.
+    (and its engine request and tool calls aborted): the replica's drain is sized for that
+    maximum, so a stream is ended by us, cleanly, before Serve would kill the replica under it.
 
     With `refusal_window_s`, the engine's first answer is awaited that long before the
     first event: an engine at capacity then raises `engine_at_capacity` (a 503) before
-    anything was sent."""
-    # aclosing: a client that goes away closes this generator, which must close (and so
-    # abort) the engine stream at once rather than whenever the GC gets to it.
-    async with contextlib.aclosing(source.generate(generation)) as batches, _FirstBatch(batches) as first:
-        if refusal_window_s is not None:
-            await first.refused_within(refusal_window_s, generation.request_id)
-        yield stream.start()
-        try:
-            # Read the source to its end even after the last batch, so a finished engine
-            # call ends normally instead of being cancelled.
-            async for batch in _until(first.then(batches), max_duration_s):
-                if stream.finished:
+    anything was sent. Not when the tool loop has work before the first generation (an MCP
+    server's listing): the response starts, and the engine is asked after it."""
+    deadline = None if max_duration_s is None else asyncio.get_running_loop().time() + max_duration_s
+    try:
+        if rounds is not None and rounds.prepares():
+            yield stream.start()
+            async for events in _guarded(stream, _rounds(stream, source, None, deadline, trace, rounds), max_duration_s):
+                yield events
+            return
+        # aclosing: a client that goes away closes this generator, which must close (and so
+        # abort) the engine stream at once rather than whenever the GC gets to it.
+        async with contextlib.aclosing(source.generate(generation)) as batches, _FirstBatch(batches) as first:
+            if refusal_window_s is not None:
+                await first.refused_within(refusal_window_s, generation.request_id)
+            yield stream.start()
+            async for events in _guarded(stream, _rounds(stream, source, first.then(batches), deadline, trace, rounds), max_duration_s):
+                yield events
+    finally:
+        if rounds is not None:  # the response's connections to tool servers end with it
+            await rounds.tools.aclose()
+
+
+async def _rounds(
+    stream: ResponseStream,
+    source: TokenSource,
+    first: AsyncGenerator[TokenBatch, None] | None,
+    deadline: float | None,
+    trace: RequestTrace | None,
+    rounds: ToolRounds | None,
+) -> AsyncGenerator[list[ResponseStreamEvent], None]:
+    """The response's generations: `first` (its engine call already made; None: the tool loop
+    prepares first, then makes it), then, with `rounds`, a tool round and the next generation
+    for as long as the model calls server-side tools."""
+    if first is None:
+        assert rounds is not None
+        async for events in rounds.prepare(deadline):
+            yield events
+        first = source.generate(rounds.turn.generation)
+    batches = first
+    while True:
+        # Read the source to its end even after the last batch, so a finished engine call ends
+        # normally instead of being cancelled.
+        async with contextlib.aclosing(batches):
+            async for batch in _until(batches, deadline):
+                if stream.finished or stream.awaiting_tools:
                     logger.warning("response %s: engine sent tokens after its last batch", stream.response.id)
                     continue
                 if trace is not None:
                     trace.saw(batch)
+                if rounds is not None:
+                    rounds.saw(batch)
                 if events := stream.feed(batch):
                     yield events
-            if not stream.finished:  # the source ended without a finish reason: a normal stop
-                yield stream.feed(TokenBatch([], finish_reason="stop"))
-        except StreamTooLong:
-            logger.warning(
-                "response %s: still generating after %g s, the maximum stream duration: ended", stream.response.id, max_duration_s
-            )
-            yield stream.fail(
-                f"The response was still being generated after {max_duration_s:g} s, this server's maximum stream "
-                "duration, and was ended. Ask for fewer output tokens (max_output_tokens)."
-            )
-        except EngineRejected as exc:  # vLLM's validation or admission control: its words are for the client
-            logger.warning("response %s: the engine refused it: %s", stream.response.id, exc.reason)
-            yield stream.fail(
-                f"The engine refused this request: {exc.reason}" if exc.client_error else exc.reason,
-                code="invalid_prompt" if exc.client_error else "server_error",
-            )
-        except Exception:  # engine died or raised: the client still gets a proper ending
-            # Ray's errors carry actor ids, pids and node IPs: the details go to the log only.
-            logger.exception("response %s: engine stream failed", stream.response.id)
-            yield stream.fail(f"The engine failed while generating this response ({stream.response.id}). Please try again.")
+        if not stream.finished and not stream.awaiting_tools:  # the source ended without a finish reason: a normal stop
+            yield stream.feed(TokenBatch([], finish_reason="stop"))
+        if stream.finished or rounds is None:
+            return
+        async for events in rounds.run_calls(deadline):
+            yield events
+        if stream.hands_back or rounds.out_of_budget():  # the client answers a call, or no tokens are left
+            yield stream.complete("completed" if stream.hands_back else "incomplete")
+            return
+        batches = source.generate(await rounds.next_generation())
+
+
+async def _guarded(
+    stream: ResponseStream, events: AsyncGenerator[list[ResponseStreamEvent], None], max_duration_s: float | None
+) -> AsyncGenerator[list[ResponseStreamEvent], None]:
+    """`events`, ended with `response.failed` when the engine or the tool loop fails."""
+    try:
+        async with contextlib.aclosing(events):
+            async for batch in events:
+                yield batch
+    except StreamTooLong:
+        logger.warning("response %s: still generating after %g s, the maximum stream duration: ended", stream.response.id, max_duration_s)
+        yield stream.fail(
+            f"The response was still being generated after {max_duration_s:g} s, this server's maximum stream "
+            "duration, and was ended. Ask for fewer output tokens (max_output_tokens)."
+        )
+    except ContextFull as exc:
+        logger.warning("response %s: %s", stream.response.id, exc)
+        yield stream.fail(str(exc), code="invalid_prompt")
+    except APIError as exc:  # the request cannot go on once the tools are known (a tool_choice they lack)
+        yield stream.fail(exc.message, code="invalid_prompt")
+    except EngineRejected as exc:  # vLLM's validation or admission control: its words are for the client
+        logger.warning("response %s: the engine refused it: %s", stream.response.id, exc.reason)
+        yield stream.fail(
+            f"The engine refused this request: {exc.reason}" if exc.client_error else exc.reason,
+            code="invalid_prompt" if exc.client_error else "server_error",
+        )
+    except Exception:  # engine died or raised: the client still gets a proper ending
+        # Ray's errors carry actor ids, pids and node IPs: the details go to the log only.
+        logger.exception("response %s: engine stream failed", stream.response.id)
+        yield stream.fail(f"The engine failed while generating this response ({stream.response.id}). Please try again.")
 
 
 def engine_at_capacity(reason: str) -> APIError:
@@ -417,27 +517,16 @@ class _FirstBatch:
             yield batch
 
 
-class StreamTooLong(Exception):
-    """The engine stream passed its maximum duration."""
-
-
-async def _until(batches: AsyncGenerator[TokenBatch, None], max_duration_s: float | None) -> AsyncGenerator[TokenBatch, None]:
-    """`batches`, ended by `StreamTooLong` once `max_duration_s` have passed; the wait for a
-    batch is cancelled then, which aborts the engine request (the source's `finally`)."""
-    if max_duration_s is None:
-        async for batch in batches:
-            yield batch
-        return
-    deadline = asyncio.get_running_loop().time() + max_duration_s
+async def _until(batches: AsyncGenerator[TokenBatch, None], deadline: float | None) -> AsyncGenerator[TokenBatch, None]:
+    """`batches`, ended by `StreamTooLong` at `deadline` (loop time); the wait for a batch is
+    cancelled then, which aborts the engine request (the source's `finally`)."""
     while True:
         try:
             # The timeout covers only the wait for the next batch, never our consumer's work.
-            async with asyncio.timeout_at(deadline):
+            async with until(deadline):
                 batch = await anext(batches)
         except StopAsyncIteration:
             return
-        except TimeoutError:
-            raise StreamTooLong from None
         yield batch
 
 

@@ -26,7 +26,7 @@ from ray.serve.request_router import FIFOMixin, RequestRouter
 
 from responses_serve.api.request import ResponsesRequest
 from responses_serve.engines.replay import PrefixCache
-from responses_serve.serve.routing import preferred_replica, within_imbalance
+from responses_serve.serve.routing import first_choice, preferred_replica, within_imbalance
 from responses_serve.server.run import affinity_key
 from tests.conftest import wait_until
 
@@ -52,6 +52,16 @@ def test_a_busy_preferred_replica_is_passed_over():
     assert not within_imbalance(7, [2, 9], max_imbalance=4)
     assert within_imbalance(0, [0], max_imbalance=0)
     assert within_imbalance(9, [], max_imbalance=0)  # nothing to compare with
+
+
+def test_a_tool_loops_next_round_goes_back_to_its_replica_whatever_the_imbalance():
+    loads = {"a": 9, "b": 0, "c": 0}
+    choose = dict(replica_ids=list(loads), load=loads.__getitem__, full=lambda replica: False, max_imbalance=4)
+    key = next(key for key in (f"k{i}" for i in range(100)) if preferred_replica(key, list(loads)) == "a")
+    assert first_choice(pinned=None, key=key, **choose) is None  # "a" is too busy for its conversation
+    assert first_choice(pinned="a", key=key, **choose) == "a"  # but the round it generated comes back
+    assert first_choice(pinned="gone", key=key, **choose) is None  # a replica that left: routed as any other
+    assert first_choice(pinned=None, key=key, **{**choose, "load": {"a": 4, "b": 0, "c": 0}.__getitem__}) == "a"
 
 
 def _request(**body) -> ResponsesRequest:

@@ -149,9 +149,12 @@ async def begin_turn(request: ResponsesRequest, state: State, tenant: TenantStat
         raise model_unavailable(model.name, why.reason)
     # Within the tenant's quotas (or a 429), then counted: the prompt's tokens now, the output's
     # as `run_turn` produces them; `run_turn` releases the admission when the turn ends.
+    state.server_tools.check(request)  # before anything is read or connected to
     admission = await tenant.quota.admit(background=request.background) if tenant.quota is not None else None
     try:
-        turn = await start_turn(request, model, responses, tenant.conversations, tenant.cipher, trace, tenant.service_tiers)
+        turn = await start_turn(
+            request, model, responses, tenant.conversations, tenant.cipher, trace, tenant.service_tiers, state.server_tools, tenant.name
+        )
         if admission is not None:
             await admission.charge_tokens(len(turn.prompt))
     except BaseException:

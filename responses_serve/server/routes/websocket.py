@@ -102,11 +102,15 @@ class ResponsesSocket:
             if not self._dropped:  # not our own ending of a stalled client's connection
                 raise
         finally:
-            for worker in self.workers:
-                worker.cancel()
-            await asyncio.gather(*self.workers, return_exceptions=True)
-            self.responses.close()
+            # Counted closed first, its kept turns let go last: the wait between may itself be
+            # cancelled (the client is gone), and a worker may still keep its turn until then.
             self._count_open(-1)
+            try:
+                for worker in self.workers:
+                    worker.cancel()
+                await asyncio.gather(*self.workers, return_exceptions=True)
+            finally:
+                self.responses.close()
 
     def _count_open(self, change: int) -> None:
         self.state.websockets_open += change

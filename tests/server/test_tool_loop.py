@@ -1,0 +1,467 @@
+"""The tool loop in one process (no Ray): real MCP servers on loopback, the replay models
+calling them, every stream checked against the event contract and the SDK's accumulator."""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import logging
+import threading
+
+import httpx
+import pytest
+
+from responses_serve.config import ToolsConfig
+from responses_serve.engines.replay import ReplayBackend, ReplayConfig
+from responses_serve.server.app import ServedModel, create_app, server_tool_runtime
+from responses_serve.server.metrics import NoMetrics
+from responses_serve.state import MemoryStore
+from tests.conftest import uvicorn_server
+from tests.support.contract import check_stream, parse_sse
+from tests.support.mcp_servers import CONTROL_SPELLINGS, TOKEN, mcp_servers, mcp_tool
+from tests.support.sdk_scenarios import client
+
+CALL_ECHO = 'call lab.echo {"text": "hi"}'
+LOOPBACK = ["http://127.0.0.1:*/*", "http://mcp.test:*/*"]
+
+
+async def resolve_test_names(host: str, port: int) -> list:
+    """`mcp.test` is the loopback test server under a name; `rebind.test` too (never named)."""
+    if host in ("mcp.test", "rebind.test"):
+        return [ipaddress.ip_address("127.0.0.1")]
+    raise OSError(f"no such host {host}")
+
+
+@pytest.fixture(scope="module")
+def servers():
+    with mcp_servers() as running:
+        yield running
+
+
+@pytest.fixture
+def record(servers):
+    servers.clear()
+    return servers.record
+
+
+def app_with(tools: dict, store: MemoryStore | None = None, step_delay_ms: float = 0.0):
+    from responses_serve.config import ModelConfig
+    from responses_serve.engines import make_backend
+    from responses_serve.server.models import served_model
+    from tests.conftest import QWEN3_REPLAY
+
+    config = ToolsConfig.model_validate(tools)
+    qwen3 = ModelConfig.model_validate(QWEN3_REPLAY)
+    models = [
+        ServedModel("gpt-oss-replay", ReplayBackend(ReplayConfig(step_delay_s=step_delay_ms / 1000))),
+        served_model(qwen3, make_backend(qwen3.backend)),
+    ]
+    runtime = server_tool_runtime(config, NoMetrics(), resolver=resolve_test_names)
+    return create_app(models, store=store, server_tools=runtime)
+
+
+@pytest.fixture(scope="module")
+def store():
+    return MemoryStore()
+
+
+@pytest.fixture(scope="module")
+def url(store):
+    with uvicorn_server(app_with({"mcp": {"allowed_urls": LOOPBACK, "call_timeout_s": 2, "max_output_bytes": 4096}}, store)) as base:
+        yield base
+
+
+def post(url: str, body: dict, **extra) -> httpx.Response:
+    with httpx.Client(timeout=60) as http:
+        return http.post(f"{url}/responses", json={**body, **extra})
+
+
+def stream(url: str, body: dict):
+    response = post(url, body, stream=True)
+    assert response.status_code == 200, response.text
+    events = parse_sse(response.content)
+    return check_stream(events), events
+
+
+def stored_texts(store: MemoryStore) -> list[str]:
+    """Every value the store holds (responses, event logs, conversations), as text."""
+    values = [entry.value for entry in store._entries.values()]
+    return [b.decode("utf-8", "replace") for value in values for b in (value if isinstance(value, list) else [value])]
+
+
+def never(url: str, **options) -> dict:
+    return mcp_tool(url, require_approval="never", **options)
+
+
+@pytest.mark.parametrize("model", ["gpt-oss-replay", "qwen3-replay"])
+@pytest.mark.parametrize("transport", ["streamable", "sse"])
+def test_a_call_runs_inside_the_response(url, servers, record, model, transport):
+    body = {"model": model, "input": CALL_ECHO, "tools": [never(getattr(servers, transport))]}
+    terminal, events = stream(url, body)
+    kinds = [item.type for item in terminal.output]
+    assert kinds == ["mcp_list_tools", "reasoning", "mcp_call", "reasoning", "message"]
+    listing, _, call, _, answer = terminal.output
+    assert {tool.name for tool in listing.tools} >= {"echo", "fail", "hang", "delete", "lookup"}
+    assert (call.server_label, call.name, json.loads(call.arguments), call.output, call.status) == (
+        "lab",
+        "echo",
+        {"text": "hi"},
+        "hi",
+        "completed",
+    )
+    assert answer.content[0].text == "Tool lab.echo returned: hi"
+    assert record.calls == [("echo", {"text": "hi"})]
+    # Completed only after the tool returned: the call's events, in the SDK's order.
+    call_events = [e["type"] for e in events if e.get("item_id") == call.id or e.get("item", {}).get("id") == call.id]
+    assert call_events[:2] == ["response.output_item.added", "response.mcp_call.in_progress"]
+    assert call_events[-3:] == ["response.mcp_call_arguments.done", "response.mcp_call.completed", "response.output_item.done"]
+    # One usage total over both generations; the second prompt found the first prompt and its
+    # completion in the engine's prefix cache (all but the tool's message and a partial block).
+    usage = terminal.usage
+    assert usage.input_tokens_details.cached_tokens >= usage.input_tokens / 2 - 48
+    # Streaming and not: the same items.
+    record.clear()
+    whole = post(url, body).json()
+    assert [item["type"] for item in whole["output"]] == kinds
+    assert whole["output"][2]["output"] == "hi" and record.calls == [("echo", {"text": "hi"})]
+
+
+def test_the_sdk_accumulates_the_stream(url, servers, record):
+    sdk = client(url)
+    with sdk.responses.stream(model="gpt-oss-replay", input=CALL_ECHO, tools=[never(servers.streamable)]) as events:
+        seen = [event.type for event in events]
+        final = events.get_final_response()
+    assert "response.mcp_call.completed" in seen and final.output_text == "Tool lab.echo returned: hi"
+    assert final.tools[0].type == "mcp" and final.tools[0].headers is None
+
+
+def test_tools_are_listed_once_per_conversation(url, servers, record):
+    body = {"model": "gpt-oss-replay", "tools": [never(servers.streamable)]}
+    first = post(url, body, input=CALL_ECHO).json()
+    assert record.methods.count("tools/list") == 1
+    second = post(url, body, input='call lab.echo {"text": "again"}', previous_response_id=first["id"]).json()
+    assert "mcp_list_tools" not in [item["type"] for item in second["output"]]
+    assert record.methods.count("tools/list") == 1 and record.calls[-1] == ("echo", {"text": "again"})
+    # Stateless: the listing sent back counts as well.
+    history = [{"role": "user", "content": CALL_ECHO}, *first["output"], {"role": "user", "content": 'call lab.echo {"text": "3"}'}]
+    third = post(url, body, input=history, store=False).json()
+    assert third["output"][-1]["content"][0]["text"] == "Tool lab.echo returned: 3" and record.methods.count("tools/list") == 1
+
+
+def test_a_failing_tool_is_an_error_the_model_reads(url, servers, record):
+    terminal, _ = stream(url, {"model": "gpt-oss-replay", "input": 'call lab.fail {"text": "x"}', "tools": [never(servers.streamable)]})
+    call = terminal.output[2]
+    assert call.status == "failed" and call.output is None and call.error.type == "mcp_tool_execution_error"
+    assert terminal.status == "completed" and terminal.output[-1].content[0].text.startswith("Tool lab.fail returned: Error:")
+
+
+def test_a_hanging_tool_times_out_and_the_response_ends(url, servers, record):
+    terminal, _ = stream(url, {"model": "gpt-oss-replay", "input": 'call lab.hang {"seconds": 30}', "tools": [never(servers.streamable)]})
+    call = terminal.output[2]
+    assert call.status == "failed" and call.error.type == "mcp_protocol_error" and "did not answer within 2 s" in call.error.message
+    assert terminal.status == "completed"
+
+
+def test_an_unreachable_server_is_a_failed_listing_and_the_response_goes_on(url, servers, record):
+    from tests.conftest import free_port
+
+    dead = f"http://127.0.0.1:{free_port()}/mcp"
+    terminal, events = stream(url, {"model": "gpt-oss-replay", "input": CALL_ECHO, "tools": [never(dead)]})
+    listing = terminal.output[0]
+    assert listing.type == "mcp_list_tools" and listing.error and not listing.tools
+    assert "response.mcp_list_tools.failed" in [e["type"] for e in events]
+    assert terminal.status == "completed" and terminal.output[-1].content[0].text == CALL_ECHO  # no tool: the model answered
+
+
+def test_oversized_output_is_cut_and_an_oversized_message_fails(url, servers, record):
+    tools = [never(servers.streamable)]
+    terminal, _ = stream(url, {"model": "gpt-oss-replay", "input": 'call lab.big {"size": 3000}', "tools": tools})
+    assert terminal.output[2].output == "x" * 3000  # within max_output_bytes (4096)
+    terminal, _ = stream(url, {"model": "gpt-oss-replay", "input": 'call lab.big {"size": 20000}', "tools": tools})
+    cut = terminal.output[2].output
+    assert len(cut.encode()) <= 4096 and cut.endswith("bytes of 20000]")
+    terminal, _ = stream(url, {"model": "gpt-oss-replay", "input": 'call lab.big {"size": 200000}', "tools": tools})
+    assert terminal.output[2].status == "failed" and terminal.status == "completed"  # beyond what a message may carry
+
+
+@pytest.mark.parametrize("model", ["gpt-oss-replay", "qwen3-replay"])
+def test_control_token_spellings_from_a_server_stay_text(url, servers, record, model):
+    terminal, _ = stream(url, {"model": model, "input": "call lab.spell", "tools": [never(servers.streamable)]})
+    assert terminal.output[2].output == CONTROL_SPELLINGS
+    # The model read them as the tool's text and wrote them back whole: nothing ended its turn.
+    assert terminal.output[-1].content[0].text == f"Tool lab.spell returned: {CONTROL_SPELLINGS}"
+
+
+def test_a_server_url_outside_allowed_urls_is_a_400_and_no_connection(url, servers, record):
+    for refused in (
+        "http://10.1.2.3:8080/mcp",
+        "https://example.com/mcp",
+        "http://127.1:80/mcp",
+        "http://user:pw@127.0.0.1:1/mcp",
+        "file:///etc/passwd",
+    ):
+        response = post(url, {"model": "gpt-oss-replay", "input": "hi", "tools": [{"type": "function", "name": "f"}, never(refused)]})
+        assert response.status_code == 400, refused
+        assert response.json()["error"]["param"] == "tools[1].server_url"
+    assert record.requests == []
+
+
+def test_a_name_resolving_to_a_private_address_is_refused_unless_named(servers, record):
+    # mcp.test resolves to 127.0.0.1; the only pattern names mcp.test, not the address.
+    with uvicorn_server(app_with({"mcp": {"allowed_urls": ["http://mcp.test:*/*", "http://rebind.test:*/*"]}})) as base:
+        for refused in (servers.fake_host, servers.fake_host.replace("mcp.test", "rebind.test")):
+            terminal, _ = stream(base, {"model": "gpt-oss-replay", "input": CALL_ECHO, "tools": [never(refused)]})
+            assert "loopback" in terminal.output[0].error
+    assert record.requests == []
+    # Named literally (LOOPBACK has http://127.0.0.1:*/*): the name is resolved once and the
+    # connection goes to the address that was checked.
+    with uvicorn_server(app_with({"mcp": {"allowed_urls": LOOPBACK}})) as base:
+        terminal, _ = stream(base, {"model": "gpt-oss-replay", "input": CALL_ECHO, "tools": [never(servers.fake_host)]})
+    assert terminal.output[2].output == "hi" and record.requests[0][2]["host"].startswith("mcp.test:")
+
+
+def test_a_redirect_off_the_origin_is_not_followed(url, servers, record):
+    terminal, _ = stream(url, {"model": "gpt-oss-replay", "input": CALL_ECHO, "tools": [never(servers.redirect)]})
+    assert terminal.output[0].error and terminal.status == "completed"
+    assert servers.redirect_record.requests and record.requests == []  # the target never heard of it
+
+
+def test_headers_go_to_their_server_only_and_are_never_kept(url, servers, record, store, caplog):
+    auth = servers.auth_record
+    auth.clear()
+    tool = never(servers.auth, headers={"X-Api-Key": "hdr-" + TOKEN}, authorization=TOKEN)
+    with caplog.at_level(logging.DEBUG):
+        body = {"model": "gpt-oss-replay", "input": CALL_ECHO, "tools": [tool, never(servers.streamable, label="other")]}
+        streamed = post(url, body, stream=True)
+        done = post(url, body).json()
+        background = post(url, body, background=True).json()
+        sdk = client(url)
+        final = sdk.responses.retrieve(background["id"])
+        while final.status in ("queued", "in_progress"):
+            final = sdk.responses.retrieve(background["id"])
+        log = httpx.get(f"{url}/responses/{background['id']}?stream=true", timeout=30)
+    assert done["output"][-1]["content"][0]["text"] == "Tool lab.echo returned: hi"
+    assert all(
+        headers.get("authorization") == f"Bearer {TOKEN}" and headers.get("x-api-key") == "hdr-" + TOKEN for _, _, headers in auth.requests
+    )
+    assert not any("authorization" in headers or "x-api-key" in headers for _, _, headers in record.requests)  # the other server
+    kept = [
+        streamed.text,
+        json.dumps(done),
+        httpx.get(f"{url}/responses/{done['id']}", timeout=30).text,
+        httpx.get(f"{url}/responses/{done['id']}/input_items", timeout=30).text,
+        log.text,
+        final.model_dump_json(),
+        caplog.text,
+        *stored_texts(store),
+    ]
+    assert not [text for text in kept if TOKEN in text]
+    # Without the token the server refuses; the listing says so.
+    refused, _ = stream(url, {"model": "gpt-oss-replay", "input": CALL_ECHO, "tools": [never(servers.auth)]})
+    assert "401" in refused.output[0].error
+
+
+def test_approval_is_asked_by_default_and_the_server_sees_exactly_the_approved_calls(url, servers, record):
+    tools = [mcp_tool(servers.streamable)]  # require_approval unset: OpenAI's default, always
+    asked = post(url, {"model": "gpt-oss-replay", "input": 'call lab.delete {"id": "a"}', "tools": tools}).json()
+    request = asked["output"][-1]
+    assert request["type"] == "mcp_approval_request" and request["name"] == "delete" and json.loads(request["arguments"]) == {"id": "a"}
+    assert asked["status"] == "completed" and record.calls == []
+    approve = {"type": "mcp_approval_response", "approval_request_id": request["id"], "approve": True}
+    ran = post(url, {"model": "gpt-oss-replay", "input": [approve], "tools": tools, "previous_response_id": asked["id"]}).json()
+    call = next(item for item in ran["output"] if item["type"] == "mcp_call")
+    assert call["approval_request_id"] == request["id"] and call["output"] == "deleted a"
+    assert ran["output"][-1]["content"][0]["text"] == "Tool lab.delete returned: deleted a"
+    assert record.calls == [("delete", {"id": "a"})]
+    # The same approval again runs nothing.
+    again = post(url, {"model": "gpt-oss-replay", "input": [approve], "tools": tools, "previous_response_id": ran["id"]}).json()
+    assert "mcp_call" not in [item["type"] for item in again["output"]] and record.calls == [("delete", {"id": "a"})]
+
+
+def test_a_denied_call_is_never_sent_and_the_model_is_told(url, servers, record):
+    tools = [mcp_tool(servers.streamable, require_approval="always")]
+    asked = post(url, {"model": "gpt-oss-replay", "input": 'call lab.echo {"text": "no"}', "tools": tools}).json()
+    deny = {"type": "mcp_approval_response", "approval_request_id": asked["output"][-1]["id"], "approve": False, "reason": "not now"}
+    told = post(url, {"model": "gpt-oss-replay", "input": [deny], "tools": tools, "previous_response_id": asked["id"]}).json()
+    assert record.calls == [] and "mcp_call" not in [item["type"] for item in told["output"]]
+    assert told["output"][-1]["content"][0]["text"].startswith("Tool lab.echo returned: The user did not approve this call")
+
+
+def test_stateless_approval_with_both_items_in_the_input(url, servers, record):
+    tools = [mcp_tool(servers.streamable)]
+    user = {"role": "user", "content": 'call lab.delete {"id": "s"}'}
+    asked = post(url, {"model": "gpt-oss-replay", "input": [user], "tools": tools, "store": False}).json()
+    request = asked["output"][-1]
+    approve = {"type": "mcp_approval_response", "approval_request_id": request["id"], "approve": True}
+    ran = post(url, {"model": "gpt-oss-replay", "input": [user, *asked["output"], approve], "tools": tools, "store": False}).json()
+    assert record.calls == [("delete", {"id": "s"})] and ran["output"][0]["approval_request_id"] == request["id"]
+    # An approval of a request that is not in the conversation is a 400.
+    forged = {"type": "mcp_approval_response", "approval_request_id": "mcpr_nope", "approve": True}
+    assert post(url, {"model": "gpt-oss-replay", "input": [user, forged], "tools": tools}).status_code == 400
+
+
+def test_approval_filters(url, servers, record):
+    tools = [mcp_tool(servers.streamable, require_approval={"never": {"read_only": True}})]
+    looked = post(url, {"model": "gpt-oss-replay", "input": 'call lab.lookup {"id": "1"}', "tools": tools}).json()
+    assert looked["output"][2]["type"] == "mcp_call" and record.calls == [("lookup", {"id": "1"})]
+    asked = post(url, {"model": "gpt-oss-replay", "input": 'call lab.delete {"id": "1"}', "tools": tools}).json()
+    assert asked["output"][-1]["type"] == "mcp_approval_request" and len(record.calls) == 1
+
+
+def test_allowed_tools_hide_the_others(url, servers, record):
+    tools = [never(servers.streamable, allowed_tools=["echo"])]
+    answer = post(url, {"model": "gpt-oss-replay", "input": 'call lab.delete {"id": "x"}', "tools": tools}).json()
+    assert [item["type"] for item in answer["output"]] == ["mcp_list_tools", "reasoning", "message"]  # not offered: not called
+    assert record.calls == []
+
+
+def test_max_tool_calls_answers_further_calls_not_run(url, servers, record):
+    answer = post(url, {"model": "gpt-oss-replay", "input": CALL_ECHO, "tools": [never(servers.streamable)], "max_tool_calls": 0}).json()
+    call = answer["output"][2]
+    assert call["status"] == "failed" and "max_tool_calls" in json.dumps(call["error"]) and record.calls == []
+    assert answer["max_tool_calls"] == 0 and answer["output"][-1]["content"][0]["text"].startswith("Tool lab.echo returned: Error: Not run")
+
+
+def test_max_output_tokens_is_a_budget_over_all_rounds(url, servers, record):
+    whole = post(url, {"model": "gpt-oss-replay", "input": CALL_ECHO, "tools": [never(servers.streamable)]}).json()
+    budget = whole["usage"]["output_tokens"] - 3  # ends inside the second round's answer
+    cut = post(
+        url, {"model": "gpt-oss-replay", "input": CALL_ECHO, "tools": [never(servers.streamable)], "max_output_tokens": budget}
+    ).json()
+    assert cut["status"] == "incomplete" and cut["usage"]["output_tokens"] == budget
+    assert cut["output"][2]["type"] == "mcp_call" and cut["output"][2]["status"] == "completed"
+
+
+def test_tool_choice_forces_a_call_with_arguments_of_the_tools_schema(url, servers, record):
+    choice = {"type": "mcp", "server_label": "lab", "name": "echo"}
+    answer = post(url, {"model": "gpt-oss-replay", "input": "hello", "tools": [never(servers.streamable)], "tool_choice": choice}).json()
+    call = answer["output"][2]
+    assert call["type"] == "mcp_call" and call["name"] == "echo" and set(json.loads(call["arguments"])) == {"text"}
+    assert answer["output"][-1]["type"] == "message" and len(record.calls) == 1  # forced once, not every round
+    assert (
+        post(
+            url, {"model": "gpt-oss-replay", "input": "x", "tools": [never(servers.streamable)], "tool_choice": {**choice, "name": "nope"}}
+        ).status_code
+        == 400
+    )
+
+
+def test_a_function_call_ends_the_response_as_before(url, servers, record):
+    tools = [{"type": "function", "name": "lookup_city", "parameters": {"type": "object", "properties": {}}}, never(servers.streamable)]
+    answer = post(url, {"model": "gpt-oss-replay", "input": "call lookup_city", "tools": tools}).json()
+    assert [item["type"] for item in answer["output"]] == ["mcp_list_tools", "reasoning", "function_call"] and record.calls == []
+
+
+def test_cancelling_the_stream_mid_call_cancels_the_tool_call(url, servers, record):
+    body = {"model": "gpt-oss-replay", "input": 'call lab.hang {"seconds": 1.5}', "tools": [never(servers.streamable)], "stream": True}
+    with httpx.Client(timeout=30) as http, http.stream("POST", f"{url}/responses", json=body) as response:
+        for line in response.iter_lines():
+            if "response.mcp_call_arguments.done" in line:
+                break  # the call is running: go away
+    deadline = threading.Event()
+    for _ in range(100):
+        if record.cancelled:
+            break
+        deadline.wait(0.05)
+    assert record.calls == [("hang", {"seconds": 1.5})] and record.cancelled == ["hang"]
+
+
+def test_background_cancel_mid_call(url, servers, record):
+    sdk = client(url)
+    started = sdk.responses.create(
+        model="gpt-oss-replay", input='call lab.hang {"seconds": 1.5}', tools=[never(servers.streamable)], background=True
+    )
+    for _ in range(200):
+        if record.calls:
+            break
+        threading.Event().wait(0.02)
+    cancelled = sdk.responses.cancel(started.id)
+    assert cancelled.status == "cancelled"
+    call = next(item for item in cancelled.output if item.type == "mcp_call")
+    assert call.status == "incomplete" and call.output is None
+    for _ in range(100):
+        if record.cancelled:
+            break
+        threading.Event().wait(0.05)
+    assert record.cancelled == ["hang"]
+
+
+def test_websocket_mode_runs_the_loop(url, servers, record):
+    sdk = client(url)
+    with sdk.responses.connect() as connection:
+        connection.response.create(model="gpt-oss-replay", input=CALL_ECHO, tools=[never(servers.streamable)])
+        types = []
+        for event in connection:
+            types.append(event.type)
+            if event.type in ("response.completed", "response.failed", "error"):
+                break
+    assert types[-1] == "response.completed" and "response.mcp_call.completed" in types
+    assert record.calls == [("echo", {"text": "hi"})]
+
+
+def test_a_conversation_keeps_its_listing_and_calls(url, servers, record):
+    sdk = client(url)
+    conversation = sdk.conversations.create()
+    body = {"model": "gpt-oss-replay", "tools": [never(servers.streamable)], "conversation": conversation.id}
+    post(url, body, input=CALL_ECHO)
+    second = post(url, body, input='call lab.echo {"text": "2"}').json()
+    assert second["output"][-1]["content"][0]["text"] == "Tool lab.echo returned: 2"
+    assert record.methods.count("tools/list") == 1
+    kinds = [item.type for item in sdk.conversations.items.list(conversation.id, order="asc").data]
+    assert kinds.count("mcp_list_tools") == 1 and kinds.count("mcp_call") == 2
+
+
+def test_each_call_is_reported_by_tool_and_outcome(servers, record):
+    from responses_serve.tools.server_tools import CallReport
+
+    reports: list[CallReport] = []
+
+    class Recorder(NoMetrics):
+        def tool_call_finished(self, report: CallReport) -> None:
+            reports.append(report)
+
+    config = ToolsConfig.model_validate({"mcp": {"allowed_urls": LOOPBACK}})
+    app = create_app([ServedModel("gpt-oss-replay", ReplayBackend())], metrics=Recorder(), tools=config)
+    with uvicorn_server(app) as base:
+        for command in (CALL_ECHO, 'call lab.fail {"text": "x"}'):
+            post(base, {"model": "gpt-oss-replay", "input": command, "tools": [never(servers.streamable)]})
+        post(base, {"model": "gpt-oss-replay", "input": CALL_ECHO, "tools": [never(servers.streamable)], "max_tool_calls": 0})
+    assert [(r.label, r.kind, r.status) for r in reports] == [("lab", "mcp_call", s) for s in ("completed", "failed", "not_run")]
+    assert all(r.seconds > 0 for r in reports[:2]) and reports[2].seconds == 0
+
+
+def test_a_tool_call_counts_in_the_tenants_quota(servers, record):
+    """Three requests a minute: a response that runs one call counts two (the request and its
+    call), so the third request is already one too many."""
+    from responses_serve.config import AuthConfig
+
+    auth = AuthConfig.model_validate({"keys": [{"tenant": "t", "key_env": "T_KEY", "limits": {"requests_per_minute": 3}}]})
+    key = "sk-tool-loop-0123456789abcdef"
+    app = create_app(
+        [ServedModel("gpt-oss-replay", ReplayBackend())],
+        auth=auth,
+        environ={"T_KEY": key},
+        tools=ToolsConfig.model_validate({"mcp": {"allowed_urls": LOOPBACK}}),
+    )
+    headers = {"Authorization": f"Bearer {key}"}
+    with uvicorn_server(app) as base, httpx.Client(timeout=60, headers=headers) as http:
+        ran = http.post(f"{base}/responses", json={"model": "gpt-oss-replay", "input": CALL_ECHO, "tools": [never(servers.streamable)]})
+        assert ran.status_code == 200 and ran.json()["output"][2]["output"] == "hi"
+        assert http.post(f"{base}/responses", json={"model": "gpt-oss-replay", "input": "one"}).status_code == 200
+        assert http.post(f"{base}/responses", json={"model": "gpt-oss-replay", "input": "two"}).status_code == 429
+
+
+def test_a_server_that_accepts_and_never_answers_times_out_the_listing(servers, record):
+    import socket
+
+    silent = socket.socket()
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(8)  # connections are accepted by the kernel and never answered
+    try:
+        port = silent.getsockname()[1]
+        with uvicorn_server(app_with({"mcp": {"allowed_urls": LOOPBACK, "connect_timeout_s": 1}})) as base:
+            tool = never(f"http://127.0.0.1:{port}/mcp")
+            terminal, _ = stream(base, {"model": "gpt-oss-replay", "input": CALL_ECHO, "tools": [tool]})
+    finally:
+        silent.close()
+    assert "did not answer within 1 s" in terminal.output[0].error and terminal.status == "completed"
