@@ -74,6 +74,7 @@ bench: $(STAMP)
 	$(PY) -m bench.stack
 	$(PY) -m bench.load --serve bench/load-serve.yaml
 	$(PY) -m bench.tiers
+	$(PY) -m bench.tool_loop
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis site

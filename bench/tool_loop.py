@@ -24,11 +24,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import socket
 import statistics
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 RESULTS = Path(__file__).parent / "results"
@@ -41,8 +43,9 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
-def start_mcp_server() -> str:
-    """An echo tool on loopback (streamable HTTP), in a thread; its URL."""
+@contextlib.contextmanager
+def mcp_server() -> Iterator[str]:
+    """An echo tool on loopback (streamable HTTP), in a thread, for the block; its URL."""
     import uvicorn
     from mcp.server.mcpserver import MCPServer
 
@@ -54,10 +57,15 @@ def start_mcp_server() -> str:
 
     port = _free_port()
     runner = uvicorn.Server(uvicorn.Config(server.streamable_http_app(), host="127.0.0.1", port=port, log_level="warning"))
-    threading.Thread(target=runner.run, daemon=True).start()
+    thread = threading.Thread(target=runner.run, daemon=True)
+    thread.start()
     while not runner.started:
         time.sleep(0.01)
-    return f"http://127.0.0.1:{port}/mcp"
+    try:
+        yield f"http://127.0.0.1:{port}/mcp"
+    finally:
+        runner.should_exit = True
+        thread.join(timeout=10)
 
 
 async def measure(model, runtime, url: str, calls: int, context_tokens: int) -> list[dict]:
@@ -69,7 +77,7 @@ async def measure(model, runtime, url: str, calls: int, context_tokens: int) -> 
     from responses_serve.server.run import run_turn, start_turn
     from responses_serve.state import BoundedStore, MemoryStore, ResponseStore
 
-    responses = ResponseStore(BoundedStore(MemoryStore(), 2.0))
+    responses = ResponseStore(BoundedStore(MemoryStore(), 2.0), "bench")
     cipher = ReasoningCipher([Fernet.generate_key()])
     tool = {"type": "mcp", "server_label": "lab", "server_url": url, "require_approval": "never"}
     context = WORDS * max(1, context_tokens // 16)
@@ -155,7 +163,6 @@ def main() -> None:
     from responses_serve.server.metrics import NoMetrics
     from responses_serve.server.models import served_model
 
-    url = start_mcp_server()
     runtime = server_tool_runtime(ToolsConfig.model_validate({"mcp": {"allowed_urls": ["http://127.0.0.1:*/*"]}}), NoMetrics())
     models = {
         "harmony": ModelConfig(name="gpt-oss-replay"),
@@ -172,7 +179,8 @@ def main() -> None:
     print(f"{'family':<14} {'calls':>5} {'overhead p50 ms':>16} {'p99 ms':>8} {'tool p50 ms':>12} {'new tokens':>10} {'cached ratio':>12}")
     for family, config in models.items():
         model = served_model(config, make_backend(config.backend))
-        rows = asyncio.run(measure(model, runtime, url, args.calls, args.context_tokens))
+        with mcp_server() as url:
+            rows = asyncio.run(measure(model, runtime, url, args.calls, args.context_tokens))
         results[family] = rows
         line = summary(rows)
         print(
