@@ -99,7 +99,7 @@ def test_the_head_pod_runs_on_a_read_only_root_with_token_auth_and_its_valkey_us
         command, env=_head_environment(service, k8s_valkey, namespace, token), capture_output=True, text=True, timeout=600
     )
     (line,) = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")] or [None]
-    assert line, f"exit {done.returncode}\n{done.stdout[-3000:]}\n{done.stderr[-6000:]}"
+    assert line, f"exit {done.returncode}\n{done.stdout[-3000:]}\n{done.stderr[-12000:]}"
     seen = json.loads(line.removeprefix("RESULT "))
 
     # Ray's dashboard (what KubeRay's operator calls) refuses calls without the token.

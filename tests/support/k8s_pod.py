@@ -69,7 +69,12 @@ def main() -> None:
         seen["dashboard_with_token"] = _status(applications, {"Authorization": f"Bearer {os.environ['RAY_AUTH_TOKEN']}"})
         port = _free_port()
         serve.start(http_options={"host": "127.0.0.1", "port": port})
-        serve.run(build_app(settings["app"]), name="responses", route_prefix="/")
+        try:
+            serve.run(build_app(settings["app"]), name="responses", route_prefix="/")
+        except RuntimeError:  # a replica that would not start: its own error, for the failure's message
+            for name, deployment in serve.status().applications["responses"].deployments.items():
+                print(f"{name}: {deployment.status}: {deployment.message}", file=sys.stderr, flush=True)
+            raise
         root, base = f"http://127.0.0.1:{port}", f"http://127.0.0.1:{port}/v1"
         # The worker's readiness probe, on this node's ports (KubeRay's agent port, the Serve port).
         probe = settings["probe"].replace("localhost:52365", f"127.0.0.1:{ports['agent']}").replace("localhost:8000", f"127.0.0.1:{port}")
