@@ -46,6 +46,7 @@ import aiohttp
 import yaml
 
 from bench.load import ReplicaMemory, cluster_address, harmony_tokens, percentile, start_server
+from bench.stack import serve_config as stack_serve_config
 from bench.stack import stop, wait_ready
 from tests.support.contract import check_stream, parse_sse
 
@@ -148,23 +149,8 @@ def serve_config(port: int, capacity: int, engine_queue: int, step_ms: float) ->
         "ray_actor_options": {"num_cpus": 0},
     }
     model = {"name": MODEL, "backend": {"type": "replay", "min_step_tokens": 1, "max_step_tokens": 1, "step_delay_ms": step_ms}}
-    return {
-        "proxy_location": "HeadOnly",
-        "http_options": {"host": "127.0.0.1", "port": port},
-        "logging_config": {"log_level": "WARNING", "enable_access_log": False},
-        "applications": [
-            {
-                "name": "responses",
-                "route_prefix": "/",
-                "import_path": "responses_serve.serve.app:build_app",
-                "args": {
-                    "models": [{**model, "engine": engine}],
-                    "ingress": {"num_replicas": 1, "max_ongoing_requests": 1024, "ray_actor_options": {"num_cpus": 0}},
-                    "store": {"type": "memory"},
-                },
-            }
-        ],
-    }
+    ingress = {"num_replicas": 1, "max_ongoing_requests": 1024, "ray_actor_options": {"num_cpus": 0}}
+    return stack_serve_config(port, [{**model, "engine": engine}], ingress, store={"type": "memory"})
 
 
 def summary(base: Phase, loaded: Phase, rss_growth_mb: float) -> dict:

@@ -48,8 +48,9 @@ def make_serve_env() -> dict[str, str]:
     return {**os.environ, **cluster_env()}
 
 
-def serve_config(port: int, models: list[dict], ingress: dict) -> dict:
-    """A Serve config file (as a dict) for `serve run`: our app with these args, quiet logs."""
+def serve_config(port: int, models: list[dict], ingress: dict, **args) -> dict:
+    """A Serve config file (as a dict) for `serve run`: our app with these args (any further
+    `args` of the app as keywords), quiet logs."""
     return {
         "proxy_location": "HeadOnly",
         "http_options": {"host": "127.0.0.1", "port": port},
@@ -59,7 +60,7 @@ def serve_config(port: int, models: list[dict], ingress: dict) -> dict:
                 "name": "responses",
                 "route_prefix": "/",
                 "import_path": "responses_serve.serve.app:build_app",
-                "args": {"models": models, "ingress": ingress},
+                "args": {"models": models, "ingress": ingress, **args},
             }
         ],
     }
