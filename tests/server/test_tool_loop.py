@@ -3,6 +3,7 @@ calling them, every stream checked against the event contract and the SDK's accu
 
 from __future__ import annotations
 
+import contextlib
 import ipaddress
 import json
 import logging
@@ -16,7 +17,7 @@ from responses_serve.engines.replay import ReplayBackend, ReplayConfig
 from responses_serve.server.app import ServedModel, create_app, server_tool_runtime
 from responses_serve.server.metrics import NoMetrics
 from responses_serve.state import MemoryStore
-from tests.conftest import uvicorn_server
+from tests.conftest import uvicorn_server, wait_until
 from tests.support.contract import check_stream, parse_sse
 from tests.support.mcp_servers import CONTROL_SPELLINGS, TOKEN, mcp_servers, mcp_tool
 from tests.support.sdk_scenarios import client
@@ -44,17 +45,21 @@ def record(servers):
     return servers.record
 
 
-def app_with(tools: dict, store: MemoryStore | None = None, step_delay_ms: float = 0.0):
+def app_with(tools: dict, store: MemoryStore | None = None, step_delay_ms: float = 0.0, several_calls: bool = False):
+    """The app with both replay models; `several_calls`: their scripts that make several
+    calls in one response (tests/support/several_calls.py)."""
     from responses_serve.config import ModelConfig
     from responses_serve.engines import make_backend
     from responses_serve.server.models import served_model
     from tests.conftest import QWEN3_REPLAY
+    from tests.support.several_calls import harmony_calls_in_turn, qwen3_calls_at_once
 
     config = ToolsConfig.model_validate(tools)
     qwen3 = ModelConfig.model_validate(QWEN3_REPLAY)
+    replay = ReplayConfig(step_delay_s=step_delay_ms / 1000)
     models = [
-        ServedModel("gpt-oss-replay", ReplayBackend(ReplayConfig(step_delay_s=step_delay_ms / 1000))),
-        served_model(qwen3, make_backend(qwen3.backend)),
+        ServedModel("gpt-oss-replay", ReplayBackend(replay, harmony_calls_in_turn) if several_calls else ReplayBackend(replay)),
+        served_model(qwen3, ReplayBackend(script=qwen3_calls_at_once) if several_calls else make_backend(qwen3.backend)),
     ]
     runtime = server_tool_runtime(config, NoMetrics(), resolver=resolve_test_names)
     return create_app(models, store=store, server_tools=runtime)
@@ -465,3 +470,136 @@ def test_a_server_that_accepts_and_never_answers_times_out_the_listing(servers, 
     finally:
         silent.close()
     assert "did not answer within 1 s" in terminal.output[0].error and terminal.status == "completed"
+
+
+# --- Several calls in one response: the replay scripts of tests/support/several_calls.py ---
+# (gpt-oss calls one tool per round, in turn; the Qwen3-style model calls them all at once).
+
+MEET = 'call lab.meet {"count": 2}'
+LOOKUP_CITY = {"type": "function", "name": "lookup_city", "parameters": {"type": "object", "properties": {}}}
+
+
+@pytest.fixture(scope="module")
+def several(store):
+    with uvicorn_server(app_with({"mcp": {"allowed_urls": LOOPBACK, "call_timeout_s": 5}}, store, several_calls=True)) as base:
+        yield base
+
+
+def items(response, kind: str) -> list:
+    return [item for item in response.output if item.type == kind]
+
+
+@pytest.mark.parametrize("parallel", [True, False])
+def test_parallel_tool_calls_runs_a_rounds_calls_side_by_side_or_one_after_the_other(several, servers, record, parallel):
+    body = {"model": "qwen3-replay", "input": f"{MEET}\n{MEET}", "tools": [never(servers.streamable)], "parallel_tool_calls": parallel}
+    terminal, _ = stream(several, body)
+    assert [item.type for item in terminal.output] == ["mcp_list_tools", "reasoning", "mcp_call", "mcp_call", "reasoning", "message"]
+    # `meet` answers "met" only to calls that were running at one time.
+    assert [call.output for call in items(terminal, "mcp_call")] == (["met", "met"] if parallel else ["alone", "alone"])
+    assert record.calls == [("meet", {"count": 2})] * 2 and terminal.parallel_tool_calls is parallel
+
+
+@pytest.mark.parametrize(
+    ("model", "kinds"),
+    [
+        ("qwen3-replay", ["mcp_list_tools", "reasoning", "mcp_call", "function_call"]),  # one round
+        ("gpt-oss-replay", ["mcp_list_tools", "reasoning", "mcp_call", "reasoning", "function_call"]),  # one call a round
+    ],
+)
+def test_a_function_call_after_a_server_call_ends_the_response_once_that_ran(several, servers, record, model, kinds):
+    tools = [LOOKUP_CITY, never(servers.streamable)]
+    terminal, _ = stream(several, {"model": model, "input": f"{CALL_ECHO}\ncall lookup_city", "tools": tools})
+    assert [item.type for item in terminal.output] == kinds and terminal.status == "completed"
+    (call,), (function,) = items(terminal, "mcp_call"), items(terminal, "function_call")
+    assert (call.status, call.output, record.calls) == ("completed", "hi", [("echo", {"text": "hi"})])
+    # The client runs its function; the model goes on from both outputs, nothing runs again.
+    output = {"type": "function_call_output", "call_id": function.call_id, "output": "Paris"}
+    answer = post(several, {"model": model, "input": [output], "tools": tools, "previous_response_id": terminal.id}).json()
+    assert [item["type"] for item in answer["output"]] == ["reasoning", "message"]
+    assert answer["output"][-1]["content"][0]["text"] == "Tool lookup_city returned: Paris" and len(record.calls) == 1
+
+
+@pytest.mark.parametrize("model", ["gpt-oss-replay", "qwen3-replay"])
+def test_max_tool_calls_counts_every_call_of_the_response(several, servers, record, model):
+    body = {"model": model, "input": 'call lab.echo {"text": "1"}\ncall lab.echo {"text": "2"}', "tools": [never(servers.streamable)]}
+    whole, _ = stream(several, body)
+    assert [call.output for call in items(whole, "mcp_call")] == ["1", "2"]
+    assert whole.output[-1].content[0].text == "Tool lab.echo returned: 2"
+    record.clear()
+    capped, _ = stream(several, {**body, "max_tool_calls": 1})
+    ran, refused = items(capped, "mcp_call")
+    assert (ran.status, ran.output) == ("completed", "1") and record.calls == [("echo", {"text": "1"})]
+    assert refused.status == "failed" and "max_tool_calls" in refused.error.model_dump_json() and refused.output is None
+    assert capped.output[-1].content[0].text.startswith("Tool lab.echo returned: Error: Not run")
+
+
+def test_of_two_approval_requests_the_server_sees_exactly_the_approved_call(several, servers, record):
+    tools = [mcp_tool(servers.streamable)]
+    asked = post(several, {"model": "qwen3-replay", "input": 'call lab.delete {"id": "a"}\ncall lab.delete {"id": "b"}', "tools": tools})
+    requests = [item for item in asked.json()["output"] if item["type"] == "mcp_approval_request"]
+    assert [json.loads(request["arguments"]) for request in requests] == [{"id": "a"}, {"id": "b"}] and record.calls == []
+    answers = [
+        {"type": "mcp_approval_response", "approval_request_id": requests[0]["id"], "approve": True},
+        {"type": "mcp_approval_response", "approval_request_id": requests[1]["id"], "approve": False},
+    ]
+    ran = post(several, {"model": "qwen3-replay", "input": answers, "tools": tools, "previous_response_id": asked.json()["id"]}).json()
+    assert record.calls == [("delete", {"id": "a"})]
+    calls = [item for item in ran["output"] if item["type"] == "mcp_call"]
+    assert [(call["approval_request_id"], call["output"]) for call in calls] == [(requests[0]["id"], "deleted a")]
+    assert ran["output"][-1]["type"] == "message" and ran["status"] == "completed"
+
+
+def test_approvals_one_round_after_the_other(several, servers, record):
+    """gpt-oss asks for one call a round: approving it runs it and the model goes on to ask
+    for the next; denying that one tells the model, which answers."""
+    tools = [mcp_tool(servers.streamable)]
+    body = {"model": "gpt-oss-replay", "tools": tools}
+    asked = post(several, body, input='call lab.delete {"id": "a"}\ncall lab.delete {"id": "b"}').json()
+    first = asked["output"][-1]
+    approve = {"type": "mcp_approval_response", "approval_request_id": first["id"], "approve": True}
+    again = post(several, body, input=[approve], previous_response_id=asked["id"]).json()
+    assert [item["type"] for item in again["output"]] == ["mcp_call", "reasoning", "mcp_approval_request"]
+    assert record.calls == [("delete", {"id": "a"})] and json.loads(again["output"][-1]["arguments"]) == {"id": "b"}
+    deny = {"type": "mcp_approval_response", "approval_request_id": again["output"][-1]["id"], "approve": False}
+    told = post(several, body, input=[deny], previous_response_id=again["id"]).json()
+    assert record.calls == [("delete", {"id": "a"})]
+    assert told["output"][-1]["content"][0]["text"].startswith("Tool lab.delete returned: The user did not approve this call")
+
+
+class EndingBackend(ReplayBackend):
+    """Notes how each engine request ended: the finish reason of its last batch, None when it
+    was closed before its last batch (aborted)."""
+
+    def __init__(self, config: ReplayConfig) -> None:
+        super().__init__(config)
+        self.ended: dict[str, str | None] = {}
+
+    async def generate(self, request):
+        self.ended[request.request_id] = None
+        async with contextlib.aclosing(super().generate(request)) as batches:
+            async for batch in batches:
+                self.ended[request.request_id] = batch.finish_reason
+                yield batch
+
+
+def test_a_client_gone_in_the_next_round_aborts_that_rounds_engine_request(servers, record):
+    """The second round answers with the tool's long output (a few hundred engine steps); the
+    client leaves at its first event, and that engine request is aborted there."""
+    backend = EndingBackend(ReplayConfig(step_delay_s=0.005))
+    config = ToolsConfig.model_validate({"mcp": {"allowed_urls": LOOPBACK}})
+    body = {"model": "gpt-oss-replay", "input": 'call lab.big {"size": 4000}', "tools": [never(servers.streamable)]}
+    with uvicorn_server(create_app([ServedModel("gpt-oss-replay", backend)], tools=config)) as base:
+        whole = post(base, body).json()
+        assert whole["output"][-1]["content"][0]["text"] == "Tool lab.big returned: " + "x" * 4000
+        assert backend.ended == {whole["id"]: "stop", f"{whole['id']}-2": "stop"}
+        with httpx.Client(timeout=30) as http, http.stream("POST", f"{base}/responses", json={**body, "stream": True}) as response:
+            lines = response.iter_lines()
+            for line in lines:
+                if "response.mcp_call.completed" in line:
+                    break
+            for line in lines:
+                if "response.output_item.added" in line:
+                    break  # the next round generates: go away
+        assert wait_until(lambda: backend.num_running() == 0, timeout_s=20)
+    cut = next(response_id for response_id in backend.ended if response_id.endswith("-2") and response_id != f"{whole['id']}-2")
+    assert backend.ended[cut] is None and backend.ended[cut.removesuffix("-2")] == "stop"

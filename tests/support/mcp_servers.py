@@ -3,7 +3,8 @@
 
 The tools: `echo`, `fail` (the tool raises), `hang` (sleeps, and notes when it is cancelled),
 `big` (an output of N bytes), `spell` (control-token spellings), `delete` (a tool that changes
-things: `destructiveHint`), `lookup` (`readOnlyHint`) and `zone` (an enum, nothing else). Every server records each HTTP
+things: `destructiveHint`), `lookup` (`readOnlyHint`), `zone` (an enum, nothing else) and
+`meet` (whether `count` of its calls were running at one time). Every server records each HTTP
 request it got (path and headers) and each tool call it ran, so a test can say exactly what
 reached it. `auth` is the same server behind a bearer token; `redirect` answers every request
 with a redirect to another origin.
@@ -99,6 +100,26 @@ def make_server(record: Record) -> MCPServer:
     def lookup(id: str) -> str:
         record.calls.append(("lookup", {"id": id}))
         return f"found {id}"
+
+    running: set[object] = set()  # calls of meet running now
+    met: set[object] = set()  # ... that saw `count` of them running at one time
+
+    @server.tool(description="Waits up to a second for count calls of meet to run at one time.")
+    async def meet(count: int) -> str:
+        record.calls.append(("meet", {"count": count}))
+        me = object()
+        running.add(me)
+        try:
+            with anyio.move_on_after(1):
+                while me not in met:
+                    if len(running) >= count:
+                        met.update(running)
+                    else:
+                        await anyio.sleep(0.01)
+            return "met" if me in met else "alone"
+        finally:
+            running.discard(me)
+            met.discard(me)
 
     return server
 
