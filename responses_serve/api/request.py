@@ -314,6 +314,33 @@ class McpApprovalFilter(_Lenient):
 
 _HEADER_NAME = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]{1,256}")
 _HEADER_VALUE = re.compile(r"[\x20-\x7e]{0,8192}")
+# Headers that say where a request goes, how it is framed or who sent it, and the MCP
+# protocol's own: the connection's and the MCP client's to set, never a request's. A `Host`
+# of the request's choosing would reach another virtual host behind an allowed address.
+_CONNECTION_HEADERS = frozenset(
+    {
+        "host",
+        "content-length",
+        "transfer-encoding",
+        "connection",
+        "keep-alive",
+        "upgrade",
+        "te",
+        "trailer",
+        "expect",
+        "proxy-authorization",
+        "proxy-connection",
+        "forwarded",
+        "x-forwarded-for",
+        "x-forwarded-host",
+        "x-forwarded-proto",
+        "x-forwarded-port",
+        "x-real-ip",
+        "content-type",
+        "accept",
+        "last-event-id",
+    }
+)
 
 
 class McpTool(_Lenient):
@@ -345,6 +372,8 @@ class McpTool(_Lenient):
         for name, value in {**(self.headers or {}), **({"authorization": self.authorization} if self.authorization else {})}.items():
             if not _HEADER_NAME.fullmatch(name):
                 raise ValueError("an MCP header name must be an HTTP token (letters, digits and !#$%&'*+-.^_`|~)")
+            if name.lower() in _CONNECTION_HEADERS or name.lower().startswith("mcp-"):
+                raise ValueError(f"the MCP header {name!r} is set by the server's MCP client, not by a request")
             if not _HEADER_VALUE.fullmatch(value.get_secret_value()):
                 raise ValueError(f"the value of MCP header {name!r} must be visible ASCII characters and spaces (it is not shown here)")
         return self

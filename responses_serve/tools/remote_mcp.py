@@ -60,6 +60,9 @@ logger = logging.getLogger("responses_serve.tools.mcp")
 MAX_SCHEMA_BYTES = 64 * 1024  # an input schema larger than this is not offered
 MAX_SCHEMA_DEPTH = 32  # nor one nested deeper (the prompt renderers recurse over it)
 MAX_DESCRIPTION_CHARS = 8 * 1024  # a tool's description is cut here
+# MCP servers one request may name: each is a connection and a listing of up to
+# `max_output_bytes` held for the response (and kept in its history), all opened at once.
+MAX_SERVERS = 16
 _NAME = re.compile(FUNCTION_NAME_PATTERN)
 
 
@@ -116,6 +119,12 @@ class RemoteMcpFactory:
 
     def check(self, request: ResponsesRequest) -> None:
         """400 for an MCP server the request may not name: before any connection is made."""
+        if len(servers := request.mcp_tools()) > MAX_SERVERS:
+            raise invalid_request(
+                f"A request may name at most {MAX_SERVERS} MCP servers; this one names {len(servers)}.",
+                param="tools",
+                code="array_above_max_length",
+            )
         for index, tool in enumerate(request.tools):
             if isinstance(tool, McpTool):
                 assert tool.server_url is not None  # the request model requires one
