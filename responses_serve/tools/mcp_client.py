@@ -81,13 +81,15 @@ class ConnectPolicy:
     """Which MCP servers a request may name (`allowed_urls`), and where their connections go.
 
     A URL must match an allowed pattern. Every address its host resolves to must be public,
-    unless an allowed pattern names that address literally (an operator's internal server:
-    `http://10.0.0.5:8080/*`); loopback, link-local (cloud metadata), private, shared and
-    reserved addresses are refused otherwise."""
+    unless an allowed pattern names that address literally, and then only on that pattern's
+    port (an operator's internal server: `http://10.0.0.5:8080/*` opens 10.0.0.5:8080, not
+    10.0.0.5's other ports to a name that resolves there); loopback, link-local (cloud
+    metadata), private, shared and reserved addresses are refused otherwise."""
 
     def __init__(self, allowed_urls: Iterable[str], resolver: Resolver | None = None, resolve_timeout_s: float = 5.0) -> None:
         self.patterns = [UrlPattern.parse(pattern) for pattern in allowed_urls]
-        self.named_addresses = {address for pattern in self.patterns if (address := pattern.address) is not None}
+        # (address, port) a pattern names literally; port None: any port.
+        self.named_addresses = {(address, pattern.port) for pattern in self.patterns if (address := pattern.address) is not None}
         self.resolver: Resolver = resolver or system_resolver
         self.resolve_timeout_s = resolve_timeout_s
 
@@ -101,7 +103,7 @@ class ConnectPolicy:
             raise ValueError("the URL is not one this server's allowed_urls let requests name")
         if (address := target.address) is not None:
             try:
-                self._check_address(target.host, address)
+                self._check_address(target.host, address, target.port)
             except ConnectRefused as exc:
                 raise ValueError(str(exc)) from None
         return target
@@ -120,11 +122,11 @@ class ConnectPolicy:
             if not addresses:
                 raise ConnectRefused(f"cannot resolve '{host}'")
         for address in addresses:  # every one: a resolver's order is not ours to trust
-            self._check_address(host, address)
+            self._check_address(host, address, port)
         return str(addresses[0])
 
-    def _check_address(self, host: str, address: IPAddress) -> None:
-        if address in self.named_addresses:
+    def _check_address(self, host: str, address: IPAddress, port: int) -> None:
+        if (address, port) in self.named_addresses or (address, None) in self.named_addresses:
             return
         if reason := refusal_reason(address):  # the browser's rules for what is not public
             raise ConnectRefused(f"'{host}' is {reason} ({address}), which no allowed_urls pattern names")
