@@ -40,7 +40,8 @@ def conversation_key(conversation_id: str) -> str:
 
 
 def items_key(conversation_id: str) -> str:
-    return f"conversation:{conversation_id}:items"
+    # Not `conversation:{id}:items`: that is the key of a conversation whose id ends in ":items".
+    return f"items:conversation:{conversation_id}"
 
 
 def item_record(item: Any) -> bytes:
