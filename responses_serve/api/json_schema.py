@@ -95,6 +95,84 @@ def check_schema(schema: Any) -> None:
         ref = node.get("$ref")
         if ref is not None and not (ref == "#" or ref.startswith(("#/$defs/", "#/definitions/"))):
             raise UnsupportedSchema(f"'$ref' to '{ref}' (at {path}): only local references ('#/$defs/...') are supported")
+    if (size := _smallest_size(schema, schema, 0, {})) > MAX_SMALLEST_SIZE:
+        raise UnsupportedSchema(
+            f"the smallest value it allows is about {size} characters long (minLength, minItems and pattern repetitions "
+            f"multiplied along its nesting); at most {MAX_SMALLEST_SIZE} are supported"
+        )
+
+
+# The smallest value a schema allows, in characters, as `instance()` writes it: a schema
+# whose minimums multiply along its nesting (`minItems` 1000 three arrays deep) asks the
+# engine for more than any answer holds, and `instance()` would build all of it in memory.
+MAX_SMALLEST_SIZE = 1_000_000
+
+
+def _smallest_size(schema: Any, root: dict[str, Any], depth: int, seen: dict[tuple[int, int], int]) -> int:
+    """The length of `instance(schema)`, roughly, without building it: each node sized once
+    per depth (`$ref`s reached along many paths would otherwise be walked once per path)."""
+    if not isinstance(schema, dict) or depth > 32:  # deeper: `instance()` refuses it
+        return 2
+    if (known := seen.get((id(schema), depth))) is not None:
+        return known
+    size = seen[(id(schema), depth)] = _node_size(schema, root, depth, seen)
+    return size
+
+
+def _node_size(schema: dict[str, Any], root: dict[str, Any], depth: int, seen: dict[tuple[int, int], int]) -> int:
+    if "$ref" in schema:
+        try:
+            target = _resolve(root, schema["$ref"])
+        except (KeyError, TypeError, AttributeError):
+            return 2
+        return _smallest_size(target, root, depth + 1, seen)
+    if "const" in schema or "enum" in schema:
+        return 2  # written in the request: within its size limit
+    if isinstance(schema.get("anyOf"), list) and schema["anyOf"]:
+        return _smallest_size(schema["anyOf"][0], root, depth + 1, seen)
+    types = _types(schema) or ["object" if "properties" in schema else "string"]
+    kind = next((t for t in types if t != "null"), "null")
+    if kind == "object":
+        properties = schema.get("properties")
+        named: dict[str, Any] = properties if isinstance(properties, dict) else {}
+        return 2 + sum(len(name) + 4 + _smallest_size(sub, root, depth + 1, seen) for name, sub in named.items())
+    if kind == "array":
+        given = schema.get("prefixItems")
+        prefix: list[Any] = given if isinstance(given, list) else []
+        count = max(_count(schema.get("minItems"), 1), len(prefix))
+        count = min(count, _count(schema.get("maxItems"), count))
+        items = schema.get("items")
+        each = _smallest_size(items if isinstance(items, dict) else {}, root, depth + 1, seen)
+        return 2 + sum(_smallest_size(sub, root, depth + 1, seen) for sub in prefix) + max(0, count - len(prefix)) * (each + 1)
+    if kind == "string":
+        if isinstance(pattern := schema.get("pattern"), str):
+            try:
+                return 2 + _pattern_size(sre_parse.parse(pattern))
+            except (re.error, RecursionError):
+                return 2
+        return 2 + max(len("example"), _count(schema.get("minLength"), 0))
+    return 24  # a number, a boolean, null
+
+
+def _count(value: Any, default: int) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else default
+
+
+def _pattern_size(tokens: Any) -> int:
+    """The length of the shortest-repetition example of a parsed pattern (`_regex_example`)."""
+    size = 0
+    for op, arg in tokens:
+        if op in (sre.MAX_REPEAT, sre.MIN_REPEAT, getattr(sre, "POSSESSIVE_REPEAT", None)):
+            size += arg[0] * _pattern_size(arg[2])
+        elif op is sre.SUBPATTERN:
+            size += _pattern_size(arg[-1])
+        elif op is sre.BRANCH:
+            size += _pattern_size(arg[1][0])
+        elif op is getattr(sre, "ATOMIC_GROUP", None):
+            size += _pattern_size(arg)
+        elif op is not sre.AT:
+            size += 1
+    return size
 
 
 # Grammar engines match regular languages: no lookaround, no backreferences.
