@@ -100,6 +100,8 @@ class ToolRounds:
         render = functools.partial(turn.model.family.render_prompt, offered, history)
         prompt = await off_loop(render) if big_prompt(history, len(offered.tools)) else render()
         turn.generation = self._generation(prompt, offered, turn.generation.request_id, pinned=False)
+        # The first prompt was charged when it was rendered; the engine is sent this one instead.
+        await self._charge(tokens=max(0, len(prompt) - len(turn.prompt)))
         turn.prompt = prompt
         stream.next_turn(lambda sink: turn.model.family.parser(sink, prompt))
 

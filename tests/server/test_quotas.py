@@ -13,6 +13,7 @@ from responses_serve.server.metrics import NoMetrics
 from responses_serve.state import MemoryStore
 from tests.conftest import uvicorn_server
 from tests.support import socket_scenarios, tenant_scenarios
+from tests.support.contract import parse_sse
 from tests.support.tenant_scenarios import bearer
 
 KEYS = {name: f"sk-{name}-0123456789abcdef" for name in ("burst", "busy", "tokens", "free", "socket")}
@@ -102,3 +103,42 @@ def test_a_websocket_create_counts_and_is_refused_with_an_error_event(replica_ur
         assert error["status"] == 429 and error["error"]["code"] == "rate_limit_exceeded"
         assert "requests_per_minute" in error["error"]["message"]
     assert ("socket", 429, "requests_per_minute") in metrics.seen
+
+
+def test_tokens_per_minute_counts_exactly_the_usage_of_every_generation():
+    """The tokens bucket is charged what `usage.total_tokens` reports, input and output, for a
+    plain response and for one whose MCP listing (made before the first generation, which it
+    changes) and tool call add a second prompt. The store's clock stands still, so nothing
+    refills: each admission's remaining tokens are the limit minus every token charged before."""
+    from responses_serve.config import ToolsConfig
+    from tests.server.test_tool_loop import CALL_ECHO, LOOPBACK
+    from tests.support.mcp_servers import mcp_servers, mcp_tool
+
+    limit = 10_000_000
+    auth = AuthConfig.model_validate({"keys": [{"tenant": "metered", "key_env": "METERED", "limits": {"tokens_per_minute": limit}}]})
+    key = "sk-metered-0123456789abcdef"
+    app = create_app(
+        [ServedModel("gpt-oss-replay", ReplayBackend())],
+        store=MemoryStore(clock=lambda: 1000.0),
+        auth=auth,
+        environ={"METERED": key},
+        tools=ToolsConfig.model_validate({"mcp": {"allowed_urls": LOOPBACK}}),
+    )
+    with mcp_servers() as servers, uvicorn_server(app) as base, httpx.Client(timeout=60, headers=bearer(key)) as http:
+        bodies = [
+            {"model": "gpt-oss-replay", "input": "count my prompt " * 50},
+            {"model": "gpt-oss-replay", "input": CALL_ECHO, "tools": [mcp_tool(servers.streamable, require_approval="never")]},
+            {"model": "gpt-oss-replay", "input": CALL_ECHO, "tools": [mcp_tool(servers.sse, require_approval="never")], "stream": True},
+            {"model": "gpt-oss-replay", "input": "last"},
+        ]
+        charged = 0
+        for body in bodies:
+            answer = http.post(f"{base}/responses", json=body)
+            assert answer.status_code == 200, answer.text
+            assert int(answer.headers["x-ratelimit-remaining-tokens"]) == limit - charged, body
+            final = parse_sse(answer.content)[-1]["response"] if body.get("stream") else answer.json()
+            usage = final["usage"]
+            assert usage["input_tokens"] > 0 and usage["total_tokens"] == usage["input_tokens"] + usage["output_tokens"]
+            if body.get("tools"):  # the listing went into the first prompt, and the call's output into a second
+                assert [item["type"] for item in final["output"]][:3] == ["mcp_list_tools", "reasoning", "mcp_call"]
+            charged += usage["total_tokens"]
