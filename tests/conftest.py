@@ -364,10 +364,11 @@ SESSION_READINESS: list = []  # tests.support.readiness.Observation of the sessi
 # variables are set before Ray starts, so every process of the cluster inherits them), or as
 # a SHA-256 only. Only the tests that use it (`secured_url`) deploy it.
 SECURED_APP, SECURED_PREFIX = "secured", "/api"
-TENANT_KEYS = {tenant: f"sk-{tenant}-{secrets.token_urlsafe(24)}" for tenant in ("team-a", "team-b", "burst", "busy")}
+TENANT_KEYS = {tenant: f"sk-{tenant}-{secrets.token_urlsafe(24)}" for tenant in ("team-a", "team-b", "burst", "busy", "metered")}
 for _tenant, _key in TENANT_KEYS.items():
     os.environ[f"RESPONSES_SERVE_TEST_KEY_{_tenant.replace('-', '_').upper()}"] = _key
 SECURED_RPM = 20
+METERED_RPM = 3  # one request refills in 20 s: reads that took one would show
 SECURED_ARGS = {
     "models": [
         {
@@ -384,6 +385,11 @@ SECURED_ARGS = {
             {"tenant": "team-b", "key_sha256": hashlib.sha256(TENANT_KEYS["team-b"].encode()).hexdigest()},
             {"tenant": "burst", "key_env": "RESPONSES_SERVE_TEST_KEY_BURST", "limits": {"requests_per_minute": SECURED_RPM}},
             {"tenant": "busy", "key_env": "RESPONSES_SERVE_TEST_KEY_BUSY", "limits": {"max_concurrent_requests": 2, "max_background": 1}},
+            {
+                "tenant": "metered",
+                "key_env": "RESPONSES_SERVE_TEST_KEY_METERED",
+                "limits": {"requests_per_minute": METERED_RPM, "tokens_per_minute": 1_000_000},
+            },
         ]
     },
 }

@@ -32,6 +32,7 @@ from responses_serve.server.admission import ByteBudget
 from responses_serve.server.auth import ANONYMOUS, AuthMiddleware, Keyring, warn_if_open
 from responses_serve.server.background import BackgroundRuns, default_replica_id
 from responses_serve.server.metrics import GuardedMetrics, Metrics, NoMetrics, report_once, report_refusal
+from responses_serve.server.rate_headers import RateLimitHeaders
 from responses_serve.server.reasoning_keys import reasoning_keys as configured_reasoning_keys
 from responses_serve.server.routes import background as background_routes
 from responses_serve.server.routes import conversations as conversations_routes
@@ -139,7 +140,9 @@ def create_app(
         report_once(metrics, getattr(request.state, "trace", None), "rejected", error.code)
         return JSONResponse(error.body(), status_code=500)
 
-    # Pure ASGI: streams pass through untouched. Without keys it only names the anonymous tenant.
+    # Pure ASGI: streams pass through untouched. The last added runs first: the auth middleware
+    # names the tenant (without keys, the anonymous one), whose responses then get its rate headers.
+    app.add_middleware(RateLimitHeaders, quotas={name: state.quota for name, state in tenants.items()})
     app.add_middleware(AuthMiddleware, keyring=keyring)
 
     @app.get("/health")

@@ -12,7 +12,8 @@
   renewing, and its leases expire within `LEASE_TTL_S`: nothing leaks.
 
 Over a limit: `RateLimited`, a 429 naming the limit, with `Retry-After` and OpenAI's
-`x-ratelimit-*` headers, which `Admission.headers` also gives every admitted request.
+`x-ratelimit-*` headers, which `Admission.headers` also gives every admitted request and
+`TenantQuota.headers` every other request of the tenant (which counts none).
 Server-side tools (the tool loop) charge their tokens and calls on the same `Admission`.
 
 Not the `limits` library: it has no token bucket and no charge after the fact (a cost over
@@ -188,6 +189,19 @@ class TenantQuota:
             if per_minute is not None and amount > 0:
                 await self.store.take(key, capacity=per_minute, per_s=per_minute / MINUTE_S, cost=amount, need=-math.inf)
 
+    async def headers(self) -> dict[str, str]:
+        """The `x-ratelimit-*` headers of the tenant's buckets now, taking nothing (for the
+        responses of requests that do not count: reads)."""
+        headers: dict[str, str] = {}
+        for key, per_minute, unit in (
+            (REQUESTS_KEY, self.limits.requests_per_minute, "requests"),
+            (TOKENS_KEY, self.limits.tokens_per_minute, "tokens"),
+        ):
+            if per_minute is not None:
+                _, level = await self.store.take(key, capacity=per_minute, per_s=per_minute / MINUTE_S, cost=0, need=-math.inf)
+                headers |= _rate_headers(per_minute, level, unit)
+        return headers
+
     async def _lease(self, admission: Admission, key: str, limit: int, name: str) -> None:
         if await self.store.lease(key, admission.holder, limit=limit, ttl_s=self.keeper.ttl_s) < 0:
             what = "requests in progress" if name == "max_concurrent_requests" else "background responses queued or running"
@@ -204,11 +218,7 @@ class TenantQuota:
         """Take `cost` from a bucket that must hold at least one; its `x-ratelimit-*` headers."""
         per_s = per_minute / MINUTE_S
         granted, level = await self.store.take(key, capacity=per_minute, per_s=per_s, cost=cost, need=1)
-        headers = {
-            f"x-ratelimit-limit-{unit}": str(per_minute),
-            f"x-ratelimit-remaining-{unit}": str(max(0, math.floor(level))),
-            f"x-ratelimit-reset-{unit}": duration((per_minute - level) / per_s),
-        }
+        headers = _rate_headers(per_minute, level, unit)
         if not granted:
             name = f"{unit}_per_minute"
             raise RateLimited(
@@ -219,3 +229,12 @@ class TenantQuota:
                 kind=unit,
             )
         return headers
+
+
+def _rate_headers(per_minute: int, level: float, unit: str) -> dict[str, str]:
+    """OpenAI's headers for a bucket of `per_minute` `unit`s holding `level` (below zero: a debt)."""
+    return {
+        f"x-ratelimit-limit-{unit}": str(per_minute),
+        f"x-ratelimit-remaining-{unit}": str(max(0, math.floor(level))),
+        f"x-ratelimit-reset-{unit}": duration((per_minute - level) / (per_minute / MINUTE_S)),
+    }

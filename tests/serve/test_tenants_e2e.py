@@ -4,7 +4,7 @@ embedded store. The same scenarios as in-process (tests/server/test_auth.py, tes
 
 from __future__ import annotations
 
-from tests.conftest import SECURED_PREFIX, SECURED_RPM, TENANT_KEYS
+from tests.conftest import METERED_RPM, SECURED_PREFIX, SECURED_RPM, TENANT_KEYS
 from tests.support import tenant_scenarios
 
 
@@ -44,6 +44,12 @@ def test_requests_per_minute_holds_across_both_replicas(secured_url, secured_ing
     assert len(secured_ingress_urls) == 2
     tenant_scenarios.burst_within_requests_per_minute(secured_ingress_urls, TENANT_KEYS["burst"], per_minute=SECURED_RPM)
     tenant_scenarios.the_sdk_retries_after_a_429(secured_url, TENANT_KEYS["burst"])
+
+
+def test_every_answer_carries_rate_headers_and_reads_count_none_across_replicas(secured_ingress_urls):
+    tenant_scenarios.every_answer_carries_rate_headers_and_reads_count_none(
+        secured_ingress_urls, TENANT_KEYS["metered"], requests_per_minute=METERED_RPM
+    )
 
 
 def test_max_concurrent_requests_and_max_background_refuse_the_next(secured_url):

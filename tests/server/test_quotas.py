@@ -16,7 +16,7 @@ from tests.support import socket_scenarios, tenant_scenarios
 from tests.support.contract import parse_sse
 from tests.support.tenant_scenarios import bearer
 
-KEYS = {name: f"sk-{name}-0123456789abcdef" for name in ("burst", "busy", "tokens", "free", "socket")}
+KEYS = {name: f"sk-{name}-0123456789abcdef" for name in ("burst", "busy", "tokens", "free", "socket", "metered")}
 AUTH = AuthConfig.model_validate(
     {
         "keys": [
@@ -25,6 +25,7 @@ AUTH = AuthConfig.model_validate(
             {"tenant": "tokens", "key_env": "TOKENS", "limits": {"tokens_per_minute": 300}},
             {"tenant": "free", "key_env": "FREE"},
             {"tenant": "socket", "key_env": "SOCKET", "limits": {"requests_per_minute": 1}},
+            {"tenant": "metered", "key_env": "METERED", "limits": {"requests_per_minute": 3, "tokens_per_minute": 1_000_000}},
         ]
     }
 )
@@ -88,10 +89,17 @@ def test_a_stream_is_never_cut_for_tokens_and_its_tokens_are_a_debt(replica_urls
         assert int(refused.headers["retry-after"]) > 10  # hundreds of tokens of debt at 5 a second
 
 
-def test_a_tenant_without_limits_gets_no_rate_headers(replica_urls):
-    with httpx.Client(timeout=60, headers=bearer(KEYS["free"])) as http:
-        answer = http.post(f"{replica_urls[0]}/responses", json={"model": "gpt-oss-replay", "input": "x"})
-    assert answer.status_code == 200 and not [h for h in answer.headers if h.startswith("x-ratelimit")]
+def test_every_answer_carries_rate_headers_and_reads_count_none(replica_urls):
+    tenant_scenarios.every_answer_carries_rate_headers_and_reads_count_none(replica_urls, KEYS["metered"], requests_per_minute=3)
+
+
+def test_a_tenant_without_rate_limits_gets_no_rate_headers(replica_urls):
+    for tenant in ("free", "busy"):  # no limits; only concurrency limits
+        with httpx.Client(timeout=60, headers=bearer(KEYS[tenant])) as http:
+            made = http.post(f"{replica_urls[0]}/responses", json={"model": "gpt-oss-replay", "input": "x"})
+            read = http.get(f"{replica_urls[1]}/responses/{made.json()['id']}")
+        for answer in (made, read):
+            assert answer.status_code == 200 and not [h for h in answer.headers if h.startswith("x-ratelimit")]
 
 
 def test_a_websocket_create_counts_and_is_refused_with_an_error_event(replica_urls, metrics):
@@ -142,3 +150,27 @@ def test_tokens_per_minute_counts_exactly_the_usage_of_every_generation():
             if body.get("tools"):  # the listing went into the first prompt, and the call's output into a second
                 assert [item["type"] for item in final["output"]][:3] == ["mcp_list_tools", "reasoning", "mcp_call"]
             charged += usage["total_tokens"]
+
+
+class TakeFails(MemoryStore):
+    """A store whose token buckets fail while `down` (everything else answers)."""
+
+    down = False
+
+    async def take(self, key, **bucket):
+        if self.down:
+            raise ConnectionError("the store is down")
+        return await super().take(key, **bucket)
+
+
+def test_a_read_is_answered_without_rate_headers_when_the_store_cannot_count():
+    auth = AuthConfig.model_validate({"keys": [{"tenant": "metered", "key_env": "METERED", "limits": {"requests_per_minute": 60}}]})
+    store = TakeFails()
+    app = create_app([ServedModel("gpt-oss-replay", ReplayBackend())], store=store, auth=auth, environ={"METERED": KEYS["metered"]})
+    with uvicorn_server(app) as base, httpx.Client(timeout=60, headers=bearer(KEYS["metered"])) as http:
+        assert http.get(f"{base}/models").headers["x-ratelimit-limit-requests"] == "60"
+        store.down = True
+        models = http.get(f"{base}/models")
+        assert models.status_code == 200 and not [h for h in models.headers if h.startswith("x-ratelimit")]
+        refused = http.post(f"{base}/responses", json={"model": "gpt-oss-replay", "input": "x"})  # the limits are not skipped
+        assert refused.status_code == 503 and refused.json()["error"]["code"] == "store_unavailable"

@@ -243,3 +243,50 @@ def _eventually_admitted(http: httpx.Client, url: str, body: dict) -> httpx.Resp
             assert answer.status_code == 200, answer.text
             return answer
         time.sleep(0.1)
+
+
+def every_answer_carries_rate_headers_and_reads_count_none(urls: list[str], key: str, requests_per_minute: int) -> None:
+    """A tenant with rate limits (one request refills in 20 s or more): every answer of every
+    route (reads, deletes, conversations, models, input_tokens, cancel, a 404, /openapi.json),
+    on each of `urls` (the ingress replicas) in turn, carries OpenAI's `x-ratelimit-*` headers;
+    none of them takes a request, so the remaining requests only grow (refills) until the next
+    `POST /responses` takes one. Health and readiness carry none."""
+    import time
+
+    assert 60 / requests_per_minute >= 20
+    started = time.monotonic()
+    with httpx.Client(timeout=60, headers=bearer(key)) as http:
+        made = http.post(f"{urls[0]}/responses", json={"model": MODEL, "input": "counted"})
+        assert made.status_code == 200, made.text
+        taken = int(made.headers["x-ratelimit-remaining-requests"])
+        conversation = http.post(f"{urls[1 % len(urls)]}/conversations", json={"items": [{"role": "user", "content": "hi"}]})
+        response_id, conversation_id = made.json()["id"], conversation.json()["id"]
+        calls: list[tuple[str, str, Any]] = [
+            ("POST", "/conversations", {"items": [{"role": "user", "content": "another"}]}),
+            ("GET", "/models", None),
+            ("GET", f"/models/{MODEL}", None),
+            ("GET", f"/responses/{response_id}", None),
+            ("GET", f"/responses/{response_id}/input_items", None),
+            ("POST", "/responses/input_tokens", {"model": MODEL, "input": "how many"}),
+            ("POST", f"/responses/{response_id}/cancel", None),  # not a background response: a 400
+            ("GET", f"/conversations/{conversation_id}", None),
+            ("GET", f"/conversations/{conversation_id}/items", None),
+            ("GET", "/responses/resp_nowhere", None),  # a 404
+            ("DELETE", f"/responses/{response_id}", None),
+            ("DELETE", f"/conversations/{conversation_id}", None),
+        ]
+        seen = [taken]
+        for index, (method, path, body) in enumerate(calls + [("GET", "/openapi.json", None)]):
+            url = urls[index % len(urls)]
+            answer = http.request(method, url.removesuffix("/v1") + path if path == "/openapi.json" else url + path, json=body)
+            assert answer.status_code < 500, (method, path, answer.status_code, answer.text[:300])
+            assert answer.headers.get("x-ratelimit-limit-requests") == str(requests_per_minute), (method, path, dict(answer.headers))
+            assert answer.headers["x-ratelimit-reset-requests"].endswith("s") and "x-ratelimit-limit-tokens" in answer.headers
+            seen.append(int(answer.headers["x-ratelimit-remaining-requests"]))
+        after = http.post(f"{urls[-1]}/responses", json={"model": MODEL, "input": "counted too"})
+        assert after.status_code == 200, after.text
+        seen.append(int(after.headers["x-ratelimit-remaining-requests"]) + 1)
+        for path in ("/health", "/ready"):
+            assert not [h for h in http.get(urls[0].removesuffix("/v1") + path).headers if h.startswith("x-ratelimit")], path
+    assert time.monotonic() - started < 60 / requests_per_minute  # at most one request refilled meanwhile
+    assert seen == sorted(seen) and seen[-1] - seen[0] <= 1, seen  # reads took none

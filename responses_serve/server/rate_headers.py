@@ -1,0 +1,53 @@
+"""OpenAI's `x-ratelimit-*` headers on every response to a tenant with rate limits.
+
+The requests that count (`POST /v1/responses`) carry the headers of their own admission, and a
+429 those of its refusal; every other response of the tenant (reads, deletes, conversations,
+models, `input_tokens`, cancel, a 404) gets the tenant's buckets as they are, read here
+without taking anything. Only `/health` and `/ready` (no tenant needed) never get them. A pure
+ASGI middleware inside `AuthMiddleware` (which names the tenant): it only adds to the headers
+of the response's start, and a tenant without rate limits costs nothing.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+
+from starlette.datastructures import MutableHeaders
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from responses_serve.server.auth import OPEN_PATHS, route_path, tenant_of
+from responses_serve.state.quotas import TenantQuota
+from responses_serve.state.store import StoreUnavailable
+
+logger = logging.getLogger("responses_serve")
+
+MARKERS = ("x-ratelimit-limit-requests", "x-ratelimit-limit-tokens")  # set by the route: its own admission's
+
+
+class RateLimitHeaders:
+    """Adds the tenant's `x-ratelimit-*` headers to a response that has none (`quotas`: each
+    tenant's, None for one without limits)."""
+
+    def __init__(self, app: ASGIApp, quotas: Mapping[str, TenantQuota | None]) -> None:
+        self.app = app
+        self.quotas = quotas
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        quota = self.quotas.get(tenant_of(scope)) if scope["type"] == "http" and route_path(scope) not in OPEN_PATHS else None
+        if quota is None or (quota.limits.requests_per_minute is None and quota.limits.tokens_per_minute is None):
+            await self.app(scope, receive, send)
+            return
+
+        async def send_with_headers(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                headers = MutableHeaders(scope=message)
+                if not any(marker in headers for marker in MARKERS):
+                    try:
+                        for name, value in (await quota.headers()).items():
+                            headers.append(name, value)
+                    except StoreUnavailable as exc:  # the answer itself does not need the store's counters
+                        logger.warning("rate-limit headers left out: %s", exc.message)
+            await send(message)
+
+        await self.app(scope, receive, send_with_headers)
