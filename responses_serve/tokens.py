@@ -60,6 +60,9 @@ class GenerationRequest:
     # The engine replica that generated the response's previous round (the tool loop): its
     # prefix cache holds all but the new tokens, so the router keeps this request there.
     replica: str | None = None
+    # The tenant's: the engine's prefix cache reuses only blocks made with the same salt, so one
+    # tenant's requests never hit (or time) another's cached prefixes; None: shared (no tenants).
+    cache_salt: str | None = None
 
 
 @dataclass(slots=True)

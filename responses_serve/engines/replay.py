@@ -71,16 +71,17 @@ class ReplayConfig:
 class PrefixCache:
     """What vLLM's automatic prefix caching finds of a prompt on one engine: the full blocks
     it starts with that an earlier prompt there computed (a block's key is the hash of all
-    tokens up to its end), never the last token (vLLM always computes one), the least
-    recently used blocks going first beyond `max_blocks`."""
+    tokens up to its end, and the request's `cache_salt`: only the same salt finds them), never
+    the last token (vLLM always computes one), the least recently used blocks going first
+    beyond `max_blocks`."""
 
     def __init__(self, block_size: int = 16, max_blocks: int = 1 << 16) -> None:
         self.block_size = block_size
         self._blocks: cachetools.LRUCache[bytes, bool] = cachetools.LRUCache(max_blocks)
 
-    def cached_tokens(self, prompt: list[int]) -> int:
-        """Tokens of `prompt` found in the cache; its blocks are cached from now on."""
-        chain, hits, missed = hashlib.blake2b(digest_size=16), 0, False
+    def cached_tokens(self, prompt: list[int], salt: str | None = None) -> int:
+        """Tokens of `prompt` (salted with `salt`) found in the cache; its blocks are cached from now on."""
+        chain, hits, missed = hashlib.blake2b(b"salt:%s\0" % salt.encode() if salt else b"", digest_size=16), 0, False
         for end in range(self.block_size, len(prompt) + 1, self.block_size):
             chain.update(str(prompt[end - self.block_size : end]).encode())
             key = chain.digest()
@@ -221,7 +222,7 @@ class ReplayBackend:
         if request.max_tokens is not None and len(tokens) > request.max_tokens:
             tokens, finish_reason = tokens[: request.max_tokens], "length"
         steps = random.Random(config.seed if request.seed is None else request.seed)
-        cached = self.prefix_cache.cached_tokens(request.prompt_token_ids)
+        cached = self.prefix_cache.cached_tokens(request.prompt_token_ids, request.cache_salt)
         self._running.add(request.request_id)
         position = 0
         try:
@@ -246,6 +247,6 @@ class ReplayBackend:
             # What the engine computed stays in its prefix cache: the prompt and the tokens it
             # generated (all but the last, whose KV is never computed), so a tool loop's next
             # round finds all of it but the tool's output.
-            self.prefix_cache.cached_tokens(request.prompt_token_ids + tokens[: max(0, position - 1)])
+            self.prefix_cache.cached_tokens(request.prompt_token_ids + tokens[: max(0, position - 1)], request.cache_salt)
             self._running.discard(request.request_id)
             self._aborted.discard(request.request_id)

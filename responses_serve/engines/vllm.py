@@ -370,7 +370,7 @@ class VLLMBackend:
         outputs = engine.generate(
             # An already-rendered engine input: vLLM neither re-tokenizes nor re-renders
             # (a plain `TokensPrompt` goes through its deprecated raw-prompt path).
-            tokens_input(list(request.prompt_token_ids)),
+            tokens_input(list(request.prompt_token_ids), cache_salt=request.cache_salt),
             SamplingParams(**sampling),
             request_id,
             priority=request.priority,  # ignored by an fcfs engine

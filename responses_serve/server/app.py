@@ -40,7 +40,7 @@ from responses_serve.server.routes import input_tokens as input_tokens_routes
 from responses_serve.server.routes import responses as responses_routes
 from responses_serve.server.routes import websocket as websocket_routes
 from responses_serve.server.run import ModelFamily, ServedModel, TokenSource, Unavailable
-from responses_serve.server.tenants import TenantState
+from responses_serve.server.tenants import TenantState, prefix_cache_salt
 from responses_serve.state import BoundedStore, MemoryStore, ResponseStore, Store
 from responses_serve.state.connection import KeptBytes
 from responses_serve.state.conversations import ConversationStore
@@ -112,8 +112,11 @@ def create_app(
     app.state.request_bytes = ByteBudget(replica_limits.max_request_bytes_in_flight)  # bodies read, parsed; WebSocket requests
     app.state.metrics = metrics = GuardedMetrics(metrics or NoMetrics())
     app.state.leases = LeaseKeeper(app.state.store)  # this replica's quota leases, renewed while held
-    cipher = ReasoningCipher(reasoning_keys or configured_reasoning_keys())
-    tenants = _tenant_states(app.state.store, auth, store_ttl_s, store_cache_bytes, replica_id, metrics, app.state.leases, cipher)
+    keys = list(reasoning_keys or configured_reasoning_keys())
+    cipher = ReasoningCipher(keys)
+    # Without tenants, one shared prefix cache (no salt): the anonymous caller is everyone.
+    salt_key = keys[0] if auth is not None else None
+    tenants = _tenant_states(app.state.store, auth, store_ttl_s, store_cache_bytes, replica_id, metrics, app.state.leases, cipher, salt_key)
     app.state.tenants = tenants
     app.state.background_drain_s = background_drain_s
     app.state.max_stream_duration_s = max_stream_duration_s
@@ -196,8 +199,10 @@ def _tenant_states(
     metrics: Metrics,
     leases: LeaseKeeper,
     cipher: ReasoningCipher,
+    salt_key: str | None,
 ) -> dict[str, TenantState]:
-    """Every tenant's state, made once per replica: the configured tenants, or the anonymous one."""
+    """Every tenant's state, made once per replica: the configured tenants, or the anonymous one
+    (`salt_key`: what the tenants' prefix-cache salts are derived from; None: no salts)."""
     cache = TurnCache(cache_bytes) if cache_bytes else None
     replica_id = replica_id or default_replica_id()
     tenants: dict[str, TenantState] = {}
@@ -215,7 +220,14 @@ def _tenant_states(
             quota = TenantQuota(store, name, QuotaLimits(**limits.model_dump()), leases)
         sealed_for = name if auth is not None else None  # without tenants, blobs are as they always were
         tenants[name] = TenantState(
-            name, responses, ConversationStore(store, name, ttl_s), background, tiers, quota, cipher.for_tenant(sealed_for)
+            name,
+            responses,
+            ConversationStore(store, name, ttl_s),
+            background,
+            tiers,
+            quota,
+            cipher.for_tenant(sealed_for),
+            prefix_cache_salt(salt_key, name) if salt_key is not None else None,
         )
     return tenants
 

@@ -215,11 +215,13 @@ async def start_turn(
     service_tiers: Collection[str] | None = None,
     server_tools: ServerToolRuntime | None = None,
     tenant: str = "",
+    cache_salt: str | None = None,
 ) -> Turn:
     """The history and prompt of `render_turn`, the engine request and the event stream.
     `trace`: the request's, for metrics (it learns how many items truncation left out).
     `service_tiers`: the tiers the caller may use (None: every one; others are served as `default`).
-    `server_tools`: what runs the request's server-side tools (the tool loop), for `tenant`."""
+    `server_tools`: what runs the request's server-side tools (the tool loop), for `tenant`.
+    `cache_salt`: the tenant's, for the engine's prefix cache (`GenerationRequest.cache_salt`)."""
     rendered = await render_turn(request, model, responses, conversations, cipher, server_tools, tenant)
     offered = rendered.tools.offer(request) if rendered.tools is not None else request
     prompt, cost = rendered.prompt, rendered.cost
@@ -228,7 +230,9 @@ async def start_turn(
     trace.render_s, trace.prompt_reused_tokens, trace.prompt_tokenized_tokens = cost.seconds, cost.reused_tokens, cost.tokenized_tokens
     tier = served_tier(request.service_tier, model.tiered, service_tiers)
     trace.service_tier = tier
-    generation = generation_request(offered, prompt, model, affinity=rendered.affinity_key, priority=engine_priority(tier))
+    generation = generation_request(
+        offered, prompt, model, affinity=rendered.affinity_key, priority=engine_priority(tier), cache_salt=cache_salt
+    )
     stream = ResponseStream(
         request,
         response_id=generation.request_id,
@@ -531,7 +535,13 @@ async def _until(batches: AsyncGenerator[TokenBatch, None], deadline: float | No
 
 
 def generation_request(
-    request: ResponsesRequest, prompt: list[int], model: ServedModel, *, affinity: str | None, priority: int
+    request: ResponsesRequest,
+    prompt: list[int],
+    model: ServedModel,
+    *,
+    affinity: str | None,
+    priority: int,
+    cache_salt: str | None = None,
 ) -> GenerationRequest:
     max_model_len = model.max_model_len
     room = max_model_len - len(prompt)
@@ -553,4 +563,5 @@ def generation_request(
         constraint=model.family.constraint(request, prompt),
         affinity_key=affinity,
         priority=priority,
+        cache_salt=cache_salt,
     )

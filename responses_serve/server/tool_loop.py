@@ -184,6 +184,7 @@ class ToolRounds:
             affinity_key=previous.affinity_key,
             priority=previous.priority,
             replica=self.replica if pinned else None,
+            cache_salt=previous.cache_salt,  # the tenant's cached prefix: this round's prompt starts with it
         )
 
 

@@ -342,6 +342,23 @@ class EngineSuite:
         second = loop.run(_collect(plain.generate(_request("pc2", prompt, max_tokens=2))))
         assert (second[0].num_cached_tokens or 0) > (first[0].num_cached_tokens or 0)
 
+    def test_prefix_cache_is_per_cache_salt(self, engines: dict[str, Any]) -> None:
+        """A prompt cached under one salt (tenant) is a hit for that salt only: another salt, or
+        none, computes it afresh, so its time to first token tells nothing about the first."""
+        loop, plain = engines["loop"], engines["plain"]
+        prompt = _chat_prompt(engines["checkpoint"], "Salted: " + REPEAT_TEXT * 8)
+        assert len(prompt) > 256  # longer than a KV block, so a block can be reused
+
+        def cached(rid: str, salt: str | None) -> int:
+            request = GenerationRequest(request_id=rid, prompt_token_ids=prompt, max_tokens=2, temperature=0.0, cache_salt=salt)
+            return loop.run(_collect(plain.generate(request)))[0].num_cached_tokens or 0
+
+        assert cached("salt-a1", "a" * 64) == 0  # nobody sent it before
+        assert cached("salt-a2", "a" * 64) > 0  # the same tenant: a hit
+        assert cached("salt-b", "b" * 64) == 0  # another tenant: no hit
+        assert cached("salt-none", None) == 0  # nor a request without tenants
+        assert cached("salt-b2", "b" * 64) > 0
+
     def test_closing_the_stream_aborts(self, engines: dict[str, Any]) -> None:
         loop, spec = engines["loop"], engines["spec"]
         prompt = _chat_prompt(engines["checkpoint"], "Tell me a very long story.")

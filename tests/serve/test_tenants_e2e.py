@@ -52,6 +52,10 @@ def test_every_answer_carries_rate_headers_and_reads_count_none_across_replicas(
     )
 
 
+def test_a_tenant_hits_its_own_cached_prefix_only(secured_ingress_urls):
+    tenant_scenarios.cached_prefixes_are_each_tenants_own(secured_ingress_urls, TENANT_KEYS["team-a"], TENANT_KEYS["team-b"])
+
+
 def test_max_concurrent_requests_and_max_background_refuse_the_next(secured_url):
     tenant_scenarios.max_concurrent_requests_refuses_the_next(secured_url, TENANT_KEYS["busy"], "gpt-oss-replay", limit=2)
     tenant_scenarios.max_background_refuses_the_next(secured_url, TENANT_KEYS["busy"], "gpt-oss-replay", limit=1)

@@ -290,3 +290,28 @@ def every_answer_carries_rate_headers_and_reads_count_none(urls: list[str], key:
             assert not [h for h in http.get(urls[0].removesuffix("/v1") + path).headers if h.startswith("x-ratelimit")], path
     assert time.monotonic() - started < 60 / requests_per_minute  # at most one request refilled meanwhile
     assert seen == sorted(seen) and seen[-1] - seen[0] <= 1, seen  # reads took none
+
+
+def cached_prefixes_are_each_tenants_own(urls: list[str], key_a: str, key_b: str) -> None:
+    """A long prompt new to the engines is a prefix-cache hit for the tenant that sent it,
+    through any of `urls` (the ingress replicas), and no hit for another tenant, who finds
+    only what its own requests left (the prompt's fixed start), as the sender did the first
+    time (each engine request carries its tenant's `cache_salt`)."""
+    import secrets
+
+    nonce = secrets.token_hex(8)
+
+    def cached(url: str, key: str, text: str) -> int:
+        with httpx.Client(timeout=60, headers=bearer(key)) as http:
+            answer = http.post(f"{url}/responses", json={"model": MODEL, "input": text})
+        assert answer.status_code == 200, answer.text
+        return answer.json()["usage"]["input_tokens_details"]["cached_tokens"]
+
+    for key in (key_a, key_b):  # each tenant's cache holds the fixed start of every prompt
+        cached(urls[0], key, f"{nonce} warm up {key[-6:]}")
+    text = f"{nonce} a long shared system prompt " * 40
+    a_first = cached(urls[0], key_a, text)
+    b_first = cached(urls[0], key_b, text)
+    assert b_first == a_first, (a_first, b_first)  # A's prompt is no hit for B
+    a_again, b_again = cached(urls[-1], key_a, text), cached(urls[-1], key_b, text)
+    assert a_again > a_first + 200 and b_again > b_first + 200, (a_first, a_again, b_again)  # each its own, from either replica

@@ -153,7 +153,16 @@ async def begin_turn(request: ResponsesRequest, state: State, tenant: TenantStat
     admission = await tenant.quota.admit(background=request.background) if tenant.quota is not None else None
     try:
         turn = await start_turn(
-            request, model, responses, tenant.conversations, tenant.cipher, trace, tenant.service_tiers, state.server_tools, tenant.name
+            request,
+            model,
+            responses,
+            tenant.conversations,
+            tenant.cipher,
+            trace,
+            tenant.service_tiers,
+            state.server_tools,
+            tenant.name,
+            tenant.cache_salt,
         )
         if admission is not None:
             await admission.charge_tokens(len(turn.prompt))
