@@ -43,6 +43,7 @@ from responses_serve.tools.python.seccomp import seccomp_program
 REPL = Path(__file__).with_name("repl.py")
 REPL_IN_SANDBOX = "/opt/responses-serve/repl.py"
 WORKDIR = "/mnt/data"
+USERNS_LIMIT = Path("/proc/sys/user/max_user_namespaces")
 SANDBOX_UID = 1000  # the interpreter's uid and gid as it sees them
 MiB = 1024 * 1024
 # Host files the runtime reads, if present: the dynamic linker's cache (libraries in
@@ -224,7 +225,12 @@ class Runtime:
             "MKL_NUM_THREADS": "1",
         }
         args = ["--unshare-user", "--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try"]
-        args += ["--disable-userns", "--die-with-parent", "--new-session", "--hostname", "sandbox"]
+        # bwrap's --disable-userns works through this file; a kernel without it (gVisor) makes
+        # bwrap refuse to start. The seccomp filter denies creating namespaces (unshare, clone
+        # with namespace flags, setns) either way.
+        if USERNS_LIMIT.exists():
+            args.append("--disable-userns")
+        args += ["--die-with-parent", "--new-session", "--hostname", "sandbox"]
         args += ["--uid", str(SANDBOX_UID), "--gid", str(SANDBOX_UID), "--clearenv"]
         for name, value in environment.items():
             args += ["--setenv", name, value]

@@ -153,3 +153,16 @@ def test_the_output_is_cut_at_the_sentinel_for_every_chunking(output: bytes, aft
     assert asyncio.run(reader.read_until_sentinel(_Chunks(chunks))) is True  # type: ignore[arg-type]
     assert bytes(reader.kept) == output[:limit] and reader.dropped == max(0, len(output) - limit)
     assert after.startswith(reader.after)  # what came with the sentinel, kept for the next cell
+
+
+async def test_without_the_user_namespace_limit_file_the_filter_still_denies_namespaces(runtime: Runtime, monkeypatch, tmp_path):
+    """gVisor has no /proc/sys/user/max_user_namespaces, which bwrap's --disable-userns needs:
+    there the sandbox starts without it, and the seccomp filter alone keeps the code from
+    making a user namespace."""
+    from responses_serve.tools.python import sandbox
+
+    monkeypatch.setattr(sandbox, "USERNS_LIMIT", tmp_path / "absent")
+    code = "import ctypes\nlibc = ctypes.CDLL(None, use_errno=True)\nprint(libc.unshare(0x10000000), ctypes.get_errno())"
+    async with ContainerManager(runtime) as manager:
+        _, result = await manager.run("tenant", None, code)
+    assert (result.status, result.output) == ("ok", "-1 1\n")  # EPERM
