@@ -16,6 +16,11 @@ until the tool loop (responses_serve/server/tool_loop.py) hands in its outcome, 
 events of items that follow an unfinished one are held back until it is done. A response
 may span several engine generations (one per tool round): `next_turn()` starts the next
 one with a fresh parser; usage is counted over all of them.
+
+With the browser among the response's tools (`ServerTools.citations`), the model's citation
+markers (`【3†L10-L15】`) are taken out of its messages' text as they stream and become
+`url_citation` annotations (`response.output_text.annotation.added`, after the delta that
+holds the text they annotate); logprobs, when asked for, still cover every token written.
 """
 
 from __future__ import annotations
@@ -44,6 +49,7 @@ from openai.types.responses import (
     ResponseOutputItemDoneEvent,
     ResponseOutputMessage,
     ResponseOutputText,
+    ResponseOutputTextAnnotationAddedEvent,
     ResponseReasoningItem,
     ResponseReasoningTextDeltaEvent,
     ResponseReasoningTextDoneEvent,
@@ -54,13 +60,14 @@ from openai.types.responses import (
 )
 from openai.types.responses.response import IncompleteDetails
 from openai.types.responses.response_error import ResponseError
-from openai.types.responses.response_output_text import Logprob
+from openai.types.responses.response_output_text import AnnotationURLCitation, Logprob
 from openai.types.responses.response_reasoning_item import Content as ReasoningContent
 from openai.types.responses.response_usage import InputTokensDetails, OutputTokensDetails, ResponseUsage
 from pydantic import BaseModel, TypeAdapter, ValidationError
 
 from responses_serve.api.request import McpTool, ResponsesRequest
 from responses_serve.api.service_tier import ServedTier
+from responses_serve.citations import CitationStream
 from responses_serve.construct import trusted_constructor as _trusted_constructor
 from responses_serve.items import CompletionParser, Phase
 from responses_serve.logprobs import LogprobFormatter, for_delta, for_done
@@ -172,6 +179,8 @@ class _OpenItem:
     unsent: str = ""  # text added since the last delta event
     logprobs: list[Logprob] = field(default_factory=list)  # messages, when asked for: every token's
     unsent_logprobs: list[Logprob] = field(default_factory=list)  # those of `unsent`
+    citations: CitationStream | None = None  # messages of a response that browsed: markers -> annotations
+    annotations: list[AnnotationURLCitation] = field(default_factory=list)
 
 
 class ResponseStream:
@@ -212,6 +221,9 @@ class ResponseStream:
         # Server-side tools: the calls the server runs (set by the tool loop once it knows them).
         self.server_tools = ServerTools()
         self._unfinished: dict[int, ServerCall | _Listing] = {}  # output index -> a call or listing not done yet
+        # What the model read of each built-in tool's call (its item does not carry it), by item id:
+        # the tool loop's next prompt shows it (`state.responses.output_as_input`).
+        self.tool_texts: dict[str, str] = {}
         self._held: dict[int, list[ResponseStreamEvent]] = {}  # events of items after an unfinished one
         self._earlier_reasoning_tokens = 0  # of the turns before this one
         self.awaiting_tools = False  # the turn ended with server-side calls to run
@@ -348,6 +360,8 @@ class ResponseStream:
 
     def _open_message(self, phase: Phase | None) -> _OpenItem:
         item = self._open("message", phase=phase)
+        if self.server_tools.citations is not None:
+            item.citations = CitationStream(self.server_tools.citations)
         self._emit_added(ResponseOutputMessage(id=item.id, type="message", role="assistant", status="in_progress", content=[], phase=phase))
         self._emit(
             ResponseContentPartAddedEvent(
@@ -361,21 +375,26 @@ class ResponseStream:
         )
         return item
 
-    def open_function_call(self, name: str, namespace: str | None) -> None:
-        """A call the model makes: run by the server if `server_tools` says so, else by the client."""
+    def open_function_call(self, name: str, namespace: str | None, json_arguments: bool = True) -> None:
+        """A call the model makes: run by the server if `server_tools` says so, else by the client.
+        `json_arguments`: the model writes the arguments as JSON (harmony's python code: as they are)."""
         kind = self.server_tools.kind_of(namespace, name)
         if kind is not None:
-            self._open_server_call(kind, namespace, name)
+            self._open_server_call(kind, namespace, name, json_arguments=json_arguments)
             return
         item = self._open("function_call", name=name, namespace=namespace, call_id=new_id("call"))
         self._emit_added(self._function_call(item, "", "in_progress"))
 
     # -- server-side tools (called by the tool loop) ----------------------------------------
 
-    def _open_server_call(self, kind: CallKind, namespace: str | None, name: str, approval_request_id: str | None = None) -> ServerCall:
+    def _open_server_call(
+        self, kind: CallKind, namespace: str | None, name: str, approval_request_id: str | None = None, json_arguments: bool = True
+    ) -> ServerCall:
         deltas = _server_call_deltas(kind)
         item = self._open("server_call", prefix=kind.id_prefix, deltas=deltas)
-        call = item.call = ServerCall(item.id, item.output_index, kind, namespace, name, approval_request_id=approval_request_id)
+        call = item.call = ServerCall(
+            item.id, item.output_index, kind, namespace, name, approval_request_id=approval_request_id, json_arguments=json_arguments
+        )
         self._emit_added(kind.added(call))
         for event in kind.opened(call):
             self._emit(event)
@@ -416,6 +435,8 @@ class ResponseStream:
         if self._unfinished.get(call.output_index) is not call:
             raise RuntimeError(f"call {call.item_id} is not waiting for its outcome")
         events, done = call.kind.finished(call, outcome)
+        if outcome.model_text is not None:
+            self.tool_texts[call.item_id] = outcome.model_text
         for event in events:
             self._emit(event)
         self._done(call.output_index, done)
@@ -465,15 +486,45 @@ class ResponseStream:
         item = self._item
         if item is None:  # text outside any message cannot happen with harmony; keep it anyway
             item = self._open_message("final_answer")
+        if self._logprob_format is not None:
+            self._released.append((item, text.encode()))  # as written: markers too
+        if item.call is not None:  # a server-side call: its arguments, shown as its kind streams them
+            item.parts.append(text)
+            item.unsent += item.call.kind.streamed(item.call, text)
+            return
+        if item.citations is not None:
+            text, annotations = item.citations.feed(text)
+            self._add_annotations(item, text, annotations)
+            return
         item.parts.append(text)
         item.unsent += text
-        if self._logprob_format is not None:
-            self._released.append((item, text.encode()))
+
+    def _add_annotations(self, item: _OpenItem, text: str, annotations: list[AnnotationURLCitation]) -> None:
+        """A message's text without its citation markers, and the annotations the markers made:
+        each is sent after the text it annotates."""
+        item.parts.append(text)
+        item.unsent += text
+        for annotation in annotations:
+            self._flush_delta()
+            self._emit(
+                ResponseOutputTextAnnotationAddedEvent(
+                    type="response.output_text.annotation.added",
+                    item_id=item.id,
+                    output_index=item.output_index,
+                    content_index=0,
+                    annotation_index=len(item.annotations),
+                    annotation=annotation.model_dump(),
+                    sequence_number=0,
+                )
+            )
+            item.annotations.append(annotation)
 
     def close_item(self, status: ItemStatus = "completed") -> None:
         item = self._item
         if item is None:
             return
+        if item.citations is not None:  # a partial marker held back is text after all
+            self._add_annotations(item, *item.citations.finish())
         if self._logprob_format is not None:
             self._attribute(settled=False)  # all of its text is out: its logprobs are complete
         self._flush_delta()
@@ -495,7 +546,7 @@ class ResponseStream:
             self._item = None
             return
         elif item.kind == "message":
-            part = ResponseOutputText(type="output_text", text=text, annotations=[], logprobs=item.logprobs)
+            part = ResponseOutputText(type="output_text", text=text, annotations=list(item.annotations), logprobs=item.logprobs)
             logprobs = for_done(item.logprobs) if item.logprobs else []
             self._emit(ResponseTextDoneEvent(type="response.output_text.done", content_index=0, text=text, logprobs=logprobs, **where))
             self._emit(ResponseContentPartDoneEvent(type="response.content_part.done", content_index=0, part=part, **where))

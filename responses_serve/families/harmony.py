@@ -101,7 +101,7 @@ def _developer_message(request: ResponsesRequest, leading_instructions: list[str
     content = DeveloperContent.new()
     if instructions:
         content = content.with_instructions(instructions)
-    if request.offers_tools():
+    if request.offers_tools() and (request.function_tools() or any(n.functions for n in request.namespace_tools())):
         if functions := request.function_tools():
             content = content.with_function_tools([_tool_description(t) for t in functions])
         for namespace in request.namespace_tools():
@@ -202,6 +202,12 @@ def render_prompt(
     effort = _EFFORTS[(request.reasoning.effort if request.reasoning else None) or "medium"]
     today = today or datetime.datetime.now(datetime.UTC).date()
     system = SystemContent.new().with_reasoning_effort(effort).with_conversation_start_date(today.isoformat())
+    if request.tool_choice != "none":
+        for builtin in request.builtin_tools():  # gpt-oss's own tools (browser, python) are the system's
+            config = ToolNamespaceConfig(
+                name=builtin.name, description=builtin.description, tools=[_tool_description(t) for t in builtin.functions]
+            )
+            system = system.with_tools(config)
     leading, rest = _history_messages(history)
     messages = [Message.from_role_and_content(Role.SYSTEM, system)]
     if developer := _developer_message(request, leading):
@@ -452,7 +458,9 @@ class HarmonyParser:
         ):
             self._open_raw()
         elif recipient and recipient != "assistant":
-            sink.open_function_call(*_split_recipient(recipient))
+            # Harmony's python tool takes the code as the message (`to=python code`); calls with
+            # `<|constrain|>json` carry JSON arguments.
+            sink.open_function_call(*_split_recipient(recipient), json_arguments="json" in (content_type or ""))
         elif channel == "analysis":
             sink.open_reasoning()
             return True

@@ -12,8 +12,14 @@ as one that continues with `previous_response_id`:
     mcp_approval_request              -> the call, when it was answered later in the history
     mcp_approval_response, approved   -> nothing: the mcp_call that ran it carries the output
     mcp_approval_response, denied     -> the output: the user did not approve the call
-    web_search_call                   -> a call of browser.search / open / find
-    code_interpreter_call             -> a call of python (its code), then its logs
+    web_search_call                   -> a call of browser.search / open / find, then what
+                                         the model read (within the response that browsed;
+                                         later turns: a note that it is not kept)
+    code_interpreter_call             -> a call of python (its code), then what the model
+                                         read (later turns: its logs, when included)
+
+gpt-oss calls its built-in tools on the analysis channel with content type `code`
+(`to=browser.search code`, `to=python code`), and their messages come back on it.
 """
 
 from __future__ import annotations
@@ -38,6 +44,7 @@ from responses_serve.api.request import (
 )
 
 JSON_CONTENT = "<|constrain|>json"
+BUILTIN_CONTENT = "code"  # harmony renders it `<|constrain|>code`
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,10 +56,11 @@ class ToolCall:
     arguments: str  # as the model wrote them: JSON, or code for python
     channel: str = "commentary"  # harmony's channel of the call and of its output
     content_type: str | None = JSON_CONTENT
+    is_code: bool = False  # the arguments are python's code, not JSON
 
     def json_arguments(self) -> Any:
         """The arguments as a chat template takes them: a JSON value ({"code": ...} for code)."""
-        if self.content_type != JSON_CONTENT:
+        if self.is_code:
             return {"code": self.arguments}
         try:
             return json.loads(self.arguments)
@@ -129,13 +137,22 @@ def as_tool_turns(history: Iterable[HistoryItem]) -> list[tuple[int, RenderedIte
         elif isinstance(item, WebSearchCallItem):
             call_id = item.id or f"ws_{index}"
             recipient, arguments = _browser_call(item.action or {})
-            turns += [ToolCall(call_id, recipient, arguments, "analysis"), ToolOutput(call_id, recipient, RESULT_NOT_KEPT, "analysis")]
+            text = item._model_text if item._model_text is not None else RESULT_NOT_KEPT
+            turns += [
+                ToolCall(call_id, recipient, arguments, "analysis", BUILTIN_CONTENT),
+                ToolOutput(call_id, recipient, text, "analysis"),
+            ]
         elif isinstance(item, CodeInterpreterCallItem):
             call_id = item.id or f"ci_{index}"
-            logs = "".join(str(output.get("logs", "")) for output in item.outputs or [] if output.get("type") == "logs")
+            if item._model_text is not None:
+                text = item._model_text
+            elif item.outputs is not None:
+                text = "".join(str(output.get("logs", "")) for output in item.outputs if output.get("type") == "logs")
+            else:
+                text = RESULT_NOT_KEPT
             turns += [
-                ToolCall(call_id, "python", item.code or "", "analysis", "code"),
-                ToolOutput(call_id, "python", logs if item.outputs is not None else RESULT_NOT_KEPT, "analysis"),
+                ToolCall(call_id, "python", item.code or "", "analysis", BUILTIN_CONTENT, is_code=True),
+                ToolOutput(call_id, "python", text, "analysis"),
             ]
         else:
             turns.append(item)

@@ -157,7 +157,7 @@ def build_app(args: dict[str, Any] | None = None) -> Application:
     ingress = _deployment(ResponsesIngress).options(name="ResponsesIngress", **_with_replica_env(config.ingress.serve_options()))
     # Encrypted reasoning without configured keys: one key for all ingress replicas of this
     # deployment (responses_serve/server/reasoning_keys.py).
-    return ingress.bind(config.model_dump(), engines, _store_deployment(config), ReasoningCipher.generate_key())
+    return ingress.bind(config.model_dump(), engines, _store_deployment(config), ReasoningCipher.generate_key(), _tool_deployments(config))
 
 
 def _deployment(cls: type) -> Deployment:
@@ -175,6 +175,11 @@ def check_app_config(args: Any, environ: Mapping[str, str] = os.environ) -> AppC
         raise ConfigError(config_problems(exc, args)) from None
     problems: list[tuple[str, str]] = []
     deployments = [("ingress", config.ingress), ("store.deployment", config.store.deployment)]
+    builtin = config.tools.builtin
+    if builtin.python is not None and builtin.python.embedded is not None:
+        deployments.append(("tools.builtin.python.embedded.deployment", builtin.python.embedded.deployment))
+    if builtin.browser is not None and builtin.browser.embedded is not None:
+        deployments.append(("tools.builtin.browser.embedded.deployment", builtin.browser.embedded.deployment))
     deployments += [(f"models[{index}].engine", model.engine) for index, model in enumerate(config.models)]
     for path, deployment in deployments:
         if deployment.autoscaling_config is not None:
@@ -211,6 +216,30 @@ def check_haproxy_keeps_streams(max_stream_duration_s: float, environ: Mapping[s
             f"streams. Export {HAPROXY_HARD_STOP_AFTER} of at least {max_stream_duration_s + SHUTDOWN_MARGIN_S:g} "
             "where the Ray cluster starts (every node), or lower max_stream_duration_s"
         )
+
+
+def _tool_deployments(config: AppConfig) -> dict[str, Any]:
+    """The embedded built-in tools' deployments, by name (python, browser): each routed by
+    `ToolRouter`, so that a call reaches the replica holding its state."""
+    from responses_serve.serve.tools import BrowserToolServer, PythonToolServer
+
+    builtin = config.tools.builtin
+    embedded = {
+        "python": (PythonToolServer, "PythonTool", builtin.python.embedded if builtin.python else None),
+        "browser": (BrowserToolServer, "BrowserTool", builtin.browser.embedded if builtin.browser else None),
+    }
+    deployments = {}
+    for name, (cls, deployment_name, tool) in embedded.items():
+        if tool is None:
+            continue
+        options = tool.deployment.serve_options()
+        options["request_router_config"] = RequestRouterConfig(
+            request_router_class="responses_serve.serve.tools.ToolRouter",  # type: ignore[arg-type]  # an import path is accepted
+        )
+        deployments[name] = (
+            _deployment(cls).options(name=deployment_name, **_with_replica_env(options)).bind(tool.model_dump(exclude={"deployment"}))
+        )
+    return deployments
 
 
 def _store_deployment(config: AppConfig):

@@ -25,12 +25,14 @@ from responses_serve.engines.cpu_cores import leave_batch_policy
 from responses_serve.serve import use_serve_logging
 from responses_serve.serve.memory import memory_report
 from responses_serve.serve.metrics import RayServeMetrics
+from responses_serve.serve.tools import HandleToolTransport
 from responses_serve.server.app import create_app
 from responses_serve.server.models import served_model
 from responses_serve.server.reasoning_keys import reasoning_keys
 from responses_serve.server.run import Unavailable
 from responses_serve.state import MemoryStore, Store
 from responses_serve.tokens import EngineRejected, GenerationRequest, TokenBatch
+from responses_serve.tools.builtin.transport import TransportFactory
 
 logger = logging.getLogger("ray.serve")
 
@@ -156,6 +158,11 @@ class EngineAvailability:
             self._reasons, self._checked_at = reasons, time.monotonic()
 
 
+def _transport_factory(handle: DeploymentHandle) -> TransportFactory:
+    transport = HandleToolTransport(handle)  # stateless: one for every response
+    return lambda: transport
+
+
 def open_store(config: StoreConfig, embedded: DeploymentHandle | None) -> Store:
     """The configured store backend, as seen from an ingress replica."""
     if config.type == "memory":
@@ -209,16 +216,19 @@ class ResponsesIngress:
         engines: dict[str, DeploymentHandle],
         store: DeploymentHandle | None = None,
         reasoning_key: str | None = None,
+        tools: dict[str, DeploymentHandle] | None = None,
     ) -> None:
         """`store`: the embedded store deployment, if configured. `reasoning_key`: the
         application's own key for encrypted reasoning, made by `build_app` so that all
-        replicas share it; used only without configured keys."""
+        replicas share it; used only without configured keys. `tools`: the embedded
+        built-in tools' deployments, by name (python, browser)."""
         use_serve_logging()
         leave_batch_policy()  # on the request path
         self.config = AppConfig.model_validate(app_config)
         self.engines = engines
         self.store = store
         self.reasoning_key = reasoning_key
+        self.tools = tools or {}
 
     def __serve_build_asgi_app__(self):
         caller = ray.get_runtime_context().get_actor_name()
@@ -246,6 +256,7 @@ class ResponsesIngress:
             max_stream_duration_s=self.config.max_stream_duration_s,
             sse_keepalive_s=self.config.sse_keepalive_s,
             tools=self.config.tools,
+            builtin_tools={name: _transport_factory(handle) for name, handle in self.tools.items()},
         )
 
     async def memory(self, top: int = 8, trace_frames: int = 0, trim: bool = False) -> dict:

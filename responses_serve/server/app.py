@@ -49,9 +49,11 @@ from responses_serve.state.responses import DEFAULT_CACHE_BYTES, DEFAULT_TTL_S, 
 from responses_serve.state.runs import EVENTS_TTL_S, RunStore
 from responses_serve.stream import ResponseStream
 from responses_serve.tokens import TokenBatch
+from responses_serve.tools.builtin.factory import builtin_factories
+from responses_serve.tools.builtin.transport import TransportFactory
 from responses_serve.tools.mcp_client import ConnectPolicy, McpLimits, Resolver
 from responses_serve.tools.remote_mcp import RemoteMcpFactory
-from responses_serve.tools.server_tools import ServerToolRuntime
+from responses_serve.tools.server_tools import ServerToolRuntime, ToolFactory
 
 __all__ = ["ModelFamily", "ServedModel", "TokenSource", "Unavailable", "create_app"]
 
@@ -84,6 +86,7 @@ def create_app(
     sse_keepalive_s: float | None = DEFAULT_SSE_KEEPALIVE_S,
     tools: ToolsConfig | None = None,
     server_tools: ServerToolRuntime | None = None,
+    builtin_tools: Mapping[str, TransportFactory] | None = None,
 ) -> FastAPI:
     """`store`: where responses are kept (default: this process's memory, for one replica);
     `store_cache_bytes`: this replica's cache of finished turns (`TurnCache`; 0: none).
@@ -95,7 +98,9 @@ def create_app(
     replica takes on at once (config.ReplicaLimits).
     `auth`: API keys and tenants (None: open, one anonymous tenant; a warning if `listen_host`
     is given and is not a loopback address); keys named by `key_env` are read from `environ`
-    (default: this process's environment) now, and a missing one fails here."""
+    (default: this process's environment) now, and a missing one fails here.
+    `tools`: server-side tools (`builtin_tools`: how the embedded built-in tools are reached,
+    by name; serve/ passes their deployments' handles)."""
     _warm_up()
     keyring = Keyring.from_config(auth, os.environ if environ is None else environ) if auth is not None else None
     if auth is None and listen_host is not None:
@@ -122,7 +127,7 @@ def create_app(
     app.state.max_stream_duration_s = max_stream_duration_s
     app.state.sse_keepalive_s = sse_keepalive_s
     app.state.websockets_open = 0  # connections to /v1/responses (routes/websocket.py)
-    app.state.server_tools = server_tools or server_tool_runtime(tools or ToolsConfig(), metrics)
+    app.state.server_tools = server_tools or server_tool_runtime(tools or ToolsConfig(), metrics, app.state.store, builtin_tools)
 
     @app.exception_handler(APIError)
     async def _api_error(request: Request, exc: APIError) -> JSONResponse:
@@ -232,14 +237,24 @@ def _tenant_states(
     return tenants
 
 
-def server_tool_runtime(config: ToolsConfig, metrics: Metrics, resolver: Resolver | None = None) -> ServerToolRuntime:
-    """The server-side tools of `tools:` config: the request's remote MCP servers (the
-    built-in tools join here). `resolver`: host names to addresses (tests)."""
+def server_tool_runtime(
+    config: ToolsConfig,
+    metrics: Metrics,
+    store: Store | None = None,
+    builtin: Mapping[str, TransportFactory] | None = None,
+    resolver: Resolver | None = None,
+) -> ServerToolRuntime:
+    """The server-side tools of `tools:` config: the request's remote MCP servers and the
+    built-in tools (`builtin`: the embedded ones' transports, by name: python, browser).
+    `store`: the app's (containers are recorded for their tenant; default: this process's
+    memory); `resolver`: host names to
+    addresses (tests)."""
     mcp = config.mcp
     remote = RemoteMcpFactory(
         ConnectPolicy(mcp.allowed_urls, resolver), McpLimits(mcp.connect_timeout_s, mcp.call_timeout_s, mcp.max_output_bytes)
     )
-    return ServerToolRuntime([remote], max_calls=config.max_calls_per_response, report=metrics.tool_call_finished)
+    factories: list[ToolFactory] = [remote, *builtin_factories(config.builtin, store or MemoryStore(), builtin, resolver)]
+    return ServerToolRuntime(factories, max_calls=config.max_calls_per_response, report=metrics.tool_call_finished)
 
 
 @contextlib.asynccontextmanager

@@ -96,7 +96,7 @@ class ToolRounds:
             return
         offered = turn.tools_offered()
         stream.server_tools = self.tools.routing()
-        history = turn.history + output_as_input(stream.response)
+        history = turn.history + output_as_input(stream.response, stream.tool_texts)
         render = functools.partial(turn.model.family.render_prompt, offered, history)
         prompt = await off_loop(render) if big_prompt(history, len(offered.tools)) else render()
         turn.generation = self._generation(prompt, offered, turn.generation.request_id, pinned=False)
@@ -131,7 +131,7 @@ class ToolRounds:
         turn, stream = self.turn, self.turn.stream
         family = turn.model.family
         offered = turn.tools_offered().model_copy(update={"tool_choice": "auto"})  # a forced call is forced once
-        outputs = output_as_input(stream.response)
+        outputs = output_as_input(stream.response, stream.tool_texts)
         previous = turn.prompt + self.completion
         history = turn.history + outputs
         render = functools.partial(family.continue_prompt, offered, history, turn.prompt, self.completion, outputs[self._outputs_before :])

@@ -10,6 +10,7 @@ items. One key per turn, written in one `put`: a reader sees a turn whole or not
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -29,6 +30,7 @@ from pydantic import TypeAdapter
 from responses_serve.api.errors import invalid_request
 from responses_serve.api.request import (
     HOSTED_ITEM_TYPES,
+    CodeInterpreterCallItem,
     FunctionCallItem,
     FunctionCallOutputItem,
     HistoryItem,
@@ -104,8 +106,10 @@ def with_ids(items: list[HistoryItem]) -> list[HistoryItem]:
     return [item if item.id else item.model_copy(update={"id": new_id(_ID_PREFIX[item.type])}) for item in items]
 
 
-def output_as_input(response: Response) -> list[HistoryItem]:
-    """The response's output items in the form a client would send them back."""
+def output_as_input(response: Response, tool_texts: Mapping[str, str] | None = None) -> list[HistoryItem]:
+    """The response's output items in the form a client would send them back; with
+    `tool_texts` (the tool loop, within the response), the built-in tools' items carry what
+    the model read of them (`ResponseStream.tool_texts`)."""
     items: list[HistoryItem] = []
     for item in response.output:
         if isinstance(item, ResponseOutputMessage):
@@ -126,7 +130,10 @@ def output_as_input(response: Response) -> list[HistoryItem]:
                 )
             )
         elif item.type in HOSTED_ITEM_TYPES:  # server-side tools' items: the same shape in and out
-            items.append(_INPUT_ITEM.validate_python(item.model_dump(mode="json", exclude_none=True)))
+            hosted = _INPUT_ITEM.validate_python(item.model_dump(mode="json", exclude_none=True))
+            if isinstance(hosted, WebSearchCallItem | CodeInterpreterCallItem) and tool_texts and item.id and item.id in tool_texts:
+                hosted._model_text = tool_texts[item.id]
+            items.append(hosted)
     return items
 
 

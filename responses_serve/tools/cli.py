@@ -57,37 +57,45 @@ def browser(
 ) -> None:
     """gpt-oss's browser (`web_search`): search, open and find, under the fetch policy."""
     import uvicorn
+    from pydantic import ValidationError
 
-    from responses_serve.tools.browser.backends import SearchBackend, SearxngBackend, TavilyBackend, api_key_from_env
-    from responses_serve.tools.browser.browser import Browser, BrowserLimits
-    from responses_serve.tools.browser.fetch import Fetcher, FetchLimits
-    from responses_serve.tools.browser.policy import FetchPolicy, HostRules
+    from responses_serve.config import EmbeddedBrowserConfig, config_problems
     from responses_serve.tools.browser.server import create_app
+    from responses_serve.tools.builtin.embedded import make_browser
 
+    options = {
+        "search_url": search_url,
+        "search_backend": search_backend.value,
+        "search_api_key_env": search_api_key_env,
+        "allow_hosts": [host for host in allow_hosts.split(",") if host.strip()],
+        "fetch_timeout_s": fetch_timeout_s,
+        "max_page_bytes": max_page_bytes,
+        "max_redirects": max_redirects,
+        "search_timeout_s": search_timeout_s,
+        "max_search_results": max_search_results,
+        "view_tokens": view_tokens,
+        "max_pages": max_pages,
+        "max_session_bytes": max_session_bytes,
+        "max_sessions": max_sessions,
+        "session_ttl_s": session_ttl_s,
+    }
     try:
-        rules = HostRules(allow_hosts.split(","))
-        backend: SearchBackend
-        if search_backend is SearchBackendName.searxng:
-            if not search_url:
-                raise ValueError("--search-url is required with the searxng backend")
-            backend = SearxngBackend(search_url, timeout_s=search_timeout_s)
-        else:
-            key = api_key_from_env(search_api_key_env or TavilyBackend.DEFAULT_KEY_ENV)
-            backend = TavilyBackend(key, base_url=search_url or TavilyBackend.DEFAULT_URL, timeout_s=search_timeout_s)
+        config = EmbeddedBrowserConfig.model_validate(options)
+        embedded = make_browser(config)
+    except ValidationError as exc:
+        problems = config_problems(exc, options)
+        raise typer.BadParameter(
+            "; ".join(f"--{path.replace('_', '-')}: {message}" if path else message for path, message in problems)
+        ) from None
     except ValueError as exc:
         raise typer.BadParameter(str(exc)) from None
-
-    fetcher = Fetcher(FetchPolicy(rules), FetchLimits(max_bytes=max_page_bytes, timeout_s=fetch_timeout_s, max_redirects=max_redirects))
-    limits = BrowserLimits(
-        view_tokens=view_tokens, max_search_results=max_search_results, max_pages=max_pages, max_session_bytes=max_session_bytes
-    )
-    app = create_app(Browser(backend, fetcher, limits), host=host, max_sessions=max_sessions, session_ttl_s=session_ttl_s)
+    app = create_app(embedded.browser, host=host, max_sessions=max_sessions, session_ttl_s=session_ttl_s)
     logging.basicConfig(level=logging.INFO)
     server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="info"))
     try:
         asyncio.run(server.serve())
     finally:
-        asyncio.run(backend.aclose())
+        asyncio.run(embedded.aclose())
 
 
 def _default(name: str) -> Any:

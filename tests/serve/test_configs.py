@@ -288,3 +288,39 @@ def test_replicas_run_serve_single_loop_unless_a_deployment_says_otherwise(monke
     assert os.path.isfile(RAY_JEMALLOC)  # Ray's wheel ships it
     ingress_env = bound.ray_actor_options["runtime_env"]
     assert ingress_env["env_vars"] == {**REPLICA_ENV, **own} and ingress_env["pip"] == ["six"]
+
+
+def test_embedded_builtin_tools_are_deployments_of_the_app_routed_to_their_state():
+    """`tools.builtin.*.embedded`: a CPU deployment per tool (PythonTool, BrowserTool) with its
+    own Serve options, routed by ToolRouter (a call reaches the replica holding its container
+    or session), bound to the ingress; a tool at a `url` is no deployment."""
+    from responses_serve.serve.app import build_app, check_app_config
+
+    autoscaling = {"min_replicas": 1, "max_replicas": 4, "target_ongoing_requests": 8}
+    builtin = {
+        "python": {"embedded": {"timeout_s": 5, "deployment": {"autoscaling_config": autoscaling, "ray_actor_options": {"num_cpus": 0.5}}}},
+        "browser": {"embedded": {"search_url": "http://searxng:8080", "deployment": {"num_replicas": 2}}},
+    }
+    application = build_app({"models": [{"name": "a"}], "tools": {"builtin": builtin}})
+    tools = application._bound_deployment.init_args[4]
+    assert sorted(tools) == ["browser", "python"]
+    python, browser = tools["python"]._bound_deployment, tools["browser"]._bound_deployment
+    assert (python.name, browser.name) == ("PythonTool", "BrowserTool")
+    assert python._deployment_config.autoscaling_config.max_replicas == 4 and browser._deployment_config.num_replicas == 2
+    assert python.ray_actor_options["num_cpus"] == 0.5
+    for deployment in (python, browser):
+        router = deployment._deployment_config.request_router_config.request_router_class
+        assert router.endswith("ToolRouter")
+    assert python.init_args[0]["timeout_s"] == 5 and "deployment" not in python.init_args[0]
+    assert browser.init_args[0]["search_url"] == "http://searxng:8080"
+    urls = {"python": {"url": "http://python-tool:8080/mcp"}, "browser": {"url": "http://browser-tool:8090/mcp"}}
+    assert build_app({"models": [{"name": "a"}], "tools": {"builtin": urls}})._bound_deployment.init_args[4] == {}
+    bad = {"min_replicas": 3, "max_replicas": 1}
+    with pytest.raises(ValueError, match=r"tools\.builtin\.python\.embedded\.deployment\.autoscaling_config"):
+        check_app_config(
+            {"models": [{"name": "a"}], "tools": {"builtin": {"python": {"embedded": {"deployment": {"autoscaling_config": bad}}}}}}
+        )
+    with pytest.raises(ValueError, match="either embedded"):
+        check_app_config({"models": [{"name": "a"}], "tools": {"builtin": {"python": {}}}})
+    with pytest.raises(ValueError, match="search_url"):
+        check_app_config({"models": [{"name": "a"}], "tools": {"builtin": {"browser": {"embedded": {}}}}})

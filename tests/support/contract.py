@@ -19,11 +19,18 @@ _PREFIX = {
     "mcp_list_tools": "mcpl_",
     "mcp_call": "mcp_",
     "mcp_approval_request": "mcpr_",
+    "web_search_call": "ws_",
+    "code_interpreter_call": "ci_",
 }
 # For each item type: the events between its `output_item.added` and `.done`, as a pattern
 # (`*`: any number of, `?`: optional, `a|b`: one of).
 _ITEM_PATTERN = {
-    "message": ["response.content_part.added", "response.output_text.delta*", "response.output_text.done", "response.content_part.done"],
+    "message": [
+        "response.content_part.added",
+        "response.output_text.delta|response.output_text.annotation.added*",
+        "response.output_text.done",
+        "response.content_part.done",
+    ],
     "reasoning": ["response.reasoning_text.delta*", "response.reasoning_text.done"],
     "function_call": ["response.function_call_arguments.delta*", "response.function_call_arguments.done"],
     # Completed (or failed) only after the tool returned: an unfinished call has neither.
@@ -35,14 +42,31 @@ _ITEM_PATTERN = {
     ],
     "mcp_list_tools": ["response.mcp_list_tools.in_progress", "response.mcp_list_tools.completed|response.mcp_list_tools.failed"],
     "mcp_approval_request": [],  # no events of its own
+    # The built-in tools: searching / interpreting when the tool is called, completed after it
+    # returned (a call that failed, or that the response ended first, has no completed).
+    "web_search_call": [
+        "response.web_search_call.in_progress",
+        "response.web_search_call.searching?",
+        "response.web_search_call.completed?",
+    ],
+    "code_interpreter_call": [
+        "response.code_interpreter_call.in_progress",
+        "response.code_interpreter_call_code.delta*",
+        "response.code_interpreter_call_code.done",
+        "response.code_interpreter_call.interpreting?",
+        "response.code_interpreter_call.completed?",
+    ],
 }
 _DELTA = {
     "response.output_text.delta",
     "response.reasoning_text.delta",
     "response.function_call_arguments.delta",
     "response.mcp_call_arguments.delta",
+    "response.code_interpreter_call_code.delta",
 }
 _ARGUMENTS_DONE = {"response.function_call_arguments.done", "response.mcp_call_arguments.done"}
+_RUNNING = {"web_search_call": "response.web_search_call.searching", "code_interpreter_call": "response.code_interpreter_call.interpreting"}
+_COMPLETED = {"web_search_call": "response.web_search_call.completed", "code_interpreter_call": "response.code_interpreter_call.completed"}
 
 
 def _pattern(steps: list[str]) -> str:
@@ -77,8 +101,10 @@ def _item_text(item: Any) -> str:
         return item.content[0].text
     if item.type == "reasoning":
         return "".join(part.text for part in item.content or [])
-    if item.type == "mcp_list_tools":
+    if item.type in ("mcp_list_tools", "web_search_call"):
         return ""
+    if item.type == "code_interpreter_call":
+        return item.code or ""
     return item.arguments
 
 
@@ -94,6 +120,14 @@ def _check_server_item(item: Any, inner: list[str]) -> None:
     elif item.type == "mcp_list_tools":
         assert ("response.mcp_list_tools.failed" in inner) == (item.error is not None), item
         assert item.error is None or not item.tools, "a failed listing with tools"
+    elif item.type in _COMPLETED:
+        completed = _COMPLETED[item.type] in inner
+        assert completed == (item.status == "completed"), f"{item.type} {item.status} with events {inner}"
+        assert item.status in ("completed", "failed", "incomplete"), item
+        assert not completed or _RUNNING[item.type] in inner, f"{item.type} completed without being run"
+        if item.type == "code_interpreter_call":
+            assert item.container_id.startswith("cntr_"), f"no real container id: {item.container_id!r}"
+            assert item.status == "completed" or not item.outputs, "outputs of a call that did not complete"
 
 
 def _contains_minus_one(value: Any) -> bool:
@@ -143,7 +177,7 @@ def check_stream(raw_events: Iterable[Any], allow_replacement: bool = False) -> 
         item_id = added.item.id
         assert item_id and item_id.startswith(_PREFIX[item_type]) and item_id not in seen_ids, f"bad or repeated {item_type} id {item_id!r}"
         seen_ids.add(item_id)
-        inner, deltas, done_text = [], [], None
+        inner, deltas, done_text, annotations = [], [], None, []
         position += 1
         while body[position].type != "response.output_item.done":
             event = body[position]
@@ -154,6 +188,16 @@ def check_stream(raw_events: Iterable[Any], allow_replacement: bool = False) -> 
                 deltas.append(event.delta)
             elif event.type in _ARGUMENTS_DONE:
                 done_text = event.arguments
+            elif event.type == "response.code_interpreter_call_code.done":
+                done_text = event.code
+            elif event.type == "response.output_text.annotation.added":
+                # Sent after the text it annotates, numbered in order.
+                annotation = event.annotation
+                assert event.annotation_index == len(annotations), f"annotation {event.annotation_index} after {len(annotations)}"
+                assert 0 <= annotation.start_index <= annotation.end_index <= len("".join(deltas)), (
+                    f"annotation before its text: {annotation}"
+                )
+                annotations.append(annotation.model_dump())
             elif event.type.endswith("text.done"):
                 done_text = event.text
             elif event.type == "response.content_part.done":
@@ -166,7 +210,9 @@ def check_stream(raw_events: Iterable[Any], allow_replacement: bool = False) -> 
         done = body[position]
         assert done.output_index == k and done.item.id == item_id and done.item.type == item_type, f"item {k} done does not match its added"
         text = "".join(deltas)
-        if item_type in ("mcp_approval_request", "mcp_list_tools"):  # nothing of them is streamed
+        if item_type == "message":
+            assert [a.model_dump() for a in done.item.content[0].annotations] == annotations, "streamed annotations differ from the item's"
+        if item_type in ("mcp_approval_request", "mcp_list_tools", "web_search_call"):  # nothing of them is streamed
             assert not deltas and done_text is None, f"{item_type} with deltas"
         else:
             assert text == done_text == _item_text(done.item), f"{item_type} deltas, done event and item disagree (lost or changed text)"
@@ -181,7 +227,8 @@ def check_stream(raw_events: Iterable[Any], allow_replacement: bool = False) -> 
     assert [i.model_dump() for i in terminal.output] == [i.model_dump() for i in items], "the final output differs from the streamed items"
     if expected_status == "completed":
         finished = {"completed", "failed"}  # a server-side call may have failed, and the model went on
-        assert all(getattr(i, "status", "completed") in (finished if i.type == "mcp_call" else {"completed"}) for i in items), (
+        server_calls = ("mcp_call", "web_search_call", "code_interpreter_call")
+        assert all(getattr(i, "status", "completed") in (finished if i.type in server_calls else {"completed"}) for i in items), (
             "a completed response with an unfinished item"
         )
     assert terminal.usage is not None and terminal.usage.output_tokens >= 0, "no usage"

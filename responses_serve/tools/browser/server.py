@@ -27,14 +27,13 @@ from mcp.server.context import ServerRequestContext
 from mcp.server.lowlevel.server import Server
 from starlette.applications import Starlette
 
-from responses_serve.citations import CitedPage
 from responses_serve.tools.browser import page
 from responses_serve.tools.browser.browser import Browser, BrowserSession, Outcome
+from responses_serve.tools.browser.meta import ALLOWED_DOMAINS_META_KEY, RESULT_META_KEY, SESSION_META_KEY, cited_pages
 from responses_serve.tools.browser.policy import normalize_domains
 
-SESSION_META_KEY = "responses_serve/session_id"
-ALLOWED_DOMAINS_META_KEY = "responses_serve/allowed_domains"
-RESULT_META_KEY = "responses_serve/browser"
+__all__ = ["ALLOWED_DOMAINS_META_KEY", "RESULT_META_KEY", "SESSION_META_KEY", "cited_pages", "call_browser", "create_app"]
+
 MAX_SESSION_ID_CHARS = 256
 MAX_ALLOWED_DOMAINS = 100
 
@@ -66,15 +65,18 @@ class BadCall(Exception):
     """A call whose `_meta` the server cannot use (the caller's mistake, not the model's)."""
 
 
-def _session_key(ctx: ServerRequestContext[Any, Any], meta: dict[str, Any]) -> str | None:
+def _session_key(meta: dict[str, Any], transport_id: str | None) -> str | None:
     key = meta.get(SESSION_META_KEY)
     if key is not None:
         if not isinstance(key, str) or not key or len(key) > MAX_SESSION_ID_CHARS:
             raise BadCall(f"_meta[{SESSION_META_KEY!r}] must be a string of 1 to {MAX_SESSION_ID_CHARS} characters")
         return "meta:" + key
-    request = ctx.request
-    transport_id = request.headers.get("mcp-session-id") if request is not None and hasattr(request, "headers") else None
     return "transport:" + transport_id if transport_id else None
+
+
+def _transport_session(ctx: ServerRequestContext[Any, Any]) -> str | None:
+    request = ctx.request
+    return request.headers.get("mcp-session-id") if request is not None and hasattr(request, "headers") else None
 
 
 def _allowed_domains(meta: dict[str, Any]) -> tuple[str, ...] | None:
@@ -103,22 +105,6 @@ def result_meta(outcome: Outcome, session: BrowserSession) -> dict[str, Any]:
     }
 
 
-def cited_pages(meta: Any) -> dict[int, CitedPage]:
-    """The cursor -> page map of a result's `_meta` (the loop's input to `CitationStream`);
-    entries of the wrong shape are left out."""
-    browser_meta = meta.get(RESULT_META_KEY) if isinstance(meta, dict) else None
-    pages = browser_meta.get("pages") if isinstance(browser_meta, dict) else None
-    if not isinstance(pages, dict):
-        return {}
-    out: dict[int, CitedPage] = {}
-    for cursor, entry in pages.items():
-        if isinstance(cursor, str) and cursor.isdigit() and isinstance(entry, dict):
-            url, title = entry.get("url"), entry.get("title")
-            if isinstance(url, str) and isinstance(title, str):
-                out[int(cursor)] = CitedPage(url=url, title=title)
-    return out
-
-
 async def call(browser: Browser, session: BrowserSession, name: str, arguments: dict[str, Any], allowed: tuple[str, ...] | None) -> Outcome:
     """One browser function with the model's arguments (unknown ones, like `source`, ignored)."""
     if name == "search":
@@ -130,35 +116,52 @@ async def call(browser: Browser, session: BrowserSession, name: str, arguments: 
     return await browser.find(session, arguments.get("pattern"), arguments.get("cursor", -1), allowed_domains=allowed)
 
 
+def mcp_tools() -> list[types.Tool]:
+    """The browser's functions as MCP tools, with harmony's descriptions and parameters."""
+    return [
+        types.Tool(name=tool.name, description=tool.description, input_schema=tool.parameters or {"type": "object"})
+        for tool in Browser.namespace().tools
+    ]
+
+
+async def call_browser(
+    browser: Browser, sessions: SessionStore, params: types.CallToolRequestParams, transport_session: str | None = None
+) -> types.CallToolResult:
+    """One call of a browser function, whatever carried it (this MCP server, a Serve
+    deployment of the app, the app's own process); `transport_session`: the MCP session's
+    id, the session key of a call without one in its `_meta`."""
+
+    def failed(message: str) -> types.CallToolResult:
+        return types.CallToolResult(content=[types.TextContent(type="text", text=message)], is_error=True)
+
+    if params.name not in _NAMES:
+        return failed(f"Unknown function: {params.name[:100]}")
+    meta = dict(params.meta or {})
+    try:
+        key, allowed = _session_key(meta, transport_session), _allowed_domains(meta)
+    except BadCall as exc:
+        return failed(str(exc))
+    session = sessions.get(key)
+    async with session.lock:
+        outcome = await call(browser, session, params.name, dict(params.arguments or {}), allowed)
+        meta_out = result_meta(outcome, session)
+    return types.CallToolResult(
+        content=[types.TextContent(type="text", text=outcome.text)], is_error=outcome.is_error, _meta={RESULT_META_KEY: meta_out}
+    )
+
+
+_NAMES = frozenset(tool.name for tool in Browser.namespace().tools)
+
+
 def create_server(browser: Browser, sessions: SessionStore) -> Server[Any]:
     namespace = Browser.namespace()
-    tools = [
-        types.Tool(name=tool.name, description=tool.description, input_schema=tool.parameters or {"type": "object"})
-        for tool in namespace.tools
-    ]
-    names = {tool.name for tool in tools}
+    tools = mcp_tools()
 
     async def list_tools(ctx: ServerRequestContext[Any, Any], params: types.PaginatedRequestParams | None) -> types.ListToolsResult:
         return types.ListToolsResult(tools=tools)
 
     async def call_tool(ctx: ServerRequestContext[Any, Any], params: types.CallToolRequestParams) -> types.CallToolResult:
-        def failed(message: str) -> types.CallToolResult:
-            return types.CallToolResult(content=[types.TextContent(type="text", text=message)], is_error=True)
-
-        if params.name not in names:
-            return failed(f"Unknown function: {params.name}")
-        meta = dict(params.meta or {})
-        try:
-            key, allowed = _session_key(ctx, meta), _allowed_domains(meta)
-        except BadCall as exc:
-            return failed(str(exc))
-        session = sessions.get(key)
-        async with session.lock:
-            outcome = await call(browser, session, params.name, dict(params.arguments or {}), allowed)
-            meta_out = result_meta(outcome, session)
-        return types.CallToolResult(
-            content=[types.TextContent(type="text", text=outcome.text)], is_error=outcome.is_error, _meta={RESULT_META_KEY: meta_out}
-        )
+        return await call_browser(browser, sessions, params, _transport_session(ctx))
 
     return Server(
         "responses-serve-browser",

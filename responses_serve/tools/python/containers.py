@@ -20,25 +20,13 @@ import secrets
 import time
 from dataclasses import dataclass, field
 
-from pydantic import BaseModel, ConfigDict, Field
-
-from responses_serve.tools.python.sandbox import CellResult, Interpreter, Runtime, SandboxError, SandboxLimits
+from responses_serve.config import ContainerLimits, SandboxLimits
+from responses_serve.tools.python.sandbox import CellResult, Interpreter, Runtime, SandboxError
 
 logger = logging.getLogger(__name__)
 
 CONTAINER_ID = re.compile(r"cntr_[0-9a-f]{32}")
 MAX_OWNER_CHARS = 256
-
-
-class ContainerLimits(BaseModel):
-    """How many containers, for how long."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    max_containers: int = Field(16, gt=0, description="containers of the server")
-    max_containers_per_owner: int = Field(4, gt=0, description="containers of one owner")
-    ttl_s: float = Field(1200.0, gt=0, description="a container is removed this long after its last use")
-    max_code_bytes: int = Field(1024 * 1024, gt=0, description="size of the code of one call")
 
 
 class ContainerError(Exception):
@@ -93,13 +81,20 @@ class ContainerManager:
                 await self._reaper
         await asyncio.gather(*(self._remove(container) for container in list(self._containers.values())))
 
-    async def run(self, owner: str, container_id: str | None, code: str) -> tuple[str, CellResult]:
-        """Run `code` in the owner's container `container_id` (a new container when None)."""
+    async def run(self, owner: str, container_id: str | None, code: str, *, create: bool = False) -> tuple[str, CellResult]:
+        """Run `code` in the owner's container `container_id` (a new container when None; with
+        `create`, the container of that id, made if it does not exist)."""
         if not isinstance(code, str) or len(code.encode("utf-8", errors="surrogatepass")) > self.container_limits.max_code_bytes:
             raise ContainerError("invalid", f"code must be a string of at most {self.container_limits.max_code_bytes} bytes")
         if not isinstance(owner, str) or len(owner) > MAX_OWNER_CHARS:
             raise ContainerError("invalid", f"the owner must be a string of at most {MAX_OWNER_CHARS} characters")
-        container = self._new(owner) if container_id is None else self._find(owner, container_id)
+        made = container_id is None or (create and container_id not in self._containers)
+        if container_id is not None and not made:
+            container = self._find(owner, container_id)
+        elif container_id is not None and not CONTAINER_ID.fullmatch(container_id):
+            raise ContainerError("invalid", "a container id to create must be cntr_ and 32 hexadecimal digits")
+        else:
+            container = self._new(owner, container_id)
         try:
             await asyncio.wait_for(container.lock.acquire(), self.limits.timeout_s)
         except TimeoutError:
@@ -113,7 +108,7 @@ class ContainerManager:
                     container.interpreter = await Interpreter.start(self.runtime, self.limits)
                 except SandboxError as error:
                     logger.error("python tool: %s", error)
-                    if container_id is None:  # a container that never ran does not count against the limits
+                    if made:  # a container that never ran does not count against the limits
                         await self._remove(container)
                     raise ContainerError("sandbox", "the sandbox could not start; see the tool server's log") from error
             result = await container.interpreter.run(code)
@@ -147,7 +142,7 @@ class ContainerManager:
         await asyncio.gather(*(self._remove(container) for container in idle))
         return len(idle)
 
-    def _new(self, owner: str) -> Container:
+    def _new(self, owner: str, container_id: str | None = None) -> Container:
         if len(self._containers) >= self.container_limits.max_containers:
             raise ContainerError(
                 "limit", f"the python tool runs {self.container_limits.max_containers} containers, its limit; try again later"
@@ -157,7 +152,7 @@ class ContainerManager:
                 "limit",
                 f"this owner has {self.container_limits.max_containers_per_owner} containers, the limit; reuse one or wait until one expires",
             )
-        container = Container(id="cntr_" + secrets.token_hex(16), owner=owner, last_used=time.monotonic())
+        container = Container(id=container_id or "cntr_" + secrets.token_hex(16), owner=owner, last_used=time.monotonic())
         self._containers[container.id] = container
         return container
 

@@ -36,8 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
-
+from responses_serve.config import MiB, SandboxLimits
 from responses_serve.tools.python.seccomp import seccomp_program
 
 REPL = Path(__file__).with_name("repl.py")
@@ -45,39 +44,9 @@ REPL_IN_SANDBOX = "/opt/responses-serve/repl.py"
 WORKDIR = "/mnt/data"
 USERNS_LIMIT = Path("/proc/sys/user/max_user_namespaces")
 SANDBOX_UID = 1000  # the interpreter's uid and gid as it sees them
-MiB = 1024 * 1024
 # Host files the runtime reads, if present: the dynamic linker's cache (libraries in
 # /usr/lib/<arch>) and fontconfig's configuration (matplotlib asks fc-list for fonts).
 HOST_FILES = ("/etc/ld.so.cache", "/etc/fonts")
-
-
-class SandboxLimits(BaseModel):
-    """Limits of one interpreter (its processes, its cells, its files)."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    timeout_s: float = Field(30.0, gt=0, description="wall-clock time of one call")
-    memory_mb: int = Field(1024, gt=0, description="address space of each process (RLIMIT_AS)")
-    cpu_s: int = Field(300, gt=0, description="CPU seconds of each process over its life (RLIMIT_CPU)")
-    max_processes: int = Field(32, gt=1, description="processes and threads of the sandbox (RLIMIT_NPROC)")
-    max_open_files: int = Field(256, ge=16, description="open files of each process (RLIMIT_NOFILE)")
-    max_file_mb: int = Field(64, gt=0, description="size of one written file (RLIMIT_FSIZE)")
-    disk_mb: int = Field(128, gt=0, description="size of each tmpfs: /mnt/data, /tmp, /dev/shm")
-    max_output_bytes: int = Field(65536, gt=0, description="output of one call kept; the rest is dropped")
-    max_images: int = Field(8, ge=0, description="matplotlib figures returned per call")
-    max_image_bytes: int = Field(2 * MiB, gt=0, description="size of one returned PNG")
-    interrupt_grace_s: float = Field(2.0, gt=0, description="time a timed-out cell gets to stop when interrupted")
-    start_timeout_s: float = Field(30.0, gt=0, description="time an interpreter gets to start")
-
-    def rlimits(self) -> dict[str, tuple[int, int]]:
-        return {
-            "RLIMIT_AS": (self.memory_mb * MiB, self.memory_mb * MiB),
-            "RLIMIT_CPU": (self.cpu_s, self.cpu_s + 1),  # SIGXCPU, then SIGKILL a second later
-            "RLIMIT_NPROC": (self.max_processes, self.max_processes),
-            "RLIMIT_FSIZE": (self.max_file_mb * MiB, self.max_file_mb * MiB),
-            "RLIMIT_NOFILE": (self.max_open_files, self.max_open_files),
-            "RLIMIT_CORE": (0, 0),
-        }
 
 
 class SandboxError(Exception):
