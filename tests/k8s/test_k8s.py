@@ -62,18 +62,34 @@ def test_rayservice_serves_its_config(name):
     CPU nodes (a single machine's `serve run` has no node labels), the store in Redis (the
     config's one-line switch from its embedded default: k8s/store/, which survives restarts),
     the store's password read from a variable of its own (KubeRay sets REDIS_PASSWORD on the
-    head to the GCS's), and API keys (a public endpoint is not open)."""
+    head to the GCS's), API keys (a public endpoint is not open), and the built-in tools at the
+    Services of k8s/tools/."""
     manifest = rayservice(ROOT / "k8s" / name)
     config = yaml.safe_load((ROOT / "responses_serve" / "configs" / SERVES[name]).read_text())
     applications = yaml.safe_load(manifest["spec"]["serveConfigV2"])["applications"]
     for application in applications:
         assert _ingress_label_selector(application) == CPU_NODE_LABEL
         del application["args"]["ingress"]["ray_actor_options"]["label_selector"]
+        assert application["args"].pop("tools") == {"builtin": _tool_services()}
         assert application["args"]["store"]["type"] == "redis"
         application["args"]["store"]["type"] = "embedded"
         assert application["args"]["store"].pop("password_env") != "REDIS_PASSWORD"
         assert application["args"].pop("auth")["keys"]  # API keys (tests/k8s/test_k8s_security.py)
     assert applications == config["applications"]
+
+
+def _tool_services() -> dict:
+    """The built-in tools at their Services (k8s/tools/*.yaml): name, port, MCP path."""
+    tools = {}
+    for tool in ("python", "browser"):
+        documents = list(yaml.safe_load_all((ROOT / "k8s" / "tools" / f"{tool}.yaml").read_text()))
+        (service,) = [d for d in documents if d["kind"] == "Service"]
+        (port,) = service["spec"]["ports"]
+        (deployment,) = [d for d in documents if d["kind"] == "Deployment"]
+        (container,) = deployment["spec"]["template"]["spec"]["containers"]
+        assert container["command"][:3] == ["responses-serve", "tool", tool] and str(port["port"]) in container["command"]
+        tools[tool] = {"url": f"http://{service['metadata']['name']}:{port['port']}/mcp"}
+    return tools
 
 
 def _app_config(manifest: dict) -> AppConfig:
