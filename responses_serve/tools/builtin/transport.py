@@ -59,19 +59,21 @@ class ToolUnavailable(Exception):
 
 
 class ConfiguredServer(ConnectPolicy):
-    """The operator's tool server: its host is reached whatever it resolves to (an in-cluster
-    Service has a private address), and no other host is."""
+    """The operator's tool server: its host and port are reached whatever the host resolves to
+    (an in-cluster Service has a private address), and nothing else is."""
 
     def __init__(self, url: str, resolver: Resolver | None = None) -> None:
         super().__init__([], resolver)
-        self.host = (urllib.parse.urlsplit(url).hostname or "").lower()
+        parts = urllib.parse.urlsplit(url)
+        self.host = (parts.hostname or "").lower()
+        self.port = parts.port or (443 if parts.scheme == "https" else 80)
 
     def check(self, url: str) -> Any:
         raise ValueError("only the configured tool server is reached")
 
     async def address(self, host: str, port: int) -> str:
-        if host.lower().strip("[]") != self.host.strip("[]"):
-            raise ConnectRefused(f"'{host}' is not the configured tool server")
+        if host.lower().strip("[]") != self.host.strip("[]") or port != self.port:
+            raise ConnectRefused(f"'{host}:{port}' is not the configured tool server")
         try:
             return str(ipaddress.ip_address(host.strip("[]")))
         except ValueError:
