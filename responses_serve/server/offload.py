@@ -29,6 +29,8 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
+from pydantic import BaseModel
+
 T = TypeVar("T")
 
 # Above these, the work goes to a worker thread.
@@ -98,11 +100,28 @@ async def parse_body_off_loop(body: bytes | str, parse: Callable[[Any], T]) -> T
 
 
 def big_prompt(items: list[Any], tools: int) -> bool:
-    """Whether rendering `items` (and `tools` tools) is big work: their number, or their
-    text's size."""
+    """Whether rendering `items` (and `tools` tools) is big work: their number, or the size of
+    everything they hold (every string of every field: an `mcp_call`'s output, a listing's
+    tools, a `code_interpreter_call`'s code are rendered too)."""
     if len(items) > BIG_HISTORY_ITEMS or tools > BIG_TOOLS:
         return True
-    chars = 0
-    for item in items:
-        chars += len(getattr(item, "text", None) or getattr(item, "arguments", None) or "")
-    return chars > BIG_HISTORY_CHARS
+    return _size_over(items, BIG_HISTORY_CHARS)
+
+
+def _size_over(value: Any, limit: int) -> bool:
+    """Whether the characters of `value`'s strings, plus one per value, are over `limit`:
+    walked only until they are (so in bounded time, whatever it holds)."""
+    size, stack = 0, [value]
+    while stack:
+        node = stack.pop()
+        size += len(node) if isinstance(node, str) else 1
+        if size > limit:
+            return True
+        if isinstance(node, BaseModel):
+            stack.extend(node.__dict__.values())
+            stack.extend((node.__pydantic_extra__ or {}).values())
+        elif isinstance(node, dict):
+            stack.extend(node.values())
+        elif isinstance(node, list | tuple):
+            stack.extend(node)
+    return False
