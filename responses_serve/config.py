@@ -713,6 +713,12 @@ class ReplicaLimits(_Strict):
     )
     max_background_runs: int = Field(64, ge=0, description="background responses running on one replica (503 past it)")
     max_websockets: int = Field(256, ge=0, description="WebSocket connections open on one replica (refused with 503)")
+    max_websockets_per_tenant: int = Field(
+        64,
+        ge=0,
+        description="WebSocket connections one tenant holds open on one replica (refused with 429), so that one tenant's idle "
+        "connections cannot take every place; with `auth` only (without it, everyone is one tenant: max_websockets applies)",
+    )
     max_websocket_kept_bytes: int = Field(
         512 * 1024 * 1024,
         ge=0,

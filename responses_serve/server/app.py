@@ -127,6 +127,8 @@ def create_app(
     app.state.max_stream_duration_s = max_stream_duration_s
     app.state.sse_keepalive_s = sse_keepalive_s
     app.state.websockets_open = 0  # connections to /v1/responses (routes/websocket.py)
+    app.state.websockets_by_tenant = {}  # of them, each tenant's (bounded with `auth`: replica_limits.max_websockets_per_tenant)
+    app.state.tenanted = auth is not None
     app.state.server_tools = server_tools or server_tool_runtime(tools or ToolsConfig(), metrics, app.state.store, builtin_tools)
 
     @app.exception_handler(APIError)

@@ -92,6 +92,16 @@ class ResponsesSocket:
             )
             await _deny(self.websocket, error)
             return
+        per_tenant = self.limits.max_websockets_per_tenant
+        if self.state.tenanted and self.state.websockets_by_tenant.get(self.tenant.name, 0) >= per_tenant:
+            error = APIError(
+                f"This API key's tenant holds as many WebSocket connections on this server as it may ({per_tenant}, "
+                "replica_limits.max_websockets_per_tenant). Close one, or retry shortly.",
+                status_code=429,
+                code="too_many_connections",
+            )
+            await _deny(self.websocket, retry_after(error, 1))
+            return
         await self.websocket.accept()
         self._count_open(+1)
         self._receiver = asyncio.current_task()  # cancelled to end a connection whose client stalled
@@ -114,6 +124,8 @@ class ResponsesSocket:
 
     def _count_open(self, change: int) -> None:
         self.state.websockets_open += change
+        by_tenant = self.state.websockets_by_tenant
+        by_tenant[self.tenant.name] = by_tenant.get(self.tenant.name, 0) + change
         self.state.metrics.websockets_open(self.state.websockets_open)
 
     async def _receive(self) -> str | bytes | None:

@@ -1,0 +1,61 @@
+"""One tenant against the others over WebSocket, on one replica: idle connections cost the
+client nothing (no bytes, no requests, no quota), so a tenant that opened `max_websockets` of
+them refused every other tenant's handshake for as long as it held them. A tenant holds at
+most `max_websockets_per_tenant`; the others still connect."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+
+import pytest
+from websockets.exceptions import InvalidStatus
+
+from responses_serve.config import AuthConfig, ReplicaLimits
+from responses_serve.engines.replay import ReplayBackend
+from responses_serve.server.app import ServedModel, create_app
+from tests.conftest import uvicorn_server
+from tests.support import socket_scenarios
+
+KEY_A, KEY_B = "sk-team-a-0123456789abcdefghij", "sk-team-b-abcdefghij0123456789"
+AUTH = AuthConfig.model_validate({"keys": [{"tenant": "team-a", "key_env": "A"}, {"tenant": "team-b", "key_env": "B"}]})
+LIMITS = ReplicaLimits(max_websockets=4, max_websockets_per_tenant=2)
+
+
+def _key(key: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {key}"}
+
+
+@pytest.fixture(scope="module")
+def url():
+    app = create_app([ServedModel("gpt-oss-replay", ReplayBackend())], auth=AUTH, environ={"A": KEY_A, "B": KEY_B}, replica_limits=LIMITS)
+    with uvicorn_server(app) as base:
+        yield base
+
+
+def test_a_tenant_cannot_hold_every_connection_of_a_replica(url):
+    with contextlib.ExitStack() as held:
+        for _ in range(LIMITS.max_websockets_per_tenant):  # B's idle connections
+            held.enter_context(socket_scenarios.socket(url, _key(KEY_B)))
+        with pytest.raises(InvalidStatus) as refused:
+            with socket_scenarios.socket(url, _key(KEY_B)):
+                pass
+        response = refused.value.response
+        assert response.status_code == 429 and response.headers["retry-after"] == "1"
+        error = json.loads(response.body)["error"]
+        assert error["code"] == "too_many_connections" and "replica_limits.max_websockets_per_tenant" in error["message"]
+        with socket_scenarios.socket(url, _key(KEY_A)) as connection:  # A still gets in, and is served
+            socket_scenarios.create(connection, model="gpt-oss-replay", input="hello")
+            assert socket_scenarios.until_end(connection)[-1]["type"] == "response.completed"
+    with socket_scenarios.socket(url, _key(KEY_B)):  # B's closed ones gave their places back
+        pass
+
+
+def test_the_replicas_own_bound_still_holds_over_every_tenant(url):
+    with contextlib.ExitStack() as held:
+        for key in (KEY_A, KEY_A, KEY_B, KEY_B):
+            held.enter_context(socket_scenarios.socket(url, _key(key)))
+        with pytest.raises(InvalidStatus) as refused:
+            with socket_scenarios.socket(url, _key(KEY_A)):
+                pass
+        assert refused.value.response.status_code == 503
