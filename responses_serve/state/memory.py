@@ -4,9 +4,13 @@ Used directly for tests and a single-replica app (`store: {type: memory}`), and 
 embedded store deployment (`responses_serve/serve/store.py`), whose one replica every ingress replica
 calls. Each method runs without awaiting, so on one event loop every call is atomic.
 
-Every call costs O(log n) at most in the number of keys n: keys expire through a heap of
-their expiry times (the due ones are taken off its top), and the keys written longest ago
-go first from an ordered dict when a bound is reached. A key given a new expiry leaves its
+Every call costs O(log n) at most in the number of keys n (and O(t) in the number of tenants
+t): keys expire through a heap of their expiry times (the due ones are taken off its top),
+and when a bound is reached the keys written longest ago go first, from an ordered dict per
+tenant — of the tenant holding the most (state/tenancy.py names a key's tenant), so that one
+tenant filling the store evicts its own keys, not the others'. Quota counters and leases
+(`t:TENANT:quota:...`) are never evicted, only expired: evicting them would reset a
+tenant's limits (they are a few small keys per tenant). A key given a new expiry leaves its
 old heap entry behind, skipped when it comes up; the heap is rebuilt once those outnumber
 the keys. (A scan of every key on each write cost 14 ms a write at 100,000 keys.)
 """
@@ -36,16 +40,28 @@ def _size(key: str, value: bytes | list[bytes]) -> int:
     return len(key) + (len(value) if isinstance(value, bytes) else sum(len(v) for v in value))
 
 
+def _owner(key: str) -> tuple[str, bool]:
+    """The tenant of a key (`t:TENANT:...`; "" for any other key) and whether the bounds may
+    evict it (not a quota key)."""
+    if key.startswith("t:") and (end := key.find(":", 2)) > 0:
+        return key[2:end], not key.startswith("quota:", end + 1)
+    return "", True
+
+
 class MemoryStore:
     """At most `max_entries` keys and `max_bytes` of keys and values; when either would be
-    exceeded the keys written (or refreshed) longest ago go first."""
+    exceeded the keys written (or refreshed) longest ago go first, of the tenant holding the
+    most (quota keys never: they expire)."""
 
     def __init__(self, max_entries: int = 100_000, max_bytes: int = 1 << 30, clock: Callable[[], float] = time.monotonic) -> None:
         self.max_entries = max_entries
         self.max_bytes = max_bytes
         self._clock = clock
-        self._entries: OrderedDict[str, _Entry] = OrderedDict()
+        self._entries: dict[str, _Entry] = {}
         self._bytes = 0
+        # The keys the bounds may evict, per tenant, oldest first, and their bytes.
+        self._evictable: dict[str, OrderedDict[str, None]] = {}
+        self._evictable_bytes: dict[str, int] = {}
         self._expiries: list[tuple[float, int, str]] = []  # (expires_at, stamp, key), a heap
         self._stamps = itertools.count()
 
@@ -64,13 +80,29 @@ class MemoryStore:
     def _drop(self, key: str) -> None:
         entry = self._entries.pop(key)
         self._bytes -= entry.size
+        owner, evictable = _owner(key)
+        if evictable:
+            order = self._evictable[owner]
+            del order[key]
+            self._evictable_bytes[owner] -= entry.size
+            if not order:
+                del self._evictable[owner], self._evictable_bytes[owner]
+
+    def _grow(self, key: str, size: int) -> None:
+        """`key` (in `_entries`) is `size` bytes larger and now the newest of its tenant's."""
+        self._bytes += size
+        owner, evictable = _owner(key)
+        if evictable:
+            self._evictable.setdefault(owner, OrderedDict())[key] = None
+            self._evictable[owner].move_to_end(key)
+            self._evictable_bytes[owner] = self._evictable_bytes.get(owner, 0) + size
 
     def _set(self, key: str, value: bytes | list[bytes], ttl_s: float) -> None:
         if key in self._entries:
             self._drop(key)
         entry = _Entry(value, 0.0, _size(key, value), 0)
         self._entries[key] = entry
-        self._bytes += entry.size
+        self._grow(key, entry.size)
         self._expire_at(key, entry, self._clock() + ttl_s)
         self._evict(keep=key)
 
@@ -88,12 +120,15 @@ class MemoryStore:
             entry = self._entries.get(key)
             if entry is not None and entry.stamp == stamp:  # not a stale one
                 self._drop(key)
-        while len(self._entries) > self.max_entries or self._bytes > self.max_bytes:
-            oldest = next(iter(self._entries))
-            if oldest == keep:  # one entry larger than the whole budget: it goes too
-                self._drop(oldest)
-                return
+        while self._evictable and (len(self._entries) > self.max_entries or self._bytes > self.max_bytes):
+            if self._bytes > self.max_bytes:
+                owner = max(self._evictable_bytes, key=self._evictable_bytes.__getitem__)
+            else:
+                owner = max(self._evictable, key=lambda tenant: len(self._evictable[tenant]))
+            oldest = next(iter(self._evictable[owner]))
             self._drop(oldest)
+            if oldest == keep:  # its tenant has nothing older: the entry that went over goes itself
+                return
 
     # -- values --
 
@@ -128,7 +163,7 @@ class MemoryStore:
             entry = self._live(key)
             if entry is not None:
                 self._expire_at(key, entry, self._clock() + ttl_s)
-                self._entries.move_to_end(key)
+                self._grow(key, 0)
                 found += 1
         return found
 
@@ -148,8 +183,7 @@ class MemoryStore:
         entry.value.extend(added)
         entry.size += sum(len(v) for v in added)
         self._expire_at(key, entry, self._clock() + ttl_s)
-        self._bytes += sum(len(v) for v in added)
-        self._entries.move_to_end(key)
+        self._grow(key, sum(len(v) for v in added))
         length = len(entry.value)
         self._evict(keep=key)
         return length
