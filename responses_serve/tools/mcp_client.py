@@ -5,7 +5,8 @@ message POSTs, a session's DELETE) goes through `GuardedTransport`: its host is 
 here, every address it resolves to is checked (`ConnectPolicy.address`), and the socket is
 opened to the checked address — so a name that resolves differently a moment later (DNS
 rebinding) cannot lead anywhere else. Proxies from the environment are not used. The SDK
-follows a redirect only within the endpoint's origin, so headers never leave it. Every
+follows a redirect only within the endpoint's origin, so headers never leave it, and only
+to a URL `allowed_urls` lets a request name (`GuardedTransport`). Every
 operation has a timeout; a server's response body is capped in bytes.
 
 The SDK's client holds anyio task groups that must be entered and left by one task, while a
@@ -108,6 +109,11 @@ class ConnectPolicy:
                 raise ValueError(str(exc)) from None
         return target
 
+    def check_redirect(self, url: str) -> None:
+        """Whether the client may follow a redirect to `url` (the SDK follows one within the
+        origin only): to a URL a request may name; `ValueError` if not."""
+        self.check(url)
+
     async def address(self, host: str, port: int) -> str:
         """The checked address to open a connection to `host` on; `ConnectRefused` if none."""
         literal = _ip(host)
@@ -192,16 +198,27 @@ def _ssl_context() -> ssl.SSLContext:
 
 class GuardedTransport(httpx2.AsyncHTTPTransport):
     """httpx2's transport, with connections only to checked addresses (`_GuardedBackend`),
-    no proxies from the environment, and a cap on each response body that is not an event
-    stream (the SDK caps each event of those: `max_sse_event_size`)."""
+    no proxies from the environment, no redirect to a URL that `allowed_urls` does not let a
+    request name (the SDK follows one within the origin, whatever its path), and a cap on
+    each response body that is not an event stream (the SDK caps each event of those:
+    `max_sse_event_size`)."""
 
     def __init__(self, policy: ConnectPolicy, max_response_bytes: int) -> None:
         super().__init__(verify=_ssl_context(), trust_env=False)
         self._pool = httpcore2.AsyncConnectionPool(ssl_context=_ssl_context(), max_connections=8, network_backend=_GuardedBackend(policy))
+        self._policy = policy
         self._max_response_bytes = max_response_bytes
 
     async def handle_async_request(self, request: httpx2.Request) -> httpx2.Response:
         response = await super().handle_async_request(request)
+        if response.has_redirect_location:
+            location = request.url.join(response.headers["location"])
+            try:
+                self._policy.check_redirect(str(location))
+            except ValueError as exc:
+                await response.aclose()
+                refused = ConnectRefused(f"the MCP server redirected to {str(location)[:200]}: {exc}")
+                raise httpx2.ConnectError(str(refused), request=request) from refused
         if not response.headers.get("content-type", "").startswith("text/event-stream"):
             assert isinstance(response.stream, httpx2.AsyncByteStream)
             response.stream = _CappedBody(response.stream, self._max_response_bytes)

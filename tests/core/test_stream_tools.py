@@ -8,6 +8,7 @@ import json
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from openai.types.responses.response_output_item import McpListToolsTool
 from openai_harmony import Message, Role
 
 from responses_serve.api.request import ResponsesRequest
@@ -83,12 +84,20 @@ def tools() -> ServerTools:
     return ServerTools(namespaces={"lab": MCP_CALL}, needs_approval=lambda namespace, name: name == "delete")
 
 
-def drive(script, sizes, order, results, answer) -> tuple[list[dict], ResponseStream]:
-    """One response: the script's completion in batches, the calls finished in `order` with
-    `results`, then (if nothing hands the response back) a second turn answering `answer`."""
+def drive(script, sizes, order, results, answer, listings=()) -> tuple[list[dict], ResponseStream]:
+    """One response: MCP servers' `listings` before it (each an error, or None: listed),
+    finished in `order`; the script's completion in batches, the calls finished in `order`
+    with `results`, then (if nothing hands the response back) a second turn answering `answer`."""
     stream = ResponseStream(REQUEST, parser_factory=lambda sink: ScriptParser(sink, script))
     stream.server_tools = tools()
     wire = encode_events(stream.start())
+    if listings:  # as the tool loop prepares: the servers listed side by side, then the first generation
+        opened = [stream.open_tool_listing(f"server{index}") for index in range(len(listings))]
+        wire += encode_events(stream.events())
+        for position in sorted(range(len(opened)), key=lambda i: order[i % len(order)] if order else 0):
+            listed = [] if listings[position] is not None else [McpListToolsTool(name="echo", input_schema={"type": "object"})]
+            wire += encode_events(stream.finish_tool_listing(opened[position], listed, listings[position]))
+        stream.next_turn(lambda sink: ScriptParser(sink, script))
     batches = partition(list(range(len(script))), sizes)
     for index, batch in enumerate(batches):
         last = index == len(batches) - 1
@@ -136,6 +145,31 @@ def test_server_calls_keep_the_contract_in_any_batching_and_finishing_order(scri
     # Usage: both turns' prompts; every event after the created one carries the same id.
     assert terminal.usage.input_tokens == (16 if calls and not hands_back else 5)
     assert terminal.usage.input_tokens_details.cached_tokens == (4 if calls and not hands_back else 0)
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    scripts(),
+    st.lists(st.one_of(st.none(), texts.filter(bool)), min_size=1, max_size=3),
+    st.lists(st.integers(1, 6), max_size=60),
+    st.lists(st.integers(0, 9), max_size=6),
+    st.lists(outcomes, min_size=1, max_size=4),
+)
+def test_listings_before_the_generation_keep_the_contract(script_and_expected, listings, sizes, order, results):
+    script, expected = script_and_expected
+    events, _ = drive(script, sizes, order, results, "done", listings)
+    terminal = check_stream(events)
+    made = terminal.output[: len(listings)]
+    assert [(item.type, item.server_label, item.error) for item in made] == [
+        ("mcp_list_tools", f"server{index}", error) for index, error in enumerate(listings)
+    ]
+    assert [[tool.name for tool in item.tools] for item in made] == [[] if error else ["echo"] for error in listings]
+    assert [item.type for item in terminal.output[len(listings) : len(listings) + len(expected)]] == [kind for kind, _ in expected]
+    # Each listing's own events, in the SDK's order, whatever order the servers answered in.
+    for item in made:
+        own = [e["type"] for e in events if e.get("item_id") == item.id or e.get("item", {}).get("id") == item.id]
+        end = "response.mcp_list_tools.failed" if item.error else "response.mcp_list_tools.completed"
+        assert own == ["response.output_item.added", "response.mcp_list_tools.in_progress", end, "response.output_item.done"]
 
 
 @settings(max_examples=100, deadline=None)

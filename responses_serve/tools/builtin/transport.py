@@ -71,6 +71,9 @@ class ConfiguredServer(ConnectPolicy):
     def check(self, url: str) -> Any:
         raise ValueError("only the configured tool server is reached")
 
+    def check_redirect(self, url: str) -> None:
+        """Any: the SDK follows a redirect within the origin only, and `address` reaches no other host."""
+
     async def address(self, host: str, port: int) -> str:
         if host.lower().strip("[]") != self.host.strip("[]") or port != self.port:
             raise ConnectRefused(f"'{host}:{port}' is not the configured tool server")
