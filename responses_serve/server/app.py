@@ -253,7 +253,9 @@ def server_tool_runtime(
     addresses (tests)."""
     mcp = config.mcp
     remote = RemoteMcpFactory(
-        ConnectPolicy(mcp.allowed_urls, resolver), McpLimits(mcp.connect_timeout_s, mcp.call_timeout_s, mcp.max_output_bytes)
+        ConnectPolicy(mcp.allowed_urls, resolver),
+        McpLimits(mcp.connect_timeout_s, mcp.call_timeout_s, mcp.max_output_bytes),
+        report=metrics.tool_call_finished,
     )
     factories: list[ToolFactory] = [remote, *builtin_factories(config.builtin, store or MemoryStore(), builtin, resolver)]
     return ServerToolRuntime(factories, max_calls=config.max_calls_per_response, report=metrics.tool_call_finished)

@@ -22,10 +22,12 @@ a `Toolset` of the tool loop.
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import logging
 import re
-from collections.abc import AsyncIterator
+import time
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from openai.types.responses import ResponseStreamEvent
@@ -53,7 +55,7 @@ from responses_serve.api.request import (
 from responses_serve.stream import ResponseStream
 from responses_serve.tool_items import MCP_CALL, ServerCall, ServerTools, ToolOutcome
 from responses_serve.tools.mcp_client import ConnectPolicy, McpConnection, McpLimits, McpUnavailable, result_text
-from responses_serve.tools.server_tools import until
+from responses_serve.tools.server_tools import CallReport, CallStatus, until
 
 logger = logging.getLogger("responses_serve.tools.mcp")
 
@@ -113,9 +115,10 @@ def _listed(tool: Any) -> McpListToolsTool:
 class RemoteMcpFactory:
     """Makes the toolset of a request's MCP servers; one per application."""
 
-    def __init__(self, policy: ConnectPolicy, limits: McpLimits) -> None:
+    def __init__(self, policy: ConnectPolicy, limits: McpLimits, report: Callable[[CallReport], None] = lambda report: None) -> None:
         self.policy = policy
         self.limits = limits
+        self.report = report  # each listing, as metrics count calls (kind mcp_list_tools)
 
     def check(self, request: ResponsesRequest) -> None:
         """400 for an MCP server the request may not name: before any connection is made."""
@@ -140,7 +143,7 @@ class RemoteMcpFactory:
         approved = approved_calls(history, input_items, {server.server_label for server in servers})
         if not servers:
             return None
-        return RemoteMcpServers(servers, self.policy, self.limits, history, approved)
+        return RemoteMcpServers(servers, self.policy, self.limits, history, approved, self.report)
 
 
 def approved_calls(history: list[HistoryItem], input_items: list[HistoryItem], labels: set[str]) -> list[McpApprovalRequestItem]:
@@ -179,8 +182,10 @@ class RemoteMcpServers:
         limits: McpLimits,
         history: list[HistoryItem],
         approved: list[McpApprovalRequestItem],
+        report: Callable[[CallReport], None] = lambda report: None,
     ) -> None:
         self.servers = {server.server_label: server for server in servers}
+        self._report = report
         self.policy, self.limits = policy, limits
         self.listed: dict[str, list[McpListedTool]] = {}  # label -> its tools, from the conversation or listed now
         for item in history:
@@ -249,7 +254,21 @@ class RemoteMcpServers:
             items = {label: stream.open_tool_listing(label) for label in unlisted}
             yield stream.events()
             # Listed side by side; the items finish in order.
+            started = time.perf_counter()
+            ended: dict[str, float] = {}  # when each listing's own work ended
+            reported: set[str] = set()
+
+            def listing_ended(label: str, _: asyncio.Task) -> None:
+                ended[label] = time.perf_counter()
+
+            def report(label: str, status: CallStatus) -> None:  # metrics: each server's listing and its own time
+                reported.add(label)
+                self._report(CallReport(label, "mcp_list_tools", status, ended.get(label, time.perf_counter()) - started))
+
             listings = {label: asyncio.create_task(self._connection(label).list_tools()) for label in unlisted}
+            for label, listing in listings.items():
+                listing.add_done_callback(functools.partial(listing_ended, label))
+
             try:
                 for label, listing in listings.items():
                     try:
@@ -257,14 +276,18 @@ class RemoteMcpServers:
                             tools = await listing
                     except McpUnavailable as exc:
                         logger.info("MCP server %s: listing failed: %s", label, exc.error.message)
+                        report(label, "failed")
                         yield stream.finish_tool_listing(items[label], [], exc.error.message)
                         continue
                     listed = [_listed(tool) for tool in tools]
                     self.listed[label] = [McpListedTool.model_validate(tool.model_dump()) for tool in listed]
+                    report(label, "completed")
                     yield stream.finish_tool_listing(items[label], listed)
             finally:
-                for listing in listings.values():
+                for label, listing in listings.items():
                     listing.cancel()
+                    if label not in reported:  # the response ended first
+                        report(label, "cancelled")
         for request in self.approved:
             stream.add_server_call(MCP_CALL, request.server_label, request.name, request.arguments, approval_request_id=request.id)
             yield stream.events()

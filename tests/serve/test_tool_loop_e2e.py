@@ -234,7 +234,8 @@ def test_tool_calls_reach_the_prometheus_scrape(serve_url, metrics_port, servers
         return (
             total(families, TOOL_CALLS, "_total", tool=label, kind="mcp_call", status="completed"),
             total(families, TOOL_CALLS, "_total", tool=label, kind="mcp_call", status="failed"),
-            total(families, TOOL_LATENCY, "_count", tool=label),
+            total(families, TOOL_LATENCY, "_count", tool=label, kind="mcp_call"),
+            total(families, TOOL_CALLS, "_total", tool=label, kind="mcp_list_tools", status="completed"),
         )
 
-    assert wait_until(lambda: counted() == (1.0, 1.0, 2.0), timeout_s=90, interval_s=1), counted()
+    assert wait_until(lambda: counted() == (1.0, 1.0, 2.0, 2.0), timeout_s=90, interval_s=1), counted()

@@ -464,14 +464,24 @@ def test_each_call_is_reported_by_tool_and_outcome(servers, record):
         def tool_call_finished(self, report: CallReport) -> None:
             reports.append(report)
 
+    from tests.conftest import free_port
+
     config = ToolsConfig.model_validate({"mcp": {"allowed_urls": LOOPBACK}})
     app = create_app([ServedModel("gpt-oss-replay", ReplayBackend())], metrics=Recorder(), tools=config)
     with uvicorn_server(app) as base:
         for command in (CALL_ECHO, 'call lab.fail {"text": "x"}'):
             post(base, {"model": "gpt-oss-replay", "input": command, "tools": [never(servers.streamable)]})
         post(base, {"model": "gpt-oss-replay", "input": CALL_ECHO, "tools": [never(servers.streamable)], "max_tool_calls": 0})
-    assert [(r.label, r.kind, r.status) for r in reports] == [("lab", "mcp_call", s) for s in ("completed", "failed", "not_run")]
-    assert all(r.seconds > 0 for r in reports[:2]) and reports[2].seconds == 0
+        calls = [(r.label, r.kind, r.status) for r in reports if r.kind == "mcp_call"]
+        assert calls == [("lab", "mcp_call", s) for s in ("completed", "failed", "not_run")]
+        called = [r for r in reports if r.kind == "mcp_call"]
+        assert all(r.seconds > 0 for r in called[:2]) and called[2].seconds == 0
+        # Each response listed the server once; a server that is down is a failed listing of its label.
+        dead = never(f"http://127.0.0.1:{free_port()}/mcp", label="down")
+        post(base, {"model": "gpt-oss-replay", "input": CALL_ECHO, "tools": [never(servers.streamable), dead]})
+    listings = [(r.label, r.status) for r in reports if r.kind == "mcp_list_tools"]
+    assert listings == [("lab", "completed")] * 4 + [("down", "failed")]
+    assert all(r.seconds > 0 for r in reports if r.kind == "mcp_list_tools")
 
 
 def test_a_tool_call_counts_in_the_tenants_quota(servers, record):
