@@ -46,6 +46,7 @@ from typing import Any
 
 import cachetools
 import jsonschema
+import regex
 from openai_harmony import Message, Role
 
 from responses_serve.api.json_schema import instance
@@ -141,9 +142,29 @@ def obey(constraint: OutputConstraint | None, offered: set[str], *, wanted_call:
     return Answer(answer)
 
 
+PATTERN_TIMEOUT_S = 0.05  # a schema's `pattern` against the written text (both the client's)
+
+
+def _pattern(validator: Any, pattern: str, value: Any, schema: Any) -> Any:
+    """jsonschema's `pattern`, in bounded time: `re` has no timeout, and a client's pattern
+    (`^(a+)+$`) against its own text (`aaa...a!`) backtracked for hours on the event loop.
+    Too slow to tell counts as not matching."""
+    if not validator.is_type(value, "string"):
+        return
+    try:
+        found = regex.search(pattern, value, timeout=PATTERN_TIMEOUT_S)
+    except (TimeoutError, regex.error):
+        found = None
+    if found is None:
+        yield jsonschema.ValidationError(f"{value!r} does not match {pattern!r} (within {PATTERN_TIMEOUT_S} s)")
+
+
+_VALIDATOR = jsonschema.validators.extend(jsonschema.Draft202012Validator, {"pattern": _pattern})
+
+
 def _arguments(written: str | None, schema: Any) -> str:
     """The arguments as written when they fit the function's schema, else an instance of it."""
-    if written is not None and (schema is True or jsonschema.Draft202012Validator(schema).is_valid(json.loads(written))):
+    if written is not None and (schema is True or _VALIDATOR(schema).is_valid(json.loads(written))):
         return written
     return json.dumps(instance(schema))
 
