@@ -48,7 +48,10 @@ def _bundled_gzip() -> Path:
 def ensure_vocabulary() -> Path:
     """Return a directory holding the verified vocabulary and point `ENV_VAR` at it."""
     configured = os.environ.get(ENV_VAR)
-    if configured:
+    directory = _cache_dir()
+    # Our own cache, named by this process or a parent that set the variable: unpacked again if
+    # it is gone (a child in another mount namespace, a cache emptied since), as when unset.
+    if configured and Path(configured) != directory:
         path = Path(configured) / VOCAB_FILE
         if not path.is_file():
             raise VocabularyError(f"{ENV_VAR}={configured} but {path} does not exist")
@@ -58,7 +61,6 @@ def ensure_vocabulary() -> Path:
             )
         return Path(configured)
 
-    directory = _cache_dir()
     target = directory / VOCAB_FILE
     if not target.is_file() or _sha256(target) != VOCAB_SHA256:
         source = _bundled_gzip()

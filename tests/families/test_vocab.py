@@ -25,6 +25,16 @@ def test_unset_resolves_the_bundled_copy(tmp_path, monkeypatch):
     assert hashlib.sha256((directory / vocab.VOCAB_FILE).read_bytes()).hexdigest() == vocab.VOCAB_SHA256
 
 
+def test_our_own_cache_named_by_a_parent_is_unpacked_again_when_gone(tmp_path, monkeypatch):
+    """A process that set the variable to our cache passes it on to its children; one that
+    does not see that cache (its own mount namespace: a sandbox, a pod's emptyDir) unpacks
+    the vocabulary again instead of failing."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    monkeypatch.setenv(vocab.ENV_VAR, str(tmp_path / "responses-serve" / "tiktoken"))  # nothing there
+    directory = vocab.ensure_vocabulary()
+    assert hashlib.sha256((directory / vocab.VOCAB_FILE).read_bytes()).hexdigest() == vocab.VOCAB_SHA256
+
+
 def test_a_wrong_file_says_what_to_do(tmp_path, monkeypatch):
     (tmp_path / vocab.VOCAB_FILE).write_bytes(b"not the vocabulary")
     monkeypatch.setenv(vocab.ENV_VAR, str(tmp_path))
