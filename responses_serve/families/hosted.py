@@ -8,7 +8,8 @@ turn), so a client that sends the whole history back (`store: false`) gets the s
 as one that continues with `previous_response_id`:
 
     mcp_list_tools                    -> nothing (its tools are offered with the request's tools)
-    mcp_call                          -> the call, then its output (or its error)
+    mcp_call                          -> the call, then its output (or its error; or that it did
+                                         not finish: a response cancelled or ended mid-call)
     mcp_approval_request              -> the call, when it was answered later in the history
     mcp_approval_response, approved   -> nothing: the mcp_call that ran it carries the output
     mcp_approval_response, denied     -> the output: the user did not approve the call
@@ -82,6 +83,7 @@ RenderedItem = MessageItem | FunctionCallItem | FunctionCallOutputItem | Reasoni
 
 NOT_APPROVED = "The user did not approve this call, so it was not run."
 RESULT_NOT_KEPT = "(The result of this call is not part of the conversation.)"
+NOT_FINISHED = "Not finished: the response ended before the tool returned."
 
 
 def error_text(error: str | dict[str, Any] | None) -> str:
@@ -133,7 +135,8 @@ def as_tool_turns(history: Iterable[HistoryItem]) -> list[tuple[int, RenderedIte
             call_id = item.approval_request_id if item.approval_request_id in requests else (item.id or f"mcp_{index}")
             if call_id != item.approval_request_id:  # an approved call's message is its request's
                 turns.append(ToolCall(call_id, recipient, item.arguments))
-            turns.append(ToolOutput(call_id, recipient, call_result_text(item.output, item.error)))
+            unfinished = item.output is None and item.error is None and item.status not in (None, "completed")
+            turns.append(ToolOutput(call_id, recipient, NOT_FINISHED if unfinished else call_result_text(item.output, item.error)))
         elif isinstance(item, WebSearchCallItem):
             call_id = item.id or f"ws_{index}"
             recipient, arguments = _browser_call(item.action or {})

@@ -7,7 +7,7 @@ import pytest
 
 from responses_serve.api.request import ResponsesRequest
 from responses_serve.families.harmony import render_prompt
-from responses_serve.families.hosted import NOT_APPROVED
+from responses_serve.families.hosted import NOT_APPROVED, NOT_FINISHED
 from responses_serve.families.vocab import harmony_encoding
 from responses_serve.state.responses import as_response_item, output_as_input
 
@@ -68,6 +68,17 @@ def test_a_failed_call_shows_its_error_in_any_sdk_shape():
         failed = {**CALL, "output": None, "error": error}
         as_function = [AS_FUNCTION[0], {**AS_FUNCTION[1], "output": "Error: boom"}]
         assert harmony([USER, failed]) == harmony([USER, *as_function])
+
+
+def test_a_call_the_response_ended_before_it_returned_says_so():
+    """A cancelled (or failed) response's call is `incomplete`, with neither output nor error:
+    the model reads that it did not finish, not that the tool returned nothing."""
+    unfinished = {**CALL, "output": None, "status": "incomplete"}
+    as_function = [AS_FUNCTION[0], {**AS_FUNCTION[1], "output": NOT_FINISHED}]
+    assert harmony([USER, unfinished]) == harmony([USER, *as_function])
+    assert harmony([USER, {**CALL, "output": "", "status": "completed"}]) == harmony(
+        [USER, AS_FUNCTION[0], {**AS_FUNCTION[1], "output": ""}]
+    )
 
 
 def test_tool_output_is_text_never_control_tokens():

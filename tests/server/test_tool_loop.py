@@ -428,6 +428,15 @@ def test_background_cancel_mid_call(url, servers, record):
             break
         threading.Event().wait(0.05)
     assert record.cancelled == ["hang"]
+    # Sent back, the unfinished call tells the model it did not finish (not that it returned nothing).
+    history = [
+        {"role": "user", "content": 'call lab.hang {"seconds": 1.5}'},
+        *[item.model_dump(exclude_none=True) for item in cancelled.output],
+    ]
+    answer = post(url, {"model": "gpt-oss-replay", "input": history, "tools": [never(servers.streamable)], "store": False}).json()
+    assert (
+        answer["output"][-1]["content"][0]["text"] == "Tool lab.hang returned: Not finished: the response ended before the tool returned."
+    )
 
 
 def test_websocket_mode_runs_the_loop(url, servers, record):
