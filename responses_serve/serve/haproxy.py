@@ -12,6 +12,13 @@ HAProxy is a child of Serve's HAProxyManager actor, which stops it when Serve sh
 killed without that (SIGKILL, a crash, an OOM kill) left it running and holding port 8000, so
 the next `serve run` could not bind it: the wrapper asks the kernel to send HAProxy SIGTERM
 when the actor dies (Linux's parent-death signal, kept across the exec).
+
+Serve's config has no `timeout http-request`, so a client had `timeout client` (an hour) to
+send its request headers: 4,096 clients (Serve's `maxconn`) sending a byte now and then, with
+no key (the key is checked once the request has arrived), held every connection HAProxy takes.
+The wrapper gives each config's `defaults` a `timeout http-request` (`HTTP_REQUEST_TIMEOUT_S`),
+in a copy beside the file Serve wrote; streams and bodies are not affected (the app bounds a
+body's time itself: `replica_limits.body_read_timeout_s`).
 """
 
 from __future__ import annotations
@@ -26,6 +33,7 @@ from responses_serve.engines.cpu_cores import leave_batch_policy
 
 NAME = "responses-serve-haproxy"
 PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+HTTP_REQUEST_TIMEOUT_S = int(os.environ.get("RESPONSES_SERVE_HTTP_REQUEST_TIMEOUT_S", "30"))  # request headers arrive within this, or a 408
 
 
 def installed_path() -> str:
@@ -42,7 +50,39 @@ def main() -> None:
     binary = get_haproxy_binary()
     stop_with_parent()
     leave_batch_policy()  # every request and stream passes through it
-    os.execv(binary, [binary, "-dS", *sys.argv[1:]])
+    os.execv(binary, [binary, "-dS", *with_request_timeout(sys.argv[1:])])
+
+
+def with_request_timeout(args: list[str], timeout_s: int = HTTP_REQUEST_TIMEOUT_S) -> list[str]:
+    """HAProxy's arguments with each `-f` config that sets no `timeout http-request` replaced
+    by a copy that does (in its `defaults`); a config that cannot be read or copied is left."""
+    out = list(args)
+    for index, arg in enumerate(args[:-1]):
+        if arg != "-f":
+            continue
+        path = Path(args[index + 1])
+        try:
+            text = path.read_text()
+            patched = add_request_timeout(text, timeout_s)
+            if patched != text:
+                copy = path.with_name(path.name + ".request-timeout")
+                copy.write_text(patched)
+                out[index + 1] = str(copy)
+        except OSError as exc:
+            print(f"{NAME}: {path} left without timeout http-request: {exc}", file=sys.stderr)
+    return out
+
+
+def add_request_timeout(config: str, timeout_s: int) -> str:
+    """`config` with `timeout http-request` in each `defaults` section, unless it sets one."""
+    if "timeout http-request" in config:
+        return config
+    lines = []
+    for line in config.splitlines(keepends=True):
+        lines.append(line)
+        if line.split("#", 1)[0].split()[:1] == ["defaults"] and not line[:1].isspace():
+            lines.append(f"    timeout http-request {timeout_s}s\n")
+    return "".join(lines)
 
 
 def stop_with_parent() -> None:

@@ -39,7 +39,8 @@ def test_it_becomes_haproxy_in_place_with_splicing_off(tmp_path):
             return open(f"/proc/{process.pid}/cmdline", "rb").read().decode().split("\0")
 
         assert wait_until(lambda: cmdline()[0].endswith("/haproxy"), timeout_s=20), cmdline()
-        assert cmdline()[1:5] == ["-dS", "-db", "-f", str(config)]
+        # Serve's config, as a copy with `timeout http-request` (tests/serve/test_haproxy_slowloris.py).
+        assert cmdline()[1:5] == ["-dS", "-db", "-f", str(config) + ".request-timeout"]
         assert os.sched_getscheduler(process.pid) == os.SCHED_OTHER  # on the request path
         time.sleep(0.5)
         assert process.poll() is None  # it took the config and runs
