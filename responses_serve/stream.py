@@ -688,8 +688,11 @@ class ResponseStream:
                 elif token.end > limit:
                     keep.append(token)  # its text may still come out
             self._pending = pending = keep
-        # Keep the bytes from the first pending token on.
-        new_base = pending[0].start if pending else base + len(written)
+        # Keep the bytes from the first pending token on, and an unfinished character's from its
+        # first byte: its later bytes are known to be part of it only with that byte.
+        new_base = base + len(written) - unfinished_utf8_tail(written)
+        if pending:
+            new_base = min(new_base, pending[0].start)
         del written[: new_base - base]
         self._written_at = new_base
 

@@ -13,7 +13,7 @@ import json
 
 import httpx
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from responses_serve.api.request import ResponsesRequest
@@ -87,8 +87,18 @@ def _keys(value) -> set[str]:
     return set()
 
 
+# A four-byte character whose last three bytes are tokens of their own, after a token that
+# writes a space and its first byte: the middle tokens write no whole character.
+SPLIT_CHARACTER = (
+    [200005, 35644, 200008, 64, 200007, 200006, 173781, 200005, 12606, 815, 200008, 95814, 222, 222, 222, 200007]
+    + [200006, 173781, 200005, 17196, 200008, 64, 200002],
+    [("reasoning", "a"), ("message", " \U00040000"), ("message", "a")],
+)
+
+
 @settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(case=completions(), sizes=st.lists(st.integers(1, 6), max_size=80))
+@example(case=SPLIT_CHARACTER, sizes=[])
 def test_harmony_each_delta_carries_exactly_the_tokens_whose_text_it_starts(case, sizes):
     tokens, expected = case
     family = HarmonyModel()
