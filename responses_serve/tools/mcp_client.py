@@ -23,11 +23,13 @@ import functools
 import ipaddress
 import json
 import logging
+import re
 import socket
 import ssl
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import urlsplit
 
 import httpcore2
 import httpx2
@@ -231,6 +233,9 @@ class McpConnection:
 
     def __init__(self, url: str, headers: dict[str, str], policy: ConnectPolicy, limits: McpLimits) -> None:
         self.url = url
+        # What the logs name: a URL's user info, path and query may hold a key, as headers do.
+        self.origin = _origin(url)
+        _keep_urls_out_of_library_logs()
         self._headers = headers  # secrets: sent to this server only, never logged
         self._policy = policy
         self.limits = limits
@@ -253,7 +258,7 @@ class McpConnection:
     async def _connect(self) -> Client:
         if self._client is None:
             self._client = asyncio.get_running_loop().create_future()
-            self._task = asyncio.create_task(self._hold(self._client), name=f"mcp {self.url}")
+            self._task = asyncio.create_task(self._hold(self._client), name=f"mcp {self.origin}")
             _LIVE.add(self._task)  # asyncio holds tasks weakly: this one outlives the response
             self._task.add_done_callback(_LIVE.discard)
         return await asyncio.shield(self._client)
@@ -292,7 +297,7 @@ class McpConnection:
                 raise
             except BaseException as exc:  # the SDK raises exception groups of its task groups
                 if connected.done():  # the connection broke after it was made: calls see it
-                    logger.info("MCP server %s: connection ended: %s", self.url, _describe(exc))
+                    logger.info("MCP server %s: connection ended: %s", self.origin, _describe(exc))
                     return
                 failure = tool_error(exc, limits.connect_timeout_s)
                 if not _protocol_failure(exc):  # unreachable, refused or slow: SSE would not do better
@@ -302,7 +307,7 @@ class McpConnection:
                     async with asyncio.timeout(CLOSE_TIMEOUT_S):
                         await stack.aclose()
                 except BaseException as exc:  # what ending it raised changes nothing now
-                    logger.debug("MCP server %s: closing: %s", self.url, _describe(exc))
+                    logger.debug("MCP server %s: closing: %s", self.origin, _describe(exc))
         assert failure is not None
         connected.set_exception(McpUnavailable(failure))
 
@@ -320,7 +325,7 @@ class McpConnection:
                     for tool in page.tools:
                         size += len(tool.model_dump_json())
                         if size > self.limits.max_output_bytes or len(tools) >= MAX_TOOLS:
-                            logger.info("MCP server %s: listing cut at %d tools", self.url, len(tools))
+                            logger.info("MCP server %s: listing cut at %d tools", self.origin, len(tools))
                             return tools
                         tools.append(tool)
                     cursor = page.next_cursor
@@ -371,8 +376,41 @@ def _protocol_failure(exc: BaseException) -> bool:
     return any(isinstance(leaf, (MCPError, httpx2.HTTPStatusError)) for leaf in _leaves(exc))
 
 
+_URL = re.compile(r"""(?i)\b(?:https?|wss?)://[^\s'"<>]+""")
+
+
+def _origin(url: str) -> str:
+    """scheme://host[:port] of a URL, nothing else of it."""
+    parts = urlsplit(url)
+    return f"{parts.scheme}://{parts.netloc.rpartition('@')[2]}"
+
+
+class _UrlsToOrigins(logging.Filter):
+    """Cuts every URL of a library's log record to its origin: httpx logs each request's
+    whole URL, the mcp SDK the endpoint it connects to."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        if "://" in message:
+            record.msg, record.args = _URL.sub(lambda match: _origin(match.group()), message), ()
+        return True
+
+
+# The loggers that name a request's server_url (a filter acts on its own logger's records only).
+_URL_LOGGERS = ("httpx2", "mcp.client.streamable_http", "mcp.client.sse")
+
+
+@functools.cache
+def _keep_urls_out_of_library_logs() -> None:
+    for name in _URL_LOGGERS:
+        logging.getLogger(name).addFilter(_UrlsToOrigins())
+
+
 def _describe(exc: BaseException) -> str:
-    return "; ".join(f"{type(leaf).__name__}: {leaf}" for leaf in _leaves(exc))[:500]
+    """An exception in words for the logs, with any URL in it cut to its origin (httpx names
+    the whole URL it failed on)."""
+    text = "; ".join(f"{type(leaf).__name__}: {leaf}" for leaf in _leaves(exc))
+    return _URL.sub(lambda match: _origin(match.group()), text)[:500]
 
 
 def tool_error(exc: BaseException, timeout_s: float) -> ToolError:

@@ -275,7 +275,7 @@ class RemoteMcpServers:
                         async with until(deadline):
                             tools = await listing
                     except McpUnavailable as exc:
-                        logger.info("MCP server %s: listing failed: %s", label, exc.error.message)
+                        logger.info("MCP server %s: listing failed: %.300s", label, exc.error.message)  # the server's words, capped
                         report(label, "failed")
                         yield stream.finish_tool_listing(items[label], [], exc.error.message)
                         continue

@@ -297,6 +297,16 @@ def test_headers_go_to_their_server_only_and_are_never_kept(url, servers, record
     assert "401" in refused.output[0].error
 
 
+def test_a_key_in_the_server_url_is_never_logged(url, servers, caplog):
+    """Some MCP services take their key in the URL: the logs name a server by its origin only,
+    and an error naming the URL (httpx's HTTP 401) is cut to it too."""
+    secret_url = servers.auth + f"?key={TOKEN}"  # (user info in a server_url is a 400)
+    with caplog.at_level(logging.DEBUG):
+        refused, _ = stream(url, {"model": "gpt-oss-replay", "input": CALL_ECHO, "tools": [never(secret_url)]})
+    assert refused.output[0].type == "mcp_list_tools" and refused.output[0].error
+    assert "MCP" in caplog.text and TOKEN not in caplog.text
+
+
 def test_approval_is_asked_by_default_and_the_server_sees_exactly_the_approved_calls(url, servers, record):
     tools = [mcp_tool(servers.streamable)]  # require_approval unset: OpenAI's default, always
     asked = post(url, {"model": "gpt-oss-replay", "input": 'call lab.delete {"id": "a"}', "tools": tools}).json()
