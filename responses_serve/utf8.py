@@ -41,3 +41,12 @@ def unfinished_utf8_tail(raw: bytes | bytearray) -> int:
             size = 4 if byte >= 0xF0 else size
             return back if size > back else 0
     return 0
+
+
+def cap_text(text: str, max_bytes: int) -> str:
+    """`text` cut to at most `max_bytes` of UTF-8 (on a character boundary), saying so."""
+    raw = text.encode("utf-8", "replace")
+    if len(raw) <= max_bytes:
+        return text
+    note = f"\n[output cut at {max_bytes} bytes of {len(raw)}]"
+    return raw[: max(0, max_bytes - len(note))].decode("utf-8", "ignore") + note

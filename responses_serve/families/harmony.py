@@ -29,6 +29,7 @@ from openai_harmony import (
     HarmonyError,
     Message,
     ReasoningEffort,
+    RenderConversationConfig,
     RenderOptions,
     Role,
     StreamableParser,
@@ -212,27 +213,44 @@ def render_prompt(
     messages = [Message.from_role_and_content(Role.SYSTEM, system)]
     if developer := _developer_message(request, leading):
         messages.append(developer)
-    messages += rest
+    messages = _without_finished_analysis(messages + rest)
     try:
         if cache is None:
-            return harmony_encoding().render_conversation_for_completion(Conversation.from_messages(messages), Role.ASSISTANT)
+            conversation = Conversation.from_messages(messages)
+            return harmony_encoding().render_conversation_for_completion(conversation, Role.ASSISTANT, _OWN_ANALYSIS_DROP)
         return _render_conversation_for_completion(messages, cache)
     except HarmonyError as exc:
         raise invalid_request(f"The request cannot be rendered for this model: {exc}") from None
 
 
-def _render_conversation_for_completion(messages: list[Message], cache: PromptCache) -> list[int]:
-    """`render_conversation_for_completion` message by message, each through `cache`: what
-    harmony does (openai-harmony's `render_conversation_into`) — every message rendered
-    with `conversation_has_function_tools`, analysis before the first final message left
-    out when the last assistant message is final, then `<|start|>assistant`.
-    tests/families/test_prompt_cache.py holds it equal to harmony's own for any conversation."""
-    encoding = harmony_encoding()
-    options = RenderOptions(conversation_has_function_tools=any(_offers_functions(m) for m in messages))
+_OWN_ANALYSIS_DROP = RenderConversationConfig(auto_drop_analysis=False)  # `_without_finished_analysis` does it
+
+
+def _without_finished_analysis(messages: list[Message]) -> list[Message]:
+    """harmony's own rule (its `auto_drop_analysis`): when the last assistant message is
+    final, analysis before the first final message is left out, the reasoning of turns that
+    ended. Except gpt-oss's built-in tool calls and the tools' messages (on the analysis
+    channel too): a later turn's answer may rest on what the browser or python showed, as on
+    a function's output, which harmony keeps."""
     last_assistant = next((m for m in reversed(messages) if m.author.role == Role.ASSISTANT), None)
     first_final = next((i for i, m in enumerate(messages) if m.channel == "final"), None)
-    if last_assistant is not None and last_assistant.channel == "final" and first_final is not None:
-        messages = [m for i, m in enumerate(messages) if not (i < first_final and m.channel == "analysis")]
+    if last_assistant is None or last_assistant.channel != "final" or first_final is None:
+        return messages
+    return [
+        m
+        for i, m in enumerate(messages)
+        if not (i < first_final and m.channel == "analysis" and m.recipient is None and m.author.role != Role.TOOL)
+    ]
+
+
+def _render_conversation_for_completion(messages: list[Message], cache: PromptCache) -> list[int]:
+    """`render_conversation_for_completion` message by message, each through `cache`: what
+    harmony does (openai-harmony's `render_conversation_into`) with the analysis already
+    dropped — every message rendered with `conversation_has_function_tools`, then
+    `<|start|>assistant`. tests/families/test_prompt_cache.py holds it equal to harmony's
+    own for any conversation."""
+    encoding = harmony_encoding()
+    options = RenderOptions(conversation_has_function_tools=any(_offers_functions(m) for m in messages))
     pieces = [(f"{options.conversation_has_function_tools:d}{m.to_json()}", m) for m in messages]
     return cache.concat(pieces, lambda missing: [encoding.render(m, options) for m in missing]) + _next_assistant_turn()
 

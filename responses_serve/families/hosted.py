@@ -14,10 +14,12 @@ as one that continues with `previous_response_id`:
     mcp_approval_response, approved   -> nothing: the mcp_call that ran it carries the output
     mcp_approval_response, denied     -> the output: the user did not approve the call
     web_search_call                   -> a call of browser.search / open / find, then what
-                                         the model read (within the response that browsed;
-                                         later turns: a note that it is not kept)
+                                         the model read (kept with a stored response or a
+                                         conversation; sent back by a client: a note that
+                                         it is not kept)
     code_interpreter_call             -> a call of python (its code), then what the model
-                                         read (later turns: its logs, when included)
+                                         read (kept likewise; sent back: its logs, when
+                                         included)
 
 gpt-oss calls its built-in tools on the analysis channel with content type `code`
 (`to=browser.search code`, `to=python code`), and their messages come back on it.

@@ -285,7 +285,7 @@ class BackgroundRuns:
         ended = stored if stored.status in FINISHED else await self._logged_end(response_id, at)
         if ended is not None:
             if ended is not stored:  # its end is in the log, not yet in the store
-                await self.responses.save(ended, turn.input)
+                await self.responses.save(ended, turn.input, turn.tool_texts)
             logger.warning("background response %s: its replica went after it ended (%s); closed", response_id, ended.status)
             await self.runs.close(response_id, at, ended.status or "failed")
             return
@@ -302,7 +302,7 @@ class BackgroundRuns:
         if not await self.runs.append(response_id, [frame(event)], at=at):
             return
         logger.warning("background response %s: its replica is gone (lease expired); failed", response_id)
-        await self.responses.save(failed, turn.input)
+        await self.responses.save(failed, turn.input, turn.tool_texts)
         await self.runs.close(response_id, at + 1, "failed")
 
     async def _logged_end(self, response_id: str, length: int) -> Response | None:

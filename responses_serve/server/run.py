@@ -291,11 +291,13 @@ async def run_turn(
                     saved = False
                     try:
                         if turn.request.store:
-                            await responses.save(stream.response, turn.input_items)
+                            await responses.save(stream.response, turn.input_items, stream.tool_texts)
                             saved = True
                         if turn.request.conversation_id is not None:  # the turn's input and output, in one append
                             assert turn.conversations is not None  # start_turn checked the conversation
-                            await turn.conversations.append(turn.request.conversation_id, turn.input_items + list(stream.response.output))
+                            await turn.conversations.append(
+                                turn.request.conversation_id, turn.input_items + list(stream.response.output), stream.tool_texts
+                            )
                     except StoreUnavailable as exc:
                         logger.warning("response %s: not stored: %s", stream.response.id, exc.message)
                         turn.store_error = exc

@@ -10,6 +10,7 @@ connection. Responses of other connections and of HTTP requests come from the sh
 from __future__ import annotations
 
 import collections
+from collections.abc import Mapping
 
 from openai.types.responses import Response
 
@@ -53,9 +54,12 @@ class ConnectionResponses(ResponseStore):
         self.bytes = 0  # of the turns kept, as stored records (a turn two lanes share counts once)
         self._latest: collections.OrderedDict[str | None, str] = collections.OrderedDict()  # lane -> response id
 
-    def remember(self, lane: str | None, response: Response, input_items: list[HistoryItem]) -> None:
-        """Keep a finished response (completed or incomplete) as its lane's latest."""
-        turn = StoredTurn.of(response, input_items)
+    def remember(
+        self, lane: str | None, response: Response, input_items: list[HistoryItem], tool_texts: Mapping[str, str] | None = None
+    ) -> None:
+        """Keep a finished response (completed or incomplete) as its lane's latest, with what
+        the model read of its built-in tool calls (`StoredTurn.tool_texts`)."""
+        turn = StoredTurn.of(response, input_items, tool_texts)
         self._turns[response.id] = (turn, len(turn.encode()))
         self._latest[lane] = response.id
         self._latest.move_to_end(lane)

@@ -5,14 +5,18 @@
   (`ConversationItem`, with its id). Items are only ever appended, several in one atomic
   `append`: the input and output of a turn land together, and two concurrent turns on one
   conversation each append their own items, so none is lost.
+- `tool_texts:conversation:{id}`: what the model read of the built-in tool calls among its
+  items (`{"id": item id, "text": ...}`, appended just before the items they belong to): a
+  turn that continues the conversation shows them to the model; the API never does.
 
-Every read gives both keys a fresh TTL: a conversation in use does not expire.
+Every read gives its keys a fresh TTL: a conversation in use does not expire.
 """
 
 from __future__ import annotations
 
 import json
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -23,7 +27,7 @@ from pydantic import TypeAdapter
 from responses_serve.api.errors import APIError
 from responses_serve.api.request import InputItem
 from responses_serve.families.harmony import HistoryItem
-from responses_serve.state.responses import as_response_item, with_ids
+from responses_serve.state.responses import BUILTIN_ITEM_TYPES, as_response_item, kept_tool_texts, with_ids, with_tool_text
 from responses_serve.state.store import Store
 from responses_serve.state.tenancy import TenantStore
 from responses_serve.stream import new_id
@@ -42,6 +46,10 @@ def conversation_key(conversation_id: str) -> str:
 def items_key(conversation_id: str) -> str:
     # Not `conversation:{id}:items`: that is the key of a conversation whose id ends in ":items".
     return f"items:conversation:{conversation_id}"
+
+
+def tool_texts_key(conversation_id: str) -> str:
+    return f"tool_texts:conversation:{conversation_id}"
 
 
 def item_record(item: Any) -> bytes:
@@ -76,7 +84,9 @@ class ConversationStore:
         data = await self.store.get(conversation_key(conversation_id))
         if data is None:
             return None
-        await self.store.expire([conversation_key(conversation_id), items_key(conversation_id)], self.ttl_s)
+        await self.store.expire(
+            [conversation_key(conversation_id), items_key(conversation_id), tool_texts_key(conversation_id)], self.ttl_s
+        )
         return Conversation.model_validate_json(data)
 
     async def update(self, conversation_id: str, metadata: dict[str, str] | None) -> Conversation | None:
@@ -92,11 +102,18 @@ class ConversationStore:
     async def delete(self, conversation_id: str) -> bool:
         found = await self.store.delete(conversation_key(conversation_id))
         await self.store.delete(items_key(conversation_id))
+        await self.store.delete(tool_texts_key(conversation_id))
         return found
 
-    async def append(self, conversation_id: str, items: list[Any]) -> list[dict[str, Any]]:
-        """Append items (ours or the SDK's) atomically; the stored items as the API shows them."""
+    async def append(self, conversation_id: str, items: list[Any], tool_texts: Mapping[str, str] | None = None) -> list[dict[str, Any]]:
+        """Append items (ours or the SDK's) atomically; the stored items as the API shows them.
+        What the model read of the built-in tool calls among them (`tool_texts`, kept as a
+        stored turn keeps them) is appended first: an item is never there before its text."""
         records = [item_record(item) for item in items]
+        kept = kept_tool_texts(items, tool_texts)
+        if kept:
+            texts = [json.dumps({"id": item_id, "text": text}).encode() for item_id, text in kept.items()]
+            await self.store.append(tool_texts_key(conversation_id), texts, ttl_s=self.ttl_s)
         if records:
             await self.store.append(items_key(conversation_id), records, ttl_s=self.ttl_s)
         return [json.loads(r) for r in records]
@@ -108,8 +125,13 @@ class ConversationStore:
         return [json.loads(r) for r in await self._records(conversation_id)]
 
     async def history(self, conversation_id: str) -> list[HistoryItem]:
-        """The conversation's items as the input of a request that continues it."""
-        return [_INPUT_ITEM.validate_python(item) for item in await self.items(conversation_id)]
+        """The conversation's items as the input of a request that continues it (its built-in
+        tool calls with what the model read of them)."""
+        items = await self.items(conversation_id)
+        texts = {}
+        if any(item.get("type") in BUILTIN_ITEM_TYPES for item in items):
+            texts = {record["id"]: record["text"] for record in map(json.loads, await self.store.range(tool_texts_key(conversation_id)))}
+        return [with_tool_text(_INPUT_ITEM.validate_python(item), texts) for item in items]
 
     async def page(self, conversation_id: str, *, after: str | None, limit: int, order: Literal["asc", "desc"]) -> ItemPage | None:
         """Items after the one with id `after` in `order`; None if `after` is not an item."""
@@ -129,5 +151,9 @@ class ConversationStore:
     async def delete_item(self, conversation_id: str, item_id: str) -> bool:
         for record in await self._records(conversation_id):
             if json.loads(record).get("id") == item_id:
-                return await self.store.remove(items_key(conversation_id), record)
+                removed = await self.store.remove(items_key(conversation_id), record)
+                for text in await self.store.range(tool_texts_key(conversation_id)):  # its text goes with it
+                    if json.loads(text).get("id") == item_id:
+                        await self.store.remove(tool_texts_key(conversation_id), text)
+                return removed
         return False

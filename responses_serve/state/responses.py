@@ -2,16 +2,19 @@
 `input_items` read, over any `Store`.
 
 Each turn is stored once, under `response:{id}`, as one JSON value: the `Response`, the
-turn's own input items (ids assigned) and the id of the previous response. A conversation's
-history is rebuilt by walking that chain, so a chain of n turns costs n records, not n²
-items. One key per turn, written in one `put`: a reader sees a turn whole or not at all.
+turn's own input items (ids assigned), the id of the previous response, and what the model
+read of each of its built-in tools' calls (`tool_texts`: a `web_search_call` or
+`code_interpreter_call` item does not carry it; a later turn's prompt shows it, the API
+never does). A conversation's history is rebuilt by walking that chain, so a chain of n
+turns costs n records, not n² items. One key per turn, written in one `put`: a reader sees
+a turn whole or not at all.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
-from dataclasses import dataclass
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
 from typing import Any, cast
 
 import cachetools
@@ -45,10 +48,16 @@ from responses_serve.api.request import (
 from responses_serve.state.store import Store
 from responses_serve.state.tenancy import TenantStore
 from responses_serve.stream import new_id
+from responses_serve.utf8 import cap_text
 
 DEFAULT_TTL_S = 30 * 24 * 3600.0  # OpenAI keeps stored responses for 30 days
 DEFAULT_CACHE_BYTES = 32 * 1024 * 1024  # an ingress replica's `TurnCache`
+# What is kept of the text the model read of one built-in tool call (the python tool's own
+# default output cap, `max_output_bytes`; a browser page view is far smaller): more is cut.
+MAX_KEPT_TOOL_TEXT_BYTES = 64 * 1024
 FINISHED = ("completed", "incomplete", "failed", "cancelled")  # a response's final statuses
+
+BUILTIN_ITEM_TYPES = ("web_search_call", "code_interpreter_call")  # the items whose tool text is kept
 
 _INPUT_ITEM = TypeAdapter(InputItem)
 _RESPONSE_ITEM: TypeAdapter[ResponseItem] = TypeAdapter(ResponseItem)
@@ -75,21 +84,24 @@ class StoredTurn:
     response: Response
     input: list[HistoryItem]  # this turn's own input items, each with an id
     previous_response_id: str | None
+    # What the model read of the response's built-in tool calls, by item id (never shown by the API).
+    tool_texts: Mapping[str, str] = field(default_factory=dict)
 
     @classmethod
-    def of(cls, response: Response, input_items: list[HistoryItem]) -> StoredTurn:
-        """The turn of `response`, made from `input_items` (each given an id if it has none)."""
-        return cls(response, with_ids(input_items), response.previous_response_id)
+    def of(cls, response: Response, input_items: list[HistoryItem], tool_texts: Mapping[str, str] | None = None) -> StoredTurn:
+        """The turn of `response`, made from `input_items` (each given an id if it has none)
+        and `tool_texts` (`ResponseStream.tool_texts`, each kept to `MAX_KEPT_TOOL_TEXT_BYTES`)."""
+        return cls(response, with_ids(input_items), response.previous_response_id, kept_tool_texts(response.output, tool_texts))
 
     def encode(self) -> bytes:
-        return json.dumps(
-            {
-                "previous_response_id": self.previous_response_id,
-                "input": [item.model_dump(mode="json", exclude_none=True) for item in self.input],
-                "response": self.response.model_dump(mode="json", by_alias=True),
-            },
-            separators=(",", ":"),
-        ).encode()
+        record: dict[str, Any] = {
+            "previous_response_id": self.previous_response_id,
+            "input": [item.model_dump(mode="json", exclude_none=True) for item in self.input],
+            "response": self.response.model_dump(mode="json", by_alias=True),
+        }
+        if self.tool_texts:
+            record["tool_texts"] = dict(self.tool_texts)
+        return json.dumps(record, separators=(",", ":")).encode()
 
     @classmethod
     def decode(cls, data: bytes) -> StoredTurn:
@@ -98,7 +110,17 @@ class StoredTurn:
             response=Response.model_validate(record["response"]),
             input=[_INPUT_ITEM.validate_python(item) for item in record["input"]],
             previous_response_id=record["previous_response_id"],
+            tool_texts=record.get("tool_texts", {}),
         )
+
+
+def kept_tool_texts(items: Iterable[Any], tool_texts: Mapping[str, str] | None) -> dict[str, str]:
+    """What is kept of `tool_texts`: those of the built-in tool items among `items` (a
+    response's output), each cut to `MAX_KEPT_TOOL_TEXT_BYTES`."""
+    if not tool_texts:
+        return {}
+    ids = {item.id for item in items if item.type in BUILTIN_ITEM_TYPES}
+    return {item_id: cap_text(text, MAX_KEPT_TOOL_TEXT_BYTES) for item_id, text in tool_texts.items() if item_id in ids}
 
 
 def with_ids(items: list[HistoryItem]) -> list[HistoryItem]:
@@ -108,8 +130,8 @@ def with_ids(items: list[HistoryItem]) -> list[HistoryItem]:
 
 def output_as_input(response: Response, tool_texts: Mapping[str, str] | None = None) -> list[HistoryItem]:
     """The response's output items in the form a client would send them back; with
-    `tool_texts` (the tool loop, within the response), the built-in tools' items carry what
-    the model read of them (`ResponseStream.tool_texts`)."""
+    `tool_texts` (the tool loop within the response: `ResponseStream.tool_texts`; a later
+    turn: the stored turn's), the built-in tools' items carry what the model read of them."""
     items: list[HistoryItem] = []
     for item in response.output:
         if isinstance(item, ResponseOutputMessage):
@@ -130,11 +152,15 @@ def output_as_input(response: Response, tool_texts: Mapping[str, str] | None = N
                 )
             )
         elif item.type in HOSTED_ITEM_TYPES:  # server-side tools' items: the same shape in and out
-            hosted = _INPUT_ITEM.validate_python(item.model_dump(mode="json", exclude_none=True))
-            if isinstance(hosted, WebSearchCallItem | CodeInterpreterCallItem) and tool_texts and item.id and item.id in tool_texts:
-                hosted._model_text = tool_texts[item.id]
-            items.append(hosted)
+            items.append(with_tool_text(_INPUT_ITEM.validate_python(item.model_dump(mode="json", exclude_none=True)), tool_texts))
     return items
+
+
+def with_tool_text(item: HistoryItem, tool_texts: Mapping[str, str] | None) -> HistoryItem:
+    """A built-in tool's item with what the model read of it, if `tool_texts` has it."""
+    if isinstance(item, WebSearchCallItem | CodeInterpreterCallItem) and tool_texts and item.id and item.id in tool_texts:
+        item._model_text = tool_texts[item.id]
+    return item
 
 
 def as_response_item(item: HistoryItem) -> ResponseItem:
@@ -233,9 +259,10 @@ class ResponseStore:
         self.ttl_s = ttl_s
         self.cache = cache
 
-    async def save(self, response: Response, input_items: list[HistoryItem]) -> StoredTurn:
-        """Store (or replace) a turn: the response and this turn's own input items."""
-        turn = StoredTurn.of(response, input_items)
+    async def save(self, response: Response, input_items: list[HistoryItem], tool_texts: Mapping[str, str] | None = None) -> StoredTurn:
+        """Store (or replace) a turn: the response, this turn's own input items and what the
+        model read of its built-in tool calls (`StoredTurn.tool_texts`)."""
+        turn = StoredTurn.of(response, input_items, tool_texts)
         data = turn.encode()
         await self.store.put(response_key(response.id), data, ttl_s=self.ttl_s)
         if self.cache is not None:
@@ -304,7 +331,7 @@ class ResponseStore:
         items: list[HistoryItem] = []
         for turn in turns:
             items += turn.input
-            items += output_as_input(turn.response)
+            items += output_as_input(turn.response, turn.tool_texts)
         return items
 
     async def input_items(self, response_id: str) -> list[ResponseItem] | None:

@@ -42,6 +42,7 @@ from mcp.shared.exceptions import MCPError
 from responses_serve.api.url_patterns import IPAddress, TargetUrl, UrlPattern, parse_target
 from responses_serve.tool_items import ToolError
 from responses_serve.tools.browser.policy import refusal_reason
+from responses_serve.utf8 import cap_text
 
 logger = logging.getLogger("responses_serve.tools.mcp")
 
@@ -453,12 +454,3 @@ def result_text(result: mcp_types.CallToolResult, max_bytes: int) -> str:
     if not text and result.structured_content is not None:
         text = json.dumps(result.structured_content, ensure_ascii=False)
     return cap_text(text, max_bytes)
-
-
-def cap_text(text: str, max_bytes: int) -> str:
-    """`text` cut to at most `max_bytes` of UTF-8 (on a character boundary), saying so."""
-    raw = text.encode("utf-8", "replace")
-    if len(raw) <= max_bytes:
-        return text
-    note = f"\n[output cut at {max_bytes} bytes of {len(raw)}]"
-    return raw[: max(0, max_bytes - len(note))].decode("utf-8", "ignore") + note

@@ -7,9 +7,10 @@ import pytest
 
 from responses_serve.api.request import ResponsesRequest
 from responses_serve.families.harmony import render_prompt
-from responses_serve.families.hosted import NOT_APPROVED, NOT_FINISHED
+from responses_serve.families.hosted import NOT_APPROVED, NOT_FINISHED, RESULT_NOT_KEPT
 from responses_serve.families.vocab import harmony_encoding
-from responses_serve.state.responses import as_response_item, output_as_input
+from responses_serve.state.responses import MAX_KEPT_TOOL_TEXT_BYTES, StoredTurn, as_response_item, output_as_input
+from responses_serve.utf8 import cap_text
 
 USER = {"role": "user", "content": "call lab.echo"}
 LISTING = {
@@ -104,6 +105,49 @@ def test_built_in_tool_items_render_as_their_harmony_calls():
     assert "to=browser.search" in text and '{"query": "rust"}' in text
     assert "<|start|>assistant to=python<|channel|>analysis" in text and "print(2)<|call|>" in text
     assert "<|start|>python to=assistant<|channel|>analysis<|message|>2\n<|end|>" in text
+
+
+def test_a_finished_turns_built_in_calls_stay_and_its_reasoning_goes():
+    """harmony leaves out the reasoning of turns that ended with a final message; gpt-oss's
+    built-in calls and their messages (on the analysis channel too) stay for later turns."""
+    code = {"type": "code_interpreter_call", "id": "ci_1", "code": "print(2)", "container_id": "c", "outputs": None}
+    reasoning = {"type": "reasoning", "summary": [], "content": [{"type": "reasoning_text", "text": "Thinking it over."}]}
+    answer = {"role": "assistant", "content": "It printed 2."}
+    items = [USER, reasoning, code, answer, {"role": "user", "content": "thanks"}]
+    text = harmony_encoding().decode(harmony(items))
+    assert "Thinking it over." not in text
+    assert "print(2)<|call|>" in text and f"<|start|>python to=assistant<|channel|>analysis<|message|>{RESULT_NOT_KEPT}<|end|>" in text
+    # Kept with a stored turn: what the model read, never from the client's item.
+    parsed = request(items).input_items()
+    parsed[2]._model_text = "2\n"
+    assert "<|start|>python to=assistant<|channel|>analysis<|message|>2\n<|end|>" in harmony_encoding().decode(
+        render_prompt(request(items), parsed)
+    )
+
+
+def test_a_stored_turn_keeps_its_tool_texts_capped_and_only_its_own():
+    from openai.types.responses import Response
+
+    code = {"type": "code_interpreter_call", "id": "ci_1", "code": "print(2)", "container_id": "c", "outputs": None, "status": "completed"}
+    response = Response.model_validate(
+        {
+            "id": "resp_1",
+            "object": "response",
+            "created_at": 0,
+            "model": "m",
+            "output": [code],
+            "tools": [],
+            "tool_choice": "auto",
+            "parallel_tool_calls": True,
+        }
+    )
+    huge = "z" * (MAX_KEPT_TOOL_TEXT_BYTES * 2)
+    turn = StoredTurn.decode(StoredTurn.of(response, [], {"ci_1": huge, "ci_other": "not this response's"}).encode())
+    assert turn.tool_texts == {"ci_1": cap_text(huge, MAX_KEPT_TOOL_TEXT_BYTES)}
+    assert len(turn.tool_texts["ci_1"].encode()) <= MAX_KEPT_TOOL_TEXT_BYTES
+    assert "zzz" not in turn.response.model_dump_json()  # the response (what the API shows) does not carry it
+    (item,) = output_as_input(turn.response, turn.tool_texts)
+    assert item._model_text == turn.tool_texts["ci_1"]
 
 
 def test_hosted_items_round_trip_through_storage_and_listing():

@@ -157,3 +157,45 @@ def test_the_agents_sdks_hosted_tools_unmodified(serve_url, session_web):
     ran, browsed = asyncio.run(run())
     assert ran == "Tool python returned: 1024\n"
     assert browsed.startswith("Tool browser.search returned: [0] harmony") and "Harmony is the response format of" in browsed
+
+
+@pytest.mark.parametrize("continued_by", ["previous_response_id", "conversation"])
+def test_a_later_turn_on_the_other_replica_reads_what_the_model_read(ingress_urls, continued_by):
+    """Turn one runs python on one ingress replica, turn two is served by the other: its prompt
+    holds the program's output as the model read it (never shown by the API), token for token
+    the prompt that history renders to here."""
+    from openai.types.responses import Response
+
+    from responses_serve.api.request import ResponsesRequest
+    from responses_serve.families.harmony import HarmonyModel
+    from responses_serve.families.vocab import harmony_encoding
+    from responses_serve.state.responses import output_as_input
+
+    here, there = ingress_urls[0], ingress_urls[1]
+    first_input = "call python print('kept-' + 'x' * 3)"
+    body = {"model": "gpt-oss-replay", "input": first_input, "tools": [CODE_INTERPRETER]}
+    follow: dict = {"model": "gpt-oss-replay", "input": "What did it print?"}
+    if continued_by == "conversation":
+        conversation = httpx.post(f"{here}/conversations", json={}, timeout=60).json()["id"]
+        body["conversation"] = follow["conversation"] = conversation
+    first = httpx.post(f"{here}/responses", json=body, timeout=120).json()
+    (call,) = [item for item in first["output"] if item["type"] == "code_interpreter_call"]
+    assert call["status"] == "completed" and call["outputs"] is None
+    if continued_by == "previous_response_id":
+        follow["previous_response_id"] = first["id"]
+    counted = httpx.post(f"{there}/responses/input_tokens", json=follow, timeout=60).json()["input_tokens"]
+    second = httpx.post(f"{there}/responses", json=follow, timeout=120)
+    assert second.status_code == 200, second.text
+
+    def prompt(read: str | None) -> list[int]:
+        request = ResponsesRequest.model_validate({"model": "gpt-oss-replay", "input": follow["input"]})
+        earlier = output_as_input(Response.model_validate(first), {call["id"]: read} if read is not None else None)
+        history = ResponsesRequest.model_validate({"model": "m", "input": first_input}).input_items() + earlier + request.input_items()
+        return HarmonyModel().render_prompt(request, history)
+
+    expected = prompt("kept-xxx\n")
+    assert harmony_encoding().decode(expected).count("<|start|>python to=assistant<|channel|>analysis<|message|>kept-xxx\n<|end|>") == 1
+    assert second.json()["usage"]["input_tokens"] == counted == len(expected)
+    assert len(prompt(None)) != len(expected)  # without what the model read, another prompt
+    # The API shows the first response as it was, from either replica: no outputs.
+    assert httpx.get(f"{there}/responses/{first['id']}", timeout=60).json() == first

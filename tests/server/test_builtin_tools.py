@@ -6,21 +6,29 @@ tenant, citations, and what a prompt-injected model, a hostile page or a program
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import re
+import time
 
 import httpx
 import pytest
 from openai import OpenAI
+from openai_harmony import Role
 
 from responses_serve.config import AuthConfig, ModelConfig, ToolsConfig
 from responses_serve.engines import make_backend
 from responses_serve.engines.replay import ReplayBackend
+from responses_serve.families.hosted import RESULT_NOT_KEPT
+from responses_serve.families.vocab import harmony_encoding
 from responses_serve.server.app import ServedModel, create_app
 from responses_serve.server.models import served_model
 from responses_serve.state import MemoryStore
-from responses_serve.state.tenancy import TenantStore
+from responses_serve.state import responses as responses_state
+from responses_serve.state.responses import MAX_KEPT_TOOL_TEXT_BYTES
+from responses_serve.state.tenancy import TenantStore, tenant_prefix
 from responses_serve.tools.builtin.python import ContainerRecords
+from responses_serve.utf8 import cap_text
 from tests.conftest import QWEN3_REPLAY, uvicorn_server
 from tests.support.builtin_tools import PYTHON_OPTIONS, article_results, browser_options, tool_server
 from tests.support.contract import check_stream, parse_sse
@@ -314,3 +322,178 @@ def test_a_builtin_tool_call_counts_in_the_tenants_quota(servers):
         assert ran.status_code == 200 and ran.json()["output"][1]["status"] == "completed"
         assert http.post(f"{base}/responses", json={"model": "gpt-oss-replay", "input": "one"}).status_code == 200
         assert http.post(f"{base}/responses", json={"model": "gpt-oss-replay", "input": "two"}).status_code == 429
+
+
+# -- later turns: what the model read of a built-in call stays with the stored turn ------------
+
+BUILTIN_CALLS = {
+    "web_search": ('call browser.search {"query": "harmony"}', {"type": "web_search"}, "browser.search"),
+    "code_interpreter": ("call python print('kept-' + 'x' * 3)", CODE_INTERPRETER, "python"),
+}
+TOOL_RESPONSE = re.compile(r"<tool_response>\n(.*?)\n</tool_response>", re.S)
+
+
+class Recording:
+    """A model's token source that keeps every prompt it is sent."""
+
+    def __init__(self, source) -> None:
+        self.source = source
+        self.prompts: list[list[int]] = []
+
+    def __getattr__(self, name: str):
+        return getattr(self.source, name)
+
+    async def generate(self, request):
+        self.prompts.append(list(request.prompt_token_ids))
+        async for batch in self.source.generate(request):
+            yield batch
+
+
+@pytest.fixture(scope="module")
+def recorded(servers):
+    """The app of `url` (its own store), its models' engines recording their prompts."""
+    served = {model.name: dataclasses.replace(model, source=Recording(model.source)) for model in models()}
+    tools = ToolsConfig.model_validate(
+        {"builtin": {"python": {"url": servers["python"], "timeout_s": 20}, "browser": {"url": servers["browser"]}}}
+    )
+    auth = AuthConfig.model_validate({"keys": [{"tenant": tenant, "key_env": f"KEY_{i}"} for i, tenant in enumerate(KEYS)]})
+    environ = {f"KEY_{i}": key for i, key in enumerate(KEYS.values())}
+    store = MemoryStore()
+    with uvicorn_server(create_app(list(served.values()), store=store, tools=tools, auth=auth, environ=environ)) as base:
+        yield base, served, store
+
+
+def tool_messages(model: ServedModel, prompt: list[int]) -> list[str]:
+    """The tools' messages to the model in a prompt (harmony: messages from a tool; qwen3's
+    template: its tool responses)."""
+    if model.name == "gpt-oss-replay":
+        messages = harmony_encoding().parse_messages_from_completion_tokens(prompt[:-2], role=None)
+        return ["".join(part.text for part in m.content) for m in messages if m.author.role == Role.TOOL]
+    return TOOL_RESPONSE.findall(model.family.tokenizer.decode(prompt))
+
+
+def api(url: str, method: str, path: str, tenant: str = "team-a", body: dict | None = None) -> httpx.Response:
+    with httpx.Client(timeout=120) as http:
+        return http.request(method, f"{url}{path}", json=body, headers={"Authorization": f"Bearer {KEYS[tenant]}"})
+
+
+def without_none(value):
+    """JSON as the API lists items (fields that are null left out)."""
+    if isinstance(value, dict):
+        return {key: without_none(v) for key, v in value.items() if v is not None}
+    return [without_none(v) for v in value] if isinstance(value, list) else value
+
+
+def read_in_first_turn(served: ServedModel, body: dict, url: str, **extra) -> tuple[dict, str]:
+    """Turn one: the response, and the tool message its model read (its last prompt's only one)."""
+    first = post(url, {**body, **extra}).json()
+    assert first["status"] == "completed" and first["output"][1]["status"] == "completed", first
+    (read,) = tool_messages(served, served.source.prompts[-1])
+    return first, read
+
+
+@pytest.mark.parametrize("tool", BUILTIN_CALLS)
+@pytest.mark.parametrize("model", MODELS)
+def test_a_later_turn_reads_what_the_model_read_of_a_builtin_call(recorded, model, tool):
+    url, served, _ = recorded
+    text, spec, _ = BUILTIN_CALLS[tool]
+    body = {"model": model, "input": text, "tools": [spec]}
+    first, read = read_in_first_turn(served[model], body, url)
+    assert read.strip() and len(read.encode()) <= MAX_KEPT_TOOL_TEXT_BYTES
+    if tool == "code_interpreter":
+        assert read == "kept-xxx\n"
+    second = post(url, {"model": model, "input": "What did it show?", "tools": [spec], "previous_response_id": first["id"]}).json()
+    assert second["status"] == "completed"
+    assert tool_messages(served[model], served[model].source.prompts[-1]) == [read]  # once, as the model read it
+    # The API shows what it showed before: no outputs, no sources, nothing the model read.
+    got = api(url, "GET", f"/responses/{first['id']}").json()
+    assert got == first and got["output"][1].get("outputs") is None and (got["output"][1].get("action") or {}).get("sources") is None
+    listed = api(url, "GET", f"/responses/{second['id']}/input_items?order=asc").json()["data"]
+    assert listed[1 : 1 + len(first["output"])] == without_none(first["output"])  # the items as given, nothing more
+    # Another tenant cannot continue it (nor render anything from it).
+    before = len(served[model].source.prompts)
+    refused = post(url, {"model": model, "input": "And?", "previous_response_id": first["id"]}, tenant="team-b")
+    assert refused.status_code == 400 and refused.json()["error"]["code"] == "previous_response_not_found"
+    assert len(served[model].source.prompts) == before
+
+
+@pytest.mark.parametrize("tool", BUILTIN_CALLS)
+@pytest.mark.parametrize("model", MODELS)
+def test_a_conversation_keeps_what_the_model_read_of_a_builtin_call(recorded, model, tool):
+    url, served, store = recorded
+    text, spec, _ = BUILTIN_CALLS[tool]
+    conversation = api(url, "POST", "/conversations", body={}).json()["id"]
+    first, read = read_in_first_turn(served[model], {"model": model, "input": text, "tools": [spec]}, url, conversation=conversation)
+    post(url, {"model": model, "input": "What did it show?", "tools": [spec], "conversation": conversation}).raise_for_status()
+    assert tool_messages(served[model], served[model].source.prompts[-1]) == [read]
+    # The conversation's items are the API's: the call's item as the response gave it.
+    items = api(url, "GET", f"/conversations/{conversation}/items?order=asc").json()["data"]
+    assert items[1 : 1 + len(first["output"])] == without_none(first["output"])
+    assert api(url, "GET", f"/responses/{first['id']}").json() == first
+    # Another tenant: no such conversation; the text is stored under the tenant's own keys only.
+    assert api(url, "GET", f"/conversations/{conversation}/items", tenant="team-b").status_code == 404
+    refused = post(url, {"model": model, "input": "And?", "conversation": conversation}, tenant="team-b")
+    assert refused.status_code == 404
+    kept = [key for key, entry in store._entries.items() if key.endswith(f"tool_texts:conversation:{conversation}")]
+    assert kept == [tenant_prefix("team-a") + f"tool_texts:conversation:{conversation}"]
+    assert json.loads(store._entries[kept[0]].value[0]) == {"id": first["output"][1]["id"], "text": read}
+
+
+def test_a_background_response_keeps_what_the_model_read(recorded):
+    url, served, _ = recorded
+    model = served["gpt-oss-replay"]
+    started = post(url, {"model": model.name, "input": "call python print(6 * 7)", "tools": [CODE_INTERPRETER], "background": True})
+    response_id = started.json()["id"]
+    for _ in range(600):
+        first = api(url, "GET", f"/responses/{response_id}").json()
+        if first["status"] not in ("queued", "in_progress"):
+            break
+        time.sleep(0.05)
+    assert first["status"] == "completed" and tool_messages(model, model.source.prompts[-1]) == ["42\n"]
+    post(url, {"model": model.name, "input": "So?", "previous_response_id": response_id}).raise_for_status()
+    assert tool_messages(model, model.source.prompts[-1]) == ["42\n"]
+
+
+def test_what_is_kept_of_a_call_is_capped(recorded, monkeypatch):
+    url, served, _ = recorded
+    monkeypatch.setattr(responses_state, "MAX_KEPT_TOOL_TEXT_BYTES", 48)
+    model = served["qwen3-replay"]
+    first, read = read_in_first_turn(
+        model, {"model": model.name, "input": "call python print('y' * 300)", "tools": [CODE_INTERPRETER]}, url
+    )
+    assert read == "y" * 300 + "\n"  # the model read it whole within its response
+    post(url, {"model": model.name, "input": "So?", "previous_response_id": first["id"]}).raise_for_status()
+    (kept,) = tool_messages(model, model.source.prompts[-1])
+    assert kept == cap_text(read, 48) and len(kept.encode()) <= 48 and kept.endswith("[output cut at 48 bytes of 301]")
+
+
+def test_a_client_resending_the_items_gets_no_hidden_output(recorded):
+    """`store: false` and the items sent back: the client has no result of the search to send,
+    and the server keeps none (the model reads that it is not kept)."""
+    url, served, _ = recorded
+    model = served["gpt-oss-replay"]
+    first = post(url, {"model": model.name, "input": BUILTIN_CALLS["web_search"][0], "tools": [{"type": "web_search"}], "store": False})
+    items = [{"role": "user", "content": BUILTIN_CALLS["web_search"][0]}, *first.json()["output"], {"role": "user", "content": "So?"}]
+    post(url, {"model": model.name, "input": items, "store": False}).raise_for_status()
+    assert tool_messages(model, model.source.prompts[-1]) == [RESULT_NOT_KEPT]
+
+
+def test_a_websocket_connection_keeps_what_the_model_read_with_store_false(recorded):
+    """A connection's responses are kept with it (`store: false` too): its next turn reads the
+    tool message as the model read it."""
+    url, served, _ = recorded
+    model = served["gpt-oss-replay"]
+
+    def run(connection, **body) -> str:
+        connection.response.create(model=model.name, store=False, **body)
+        for event in connection:
+            if event.type in ("response.completed", "response.failed", "response.incomplete", "error"):
+                assert event.type == "response.completed", event
+                return event.response.id
+        raise AssertionError("the connection closed")
+
+    with sdk(url).responses.connect() as connection:
+        first = run(connection, input="call python print(6 * 9)", tools=[CODE_INTERPRETER])
+        assert tool_messages(model, model.source.prompts[-1]) == ["54\n"]
+        run(connection, input="So?", previous_response_id=first)
+    assert tool_messages(model, model.source.prompts[-1]) == ["54\n"]

@@ -52,7 +52,7 @@ async def start_background(turn: Turn, state, tenant: TenantState) -> Response:
         # run_turn stored it if it is continuable (and the store answered); a background
         # response is retrievable whatever its end (failed, cancelled).
         if not turn.stream.continuable or turn.store_error is not None:
-            await responses.save(response, turn.input_items)
+            await responses.save(response, turn.input_items, turn.stream.tool_texts)
 
     try:
         check_background_room(state)  # again: others may have started while this one rendered

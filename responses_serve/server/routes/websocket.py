@@ -244,7 +244,7 @@ class ResponsesSocket:
                 for response_event in batch:
                     await self._send(event_message(response_event, event.lane))
         if turn.stream.continuable:
-            self.responses.remember(event.lane, turn.stream.response, turn.input_items)
+            self.responses.remember(event.lane, turn.stream.response, turn.input_items, turn.stream.tool_texts)
 
     async def _send(self, message: str) -> None:
         """One whole message; a client that takes nothing for the send timeout is dropped:
