@@ -19,10 +19,11 @@ from responses_serve.serve import haproxy
 from responses_serve.serve.app import cluster_env
 from responses_serve.server.local import QWEN3_REPLAY as LOCAL_QWEN3_REPLAY
 
-# CI replays the same examples every run (a gate must not be a lottery); local runs explore.
-settings.register_profile("ci", derandomize=True)
-if os.environ.get("CI"):
-    settings.load_profile("ci")
+# No example may fail for its time (a timed assertion: the machine's load decides it); CI
+# replays the same examples every run (a gate must not be a lottery); local runs explore.
+settings.register_profile("untimed", deadline=None)
+settings.register_profile("ci", parent=settings.get_profile("untimed"), derandomize=True)
+settings.load_profile("ci" if os.environ.get("CI") else "untimed")
 
 
 # The slow tests, marked by what they need, so that `make test-fast` (-m "not cluster and not

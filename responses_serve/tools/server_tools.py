@@ -90,6 +90,18 @@ class Toolset(Protocol):
     async def aclose(self) -> None: ...
 
 
+class NothingToPrepare:
+    """A toolset's `prepares`/`prepare` when nothing comes before the first generation (the
+    built-in tools: what they offer is known without asking a server)."""
+
+    def prepares(self) -> bool:
+        return False
+
+    async def prepare(self, stream: ResponseStream, deadline: float | None) -> AsyncIterator[list[ResponseStreamEvent]]:
+        return
+        yield  # an async generator with nothing before the first generation
+
+
 class ResponseTools:
     """The server-side tools of one response."""
 

@@ -17,22 +17,20 @@ from __future__ import annotations
 
 import json
 import secrets
-from collections.abc import AsyncIterator
 from typing import Any
 
 import mcp_types
-from openai.types.responses import ResponseStreamEvent
 from openai.types.responses.response_function_web_search import Action
 from openai_harmony import ToolNamespaceConfig
 from pydantic import TypeAdapter, ValidationError
 
 from responses_serve.api.request import BuiltinTool, FunctionTool, ResponsesRequest, WebSearchTool
 from responses_serve.citations import CitedPage
-from responses_serve.stream import ResponseStream
 from responses_serve.tool_items import WEB_SEARCH_CALL, ServerCall, ServerTools, ToolError, ToolOutcome, browser_action
 from responses_serve.tools.browser.meta import ALLOWED_DOMAINS_META_KEY, RESULT_META_KEY, SESSION_META_KEY, cited_pages
 from responses_serve.tools.builtin.transport import ToolTransport, ToolUnavailable
 from responses_serve.tools.mcp_client import cap_text
+from responses_serve.tools.server_tools import NothingToPrepare
 
 NAMESPACE = "browser"
 INCLUDE_SOURCES = "web_search_call.action.sources"
@@ -47,7 +45,7 @@ def browser_functions() -> tuple[str, list[FunctionTool]]:
     return namespace.description or "", functions
 
 
-class BrowserTools:
+class BrowserTools(NothingToPrepare):
     """The browser for one response."""
 
     def __init__(self, tool: WebSearchTool, transport: ToolTransport, *, include_sources: bool) -> None:
@@ -66,13 +64,6 @@ class BrowserTools:
     def route(self, tools: ServerTools) -> None:
         tools.namespaces[NAMESPACE] = WEB_SEARCH_CALL
         tools.citations = self.pages
-
-    def prepares(self) -> bool:
-        return False
-
-    async def prepare(self, stream: ResponseStream, deadline: float | None) -> AsyncIterator[list[ResponseStreamEvent]]:
-        return
-        yield  # an async generator with nothing before the first generation
 
     def owns(self, call: ServerCall) -> bool:
         return call.kind is WEB_SEARCH_CALL

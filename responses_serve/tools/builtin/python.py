@@ -23,20 +23,18 @@ from __future__ import annotations
 import json
 import logging
 import secrets
-from collections.abc import AsyncIterator
 from typing import Any
 
 import mcp_types
-from openai.types.responses import ResponseStreamEvent
 
 from responses_serve.api.request import BuiltinTool, CodeInterpreterTool, ResponsesRequest
 from responses_serve.state import StoreUnavailable
 from responses_serve.state.store import Store
-from responses_serve.stream import ResponseStream
 from responses_serve.tool_items import CodeArguments, CodeInterpreterCallKind, ServerCall, ServerTools, ToolError, ToolOutcome
 from responses_serve.tools.builtin.transport import ToolTransport, ToolUnavailable
 from responses_serve.tools.mcp_client import cap_text
 from responses_serve.tools.python.mcp_server import META_CONTAINER, META_CREATE, META_OWNER, META_STATUS, TOOL_NAME, tool_description
+from responses_serve.tools.server_tools import NothingToPrepare
 
 logger = logging.getLogger("responses_serve.tools.python")
 
@@ -81,7 +79,7 @@ class ContainerRecords:
         await self.store.delete(self._key(container_id))
 
 
-class PythonTools:
+class PythonTools(NothingToPrepare):
     """The python tool for one response."""
 
     def __init__(
@@ -110,13 +108,6 @@ class PythonTools:
 
     def route(self, tools: ServerTools) -> None:
         tools.names[TOOL_NAME] = self.kind
-
-    def prepares(self) -> bool:
-        return False
-
-    async def prepare(self, stream: ResponseStream, deadline: float | None) -> AsyncIterator[list[ResponseStreamEvent]]:
-        return
-        yield  # an async generator with nothing before the first generation
 
     def owns(self, call: ServerCall) -> bool:
         return call.kind is self.kind
