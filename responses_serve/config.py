@@ -511,7 +511,7 @@ class SandboxLimits(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     timeout_s: float = Field(30.0, gt=0, description="wall-clock time of one call")
-    memory_mb: int = Field(1024, gt=0, description="address space of each process (RLIMIT_AS)")
+    memory_mb: int = Field(1024, gt=0, description="address space of each process (RLIMIT_AS), and memory of all together (PSS)")
     cpu_s: int = Field(300, gt=0, description="CPU seconds of each process over its life (RLIMIT_CPU)")
     max_processes: int = Field(32, gt=1, description="processes and threads of the sandbox (RLIMIT_NPROC)")
     max_open_files: int = Field(256, ge=16, description="open files of each process (RLIMIT_NOFILE)")

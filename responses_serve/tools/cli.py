@@ -109,7 +109,7 @@ def python(
     host: Annotated[str, typer.Option(help="address to listen on (loopback by default)")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="port to listen on")] = 8080,
     timeout_s: Annotated[float, typer.Option(help="wall-clock seconds of one call")] = _default("timeout_s"),
-    memory_mb: Annotated[int, typer.Option(help="address space of each sandbox process, MiB")] = _default("memory_mb"),
+    memory_mb: Annotated[int, typer.Option(help="MiB: address space of each process, and memory of all together")] = _default("memory_mb"),
     cpu_s: Annotated[int, typer.Option(help="CPU seconds of each sandbox process over its life")] = _default("cpu_s"),
     max_processes: Annotated[int, typer.Option(help="processes and threads of one sandbox")] = _default("max_processes"),
     max_open_files: Annotated[int, typer.Option(help="open files of each sandbox process")] = _default("max_open_files"),

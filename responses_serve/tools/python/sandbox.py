@@ -11,6 +11,9 @@ The sandbox (see docs/tools-python.md for what it does and does not protect agai
 - a seccomp filter (seccomp.py) denies kernel interfaces code never needs;
 - rlimits (address space, CPU seconds, processes, file size, open files, no core files) are set
   by the interpreter's first code, before any code of the model runs (repl.py);
+- a memory watchdog bounds all the sandbox's processes together (rlimits are per process, so
+  forks would multiply them): every `MEMORY_POLL_S` it sums their memory and kills the whole
+  sandbox above `memory_mb`;
 - a wall-clock timeout per cell: first an interrupt (KeyboardInterrupt, state kept), then, if the
   code does not stop, the whole sandbox is killed;
 - the output of a cell is capped (bytes kept, the rest counted and dropped).
@@ -31,10 +34,13 @@ import os
 import secrets
 import signal
 import sys
+import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
+
+import psutil
 
 from responses_serve.config import MiB, SandboxLimits
 from responses_serve.tools.python.seccomp import seccomp_program
@@ -47,6 +53,9 @@ SANDBOX_UID = 1000  # the interpreter's uid and gid as it sees them
 # Host files the runtime reads, if present: the dynamic linker's cache (libraries in
 # /usr/lib/<arch>) and fontconfig's configuration (matplotlib asks fc-list for fonts).
 HOST_FILES = ("/etc/ld.so.cache", "/etc/fonts")
+# How often the memory watchdog sums a sandbox's memory: a fast allocation can overshoot the
+# limit for up to this long (bounded by RLIMIT_AS × processes).
+MEMORY_POLL_S = 0.1
 
 
 class SandboxError(Exception):
@@ -238,6 +247,7 @@ class Interpreter:
         self._process = process
         self._limits = limits
         self._pending = b""  # output written after the previous cell ended (its background work)
+        self._over_memory = ""  # why the memory watchdog killed the sandbox, if it did
 
     @classmethod
     async def start(cls, runtime: Runtime, limits: SandboxLimits) -> Interpreter:
@@ -291,6 +301,9 @@ class Interpreter:
         sentinel = secrets.token_hex(16)
         output = _Output(self._limits.max_output_bytes, b"\x00" + sentinel.encode() + b"\x00", self._pending)
         self._pending = b""
+        # Only a cell's processes can hold more than one process's limit: the interpreter kills
+        # the others before it reports the cell's end, so the watchdog runs while a cell does.
+        watchdog = asyncio.create_task(self._watch_memory())
         try:
             self._send({"op": "run", "code": code, "sentinel": sentinel})
             cell = asyncio.ensure_future(self._cell(output))
@@ -303,6 +316,8 @@ class Interpreter:
         except BaseException:
             await self.kill()  # cancelled mid-cell: the cell must not run on unwatched
             raise
+        finally:
+            watchdog.cancel()
 
     async def _cell(self, output: _Output) -> CellResult:
         assert self._process.stderr is not None and self._process.stdout is not None
@@ -354,10 +369,28 @@ class Interpreter:
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self._process.wait(), 5)
         await self.kill()
+        if self._over_memory:
+            return output.result("crashed", note=f"[{self._over_memory}; the interpreter was restarted: {LOST}]")
         return output.result(
             "crashed",
             note=f"[The Python process ended ({_describe_exit(self._process.returncode, self._limits)}); the interpreter was restarted: {LOST}]",
         )
+
+    async def _watch_memory(self) -> None:
+        """Kill the sandbox when its processes together hold more than `memory_mb`."""
+        limit = self._limits.memory_mb * MiB
+        while self.alive:
+            started = time.monotonic()
+            used = await asyncio.to_thread(sandbox_memory, self._process.pid)
+            if used > limit and self.alive:
+                self._over_memory = (
+                    f"The sandbox's processes held {used // MiB} MiB together, more than the memory limit of "
+                    f"{self._limits.memory_mb} MiB, and were killed"
+                )
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(self._process.pid, signal.SIGKILL)
+                return
+            await asyncio.sleep(max(0.0, MEMORY_POLL_S - (time.monotonic() - started)))
 
     def _send(self, message: dict[str, str]) -> None:
         assert self._process.stdin is not None
@@ -383,6 +416,27 @@ class Interpreter:
 
 
 LOST = "variables are lost, and files in /mnt/data too"
+
+
+def sandbox_memory(pid: int) -> int:
+    """The memory the processes of the sandbox started as `pid` hold together, in bytes: the sum
+    of their proportional set sizes (a page shared by n processes counts 1/n in each, so what a
+    fork shares with its parent counts once). Blocking: reads /proc."""
+    try:
+        root = psutil.Process(pid)
+        processes = [root, *root.children(recursive=True)]
+    except psutil.Error:
+        return 0
+    total = 0
+    for process in processes:
+        try:
+            try:
+                total += process.memory_full_info().pss
+            except psutil.AccessDenied:  # smaps needs ptrace rights; the resident size does not
+                total += process.memory_info().rss
+        except psutil.Error:  # ended meanwhile
+            continue
+    return total
 
 
 def _describe_exit(returncode: int | None, limits: SandboxLimits) -> str:
