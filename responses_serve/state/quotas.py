@@ -12,8 +12,10 @@
   renewing, and its leases expire within `LEASE_TTL_S`: nothing leaks.
 
 Over a limit: `RateLimited`, a 429 naming the limit, with `Retry-After` and OpenAI's
-`x-ratelimit-*` headers, which `Admission.headers` also gives every admitted request and
-`TenantQuota.headers` every other request of the tenant (which counts none).
+`x-ratelimit-*` headers, which `Admission.headers` also gives every admitted request,
+`TenantQuota.take_request` every request of a route that counts one and holds nothing
+(conversation writes, `input_tokens`), and `TenantQuota.headers` every other request of the
+tenant (reads, deletes, which count none).
 Server-side tools (the tool loop) charge their tokens and calls on the same `Admission`.
 
 Not the `limits` library: it has no token bucket and no charge after the fact (a cost over
@@ -172,13 +174,30 @@ class TenantQuota:
                 admission.headers |= await self._take(TOKENS_KEY, limits.tokens_per_minute, "tokens", cost=0)
             if limits.requests_per_minute is not None:
                 admission.headers |= await self._take(REQUESTS_KEY, limits.requests_per_minute, "requests", cost=1)
-        except BaseException:
+        except BaseException as exc:
+            if isinstance(exc, RateLimited):  # its headers with those of the buckets already read
+                exc.headers = admission.headers | exc.headers
             await admission.release()
             raise
         # An admission dropped without its release (a response whose stream never started)
         # stops being renewed when it is collected: its leases then expire.
         weakref.finalize(admission, self.keeper.drop_all, [(self.store.prefix + key, admission.holder) for key in admission.leases])
         return admission
+
+    async def take_request(self) -> dict[str, str]:
+        """One request of a route that writes or computes but holds no place (conversation
+        writes, `input_tokens`): taken from `requests_per_minute` (none: nothing taken), or
+        `RateLimited`; the `x-ratelimit-*` headers of its take (and of the tokens bucket as it is)."""
+        headers: dict[str, str] = {}
+        if self.limits.tokens_per_minute is not None:
+            headers |= await self._level(TOKENS_KEY, self.limits.tokens_per_minute, "tokens")
+        if self.limits.requests_per_minute is not None:
+            try:
+                headers |= await self._take(REQUESTS_KEY, self.limits.requests_per_minute, "requests", cost=1)
+            except RateLimited as refused:
+                refused.headers = headers | refused.headers
+                raise
+        return headers
 
     async def charge(self, *, tokens_: int = 0, requests: int = 0) -> None:
         """Count usage, never refused (a bucket may go below zero)."""
@@ -198,9 +217,13 @@ class TenantQuota:
             (TOKENS_KEY, self.limits.tokens_per_minute, "tokens"),
         ):
             if per_minute is not None:
-                _, level = await self.store.take(key, capacity=per_minute, per_s=per_minute / MINUTE_S, cost=0, need=-math.inf)
-                headers |= _rate_headers(per_minute, level, unit)
+                headers |= await self._level(key, per_minute, unit)
         return headers
+
+    async def _level(self, key: str, per_minute: int, unit: str) -> dict[str, str]:
+        """The `x-ratelimit-*` headers of a bucket as it is (nothing taken)."""
+        _, level = await self.store.take(key, capacity=per_minute, per_s=per_minute / MINUTE_S, cost=0, need=-math.inf)
+        return _rate_headers(per_minute, level, unit)
 
     async def _lease(self, admission: Admission, key: str, limit: int, name: str) -> None:
         if await self.store.lease(key, admission.holder, limit=limit, ttl_s=self.keeper.ttl_s) < 0:

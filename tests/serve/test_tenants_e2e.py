@@ -46,8 +46,8 @@ def test_requests_per_minute_holds_across_both_replicas(secured_url, secured_ing
     tenant_scenarios.the_sdk_retries_after_a_429(secured_url, TENANT_KEYS["burst"])
 
 
-def test_every_answer_carries_rate_headers_and_reads_count_none_across_replicas(secured_ingress_urls):
-    tenant_scenarios.every_answer_carries_rate_headers_and_reads_count_none(
+def test_every_answer_carries_rate_headers_and_only_writes_count_across_replicas(secured_ingress_urls):
+    tenant_scenarios.every_answer_carries_rate_headers_and_only_writes_count(
         secured_ingress_urls, TENANT_KEYS["metered"], requests_per_minute=METERED_RPM
     )
 

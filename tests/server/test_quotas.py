@@ -89,8 +89,8 @@ def test_a_stream_is_never_cut_for_tokens_and_its_tokens_are_a_debt(replica_urls
         assert int(refused.headers["retry-after"]) > 10  # hundreds of tokens of debt at 5 a second
 
 
-def test_every_answer_carries_rate_headers_and_reads_count_none(replica_urls):
-    tenant_scenarios.every_answer_carries_rate_headers_and_reads_count_none(replica_urls, KEYS["metered"], requests_per_minute=3)
+def test_every_answer_carries_rate_headers_and_only_writes_count(replica_urls):
+    tenant_scenarios.every_answer_carries_rate_headers_and_only_writes_count(replica_urls, KEYS["metered"], requests_per_minute=3)
 
 
 def test_a_tenant_without_rate_limits_gets_no_rate_headers(replica_urls):
@@ -174,3 +174,130 @@ def test_a_read_is_answered_without_rate_headers_when_the_store_cannot_count():
         assert models.status_code == 200 and not [h for h in models.headers if h.startswith("x-ratelimit")]
         refused = http.post(f"{base}/responses", json={"model": "gpt-oss-replay", "input": "x"})  # the limits are not skipped
         assert refused.status_code == 503 and refused.json()["error"]["code"] == "store_unavailable"
+
+
+# -- the routes that write or compute count a request ---------------------------------------------
+
+COUNTED_KEYS = {name: f"sk-{name}-0123456789abcdef" for name in ("writer", "counter", "bystander", "free")}
+COUNTED_AUTH = AuthConfig.model_validate(
+    {
+        "keys": [
+            {"tenant": "writer", "key_env": "WRITER", "limits": {"requests_per_minute": 2}},
+            {"tenant": "counter", "key_env": "COUNTER", "limits": {"requests_per_minute": 2, "tokens_per_minute": 1_000_000}},
+            {"tenant": "bystander", "key_env": "BYSTANDER", "limits": {"requests_per_minute": 2}},
+            {"tenant": "free", "key_env": "FREE"},
+        ]
+    }
+)
+BIG_MESSAGE = "x" * 400_000
+
+
+@pytest.fixture(scope="module")
+def still_urls(metrics):
+    """Two apps (replicas) on one store whose clock stands still: no bucket refills, so every
+    take shows exactly."""
+    store = MemoryStore(clock=lambda: 1000.0)
+    environ = {name.upper(): key for name, key in COUNTED_KEYS.items()}
+    apps = [
+        create_app([ServedModel("gpt-oss-replay", ReplayBackend())], store=store, auth=COUNTED_AUTH, environ=environ, metrics=metrics)
+        for _ in range(2)
+    ]
+    with uvicorn_server(apps[0]) as first, uvicorn_server(apps[1]) as second:
+        yield [first, second]
+
+
+def assert_refused(answer: httpx.Response, limit: int) -> None:
+    assert answer.status_code == 429, answer.text[:300]
+    assert answer.json()["error"]["code"] == "rate_limit_exceeded" and "requests_per_minute" in answer.json()["error"]["message"]
+    assert int(answer.headers["retry-after"]) >= 1 and answer.headers["x-ratelimit-limit-requests"] == str(limit)
+    assert answer.headers["x-ratelimit-remaining-requests"] == "0"
+
+
+def test_conversation_writes_count_and_are_refused_past_the_limit(still_urls, metrics):
+    """Two requests a minute: a conversation and a response use them up; the next response, 20
+    conversations of 400 KB each, items added and metadata updated are all 429s, on either
+    replica. Reading and deleting the conversation are still answered."""
+    with httpx.Client(timeout=60, headers=bearer(COUNTED_KEYS["writer"])) as http:
+        made = http.post(f"{still_urls[0]}/conversations", json={"items": [{"role": "user", "content": "hi"}]})
+        assert made.status_code == 200 and made.headers["x-ratelimit-remaining-requests"] == "1"  # its own take
+        conversation = made.json()["id"]
+        answered = http.post(f"{still_urls[1]}/responses", json={"model": "gpt-oss-replay", "input": "x", "conversation": conversation})
+        assert answered.status_code == 200 and answered.headers["x-ratelimit-remaining-requests"] == "0"
+        assert_refused(http.post(f"{still_urls[0]}/responses", json={"model": "gpt-oss-replay", "input": "x"}), limit=2)
+        before = http.get(f"{still_urls[0]}/conversations/{conversation}/items").json()["data"]
+        for index in range(20):
+            big = {"items": [{"role": "user", "content": BIG_MESSAGE}]}
+            assert_refused(http.post(f"{still_urls[index % 2]}/conversations", json=big), limit=2)
+        assert_refused(
+            http.post(f"{still_urls[1]}/conversations/{conversation}/items", json={"items": [{"role": "user", "content": "more"}]}), 2
+        )
+        assert_refused(http.post(f"{still_urls[0]}/conversations/{conversation}", json={"metadata": {"topic": "quotas"}}), limit=2)
+        items = http.get(f"{still_urls[1]}/conversations/{conversation}/items")
+        assert items.status_code == 200 and items.json()["data"] == before  # nothing added
+        assert http.get(f"{still_urls[0]}/conversations/{conversation}").status_code == 200
+        assert http.delete(f"{still_urls[1]}/conversations/{conversation}").status_code == 200
+    assert ("writer", 429, "requests_per_minute") in metrics.seen
+
+
+def test_input_tokens_counts_and_is_refused_past_the_limit(still_urls):
+    """Counting input tokens renders the input: each call takes a request (its answer carries
+    the headers of its own take, and the tokens bucket's), the third is a 429, and so is a
+    response after it."""
+    body = {"model": "gpt-oss-replay", "input": "how many tokens " * 1000}
+    with httpx.Client(timeout=60, headers=bearer(COUNTED_KEYS["counter"])) as http:
+        for index, remaining in enumerate(("1", "0")):
+            counted = http.post(f"{still_urls[index]}/responses/input_tokens", json=body)
+            assert counted.status_code == 200 and counted.json()["input_tokens"] > 1000
+            assert counted.headers["x-ratelimit-remaining-requests"] == remaining
+            assert counted.headers["x-ratelimit-remaining-tokens"] == "1000000"  # counting them uses none
+        for url in still_urls:
+            refused = http.post(f"{url}/responses/input_tokens", json=body)
+            assert_refused(refused, limit=2)
+            assert refused.headers["x-ratelimit-limit-tokens"] == "1000000"
+        assert_refused(http.post(f"{still_urls[0]}/responses", json={"model": "gpt-oss-replay", "input": "x"}), limit=2)
+
+
+def test_a_tenant_past_its_limit_takes_nothing_from_another(still_urls):
+    """`writer` (above) has no requests left; `bystander` has its own two, which its own
+    writes take, then it is refused too. A tenant without limits counts nothing and gets no
+    headers."""
+    with httpx.Client(timeout=60, headers=bearer(COUNTED_KEYS["writer"])) as writer:
+        assert_refused(writer.post(f"{still_urls[0]}/conversations", json={}), limit=2)
+    with httpx.Client(timeout=60, headers=bearer(COUNTED_KEYS["bystander"])) as http:
+        made = http.post(f"{still_urls[1]}/conversations", json={"items": [{"role": "user", "content": BIG_MESSAGE}]})
+        assert made.status_code == 200 and made.headers["x-ratelimit-remaining-requests"] == "1"
+        counted = http.post(f"{still_urls[0]}/responses/input_tokens", json={"model": "gpt-oss-replay", "input": "hi"})
+        assert counted.status_code == 200 and counted.headers["x-ratelimit-remaining-requests"] == "0"
+        assert_refused(http.post(f"{still_urls[1]}/conversations", json={}), limit=2)
+    with httpx.Client(timeout=60, headers=bearer(COUNTED_KEYS["free"])) as http:
+        for index in range(5):
+            free = http.post(f"{still_urls[index % 2]}/conversations", json={"items": [{"role": "user", "content": "hi"}]})
+            assert free.status_code == 200 and not [h for h in free.headers if h.startswith("x-ratelimit")]
+
+
+class CountsTakes(MemoryStore):
+    """A store that counts its token-bucket calls (takes and reads)."""
+
+    takes = 0
+
+    async def take(self, key, **bucket):
+        self.takes += 1
+        return await super().take(key, **bucket)
+
+
+def test_a_counted_route_answers_with_its_own_take_and_reads_nothing_more():
+    """A counted write makes one bucket call, its take, whose headers its answer carries (a
+    second read could see another request's take); a read makes one, the read."""
+    auth = AuthConfig.model_validate({"keys": [{"tenant": "writer", "key_env": "WRITER", "limits": {"requests_per_minute": 60}}]})
+    store = CountsTakes(clock=lambda: 1000.0)
+    app = create_app([ServedModel("gpt-oss-replay", ReplayBackend())], store=store, auth=auth, environ={"WRITER": COUNTED_KEYS["writer"]})
+    with uvicorn_server(app) as base, httpx.Client(timeout=60, headers=bearer(COUNTED_KEYS["writer"])) as http:
+        for call, remaining in (
+            (lambda: http.post(f"{base}/conversations", json={}), "59"),
+            (lambda: http.get(f"{base}/models"), "59"),
+            (lambda: http.post(f"{base}/responses/input_tokens", json={"model": "gpt-oss-replay", "input": "hi"}), "58"),
+        ):
+            before = store.takes
+            answer = call()
+            assert answer.status_code == 200 and answer.headers["x-ratelimit-remaining-requests"] == remaining
+            assert store.takes - before == 1

@@ -1,5 +1,5 @@
 """The embedded store full: whose keys go. It evicted the keys written longest ago, whoever's:
-a tenant that wrote a gigabyte (conversations cost no quota) evicted every other tenant's
+a tenant that wrote a gigabyte (within a generous rate limit, or with none) evicted every other tenant's
 stored responses, conversations and background runs, and its own quota counters (its rate
 limit started again from full). Now the tenant holding the most loses its own oldest keys,
 and quota keys are never evicted (they expire)."""

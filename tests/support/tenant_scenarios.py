@@ -245,51 +245,75 @@ def _eventually_admitted(http: httpx.Client, url: str, body: dict) -> httpx.Resp
         time.sleep(0.1)
 
 
-def every_answer_carries_rate_headers_and_reads_count_none(urls: list[str], key: str, requests_per_minute: int) -> None:
-    """A tenant with rate limits (one request refills in 20 s or more): every answer of every
-    route (reads, deletes, conversations, models, input_tokens, cancel, a 404, /openapi.json),
-    on each of `urls` (the ingress replicas) in turn, carries OpenAI's `x-ratelimit-*` headers;
-    none of them takes a request, so the remaining requests only grow (refills) until the next
-    `POST /responses` takes one. Health and readiness carry none."""
+def every_answer_carries_rate_headers_and_only_writes_count(urls: list[str], key: str, requests_per_minute: int) -> None:
+    """A tenant with rate limits (one request refills in 20 s or more), on each of `urls` (the
+    ingress replicas) in turn: every answer of every route carries OpenAI's `x-ratelimit-*`
+    headers. Reads, deletes and cancels (models, responses, input items, conversations and
+    their items, a 404, /openapi.json) take no request: the remaining requests only grow
+    (refills). Every write takes one (`POST /responses`, conversation create, update and items
+    create, `input_tokens`): the scenario lasts under 20 s, so no more than the limit of them
+    are admitted, and each write route is then refused with a 429. Health and readiness carry
+    no headers."""
     import time
 
     assert 60 / requests_per_minute >= 20
     started = time.monotonic()
     with httpx.Client(timeout=60, headers=bearer(key)) as http:
-        made = http.post(f"{urls[0]}/responses", json={"model": MODEL, "input": "counted"})
-        assert made.status_code == 200, made.text
-        taken = int(made.headers["x-ratelimit-remaining-requests"])
-        conversation = http.post(f"{urls[1 % len(urls)]}/conversations", json={"items": [{"role": "user", "content": "hi"}]})
-        response_id, conversation_id = made.json()["id"], conversation.json()["id"]
-        calls: list[tuple[str, str, Any]] = [
-            ("POST", "/conversations", {"items": [{"role": "user", "content": "another"}]}),
-            ("GET", "/models", None),
-            ("GET", f"/models/{MODEL}", None),
-            ("GET", f"/responses/{response_id}", None),
-            ("GET", f"/responses/{response_id}/input_items", None),
-            ("POST", "/responses/input_tokens", {"model": MODEL, "input": "how many"}),
-            ("POST", f"/responses/{response_id}/cancel", None),  # not a background response: a 400
-            ("GET", f"/conversations/{conversation_id}", None),
-            ("GET", f"/conversations/{conversation_id}/items", None),
-            ("GET", "/responses/resp_nowhere", None),  # a 404
-            ("DELETE", f"/responses/{response_id}", None),
-            ("DELETE", f"/conversations/{conversation_id}", None),
-        ]
-        seen = [taken]
-        for index, (method, path, body) in enumerate(calls + [("GET", "/openapi.json", None)]):
+
+        def call(index: int, method: str, path: str, body: Any = None) -> httpx.Response:
             url = urls[index % len(urls)]
             answer = http.request(method, url.removesuffix("/v1") + path if path == "/openapi.json" else url + path, json=body)
             assert answer.status_code < 500, (method, path, answer.status_code, answer.text[:300])
             assert answer.headers.get("x-ratelimit-limit-requests") == str(requests_per_minute), (method, path, dict(answer.headers))
             assert answer.headers["x-ratelimit-reset-requests"].endswith("s") and "x-ratelimit-limit-tokens" in answer.headers
-            seen.append(int(answer.headers["x-ratelimit-remaining-requests"]))
-        after = http.post(f"{urls[-1]}/responses", json={"model": MODEL, "input": "counted too"})
-        assert after.status_code == 200, after.text
-        seen.append(int(after.headers["x-ratelimit-remaining-requests"]) + 1)
+            return answer
+
+        made = call(0, "POST", "/responses", {"model": MODEL, "input": "counted"})
+        conversation = call(1, "POST", "/conversations", {"items": [{"role": "user", "content": "hi"}]})
+        assert made.status_code == conversation.status_code == 200, (made.text, conversation.text)
+        response_id, conversation_id = made.json()["id"], conversation.json()["id"]
+        reads: list[tuple[str, str, Any]] = [
+            ("GET", "/models", None),
+            ("GET", f"/models/{MODEL}", None),
+            ("GET", f"/responses/{response_id}", None),
+            ("GET", f"/responses/{response_id}/input_items", None),
+            ("POST", f"/responses/{response_id}/cancel", None),  # not a background response: a 400
+            ("GET", f"/conversations/{conversation_id}", None),
+            ("GET", f"/conversations/{conversation_id}/items", None),
+            ("GET", "/responses/resp_nowhere", None),  # a 404
+            ("GET", "/openapi.json", None),
+        ]
+        seen = [int(conversation.headers["x-ratelimit-remaining-requests"])]
+        for index, (method, path, body) in enumerate(reads):
+            seen.append(int(call(index, method, path, body).headers["x-ratelimit-remaining-requests"]))
+        writes: list[tuple[str, str, Any]] = [
+            ("POST", "/conversations", {"items": [{"role": "user", "content": "another"}]}),
+            ("POST", f"/conversations/{conversation_id}/items", {"items": [{"role": "user", "content": "more"}]}),
+            ("POST", f"/conversations/{conversation_id}", {"metadata": {"topic": "quotas"}}),
+            ("POST", "/responses/input_tokens", {"model": MODEL, "input": "how many"}),
+            ("POST", "/responses", {"model": MODEL, "input": "counted too"}),
+        ]
+        admitted, refused = 2, set()
+        for index, (method, path, body) in enumerate(writes * 2):  # each route twice: the limit is reached on the way
+            answer = call(index, method, path, body)
+            if answer.status_code == 429:
+                assert answer.json()["error"]["code"] == "rate_limit_exceeded" and int(answer.headers["retry-after"]) >= 1
+                assert answer.headers["x-ratelimit-remaining-requests"] == "0"
+                refused.add(path)
+            else:
+                assert answer.status_code == 200, (path, answer.text[:300])
+                admitted += 1
+        for index, path in enumerate(
+            (f"/conversations/{conversation_id}/items", f"/responses/{response_id}", f"/conversations/{conversation_id}")
+        ):
+            method = "GET" if index == 0 else "DELETE"
+            assert call(index, method, path).status_code == 200, path  # reads and deletes are still answered
         for path in ("/health", "/ready"):
             assert not [h for h in http.get(urls[0].removesuffix("/v1") + path).headers if h.startswith("x-ratelimit")], path
     assert time.monotonic() - started < 60 / requests_per_minute  # at most one request refilled meanwhile
     assert seen == sorted(seen) and seen[-1] - seen[0] <= 1, seen  # reads took none
+    assert admitted <= requests_per_minute, admitted  # under 20 s: `limit × (1 + t/60)` admitted at most
+    assert refused == {path for _, path, _ in writes}, refused
 
 
 def cached_prefixes_are_each_tenants_own(urls: list[str], key_a: str, key_b: str) -> None:

@@ -1,5 +1,7 @@
 """`/v1/conversations`: create, retrieve, update metadata, delete; and its items: list, create,
-retrieve, delete. Shapes as the `openai` SDK's `conversations` resource reads them."""
+retrieve, delete. Shapes as the `openai` SDK's `conversations` resource reads them. The
+writes (create, update, items create) count a request of the tenant's `requests_per_minute`
+(`COUNTED`); reads and deletes count none."""
 
 from __future__ import annotations
 
@@ -14,6 +16,7 @@ from pydantic import BaseModel, ValidationError
 from responses_serve.api.conversations import ConversationCreate, ConversationUpdate, ItemsCreate, ItemsQuery
 from responses_serve.api.errors import APIError, from_validation_error, invalid_request
 from responses_serve.api.request import parse_body
+from responses_serve.server.rate_headers import COUNTED
 from responses_serve.server.tenants import tenant_state
 from responses_serve.state.conversations import ConversationStore, conversation_not_found
 
@@ -60,7 +63,7 @@ def _item_list(data: list[dict], has_more: bool) -> dict:
     }
 
 
-@router.post("/v1/conversations")
+@router.post("/v1/conversations", dependencies=COUNTED)
 async def create_conversation(request: Request) -> Response:
     body = await _body(request, ConversationCreate)
     conversation = await _store(request).create(body.metadata, list(body.items or []))
@@ -72,7 +75,7 @@ async def retrieve_conversation(conversation_id: str, request: Request) -> Respo
     return _json((await _existing(_store(request), conversation_id)).model_dump_json())
 
 
-@router.post("/v1/conversations/{conversation_id}")
+@router.post("/v1/conversations/{conversation_id}", dependencies=COUNTED)
 async def update_conversation(conversation_id: str, request: Request) -> Response:
     body = await _body(request, ConversationUpdate)
     conversation = await _store(request).update(conversation_id, body.metadata)
@@ -104,7 +107,7 @@ async def list_items(conversation_id: str, request: Request) -> Response:
     return _json(_item_list(page.data, page.has_more))
 
 
-@router.post("/v1/conversations/{conversation_id}/items")
+@router.post("/v1/conversations/{conversation_id}/items", dependencies=COUNTED)
 async def create_items(conversation_id: str, request: Request) -> Response:
     body = await _body(request, ItemsCreate)
     conversations = _store(request)

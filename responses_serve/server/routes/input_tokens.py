@@ -4,7 +4,8 @@ The body is validated as a create request and rendered by the same code, so the 
 exactly the number of prompt tokens the engine would get for that request (the history of
 `previous_response_id` or `conversation`, opened encrypted reasoning, the model's own
 template or harmony rendering included). Nothing is generated or stored. A prompt longer
-than the model's context is still counted: telling that is what the endpoint is for.
+than the model's context is still counted: telling that is what the endpoint is for. The
+rendering is work: each call counts a request of the tenant's `requests_per_minute`.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from openai.types.responses.input_token_count_response import InputTokenCountRes
 
 from responses_serve.api.errors import model_not_found
 from responses_serve.api.request import parse_request
+from responses_serve.server.rate_headers import COUNTED
 from responses_serve.server.routes.responses import read_request
 from responses_serve.server.run import render_turn
 from responses_serve.server.tenants import tenant_state
@@ -22,7 +24,7 @@ from responses_serve.server.tenants import tenant_state
 router = APIRouter()
 
 
-@router.post("/v1/responses/input_tokens")
+@router.post("/v1/responses/input_tokens", dependencies=COUNTED)
 async def count_input_tokens(http_request: Request) -> Response:
     state = http_request.app.state
     request = await read_request(http_request, parse_request)
