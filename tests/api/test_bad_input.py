@@ -385,7 +385,7 @@ fields = st.sampled_from(
 )
 
 
-@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=120, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(field=fields, value=json_values)
 def test_fuzzed_fields_never_500(http, field, value):
     body = {"model": MODEL, "input": "fuzz", field: value}

@@ -245,7 +245,7 @@ JSON = st.recursive(
 )
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=300)
 @given(st.sampled_from(["input", "metadata", "user", "tools", "text", "instructions", "extra"]), JSON)
 def test_any_value_anywhere_is_a_request_or_a_400(field, value):
     """Any JSON value (lone surrogates in strings and keys, any number) in any field: a

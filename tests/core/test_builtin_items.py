@@ -38,7 +38,7 @@ def _no_lone_surrogates(text: str) -> str:
     return re.sub("[\ud800-\udfff]", "\ufffd", text)
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=300)
 @given(code_texts, st.sampled_from([(",", ":"), (", ", ": "), (",\n", " : ")]), st.booleans(), st.lists(st.integers(1, 7), max_size=60))
 def test_the_code_of_a_json_call_streams_as_json_decodes_it(code, separators, ensure_ascii, sizes):
     arguments = json.dumps({"code": code}, separators=separators, ensure_ascii=ensure_ascii)
@@ -125,7 +125,7 @@ def builtin_completions(draw) -> tuple[list[int], list[tuple[str, str]]]:
 outcomes = st.sampled_from(["ok", "failed", "unfinished"])
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=150, suppress_health_check=[HealthCheck.too_slow])
 @given(builtin_completions(), st.lists(st.integers(1, 6), max_size=80), st.lists(outcomes, min_size=1, max_size=3), texts)
 def test_builtin_calls_keep_the_contract_in_any_batching_with_any_outcome(completion, sizes, results, answer):
     tokens, calls = completion
@@ -195,7 +195,7 @@ markers = st.sampled_from(["【1†L2-L3】", "【4†L0】", "【9†L1】", "�
 answers = st.lists(st.one_of(texts, markers, st.sampled_from([". ", "\n", " "])), min_size=1, max_size=12).map("".join)
 
 
-@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=200, suppress_health_check=[HealthCheck.too_slow])
 @given(answers, st.lists(st.integers(1, 5), max_size=80))
 def test_citation_markers_become_exact_annotations_in_any_batching(answer, sizes):
     completion = render_completion([Message.from_role_and_content(Role.ASSISTANT, answer).with_channel("final")])

@@ -97,7 +97,7 @@ def items_of(response) -> list[tuple[str, str]]:
     return [(kind, text.split(" ", 1)[1] if kind == "function_call" else text) for kind, text in output_texts(response)]
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=150, suppress_health_check=[HealthCheck.too_slow])
 @given(completions(), st.lists(st.integers(1, 9), max_size=200))
 def test_every_partition_gives_the_same_items(completion, sizes):
     tokens, expected = completion
@@ -115,7 +115,7 @@ def test_every_partition_gives_the_same_items(completion, sizes):
     assert len({tuple(getattr(i, "name", None) for i in r.output) for r in responses}) == 1
 
 
-@settings(max_examples=100, deadline=None)
+@settings(max_examples=100)
 @given(completions(), st.lists(st.integers(1, 6), max_size=100), st.data())
 def test_truncation_is_a_prefix_and_incomplete(completion, sizes, data):
     tokens, expected = completion
@@ -197,7 +197,7 @@ def test_text_where_a_start_must_come_is_kept():
 
 
 @given(completions(), st.lists(st.integers(1, 9), max_size=50))
-@settings(max_examples=30, deadline=None)
+@settings(max_examples=30)
 def test_delta_events_are_what_validation_would_make(completion, sizes):
     """Delta events are built without validation (the hot path): each equals, field for field
     and byte for byte, the SDK model validated from its own fields."""

@@ -125,7 +125,7 @@ def drive(script, sizes, order, results, answer, listings=()) -> tuple[list[dict
     return parse_sse(wire), stream
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=150, suppress_health_check=[HealthCheck.too_slow])
 @given(
     scripts(),
     st.lists(st.integers(1, 6), max_size=60),
@@ -152,7 +152,7 @@ def test_server_calls_keep_the_contract_in_any_batching_and_finishing_order(scri
     assert terminal.usage.input_tokens_details.cached_tokens == (4 if calls and not hands_back else 0)
 
 
-@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=100, suppress_health_check=[HealthCheck.too_slow])
 @given(
     scripts(),
     st.lists(st.one_of(st.none(), texts.filter(bool)), min_size=1, max_size=3),
@@ -177,7 +177,7 @@ def test_listings_before_the_generation_keep_the_contract(script_and_expected, l
         assert own == ["response.output_item.added", "response.mcp_list_tools.in_progress", end, "response.output_item.done"]
 
 
-@settings(max_examples=100, deadline=None)
+@settings(max_examples=100)
 @given(scripts(), st.lists(st.integers(1, 6), max_size=60))
 def test_every_batching_gives_the_same_events_up_to_delta_boundaries(script_and_expected, sizes):
     script, _ = script_and_expected
@@ -197,7 +197,7 @@ def _text(item) -> str:
 
 
 @given(arguments, st.sampled_from(["fail", "cancel"]))
-@settings(max_examples=30, deadline=None)
+@settings(max_examples=30)
 def test_a_response_ended_while_a_call_waits_ends_the_call_incomplete(args, how):
     completion = render_completion(
         [

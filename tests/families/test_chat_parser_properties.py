@@ -159,7 +159,7 @@ def cuts(tokens: list[int], sizes: list[int]) -> list[list[list[int]]]:
     return [[tokens], [[t] for t in tokens], partition(tokens, sizes)]
 
 
-settings_ = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+settings_ = settings(max_examples=150, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 
 
 @settings_
@@ -185,7 +185,7 @@ def test_a_call_that_is_no_json_object_shows_as_it_comes(tokenizer):
     assert [e.type for e in events] == []
 
 
-@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=25, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(text=plain, sizes=st.lists(st.integers(1, 6), max_size=80))
 def test_tags_split_at_every_position(tokenizer, text, sizes):
     """Each tag cut into two tokens at every possible place, in every batching."""
@@ -210,7 +210,7 @@ def test_without_parsers_everything_is_one_message(tokenizer, case, sizes):
         assert items_of(run(tokenizer, Tags(), False, batches)) == [("message", completion)]  # exactly
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=60, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(text=st.lists(st.sampled_from(PIECES), min_size=1, max_size=30).map("".join), cut=st.integers(0, 200))
 def test_bytes_that_never_form_a_character_are_shown_not_lost(tokenizer, text, cut):
     """A token dropped from the middle of a multi-byte character: the rest still arrives."""
@@ -252,7 +252,7 @@ def partial_ids(tokenizer) -> list[int]:
     return [i for i in range(len(tokenizer)) if "\ufffd" in tokenizer.decode([i])]
 
 
-@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=200, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(data=st.data(), sizes=st.lists(st.integers(1, 6), max_size=40))
 def test_detokenizer_writes_exactly_the_decoded_text(tokenizer, vocabulary, partial_ids, data, sizes):
     """Random ids, many of them parts of characters (in order or not), special tokens, and
@@ -299,7 +299,7 @@ def sentencepiece_tokenizer():
     return PreTrainedTokenizerFast(tokenizer_object=backend, bos_token="<s>", eos_token="</s>", unk_token="<unk>")
 
 
-@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=100, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(
     words=st.lists(st.sampled_from(["Hello", " world", "!", "<think>", " a", "é", " 日本", "👍🏽", " "]), max_size=15),
     sizes=st.lists(st.integers(1, 6), max_size=40),

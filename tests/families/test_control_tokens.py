@@ -199,7 +199,7 @@ def _several(template: str, texts: list[str]) -> ResponsesRequest:
     return request_of(**body)
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=300)
 @given(st.sampled_from(sorted(POSITIONS)), st.lists(TEXT, min_size=3, max_size=3))
 def test_any_text_in_several_positions_at_once_is_text(template, texts):
     """Several positions of one request hold such text at once, and what the prompt holds as
@@ -218,7 +218,7 @@ HONEST = st.lists(
 ).map("".join)
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=200)
 @given(st.sampled_from(EVERY_POSITION), HONEST)
 def test_an_honest_conversation_renders_as_the_whole_text_tokenized(where, text):
     """What the prompt always was: the template's text, tokenized whole with special tokens

@@ -155,7 +155,7 @@ random_tokens = st.lists(
 )
 
 
-@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=400, suppress_health_check=[HealthCheck.too_slow])
 @given(random_tokens, st.lists(st.integers(1, 7), max_size=80), st.sampled_from(["stop", "length", "abort"]))
 def test_random_tokens_never_break_the_stream(completion, sizes, finish):
     """Never a crash, one terminal event, a valid lifecycle, and the same items whatever
@@ -174,7 +174,7 @@ def test_random_tokens_never_break_the_stream(completion, sizes, finish):
 text_tokens = st.lists(st.integers(0, 199997), min_size=1, max_size=3 * MAX_HEADER_TOKENS)
 
 
-@settings(max_examples=100, deadline=None)
+@settings(max_examples=100)
 @given(text_tokens, st.lists(st.integers(1, 7), max_size=60))
 def test_text_without_structure_is_one_raw_message(completion, sizes):
     """Text tokens alone (no special token): all of it, decoded, in one raw message."""
@@ -182,7 +182,7 @@ def test_text_without_structure_is_one_raw_message(completion, sizes):
     assert items(terminal) == [(*RAW, ENCODING.decode(completion))]
 
 
-@settings(max_examples=100, deadline=None)
+@settings(max_examples=100)
 @given(text_tokens, st.booleans(), st.lists(st.integers(1, 7), max_size=60))
 def test_content_is_every_token_decoded(content, ended, sizes):
     """A message's text is its tokens as a decode shows them: harmony's own content deltas

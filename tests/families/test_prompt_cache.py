@@ -68,7 +68,7 @@ def requests(draw) -> ResponsesRequest:
     return ResponsesRequest.model_validate(body)
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=300)
 @given(requests(), st.integers(0, 8))
 def test_harmony_prompt_is_harmonys_own_cold_and_warm(request, earlier):
     """Through the cache (after an earlier turn of the same conversation, then again) the
@@ -99,7 +99,7 @@ def chat_models(tokenizer, template: str | None) -> tuple[ChatTemplateModel, Cha
     return cached, whole
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=200)
 @given(requests(), st.integers(0, 8), st.sampled_from(["qwen3", None]))
 def test_chat_template_prompt_is_the_whole_texts_tokens(tokenizer, request, earlier, template):
     """The qwen3 template (calls, tools, reasoning) and SmolLM2's own (no tools: messages only)."""
@@ -119,7 +119,7 @@ def test_chat_template_prompt_is_the_whole_texts_tokens(tokenizer, request, earl
     assert cached.render_prompt(request, history) == expected
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=300)
 @given(
     st.lists(
         st.sampled_from(

@@ -58,7 +58,7 @@ def _splits_a_call(history: list, cut: int) -> bool:
     return any(isinstance(item, FunctionCallOutputItem) and calls[item.call_id] < cut <= index for index, item in enumerate(history))
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=150)
 @given(conversations())
 def test_cut_points_are_exactly_the_renderable_tails(history):
     lead = _lead(history)
@@ -69,7 +69,7 @@ def test_cut_points_are_exactly_the_renderable_tails(history):
         render_prompt(REQUEST, history[:lead] + history[cut:])  # an orphaned output would be a 400
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=150)
 @given(conversations(), st.floats(0.0, 1.2))
 def test_fit_drops_the_fewest_oldest_items(history, fraction):
     def render(items: list) -> list[int]:

@@ -30,7 +30,7 @@ async def _collect(iterator) -> list[TokenBatch]:
     return [batch async for batch in iterator]
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=60)
 @given(
     sizes=st.lists(st.integers(1, 5), min_size=1, max_size=40),
     delays_ms=st.lists(st.sampled_from([0.0, 0.0, 1.0, 3.0]), min_size=1, max_size=5),
