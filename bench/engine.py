@@ -27,7 +27,7 @@ import aiohttp
 import yaml
 
 from bench.stack import serve_config, stop, wait_ready
-from responses_serve.config import SpeculativeConfig, VLLMBackendConfig
+from serve_app.config import SpeculativeConfig, VLLMBackendConfig
 
 PROMPTS = {
     "repeat": "Repeat this text exactly, twice: " + "The quick brown fox jumps over the lazy dog near the river bank. " * 3,
@@ -55,17 +55,17 @@ def rss_mb(markers: tuple[str, ...]) -> float:
 
 
 def prompt_tokens(text: str) -> list[int]:
-    from responses_serve.api.request import ResponsesRequest
-    from responses_serve.families.chat_template import ChatTemplateModel
-    from responses_serve.families.smollm2 import SMOLLM2, load_tokenizer
+    from serve_app.api.request import ResponsesRequest
+    from serve_app.families.chat_template import ChatTemplateModel
+    from serve_app.families.smollm2 import SMOLLM2, load_tokenizer
 
     request = ResponsesRequest(model="smollm2", input=text)
     return ChatTemplateModel(load_tokenizer(SMOLLM2)).render_prompt(request, request.input_items())
 
 
 async def direct(speculative: bool, max_tokens: int, repeats: int) -> dict:
-    from responses_serve.engines.vllm import VLLMBackend
-    from responses_serve.tokens import GenerationRequest
+    from serve_app.core.tokens import GenerationRequest
+    from serve_app.engines.vllm import VLLMBackend
 
     config = VLLMBackendConfig(**ENGINE, max_model_len=2048, speculative_config=SpeculativeConfig(**NGRAM) if speculative else None)
     backend = VLLMBackend(config)

@@ -26,13 +26,13 @@ from collections.abc import Callable
 
 from openai_harmony import Message, Role, StreamableParser
 
-from responses_serve.api.request import ResponsesRequest
-from responses_serve.api.sse import encode_events
-from responses_serve.families.harmony import HarmonyModel, HarmonyParser, render_completion
-from responses_serve.families.vocab import harmony_encoding
-from responses_serve.logprobs import LogprobFormatter
-from responses_serve.stream import ResponseStream
-from responses_serve.tokens import TokenBatch
+from serve_app.api.request import ResponsesRequest
+from serve_app.api.sse import encode_events
+from serve_app.core.logprobs import LogprobFormatter
+from serve_app.core.stream import ResponseStream
+from serve_app.core.tokens import TokenBatch
+from serve_app.families.harmony import HarmonyModel, HarmonyParser, render_completion
+from serve_app.families.vocab import harmony_encoding
 
 PARAGRAPH = (
     "Speculative decoding hands the server several tokens per step; every one of them must "
@@ -221,8 +221,8 @@ def main() -> None:
         )
         print(f"ratio_to_parser={ratio:.2f}")
     if args.family in ("chat_template", "both"):
-        from responses_serve.families.chat_template import ChatTemplateModel
-        from responses_serve.families.smollm2 import SMOLLM2, load_tokenizer
+        from serve_app.families.chat_template import ChatTemplateModel
+        from serve_app.families.smollm2 import SMOLLM2, load_tokenizer
 
         tokenizer = load_tokenizer(SMOLLM2)
         model = ChatTemplateModel(tokenizer, template="qwen3", reasoning_parser="qwen3", tool_parser="hermes")

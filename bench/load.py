@@ -10,7 +10,7 @@ after another (a progress bar counts them). Every stream goes through the contra
 -> first text delta), ITL (gaps between successive SSE chunks that carry deltas, as vLLM's
 benchmark defines it; a chunk is one engine batch) at p50/p90/p99, output tokens/s and
 requests/s. The whole ramp runs `--repeats` times; the ingress and engine replicas report
-their own memory (`memory()`, responses_serve/serve/memory.py: RSS, glibc heap in use and free, gc
+their own memory (`memory()`, deployments/memory.py: RSS, glibc heap in use and free, gc
 objects, with `--tracemalloc` Python-traced memory and the allocation sites that grew)
 before the first run and after each, so growth across runs shows. Reading it joins the
 server's Ray cluster (`--ray-address`, `auto`: the one on this machine, e.g. `make serve`).
@@ -66,7 +66,7 @@ def harmony_tokens(events: list[dict]) -> int:
     """Completion tokens of the items the deltas carried, rendered back into harmony."""
     from openai_harmony import Message, Role
 
-    from responses_serve.families.harmony import render_completion
+    from serve_app.families.harmony import render_completion
 
     texts: dict[int, str] = {}
     items: dict[int, dict] = {}
@@ -163,7 +163,7 @@ async def level(url: str, model: str, concurrency: int, per_client: int, harmony
 
 
 class ReplicaMemory:
-    """Each replica's own memory report (`memory()`, responses_serve/serve/memory.py) through Serve
+    """Each replica's own memory report (`memory()`, deployments/memory.py) through Serve
     handles: this process joins the server's Ray cluster as a driver. One replica per
     deployment is read (the handle picks it; run one replica each to follow one process)."""
 
@@ -260,7 +260,7 @@ def main() -> None:
         if process is not None and args.ray_address != "none":
             args.ray_address = cluster_address(process)
         if args.ray_address != "none":
-            from responses_serve.config import ModelConfig
+            from serve_app.config import ModelConfig
 
             deployments = [ModelConfig(name=args.model).deployment_name, "ResponsesIngress"]
             try:

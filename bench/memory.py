@@ -32,12 +32,12 @@ TOP_LINES = 5
 
 def serve_child(port: int) -> None:
     """The child: serve the app, then answer each line on stdin with a JSON measurement
-    (`responses_serve/serve/memory.py`'s report, the one Serve replicas give bench.load)."""
+    (`deployments/memory.py`'s report, the one Serve replicas give bench.load)."""
     import uvicorn
 
-    from responses_serve.serve.memory import memory_report
-    from responses_serve.server.app import create_app
-    from responses_serve.server.local import replay_models
+    from deployments.memory import memory_report
+    from serve_app.server.app import create_app
+    from serve_app.server.local import replay_models
 
     server = uvicorn.Server(uvicorn.Config(create_app(replay_models(10.0)), host="127.0.0.1", port=port, log_level="warning"))
     threading.Thread(target=server.run, daemon=True).start()

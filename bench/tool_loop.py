@@ -72,10 +72,10 @@ async def measure(model, runtime, url: str, calls: int, context_tokens: int) -> 
     """One response per call; each response's tool round, timed."""
     from cryptography.fernet import Fernet
 
-    from responses_serve.api.request import ResponsesRequest
-    from responses_serve.encrypted_reasoning import ReasoningCipher
-    from responses_serve.server.run import run_turn, start_turn
-    from responses_serve.state import BoundedStore, MemoryStore, ResponseStore
+    from serve_app.api.request import ResponsesRequest
+    from serve_app.core.encrypted_reasoning import ReasoningCipher
+    from serve_app.runtime.run import run_turn, start_turn
+    from serve_app.state import BoundedStore, MemoryStore, ResponseStore
 
     responses = ResponseStore(BoundedStore(MemoryStore(), 2.0), "bench")
     cipher = ReasoningCipher([Fernet.generate_key()])
@@ -157,11 +157,11 @@ def main() -> None:
     parser.add_argument("--plot", type=Path, default=RESULTS / "tool_loop.png")
     args = parser.parse_args()
 
-    from responses_serve.config import ModelConfig, ToolsConfig
-    from responses_serve.engines import make_backend
-    from responses_serve.server.app import server_tool_runtime
-    from responses_serve.server.metrics import NoMetrics
-    from responses_serve.server.models import served_model
+    from serve_app.config import ModelConfig, ToolsConfig
+    from serve_app.engines import make_backend
+    from serve_app.runtime.metrics import NoMetrics
+    from serve_app.runtime.models import served_model
+    from serve_app.server.app import server_tool_runtime
 
     runtime = server_tool_runtime(ToolsConfig.model_validate({"mcp": {"allowed_urls": ["http://127.0.0.1:*/*"]}}), NoMetrics())
     models = {

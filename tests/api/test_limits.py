@@ -1,4 +1,4 @@
-"""Request shape (responses_serve/api/limits.py): what is not JSON by the standard, and what is
+"""Request shape (serve_app/api/limits.py): what is not JSON by the standard, and what is
 over a limit, is a 400 that says so (the limit named), decided before the request is
 validated; nothing else ever escapes (never a 500)."""
 
@@ -10,10 +10,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from responses_serve.api.errors import APIError
-from responses_serve.api.limits import RequestLimits
-from responses_serve.api.request import parse_request
-from responses_serve.api.websocket import CreateEvent, parse_client_event
+from serve_app.api.errors import APIError
+from serve_app.api.limits import RequestLimits
+from serve_app.api.request import parse_request
+from serve_app.api.websocket import CreateEvent, parse_client_event
 
 SMALL = RequestLimits(
     max_json_depth=8,

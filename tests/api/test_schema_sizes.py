@@ -10,11 +10,11 @@ import asyncio
 import httpx
 import pytest
 
-from responses_serve.api.json_schema import MAX_SMALLEST_SIZE, instance, schema_error
-from responses_serve.api.request import ResponsesRequest
-from responses_serve.engines.replay import ReplayBackend
-from responses_serve.families.constraints import callable_functions
-from responses_serve.server.app import ServedModel, create_app
+from serve_app.api.json_schema import MAX_SMALLEST_SIZE, instance, schema_error
+from serve_app.api.request import ResponsesRequest
+from serve_app.engines.replay import ReplayBackend
+from serve_app.families.constraints import callable_functions
+from serve_app.server.app import ServedModel, create_app
 
 
 def _strict(properties: dict, defs: dict | None = None) -> dict:

@@ -8,8 +8,8 @@ import asyncio
 import aiohttp
 
 from bench.overload import one_request
-from responses_serve.engines.replay import ReplayBackend
-from responses_serve.server.app import ServedModel, create_app
+from serve_app.engines.replay import ReplayBackend
+from serve_app.server.app import ServedModel, create_app
 from tests.conftest import uvicorn_server
 from tests.server.test_failures import _RefusingBackend
 

@@ -5,11 +5,11 @@ from __future__ import annotations
 import asyncio
 
 from bench.tool_loop import mcp_server, measure, summary
-from responses_serve.config import ModelConfig, ToolsConfig
-from responses_serve.engines import make_backend
-from responses_serve.server.app import server_tool_runtime
-from responses_serve.server.metrics import NoMetrics
-from responses_serve.server.models import served_model
+from serve_app.config import ModelConfig, ToolsConfig
+from serve_app.engines import make_backend
+from serve_app.runtime.metrics import NoMetrics
+from serve_app.runtime.models import served_model
+from serve_app.server.app import server_tool_runtime
 
 
 def test_the_bench_measures_each_calls_round():

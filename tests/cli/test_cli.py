@@ -14,11 +14,11 @@ import yaml
 from ray.serve.schema import ServeDeploySchema
 from typer.testing import CliRunner
 
-from responses_serve.cli import app
-from responses_serve.config import AppConfig
+from serve_app.cli import app
+from serve_app.config import AppConfig
 
 ROOT = Path(__file__).parents[2]
-CONFIGS = sorted((ROOT / "responses_serve" / "configs").glob("*.yaml"))
+CONFIGS = sorted((ROOT / "serve_app" / "configs").glob("*.yaml"))
 runner = CliRunner()
 
 
@@ -43,7 +43,7 @@ def test_every_shipped_config_validates_without_redis_or_gpu(path):
 
 
 def test_a_broken_config_fails_with_each_field_path(tmp_path):
-    document = yaml.safe_load((ROOT / "responses_serve" / "configs" / "gpt-oss-20b.yaml").read_text())
+    document = yaml.safe_load((ROOT / "serve_app" / "configs" / "gpt-oss-20b.yaml").read_text())
     args = document["applications"][0]["args"]
     del args["models"][0]["backend"]["model"]
     args["ingress"]["max_ongoing_request"] = 5  # a typo
@@ -71,7 +71,7 @@ def test_serve_schema_errors_and_non_configs_fail_too(tmp_path):
 
 
 def test_redis_store_needs_its_url_where_the_app_runs(tmp_path):
-    document = yaml.safe_load((ROOT / "responses_serve" / "configs" / "gpt-oss-20b.yaml").read_text())
+    document = yaml.safe_load((ROOT / "serve_app" / "configs" / "gpt-oss-20b.yaml").read_text())
     document["applications"][0]["args"]["store"]["type"] = "redis"  # the one-line production switch
     path = tmp_path / "redis.yaml"
     path.write_text(yaml.safe_dump(document))
@@ -81,7 +81,7 @@ def test_redis_store_needs_its_url_where_the_app_runs(tmp_path):
 
 
 def test_other_applications_get_serves_schema_only(tmp_path):
-    document = yaml.safe_load((ROOT / "responses_serve" / "configs" / "demo.yaml").read_text())
+    document = yaml.safe_load((ROOT / "serve_app" / "configs" / "demo.yaml").read_text())
     document["applications"].append({"name": "other", "route_prefix": "/other", "import_path": "somewhere.else:app", "args": {"x": 1}})
     path = tmp_path / "two.yaml"
     path.write_text(yaml.safe_dump(document))
@@ -167,7 +167,7 @@ def test_unknown_context_length_and_config_errors_say_what_to_do(tmp_path):
 
 
 def test_cluster_env_defaults_and_exported_values_win():
-    from responses_serve.serve.app import CLUSTER_ENV, cluster_env
+    from deployments.builder import CLUSTER_ENV, cluster_env
 
     defaults = cluster_env({})
     assert defaults.items() >= CLUSTER_ENV.items()
@@ -176,7 +176,7 @@ def test_cluster_env_defaults_and_exported_values_win():
 
 
 def test_the_run_watch_says_what_loads_then_ready_then_not(capsys):
-    from responses_serve.cli.launch import Endpoint, Watch
+    from serve_app.cli.launch import Endpoint, Watch
 
     answers = [
         ("starting", {}),
@@ -198,7 +198,7 @@ def test_the_run_watch_says_what_loads_then_ready_then_not(capsys):
 
 
 def test_doctor_reaches_redis_and_never_shows_its_password(redis_server, monkeypatch):
-    from responses_serve.cli.doctor import check_redis, redact
+    from serve_app.cli.doctor import check_redis, redact
 
     monkeypatch.setenv("REDIS_URL", redis_server.url)
     monkeypatch.setenv("REDIS_PASSWORD", redis_server.password)
@@ -217,7 +217,7 @@ def test_doctor_reaches_redis_and_never_shows_its_password(redis_server, monkeyp
 
 
 def test_doctor_lists_every_check_and_fails_only_on_what_every_config_needs(monkeypatch):
-    from responses_serve.cli import doctor
+    from serve_app.cli import doctor
 
     monkeypatch.delenv("REDIS_URL", raising=False)
     monkeypatch.setattr(doctor, "check_vllm", lambda: doctor.Finding("vllm", False, "not installed", "make install"))

@@ -16,7 +16,7 @@ import httpx
 import pytest
 import yaml
 
-from responses_serve.cli.launch import SIDE_PORTS
+from serve_app.cli.launch import SIDE_PORTS
 from tests.conftest import free_port
 
 CONFIG = {
@@ -27,7 +27,7 @@ CONFIG = {
         {
             "name": "responses",
             "route_prefix": "/",
-            "import_path": "responses_serve.serve.app:build_app",
+            "import_path": "deployments.builder:build_app",
             "args": {
                 "models": [{"name": "gpt-oss-replay", "engine": {"num_replicas": 1, "ray_actor_options": {"num_cpus": 0}}}],
                 "ingress": {"num_replicas": 1, "ray_actor_options": {"num_cpus": 0}},

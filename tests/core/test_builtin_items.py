@@ -11,14 +11,14 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from openai_harmony import Message, Role
 
-from responses_serve.api.request import ResponsesRequest
-from responses_serve.api.sse import encode_events
-from responses_serve.citations import CitedPage, annotate
-from responses_serve.families.harmony import HarmonyParser, render_completion
-from responses_serve.families.vocab import harmony_encoding
-from responses_serve.stream import ResponseStream
-from responses_serve.tokens import TokenBatch
-from responses_serve.tool_items import WEB_SEARCH_CALL, CodeArguments, CodeInterpreterCallKind, ServerTools, ToolError, ToolOutcome
+from serve_app.api.request import ResponsesRequest
+from serve_app.api.sse import encode_events
+from serve_app.core.citations import CitedPage, annotate
+from serve_app.core.stream import ResponseStream
+from serve_app.core.tokens import TokenBatch
+from serve_app.core.tool_items import WEB_SEARCH_CALL, CodeArguments, CodeInterpreterCallKind, ServerTools, ToolError, ToolOutcome
+from serve_app.families.harmony import HarmonyParser, render_completion
+from serve_app.families.vocab import harmony_encoding
 from tests.core.test_stream_properties import partition, texts
 from tests.core.test_stream_tools import ScriptParser
 from tests.support.contract import check_stream, parse_sse

@@ -10,7 +10,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from responses_serve.citations import MARKER_MAX_CHARS, CitationStream, CitedPage, annotate
+from serve_app.core.citations import MARKER_MAX_CHARS, CitationStream, CitedPage, annotate
 
 PAGES = {
     0: CitedPage(url="https://example.com/a", title="Page A"),

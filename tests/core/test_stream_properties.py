@@ -9,11 +9,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from openai_harmony import Message, Role
 
-from responses_serve.api.request import ResponsesRequest
-from responses_serve.api.sse import encode_events
-from responses_serve.families.harmony import HarmonyParser, render_completion
-from responses_serve.stream import ResponseStream
-from responses_serve.tokens import TokenBatch
+from serve_app.api.request import ResponsesRequest
+from serve_app.api.sse import encode_events
+from serve_app.core.stream import ResponseStream
+from serve_app.core.tokens import TokenBatch
+from serve_app.families.harmony import HarmonyParser, render_completion
 from tests.support.contract import check_stream, parse_sse
 from tests.support.sdk_scenarios import output_texts
 

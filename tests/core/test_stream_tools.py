@@ -11,12 +11,12 @@ from hypothesis import strategies as st
 from openai.types.responses.response_output_item import McpListToolsTool
 from openai_harmony import Message, Role
 
-from responses_serve.api.request import ResponsesRequest
-from responses_serve.api.sse import encode_events
-from responses_serve.families.harmony import HarmonyParser, render_completion
-from responses_serve.stream import ResponseStream
-from responses_serve.tokens import TokenBatch
-from responses_serve.tool_items import MCP_APPROVAL_REQUEST, MCP_CALL, NOT_FINISHED, ServerTools, ToolOutcome
+from serve_app.api.request import ResponsesRequest
+from serve_app.api.sse import encode_events
+from serve_app.core.stream import ResponseStream
+from serve_app.core.tokens import TokenBatch
+from serve_app.core.tool_items import MCP_APPROVAL_REQUEST, MCP_CALL, NOT_FINISHED, ServerTools, ToolOutcome
+from serve_app.families.harmony import HarmonyParser, render_completion
 from tests.core.test_stream_properties import arguments, partition, texts
 from tests.support.contract import check_stream, parse_sse
 

@@ -1,4 +1,4 @@
-"""`Utf8Decoder` (responses_serve/utf8.py) gives what Python's incremental UTF-8 decoder
+"""`Utf8Decoder` (serve_app/core/utf8.py) gives what Python's incremental UTF-8 decoder
 with `replace` gives, call by call, however the bytes are cut."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import codecs
 from hypothesis import given
 from hypothesis import strategies as st
 
-from responses_serve.utf8 import Utf8Decoder
+from serve_app.core.utf8 import Utf8Decoder
 
 # Whole characters of 1 to 4 bytes, their parts, and bytes that are no character.
 pieces = st.one_of(

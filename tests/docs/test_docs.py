@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from responses_serve.config import AppConfig
-from responses_serve.serve.metrics import METRICS
+from deployments.metrics import METRICS
+from serve_app.config import AppConfig
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCS = ROOT / "docs"

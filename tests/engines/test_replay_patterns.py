@@ -9,7 +9,7 @@ import json
 import subprocess
 import sys
 
-from responses_serve.engines.replay import _arguments
+from serve_app.engines.replay import _arguments
 
 SCHEMA = {"type": "object", "properties": {"a": {"type": "string", "pattern": "^(a+)+$"}}, "required": ["a"], "additionalProperties": False}
 
@@ -17,8 +17,7 @@ SCHEMA = {"type": "object", "properties": {"a": {"type": "string", "pattern": "^
 def test_a_backtracking_pattern_against_the_written_text_ends():
     """In a process of its own: `re` holds the GIL, so a hang could not even be timed out here."""
     code = (
-        "import json; from responses_serve.engines.replay import _arguments; "
-        f"print(_arguments(json.dumps({{'a': 'a' * 60 + '!'}}), {SCHEMA!r}))"
+        f"import json; from serve_app.engines.replay import _arguments; print(_arguments(json.dumps({{'a': 'a' * 60 + '!'}}), {SCHEMA!r}))"
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)  # a bound for a hang
     assert json.loads(done.stdout) == {"a": "a"}  # not a match: an instance of the schema instead

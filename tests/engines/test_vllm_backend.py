@@ -25,10 +25,10 @@ from typing import Any
 
 import pytest
 
-from responses_serve.api.service_tier import engine_priority
-from responses_serve.config import SpeculativeConfig, VLLMBackendConfig
-from responses_serve.engines.vllm import _engine_kwargs, placement_bundles
-from responses_serve.tokens import EngineRejected, GenerationRequest, TokenBatch
+from serve_app.api.service_tier import engine_priority
+from serve_app.config import SpeculativeConfig, VLLMBackendConfig
+from serve_app.core.tokens import EngineRejected, GenerationRequest, TokenBatch
+from serve_app.engines.vllm import _engine_kwargs, placement_bundles
 from tests.conftest import VLLM_NGRAM, in_process_engine_config
 from tests.support.engine_server import EngineHost
 
@@ -118,7 +118,7 @@ def test_config_validation() -> None:
 def test_engine_args_from_config_builds_vllm_args(tmp_path: Path) -> None:
     from vllm.engine.arg_utils import AsyncEngineArgs
 
-    from responses_serve.engines.vllm import engine_args_from_config
+    from serve_app.engines.vllm import engine_args_from_config
 
     # A local folder as the model: a bare name would be looked up on the hub.
     args = engine_args_from_config(
@@ -149,8 +149,8 @@ def test_engine_args_from_config_builds_vllm_args(tmp_path: Path) -> None:
 def test_harmony_models_get_the_guidance_backend(tmp_path: Path) -> None:
     """Harmony constraints are llguidance grammars: a harmony model's engine is started with
     vLLM's `guidance` structured-outputs backend unless its config says otherwise."""
-    from responses_serve.config import ModelConfig
-    from responses_serve.engines.vllm import engine_args_from_config
+    from serve_app.config import ModelConfig
+    from serve_app.engines.vllm import engine_args_from_config
 
     harmony = ModelConfig.model_validate({"name": "g", "backend": {"type": "vllm", "model": str(tmp_path), "tokenizer": "o200k_harmony"}})
     assert engine_args_from_config(harmony.backend).structured_outputs_config.backend == "guidance"
@@ -166,7 +166,7 @@ def test_the_cpu_expand_kernel_keeps_the_callers_dtype() -> None:
     top_p over its draft positions: values kept exactly, greedy's 0 written as 1."""
     import torch
 
-    from responses_serve.engines.vllm_plugin import expand_kernel
+    from serve_app.engines.vllm_plugin import expand_kernel
 
     cu_num_tokens = torch.tensor([2, 5, 6], dtype=torch.int32)  # 2, 3 and 1 positions
     temperature = torch.empty(6, dtype=torch.float32)
@@ -183,17 +183,17 @@ def test_vllm_loads_the_plugin_that_replaces_the_cpu_expand_kernel() -> None:
 
     from vllm.utils import cpu_triton_utils
 
-    from responses_serve.engines import vllm_plugin
+    from serve_app.engines import vllm_plugin
 
     plugins = {e.name: e.value for e in entry_points(group="vllm.general_plugins")}
-    assert plugins.get("responses_serve") == "responses_serve.engines.vllm_plugin:register"  # the installed package says so
+    assert plugins.get("responses_serve") == "serve_app.engines.vllm_plugin:register"  # the installed package says so
     vllm_plugin.register()
     assert cpu_triton_utils._expand_kernel_impl is vllm_plugin.expand_kernel
 
 
 def test_smollm2_conversion_runs_once_under_concurrency(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Two concurrent callers: one converts, the other waits and reuses the folder."""
-    from responses_serve.families import smollm2
+    from serve_app.families import smollm2
 
     calls: list[int] = []
     fake_gguf = tmp_path / smollm2.GGUF_FILE
@@ -245,7 +245,7 @@ def _request(rid: str, prompt: list[int], max_tokens: int = 48) -> GenerationReq
 @pytest.fixture(scope="module")
 def tiny_llama(tmp_path_factory: pytest.TempPathFactory) -> Path:
     pytest.importorskip("gguf")
-    from responses_serve.families.smollm2 import SmolLM2Unavailable
+    from serve_app.families.smollm2 import SmolLM2Unavailable
     from tests.support.tiny_llama import build_tiny_llama
 
     try:
@@ -303,7 +303,7 @@ class EngineSuite:
     def test_greedy_requests_batched_with_sampled_ones_keep_their_tokens(self, engines: dict[str, Any]) -> None:
         """Temperature 0 decodes the same tokens whatever else the engine batches with it: with
         ngram speculation, a sampled request in the batch once changed every greedy one (the
-        CPU sampler's bug that responses_serve/engines/vllm_plugin.py fixes)."""
+        CPU sampler's bug that serve_app/engines/vllm_plugin.py fixes)."""
         loop, spec = engines["loop"], engines["spec"]
         prompts = [
             _chat_prompt(engines["checkpoint"], text)
@@ -435,10 +435,10 @@ class EngineSuite:
         from vllm.inputs.engine import tokens_input
         from vllm.sampling_params import StructuredOutputsParams
 
-        from responses_serve.engines.vllm import token_logprobs
-        from responses_serve.families.chat_template import ChatTemplateModel
-        from responses_serve.families.smollm2 import load_tokenizer
-        from responses_serve.logprobs import LogprobFormatter
+        from serve_app.core.logprobs import LogprobFormatter
+        from serve_app.engines.vllm import token_logprobs
+        from serve_app.families.chat_template import ChatTemplateModel
+        from serve_app.families.smollm2 import load_tokenizer
 
         loop, plain = engines["loop"], engines["plain"]
         prompt = _chat_prompt(engines["checkpoint"], "Give me a JSON object with a name.")
@@ -488,7 +488,7 @@ class TestTinyLlama(EngineSuite):
     def test_rejected_drafts_flow_through_the_engine_server(self, engines: dict[str, Any]) -> None:
         """A request whose every draft is rejected (drafts > 0, accepted == 0) completes
         through a real `EngineServer` and its Ray counters (Ray refuses `Counter.inc(0)`)."""
-        from responses_serve.serve.engine import EngineServer
+        from deployments.engine import EngineServer
 
         loop, spec = engines["loop"], engines["spec"]
         prompt = _chat_prompt(engines["checkpoint"], "Tell me a very long story.")

@@ -78,9 +78,9 @@ MAX_TOKENS = 160
 
 @pytest.fixture(scope="module")
 def engine_url(smollm2_engine) -> Iterator[str]:
-    from responses_serve.families.chat_template import ChatTemplateModel
-    from responses_serve.families.smollm2 import SMOLLM2, load_tokenizer
-    from responses_serve.server.app import ServedModel, create_app
+    from serve_app.families.chat_template import ChatTemplateModel
+    from serve_app.families.smollm2 import SMOLLM2, load_tokenizer
+    from serve_app.server.app import ServedModel, create_app
 
     host, backend, _ = smollm2_engine
     tokenizer = load_tokenizer(SMOLLM2)
@@ -149,7 +149,7 @@ def _json_object_prefix(text: str) -> bool:
     """True if `text` is a prefix of some JSON object (xgrammar's JSON grammar, as the engine's)."""
     import xgrammar as xgr
 
-    from responses_serve.families.smollm2 import SMOLLM2, load_tokenizer
+    from serve_app.families.smollm2 import SMOLLM2, load_tokenizer
 
     info = xgr.TokenizerInfo.from_huggingface(load_tokenizer(SMOLLM2))
     matcher = xgr.GrammarMatcher(xgr.GrammarCompiler(info).compile_json_schema('{"type": "object"}'))

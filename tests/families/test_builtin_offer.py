@@ -9,12 +9,12 @@ import json
 
 from openai_harmony import Conversation, Message, ReasoningEffort, Role, SystemContent, ToolNamespaceConfig
 
-from responses_serve.api.request import ResponsesRequest
-from responses_serve.families.harmony import render_prompt
-from responses_serve.families.vocab import harmony_encoding
-from responses_serve.tools.builtin.browser import BrowserTools
-from responses_serve.tools.builtin.python import PythonTools
-from responses_serve.tools.python.mcp_server import tool_description
+from serve_app.api.request import ResponsesRequest
+from serve_app.families.harmony import render_prompt
+from serve_app.families.vocab import harmony_encoding
+from serve_app.tools.builtin.browser import BrowserTools
+from serve_app.tools.builtin.python import PythonTools
+from serve_app.tools.python.mcp_server import tool_description
 
 TODAY = datetime.date(2026, 1, 2)
 TOOLS = [{"type": "web_search"}, {"type": "code_interpreter", "container": {"type": "auto"}}]
@@ -62,7 +62,7 @@ def test_tool_choice_none_offers_no_builtin_tool():
 
 
 def test_chat_template_models_get_them_as_functions():
-    from responses_serve.families.chat_template import _tools
+    from serve_app.families.chat_template import _tools
 
     names = {tool["function"]["name"]: tool["function"] for tool in _tools(offered(TOOLS))}
     assert set(names) == {"browser.search", "browser.open", "browser.find", "python"}

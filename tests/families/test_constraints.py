@@ -1,4 +1,4 @@
-"""The engine constraints (`responses_serve/families/constraints.py`) checked with the grammar
+"""The engine constraints (`serve_app/families/constraints.py`) checked with the grammar
 engines vLLM's structured outputs mask logits with, token by token as vLLM feeds them:
 llguidance for harmony (over gpt-oss's tokenizer, `o200k_harmony`), xgrammar for chat
 templates (over SmolLM2's):
@@ -16,13 +16,13 @@ import pytest
 
 xgr = pytest.importorskip("xgrammar")
 
-from responses_serve.api.request import ResponsesRequest  # noqa: E402
-from responses_serve.engines.replay import script_completion  # noqa: E402
-from responses_serve.engines.replay_qwen3 import script_qwen3_completion  # noqa: E402
-from responses_serve.families.chat_template import ChatTemplateModel  # noqa: E402
-from responses_serve.families.constraints import JSON_MAX_WHITESPACE  # noqa: E402
-from responses_serve.families.harmony import HarmonyModel  # noqa: E402
-from responses_serve.families.vocab import HARMONY_VOCAB_SIZE, ensure_harmony_tokenizer, harmony_encoding  # noqa: E402
+from serve_app.api.request import ResponsesRequest  # noqa: E402
+from serve_app.engines.replay import script_completion  # noqa: E402
+from serve_app.engines.replay_qwen3 import script_qwen3_completion  # noqa: E402
+from serve_app.families.chat_template import ChatTemplateModel  # noqa: E402
+from serve_app.families.constraints import JSON_MAX_WHITESPACE  # noqa: E402
+from serve_app.families.harmony import HarmonyModel  # noqa: E402
+from serve_app.families.vocab import HARMONY_VOCAB_SIZE, ensure_harmony_tokenizer, harmony_encoding  # noqa: E402
 from tests.conftest import have_vllm  # noqa: E402
 
 SCHEMA = {
@@ -205,7 +205,7 @@ def test_harmony_auto_with_a_strict_function(ll_tokenizer):
 
 
 def test_harmony_formats_llguidance_does_not_know_are_a_400():
-    from responses_serve.api.errors import APIError
+    from serve_app.api.errors import APIError
 
     schema = {"type": "object", "properties": {"u": {"type": "string", "format": "uri-reference"}}}
     with pytest.raises(APIError) as caught:
@@ -229,7 +229,7 @@ def accepts(compiler, engine: dict, tokens: list[int], stops: list[int]) -> bool
 
 @pytest.fixture(scope="module")
 def smollm2():
-    from responses_serve.families.smollm2 import SMOLLM2, load_tokenizer
+    from serve_app.families.smollm2 import SMOLLM2, load_tokenizer
 
     tokenizer = load_tokenizer(SMOLLM2)
     info = xgr.TokenizerInfo.from_huggingface(tokenizer, stop_token_ids=[tokenizer.eos_token_id])

@@ -13,11 +13,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from responses_serve.api.request import ResponsesRequest
-from responses_serve.families.harmony import MAX_HEADER_TOKENS, HarmonyParser
-from responses_serve.families.vocab import harmony_encoding
-from responses_serve.stream import ResponseStream
-from responses_serve.tokens import TokenBatch
+from serve_app.api.request import ResponsesRequest
+from serve_app.core.stream import ResponseStream
+from serve_app.core.tokens import TokenBatch
+from serve_app.families.harmony import MAX_HEADER_TOKENS, HarmonyParser
+from serve_app.families.vocab import harmony_encoding
 from tests.core.test_stream_properties import partition
 from tests.support.contract import check_stream
 

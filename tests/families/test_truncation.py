@@ -1,5 +1,5 @@
 """`truncation: "auto"`: for any conversation, the kept part renders, keeps each function call
-with its output, and is the longest tail that fits (responses_serve/families/truncation.py); and the
+with its output, and is the longest tail that fits (serve_app/families/truncation.py); and the
 API around it, in process (both model families, the input-token count)."""
 
 from __future__ import annotations
@@ -12,9 +12,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from responses_serve.api.request import FunctionCallItem, FunctionCallOutputItem, MessageItem, ReasoningItem, ResponsesRequest
-from responses_serve.families.harmony import render_prompt
-from responses_serve.families.truncation import cut_points, first_true, fit_to_context, output_reserve
+from serve_app.api.request import FunctionCallItem, FunctionCallOutputItem, MessageItem, ReasoningItem, ResponsesRequest
+from serve_app.families.harmony import render_prompt
+from serve_app.families.truncation import cut_points, first_true, fit_to_context, output_reserve
 from tests.support import sdk_scenarios
 
 REQUEST = ResponsesRequest(model="gpt-oss-replay", input="hi")

@@ -6,7 +6,7 @@ import hashlib
 
 import pytest
 
-from responses_serve.families import vocab
+from serve_app.families import vocab
 
 
 def test_unset_resolves_the_bundled_copy(tmp_path, monkeypatch):

@@ -8,7 +8,7 @@ import json
 import re
 from pathlib import Path
 
-from responses_serve.serve.metrics import METRICS
+from deployments.metrics import METRICS
 from tests.support.grafana import PATH, load_dashboard
 
 dashboard = load_dashboard()
@@ -65,7 +65,7 @@ def test_panels_have_unique_ids_and_datasource_variable():
 
 def test_the_generator_is_not_in_the_installed_package():
     """grafana-foundation-sdk is a development dependency: nothing installed imports it."""
-    import responses_serve
+    import serve_app
 
-    package = Path(responses_serve.__file__).parent
+    package = Path(serve_app.__file__).parent
     assert not [p for p in package.rglob("*.py") if "grafana_foundation_sdk" in p.read_text()]

@@ -10,7 +10,7 @@ import pytest
 import yaml
 from ray.serve.schema import ServeDeploySchema
 
-from responses_serve.config import AppConfig
+from serve_app.config import AppConfig
 from tests.k8s.manifests import rayservice, runs_ingress
 
 ROOT = Path(__file__).parents[2]
@@ -65,7 +65,7 @@ def test_rayservice_serves_its_config(name):
     head to the GCS's), API keys (a public endpoint is not open), and the built-in tools at the
     Services of k8s/tools/."""
     manifest = rayservice(ROOT / "k8s" / name)
-    config = yaml.safe_load((ROOT / "responses_serve" / "configs" / SERVES[name]).read_text())
+    config = yaml.safe_load((ROOT / "serve_app" / "configs" / SERVES[name]).read_text())
     applications = yaml.safe_load(manifest["spec"]["serveConfigV2"])["applications"]
     for application in applications:
         assert _ingress_label_selector(application) == CPU_NODE_LABEL
@@ -183,12 +183,12 @@ def test_gpt_oss_120b_pods_hold_one_tensor_parallel_engine():
 
 @pytest.mark.parametrize("path", MANIFESTS, ids=lambda p: p.name)
 def test_the_cluster_wide_serve_settings_are_the_same_for_responses_serve_run_and_kuberay(path):
-    """responses_serve/serve/app.py CLUSTER_ENV (read by the Serve controller, on the head): the head
+    """deployments/builder.py CLUSTER_ENV (read by the Serve controller, on the head): the head
     container sets each of them as `responses-serve run` starts its cluster (`cluster_env`), and
     `make serve` is that command."""
     import re
 
-    from responses_serve.serve.app import CLUSTER_ENV, cluster_env
+    from deployments.builder import CLUSTER_ENV, cluster_env
 
     manifest = rayservice(path)
     (head,) = _groups(manifest)[0]["template"]["spec"]["containers"]
@@ -200,7 +200,7 @@ def test_the_cluster_wide_serve_settings_are_the_same_for_responses_serve_run_an
     makefile = (ROOT / "Makefile").read_text()
     (config,) = re.findall(r"^serve:.*\n\t.*responses-serve run (\S+)$", makefile, re.M)
     variables = dict(re.findall(r"^(\w+) \?= (\S+)$", makefile, re.M))
-    assert re.sub(r"\$\((\w+)\)", lambda m: variables[m.group(1)], config) == "responses_serve/configs/demo.yaml"
+    assert re.sub(r"\$\((\w+)\)", lambda m: variables[m.group(1)], config) == "serve_app/configs/demo.yaml"
 
 
 @pytest.mark.parametrize("path", MANIFESTS, ids=lambda p: p.name)
@@ -208,9 +208,9 @@ def test_every_pod_runs_serves_haproxy_ingress(path):
     """Serve's settings are read by the processes of each Ray node: every container, workers
     included, turns on the HAProxy ingress as the head does (an ingress replica serves HTTP
     on a port of its own only where its node's processes see it), and names our HAProxy."""
-    from responses_serve.config import SHUTDOWN_MARGIN_S
-    from responses_serve.serve import haproxy
-    from responses_serve.serve.app import CLUSTER_ENV, HAPROXY_HARD_STOP_AFTER
+    from deployments import haproxy
+    from deployments.builder import CLUSTER_ENV, HAPROXY_HARD_STOP_AFTER
+    from serve_app.config import SHUTDOWN_MARGIN_S
 
     manifest = rayservice(path)
     for group in _groups(manifest):

@@ -47,7 +47,7 @@ def _head_environment(service: dict, valkey, namespace: str, token: str) -> dict
             environment[name] = API_KEYS[ref["key"]] if ref["name"] == "responses-serve-api-keys" else secret_values[ref["name"]]
         else:
             environment[name] = entry["value"].replace("responses-serve-redis:6379", local)
-    from responses_serve.serve import haproxy
+    from deployments import haproxy
 
     gcs = service["spec"]["rayClusterConfig"]["gcsFaultToleranceOptions"]
     environment.update(

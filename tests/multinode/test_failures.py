@@ -75,7 +75,7 @@ def _deployments_running() -> bool:
 def app_url(sim_cluster):
     from ray import serve
 
-    from responses_serve.serve.app import build_app
+    from deployments.builder import build_app
 
     # Not `serve.run`: it waits for every deployment to be healthy, and "broken" never is.
     # Like `serve deploy` (and a RayService), the healthy deployments serve meanwhile.

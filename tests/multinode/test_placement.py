@@ -1,8 +1,8 @@
 """GPU placement on a simulated multi-node cluster, asserted from Ray's own view.
 
 Replay engines declared `device: gpu` with TP=2 and TP=2 x PP=2 go through the placement
-code path of vLLM engines (`responses_serve.serve.app.engine_deployment_options` ->
-`responses_serve.engines.vllm.placement_bundles`); what is checked is where Ray put them:
+code path of vLLM engines (`deployments.builder.engine_deployment_options` ->
+`serve_app.engines.vllm.placement_bundles`); what is checked is where Ray put them:
 the placement-group table, and the node of every replica actor (state API).
 """
 
@@ -36,7 +36,7 @@ ARGS = {
 def placement_app(sim_cluster):
     from ray import serve
 
-    from responses_serve.serve.app import build_app
+    from deployments.builder import build_app
 
     serve.run(build_app(ARGS), name=APP, route_prefix=f"/{APP}")
     try:
@@ -49,7 +49,7 @@ def placement_app(sim_cluster):
 def test_engine_placement_groups_land_on_gpu_nodes_only(placement_app, model):
     import ray
 
-    from responses_serve.config import AppConfig
+    from serve_app.config import AppConfig
 
     config = {m.name: m for m in AppConfig.model_validate(ARGS).models}[model]
     assert running_replicas(APP, config.deployment_name) == 1

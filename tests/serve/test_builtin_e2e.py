@@ -123,8 +123,8 @@ def test_web_search_through_serve_with_citations(serve_url, session_web, model):
 def test_a_browsing_session_stays_on_its_replica(serve_url, session_web):
     """What the loop does for a response's successive calls: the first opens a page on some
     replica; later calls that name its route reach the same replica and find the page."""
-    from responses_serve.serve.tools import HandleToolTransport
-    from responses_serve.tools.browser.meta import SESSION_META_KEY
+    from deployments.tools import HandleToolTransport
+    from serve_app.tools.browser.meta import SESSION_META_KEY
 
     transport = HandleToolTransport(serve.get_deployment_handle("BrowserTool", app_name=E2E_APP))
 
@@ -166,10 +166,10 @@ def test_a_later_turn_on_the_other_replica_reads_what_the_model_read(ingress_url
     the prompt that history renders to here."""
     from openai.types.responses import Response
 
-    from responses_serve.api.request import ResponsesRequest
-    from responses_serve.families.harmony import HarmonyModel
-    from responses_serve.families.vocab import harmony_encoding
-    from responses_serve.state.responses import output_as_input
+    from serve_app.api.request import ResponsesRequest
+    from serve_app.families.harmony import HarmonyModel
+    from serve_app.families.vocab import harmony_encoding
+    from serve_app.state.responses import output_as_input
 
     here, there = ingress_urls[0], ingress_urls[1]
     first_input = "call python print('kept-' + 'x' * 3)"

@@ -8,8 +8,8 @@ import asyncio
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from responses_serve.serve.engine import coalesce
-from responses_serve.tokens import TokenBatch
+from deployments.engine import coalesce
+from serve_app.core.tokens import TokenBatch
 
 
 async def _source(sizes: list[int], delays_ms: list[float], finish: str = "stop"):

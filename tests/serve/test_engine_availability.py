@@ -1,11 +1,11 @@
-"""EngineAvailability's polling schedule (responses_serve/serve/ingress.py): Serve's status is read
+"""EngineAvailability's polling schedule (deployments/ingress.py): Serve's status is read
 often while a model is unavailable and rarely once all are up (it is expensive to read).
 What the status says about a failed engine is shown end to end in tests/multinode."""
 
 import asyncio
 
-from responses_serve.serve.ingress import EngineAvailability
-from responses_serve.server.run import Unavailable
+from deployments.ingress import EngineAvailability
+from serve_app.runtime.run import Unavailable
 
 
 class ScriptedAvailability(EngineAvailability):

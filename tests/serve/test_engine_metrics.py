@@ -11,9 +11,9 @@ import pytest
 from ray import serve
 from ray.serve.metrics import Counter
 
-from responses_serve.serve import engine
-from responses_serve.serve.engine import EngineServer
-from responses_serve.tokens import GenerationRequest, TokenBatch
+from deployments import engine
+from deployments.engine import EngineServer
+from serve_app.core.tokens import GenerationRequest, TokenBatch
 
 # An ngram step whose drafts were all rejected, a step with None counters, a count that
 # cannot be (negative: it makes the request's drafted total -3), and a last batch with no

@@ -1,4 +1,4 @@
-"""`responses-serve-haproxy` (responses_serve/serve/haproxy.py): Serve's HAProxy with kernel splicing
+"""`responses-serve-haproxy` (deployments/haproxy.py): Serve's HAProxy with kernel splicing
 off, stopped when the process that started it dies. Whether it keeps a client's disconnect is
 shown end to end in tests/serve/test_serve_e2e.py::test_client_leaving_a_non_streaming_request_aborts_it."""
 
@@ -14,7 +14,7 @@ import time
 
 import psutil
 
-from responses_serve.serve import haproxy
+from deployments import haproxy
 from tests.conftest import free_port, wait_until
 
 
@@ -30,7 +30,7 @@ def test_it_becomes_haproxy_in_place_with_splicing_off(tmp_path):
     wrapper must exec HAProxy, not start it as a child. It leaves the launcher's SCHED_BATCH."""
     config = tmp_path / "haproxy.cfg"
     config.write_text(f"defaults\n    mode http\n    timeout client 5s\nfrontend f\n    bind 127.0.0.1:{free_port()}\n")
-    # Started by a SCHED_BATCH process, as under the launcher (responses_serve/engines/cpu_cores.py).
+    # Started by a SCHED_BATCH process, as under the launcher (serve_app/engines/cpu_cores.py).
     batch = lambda: os.sched_setscheduler(0, os.SCHED_BATCH, os.sched_param(0))  # noqa: E731
     process = subprocess.Popen([haproxy.installed_path(), "-db", "-f", str(config)], stderr=subprocess.PIPE, preexec_fn=batch)
     try:

@@ -1,7 +1,7 @@
 """Serve's HAProxy against a client that sends its request headers a byte now and then. Serve's
 config has no `timeout http-request`, so such a client held its connection for `timeout
 client` (an hour) — before any key is checked: 4,096 of them (Serve's `maxconn`) took every
-connection of the endpoint. The wrapper (responses_serve/serve/haproxy.py) adds the timeout."""
+connection of the endpoint. The wrapper (deployments/haproxy.py) adds the timeout."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import os
 import socket
 import subprocess
 
-from responses_serve.serve import haproxy
+from deployments import haproxy
 from tests.conftest import free_port, wait_until
 from tests.serve.test_haproxy import port_taken
 

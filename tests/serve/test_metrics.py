@@ -16,8 +16,7 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from responses_serve.families.harmony import HarmonyModel
-from responses_serve.serve.metrics import (
+from deployments.metrics import (
     ACCEPTED_TOKENS,
     BACKGROUND_RUNS,
     CACHED_TOKENS,
@@ -44,8 +43,9 @@ from responses_serve.serve.metrics import (
     WEBSOCKETS_OPEN,
     gauge_ttl_s,
 )
-from responses_serve.server.app import ServedModel, create_app
-from responses_serve.server.metrics import RequestOutcome
+from serve_app.families.harmony import HarmonyModel
+from serve_app.runtime.metrics import RequestOutcome
+from serve_app.server.app import ServedModel, create_app
 from tests.conftest import engine_stats, have_vllm, uvicorn_server, wait_until
 from tests.support.sdk_scenarios import raw_stream
 
@@ -172,7 +172,7 @@ def test_a_follow_up_reports_the_prompt_pieces_it_reused(replay_backend):
 
 
 def test_a_client_that_goes_away_is_counted_cancelled(replay_backend):
-    from responses_serve.engines.replay import ReplayBackend, ReplayConfig
+    from serve_app.engines.replay import ReplayBackend, ReplayConfig
 
     recorder = Recorder()
     slow = ReplayBackend(ReplayConfig(step_delay_s=0.02))
@@ -193,7 +193,7 @@ def test_a_client_that_goes_away_is_counted_cancelled(replay_backend):
 
 
 def test_a_background_response_is_reported_when_its_run_ends(replay_backend):
-    from responses_serve.engines.replay import ReplayBackend, ReplayConfig
+    from serve_app.engines.replay import ReplayBackend, ReplayConfig
 
     recorder = Recorder()
     slow = ReplayBackend(ReplayConfig(step_delay_s=0.02))
@@ -225,7 +225,7 @@ def test_a_failing_metrics_backend_never_fails_a_request(replay_backend):
 def test_gauges_are_refreshed_within_rays_ttl_whatever_its_report_interval():
     """Ray drops a gauge series not set for two report intervals (at least 1 s each); ours are
     re-set four times as often, so an idle open stream never vanishes from the scrape."""
-    from responses_serve.serve.metrics import gauge_refresh_s
+    from deployments.metrics import gauge_refresh_s
 
     assert [gauge_ttl_s(ms) for ms in (10_000, 2000, 300)] == [20.0, 4.0, 2.0]  # Ray's default, this session's, the floor
     assert [gauge_refresh_s(ms) for ms in (10_000, 2000, 300)] == [5.0, 1.0, 0.5]
@@ -488,7 +488,7 @@ def test_every_metric_the_dashboard_names_is_exported(serve_url, metrics_port):
     """The Serve metrics the dashboard uses exist under those names in this Ray version."""
     from ray import serve
 
-    from responses_serve.config import ModelConfig
+    from serve_app.config import ModelConfig
     from tests.support.grafana import load_dashboard
 
     sdk_request = {"model": MODEL, "input": "for the dashboard"}

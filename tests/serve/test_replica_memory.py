@@ -1,4 +1,4 @@
-"""Replica memory reports (responses_serve/serve/memory.py): what bench.load reads after each run to
+"""Replica memory reports (deployments/memory.py): what bench.load reads after each run to
 tell a leak in Python (objects, traced allocation sites) from the allocator (RSS vs heap)."""
 
 from __future__ import annotations
@@ -15,10 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from responses_serve.config import ModelConfig
-from responses_serve.engines.allocator import RAY_JEMALLOC
-from responses_serve.serve.app import REPLICA_ENV
-from responses_serve.serve.memory import memory_report
+from deployments.builder import REPLICA_ENV
+from deployments.memory import memory_report
+from serve_app.config import ModelConfig
+from serve_app.engines.allocator import RAY_JEMALLOC
 from tests.conftest import E2E_APP, engine_stats
 from tests.support import sdk_scenarios
 
@@ -91,7 +91,7 @@ def test_rss_kinds_add_up_and_a_leak_shows_as_anon():
 
 ALLOCATION = textwrap.dedent("""
     import json
-    from responses_serve.serve.memory import malloc_info
+    from deployments.memory import malloc_info
     before = malloc_info()
     held = b"x" * (64 * 2**20)
     print(json.dumps([before, malloc_info()]))

@@ -1,4 +1,4 @@
-"""The engines' request router (responses_serve/serve/routing.py).
+"""The engines' request router (deployments/routing.py).
 
 Conversation affinity: an engine request goes to the engine replica its conversation's key
 prefers, while that replica is not much busier than the others, so its prefix cache holds
@@ -24,10 +24,10 @@ from hypothesis import given
 from hypothesis import strategies as st
 from ray.serve.request_router import FIFOMixin, RequestRouter
 
-from responses_serve.api.request import ResponsesRequest
-from responses_serve.engines.replay import PrefixCache
-from responses_serve.serve.routing import first_choice, preferred_replica, within_imbalance
-from responses_serve.server.run import affinity_key
+from deployments.routing import first_choice, preferred_replica, within_imbalance
+from serve_app.api.request import ResponsesRequest
+from serve_app.engines.replay import PrefixCache
+from serve_app.runtime.run import affinity_key
 from tests.conftest import wait_until
 
 

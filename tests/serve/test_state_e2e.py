@@ -64,7 +64,7 @@ def redis_serve_url(serve_url, redis_server):
     password reaches the replicas through the environment only."""
     from ray import serve
 
-    from responses_serve.serve.app import build_app
+    from deployments.builder import build_app
 
     env = {"env_vars": {"REDIS_PASSWORD": redis_server.password}}
     args = {
@@ -91,12 +91,12 @@ def test_stateful_scenario_on_redis(redis_serve_url, scenario):
 def test_redis_keys_have_the_prefix_and_a_ttl(redis_serve_url, redis_server):
     import redis
 
-    from responses_serve.server.auth import ANONYMOUS
-    from responses_serve.state.tenancy import tenant_prefix
+    from serve_app.server.auth import ANONYMOUS
+    from serve_app.state.tenancy import tenant_prefix
 
     stateful_scenarios.two_turns(stateful_scenarios.OpenAI(base_url=redis_serve_url, api_key="unused"), "ttl")
     client = redis.Redis.from_url(redis_server.url, password=redis_server.password)
-    # The open app's one tenant: its keys live under its prefix (responses_serve/state/tenancy.py).
+    # The open app's one tenant: its keys live under its prefix (serve_app/state/tenancy.py).
     keys = list(client.scan_iter(f"e2e-redis:{tenant_prefix(ANONYMOUS)}response:*"))
     assert len(keys) >= 2
     assert all(0 < client.pttl(key) <= 30 * 24 * 3600 * 1000 for key in keys)

@@ -220,7 +220,7 @@ def test_a_real_gpt_oss_engine_forced_to_call_an_mcp_tool(serve_url, servers, re
 
 
 def test_tool_calls_reach_the_prometheus_scrape(serve_url, metrics_port, servers, record):
-    from responses_serve.serve.metrics import TOOL_CALLS, TOOL_LATENCY
+    from deployments.metrics import TOOL_CALLS, TOOL_LATENCY
     from tests.serve.test_metrics import scrape, total
 
     label = f"metrics{uuid.uuid4().hex[:8]}"

@@ -64,7 +64,7 @@ def test_service_tiers_are_served_through_both_ingress_replicas(vllm_url, metric
     """tiny-ngram's engine schedules by priority (the default): each tier reaches it and is
     reported, streamed or not, by a GET from either ingress replica, and in the latency
     metrics. (vLLM ordering by tier: tests/engines/test_vllm_backend.py.)"""
-    from responses_serve.serve.metrics import TTFT
+    from deployments.metrics import TTFT
     from tests.serve.test_metrics import poll, total
 
     sdk = sdk_scenarios.client(vllm_url)

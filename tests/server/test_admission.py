@@ -13,12 +13,12 @@ import httpx
 import pytest
 from websockets.exceptions import InvalidStatus
 
-from responses_serve.config import ReplicaLimits
-from responses_serve.engines.replay import ReplayBackend, ReplayConfig
-from responses_serve.server.app import ServedModel, create_app
-from responses_serve.state import ResponseStore
-from responses_serve.state.connection import ConnectionResponses, KeptBytes
-from responses_serve.state.memory import MemoryStore
+from serve_app.config import ReplicaLimits
+from serve_app.engines.replay import ReplayBackend, ReplayConfig
+from serve_app.server.app import ServedModel, create_app
+from serve_app.state import ResponseStore
+from serve_app.state.connection import ConnectionResponses, KeptBytes
+from serve_app.state.memory import MemoryStore
 from tests.conftest import uvicorn_server, wait_until
 from tests.support import socket_scenarios
 

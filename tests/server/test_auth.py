@@ -12,11 +12,11 @@ from hypothesis import given
 from hypothesis import strategies as st
 from starlette._utils import get_route_path
 
-from responses_serve.config import AppConfig, AuthConfig
-from responses_serve.engines.replay import ReplayBackend
-from responses_serve.server.app import ServedModel, create_app
-from responses_serve.server.auth import OPEN_PATHS, Keyring, UnusableKey, route_path
-from responses_serve.state import MemoryStore
+from serve_app.config import AppConfig, AuthConfig
+from serve_app.engines.replay import ReplayBackend
+from serve_app.server.app import ServedModel, create_app
+from serve_app.server.auth import OPEN_PATHS, Keyring, UnusableKey, route_path
+from serve_app.state import MemoryStore
 from tests.conftest import uvicorn_server
 from tests.support import tenant_scenarios
 from tests.support.tenant_scenarios import bearer

@@ -16,7 +16,7 @@ SLOW = "gpt-oss-replay-slow"
 
 @pytest.fixture(scope="module")
 def slow_backend():
-    from responses_serve.engines.replay import ReplayBackend, ReplayConfig
+    from serve_app.engines.replay import ReplayBackend, ReplayConfig
 
     return ReplayBackend(ReplayConfig(step_delay_s=0.01))
 
@@ -25,8 +25,8 @@ def slow_backend():
 def bg_url(request, replay_backend, slow_backend):
     """A fast and a slow scripted gpt-oss (for runs that must still be going when cancelled),
     on each store backend: in-process memory and a real redis-server."""
-    from responses_serve.server.app import ServedModel, create_app
-    from responses_serve.state.redis import RedisStore
+    from serve_app.server.app import ServedModel, create_app
+    from serve_app.state.redis import RedisStore
 
     store = None
     if request.param == "redis":
@@ -89,9 +89,9 @@ def test_shutdown_waits_for_background_runs(replay_backend, drain_s):
     """Stopping the app (Serve stops a replica the same way: ASGI lifespan shutdown) waits
     for its background runs up to `background_drain_s`, then ends the rest as failed: none
     is left in_progress."""
-    from responses_serve.engines.replay import ReplayBackend, ReplayConfig
-    from responses_serve.server.app import ServedModel, create_app
-    from responses_serve.state import MemoryStore
+    from serve_app.engines.replay import ReplayBackend, ReplayConfig
+    from serve_app.server.app import ServedModel, create_app
+    from serve_app.state import MemoryStore
 
     store = MemoryStore()
     slow = ReplayBackend(ReplayConfig(step_delay_s=0.005))

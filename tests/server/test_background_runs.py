@@ -1,4 +1,4 @@
-"""The run of a background response (responses_serve/server/background.py) against a real in-process
+"""The run of a background response (serve_app/runtime/background.py) against a real in-process
 store: lease expiry declares an orphaned run failed (and fences its owner), shutdown ends
 what it cannot wait for, cancel of an orphan does not wait for it forever."""
 
@@ -8,15 +8,15 @@ import asyncio
 
 import pytest
 
-from responses_serve.api.request import ResponsesRequest
-from responses_serve.engines.replay import ReplayBackend, ReplayConfig
-from responses_serve.server.background import BackgroundRuns
-from responses_serve.server.run import engine_events
-from responses_serve.state import MemoryStore, ResponseStore
-from responses_serve.state.runs import RunStore, run_key
-from responses_serve.state.store import StoreUnavailable
-from responses_serve.stream import ResponseStream, new_id
-from responses_serve.tokens import GenerationRequest
+from serve_app.api.request import ResponsesRequest
+from serve_app.core.stream import ResponseStream, new_id
+from serve_app.core.tokens import GenerationRequest
+from serve_app.engines.replay import ReplayBackend, ReplayConfig
+from serve_app.runtime.background import BackgroundRuns
+from serve_app.runtime.run import engine_events
+from serve_app.state import MemoryStore, ResponseStore
+from serve_app.state.runs import RunStore, run_key
+from serve_app.state.store import StoreUnavailable
 from tests.support.contract import parse_sse
 
 pytestmark = pytest.mark.anyio
@@ -42,7 +42,7 @@ def replica(store, clock, name: str) -> BackgroundRuns:
 
 
 async def start(runs: BackgroundRuns, backend: ReplayBackend, text: str) -> str:
-    from responses_serve.families.harmony import HarmonyModel
+    from serve_app.families.harmony import HarmonyModel
 
     request = ResponsesRequest(model="m", input=text, background=True)
     family = HarmonyModel()
@@ -159,7 +159,7 @@ async def test_a_cancel_that_lands_while_the_end_is_stored_does_not_cut_it():
     store, clock = MemoryStore(), Clock()
     runs = replica(store, clock, "a")
     request = ResponsesRequest(model="m", input="cancel me late", background=True)
-    from responses_serve.families.harmony import HarmonyModel
+    from serve_app.families.harmony import HarmonyModel
 
     family = HarmonyModel()
     prompt = family.render_prompt(request, request.input_items())
@@ -200,7 +200,7 @@ async def test_a_cancel_that_lands_while_the_end_is_stored_does_not_cut_it():
 
 async def start_with(runs: BackgroundRuns, backend: ReplayBackend, text: str, finish) -> tuple[str, ResponseStream]:
     """`start`, with a `finish` of the test's, and the stream (its id even when start fails)."""
-    from responses_serve.families.harmony import HarmonyModel
+    from serve_app.families.harmony import HarmonyModel
 
     request = ResponsesRequest(model="m", input=text, background=True)
     family = HarmonyModel()

@@ -16,19 +16,19 @@ import pytest
 from openai import OpenAI
 from openai_harmony import Role
 
-from responses_serve.config import AuthConfig, ModelConfig, ToolsConfig
-from responses_serve.engines import make_backend
-from responses_serve.engines.replay import ReplayBackend
-from responses_serve.families.hosted import RESULT_NOT_KEPT
-from responses_serve.families.vocab import harmony_encoding
-from responses_serve.server.app import ServedModel, create_app
-from responses_serve.server.models import served_model
-from responses_serve.state import MemoryStore
-from responses_serve.state import responses as responses_state
-from responses_serve.state.responses import MAX_KEPT_TOOL_TEXT_BYTES
-from responses_serve.state.tenancy import TenantStore, tenant_prefix
-from responses_serve.tools.builtin.python import ContainerRecords
-from responses_serve.utf8 import cap_text
+from serve_app.config import AuthConfig, ModelConfig, ToolsConfig
+from serve_app.core.utf8 import cap_text
+from serve_app.engines import make_backend
+from serve_app.engines.replay import ReplayBackend
+from serve_app.families.hosted import RESULT_NOT_KEPT
+from serve_app.families.vocab import harmony_encoding
+from serve_app.runtime.models import served_model
+from serve_app.server.app import ServedModel, create_app
+from serve_app.state import MemoryStore
+from serve_app.state import responses as responses_state
+from serve_app.state.responses import MAX_KEPT_TOOL_TEXT_BYTES
+from serve_app.state.tenancy import TenantStore, tenant_prefix
+from serve_app.tools.builtin.python import ContainerRecords
 from tests.conftest import QWEN3_REPLAY, uvicorn_server
 from tests.support.builtin_tools import PYTHON_OPTIONS, article_results, browser_options, tool_server
 from tests.support.contract import check_stream, parse_sse

@@ -9,12 +9,12 @@ from collections.abc import AsyncGenerator
 
 import httpx
 
-from responses_serve.config import AuthConfig, ToolsConfig
-from responses_serve.encrypted_reasoning import ReasoningCipher
-from responses_serve.engines.replay import ReplayBackend
-from responses_serve.server.app import ServedModel, create_app
-from responses_serve.state import MemoryStore
-from responses_serve.tokens import GenerationRequest, TokenBatch
+from serve_app.config import AuthConfig, ToolsConfig
+from serve_app.core.encrypted_reasoning import ReasoningCipher
+from serve_app.core.tokens import GenerationRequest, TokenBatch
+from serve_app.engines.replay import ReplayBackend
+from serve_app.server.app import ServedModel, create_app
+from serve_app.state import MemoryStore
 from tests.conftest import uvicorn_server
 from tests.server.test_tool_loop import CALL_ECHO, LOOPBACK
 from tests.support import tenant_scenarios

@@ -8,10 +8,10 @@ import asyncio
 import httpx
 import pytest
 
-from responses_serve.config import AppConfig
-from responses_serve.engines.replay import ReplayBackend, ReplayConfig
-from responses_serve.server.app import ServedModel, create_app
-from responses_serve.server.routes.event_stream import KEEPALIVE, EventStreamResponse
+from serve_app.config import AppConfig
+from serve_app.engines.replay import ReplayBackend, ReplayConfig
+from serve_app.server.app import ServedModel, create_app
+from serve_app.server.routes.event_stream import KEEPALIVE, EventStreamResponse
 from tests.conftest import uvicorn_server
 from tests.support.contract import check_stream, parse_sse
 from tests.support.sdk_scenarios import client

@@ -10,12 +10,12 @@ import httpx
 import pytest
 from ray.exceptions import ActorDiedError, RayTaskError
 
-from responses_serve.config import AuthConfig
-from responses_serve.engines.replay import ReplayBackend
-from responses_serve.serve.ingress import HandleTokenSource
-from responses_serve.server.app import ServedModel, Unavailable, create_app
-from responses_serve.server.auth import AuthMiddleware
-from responses_serve.tokens import EngineRejected, GenerationRequest, TokenBatch
+from deployments.ingress import HandleTokenSource
+from serve_app.config import AuthConfig
+from serve_app.core.tokens import EngineRejected, GenerationRequest, TokenBatch
+from serve_app.engines.replay import ReplayBackend
+from serve_app.server.app import ServedModel, Unavailable, create_app
+from serve_app.server.auth import AuthMiddleware
 from tests.conftest import uvicorn_server
 from tests.support.contract import check_stream, parse_sse
 
@@ -109,8 +109,7 @@ INTERNALS = ["4242", "10.1.2.3", "8f3c1d2e9a7b6c5d4e3f2a1b01000000", "RayTaskErr
 def _ray_task_error() -> Exception:
     error = RayTaskError(
         "generate",
-        'Traceback (most recent call last):\n  File "responses_serve/serve/engine.py", line 115, in generate\n'
-        "ValueError: value must be >0, got 0",
+        'Traceback (most recent call last):\n  File "deployments/engine.py", line 115, in generate\nValueError: value must be >0, got 0',
         ValueError("value must be >0, got 0"),
         proctitle="ray::ServeReplica:responses:EngineServer-broken.generate",
         pid=4242,

@@ -53,9 +53,9 @@ def test_a_special_tokens_spelling_is_counted_as_text(inprocess_url):
 @pytest.fixture(scope="module")
 def slow_app():
     """A replica of its own: a replay engine that takes 10 ms a step, and a store to look into."""
-    from responses_serve.engines.replay import ReplayBackend, ReplayConfig
-    from responses_serve.server.app import ServedModel, create_app
-    from responses_serve.state import MemoryStore
+    from serve_app.engines.replay import ReplayBackend, ReplayConfig
+    from serve_app.server.app import ServedModel, create_app
+    from serve_app.state import MemoryStore
 
     store = MemoryStore()
     backend = ReplayBackend(ReplayConfig(min_step_tokens=1, max_step_tokens=2, step_delay_s=0.01))

@@ -6,11 +6,11 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from responses_serve.config import ToolsConfig
-from responses_serve.engines.replay import ReplayBackend
-from responses_serve.server.app import ServedModel, create_app, server_tool_runtime
-from responses_serve.server.metrics import NoMetrics
-from responses_serve.tools.remote_mcp import MAX_SERVERS
+from serve_app.config import ToolsConfig
+from serve_app.engines.replay import ReplayBackend
+from serve_app.runtime.metrics import NoMetrics
+from serve_app.server.app import ServedModel, create_app, server_tool_runtime
+from serve_app.tools.remote_mcp import MAX_SERVERS
 from tests.conftest import uvicorn_server
 from tests.support.mcp_servers import mcp_servers, mcp_tool
 

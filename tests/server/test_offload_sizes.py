@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import pytest
 
-from responses_serve.api.request import ResponsesRequest
-from responses_serve.server.offload import BIG_HISTORY_CHARS, big_prompt
+from serve_app.api.request import ResponsesRequest
+from serve_app.runtime.offload import BIG_HISTORY_CHARS, big_prompt
 
 BIG = "x" * (BIG_HISTORY_CHARS + 1)
 

@@ -6,11 +6,11 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from responses_serve.config import AuthConfig
-from responses_serve.engines.replay import ReplayBackend, ReplayConfig
-from responses_serve.server.app import ServedModel, create_app
-from responses_serve.server.metrics import NoMetrics
-from responses_serve.state import MemoryStore
+from serve_app.config import AuthConfig
+from serve_app.engines.replay import ReplayBackend, ReplayConfig
+from serve_app.runtime.metrics import NoMetrics
+from serve_app.server.app import ServedModel, create_app
+from serve_app.state import MemoryStore
 from tests.conftest import uvicorn_server
 from tests.support import socket_scenarios, tenant_scenarios
 from tests.support.contract import parse_sse
@@ -118,7 +118,7 @@ def test_tokens_per_minute_counts_exactly_the_usage_of_every_generation():
     plain response and for one whose MCP listing (made before the first generation, which it
     changes) and tool call add a second prompt. The store's clock stands still, so nothing
     refills: each admission's remaining tokens are the limit minus every token charged before."""
-    from responses_serve.config import ToolsConfig
+    from serve_app.config import ToolsConfig
     from tests.server.test_tool_loop import CALL_ECHO, LOOPBACK
     from tests.support.mcp_servers import mcp_servers, mcp_tool
 

@@ -7,9 +7,9 @@ from __future__ import annotations
 import httpx
 import openai
 
-from responses_serve.config import AuthConfig
-from responses_serve.engines.replay import ReplayBackend
-from responses_serve.server.app import ServedModel, Unavailable, create_app
+from serve_app.config import AuthConfig
+from serve_app.engines.replay import ReplayBackend
+from serve_app.server.app import ServedModel, Unavailable, create_app
 from tests.conftest import uvicorn_server
 
 

@@ -11,8 +11,8 @@ from __future__ import annotations
 import pytest
 from fastapi.testclient import TestClient
 
-from responses_serve.api.service_tier import engine_priority, served_tier
-from responses_serve.server.app import ServedModel, create_app
+from serve_app.api.service_tier import engine_priority, served_tier
+from serve_app.server.app import ServedModel, create_app
 from tests.core.test_encrypted_reasoning import Recording
 from tests.serve.test_metrics import Recorder
 from tests.support.contract import check_stream, parse_sse

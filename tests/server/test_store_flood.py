@@ -9,10 +9,10 @@ import asyncio
 
 import httpx
 
-from responses_serve.config import AuthConfig
-from responses_serve.engines.replay import ReplayBackend
-from responses_serve.server.app import ServedModel, create_app
-from responses_serve.state import MemoryStore
+from serve_app.config import AuthConfig
+from serve_app.engines.replay import ReplayBackend
+from serve_app.server.app import ServedModel, create_app
+from serve_app.state import MemoryStore
 
 KEY_A, KEY_B = "sk-team-a-0123456789abcdefghij", "sk-team-b-abcdefghij0123456789"
 AUTH = AuthConfig.model_validate(

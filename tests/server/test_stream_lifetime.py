@@ -8,9 +8,9 @@ import httpx
 import pytest
 from pydantic import ValidationError
 
-from responses_serve.config import DEFAULT_MAX_STREAM_DURATION_S, SHUTDOWN_MARGIN_S, AppConfig
-from responses_serve.engines.replay import ReplayBackend, ReplayConfig
-from responses_serve.server.app import ServedModel, create_app
+from serve_app.config import DEFAULT_MAX_STREAM_DURATION_S, SHUTDOWN_MARGIN_S, AppConfig
+from serve_app.engines.replay import ReplayBackend, ReplayConfig
+from serve_app.server.app import ServedModel, create_app
 from tests.conftest import uvicorn_server
 from tests.support.sdk_scenarios import raw_stream
 
@@ -47,7 +47,7 @@ def test_haproxy_keeps_a_stream_across_its_reloads_as_long_as_the_longest_may_la
     """Serve reloads HAProxy at every scaling event, and its old process cuts what it still
     carries after `hard-stop-after` (Serve's default: 120 s). `make serve`'s environment
     (CLUSTER_ENV) outlasts the default longest stream; a longer one is refused by name."""
-    from responses_serve.serve.app import CLUSTER_ENV, HAPROXY_HARD_STOP_AFTER, check_haproxy_keeps_streams
+    from deployments.builder import CLUSTER_ENV, HAPROXY_HARD_STOP_AFTER, check_haproxy_keeps_streams
 
     assert float(CLUSTER_ENV[HAPROXY_HARD_STOP_AFTER]) >= DEFAULT_MAX_STREAM_DURATION_S + SHUTDOWN_MARGIN_S
     check_haproxy_keeps_streams(DEFAULT_MAX_STREAM_DURATION_S, CLUSTER_ENV)
@@ -62,7 +62,7 @@ def test_haproxy_keeps_a_stream_across_its_reloads_as_long_as_the_longest_may_la
 
 
 def test_build_app_refuses_streams_longer_than_haproxy_keeps_them(monkeypatch):
-    from responses_serve.serve.app import build_app
+    from deployments.builder import build_app
 
     monkeypatch.setenv("RAY_SERVE_ENABLE_HA_PROXY", "1")
     monkeypatch.setenv("RAY_SERVE_HAPROXY_HARD_STOP_AFTER_S", "930")

@@ -12,11 +12,11 @@ import threading
 import httpx
 import pytest
 
-from responses_serve.config import ToolsConfig
-from responses_serve.engines.replay import ReplayBackend, ReplayConfig
-from responses_serve.server.app import ServedModel, create_app, server_tool_runtime
-from responses_serve.server.metrics import NoMetrics
-from responses_serve.state import MemoryStore
+from serve_app.config import ToolsConfig
+from serve_app.engines.replay import ReplayBackend, ReplayConfig
+from serve_app.runtime.metrics import NoMetrics
+from serve_app.server.app import ServedModel, create_app, server_tool_runtime
+from serve_app.state import MemoryStore
 from tests.conftest import uvicorn_server, wait_until
 from tests.support.contract import check_stream, parse_sse
 from tests.support.mcp_servers import CONTROL_SPELLINGS, TOKEN, mcp_servers, mcp_tool
@@ -48,9 +48,9 @@ def record(servers):
 def app_with(tools: dict, store: MemoryStore | None = None, step_delay_ms: float = 0.0, several_calls: bool = False):
     """The app with both replay models; `several_calls`: their scripts that make several
     calls in one response (tests/support/several_calls.py)."""
-    from responses_serve.config import ModelConfig
-    from responses_serve.engines import make_backend
-    from responses_serve.server.models import served_model
+    from serve_app.config import ModelConfig
+    from serve_app.engines import make_backend
+    from serve_app.runtime.models import served_model
     from tests.conftest import QWEN3_REPLAY
     from tests.support.several_calls import harmony_calls_in_turn, qwen3_calls_at_once
 
@@ -249,8 +249,8 @@ def test_a_built_in_tools_configured_server_is_followed_on_its_own_origin(server
     redirect on its origin is followed, as the SDK follows one."""
     import asyncio
 
-    from responses_serve.tools.builtin.transport import McpTransport
-    from responses_serve.tools.mcp_client import McpLimits, result_text
+    from serve_app.tools.builtin.transport import McpTransport
+    from serve_app.tools.mcp_client import McpLimits, result_text
 
     async def call() -> str:
         transport = McpTransport(servers.moved, McpLimits(call_timeout_s=10))
@@ -475,7 +475,7 @@ def test_a_conversation_keeps_its_listing_and_calls(url, servers, record):
 
 
 def test_each_call_is_reported_by_tool_and_outcome(servers, record):
-    from responses_serve.tools.server_tools import CallReport
+    from serve_app.tools.server_tools import CallReport
 
     reports: list[CallReport] = []
 
@@ -506,7 +506,7 @@ def test_each_call_is_reported_by_tool_and_outcome(servers, record):
 def test_a_tool_call_counts_in_the_tenants_quota(servers, record):
     """Three requests a minute: a response that runs one call counts two (the request and its
     call), so the third request is already one too many."""
-    from responses_serve.config import AuthConfig
+    from serve_app.config import AuthConfig
 
     auth = AuthConfig.model_validate({"keys": [{"tenant": "t", "key_env": "T_KEY", "limits": {"requests_per_minute": 3}}]})
     key = "sk-tool-loop-0123456789abcdef"

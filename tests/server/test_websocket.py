@@ -9,11 +9,11 @@ import json
 import pytest
 from websockets.exceptions import InvalidStatus
 
-from responses_serve.config import AuthConfig
-from responses_serve.engines.replay import ReplayBackend, ReplayConfig
-from responses_serve.server.app import ServedModel, create_app
-from responses_serve.state import MemoryStore, ResponseStore
-from responses_serve.state.connection import ConnectionResponses
+from serve_app.config import AuthConfig
+from serve_app.engines.replay import ReplayBackend, ReplayConfig
+from serve_app.server.app import ServedModel, create_app
+from serve_app.state import MemoryStore, ResponseStore
+from serve_app.state.connection import ConnectionResponses
 from tests.conftest import uvicorn_server, wait_until
 from tests.state.test_state_responses import CountingStore
 from tests.support import socket_scenarios
@@ -131,7 +131,7 @@ def _response(response_id: str, previous: str | None, text: str = "ok"):
 
 
 def _user(text: str):
-    from responses_serve.api.request import MessageItem
+    from serve_app.api.request import MessageItem
 
     return [MessageItem(role="user", content=text)]
 

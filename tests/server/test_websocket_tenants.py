@@ -11,9 +11,9 @@ import json
 import pytest
 from websockets.exceptions import InvalidStatus
 
-from responses_serve.config import AuthConfig, ReplicaLimits
-from responses_serve.engines.replay import ReplayBackend
-from responses_serve.server.app import ServedModel, create_app
+from serve_app.config import AuthConfig, ReplicaLimits
+from serve_app.engines.replay import ReplayBackend
+from serve_app.server.app import ServedModel, create_app
 from tests.conftest import uvicorn_server
 from tests.support import socket_scenarios
 

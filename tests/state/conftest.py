@@ -11,8 +11,8 @@ import uuid
 
 import pytest
 
-from responses_serve.state import MemoryStore, Store
-from responses_serve.state.redis import RedisStore
+from serve_app.state import MemoryStore, Store
+from serve_app.state.redis import RedisStore
 
 
 @pytest.fixture
@@ -23,7 +23,7 @@ def anyio_backend():
 def _embedded_store() -> Store:
     from ray import serve
 
-    from responses_serve.serve.store import HandleStore, StoreServer
+    from deployments.store import HandleStore, StoreServer
 
     app = serve.deployment(StoreServer).options(name="ResponseStore").bind(10_000, 1 << 26)
     return HandleStore(serve.run(app, name=f"store-{uuid.uuid4().hex}", route_prefix=None, _local_testing_mode=True))

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import pytest
 
-from responses_serve.state import MemoryStore
-from responses_serve.state.tenancy import TenantStore
+from serve_app.state import MemoryStore
+from serve_app.state.tenancy import TenantStore
 
 pytestmark = pytest.mark.anyio
 

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import pytest
 
-from responses_serve.api.request import MessageItem
-from responses_serve.state.conversations import ConversationStore
+from serve_app.api.request import MessageItem
+from serve_app.state.conversations import ConversationStore
 
 pytestmark = pytest.mark.anyio
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 import random
 
-from responses_serve.state import MemoryStore
+from serve_app.state import MemoryStore
 
 
 class Now(float):

@@ -8,7 +8,7 @@ import math
 
 import pytest
 
-from responses_serve.state import Store
+from serve_app.state import Store
 
 pytestmark = pytest.mark.anyio
 

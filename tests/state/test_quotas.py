@@ -1,4 +1,4 @@
-"""A tenant's quotas over every store backend (responses_serve/state/quotas.py): what is admitted,
+"""A tenant's quotas over every store backend (serve_app/state/quotas.py): what is admitted,
 refused (429 naming the limit, with the headers the SDK reads), counted and released."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import gc
 
 import pytest
 
-from responses_serve.state.quotas import LeaseKeeper, QuotaLimits, RateLimited, TenantQuota, duration
+from serve_app.state.quotas import LeaseKeeper, QuotaLimits, RateLimited, TenantQuota, duration
 
 pytestmark = pytest.mark.anyio
 

@@ -13,8 +13,8 @@ import openai
 import pytest
 from openai import OpenAI
 
-from responses_serve.state import MemoryStore, StoreUnavailable
-from responses_serve.state.redis import RedisStore
+from serve_app.state import MemoryStore, StoreUnavailable
+from serve_app.state.redis import RedisStore
 from tests.conftest import uvicorn_server
 from tests.support import stateful_scenarios
 from tests.support.contract import parse_sse
@@ -22,7 +22,7 @@ from tests.support.redis_server import RedisServer
 
 
 def _app(replay_backend, store=None, timeout_s: float = 2.0):
-    from responses_serve.server.app import ServedModel, create_app
+    from serve_app.server.app import ServedModel, create_app
 
     return create_app([ServedModel("gpt-oss-replay", replay_backend)], store=store, store_timeout_s=timeout_s)
 
@@ -122,7 +122,7 @@ def test_a_turn_its_conversation_missed_is_failed_and_not_kept(replay_backend):
 def test_a_stalled_store_is_unavailable_not_a_hang(tmp_path):
     """A Redis that accepts connections but never answers (SIGSTOP): every call ends with
     StoreUnavailable within the timeout; after SIGCONT the same store object works."""
-    from responses_serve.state import BoundedStore, StoreUnavailable
+    from serve_app.state import BoundedStore, StoreUnavailable
 
     server = RedisServer(tmp_path)
     server.start()

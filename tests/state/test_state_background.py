@@ -8,9 +8,9 @@ import asyncio
 
 import pytest
 
-from responses_serve.api.request import MessageItem
-from responses_serve.state.conversations import ConversationStore
-from responses_serve.state.runs import RunStore
+from serve_app.api.request import MessageItem
+from serve_app.state.conversations import ConversationStore
+from serve_app.state.runs import RunStore
 
 pytestmark = pytest.mark.anyio
 

@@ -1,4 +1,4 @@
-"""The Responses service over a store (responses_serve/state/responses.py) and MemoryStore's bounds."""
+"""The Responses service over a store (serve_app/state/responses.py) and MemoryStore's bounds."""
 
 from __future__ import annotations
 
@@ -6,13 +6,13 @@ import pytest
 from openai.types.responses import Response, ResponseItem
 from pydantic import TypeAdapter
 
-from responses_serve.api.errors import APIError
-from responses_serve.api.request import MessageItem, ResponsesRequest
-from responses_serve.families.harmony import HarmonyModel
-from responses_serve.state import MemoryStore, ResponseStore
-from responses_serve.state.responses import TurnCache, response_key
-from responses_serve.stream import ResponseStream
-from responses_serve.tokens import TokenBatch
+from serve_app.api.errors import APIError
+from serve_app.api.request import MessageItem, ResponsesRequest
+from serve_app.core.stream import ResponseStream
+from serve_app.core.tokens import TokenBatch
+from serve_app.families.harmony import HarmonyModel
+from serve_app.state import MemoryStore, ResponseStore
+from serve_app.state.responses import TurnCache, response_key
 
 pytestmark = pytest.mark.anyio
 
@@ -26,7 +26,7 @@ def _response(text: str, previous: str | None = None) -> Response:
     """A finished response from the real stream state machine (the replay's echo of `text`)."""
     from openai_harmony import Message, Role
 
-    from responses_serve.families.harmony import render_completion
+    from serve_app.families.harmony import render_completion
 
     request = ResponsesRequest(model="m", input=text, previous_response_id=previous)
     model = HarmonyModel()

@@ -12,7 +12,7 @@ import asyncio
 
 import pytest
 
-from responses_serve.state import Store
+from serve_app.state import Store
 
 pytestmark = pytest.mark.anyio
 

@@ -12,8 +12,8 @@ import httpx
 import pytest
 import redis
 
-from responses_serve.state import BoundedStore, MemoryStore, StoreUnavailable
-from responses_serve.state.redis import RedisStore
+from serve_app.state import BoundedStore, MemoryStore, StoreUnavailable
+from serve_app.state.redis import RedisStore
 from tests.conftest import uvicorn_server
 from tests.support.contract import parse_sse
 from tests.support.redis_server import RedisServer
@@ -73,7 +73,7 @@ def test_every_redis_refusal_is_store_unavailable(server, kind):
 
 @pytest.mark.parametrize("kind", KINDS)
 def test_a_store_that_refuses_gives_503s_and_streams_their_terminal_event(server, replay_backend, kind):
-    from responses_serve.server.app import ServedModel, create_app
+    from serve_app.server.app import ServedModel, create_app
 
     app = create_app([ServedModel("gpt-oss-replay", replay_backend)], store=failing_store(kind, *server), store_timeout_s=2)
     with uvicorn_server(app) as url, httpx.Client(base_url=url, timeout=30) as http:

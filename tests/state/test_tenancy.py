@@ -6,12 +6,12 @@ from __future__ import annotations
 
 import pytest
 
-from responses_serve.api.errors import APIError
-from responses_serve.api.request import MessageItem
-from responses_serve.state.conversations import ConversationStore
-from responses_serve.state.responses import ResponseStore, TurnCache
-from responses_serve.state.runs import RunStore
-from responses_serve.state.tenancy import TenantStore, tenant_prefix
+from serve_app.api.errors import APIError
+from serve_app.api.request import MessageItem
+from serve_app.state.conversations import ConversationStore
+from serve_app.state.responses import ResponseStore, TurnCache
+from serve_app.state.runs import RunStore
+from serve_app.state.tenancy import TenantStore, tenant_prefix
 from tests.state.test_state_responses import _response
 
 pytestmark = pytest.mark.anyio
@@ -61,7 +61,7 @@ async def test_conversations_are_the_tenants_own(store):
 
 @pytest.mark.parametrize("crafted", ["../team-a:response:x", "t:team-a:response:x", "x\nt:team-a:", ":" * 10, ""])
 async def test_no_key_a_client_writes_leaves_its_tenants_namespace(crafted):
-    from responses_serve.state import MemoryStore
+    from serve_app.state import MemoryStore
 
     inner = MemoryStore()
     b = TenantStore(inner, "team-b")

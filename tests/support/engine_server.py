@@ -34,7 +34,7 @@ class EngineHost:
 
     def start_backend(self, config: Any) -> tuple[Any, float]:
         """A started `VLLMBackend(config)` and the seconds its start took."""
-        from responses_serve.engines.vllm import VLLMBackend
+        from serve_app.engines.vllm import VLLMBackend
 
         async def start() -> VLLMBackend:
             return VLLMBackend(config)  # blocks the loop for the start: nothing else runs on it yet

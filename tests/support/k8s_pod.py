@@ -44,7 +44,7 @@ def main() -> None:
     import ray
     from ray import serve
 
-    from responses_serve.serve.app import build_app
+    from deployments.builder import build_app
 
     settings = json.loads(sys.argv[1])
     key = os.environ[settings["key_env"]]

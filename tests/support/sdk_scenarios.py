@@ -10,7 +10,7 @@ from collections.abc import Iterator
 import httpx
 from openai import OpenAI
 
-from responses_serve.server.routes.event_stream import KEEPALIVE
+from serve_app.server.routes.event_stream import KEEPALIVE
 from tests.support.contract import check_stream, parse_sse
 
 MODEL = "gpt-oss-replay"

@@ -18,12 +18,12 @@ import json
 
 from openai_harmony import Message, Role
 
-from responses_serve.engines.replay import _wanted_call, script_completion
-from responses_serve.engines.replay_qwen3 import _text_tokenizer, _turns, script_qwen3_completion
-from responses_serve.families.harmony import FUNCTIONS_NAMESPACE, render_completion
-from responses_serve.families.smollm2 import SMOLLM2, load_tokenizer
-from responses_serve.families.vocab import harmony_encoding
-from responses_serve.tokens import OutputConstraint
+from serve_app.core.tokens import OutputConstraint
+from serve_app.engines.replay import _wanted_call, script_completion
+from serve_app.engines.replay_qwen3 import _text_tokenizer, _turns, script_qwen3_completion
+from serve_app.families.harmony import FUNCTIONS_NAMESPACE, render_completion
+from serve_app.families.smollm2 import SMOLLM2, load_tokenizer
+from serve_app.families.vocab import harmony_encoding
 
 
 def _calls(user_text: str) -> list[tuple[str, str]]:

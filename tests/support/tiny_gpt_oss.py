@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from responses_serve.families.vocab import harmony_encoding
+from serve_app.families.vocab import harmony_encoding
 
 HARMONY_SPECIALS = list(range(199998, 200019))
 HEADER_WORDS = [

@@ -6,7 +6,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from responses_serve.families.smollm2 import SMOLLM2, load_tokenizer
+from serve_app.families.smollm2 import SMOLLM2, load_tokenizer
 
 
 def build_tiny_llama(

@@ -8,8 +8,8 @@ import ipaddress
 
 import pytest
 
-from responses_serve.tools.builtin.transport import ConfiguredServer
-from responses_serve.tools.mcp_client import ConnectRefused
+from serve_app.tools.builtin.transport import ConfiguredServer
+from serve_app.tools.mcp_client import ConnectRefused
 
 
 async def _cluster_ip(host: str, port: int) -> list:

@@ -9,7 +9,7 @@ import ipaddress
 
 import pytest
 
-from responses_serve.tools.mcp_client import ConnectPolicy, ConnectRefused
+from serve_app.tools.mcp_client import ConnectPolicy, ConnectRefused
 
 
 async def _to_internal(host: str, port: int) -> list:

@@ -8,13 +8,13 @@ from collections.abc import Iterator
 
 import pytest
 
-from responses_serve.citations import CitedPage
-from responses_serve.tools.browser.backends import SearxngBackend, TavilyBackend
-from responses_serve.tools.browser.browser import Browser, BrowserLimits, BrowserSession
-from responses_serve.tools.browser.fetch import Fetcher
-from responses_serve.tools.browser.page import Page, ToolUsageError
-from responses_serve.tools.browser.policy import FetchPolicy, HostRules
-from responses_serve.tools.browser.server import SessionStore
+from serve_app.core.citations import CitedPage
+from serve_app.tools.browser.backends import SearxngBackend, TavilyBackend
+from serve_app.tools.browser.browser import Browser, BrowserLimits, BrowserSession
+from serve_app.tools.browser.fetch import Fetcher
+from serve_app.tools.browser.page import Page, ToolUsageError
+from serve_app.tools.browser.policy import FetchPolicy, HostRules
+from serve_app.tools.browser.server import SessionStore
 from tests.tools.browser.web import TAVILY_KEY, Web, running_web
 
 

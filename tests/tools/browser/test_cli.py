@@ -1,4 +1,4 @@
-"""`python -m responses_serve.tools browser ...` serves the browser over MCP; a hosted API's
+"""`python -m serve_app.tools browser ...` serves the browser over MCP; a hosted API's
 key reaches the API and nothing else (not the output, not the logs)."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import httpx
 import pytest
 from mcp import Client
 
-from responses_serve.tools.browser.server import RESULT_META_KEY, SESSION_META_KEY
+from serve_app.tools.browser.server import RESULT_META_KEY, SESSION_META_KEY
 from tests.conftest import free_port
 from tests.tools.browser.web import TAVILY_KEY, Web, running_web
 
@@ -29,7 +29,7 @@ def web() -> Iterator[Web]:
 @contextmanager
 def browser_process(*args: str, env: dict[str, str] | None = None) -> Iterator[tuple[str, subprocess.Popen]]:
     port = free_port()
-    command = [sys.executable, "-m", "responses_serve.tools", "browser", "--port", str(port), *args]
+    command = [sys.executable, "-m", "serve_app.tools", "browser", "--port", str(port), *args]
     process = subprocess.Popen(command, env={**os.environ, **(env or {})}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         deadline = time.monotonic() + 120

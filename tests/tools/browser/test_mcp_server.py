@@ -14,12 +14,12 @@ from mcp import Client
 from openai.types.responses.response_function_web_search import ActionFind, ActionOpenPage, ActionSearch
 from openai_harmony import ToolNamespaceConfig
 
-from responses_serve.citations import CitedPage, annotate
-from responses_serve.tools.browser.backends import SearxngBackend
-from responses_serve.tools.browser.browser import Browser
-from responses_serve.tools.browser.fetch import Fetcher
-from responses_serve.tools.browser.policy import FetchPolicy, HostRules
-from responses_serve.tools.browser.server import ALLOWED_DOMAINS_META_KEY, RESULT_META_KEY, SESSION_META_KEY, cited_pages, create_app
+from serve_app.core.citations import CitedPage, annotate
+from serve_app.tools.browser.backends import SearxngBackend
+from serve_app.tools.browser.browser import Browser
+from serve_app.tools.browser.fetch import Fetcher
+from serve_app.tools.browser.policy import FetchPolicy, HostRules
+from serve_app.tools.browser.server import ALLOWED_DOMAINS_META_KEY, RESULT_META_KEY, SESSION_META_KEY, cited_pages, create_app
 from tests.conftest import uvicorn_server
 from tests.tools.browser.web import Web, running_web
 

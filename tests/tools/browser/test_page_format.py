@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from responses_serve.tools.browser.extract import html_page
-from responses_serve.tools.browser.page import Page, SearchResult, ToolUsageError, find_in_page, render, search_results_page
+from serve_app.tools.browser.extract import html_page
+from serve_app.tools.browser.page import Page, SearchResult, ToolUsageError, find_in_page, render, search_results_page
 
 GOLDEN = Path(__file__).parent / "golden"
 

@@ -15,7 +15,7 @@ import psutil
 import pytest
 from mcp import Client, types
 
-from responses_serve.tools.python.mcp_server import META_CONTAINER, META_OWNER, META_STATUS
+from serve_app.tools.python.mcp_server import META_CONTAINER, META_OWNER, META_STATUS
 from tests.conftest import free_port
 
 # Small limits, so that attacks end quickly: the same code paths as the defaults. The timeout
@@ -53,7 +53,7 @@ class ToolServer:
 
 def start_server(secret: str, options: dict[str, str]) -> ToolServer:
     port = free_port()
-    argv = [sys.executable, "-m", "responses_serve.tools", "python", "--port", str(port)]
+    argv = [sys.executable, "-m", "serve_app.tools", "python", "--port", str(port)]
     argv += [item for pair in options.items() for item in pair]
     process = subprocess.Popen(argv, env={**os.environ, SECRET_NAME: secret}, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     for _ in range(600):

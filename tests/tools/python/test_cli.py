@@ -1,4 +1,4 @@
-"""`tool_app` (python -m responses_serve.tools): the python command's options are the limit
+"""`tool_app` (python -m serve_app.tools): the python command's options are the limit
 models' fields with their defaults, and a sandbox that cannot be built stops the server at
 start-up with the reason, before it listens."""
 
@@ -6,9 +6,9 @@ from __future__ import annotations
 
 from typer.testing import CliRunner
 
-from responses_serve.tools.cli import tool_app
-from responses_serve.tools.python.containers import ContainerLimits
-from responses_serve.tools.python.sandbox import SandboxLimits
+from serve_app.tools.cli import tool_app
+from serve_app.tools.python.containers import ContainerLimits
+from serve_app.tools.python.sandbox import SandboxLimits
 
 
 def test_the_python_command_offers_every_limit_with_the_models_default():

@@ -13,8 +13,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from responses_serve.tools.python.containers import ContainerError, ContainerLimits, ContainerManager
-from responses_serve.tools.python.sandbox import Runtime, SandboxLimits, _Output
+from serve_app.tools.python.containers import ContainerError, ContainerLimits, ContainerManager
+from serve_app.tools.python.sandbox import Runtime, SandboxLimits, _Output
 
 pytestmark = pytest.mark.anyio
 
@@ -159,7 +159,7 @@ async def test_without_the_user_namespace_limit_file_the_filter_still_denies_nam
     """gVisor has no /proc/sys/user/max_user_namespaces, which bwrap's --disable-userns needs:
     there the sandbox starts without it, and the seccomp filter alone keeps the code from
     making a user namespace."""
-    from responses_serve.tools.python import sandbox
+    from serve_app.tools.python import sandbox
 
     monkeypatch.setattr(sandbox, "USERNS_LIMIT", tmp_path / "absent")
     code = "import ctypes\nlibc = ctypes.CDLL(None, use_errno=True)\nprint(libc.unshare(0x10000000), ctypes.get_errno())"

@@ -32,7 +32,7 @@ import psutil
 import pytest
 from mcp import Client, types
 
-from responses_serve.tools.python.mcp_server import INPUT_SCHEMA, META_CONTAINER, META_OWNER
+from serve_app.tools.python.mcp_server import INPUT_SCHEMA, META_CONTAINER, META_OWNER
 from tests.tools.python.conftest import (
     SERVER_OPTIONS,
     ToolServer,

@@ -1,0 +1,1 @@
+"""The pure core: tokens in, the response stream, events out (imports only `api/`)."""

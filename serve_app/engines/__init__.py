@@ -1,0 +1,59 @@
+"""Token backends: something that turns a `GenerationRequest` into `TokenBatch`es."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncGenerator
+from typing import Protocol
+
+from serve_app.core.tokens import GenerationRequest, TokenBatch
+
+
+class Backend(Protocol):
+    """The interface every engine backend implements (replay, vLLM)."""
+
+    def generate(self, request: GenerationRequest) -> AsyncGenerator[TokenBatch, None]:
+        """Stream the completion; the last batch carries `finish_reason`.
+
+        Closing the iterator early (client gone) must abort the request.
+        """
+        ...
+
+    async def abort(self, request_id: str) -> None:
+        """Stop a running request; a no-op for unknown ids."""
+        ...
+
+    def num_running(self) -> int:
+        """Requests currently generating (0 once every stream ended or was aborted)."""
+        ...
+
+    async def check_health(self) -> None:
+        """Raise if the backend cannot serve any more."""
+        ...
+
+
+def make_backend(config) -> Backend:
+    """The backend a model's `backend:` config asks for (imported lazily: vLLM is heavy)."""
+    if config.type == "replay":
+        from serve_app.engines.replay import ReplayBackend, ReplayConfig, script_completion
+
+        if config.script == "qwen3":
+            from serve_app.engines.replay_qwen3 import script_qwen3_completion as script
+            from serve_app.families.smollm2 import SMOLLM2, load_tokenizer
+
+            load_tokenizer(SMOLLM2)  # now, not on the first request
+        else:
+            script = script_completion
+        return ReplayBackend(
+            ReplayConfig(
+                min_step_tokens=config.min_step_tokens,
+                max_step_tokens=config.max_step_tokens,
+                step_delay_s=config.step_delay_ms / 1000,
+                seed=config.seed,
+            ),
+            script,
+        )
+    if config.type == "vllm":
+        from serve_app.engines.vllm import VLLMBackend
+
+        return VLLMBackend(config)
+    raise ValueError(f"unknown backend type {config.type!r}")

@@ -1,0 +1,108 @@
+"""`qwen3-replay`: a scripted Qwen3-style model writing `<think>` and `<tool_call>` text.
+
+The chat-template twin of `gpt-oss-replay` (same rules, same `ReplayBackend` steps). It
+reads the conversation back out of the ChatML prompt the ingress rendered with the `qwen3`
+template (its turns by their control token ids: a client's text that spells `<|im_end|>` is
+text in a turn, as it is to a real model), and writes its completion as text through SmolLM2's real tokenizer, so tags and
+multi-byte characters fall across tokens as a real model's would:
+
+1. the last turn is tool results (`<tool_response>`), the last one O, for a call of NAME ->
+   `<think>The tool NAME returned a result.</think>` then `Tool NAME returned: O`;
+2. the system turn offers NAME (`<tools>`) and the last user text is `call NAME [JSON]` ->
+   `<think>Calling NAME.</think>` then `<tool_call>{"name": NAME, "arguments": JSON}</tool_call>`
+   (JSON as written, default `{}`); an MCP server's tool is offered as `LABEL.TOOL`, and its
+   output comes back as the template's tool turn (rule 1); the built-in tools are offered as
+   functions: `call browser.search {"query": "..."}` calls `browser.search`, and `call python
+   CODE` calls `python` with `{"code": CODE}` (CODE as it is when it is a JSON object);
+3. otherwise -> `<think>The user wrote N characters.</think>` then the user text (echo),
+   exactly: whitespace at its end is kept (the end of the output is not a tag), and a text
+   that starts with whitespace is written with no think block before it (whitespace right
+   after `</think>` is the template's formatting, dropped by the parser).
+
+A prompt that already opened `<think>` gets the reasoning without its opening tag (an echo's
+leading whitespace then follows `</think>` and is lost, as a real model's would be); one
+whose think block is closed (thinking off) gets no reasoning.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import re
+
+from serve_app.core.tokens import OutputConstraint
+from serve_app.engines.replay import PYTHON, Call, _is_json_object, _wanted_call, obey
+from serve_app.families.control_tokens import text_tokenizer
+from serve_app.families.smollm2 import SMOLLM2, load_tokenizer
+
+_TOOLS = re.compile(r"<tools>\n(.*?)\n</tools>", re.S)
+_TOOL_RESPONSE = re.compile(r"<tool_response>\n(.*?)\n</tool_response>", re.S)
+_TOOL_CALL_NAME = re.compile(r'<tool_call>\n\{"name": "([^"]+)"')
+
+
+def _offered_functions(system: str) -> set[str]:
+    block = _TOOLS.search(system)
+    if block is None:
+        return set()
+    return {json.loads(line)["function"]["name"] for line in block.group(1).splitlines() if line.strip()}
+
+
+def _turns(prompt_token_ids: list[int], tokenizer) -> tuple[list[tuple[str, str]], str]:
+    """The prompt's closed turns as (role, text), and the text of the turn left open (the
+    generation prompt: what the template wrote after `<|im_start|>assistant\n`)."""
+    start, end = tokenizer.convert_tokens_to_ids(["<|im_start|>", "<|im_end|>"])
+    turns: list[tuple[str, str]] = []
+    turn: list[int] | None = None
+    for token in prompt_token_ids:
+        if token == start:
+            turn = []
+        elif token == end and turn is not None:
+            role, _, text = tokenizer.decode(turn).partition("\n")
+            turns.append((role, text))
+            turn = None
+        elif turn is not None:
+            turn.append(token)
+    opened = tokenizer.decode(turn or []).partition("\n")[2]
+    return turns, opened
+
+
+def _answer(turns: list[tuple[str, str]], constraint: OutputConstraint | None) -> tuple[str, str]:
+    """(reasoning, answer) the rules give for a rendered prompt's turns."""
+    system = turns[0][1] if turns and turns[0][0] == "system" else ""
+    last_role, last_text = turns[-1] if turns else ("", "")
+    results = _TOOL_RESPONSE.findall(last_text) if last_role == "user" else []
+    wanted_call = None
+    if results:
+        calls = [name for role, text in turns if role == "assistant" for name in _TOOL_CALL_NAME.findall(text)]
+        name = calls[-1] if calls else "unknown"
+        reasoning, answer = f"The tool {name} returned a result.", f"Tool {name} returned: {results[-1]}"
+    else:
+        user_texts = [text for role, text in turns if role == "user" and not _TOOL_RESPONSE.search(text)]
+        user_text = user_texts[-1] if user_texts else ""
+        reasoning, answer = f"The user wrote {len(user_text)} characters.", user_text
+        wanted_call = _wanted_call(user_text)
+    choice = obey(constraint, _offered_functions(system), wanted_call=wanted_call, answer=answer)
+    if isinstance(choice, Call):
+        code = choice.name == PYTHON and not _is_json_object(choice.arguments)  # `call python CODE`
+        arguments = json.dumps({"code": choice.arguments}) if code else choice.arguments
+        return f"Calling {choice.name}.", f'<tool_call>\n{{"name": "{choice.name}", "arguments": {arguments}}}\n</tool_call>'
+    return reasoning, choice.text
+
+
+def script_qwen3_completion(prompt_token_ids: list[int], constraint: OutputConstraint | None = None) -> list[int]:
+    tokenizer = load_tokenizer(SMOLLM2)
+    turns, opened = _turns(prompt_token_ids, tokenizer)
+    reasoning, answer = _answer(turns, constraint)
+    if "</think>" in opened or (answer[:1].isspace() and "<think>" not in opened):
+        text = answer  # thinking off, or an answer whose leading whitespace must survive
+    elif "<think>" in opened:  # the template opened the think block
+        text = f"{reasoning}\n</think>\n\n{answer}"
+    else:
+        text = f"<think>\n{reasoning}\n</think>\n\n{answer}"
+    # A text that spells a special token is written as text, as a model writes it.
+    return _text_tokenizer().encode(text, add_special_tokens=False).ids + [tokenizer.eos_token_id]
+
+
+@functools.cache
+def _text_tokenizer():
+    return text_tokenizer(load_tokenizer(SMOLLM2))

@@ -1,0 +1,42 @@
+"""A served model from its config, without Ray: the one place that assembles one.
+
+The Ray ingress passes a deployment handle as the token source, the in-process server an
+engine backend (`serve_app.engines.make_backend`), the tests either.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+
+from serve_app.config import ModelConfig
+from serve_app.families.harmony import HarmonyModel
+from serve_app.runtime.run import ModelFamily, ServedModel, TokenSource, Unavailable
+
+
+def model_family(model: ModelConfig) -> ModelFamily:
+    """Prompt rendering and completion parsing for a configured model."""
+    if model.family == "harmony":
+        return HarmonyModel(prompt_cache_tokens=model.prompt_cache_tokens)
+    from serve_app.families.chat_template import ChatTemplateModel
+    from serve_app.families.smollm2 import load_tokenizer
+
+    settings = model.chat_template
+    assert settings is not None  # the config fills it in for this family
+    return ChatTemplateModel(
+        load_tokenizer(model.tokenizer),
+        template=settings.template,
+        reasoning_parser=settings.reasoning_parser,
+        tool_parser=settings.tool_parser,
+        template_kwargs=settings.template_kwargs,
+        prompt_cache_tokens=model.prompt_cache_tokens,
+    )
+
+
+def served_model(
+    model: ModelConfig,
+    source: TokenSource,
+    *,
+    unavailable: Callable[[str], Awaitable[Unavailable | None]] | None = None,
+) -> ServedModel:
+    """`model` served from `source`; `unavailable`: why it cannot take requests now, or None."""
+    return ServedModel(model.name, source, model.max_model_len, model_family(model), unavailable=unavailable, tiered=model.tiered)

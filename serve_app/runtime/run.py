@@ -1,0 +1,569 @@
+"""The run of one response, apart from HTTP: history in, events out, the result stored.
+
+    turn = await start_turn(request, model, responses, conversations, cipher)  # history, prompt
+    async for events in run_turn(turn, responses): ...    # a list of events per token batch
+
+The HTTP routes (serve_app/server/routes/) stream or collect these events; background runs drive
+the same generator. Imports `protocol` and `state`, never FastAPI.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import logging
+import time
+from collections.abc import AsyncGenerator, Awaitable, Callable, Collection
+from dataclasses import dataclass, field
+from typing import Literal, NamedTuple, Protocol
+
+from openai.types.responses import ResponseError, ResponseFailedEvent, ResponseStreamEvent
+
+from serve_app.api.errors import APIError, invalid_request, server_full
+from serve_app.api.request import MessageItem, ResponsesRequest
+from serve_app.api.service_tier import engine_priority, served_tier
+from serve_app.core.encrypted_reasoning import INCLUDE as ENCRYPTED_REASONING
+from serve_app.core.encrypted_reasoning import ReasoningCipher, open_reasoning_items
+from serve_app.core.items import CompletionParser, ItemSink
+from serve_app.core.logprobs import LogprobFormatter
+from serve_app.core.stream import ResponseStream, new_id
+from serve_app.core.tokens import EngineRejected, GenerationRequest, OutputConstraint, TokenBatch
+from serve_app.families.harmony import HarmonyModel, HistoryItem
+from serve_app.families.prompt_cache import PromptCache
+from serve_app.families.truncation import fit_to_context, output_reserve
+from serve_app.runtime.metrics import RequestTrace
+from serve_app.runtime.offload import big_prompt, off_loop
+from serve_app.runtime.tool_loop import ContextFull, ToolRounds
+from serve_app.state import ResponseStore, StoreUnavailable
+from serve_app.state.conversations import ConversationStore, conversation_not_found
+from serve_app.state.quotas import Admission
+from serve_app.state.responses import with_ids
+from serve_app.tools.server_tools import ResponseTools, ServerToolRuntime, StreamTooLong, until
+
+logger = logging.getLogger("responses_serve")
+
+
+class TokenSource(Protocol):
+    def generate(self, request: GenerationRequest) -> AsyncGenerator[TokenBatch, None]: ...
+
+
+class ModelFamily(Protocol):
+    """How a kind of model is prompted and parsed (`HarmonyModel`, `ChatTemplateModel`)."""
+
+    stop_token_ids: list[int]
+    prompt_cache: PromptCache | None  # token ids of prompt pieces rendered before
+
+    def render_prompt(self, request: ResponsesRequest, history: list[HistoryItem]) -> list[int]: ...
+    def continue_prompt(
+        self, request: ResponsesRequest, history: list[HistoryItem], prompt: list[int], completion: list[int], new_items: list[HistoryItem]
+    ) -> list[int]: ...  # the tool loop's next round (serve_app/runtime/tool_loop.py)
+    def parser(self, sink: ItemSink, prompt: list[int]) -> CompletionParser: ...
+    def token_bytes(self, token_id: int) -> bytes: ...
+    def writes_text(self, token_id: int) -> bool: ...
+    def constraint(self, request: ResponsesRequest, prompt: list[int]) -> OutputConstraint | None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class Unavailable:
+    """Why a model cannot take requests now: `loading` (its engine is starting or being
+    replaced; it will serve) or `unavailable` (its engine failed; it may not), and the
+    detail a client may see (e.g. its engine deployment's status in Serve)."""
+
+    status: Literal["loading", "unavailable"]
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class ServedModel:
+    name: str
+    source: TokenSource
+    max_model_len: int = 131_072
+    family: ModelFamily = field(default_factory=HarmonyModel)
+    owned_by: str = "responses-serve"
+    # Why the model cannot take requests now (e.g. its engine deployment has no running
+    # replica), or None: such requests get a 503 instead of waiting for an engine, and the
+    # readiness route (`/ready`) says the model is not ready.
+    unavailable: Callable[[str], Awaitable[Unavailable | None]] | None = None
+    # Whether its requests are ordered by `service_tier` where they wait (`ModelConfig.tiered`);
+    # if not, every response reports the `default` tier.
+    tiered: bool = False
+
+
+@dataclass(slots=True)
+class Turn:
+    """One response being made: the request, this turn's own input, and its stream."""
+
+    request: ResponsesRequest
+    model: ServedModel
+    input_items: list[HistoryItem]
+    prompt: list[int]
+    generation: GenerationRequest
+    stream: ResponseStream
+    store_error: StoreUnavailable | None = None  # set when the finished response could not be stored
+    conversations: ConversationStore | None = None  # with the `conversation` parameter
+    trace: RequestTrace = field(default_factory=RequestTrace)  # timings and counts for metrics
+    # Its place within the tenant's quotas (None: the tenant has none): `run_turn` counts its
+    # output tokens on it and releases it at the end; the tool loop charges tools on it.
+    admission: Admission | None = None
+    history: list[HistoryItem] = field(default_factory=list)  # the conversation the prompt was rendered from
+    tools: ResponseTools | None = None  # server-side tools (the tool loop), if the request has any
+    rounds: ToolRounds | None = None  # the tool loop, once it runs
+
+    def tools_offered(self) -> ResponsesRequest:
+        """The request as the model is prompted with it: with its server-side tools."""
+        return self.tools.offer(self.request) if self.tools is not None else self.request
+
+
+class RenderCost(NamedTuple):
+    """What rendering a turn's prompt took: its time on the event loop, and the tokens of all
+    its renders (truncation tries several), by where their ids came from."""
+
+    seconds: float
+    reused_tokens: int  # from the model's prompt cache
+    tokenized_tokens: int
+
+
+class RenderedTurn(NamedTuple):
+    input_items: list[HistoryItem]  # this turn's own input, with ids
+    prompt: list[int]
+    truncated_items: int  # history items left out of the prompt (`truncation: "auto"`)
+    cost: RenderCost
+    affinity_key: str | None  # the conversation's, for the engine's router (`affinity_key`)
+    history: list[HistoryItem]
+    tools: ResponseTools | None  # the response's server-side tools
+
+
+async def render_turn(
+    request: ResponsesRequest,
+    model: ServedModel,
+    responses: ResponseStore,
+    conversations: ConversationStore | None,
+    cipher: ReasoningCipher,
+    server_tools: ServerToolRuntime | None = None,
+    tenant: str = "",
+) -> RenderedTurn:
+    """This turn's own input items and the prompt tokens: the history is rebuilt (a store
+    read only with `previous_response_id` or `conversation`), encrypted reasoning opened,
+    the oldest items left out with `truncation: "auto"` when it does not fit. With
+    `server_tools`, the request's server-side tools are made for the response and the model
+    is prompted with those known without asking anyone (an MCP server's tools listed earlier
+    in the conversation)."""
+    items = request.input_items()
+
+    def opened() -> list[HistoryItem]:  # the same ids in input_items and a conversation
+        return with_ids(open_reasoning_items(items, cipher))
+
+    input_items = await off_loop(opened) if big_prompt(items, 0) else opened()
+    history = input_items
+    if request.previous_response_id is not None:
+        history = await responses.history(request.previous_response_id) + input_items
+    conversation_id = request.conversation_id
+    if conversation_id is not None:
+        if conversations is None or await conversations.get(conversation_id) is None:
+            raise conversation_not_found(conversation_id, param="conversation")
+        history = await conversations.history(conversation_id) + input_items
+    tools = server_tools.for_response(request, history, input_items, tenant) if server_tools is not None else None
+    offered = tools.offer(request) if tools is not None else request
+    cache = model.family.prompt_cache
+    reused_before = cache.hit_tokens if cache is not None else 0
+    rendered = 0  # tokens of every render
+    started = time.perf_counter()
+
+    def render(items: list[HistoryItem]) -> list[int]:
+        nonlocal rendered
+        prompt = model.family.render_prompt(offered, items)
+        rendered += len(prompt)
+        return prompt
+
+    def render_fitting() -> tuple[list[int], int]:
+        if request.truncation != "auto":
+            return render(history), 0
+        budget = model.max_model_len - output_reserve(request.max_output_tokens, model.max_model_len)
+        return fit_to_context(render, history, budget)
+
+    # A long conversation renders in a worker thread: the replica's other streams go on.
+    prompt, truncated_items = await off_loop(render_fitting) if big_prompt(history, len(request.tools)) else render_fitting()
+    reused = cache.hit_tokens - reused_before if cache is not None else 0
+    cost = RenderCost(time.perf_counter() - started, reused, rendered - reused)
+    return RenderedTurn(input_items, prompt, truncated_items, cost, affinity_key(request, history), history, tools)
+
+
+def affinity_key(request: ResponsesRequest, history: list[HistoryItem]) -> str | None:
+    """What every turn of a conversation has in common, so its engine requests can go to the
+    engine replica that holds its prefix in cache: the client's `prompt_cache_key` (OpenAI
+    routes by it too), else the `conversation`, else the text of the history's first user
+    message (the same for a `previous_response_id` chain and for a client that sends the
+    whole history every turn). None without any of them."""
+    if request.prompt_cache_key:
+        return "key:" + request.prompt_cache_key
+    if request.conversation_id is not None:
+        return "conversation:" + request.conversation_id
+    first = next((item for item in history if isinstance(item, MessageItem) and item.role == "user"), None)
+    if first is None:
+        return None
+    return "user:" + hashlib.blake2b(first.text.encode("utf-8", "surrogatepass"), digest_size=16).hexdigest()
+
+
+async def start_turn(
+    request: ResponsesRequest,
+    model: ServedModel,
+    responses: ResponseStore,
+    conversations: ConversationStore | None,
+    cipher: ReasoningCipher,
+    trace: RequestTrace | None = None,
+    service_tiers: Collection[str] | None = None,
+    server_tools: ServerToolRuntime | None = None,
+    tenant: str = "",
+    cache_salt: str | None = None,
+) -> Turn:
+    """The history and prompt of `render_turn`, the engine request and the event stream.
+    `trace`: the request's, for metrics (it learns how many items truncation left out).
+    `service_tiers`: the tiers the caller may use (None: every one; others are served as `default`).
+    `server_tools`: what runs the request's server-side tools (the tool loop), for `tenant`.
+    `cache_salt`: the tenant's, for the engine's prefix cache (`GenerationRequest.cache_salt`)."""
+    rendered = await render_turn(request, model, responses, conversations, cipher, server_tools, tenant)
+    offered = rendered.tools.offer(request) if rendered.tools is not None else request
+    prompt, cost = rendered.prompt, rendered.cost
+    trace = trace or RequestTrace()
+    trace.truncated_items = rendered.truncated_items
+    trace.render_s, trace.prompt_reused_tokens, trace.prompt_tokenized_tokens = cost.seconds, cost.reused_tokens, cost.tokenized_tokens
+    tier = served_tier(request.service_tier, model.tiered, service_tiers)
+    trace.service_tier = tier
+    generation = generation_request(
+        offered, prompt, model, affinity=rendered.affinity_key, priority=engine_priority(tier), cache_salt=cache_salt
+    )
+    stream = ResponseStream(
+        request,
+        response_id=generation.request_id,
+        parser_factory=lambda sink: model.family.parser(sink, prompt),
+        logprobs=LogprobFormatter(model.family) if request.logprobs is not None else None,
+        encrypt_reasoning=cipher.encrypt if ENCRYPTED_REASONING in request.include else None,
+        service_tier=tier,
+    )
+    if rendered.tools is not None:
+        stream.server_tools = rendered.tools.routing()
+    return Turn(
+        request,
+        model,
+        rendered.input_items,
+        prompt,
+        generation,
+        stream,
+        conversations=conversations,
+        trace=trace,
+        history=rendered.history,
+        tools=rendered.tools,
+    )
+
+
+class PromptOnly:
+    """A token source that generates nothing: a warm-up (a WebSocket `response.create` with
+    `generate: false`) renders its prompt, counts it, and completes with no output."""
+
+    async def generate(self, request: GenerationRequest) -> AsyncGenerator[TokenBatch, None]:
+        yield TokenBatch([], finish_reason="stop", num_prompt_tokens=len(request.prompt_token_ids))
+
+
+async def run_turn(
+    turn: Turn,
+    responses: ResponseStore,
+    max_duration_s: float | None = None,
+    source: TokenSource | None = None,
+    refusal_window_s: float | None = None,
+) -> AsyncGenerator[list[ResponseStreamEvent], None]:
+    """The events of `turn`. With `store`, a finished response is stored before its terminal
+    event goes out; if the store fails, that event becomes `response.failed`, so a client
+    never holds the id of a response that is not there. `max_duration_s`,
+    `refusal_window_s`: see `engine_events`. `source`: where the tokens come from (the
+    model's engine unless given)."""
+    stream = turn.stream
+    source = source or turn.model.source
+    if turn.tools is not None and source is turn.model.source:
+        turn.rounds = ToolRounds(turn, turn.tools)
+    meter = _OutputMeter(turn)
+    generated = engine_events(stream, source, turn.generation, turn.trace, max_duration_s, refusal_window_s, turn.rounds)
+    async with contextlib.aclosing(generated) as batches:
+        try:
+            async for events in batches:
+                await meter.tick()
+                if stream.continuable:
+                    saved = False
+                    try:
+                        if turn.request.store:
+                            await responses.save(stream.response, turn.input_items, stream.tool_texts)
+                            saved = True
+                        if turn.request.conversation_id is not None:  # the turn's input and output, in one append
+                            assert turn.conversations is not None  # start_turn checked the conversation
+                            await turn.conversations.append(
+                                turn.request.conversation_id, turn.input_items + list(stream.response.output), stream.tool_texts
+                            )
+                    except StoreUnavailable as exc:
+                        logger.warning("response %s: not stored: %s", stream.response.id, exc.message)
+                        turn.store_error = exc
+                        if saved and not turn.request.background:  # the conversation missed it: told failed, not kept
+                            await _unsave(responses, stream.response.id)  # (a background one is stored failed when it ends)
+                        events = events[:-1] + [_failed(stream, events[-1], exc.message)]
+                yield events
+        finally:
+            await meter.close()
+
+
+class _OutputMeter:
+    """A turn's output tokens charged to its tenant's quota as they are produced (at most once
+    a `CHARGE_EVERY_S`, and at the end), then its admission released. Never fails the stream:
+    tokens the store could not take are not counted."""
+
+    CHARGE_EVERY_S = 1.0
+
+    def __init__(self, turn: Turn) -> None:
+        self.turn = turn
+        self.charged = 0
+        self.last = time.monotonic()
+
+    async def tick(self) -> None:
+        if self.turn.admission is not None and time.monotonic() - self.last >= self.CHARGE_EVERY_S:
+            await self._charge()
+
+    async def _charge(self) -> None:
+        assert self.turn.admission is not None
+        self.last = time.monotonic()
+        produced = self.turn.trace.output_tokens
+        if produced > self.charged:
+            try:
+                await self.turn.admission.charge_tokens(produced - self.charged)
+            except StoreUnavailable as exc:
+                logger.warning("response %s: output tokens not counted: %s", self.turn.stream.response.id, exc.message)
+            self.charged = produced
+
+    async def close(self) -> None:
+        if self.turn.admission is not None:
+            try:
+                await self._charge()
+            finally:
+                await self.turn.admission.release()
+
+
+async def _unsave(responses: ResponseStore, response_id: str) -> None:
+    try:
+        await responses.delete(response_id)
+    except StoreUnavailable as exc:  # it stays stored (completed) until its TTL: said in the log
+        logger.warning("response %s: stored, but its conversation append failed and it could not be deleted: %s", response_id, exc.message)
+
+
+def _failed(stream: ResponseStream, terminal: ResponseStreamEvent, message: str) -> ResponseFailedEvent:
+    response = stream.response
+    response.status = "failed"
+    response.error = ResponseError(code="server_error", message=f"The response was generated but could not be stored: {message}")
+    response.completed_at = None
+    response.incomplete_details = None
+    return ResponseFailedEvent(type="response.failed", response=response, sequence_number=terminal.sequence_number)
+
+
+# How long a streamed response waits for its engine to refuse it (at capacity) before it
+# starts: a refusal then is a 503 with Retry-After, not a stream that starts and fails.
+# Serve's handle refuses at once when its queue is full, vLLM's admission control as soon as
+# the request reaches it; a first batch within the window goes out with the start.
+REFUSAL_WINDOW_S = 0.25
+
+
+async def engine_events(
+    stream: ResponseStream,
+    source: TokenSource,
+    generation: GenerationRequest,
+    trace: RequestTrace | None = None,
+    max_duration_s: float | None = None,
+    refusal_window_s: float | None = None,
+    rounds: ToolRounds | None = None,
+) -> AsyncGenerator[list[ResponseStreamEvent], None]:
+    """Events of one response, a list per token batch. Ends with exactly one terminal event.
+
+    With `rounds` (server-side tools), the response is the tool loop's generations with the
+    tools' calls between them (serve_app/runtime/tool_loop.py).
+
+    A response still generating after `max_duration_s` is ended here with `response.failed`
+    (and its engine request and tool calls aborted): the replica's drain is sized for that
+    maximum, so a stream is ended by us, cleanly, before Serve would kill the replica under it.
+
+    With `refusal_window_s`, the engine's first answer is awaited that long before the
+    first event: an engine at capacity then raises `engine_at_capacity` (a 503) before
+    anything was sent. Not when the tool loop has work before the first generation (an MCP
+    server's listing): the response starts, and the engine is asked after it."""
+    deadline = None if max_duration_s is None else asyncio.get_running_loop().time() + max_duration_s
+    try:
+        if rounds is not None and rounds.prepares():
+            yield stream.start()
+            async for events in _guarded(stream, _rounds(stream, source, None, deadline, trace, rounds), max_duration_s):
+                yield events
+            return
+        # aclosing: a client that goes away closes this generator, which must close (and so
+        # abort) the engine stream at once rather than whenever the GC gets to it.
+        async with contextlib.aclosing(source.generate(generation)) as batches, _FirstBatch(batches) as first:
+            if refusal_window_s is not None:
+                await first.refused_within(refusal_window_s, generation.request_id)
+            yield stream.start()
+            async for events in _guarded(stream, _rounds(stream, source, first.then(batches), deadline, trace, rounds), max_duration_s):
+                yield events
+    finally:
+        if rounds is not None:  # the response's connections to tool servers end with it
+            await rounds.tools.aclose()
+
+
+async def _rounds(
+    stream: ResponseStream,
+    source: TokenSource,
+    first: AsyncGenerator[TokenBatch, None] | None,
+    deadline: float | None,
+    trace: RequestTrace | None,
+    rounds: ToolRounds | None,
+) -> AsyncGenerator[list[ResponseStreamEvent], None]:
+    """The response's generations: `first` (its engine call already made; None: the tool loop
+    prepares first, then makes it), then, with `rounds`, a tool round and the next generation
+    for as long as the model calls server-side tools."""
+    if first is None:
+        assert rounds is not None
+        async for events in rounds.prepare(deadline):
+            yield events
+        first = source.generate(rounds.turn.generation)
+    batches = first
+    while True:
+        # Read the source to its end even after the last batch, so a finished engine call ends
+        # normally instead of being cancelled.
+        async with contextlib.aclosing(batches):
+            async for batch in _until(batches, deadline):
+                if stream.finished or stream.awaiting_tools:
+                    logger.warning("response %s: engine sent tokens after its last batch", stream.response.id)
+                    continue
+                if trace is not None:
+                    trace.saw(batch)
+                if rounds is not None:
+                    rounds.saw(batch)
+                if events := stream.feed(batch):
+                    yield events
+        if not stream.finished and not stream.awaiting_tools:  # the source ended without a finish reason: a normal stop
+            yield stream.feed(TokenBatch([], finish_reason="stop"))
+        if stream.finished or rounds is None:
+            return
+        async for events in rounds.run_calls(deadline):
+            yield events
+        if stream.hands_back or rounds.out_of_budget():  # the client answers a call, or no tokens are left
+            yield stream.complete("completed" if stream.hands_back else "incomplete")
+            return
+        batches = source.generate(await rounds.next_generation())
+
+
+async def _guarded(
+    stream: ResponseStream, events: AsyncGenerator[list[ResponseStreamEvent], None], max_duration_s: float | None
+) -> AsyncGenerator[list[ResponseStreamEvent], None]:
+    """`events`, ended with `response.failed` when the engine or the tool loop fails."""
+    try:
+        async with contextlib.aclosing(events):
+            async for batch in events:
+                yield batch
+    except StreamTooLong:
+        logger.warning("response %s: still generating after %g s, the maximum stream duration: ended", stream.response.id, max_duration_s)
+        yield stream.fail(
+            f"The response was still being generated after {max_duration_s:g} s, this server's maximum stream "
+            "duration, and was ended. Ask for fewer output tokens (max_output_tokens)."
+        )
+    except ContextFull as exc:
+        logger.warning("response %s: %s", stream.response.id, exc)
+        yield stream.fail(str(exc), code="invalid_prompt")
+    except APIError as exc:  # the request cannot go on once the tools are known (a tool_choice they lack)
+        yield stream.fail(exc.message, code="invalid_prompt")
+    except EngineRejected as exc:  # vLLM's validation or admission control: its words are for the client
+        logger.warning("response %s: the engine refused it: %s", stream.response.id, exc.reason)
+        yield stream.fail(
+            f"The engine refused this request: {exc.reason}" if exc.client_error else exc.reason,
+            code="invalid_prompt" if exc.client_error else "server_error",
+        )
+    except Exception:  # engine died or raised: the client still gets a proper ending
+        # Ray's errors carry actor ids, pids and node IPs: the details go to the log only.
+        logger.exception("response %s: engine stream failed", stream.response.id)
+        yield stream.fail(f"The engine failed while generating this response ({stream.response.id}). Please try again.")
+
+
+def engine_at_capacity(reason: str) -> APIError:
+    return server_full(f"The model's engines are at capacity ({reason}). Retry shortly.", code="engine_at_capacity")
+
+
+class _FirstBatch:
+    """The engine's first batch, asked for early (`refused_within`) so that a refusal can come
+    before the response starts; `then` gives it, then the rest."""
+
+    def __init__(self, batches: AsyncGenerator[TokenBatch, None]) -> None:
+        self._batches = batches
+        self._pending: asyncio.Future[TokenBatch] | None = None
+
+    async def __aenter__(self) -> _FirstBatch:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        if self._pending is not None and not self._pending.done():  # the engine call is still waited for
+            self._pending.cancel()
+            await asyncio.wait([self._pending])
+
+    async def refused_within(self, window_s: float, request_id: str) -> None:
+        """Wait up to `window_s` for the first batch; an engine at capacity raises `engine_at_capacity`."""
+        self._pending = asyncio.ensure_future(anext(self._batches))
+        await asyncio.wait([self._pending], timeout=window_s)
+        if self._pending.done() and not self._pending.cancelled():
+            error = self._pending.exception()
+            if isinstance(error, EngineRejected) and not error.client_error:
+                logger.warning("response %s: refused, the engines are at capacity: %s", request_id, error.reason)
+                raise engine_at_capacity(error.reason) from None
+
+    async def then(self, batches: AsyncGenerator[TokenBatch, None]) -> AsyncGenerator[TokenBatch, None]:
+        if self._pending is not None:
+            try:
+                yield await self._pending
+            except StopAsyncIteration:
+                return
+        async for batch in batches:
+            yield batch
+
+
+async def _until(batches: AsyncGenerator[TokenBatch, None], deadline: float | None) -> AsyncGenerator[TokenBatch, None]:
+    """`batches`, ended by `StreamTooLong` at `deadline` (loop time); the wait for a batch is
+    cancelled then, which aborts the engine request (the source's `finally`)."""
+    while True:
+        try:
+            # The timeout covers only the wait for the next batch, never our consumer's work.
+            async with until(deadline):
+                batch = await anext(batches)
+        except StopAsyncIteration:
+            return
+        yield batch
+
+
+def generation_request(
+    request: ResponsesRequest,
+    prompt: list[int],
+    model: ServedModel,
+    *,
+    affinity: str | None,
+    priority: int,
+    cache_salt: str | None = None,
+) -> GenerationRequest:
+    max_model_len = model.max_model_len
+    room = max_model_len - len(prompt)
+    if room < 1:
+        raise invalid_request(
+            f"This model's maximum context length is {max_model_len} tokens, but the input has {len(prompt)} tokens. Shorten the input.",
+            param="input",
+            code="context_length_exceeded",
+        )
+    max_tokens = min(request.max_output_tokens or room, room)
+    return GenerationRequest(
+        request_id=new_id("resp"),
+        prompt_token_ids=prompt,
+        stop_token_ids=model.family.stop_token_ids,
+        max_tokens=max_tokens,
+        temperature=request.temperature,
+        top_p=request.top_p,
+        logprobs=request.logprobs,
+        constraint=model.family.constraint(request, prompt),
+        affinity_key=affinity,
+        priority=priority,
+        cache_salt=cache_salt,
+    )

@@ -1,0 +1,121 @@
+"""Background responses over HTTP: start one (`POST /v1/responses` with `background: true`),
+cancel it (`POST /v1/responses/{id}/cancel`), follow its events from a sequence number on
+(`GET /v1/responses/{id}?stream=true&starting_after=N`). The run itself is
+`serve_app.runtime.background`; every answer names the replica that gave it in `REPLICA_HEADER`."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncGenerator
+
+from fastapi import APIRouter, Request
+from fastapi.responses import Response
+from starlette.datastructures import QueryParams
+
+from serve_app.api.errors import invalid_request, response_not_found, server_full
+from serve_app.runtime.background import BackgroundRuns
+from serve_app.runtime.metrics import report_response
+from serve_app.runtime.run import Turn, run_turn
+from serve_app.server.routes.event_stream import EventStreamResponse
+from serve_app.server.tenants import TenantState, tenant_state
+
+router = APIRouter()
+
+REPLICA_HEADER = "x-responses-serve-replica"
+
+
+def _headers(background: BackgroundRuns) -> dict[str, str]:
+    return {REPLICA_HEADER: background.replica_id}
+
+
+def check_background_room(state) -> None:
+    """A 503 when this replica already runs `replica_limits.max_background_runs` background
+    responses (all tenants'); a tenant's own `max_background` is its quota (a 429)."""
+    limit = state.replica_limits.max_background_runs
+    if sum(tenant.background.running for tenant in state.tenants.values()) >= limit:
+        raise server_full(
+            f"This server runs as many background responses as it takes ({limit}, replica_limits.max_background_runs). Retry shortly.",
+            code="too_many_background_runs",
+            param="background",
+        )
+
+
+async def start_background(turn: Turn, state, tenant: TenantState) -> Response:
+    """Start `turn` as a background run of `tenant` on this replica; answer at once (the
+    response, `in_progress`) or, with `stream`, follow its events (a client that goes away
+    stops following, not the run)."""
+    background = tenant.background
+    responses = tenant.responses
+
+    async def finish(response) -> None:
+        # The request is counted when its run ends, like a stream when it closes.
+        report_response(state.metrics, turn.trace, response)
+        # run_turn stored it if it is continuable (and the store answered); a background
+        # response is retrievable whatever its end (failed, cancelled).
+        if not turn.stream.continuable or turn.store_error is not None:
+            await responses.save(response, turn.input_items, turn.stream.tool_texts)
+
+    try:
+        check_background_room(state)  # again: others may have started while this one rendered
+        snapshot = await background.start(turn.stream, run_turn(turn, responses, state.max_stream_duration_s), turn.input_items, finish)
+    except BaseException:  # no run: its place within the tenant's quotas goes back now
+        if turn.admission is not None:
+            await turn.admission.release()
+        raise
+    headers = {**_headers(background), **(turn.admission.headers if turn.admission is not None else {})}
+    if turn.request.stream:
+        return EventStreamResponse(
+            background.follow(snapshot.id, -1),
+            state.sse_keepalive_s,
+            headers=headers,
+            send_timeout_s=state.replica_limits.client_send_timeout_s,
+        )
+    return Response(snapshot.model_dump_json(by_alias=True), media_type="application/json", headers=headers)
+
+
+def _event_stream(frames: AsyncGenerator[bytes, None], background: BackgroundRuns, state) -> EventStreamResponse:
+    return EventStreamResponse(
+        frames, state.sse_keepalive_s, headers=_headers(background), send_timeout_s=state.replica_limits.client_send_timeout_s
+    )
+
+
+def wants_stream(query: QueryParams) -> bool:
+    value = query.get("stream", "false").lower()
+    if value not in ("true", "false"):
+        raise invalid_request(f"Invalid 'stream': '{value}'. It must be true or false.", param="stream")
+    return value == "true"
+
+
+async def follow_response(response_id: str, request: Request) -> EventStreamResponse:
+    """`GET /v1/responses/{id}?stream=true[&starting_after=N]`: the events after N, live."""
+    background = tenant_state(request).background
+    text = request.query_params.get("starting_after", "-1")
+    try:
+        starting_after = int(text)
+    except ValueError:
+        starting_after = -2
+    if starting_after < -1:
+        raise invalid_request(f"Invalid 'starting_after': '{text}'. It must be an integer, -1 or more.", param="starting_after")
+    response = await background.background_response(response_id)
+    if not response.background:
+        raise invalid_request(
+            f"Response '{response_id}' was not created with 'background': true; only background responses can be streamed.",
+            param="stream",
+        )
+    return _event_stream(background.follow(response_id, starting_after), background, request.app.state)
+
+
+async def current_response(response_id: str, request: Request):
+    """The stored response as it is now (a background one whose replica is gone: failed)."""
+    tenant = tenant_state(request)
+    background = tenant.background
+    turn = await tenant.responses.get(response_id)
+    if turn is None:
+        raise response_not_found(response_id)
+    return await background.refresh(turn.response)
+
+
+@router.post("/v1/responses/{response_id}/cancel")
+async def cancel_response(response_id: str, request: Request) -> Response:
+    background = tenant_state(request).background
+    response = await background.cancel(response_id)
+    return Response(response.model_dump_json(by_alias=True), media_type="application/json", headers=_headers(background))

@@ -1,0 +1,37 @@
+"""`POST /v1/responses/input_tokens` (the SDK's `client.responses.input_tokens.count(...)`).
+
+The body is validated as a create request and rendered by the same code, so the count is
+exactly the number of prompt tokens the engine would get for that request (the history of
+`previous_response_id` or `conversation`, opened encrypted reasoning, the model's own
+template or harmony rendering included). Nothing is generated or stored. A prompt longer
+than the model's context is still counted: telling that is what the endpoint is for. The
+rendering is work: each call counts a request of the tenant's `requests_per_minute`.
+"""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Request
+from fastapi.responses import Response
+from openai.types.responses.input_token_count_response import InputTokenCountResponse
+
+from serve_app.api.errors import model_not_found
+from serve_app.api.request import parse_request
+from serve_app.runtime.run import render_turn
+from serve_app.server.rate_headers import COUNTED
+from serve_app.server.routes.responses import read_request
+from serve_app.server.tenants import tenant_state
+
+router = APIRouter()
+
+
+@router.post("/v1/responses/input_tokens", dependencies=COUNTED)
+async def count_input_tokens(http_request: Request) -> Response:
+    state = http_request.app.state
+    request = await read_request(http_request, parse_request)
+    model = state.served.get(request.model)
+    if model is None:
+        raise model_not_found(request.model)
+    tenant = tenant_state(http_request)
+    rendered = await render_turn(request, model, tenant.responses, tenant.conversations, tenant.cipher)
+    count = InputTokenCountResponse(object="response.input_tokens", input_tokens=len(rendered.prompt))
+    return Response(count.model_dump_json(), media_type="application/json")

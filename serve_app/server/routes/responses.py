@@ -1,0 +1,290 @@
+"""`/v1/responses`: create, retrieve, delete, list input items."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import json
+import logging
+import time
+from collections.abc import AsyncGenerator, Callable
+from typing import TypeVar
+
+from fastapi import APIRouter, Request
+from fastapi.responses import Response
+from openai.types.responses import ResponseStreamEvent
+from starlette.datastructures import State
+
+from serve_app.api.errors import APIError, invalid_request, model_not_found, model_unavailable, response_not_found, server_error
+from serve_app.api.limits import RequestLimits
+from serve_app.api.request import ResponsesRequest, parse_request
+from serve_app.api.sse import encode_events
+from serve_app.runtime.admission import ByteBudget
+from serve_app.runtime.metrics import Metrics, RequestTrace, report_once, report_response
+from serve_app.runtime.offload import parse_body_off_loop
+from serve_app.runtime.run import REFUSAL_WINDOW_S, Turn, run_turn, start_turn
+from serve_app.server.auth import tenant_of
+from serve_app.server.routes.background import (
+    check_background_room,
+    current_response,
+    follow_response,
+    start_background,
+    wants_stream,
+)
+from serve_app.server.routes.event_stream import EventStreamResponse
+from serve_app.server.tenants import TenantState, tenant_state
+from serve_app.state import ResponseStore
+
+logger = logging.getLogger("responses_serve")
+
+router = APIRouter()
+
+T = TypeVar("T")
+
+
+def _json(data: str | bytes, status_code: int = 200, headers: dict[str, str] | None = None) -> Response:
+    return Response(data, status_code=status_code, media_type="application/json", headers=headers)
+
+
+@router.post("/v1/responses")
+async def create_response(http_request: Request) -> Response:
+    state = http_request.app.state
+    # Reported when the request ends (metrics).
+    trace = http_request.state.trace = RequestTrace(tenant=tenant_of(http_request.scope))
+    request = await read_request(http_request, parse_request)
+    tenant = tenant_state(http_request)
+    if request.background:
+        check_background_room(state)  # before any work: the replica's bound, not the tenant's
+    turn = await begin_turn(request, state, tenant, tenant.responses, trace)
+    if request.background:
+        return await start_background(turn, state, tenant)
+    events = run_turn(turn, tenant.responses, state.max_stream_duration_s, refusal_window_s=REFUSAL_WINDOW_S)
+    headers = turn.admission.headers if turn.admission is not None else None
+    if request.stream:
+        # The first events before the response starts: engines at capacity are a 503, not a stream.
+        first = await first_events(events)
+        return EventStreamResponse(
+            _sse(prepended(first, events), turn, state.metrics),
+            state.sse_keepalive_s,
+            headers=headers,
+            send_timeout_s=state.replica_limits.client_send_timeout_s,
+        )
+    try:
+        async with contextlib.aclosing(events):
+            async for _ in events:
+                pass
+    except asyncio.CancelledError:  # Serve cancels the request when its client goes away
+        report_once(state.metrics, trace, "cancelled")
+        raise
+    _finished(turn, state.metrics)
+    if turn.store_error is not None:
+        raise turn.store_error
+    response = turn.stream.response
+    if response.status == "failed":
+        assert response.error is not None  # a failed response says why
+        if response.error.code == "invalid_prompt":  # the engine refused the request itself
+            raise invalid_request(response.error.message, code="invalid_prompt")
+        raise server_error(response.error.message, status_code=503)
+    # The same serialization as the terminal event of a stream: one source of truth.
+    return _json(response.model_dump_json(by_alias=True), headers=headers)
+
+
+@router.get("/v1/responses/{response_id}")
+async def retrieve_response(response_id: str, request: Request) -> Response:
+    if wants_stream(request.query_params):  # a background response's events, live
+        return await follow_response(response_id, request)
+    return _json((await current_response(response_id, request)).model_dump_json(by_alias=True))
+
+
+@router.delete("/v1/responses/{response_id}")
+async def delete_response(response_id: str, request: Request) -> Response:
+    if not await tenant_state(request).background.delete(response_id):
+        raise response_not_found(response_id)
+    # What the OpenAI API answers (the SDK's `responses.delete` returns None and ignores it).
+    return _json(json.dumps({"id": response_id, "object": "response", "deleted": True}))
+
+
+@router.get("/v1/responses/{response_id}/input_items")
+async def list_input_items(response_id: str, request: Request) -> Response:
+    # `include` is accepted and needs nothing: stored items are whole.
+    query = request.query_params
+    after, order, limit_text = query.get("after"), query.get("order", "desc"), query.get("limit", "20")
+    if not limit_text.isdigit() or not 1 <= int(limit_text) <= 100:
+        raise invalid_request(f"Invalid 'limit': '{limit_text}'. It must be an integer between 1 and 100.", param="limit")
+    limit = int(limit_text)
+    if order not in ("asc", "desc"):
+        raise invalid_request(f"Invalid 'order': '{order}'. It must be 'asc' or 'desc'.", param="order")
+    items = await tenant_state(request).responses.input_items(response_id)
+    if items is None:
+        raise response_not_found(response_id)
+    if order == "desc":
+        items.reverse()
+    start = 0
+    if after is not None:
+        ids = [item.id for item in items]
+        if after not in ids:
+            raise invalid_request(f"No input item with id '{after}' in response '{response_id}'.", param="after")
+        start = ids.index(after) + 1
+    page = items[start : start + limit]
+    body = {
+        "object": "list",
+        "data": [item.model_dump(mode="json", exclude_none=True) for item in page],
+        "first_id": page[0].id if page else None,
+        "last_id": page[-1].id if page else None,
+        "has_more": start + limit < len(items),
+    }
+    return _json(json.dumps(body, separators=(",", ":")))
+
+
+async def begin_turn(request: ResponsesRequest, state: State, tenant: TenantState, responses: ResponseStore, trace: RequestTrace) -> Turn:
+    """`tenant`'s turn of the served model for `request` (history read from `responses`, the
+    tenant's own or a view of them), logged; a 404 for a model not served, a 503 for one
+    whose engine is down."""
+    model = state.served.get(request.model)
+    if model is None:
+        raise model_not_found(request.model)
+    trace.model = model.name
+    if model.unavailable is not None and (why := await model.unavailable(model.name)):
+        raise model_unavailable(model.name, why.reason)
+    # Within the tenant's quotas (or a 429), then counted: the prompt's tokens now, the output's
+    # as `run_turn` produces them; `run_turn` releases the admission when the turn ends.
+    state.server_tools.check(request)  # before anything is read or connected to
+    admission = await tenant.quota.admit(background=request.background) if tenant.quota is not None else None
+    try:
+        turn = await start_turn(
+            request,
+            model,
+            responses,
+            tenant.conversations,
+            tenant.cipher,
+            trace,
+            tenant.service_tiers,
+            state.server_tools,
+            tenant.name,
+            tenant.cache_salt,
+        )
+        if admission is not None:
+            await admission.charge_tokens(len(turn.prompt))
+    except BaseException:
+        if admission is not None:
+            await admission.release()
+        raise
+    turn.admission = admission
+    logger.info(
+        "response %s: model=%s stream=%s prompt_tokens=%d max_tokens=%d render_ms=%.1f reused_tokens=%d%s",
+        turn.generation.request_id,
+        model.name,
+        request.stream,
+        len(turn.prompt),
+        turn.generation.max_tokens,
+        (trace.render_s or 0) * 1e3,
+        trace.prompt_reused_tokens,
+        f" truncated_items={trace.truncated_items}" if trace.truncated_items else "",
+    )
+    return turn
+
+
+def _finished(turn: Turn, metrics: Metrics) -> None:
+    """Log and report a response that ran to its end."""
+    response = turn.stream.response
+    usage = response.usage
+    logger.info(
+        "response %s: %s output_tokens=%d in %.3fs",
+        response.id,
+        response.status,
+        usage.output_tokens if usage else 0,
+        time.perf_counter() - turn.trace.started,
+    )
+    report_response(metrics, turn.trace, response)
+
+
+async def first_events(events: AsyncGenerator[list[ResponseStreamEvent], None]) -> list[ResponseStreamEvent]:
+    """The first events of a turn; what refuses it before it starts (an `APIError`) is raised
+    here, and `events` closed."""
+    try:
+        return await anext(events)
+    except BaseException:
+        await events.aclose()
+        raise
+
+
+async def prepended(
+    first: list[ResponseStreamEvent], rest: AsyncGenerator[list[ResponseStreamEvent], None]
+) -> AsyncGenerator[list[ResponseStreamEvent], None]:
+    async with contextlib.aclosing(rest):
+        yield first
+        async for events in rest:
+            yield events
+
+
+async def _sse(events: AsyncGenerator[list[ResponseStreamEvent], None], turn: Turn, metrics: Metrics) -> AsyncGenerator[bytes, None]:
+    async with contextlib.aclosing(reported(events, turn, metrics)) as batches:
+        async for batch_events in batches:
+            yield encode_events(batch_events)
+
+
+async def reported(
+    events: AsyncGenerator[list[ResponseStreamEvent], None], turn: Turn, metrics: Metrics
+) -> AsyncGenerator[list[ResponseStreamEvent], None]:
+    """A streamed turn's `events`, counted as an open stream while they flow, then logged and
+    reported once: finished, or cancelled when its client went away."""
+    model = turn.model.name
+    metrics.stream_opened(model)
+    try:
+        async with contextlib.aclosing(events):
+            async for batch_events in events:
+                yield batch_events
+    finally:
+        metrics.stream_closed(model)
+        if turn.stream.finished:
+            _finished(turn, metrics)
+        else:
+            logger.info("response %s: client went away, generation aborted", turn.stream.response.id)
+            report_once(metrics, turn.trace, "cancelled")
+
+
+async def read_request(http_request: Request, parse: Callable[[bytes, RequestLimits], T]) -> T:
+    """The request's body, read within the size limit and parsed by `parse(body, limits)`;
+    a big body is parsed in a worker thread (server/offload.py). Its bytes count against the
+    replica's budget while it is read and parsed (server/admission.py)."""
+    state = http_request.app.state
+    budget: ByteBudget = state.request_bytes
+    held = [0]
+    try:
+        try:
+            async with asyncio.timeout(state.replica_limits.body_read_timeout_s):
+                body = await read_body(http_request, state.max_request_bytes, budget, held)
+        except TimeoutError:
+            raise APIError(
+                f"The request body did not arrive whole within {state.replica_limits.body_read_timeout_s:g} s "
+                "(replica_limits.body_read_timeout_s).",
+                status_code=408,
+                code="request_timeout",
+            ) from None
+        return await parse_body_off_loop(body, functools.partial(_parse, parse=parse, limits=state.request_limits))
+    finally:
+        budget.give(held[0])
+
+
+def _parse(body: bytes, *, parse: Callable[[bytes, RequestLimits], T], limits: RequestLimits) -> T:
+    return parse(body, limits)
+
+
+async def read_body(request: Request, limit: int, budget: ByteBudget | None = None, held: list[int] | None = None) -> bytes:
+    """The body, at most `limit` bytes (else a 413); each chunk taken from `budget` as it
+    comes (a 503 when it is spent), the bytes taken added to `held[0]` for the caller to give back."""
+    declared = request.headers.get("content-length")
+    too_large = APIError(f"The request body is larger than this server accepts ({limit} bytes).", status_code=413, code="request_too_large")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise too_large
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise too_large
+        if budget is not None and held is not None:
+            budget.take(len(chunk))
+            held[0] += len(chunk)
+        chunks.append(chunk)
+    return b"".join(chunks)

@@ -1,0 +1,262 @@
+"""`/v1/responses` over a WebSocket: the SDK's `client.responses.connect()` (the protocol:
+serve_app/api/websocket.py).
+
+One connection carries many responses. Each `response.create` joins its lane (`stream_id`);
+a lane runs its responses one after the other, lanes run side by side, and every response
+runs as `POST /v1/responses` with `stream: true` runs it (`start_turn`, `run_turn`): the same
+events, stored the same way. A finished response is also kept with the connection
+(`ConnectionResponses`), so the next turn continues it without a store read, with
+`store: false` too. A client that goes away ends its responses: their engine requests are
+aborted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import functools
+import logging
+
+from fastapi import APIRouter, WebSocket
+from fastapi.responses import JSONResponse
+from starlette.websockets import WebSocketDisconnect
+
+from serve_app.api.errors import APIError, retry_after, server_error, server_full
+from serve_app.api.websocket import CreateEvent, SteerEvent, error_message, event_message, parse_client_event, steer_failed_message
+from serve_app.config import ReplicaLimits
+from serve_app.runtime.admission import ByteBudget
+from serve_app.runtime.metrics import RequestTrace, report_once, report_refusal
+from serve_app.runtime.offload import parse_body_off_loop
+from serve_app.runtime.run import REFUSAL_WINDOW_S, PromptOnly, run_turn
+from serve_app.server.routes.responses import begin_turn, first_events, prepended, reported
+from serve_app.server.tenants import tenant_state
+from serve_app.state.connection import ConnectionResponses
+
+logger = logging.getLogger("responses_serve")
+
+router = APIRouter()
+
+PROMPT_ONLY = PromptOnly()
+
+
+@router.websocket("/v1/responses")
+async def responses_socket(websocket: WebSocket) -> None:
+    await ResponsesSocket(websocket).serve()
+
+
+def _too_many(message: str, code: str) -> APIError:
+    return retry_after(APIError(f"{message}. Wait for the responses before it.", status_code=429, param="stream_id", code=code), 1)
+
+
+async def _deny(websocket: WebSocket, error: APIError) -> None:
+    """Refuse a WebSocket before it opens: with the HTTP answer (status, Retry-After, the
+    error body) where the server can send one, else closed with 1013 (try again later)."""
+    if "websocket.http.response" in websocket.scope.get("extensions", {}):
+        await websocket.send_denial_response(JSONResponse(error.body(), status_code=error.status_code, headers=error.headers))
+    else:
+        await websocket.close(code=1013, reason=error.message[:120])
+
+
+class ClientGone(Exception):
+    """A send found the connection closed."""
+
+
+class ResponsesSocket:
+    def __init__(self, websocket: WebSocket) -> None:
+        self.websocket = websocket
+        self.state = websocket.app.state
+        self.tenant = tenant_state(websocket)
+        self.limits: ReplicaLimits = self.state.replica_limits
+        # The connection's turns (its tenant's), within its own bounds and the replica's.
+        self.responses = ConnectionResponses(
+            self.tenant.responses,
+            self.limits.max_lanes_per_connection,
+            self.limits.max_kept_bytes_per_connection,
+            self.state.websocket_turns,
+        )
+        # Lanes with work: their requests (the running one first), each with the bytes of its message held.
+        self.lanes: dict[str | None, collections.deque[tuple[CreateEvent, int]]] = {}
+        self.budget: ByteBudget = self.state.request_bytes
+        self._receiver: asyncio.Task | None = None
+        self._dropped = False
+        self.workers: set[asyncio.Task] = set()
+        self._sending = asyncio.Lock()  # lanes send side by side: one whole message at a time
+
+    async def serve(self) -> None:
+        limit = self.limits.max_websockets
+        if self.state.websockets_open >= limit:  # refused before it opens: a 503, as over HTTP
+            error = server_full(
+                f"This server holds as many WebSocket connections as it takes ({limit}, replica_limits.max_websockets). Retry shortly.",
+                code="too_many_connections",
+            )
+            await _deny(self.websocket, error)
+            return
+        per_tenant = self.limits.max_websockets_per_tenant
+        if self.state.tenanted and self.state.websockets_by_tenant.get(self.tenant.name, 0) >= per_tenant:
+            error = APIError(
+                f"This API key's tenant holds as many WebSocket connections on this server as it may ({per_tenant}, "
+                "replica_limits.max_websockets_per_tenant). Close one, or retry shortly.",
+                status_code=429,
+                code="too_many_connections",
+            )
+            await _deny(self.websocket, retry_after(error, 1))
+            return
+        await self.websocket.accept()
+        self._count_open(+1)
+        self._receiver = asyncio.current_task()  # cancelled to end a connection whose client stalled
+        try:
+            while (message := await self._receive()) is not None:
+                await self._dispatch(message)
+        except asyncio.CancelledError:
+            if not self._dropped:  # not our own ending of a stalled client's connection
+                raise
+        finally:
+            # Counted closed first, its kept turns let go last: the wait between may itself be
+            # cancelled (the client is gone), and a worker may still keep its turn until then.
+            self._count_open(-1)
+            try:
+                for worker in self.workers:
+                    worker.cancel()
+                await asyncio.gather(*self.workers, return_exceptions=True)
+            finally:
+                self.responses.close()
+
+    def _count_open(self, change: int) -> None:
+        self.state.websockets_open += change
+        by_tenant = self.state.websockets_by_tenant
+        by_tenant[self.tenant.name] = by_tenant.get(self.tenant.name, 0) + change
+        self.state.metrics.websockets_open(self.state.websockets_open)
+
+    async def _receive(self) -> str | bytes | None:
+        message = await self.websocket.receive()
+        if message["type"] == "websocket.disconnect":
+            return None
+        return message["text"] if message.get("text") is not None else message.get("bytes") or b""
+
+    async def _dispatch(self, message: str | bytes) -> None:
+        lane = None
+        try:
+            if len(message) > self.state.max_request_bytes:
+                raise APIError(
+                    f"The message is larger than this server accepts ({self.state.max_request_bytes} bytes).",
+                    status_code=413,
+                    code="request_too_large",
+                )
+            size = len(message)
+            self.budget.take(size)  # given back when its response has ended, or it was refused
+            try:
+                event = await parse_body_off_loop(message, functools.partial(parse_client_event, limits=self.state.request_limits))
+                lane = event.lane
+                if isinstance(event, SteerEvent):
+                    await self._send(steer_failed_message(event))
+                    self.budget.give(size)
+                    return
+                self._enqueue(event, size)
+            except BaseException:
+                self.budget.give(size)
+                raise
+        except APIError as error:
+            with contextlib.suppress(ClientGone):
+                await self._send(error_message(error, lane))
+        except ClientGone:
+            pass  # the next receive sees the disconnect
+
+    def _enqueue(self, event: CreateEvent, size: int) -> None:
+        """Into its lane's queue, within the connection's bounds (a 429: it sends faster than
+        it is served; the message is answered with an error on its lane, never kept)."""
+        limits = self.limits
+        queue = self.lanes.get(event.lane)
+        if queue is not None and len(queue) > limits.max_queued_per_lane:  # the running one and those waiting
+            raise _too_many(
+                f"{limits.max_queued_per_lane} response.create messages wait on lane {event.lane!r} (replica_limits.max_queued_per_lane)",
+                "too_many_queued",
+            )
+        waiting = sum(len(queued) - 1 for queued in self.lanes.values())
+        if queue is not None and waiting >= limits.max_queued_per_connection:
+            raise _too_many(
+                f"{waiting} response.create messages wait on this connection (replica_limits.max_queued_per_connection)", "too_many_queued"
+            )
+        if queue is None:
+            if len(self.lanes) >= limits.max_lanes_per_connection:
+                raise _too_many(
+                    f"At most {limits.max_lanes_per_connection} lanes (stream_id) may have responses running or queued on one "
+                    "connection (replica_limits.max_lanes_per_connection)",
+                    "too_many_lanes",
+                )
+            queue = self.lanes[event.lane] = collections.deque()
+            worker = asyncio.create_task(self._run_lane(event.lane, queue))
+            self.workers.add(worker)
+            worker.add_done_callback(self.workers.discard)
+        queue.append((event, size))
+
+    async def _run_lane(self, lane: str | None, queue: collections.deque[tuple[CreateEvent, int]]) -> None:
+        """The lane's responses in order; the lane is gone once its queue is empty (no await
+        between the last check and the removal, so a new create starts a new worker)."""
+        try:
+            while queue:
+                event, _ = queue[0]
+                try:
+                    await self._respond(event)
+                except ClientGone:
+                    raise
+                except Exception:  # a bug of ours: the client still hears of it, the lane goes on
+                    logger.exception("unexpected error")
+                    await self._send(error_message(server_error("The server had an error while processing your request."), event.lane))
+                self.budget.give(queue.popleft()[1])
+        except ClientGone:
+            pass
+        finally:
+            if self.lanes.get(lane) is queue:
+                del self.lanes[lane]
+            while queue:  # the connection went: what waited is dropped, its bytes given back
+                self.budget.give(queue.popleft()[1])
+
+    async def _respond(self, event: CreateEvent) -> None:
+        metrics = self.state.metrics
+        trace = RequestTrace(tenant=self.tenant.name)
+        try:
+            if event.error is not None:
+                raise event.error
+            assert event.request is not None  # a create without an error has its request
+            turn = await begin_turn(event.request, self.state, self.tenant, self.responses, trace)
+        except APIError as error:
+            report_once(metrics, trace, "rejected", error.code)
+            report_refusal(metrics, self.websocket.scope, error)
+            await self._send(error_message(error, event.lane))
+            return
+        events = run_turn(
+            turn,
+            self.responses,
+            self.state.max_stream_duration_s,
+            source=None if event.generate else PROMPT_ONLY,
+            refusal_window_s=REFUSAL_WINDOW_S,
+        )
+        try:
+            first = await first_events(events)
+        except APIError as error:  # engines at capacity: refused before it started
+            report_once(metrics, trace, "rejected", error.code)
+            report_refusal(metrics, self.websocket.scope, error)
+            await self._send(error_message(error, event.lane))
+            return
+        async with contextlib.aclosing(reported(prepended(first, events), turn, metrics)) as batches:
+            async for batch in batches:
+                for response_event in batch:
+                    await self._send(event_message(response_event, event.lane))
+        if turn.stream.continuable:
+            self.responses.remember(event.lane, turn.stream.response, turn.input_items, turn.stream.tool_texts)
+
+    async def _send(self, message: str) -> None:
+        """One whole message; a client that takes nothing for the send timeout is dropped:
+        the connection is ended (its responses aborted), not held by a reader that never reads."""
+        try:
+            async with self._sending, asyncio.timeout(self.limits.client_send_timeout_s):
+                await self.websocket.send_text(message)
+        except TimeoutError:
+            logger.warning("WebSocket dropped: the client took nothing for %g s", self.limits.client_send_timeout_s)
+            if self._receiver is not None and not self._dropped:
+                self._dropped = True
+                self._receiver.cancel()
+            raise ClientGone from None
+        except (WebSocketDisconnect, RuntimeError, OSError) as exc:  # closed under us
+            raise ClientGone from exc
