@@ -432,7 +432,7 @@ def main() -> None:
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     os.environ.setdefault("RAY_SERVE_ENABLE_DIRECT_INGRESS", "0")  # the proxy spreads streams over the ingress replicas
-    from deployments.builder import CLUSTER_ENV
+    from serve_app.config.cluster import CLUSTER_ENV
 
     for name, value in CLUSTER_ENV.items():  # as `make serve` starts Ray (HAProxy keeps streams across its reloads)
         os.environ.setdefault(name, value)

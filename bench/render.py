@@ -30,7 +30,7 @@ from serve_app.api.request import ResponsesRequest
 from serve_app.families.chat_template import ChatTemplateModel
 from serve_app.families.harmony import HarmonyModel
 from serve_app.families.truncation import fit_to_context
-from serve_app.runtime.run import ModelFamily
+from serve_app.runtime.turn import ModelFamily
 
 RESULTS = Path(__file__).parent / "results"
 SOURCES = sorted(Path(__file__).parent.parent.glob("serve_app/**/*.py"))

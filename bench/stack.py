@@ -43,7 +43,7 @@ SERVE_MODES = {
 def make_serve_env() -> dict[str, str]:
     """The environment `responses-serve run` (and so `make serve`) starts Serve with
     (`cluster_env`: Serve's HAProxy ingress, our HAProxy); an exported value wins."""
-    from deployments.builder import cluster_env
+    from serve_app.config.cluster import cluster_env
 
     return {**os.environ, **cluster_env()}
 

@@ -1,4 +1,4 @@
-"""Everything that imports Ray: the Serve application builder and its deployments, thin shells over `serve_app.server` and `serve_app.engines`."""
+"""Every Ray Serve deployment and the builder (`builder.build_app`): thin shells over `serve_app`, which may import anything of it."""
 
 import logging
 

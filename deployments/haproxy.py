@@ -29,16 +29,11 @@ import signal
 import sys
 from pathlib import Path
 
+from serve_app.config.cluster import HAPROXY_COMMAND
 from serve_app.engines.cpu_cores import leave_batch_policy
 
-NAME = "responses-serve-haproxy"
 PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 HTTP_REQUEST_TIMEOUT_S = int(os.environ.get("RESPONSES_SERVE_HTTP_REQUEST_TIMEOUT_S", "30"))  # request headers arrive within this, or a 408
-
-
-def installed_path() -> str:
-    """Where pip put this command, beside the running interpreter."""
-    return str(Path(sys.executable).parent / NAME)
 
 
 def main() -> None:
@@ -69,7 +64,7 @@ def with_request_timeout(args: list[str], timeout_s: int = HTTP_REQUEST_TIMEOUT_
                 copy.write_text(patched)
                 out[index + 1] = str(copy)
         except OSError as exc:
-            print(f"{NAME}: {path} left without timeout http-request: {exc}", file=sys.stderr)
+            print(f"{HAPROXY_COMMAND}: {path} left without timeout http-request: {exc}", file=sys.stderr)
     return out
 
 
@@ -93,4 +88,4 @@ def stop_with_parent() -> None:
     if ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0) != 0:
         return  # not available: Serve's own shutdown still stops HAProxy
     if os.getppid() != parent:  # the parent died before the kernel was asked
-        sys.exit(f"{NAME}: the process that started it is gone")
+        sys.exit(f"{HAPROXY_COMMAND}: the process that started it is gone")

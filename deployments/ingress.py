@@ -29,7 +29,7 @@ from serve_app.core.tokens import EngineRejected, GenerationRequest, TokenBatch
 from serve_app.engines.cpu_cores import leave_batch_policy
 from serve_app.runtime.models import served_model
 from serve_app.runtime.reasoning_keys import reasoning_keys
-from serve_app.runtime.run import Unavailable
+from serve_app.runtime.turn import Unavailable
 from serve_app.server.app import create_app
 from serve_app.state import MemoryStore, Store
 from serve_app.tools.builtin.transport import TransportFactory

@@ -14,9 +14,8 @@ from pathlib import Path
 import pytest
 from hypothesis import settings
 
-from deployments import haproxy
-from deployments.builder import cluster_env
 from serve_app.cli.launch import SIDE_PORTS
+from serve_app.config.cluster import cluster_env, haproxy_installed_path
 from serve_app.server.local import QWEN3_REPLAY as LOCAL_QWEN3_REPLAY
 
 # No example may fail for its time (a timed assertion: the machine's load decides it); CI
@@ -57,7 +56,7 @@ def free_port() -> int:
 # sharing its port with another cluster's, requests could reach that cluster's app).
 os.environ.update(cluster_env())
 os.environ["RAY_SERVE_ENABLE_HA_PROXY"] = "1"
-os.environ["RAY_SERVE_HAPROXY_BINARY_PATH"] = haproxy.installed_path()  # no splicing
+os.environ["RAY_SERVE_HAPROXY_BINARY_PATH"] = haproxy_installed_path()  # no splicing
 for _listener in SIDE_PORTS:  # HAProxy's stats and metrics, Serve's fallback proxy (shared port: see SIDE_PORTS)
     os.environ[_listener] = str(free_port())
 # Ray's processes report metrics every 2 s instead of 10 s: the metric tests see what they

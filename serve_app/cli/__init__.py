@@ -1,4 +1,5 @@
-"""`responses-serve`: the command line (run, config validate, config schema, doctor, tool).
+"""`responses-serve`: the command line (run, config validate, config schema, doctor, tool), the
+outermost shell: may import every layer and Ray (it starts Serve by import path), never `deployments`.
 
 Exit codes: 0 done; 1 the config, the machine or the server failed (the message says where);
 2 the command line itself is wrong (typer's usage errors, contradicting flags).
@@ -212,9 +213,9 @@ def doctor() -> None:
 
 def _mount_tools() -> None:
     """`responses-serve tool ...`: the tool servers' commands, where the tools are installed."""
-    if importlib.util.find_spec("serve_app.tools.cli") is None:
+    if importlib.util.find_spec("serve_app.cli.tools") is None:
         return
-    tools = importlib.import_module("serve_app.tools.cli")
+    tools = importlib.import_module("serve_app.cli.tools")
     app.add_typer(tools.tool_app, name="tool")
 
 

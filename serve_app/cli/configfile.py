@@ -16,10 +16,11 @@ from typing import Any
 
 import yaml
 from pydantic import ValidationError
+from ray.serve.config import AutoscalingConfig
 from ray.serve.schema import ServeDeploySchema
 
-from deployments.builder import DEFAULT_ARGS, check_app_config, cluster_env
 from serve_app.config import AppConfig, ConfigError, ModelConfig, ReplayBackendConfig, VLLMBackendConfig, config_problems
+from serve_app.config.cluster import DEFAULT_ARGS, check_app_config, cluster_env
 
 BUILDER = "deployments.builder:build_app"
 
@@ -85,7 +86,7 @@ def check_serve_file(document: dict[str, Any], environ: Mapping[str, str] | None
             continue  # another application: Serve's schema is all we know of it
         args = document["applications"][index].get("args") or DEFAULT_ARGS  # as build_app
         try:
-            config = check_app_config(args, environ)
+            config = check_app_config(args, environ, autoscaling_schema=AutoscalingConfig)
         except ConfigError as exc:
             problems += exc.under(f"applications[{index}].args").problems
             continue

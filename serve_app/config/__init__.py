@@ -1,4 +1,5 @@
-"""Typed configuration of the application: the `args` of a Serve config file.
+"""Typed configuration of the application: the `args` of a Serve config file (imports `state/`
+and below; `cluster.py`: where its Serve cluster starts).
 
     applications:
       - name: responses

@@ -1,1 +1,1 @@
-"""The pure core: tokens in, the response stream, events out (imports only `api/`)."""
+"""The pure core: tokens in, the response stream, events out. Imports only `api/`."""

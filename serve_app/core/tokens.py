@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+from collections.abc import AsyncGenerator
 from dataclasses import dataclass, field
 from operator import attrgetter
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 FinishReason = Literal["stop", "length", "abort"]
 
@@ -105,3 +106,13 @@ class TokenBatch:
 
 # Every field, in the constructor's order (a field added to TokenBatch is pickled too).
 _batch_fields = attrgetter(*TokenBatch.__slots__)
+
+
+class TokenSource(Protocol):
+    """What makes tokens: an engine (`serve_app.engines.Backend` adds its control), a Serve
+    handle to one, a warm-up that generates nothing."""
+
+    def generate(self, request: GenerationRequest) -> AsyncGenerator[TokenBatch, None]:
+        """Stream the completion; the last batch carries `finish_reason`. Closing the
+        iterator early (client gone) must abort the request."""
+        ...

@@ -1,22 +1,14 @@
-"""Token backends: something that turns a `GenerationRequest` into `TokenBatch`es."""
+"""Engines: token sources that turn a `GenerationRequest` into `TokenBatch`es (replay, vLLM). Imports `config/` and below; the only home of vLLM."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator
 from typing import Protocol
 
-from serve_app.core.tokens import GenerationRequest, TokenBatch
+from serve_app.core.tokens import TokenSource
 
 
-class Backend(Protocol):
-    """The interface every engine backend implements (replay, vLLM)."""
-
-    def generate(self, request: GenerationRequest) -> AsyncGenerator[TokenBatch, None]:
-        """Stream the completion; the last batch carries `finish_reason`.
-
-        Closing the iterator early (client gone) must abort the request.
-        """
-        ...
+class Backend(TokenSource, Protocol):
+    """An engine backend (replay, vLLM): a token source with its control."""
 
     async def abort(self, request_id: str) -> None:
         """Stop a running request; a no-op for unknown ids."""

@@ -1,1 +1,1 @@
-"""What runs one response without HTTP: the run, the tool loop, background runs, offload."""
+"""What runs one response without HTTP: the turn, the run, the tool loop, background runs, offload. Imports every layer below `server/`, never an HTTP framework."""

@@ -9,8 +9,9 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 
 from serve_app.config import ModelConfig
+from serve_app.core.tokens import TokenSource
 from serve_app.families.harmony import HarmonyModel
-from serve_app.runtime.run import ModelFamily, ServedModel, TokenSource, Unavailable
+from serve_app.runtime.turn import ModelFamily, ServedModel, Unavailable
 
 
 def model_family(model: ModelConfig) -> ModelFamily:

@@ -4,7 +4,7 @@
     async for events in run_turn(turn, responses): ...    # a list of events per token batch
 
 The HTTP routes (serve_app/server/routes/) stream or collect these events; background runs drive
-the same generator. Imports `protocol` and `state`, never FastAPI.
+the same generator. Never imports FastAPI.
 """
 
 from __future__ import annotations
@@ -14,9 +14,8 @@ import contextlib
 import hashlib
 import logging
 import time
-from collections.abc import AsyncGenerator, Awaitable, Callable, Collection
-from dataclasses import dataclass, field
-from typing import Literal, NamedTuple, Protocol
+from collections.abc import AsyncGenerator, Collection
+from typing import NamedTuple
 
 from openai.types.responses import ResponseError, ResponseFailedEvent, ResponseStreamEvent
 
@@ -25,94 +24,21 @@ from serve_app.api.request import MessageItem, ResponsesRequest
 from serve_app.api.service_tier import engine_priority, served_tier
 from serve_app.core.encrypted_reasoning import INCLUDE as ENCRYPTED_REASONING
 from serve_app.core.encrypted_reasoning import ReasoningCipher, open_reasoning_items
-from serve_app.core.items import CompletionParser, ItemSink
 from serve_app.core.logprobs import LogprobFormatter
 from serve_app.core.stream import ResponseStream, new_id
-from serve_app.core.tokens import EngineRejected, GenerationRequest, OutputConstraint, TokenBatch
-from serve_app.families.harmony import HarmonyModel, HistoryItem
-from serve_app.families.prompt_cache import PromptCache
+from serve_app.core.tokens import EngineRejected, GenerationRequest, TokenBatch, TokenSource
+from serve_app.families.harmony import HistoryItem
 from serve_app.families.truncation import fit_to_context, output_reserve
 from serve_app.runtime.metrics import RequestTrace
 from serve_app.runtime.offload import big_prompt, off_loop
-from serve_app.runtime.tool_loop import ContextFull, ToolRounds
+from serve_app.runtime.tool_loop import ToolRounds
+from serve_app.runtime.turn import ContextFull, ServedModel, Turn, engine_request
 from serve_app.state import ResponseStore, StoreUnavailable
 from serve_app.state.conversations import ConversationStore, conversation_not_found
-from serve_app.state.quotas import Admission
 from serve_app.state.responses import with_ids
 from serve_app.tools.server_tools import ResponseTools, ServerToolRuntime, StreamTooLong, until
 
 logger = logging.getLogger("responses_serve")
-
-
-class TokenSource(Protocol):
-    def generate(self, request: GenerationRequest) -> AsyncGenerator[TokenBatch, None]: ...
-
-
-class ModelFamily(Protocol):
-    """How a kind of model is prompted and parsed (`HarmonyModel`, `ChatTemplateModel`)."""
-
-    stop_token_ids: list[int]
-    prompt_cache: PromptCache | None  # token ids of prompt pieces rendered before
-
-    def render_prompt(self, request: ResponsesRequest, history: list[HistoryItem]) -> list[int]: ...
-    def continue_prompt(
-        self, request: ResponsesRequest, history: list[HistoryItem], prompt: list[int], completion: list[int], new_items: list[HistoryItem]
-    ) -> list[int]: ...  # the tool loop's next round (serve_app/runtime/tool_loop.py)
-    def parser(self, sink: ItemSink, prompt: list[int]) -> CompletionParser: ...
-    def token_bytes(self, token_id: int) -> bytes: ...
-    def writes_text(self, token_id: int) -> bool: ...
-    def constraint(self, request: ResponsesRequest, prompt: list[int]) -> OutputConstraint | None: ...
-
-
-@dataclass(frozen=True, slots=True)
-class Unavailable:
-    """Why a model cannot take requests now: `loading` (its engine is starting or being
-    replaced; it will serve) or `unavailable` (its engine failed; it may not), and the
-    detail a client may see (e.g. its engine deployment's status in Serve)."""
-
-    status: Literal["loading", "unavailable"]
-    reason: str
-
-
-@dataclass(frozen=True, slots=True)
-class ServedModel:
-    name: str
-    source: TokenSource
-    max_model_len: int = 131_072
-    family: ModelFamily = field(default_factory=HarmonyModel)
-    owned_by: str = "responses-serve"
-    # Why the model cannot take requests now (e.g. its engine deployment has no running
-    # replica), or None: such requests get a 503 instead of waiting for an engine, and the
-    # readiness route (`/ready`) says the model is not ready.
-    unavailable: Callable[[str], Awaitable[Unavailable | None]] | None = None
-    # Whether its requests are ordered by `service_tier` where they wait (`ModelConfig.tiered`);
-    # if not, every response reports the `default` tier.
-    tiered: bool = False
-
-
-@dataclass(slots=True)
-class Turn:
-    """One response being made: the request, this turn's own input, and its stream."""
-
-    request: ResponsesRequest
-    model: ServedModel
-    input_items: list[HistoryItem]
-    prompt: list[int]
-    generation: GenerationRequest
-    stream: ResponseStream
-    store_error: StoreUnavailable | None = None  # set when the finished response could not be stored
-    conversations: ConversationStore | None = None  # with the `conversation` parameter
-    trace: RequestTrace = field(default_factory=RequestTrace)  # timings and counts for metrics
-    # Its place within the tenant's quotas (None: the tenant has none): `run_turn` counts its
-    # output tokens on it and releases it at the end; the tool loop charges tools on it.
-    admission: Admission | None = None
-    history: list[HistoryItem] = field(default_factory=list)  # the conversation the prompt was rendered from
-    tools: ResponseTools | None = None  # server-side tools (the tool loop), if the request has any
-    rounds: ToolRounds | None = None  # the tool loop, once it runs
-
-    def tools_offered(self) -> ResponsesRequest:
-        """The request as the model is prompted with it: with its server-side tools."""
-        return self.tools.offer(self.request) if self.tools is not None else self.request
 
 
 class RenderCost(NamedTuple):
@@ -230,9 +156,23 @@ async def start_turn(
     trace.render_s, trace.prompt_reused_tokens, trace.prompt_tokenized_tokens = cost.seconds, cost.reused_tokens, cost.tokenized_tokens
     tier = served_tier(request.service_tier, model.tiered, service_tiers)
     trace.service_tier = tier
-    generation = generation_request(
-        offered, prompt, model, affinity=rendered.affinity_key, priority=engine_priority(tier), cache_salt=cache_salt
-    )
+    try:
+        generation = engine_request(
+            offered,
+            prompt,
+            model,
+            request_id=new_id("resp"),
+            affinity=rendered.affinity_key,
+            priority=engine_priority(tier),
+            cache_salt=cache_salt,
+        )
+    except ContextFull as exc:
+        raise invalid_request(
+            f"This model's maximum context length is {exc.max_model_len} tokens, but the input has {exc.prompt_tokens} tokens. "
+            "Shorten the input.",
+            param="input",
+            code="context_length_exceeded",
+        ) from None
     stream = ResponseStream(
         request,
         response_id=generation.request_id,
@@ -279,10 +219,9 @@ async def run_turn(
     model's engine unless given)."""
     stream = turn.stream
     source = source or turn.model.source
-    if turn.tools is not None and source is turn.model.source:
-        turn.rounds = ToolRounds(turn, turn.tools)
+    rounds = ToolRounds(turn, turn.tools) if turn.tools is not None and source is turn.model.source else None
     meter = _OutputMeter(turn)
-    generated = engine_events(stream, source, turn.generation, turn.trace, max_duration_s, refusal_window_s, turn.rounds)
+    generated = engine_events(stream, source, turn.generation, turn.trace, max_duration_s, refusal_window_s, rounds)
     async with contextlib.aclosing(generated) as batches:
         try:
             async for events in batches:
@@ -466,9 +405,13 @@ async def _guarded(
             f"The response was still being generated after {max_duration_s:g} s, this server's maximum stream "
             "duration, and was ended. Ask for fewer output tokens (max_output_tokens)."
         )
-    except ContextFull as exc:
-        logger.warning("response %s: %s", stream.response.id, exc)
-        yield stream.fail(str(exc), code="invalid_prompt")
+    except ContextFull as exc:  # a round of the tool loop (the first prompt was checked before the response began)
+        message = (
+            f"With the tools' output the conversation has {exc.prompt_tokens} tokens, more than this model's context "
+            f"({exc.max_model_len}): ask the tools for less output, or start a new conversation."
+        )
+        logger.warning("response %s: %s", stream.response.id, message)
+        yield stream.fail(message, code="invalid_prompt")
     except APIError as exc:  # the request cannot go on once the tools are known (a tool_choice they lack)
         yield stream.fail(exc.message, code="invalid_prompt")
     except EngineRejected as exc:  # vLLM's validation or admission control: its words are for the client
@@ -534,36 +477,3 @@ async def _until(batches: AsyncGenerator[TokenBatch, None], deadline: float | No
         except StopAsyncIteration:
             return
         yield batch
-
-
-def generation_request(
-    request: ResponsesRequest,
-    prompt: list[int],
-    model: ServedModel,
-    *,
-    affinity: str | None,
-    priority: int,
-    cache_salt: str | None = None,
-) -> GenerationRequest:
-    max_model_len = model.max_model_len
-    room = max_model_len - len(prompt)
-    if room < 1:
-        raise invalid_request(
-            f"This model's maximum context length is {max_model_len} tokens, but the input has {len(prompt)} tokens. Shorten the input.",
-            param="input",
-            code="context_length_exceeded",
-        )
-    max_tokens = min(request.max_output_tokens or room, room)
-    return GenerationRequest(
-        request_id=new_id("resp"),
-        prompt_token_ids=prompt,
-        stop_token_ids=model.family.stop_token_ids,
-        max_tokens=max_tokens,
-        temperature=request.temperature,
-        top_p=request.top_p,
-        logprobs=request.logprobs,
-        constraint=model.family.constraint(request, prompt),
-        affinity_key=affinity,
-        priority=priority,
-        cache_salt=cache_salt,
-    )

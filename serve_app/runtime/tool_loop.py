@@ -23,25 +23,18 @@ import logging
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from openai.types.responses import ResponseStreamEvent
 
 from serve_app.api.request import ResponsesRequest
 from serve_app.core.tokens import GenerationRequest, TokenBatch
 from serve_app.runtime.offload import big_prompt, off_loop
+from serve_app.runtime.turn import Turn, engine_request
 from serve_app.state import StoreUnavailable
 from serve_app.state.responses import output_as_input
 from serve_app.tools.server_tools import ResponseTools
 
 logger = logging.getLogger("responses_serve")
-
-if TYPE_CHECKING:
-    from serve_app.runtime.run import Turn
-
-
-class ContextFull(Exception):
-    """The next round's prompt leaves no room for output in the model's context."""
 
 
 @dataclass(slots=True)
@@ -161,30 +154,17 @@ class ToolRounds:
             logger.warning("response %s: tool loop not counted in the quota: %s", self.turn.stream.response.id, exc.message)
 
     def _generation(self, prompt: list[int], offered: ResponsesRequest, request_id: str, *, pinned: bool) -> GenerationRequest:
-        turn = self.turn
-        model, previous = turn.model, turn.generation
-        room = model.max_model_len - len(prompt)
-        if room < 1:
-            raise ContextFull(
-                f"With the tools' output the conversation has {len(prompt)} tokens, more than this model's context "
-                f"({model.max_model_len}): ask the tools for less output, or start a new conversation."
-            )
-        budget = turn.request.max_output_tokens
-        left = room if budget is None else min(room, budget - turn.stream.output_tokens)
-        return GenerationRequest(
+        previous = self.turn.generation
+        return engine_request(
+            offered,
+            prompt,
+            self.turn.model,
             request_id=request_id,
-            prompt_token_ids=prompt,
-            stop_token_ids=previous.stop_token_ids,
-            max_tokens=max(1, left),
-            temperature=previous.temperature,
-            top_p=previous.top_p,
-            seed=previous.seed,
-            logprobs=previous.logprobs,
-            constraint=model.family.constraint(offered, prompt),
-            affinity_key=previous.affinity_key,
+            affinity=previous.affinity_key,
             priority=previous.priority,
-            replica=self.replica if pinned else None,
             cache_salt=previous.cache_salt,  # the tenant's cached prefix: this round's prompt starts with it
+            output_tokens=self.turn.stream.output_tokens,
+            replica=self.replica if pinned else None,
         )
 
 

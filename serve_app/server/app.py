@@ -28,13 +28,13 @@ from serve_app.api.sse import encode_events
 from serve_app.config import DEFAULT_SSE_KEEPALIVE_S, AuthConfig, ReplicaLimits, ToolsConfig
 from serve_app.core.encrypted_reasoning import ReasoningCipher
 from serve_app.core.stream import ResponseStream
-from serve_app.core.tokens import TokenBatch
+from serve_app.core.tokens import TokenBatch, TokenSource
 from serve_app.families.harmony import HarmonyParser, render_completion, render_prompt
 from serve_app.runtime.admission import ByteBudget
 from serve_app.runtime.background import BackgroundRuns, default_replica_id
 from serve_app.runtime.metrics import GuardedMetrics, Metrics, NoMetrics, report_once, report_refusal
 from serve_app.runtime.reasoning_keys import reasoning_keys as configured_reasoning_keys
-from serve_app.runtime.run import ModelFamily, ServedModel, TokenSource, Unavailable
+from serve_app.runtime.turn import ModelFamily, ServedModel, Unavailable
 from serve_app.server.auth import ANONYMOUS, AuthMiddleware, Keyring, warn_if_open
 from serve_app.server.rate_headers import RateLimitHeaders
 from serve_app.server.routes import background as background_routes

@@ -1,4 +1,4 @@
-"""What outlives one request: the store interface (`store`), its backends (`memory`,
+"""State, what outlives one request (imports `families/` and below; the only home of Redis): the store interface (`store`), its backends (`memory`,
 `redis`; the embedded store deployment lives in `deployments/store.py`) and the Responses
 API's stored state on top (`responses`). Never imports FastAPI or Ray."""
 

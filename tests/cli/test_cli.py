@@ -167,7 +167,7 @@ def test_unknown_context_length_and_config_errors_say_what_to_do(tmp_path):
 
 
 def test_cluster_env_defaults_and_exported_values_win():
-    from deployments.builder import CLUSTER_ENV, cluster_env
+    from serve_app.config.cluster import CLUSTER_ENV, cluster_env
 
     defaults = cluster_env({})
     assert defaults.items() >= CLUSTER_ENV.items()

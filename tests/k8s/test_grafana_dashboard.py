@@ -65,7 +65,8 @@ def test_panels_have_unique_ids_and_datasource_variable():
 
 def test_the_generator_is_not_in_the_installed_package():
     """grafana-foundation-sdk is a development dependency: nothing installed imports it."""
+    import deployments
     import serve_app
 
-    package = Path(serve_app.__file__).parent
-    assert not [p for p in package.rglob("*.py") if "grafana_foundation_sdk" in p.read_text()]
+    for package in (Path(serve_app.__file__).parent, Path(deployments.__file__).parent):
+        assert not [p for p in package.rglob("*.py") if "grafana_foundation_sdk" in p.read_text()]

@@ -188,7 +188,7 @@ def test_the_cluster_wide_serve_settings_are_the_same_for_responses_serve_run_an
     `make serve` is that command."""
     import re
 
-    from deployments.builder import CLUSTER_ENV, cluster_env
+    from serve_app.config.cluster import CLUSTER_ENV, cluster_env
 
     manifest = rayservice(path)
     (head,) = _groups(manifest)[0]["template"]["spec"]["containers"]
@@ -208,9 +208,8 @@ def test_every_pod_runs_serves_haproxy_ingress(path):
     """Serve's settings are read by the processes of each Ray node: every container, workers
     included, turns on the HAProxy ingress as the head does (an ingress replica serves HTTP
     on a port of its own only where its node's processes see it), and names our HAProxy."""
-    from deployments import haproxy
-    from deployments.builder import CLUSTER_ENV, HAPROXY_HARD_STOP_AFTER
     from serve_app.config import SHUTDOWN_MARGIN_S
+    from serve_app.config.cluster import CLUSTER_ENV, HAPROXY_COMMAND, HAPROXY_HARD_STOP_AFTER
 
     manifest = rayservice(path)
     for group in _groups(manifest):
@@ -218,7 +217,7 @@ def test_every_pod_runs_serves_haproxy_ingress(path):
         env = {e["name"]: e.get("value") for e in container["env"]}
         assert env["RAY_SERVE_ENABLE_HA_PROXY"] == CLUSTER_ENV["RAY_SERVE_ENABLE_HA_PROXY"] == "1"
         assert "RAY_SERVE_ENABLE_DIRECT_INGRESS" not in env  # HAProxy turns it on itself
-        assert env["RAY_SERVE_HAPROXY_BINARY_PATH"].endswith(f"/bin/{haproxy.NAME}")  # no splicing
+        assert env["RAY_SERVE_HAPROXY_BINARY_PATH"].endswith(f"/bin/{HAPROXY_COMMAND}")  # no splicing
         # Each node's HAProxy keeps a stream across its reloads (scaling) as long as it may last.
         assert env[HAPROXY_HARD_STOP_AFTER] == CLUSTER_ENV[HAPROXY_HARD_STOP_AFTER]
         assert float(env[HAPROXY_HARD_STOP_AFTER]) >= _app_config(manifest).max_stream_duration_s + SHUTDOWN_MARGIN_S

@@ -47,12 +47,12 @@ def _head_environment(service: dict, valkey, namespace: str, token: str) -> dict
             environment[name] = API_KEYS[ref["key"]] if ref["name"] == "responses-serve-api-keys" else secret_values[ref["name"]]
         else:
             environment[name] = entry["value"].replace("responses-serve-redis:6379", local)
-    from deployments import haproxy
+    from serve_app.config.cluster import haproxy_installed_path
 
     gcs = service["spec"]["rayClusterConfig"]["gcsFaultToleranceOptions"]
     environment.update(
         {
-            "RAY_SERVE_HAPROXY_BINARY_PATH": haproxy.installed_path(),  # the image's path is not this machine's
+            "RAY_SERVE_HAPROXY_BINARY_PATH": haproxy_installed_path(),  # the image's path is not this machine's
             "RAY_SERVE_HAPROXY_STATS_PORT": str(free_port()),
             "RAY_SERVE_HAPROXY_METRICS_PORT": str(free_port()),
             "RAY_AUTH_MODE": service["spec"]["rayClusterConfig"]["authOptions"]["mode"],

@@ -35,10 +35,14 @@ def test_typos_are_caught():
         AppConfig.model_validate({"models": [{"name": "m"}, {"name": "m"}]})
     with pytest.raises(ValueError, match="num_replicas or autoscaling_config"):
         AppConfig.model_validate({"models": [{"name": "m", "engine": {"num_replicas": 2, "autoscaling_config": {"max_replicas": 4}}}]})
-    from deployments.builder import check_app_config
+    from ray.serve.config import AutoscalingConfig
 
+    from serve_app.config.cluster import check_app_config
+
+    args = {"models": [{"name": "m", "engine": {"autoscaling_config": {"min_replicas": 5, "max_replicas": 2}}}]}
     with pytest.raises(ValueError, match=r"(?s)models\[0\]\.engine\.autoscaling_config: .*min_replicas"):
-        check_app_config({"models": [{"name": "m", "engine": {"autoscaling_config": {"min_replicas": 5, "max_replicas": 2}}}]})
+        check_app_config(args, autoscaling_schema=AutoscalingConfig)
+    check_app_config(args, autoscaling_schema=None)  # without Serve's schema (no Ray imported): the rest of the checks only
 
 
 def test_build_app_rejects_bad_args_with_a_clear_message():
@@ -294,7 +298,10 @@ def test_embedded_builtin_tools_are_deployments_of_the_app_routed_to_their_state
     """`tools.builtin.*.embedded`: a CPU deployment per tool (PythonTool, BrowserTool) with its
     own Serve options, routed by ToolRouter (a call reaches the replica holding its container
     or session), bound to the ingress; a tool at a `url` is no deployment."""
-    from deployments.builder import build_app, check_app_config
+    from ray.serve.config import AutoscalingConfig
+
+    from deployments.builder import build_app
+    from serve_app.config.cluster import check_app_config
 
     autoscaling = {"min_replicas": 1, "max_replicas": 4, "target_ongoing_requests": 8}
     builtin = {
@@ -318,9 +325,10 @@ def test_embedded_builtin_tools_are_deployments_of_the_app_routed_to_their_state
     bad = {"min_replicas": 3, "max_replicas": 1}
     with pytest.raises(ValueError, match=r"tools\.builtin\.python\.embedded\.deployment\.autoscaling_config"):
         check_app_config(
-            {"models": [{"name": "a"}], "tools": {"builtin": {"python": {"embedded": {"deployment": {"autoscaling_config": bad}}}}}}
+            {"models": [{"name": "a"}], "tools": {"builtin": {"python": {"embedded": {"deployment": {"autoscaling_config": bad}}}}}},
+            autoscaling_schema=AutoscalingConfig,
         )
     with pytest.raises(ValueError, match="either embedded"):
-        check_app_config({"models": [{"name": "a"}], "tools": {"builtin": {"python": {}}}})
+        check_app_config({"models": [{"name": "a"}], "tools": {"builtin": {"python": {}}}}, autoscaling_schema=None)
     with pytest.raises(ValueError, match="search_url"):
-        check_app_config({"models": [{"name": "a"}], "tools": {"builtin": {"browser": {"embedded": {}}}}})
+        check_app_config({"models": [{"name": "a"}], "tools": {"builtin": {"browser": {"embedded": {}}}}}, autoscaling_schema=None)

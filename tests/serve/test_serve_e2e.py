@@ -197,8 +197,8 @@ def test_haproxy_keeps_streams_across_its_reloads_as_long_as_the_longest_may_las
     """Serve reloads HAProxy at every change of replicas; the old process cuts what it still
     carries after `hard-stop-after`. The session's HAProxy (started as `make serve` starts
     it) keeps a stream at least the app's longest stream plus the drain margin."""
-    from deployments.builder import CLUSTER_ENV, HAPROXY_HARD_STOP_AFTER
     from serve_app.config import SHUTDOWN_MARGIN_S, AppConfig
+    from serve_app.config.cluster import CLUSTER_ENV, HAPROXY_HARD_STOP_AFTER
 
     longest = AppConfig.model_validate(E2E_ARGS).max_stream_duration_s
     hard_stop = re.findall(r"^\s*hard-stop-after (\d+)s$", session_haproxy_config(), re.M)

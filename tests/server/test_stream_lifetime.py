@@ -47,7 +47,7 @@ def test_haproxy_keeps_a_stream_across_its_reloads_as_long_as_the_longest_may_la
     """Serve reloads HAProxy at every scaling event, and its old process cuts what it still
     carries after `hard-stop-after` (Serve's default: 120 s). `make serve`'s environment
     (CLUSTER_ENV) outlasts the default longest stream; a longer one is refused by name."""
-    from deployments.builder import CLUSTER_ENV, HAPROXY_HARD_STOP_AFTER, check_haproxy_keeps_streams
+    from serve_app.config.cluster import CLUSTER_ENV, HAPROXY_HARD_STOP_AFTER, check_haproxy_keeps_streams
 
     assert float(CLUSTER_ENV[HAPROXY_HARD_STOP_AFTER]) >= DEFAULT_MAX_STREAM_DURATION_S + SHUTDOWN_MARGIN_S
     check_haproxy_keeps_streams(DEFAULT_MAX_STREAM_DURATION_S, CLUSTER_ENV)

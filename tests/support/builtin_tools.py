@@ -23,7 +23,7 @@ PYTHON_OPTIONS += ["--max-containers", "64", "--max-containers-per-owner", "48"]
 def tool_server(kind: str, *options: str) -> Iterator[str]:
     """A `responses-serve tool KIND` server on a free loopback port; yields its MCP URL."""
     port = free_port()
-    argv = [sys.executable, "-m", "serve_app.tools", kind, "--port", str(port), *options]
+    argv = [sys.executable, "-m", "serve_app.cli.tools", kind, "--port", str(port), *options]
     process = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         deadline = time.monotonic() + 60

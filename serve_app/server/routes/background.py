@@ -14,7 +14,8 @@ from starlette.datastructures import QueryParams
 from serve_app.api.errors import invalid_request, response_not_found, server_full
 from serve_app.runtime.background import BackgroundRuns
 from serve_app.runtime.metrics import report_response
-from serve_app.runtime.run import Turn, run_turn
+from serve_app.runtime.run import run_turn
+from serve_app.runtime.turn import Turn
 from serve_app.server.routes.event_stream import EventStreamResponse
 from serve_app.server.tenants import TenantState, tenant_state
 

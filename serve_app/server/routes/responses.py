@@ -23,7 +23,8 @@ from serve_app.api.sse import encode_events
 from serve_app.runtime.admission import ByteBudget
 from serve_app.runtime.metrics import Metrics, RequestTrace, report_once, report_response
 from serve_app.runtime.offload import parse_body_off_loop
-from serve_app.runtime.run import REFUSAL_WINDOW_S, Turn, run_turn, start_turn
+from serve_app.runtime.run import REFUSAL_WINDOW_S, run_turn, start_turn
+from serve_app.runtime.turn import Turn
 from serve_app.server.auth import tenant_of
 from serve_app.server.routes.background import (
     check_background_room,

@@ -25,8 +25,8 @@ import cachetools
 import mcp_types as types
 from mcp.server.context import ServerRequestContext
 from mcp.server.lowlevel.server import Server
-from starlette.applications import Starlette
 
+from serve_app.tools.asgi import ASGIApp
 from serve_app.tools.browser import page
 from serve_app.tools.browser.browser import Browser, BrowserSession, Outcome
 from serve_app.tools.browser.meta import ALLOWED_DOMAINS_META_KEY, RESULT_META_KEY, SESSION_META_KEY, cited_pages
@@ -172,7 +172,7 @@ def create_server(browser: Browser, sessions: SessionStore) -> Server[Any]:
     )
 
 
-def create_app(browser: Browser, *, host: str = "127.0.0.1", max_sessions: int = 1024, session_ttl_s: float = 1800.0) -> Starlette:
+def create_app(browser: Browser, *, host: str = "127.0.0.1", max_sessions: int = 1024, session_ttl_s: float = 1800.0) -> ASGIApp:
     """The ASGI app: the MCP endpoint at `/mcp` (run its lifespan: uvicorn does)."""
     page.warm_up()  # the view's tokenizer, loaded now rather than in the first call
     server = create_server(browser, SessionStore(browser, max_sessions=max_sessions, ttl_s=session_ttl_s))

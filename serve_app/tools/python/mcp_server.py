@@ -25,8 +25,8 @@ from typing import Any
 import mcp.types as types
 from mcp.server import Server
 from openai_harmony import ToolNamespaceConfig
-from starlette.applications import Starlette
 
+from serve_app.tools.asgi import ASGIApp
 from serve_app.tools.python.containers import ContainerError, ContainerManager
 
 TOOL_NAME = "python"
@@ -110,7 +110,7 @@ def _failure(reason: str, message: str) -> types.CallToolResult:
     return types.CallToolResult(content=[types.TextContent(type="text", text=message)], is_error=True, _meta={META_STATUS: reason})
 
 
-def mcp_app(manager: ContainerManager, *, host: str = "127.0.0.1") -> Starlette:
+def mcp_app(manager: ContainerManager, *, host: str = "127.0.0.1") -> ASGIApp:
     """The ASGI app serving the tool at /mcp. Stateless: every call carries what it needs in
     `_meta`, so no MCP session state is kept (the containers are the state)."""
     return mcp_server(manager).streamable_http_app(streamable_http_path="/mcp", stateless_http=True, json_response=True, host=host)

@@ -1,4 +1,4 @@
-"""`python -m serve_app.tools browser ...` serves the browser over MCP; a hosted API's
+"""`python -m serve_app.cli.tools browser ...` serves the browser over MCP; a hosted API's
 key reaches the API and nothing else (not the output, not the logs)."""
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ def web() -> Iterator[Web]:
 @contextmanager
 def browser_process(*args: str, env: dict[str, str] | None = None) -> Iterator[tuple[str, subprocess.Popen]]:
     port = free_port()
-    command = [sys.executable, "-m", "serve_app.tools", "browser", "--port", str(port), *args]
+    command = [sys.executable, "-m", "serve_app.cli.tools", "browser", "--port", str(port), *args]
     process = subprocess.Popen(command, env={**os.environ, **(env or {})}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         deadline = time.monotonic() + 120

@@ -53,7 +53,7 @@ class ToolServer:
 
 def start_server(secret: str, options: dict[str, str]) -> ToolServer:
     port = free_port()
-    argv = [sys.executable, "-m", "serve_app.tools", "python", "--port", str(port)]
+    argv = [sys.executable, "-m", "serve_app.cli.tools", "python", "--port", str(port)]
     argv += [item for pair in options.items() for item in pair]
     process = subprocess.Popen(argv, env={**os.environ, SECRET_NAME: secret}, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     for _ in range(600):

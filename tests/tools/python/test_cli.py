@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typer.testing import CliRunner
 
-from serve_app.tools.cli import tool_app
+from serve_app.cli.tools import tool_app
 from serve_app.tools.python.containers import ContainerLimits
 from serve_app.tools.python.sandbox import SandboxLimits
 

@@ -1,6 +1,6 @@
 """`responses-serve tool ...`: the built-in tools as MCP servers of their own.
 
-Mounted by the main command (serve_app/cli/); also `python -m serve_app.tools browser|python ...`.
+Mounted by the main command (serve_app/cli/); also `python -m serve_app.cli.tools browser|python ...`.
 """
 
 from __future__ import annotations
@@ -155,3 +155,7 @@ def python(
     except SandboxError as error:
         typer.echo(f"python tool: {error}", err=True)
         raise typer.Exit(1) from None
+
+
+if __name__ == "__main__":  # python -m serve_app.cli.tools browser|python ...
+    tool_app()
