@@ -10,12 +10,12 @@ FLAVOUR ?= $(shell nvidia-smi >/dev/null 2>&1 && echo gpu || echo cpu)
 # The Serve config `make serve` runs: `make serve CONFIG=serve_app/configs/gpt-oss-20b.yaml`.
 CONFIG ?= serve_app/configs/demo.yaml
 
-.PHONY: install serve test test-fast docs bench clean
+.PHONY: install serve check test test-fast docs bench clean
 
 install: $(STAMP)
 
-# Reinstall when the dependency list changes; otherwise nothing to do.
-$(STAMP): pyproject.toml Makefile
+# Reinstall when the project's dependencies change (pyproject.toml); otherwise nothing to do.
+$(STAMP): pyproject.toml
 	@echo "==> [1/5] virtualenv $(VENV) ($(PYTHON))"
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install --quiet --upgrade pip
@@ -48,21 +48,25 @@ endif
 serve: $(STAMP)
 	$(VENV)/bin/responses-serve run $(CONFIG)
 
-# The multi-node tests (tests/multinode) need a Ray cluster of their own: a second pytest
-# process (one Ray connection per process), after the main suite. CI's budget is 30 min:
-# the slowest tests are listed at the end of each run, to see where the time goes.
-test: $(STAMP)
+# The static checks, no pytest (seconds): lint, format, types, the layers, the docs build.
+check: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy
 	$(VENV)/bin/lint-imports
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict
+
+# Everything CI runs (.ci/run). The multi-node tests (tests/multinode) need a Ray cluster of
+# their own: a second pytest process (one Ray connection per process), after the main suite.
+# The slowest tests are listed at the end of each run, to see where the time goes.
+test: check
 	$(PY) -m pytest -q --durations=15
 	$(PY) -m pytest -q -m multinode --durations=5
 
-# The inner loop: no Ray cluster, no real engine (about a minute).
+# The inner loop: no Ray cluster, no real engine, no test marked slow (docs/development.md
+# gives its time on this machine).
 test-fast: $(STAMP)
-	$(PY) -m pytest -q -x -m "not multinode and not cluster and not engine"
+	$(PY) -m pytest -q -x -m "not multinode and not cluster and not engine and not slow"
 
 # The docs site (mkdocs.yml, docs/) into site/; `.venv/bin/mkdocs serve` previews it.
 docs: $(STAMP)

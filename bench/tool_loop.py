@@ -100,8 +100,7 @@ async def measure(model, runtime, url: str, calls: int, context_tokens: int) -> 
         if listing is None:
             listing = response.output[0].model_dump(mode="json")
             continue
-        assert turn.rounds is not None and len(turn.rounds.rounds) == 1
-        (tool_round,) = turn.rounds.rounds
+        (tool_round,) = turn.trace.tool_rounds
         assert tool_round.next_first_batch is not None
         rows.append(
             {

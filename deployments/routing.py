@@ -135,7 +135,7 @@ class EngineRouter(LocalityMixin, RequestRouter):
         """Give a replica found for one request to the most urgent waiting request (the oldest
         of the lowest priority) when that one is more urgent; else to the request it was found
         for, as Serve's router does. Overrides the hook Serve's `FIFOMixin` overrides, with the
-        helpers it uses; tests/serve/test_routing.py checks that they are still there."""
+        helpers it uses; tests/deployments/test_routing.py checks that they are still there."""
         if self.tiered:
             own = self._get_pending_request_matching_internal_request_id(request_metadata)
             waiting = (request for request in self._pending_requests_to_fulfill if not request.future.done())

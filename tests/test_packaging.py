@@ -23,7 +23,9 @@ def test_the_wheel_holds_serve_app_and_deployments_only(tmp_path):
     names = zipfile.ZipFile(wheel).namelist()
     top = {name.split("/")[0] for name in names if not name.split("/")[0].endswith(".dist-info")}
     assert top == {"serve_app", "deployments"}
-    assert {"serve_app/configs/demo.yaml", "serve_app/families/templates/qwen3.jinja", "serve_app/py.typed", "deployments/py.typed"} <= set(names)
+    assert {"serve_app/configs/demo.yaml", "serve_app/families/templates/qwen3.jinja", "serve_app/py.typed", "deployments/py.typed"} <= set(
+        names
+    )
     (entry_points,) = [name for name in names if name.endswith(".dist-info/entry_points.txt")]
     scripts = zipfile.ZipFile(wheel).read(entry_points).decode()
     assert "responses-serve = serve_app.cli:main" in scripts

@@ -666,7 +666,7 @@ class ResponsesRequest(_Lenient):
     # Served as `priority`, `default` or `flex` where the model orders by tier (service_tier.py).
     service_tier: ServiceTier | None = None
     text: TextConfig | None = None
-    # "auto": the oldest items are dropped to fit the context (protocol/truncation.py).
+    # "auto": the oldest items are dropped to fit the context (families/truncation.py).
     truncation: Literal["auto", "disabled"] | None = "disabled"
 
     @field_validator("input")

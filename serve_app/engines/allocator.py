@@ -5,7 +5,7 @@ Ray's wheel ships jemalloc for its own daemons. Preloaded into our replicas (the
 replica environment), it ends the RSS growth that glibc's per-thread arenas showed from run
 to run under load (ray-project/ray#53261). The path is this install's: a node with Ray
 installed elsewhere has the loader skip it with a warning, and glibc's malloc serves, with
-two arenas instead of up to 8 per core. Found without importing Ray (only serve/ does).
+two arenas instead of up to 8 per core. Found without importing Ray (only deployments/ does).
 """
 
 from __future__ import annotations

@@ -47,8 +47,22 @@ class RequestOutcome:
     render_s: float | None = None  # the prompt's rendering on the ingress's event loop
     prompt_reused_tokens: int = 0  # token ids of the renders taken from the prompt cache
     prompt_tokenized_tokens: int = 0  # ... and tokenized
-    service_tier: str = "default"  # the tier it was served in (protocol/service_tier.py)
+    service_tier: str = "default"  # the tier it was served in (api/service_tier.py)
     tenant: str = ""  # the caller's tenant ("" before it was known)
+
+
+@dataclass(slots=True)
+class ToolRound:
+    """One tool round's timings (perf_counter seconds) and its next generation's prompt."""
+
+    generated: float  # the round's generation ended
+    calls_started: float = 0.0
+    calls_ended: float = 0.0
+    next_first_batch: float | None = None  # the next generation's first batch came
+    tool_seconds: float = 0.0  # the tools' own time (the longest call of the round)
+    prompt_tokens: int = 0  # of the next generation
+    cached_tokens: int = 0
+    new_tokens: int = 0  # tokens the next prompt adds to the previous prompt and completion
 
 
 @dataclass(slots=True)
@@ -69,6 +83,7 @@ class RequestTrace:
     prompt_tokenized_tokens: int = 0
     service_tier: str = "default"
     tenant: str = ""
+    tool_rounds: list[ToolRound] = field(default_factory=list)  # the tool loop's rounds
     reported: bool = False
 
     def saw(self, batch: TokenBatch) -> None:

@@ -212,7 +212,7 @@ async def run_turn(
     source: TokenSource | None = None,
     refusal_window_s: float | None = None,
 ) -> AsyncGenerator[list[ResponseStreamEvent], None]:
-    """The events of `turn`. With `store`, a finished response is stored before its terminal
+    """The events of `turn`. With `request.store`, a finished response is stored before its terminal
     event goes out; if the store fails, that event becomes `response.failed`, so a client
     never holds the id of a response that is not there. `max_duration_s`,
     `refusal_window_s`: see `engine_events`. `source`: where the tokens come from (the

@@ -22,12 +22,12 @@ import functools
 import logging
 import time
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
 
 from openai.types.responses import ResponseStreamEvent
 
 from serve_app.api.request import ResponsesRequest
 from serve_app.core.tokens import GenerationRequest, TokenBatch
+from serve_app.runtime.metrics import ToolRound
 from serve_app.runtime.offload import big_prompt, off_loop
 from serve_app.runtime.turn import Turn, engine_request
 from serve_app.state import StoreUnavailable
@@ -37,20 +37,6 @@ from serve_app.tools.server_tools import ResponseTools
 logger = logging.getLogger("responses_serve")
 
 
-@dataclass(slots=True)
-class Round:
-    """One tool round's timings (perf_counter seconds) and its next generation's prompt."""
-
-    generated: float  # the round's generation ended
-    calls_started: float = 0.0
-    calls_ended: float = 0.0
-    next_first_batch: float | None = None  # the next generation's first batch came
-    tool_seconds: float = 0.0  # the tools' own time (the longest call of the round)
-    prompt_tokens: int = 0  # of the next generation
-    cached_tokens: int = 0
-    new_tokens: int = 0  # tokens the next prompt adds to the previous prompt and completion
-
-
 class ToolRounds:
     """The tool loop of one response (driven by `run.engine_events`)."""
 
@@ -58,7 +44,7 @@ class ToolRounds:
         self.turn, self.tools = turn, tools
         self.completion: list[int] = []  # this generation's tokens
         self.replica: str | None = None  # the engine replica of this generation
-        self.rounds: list[Round] = []
+        self.rounds = turn.trace.tool_rounds  # each round's timings, for metrics and bench.tool_loop
         self._generations = 1
         self._outputs_before = 0  # output items before this round's
 
@@ -102,7 +88,7 @@ class ToolRounds:
         """Run the round's calls (the stream has them), handing in their outcomes."""
         if not self.turn.stream.unfinished_calls:
             return
-        timing = Round(generated=time.perf_counter())
+        timing = ToolRound(generated=time.perf_counter())
         seen = len(self.tools.reports)
         async for events in self.tools.run_calls(self.turn.stream, deadline):
             yield events

@@ -100,7 +100,7 @@ def create_app(
     is given and is not a loopback address); keys named by `key_env` are read from `environ`
     (default: this process's environment) now, and a missing one fails here.
     `tools`: server-side tools (`builtin_tools`: how the embedded built-in tools are reached,
-    by name; serve/ passes their deployments' handles)."""
+    by name; deployments/ passes their deployments' handles)."""
     _warm_up()
     keyring = Keyring.from_config(auth, os.environ if environ is None else environ) if auth is not None else None
     if auth is None and listen_host is not None:

@@ -10,8 +10,8 @@ import aiohttp
 from bench.overload import one_request
 from serve_app.engines.replay import ReplayBackend
 from serve_app.server.app import ServedModel, create_app
-from tests.conftest import uvicorn_server
 from tests.server.test_failures import _RefusingBackend
+from tests.support.servers import uvicorn_server
 
 
 async def _answer(url: str):

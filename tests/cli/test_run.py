@@ -17,7 +17,7 @@ import pytest
 import yaml
 
 from serve_app.cli.launch import SIDE_PORTS
-from tests.conftest import free_port
+from tests.support.servers import free_port
 
 CONFIG = {
     "proxy_location": "HeadOnly",

@@ -3,7 +3,7 @@
 Every `output_text.delta` carries the logprobs of exactly the tokens whose text it starts,
 the final content part carries them all, for any batching; streaming equals non-streaming;
 values JSON cannot carry never reach the wire. The vLLM engine's own logprobs are tested in
-tests/serve/test_vllm_e2e.py.
+tests/deployments/test_vllm_e2e.py.
 """
 
 from __future__ import annotations

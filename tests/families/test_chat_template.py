@@ -10,8 +10,8 @@ import pytest
 from serve_app.api.errors import APIError
 from serve_app.api.request import ResponsesRequest
 from serve_app.families.chat_parser import Tags
-from tests.conftest import have_vllm
 from tests.families.test_chat_parser_properties import THINK, TOOL, items_of, run
+from tests.support.vllm_models import have_vllm
 
 pytest.importorskip("gguf")
 

@@ -23,7 +23,7 @@ from serve_app.families.chat_template import ChatTemplateModel  # noqa: E402
 from serve_app.families.constraints import JSON_MAX_WHITESPACE  # noqa: E402
 from serve_app.families.harmony import HarmonyModel  # noqa: E402
 from serve_app.families.vocab import HARMONY_VOCAB_SIZE, ensure_harmony_tokenizer, harmony_encoding  # noqa: E402
-from tests.conftest import have_vllm  # noqa: E402
+from tests.support.vllm_models import have_vllm  # noqa: E402
 
 SCHEMA = {
     "type": "object",

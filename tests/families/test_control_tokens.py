@@ -222,7 +222,7 @@ HONEST = st.lists(
 @given(st.sampled_from(EVERY_POSITION), HONEST)
 def test_an_honest_conversation_renders_as_the_whole_text_tokenized(where, text):
     """What the prompt always was: the template's text, tokenized whole with special tokens
-    recognised (the tokens vLLM's own chat path gives, tests/serve/test_vllm_e2e.py)."""
+    recognised (the tokens vLLM's own chat path gives, tests/deployments/test_vllm_e2e.py)."""
     template, position = where
     model = family(template)
     request = position(text)

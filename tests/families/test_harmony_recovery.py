@@ -1,6 +1,6 @@
 """Malformed harmony: whatever tokens a model writes, one valid stream that keeps them.
 
-A model with random weights (the tiny gpt-oss of tests/serve/test_vllm_gpt_oss.py) writes special
+A model with random weights (the tiny gpt-oss of tests/deployments/test_vllm_gpt_oss.py) writes special
 tokens in any order, headers without `<|message|>`, channels without messages, recipients
 that name no tool and messages that never end. The harmony parser never fails on them:
 harmony keeps stray special tokens inside content as text, and what it cannot place in a

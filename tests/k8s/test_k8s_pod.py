@@ -22,8 +22,9 @@ import pytest
 import redis
 from cryptography.fernet import Fernet
 
-from tests.conftest import K8S_PASSWORDS, free_port
+from tests.conftest import K8S_PASSWORDS
 from tests.k8s.manifests import RAYSERVICES, ROOT, applications, env, groups, ray_container, rayservice
+from tests.support.servers import free_port
 
 pytestmark = pytest.mark.cluster
 API_KEYS = {"team-a": "sk-team-a-" + secrets.token_hex(16)}  # the Secret responses-serve-api-keys, by key

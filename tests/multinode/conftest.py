@@ -19,7 +19,8 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import free_port
+import tests.support.cluster_env  # noqa: F401  (the cluster's environment, before Ray starts)
+from tests.support.servers import free_port
 
 CPU_ONLY = {"responses-serve/node": "cpu"}
 GPU_NODES = {"gpu-a": 2, "gpu-b": 4}

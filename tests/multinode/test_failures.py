@@ -22,10 +22,10 @@ from dataclasses import dataclass, field
 import httpx
 import pytest
 
-from tests.conftest import wait_until
 from tests.multinode.conftest import CPU_ONLY, alive_replicas, running_replicas
 from tests.support import sdk_scenarios
 from tests.support.contract import check_stream, parse_sse
+from tests.support.servers import wait_until
 
 APP = "failures"
 BAD_MODEL_PATH = "/nonexistent/responses-serve/gpt-oss-broken"

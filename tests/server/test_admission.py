@@ -1,7 +1,7 @@
 """Bounded admission in one ingress replica (config.ReplicaLimits), in process: past each
 bound the next request is refused at once with Retry-After (a 503 for the replica's bounds,
 a 429 for one connection's), never queued without end, and what was admitted goes on.
-(Serve's own queues and the engines': tests/serve/test_configs.py and bench.overload;
+(Serve's own queues and the engines': tests/deployments/test_configs.py and bench.overload;
 the tenants' quotas: tests/server/test_auth.py.)"""
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ from serve_app.server.app import ServedModel, create_app
 from serve_app.state import ResponseStore
 from serve_app.state.connection import ConnectionResponses, KeptBytes
 from serve_app.state.memory import MemoryStore
-from tests.conftest import uvicorn_server, wait_until
 from tests.support import socket_scenarios
+from tests.support.servers import uvicorn_server, wait_until
 
 SLOW = ReplayConfig(min_step_tokens=1, max_step_tokens=1, step_delay_s=0.02)
 LIMITS = ReplicaLimits(max_background_runs=2, max_websockets=2, max_queued_per_lane=1, max_queued_per_connection=2)

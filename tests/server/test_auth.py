@@ -1,5 +1,5 @@
 """API keys, tenants and what an attacker tries against them, in-process (the same scenarios run
-through Serve with two ingress replicas and a route prefix: tests/serve/test_tenants_e2e.py)."""
+through Serve with two ingress replicas and a route prefix: tests/deployments/test_tenants_e2e.py)."""
 
 from __future__ import annotations
 
@@ -17,8 +17,8 @@ from serve_app.engines.replay import ReplayBackend
 from serve_app.server.app import ServedModel, create_app
 from serve_app.server.auth import OPEN_PATHS, Keyring, UnusableKey, route_path
 from serve_app.state import MemoryStore
-from tests.conftest import uvicorn_server
 from tests.support import tenant_scenarios
+from tests.support.servers import uvicorn_server
 from tests.support.tenant_scenarios import bearer
 
 KEY_A = "sk-team-a-0123456789abcdefghij"

@@ -7,8 +7,8 @@ import uuid
 
 import pytest
 
-from tests.conftest import uvicorn_server
 from tests.support import bg_scenarios
+from tests.support.servers import uvicorn_server
 
 MODEL = "gpt-oss-replay"
 SLOW = "gpt-oss-replay-slow"

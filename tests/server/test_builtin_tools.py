@@ -29,9 +29,10 @@ from serve_app.state import responses as responses_state
 from serve_app.state.responses import MAX_KEPT_TOOL_TEXT_BYTES
 from serve_app.state.tenancy import TenantStore, tenant_prefix
 from serve_app.tools.builtin.python import ContainerRecords
-from tests.conftest import QWEN3_REPLAY, uvicorn_server
+from tests.conftest import QWEN3_REPLAY
 from tests.support.builtin_tools import PYTHON_OPTIONS, article_results, browser_options, tool_server
 from tests.support.contract import check_stream, parse_sse
+from tests.support.servers import uvicorn_server
 from tests.tools.browser.web import running_web
 
 MODELS = ["gpt-oss-replay", "qwen3-replay"]

@@ -15,10 +15,10 @@ from serve_app.core.tokens import GenerationRequest, TokenBatch
 from serve_app.engines.replay import ReplayBackend
 from serve_app.server.app import ServedModel, create_app
 from serve_app.state import MemoryStore
-from tests.conftest import uvicorn_server
 from tests.server.test_tool_loop import CALL_ECHO, LOOPBACK
 from tests.support import tenant_scenarios
 from tests.support.mcp_servers import mcp_servers, mcp_tool
+from tests.support.servers import uvicorn_server
 from tests.support.tenant_scenarios import bearer
 
 KEYS = {"team-a": "sk-team-a-0123456789abcdef", "team-b": "sk-team-b-0123456789abcdef"}
@@ -80,7 +80,7 @@ def test_each_tenant_has_its_own_salt_on_every_replica_and_tool_round():
 
 def test_a_tenant_hits_its_own_cached_prefix_only():
     """Through the API, on the replay engine's model of vLLM's prefix cache (through Serve:
-    tests/serve/test_tenants_e2e.py)."""
+    tests/deployments/test_tenants_e2e.py)."""
     engine, store, key = Recording(), MemoryStore(), ReasoningCipher.generate_key()
     with uvicorn_server(_app(engine, key, store)) as first, uvicorn_server(_app(engine, key, store)) as second:
         tenant_scenarios.cached_prefixes_are_each_tenants_own([first, second], KEYS["team-a"], KEYS["team-b"])

@@ -12,9 +12,9 @@ from serve_app.config import AppConfig
 from serve_app.engines.replay import ReplayBackend, ReplayConfig
 from serve_app.server.app import ServedModel, create_app
 from serve_app.server.routes.event_stream import KEEPALIVE, EventStreamResponse
-from tests.conftest import uvicorn_server
 from tests.support.contract import check_stream, parse_sse
 from tests.support.sdk_scenarios import client
+from tests.support.servers import uvicorn_server
 
 FIRST, SECOND = b"event: a\ndata: {}\n\n", b"event: b\ndata: {}\n\n"
 SCOPE = {"type": "http", "asgi": {"spec_version": "2.4"}, "method": "GET", "path": "/"}

@@ -16,8 +16,8 @@ from serve_app.core.tokens import EngineRejected, GenerationRequest, TokenBatch
 from serve_app.engines.replay import ReplayBackend
 from serve_app.server.app import ServedModel, Unavailable, create_app
 from serve_app.server.auth import AuthMiddleware
-from tests.conftest import uvicorn_server
 from tests.support.contract import check_stream, parse_sse
+from tests.support.servers import uvicorn_server
 
 
 class _FakeResponse:

@@ -11,8 +11,8 @@ from serve_app.engines.replay import ReplayBackend
 from serve_app.runtime.metrics import NoMetrics
 from serve_app.server.app import ServedModel, create_app, server_tool_runtime
 from serve_app.tools.remote_mcp import MAX_SERVERS
-from tests.conftest import uvicorn_server
 from tests.support.mcp_servers import mcp_servers, mcp_tool
+from tests.support.servers import uvicorn_server
 
 CALL_ECHO = 'call lab.echo {"text": "hi"}'
 

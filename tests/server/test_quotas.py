@@ -1,5 +1,5 @@
 """Quotas through the HTTP API, in-process: two apps on one store stand for two ingress replicas
-(the same scenarios through Serve: tests/serve/test_tenants_e2e.py)."""
+(the same scenarios through Serve: tests/deployments/test_tenants_e2e.py)."""
 
 from __future__ import annotations
 
@@ -11,9 +11,9 @@ from serve_app.engines.replay import ReplayBackend, ReplayConfig
 from serve_app.runtime.metrics import NoMetrics
 from serve_app.server.app import ServedModel, create_app
 from serve_app.state import MemoryStore
-from tests.conftest import uvicorn_server
 from tests.support import socket_scenarios, tenant_scenarios
 from tests.support.contract import parse_sse
+from tests.support.servers import uvicorn_server
 from tests.support.tenant_scenarios import bearer
 
 KEYS = {name: f"sk-{name}-0123456789abcdef" for name in ("burst", "busy", "tokens", "free", "socket", "metered")}

@@ -1,6 +1,6 @@
 """Liveness and readiness apart: `/health` is 200 while the process serves, `/ready` only
 when every model can take requests; `/v1/models` says each model's state. (The same on a
-real engine that is still loading: tests/serve/test_readiness_e2e.py.)"""
+real engine that is still loading: tests/deployments/test_readiness_e2e.py.)"""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import openai
 from serve_app.config import AuthConfig
 from serve_app.engines.replay import ReplayBackend
 from serve_app.server.app import ServedModel, Unavailable, create_app
-from tests.conftest import uvicorn_server
+from tests.support.servers import uvicorn_server
 
 
 def test_ready_only_when_every_model_is_and_health_meanwhile():

@@ -3,7 +3,7 @@
 In-process here (a token source that records what the engine was asked); vLLM ordering its
 waiting requests by these priorities is shown on the real engine in
 tests/engines/test_vllm_backend.py, and the tier's way through Serve's two ingress replicas to a real
-engine in tests/serve/test_vllm_e2e.py.
+engine in tests/deployments/test_vllm_e2e.py.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from fastapi.testclient import TestClient
 from serve_app.api.service_tier import engine_priority, served_tier
 from serve_app.server.app import ServedModel, create_app
 from tests.core.test_encrypted_reasoning import Recording
-from tests.serve.test_metrics import Recorder
+from tests.deployments.test_metrics import Recorder
 from tests.support.contract import check_stream, parse_sse
 
 

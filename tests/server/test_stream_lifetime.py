@@ -11,8 +11,8 @@ from pydantic import ValidationError
 from serve_app.config import DEFAULT_MAX_STREAM_DURATION_S, SHUTDOWN_MARGIN_S, AppConfig
 from serve_app.engines.replay import ReplayBackend, ReplayConfig
 from serve_app.server.app import ServedModel, create_app
-from tests.conftest import uvicorn_server
 from tests.support.sdk_scenarios import raw_stream
+from tests.support.servers import uvicorn_server
 
 MODEL = {"name": "m", "backend": {"type": "replay"}}
 

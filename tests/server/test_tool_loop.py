@@ -17,10 +17,10 @@ from serve_app.engines.replay import ReplayBackend, ReplayConfig
 from serve_app.runtime.metrics import NoMetrics
 from serve_app.server.app import ServedModel, create_app, server_tool_runtime
 from serve_app.state import MemoryStore
-from tests.conftest import uvicorn_server, wait_until
 from tests.support.contract import check_stream, parse_sse
 from tests.support.mcp_servers import CONTROL_SPELLINGS, TOKEN, mcp_servers, mcp_tool
 from tests.support.sdk_scenarios import client
+from tests.support.servers import uvicorn_server, wait_until
 
 CALL_ECHO = 'call lab.echo {"text": "hi"}'
 LOOPBACK = ["http://127.0.0.1:*/*", "http://mcp.test:*/*"]
@@ -168,7 +168,7 @@ def test_a_hanging_tool_times_out_and_the_response_ends(url, servers, record):
 
 
 def test_an_unreachable_server_is_a_failed_listing_and_the_response_goes_on(url, servers, record):
-    from tests.conftest import free_port
+    from tests.support.servers import free_port
 
     dead = f"http://127.0.0.1:{free_port()}/mcp"
     terminal, events = stream(url, {"model": "gpt-oss-replay", "input": CALL_ECHO, "tools": [never(dead)]})
@@ -483,7 +483,7 @@ def test_each_call_is_reported_by_tool_and_outcome(servers, record):
         def tool_call_finished(self, report: CallReport) -> None:
             reports.append(report)
 
-    from tests.conftest import free_port
+    from tests.support.servers import free_port
 
     config = ToolsConfig.model_validate({"mcp": {"allowed_urls": LOOPBACK}})
     app = create_app([ServedModel("gpt-oss-replay", ReplayBackend())], metrics=Recorder(), tools=config)

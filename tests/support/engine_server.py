@@ -16,7 +16,7 @@ from collections.abc import Awaitable, Iterator
 from contextlib import contextmanager
 from typing import Any, TypeVar
 
-from tests.conftest import free_port, wait_until
+from tests.support.servers import free_port, wait_until
 
 T = TypeVar("T")
 STEP_TIMEOUT_S = 180  # no single engine interaction may hang the suite

@@ -1,7 +1,7 @@
 """`/v1/responses` over a WebSocket, from the client side: the official SDK's
 `client.responses.connect()` and a plain `websockets` client for what the SDK would not send.
 Shared by the in-process suite (tests/server/test_websocket.py) and the Ray Serve one
-(tests/serve/test_serve_e2e.py): the same assertions whichever stack serves the app."""
+(tests/deployments/test_serve_e2e.py): the same assertions whichever stack serves the app."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """Authentication and tenancy from the client side, shared by the in-process suite
-(tests/server/test_auth.py) and the Ray Serve one (tests/serve/test_tenants_e2e.py): the same
+(tests/server/test_auth.py) and the Ray Serve one (tests/deployments/test_tenants_e2e.py): the same
 assertions whichever stack serves the app, under whatever route prefix `base_url` has."""
 
 from __future__ import annotations

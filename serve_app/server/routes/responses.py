@@ -247,8 +247,8 @@ async def reported(
 
 async def read_request(http_request: Request, parse: Callable[[bytes, RequestLimits], T]) -> T:
     """The request's body, read within the size limit and parsed by `parse(body, limits)`;
-    a big body is parsed in a worker thread (server/offload.py). Its bytes count against the
-    replica's budget while it is read and parsed (server/admission.py)."""
+    a big body is parsed in a worker thread (runtime/offload.py). Its bytes count against the
+    replica's budget while it is read and parsed (runtime/admission.py)."""
     state = http_request.app.state
     budget: ByteBudget = state.request_bytes
     held = [0]

@@ -1,5 +1,5 @@
 """The built-in tools run by the app itself (`tools.builtin.*.embedded`): their state made from
-the config, once per process that runs them (a Serve replica of serve/tools.py; the
+the config, once per process that runs them (a Serve replica of deployments/tools.py; the
 `responses-serve tool` commands build the same from their options)."""
 
 from __future__ import annotations

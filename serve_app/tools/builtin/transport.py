@@ -32,7 +32,7 @@ class ToolReply:
 @dataclass(frozen=True, slots=True)
 class ToolRequest:
     """One MCP tool call to an embedded tool's Serve deployment (`params`: the
-    `CallToolRequestParams` as JSON); Serve's router reads `route` (serve/tools.py). It lives
+    `CallToolRequestParams` as JSON); Serve's router reads `route` (deployments/tools.py). It lives
     apart from the router's module: defined beside the router, the arguments the router was
     given were not instances of it (as the engine router's `GenerationRequest` lives apart)."""
 

@@ -2,13 +2,13 @@
 
 One tool, `python`, whose input is exactly `{"code": string}`: the model writes only the code.
 The container and its owner travel out of band in the call's `_meta`:
-- request `_meta`: `serve_app/owner` (the tenant; "" when absent) and, to continue a
-  container, `serve_app/container_id`; without one a new container is created; with
-  `serve_app/create: true` too, the container of that id is created if it does not
+- request `_meta`: `responses_serve/owner` (the tenant; "" when absent) and, to continue a
+  container, `responses_serve/container_id`; without one a new container is created; with
+  `responses_serve/create: true` too, the container of that id is created if it does not
   exist (the caller chose the id: the tool loop names a response's container before its
   first call), and used if it exists and is the owner's;
-- result `_meta`: `serve_app/container_id` (pass it back to keep the state) and
-  `serve_app/status`: ok, error (the code raised: the traceback is the output), timeout,
+- result `_meta`: `responses_serve/container_id` (pass it back to keep the state) and
+  `responses_serve/status`: ok, error (the code raised: the traceback is the output), timeout,
   crashed (the interpreter died and was restarted), or, when nothing ran, not_found, limit,
   busy, invalid, sandbox.
 The result's content is the output as gpt-oss reads it (one text block), then one PNG image block

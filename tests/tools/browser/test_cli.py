@@ -16,7 +16,7 @@ import pytest
 from mcp import Client
 
 from serve_app.tools.browser.server import RESULT_META_KEY, SESSION_META_KEY
-from tests.conftest import free_port
+from tests.support.servers import free_port
 from tests.tools.browser.web import TAVILY_KEY, Web, running_web
 
 

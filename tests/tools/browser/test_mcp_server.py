@@ -20,7 +20,7 @@ from serve_app.tools.browser.browser import Browser
 from serve_app.tools.browser.fetch import Fetcher
 from serve_app.tools.browser.policy import FetchPolicy, HostRules
 from serve_app.tools.browser.server import ALLOWED_DOMAINS_META_KEY, RESULT_META_KEY, SESSION_META_KEY, cited_pages, create_app
-from tests.conftest import uvicorn_server
+from tests.support.servers import uvicorn_server
 from tests.tools.browser.web import Web, running_web
 
 

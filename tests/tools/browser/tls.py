@@ -16,7 +16,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
-from tests.conftest import free_port
+from tests.support.servers import free_port
 
 
 def _name(common_name: str) -> x509.Name:

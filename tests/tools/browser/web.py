@@ -17,7 +17,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, RedirectResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from tests.conftest import uvicorn_server
+from tests.support.servers import uvicorn_server
 
 TAVILY_KEY = "tvly-test-key-0123456789"
 

@@ -16,7 +16,7 @@ import pytest
 from mcp import Client, types
 
 from serve_app.tools.python.mcp_server import META_CONTAINER, META_OWNER, META_STATUS
-from tests.conftest import free_port
+from tests.support.servers import free_port
 
 # Small limits, so that attacks end quickly: the same code paths as the defaults. The timeout
 # is the default's: a loaded machine is slow to import matplotlib in a fresh sandbox.

@@ -13,10 +13,11 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.conftest import have_vllm, wait_until
 from tests.support.contract import check_stream, parse_sse
 from tests.support.mcp_servers import mcp_servers, mcp_tool
 from tests.support.sdk_scenarios import client, raw_stream
+from tests.support.servers import wait_until
+from tests.support.vllm_models import have_vllm
 
 CALL_ECHO = 'call lab.echo {"text": "hi"}'
 
@@ -221,7 +222,7 @@ def test_a_real_gpt_oss_engine_forced_to_call_an_mcp_tool(serve_url, servers, re
 
 def test_tool_calls_reach_the_prometheus_scrape(serve_url, metrics_port, servers, record):
     from deployments.metrics import TOOL_CALLS, TOOL_LATENCY
-    from tests.serve.test_metrics import scrape, total
+    from tests.deployments.test_metrics import scrape, total
 
     label = f"metrics{uuid.uuid4().hex[:8]}"
     for command in ('call {label}.echo {{"text": "m"}}', 'call {label}.fail {{"text": "m"}}'):

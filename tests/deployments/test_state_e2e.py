@@ -1,5 +1,5 @@
 """The stateful endpoints through a real Serve cluster: 2 ingress replicas behind Serve's
-HTTP proxy sharing the embedded store deployment (tests/conftest.py `serve_url`). With a
+HTTP proxy sharing the embedded store deployment (tests/deployments/conftest.py `serve_url`). With a
 store per replica about half of these follow-ups and GETs failed; every one must pass."""
 
 from __future__ import annotations

@@ -15,9 +15,11 @@ import httpx
 import pytest
 
 from serve_app.server.routes.event_stream import KEEPALIVE
-from tests.conftest import E2E_ARGS, engine_stats, have_vllm, session_haproxy_config, wait_until
+from tests.deployments.conftest import E2E_ARGS, engine_stats, session_haproxy_config
 from tests.support import sdk_scenarios, socket_scenarios
 from tests.support.contract import check_stream, parse_sse
+from tests.support.servers import wait_until
+from tests.support.vllm_models import have_vllm
 
 LONG_TEXT = "Ray object streaming carries token batches; ünïcödé 日本語 👍🏽. " * 12
 

@@ -1,10 +1,10 @@
-"""API keys, tenants and quotas through Serve: the session's secured application (tests/conftest.py
+"""API keys, tenants and quotas through Serve: the session's secured application (tests/deployments/conftest.py
 SECURED_ARGS) runs two ingress replicas behind the proxy under the route prefix /api, on the
 embedded store. The same scenarios as in-process (tests/server/test_auth.py, test_quotas.py)."""
 
 from __future__ import annotations
 
-from tests.conftest import METERED_RPM, SECURED_PREFIX, SECURED_RPM, TENANT_KEYS
+from tests.deployments.conftest import METERED_RPM, SECURED_PREFIX, SECURED_RPM, TENANT_KEYS
 from tests.support import tenant_scenarios
 
 

@@ -28,7 +28,7 @@ from deployments.routing import first_choice, preferred_replica, within_imbalanc
 from serve_app.api.request import ResponsesRequest
 from serve_app.engines.replay import PrefixCache
 from serve_app.runtime.run import affinity_key
-from tests.conftest import wait_until
+from tests.support.servers import wait_until
 
 
 @given(st.lists(st.text("abcdef", min_size=1, max_size=8), min_size=2, max_size=6, unique=True), st.text(max_size=20))

@@ -46,8 +46,10 @@ from deployments.metrics import (
 from serve_app.families.harmony import HarmonyModel
 from serve_app.runtime.metrics import RequestOutcome
 from serve_app.server.app import ServedModel, create_app
-from tests.conftest import engine_stats, have_vllm, uvicorn_server, wait_until
+from tests.deployments.conftest import engine_stats
 from tests.support.sdk_scenarios import raw_stream
+from tests.support.servers import uvicorn_server, wait_until
+from tests.support.vllm_models import have_vllm
 
 MODEL = "gpt-oss-replay-metrics"  # served by the session app for this file alone
 

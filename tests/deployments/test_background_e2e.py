@@ -10,7 +10,7 @@ import signal
 import httpx
 import pytest
 
-from tests.conftest import engine_stats
+from tests.deployments.conftest import engine_stats
 from tests.support import bg_scenarios
 
 MODEL = "gpt-oss-replay"

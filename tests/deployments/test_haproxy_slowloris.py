@@ -12,8 +12,8 @@ import subprocess
 
 from deployments import haproxy
 from serve_app.config.cluster import haproxy_installed_path
-from tests.conftest import free_port, wait_until
-from tests.serve.test_haproxy import port_taken
+from tests.deployments.test_haproxy import port_taken
+from tests.support.servers import free_port, wait_until
 
 # As Serve writes it: no `timeout http-request`, an hour for a client.
 SERVE_LIKE = """global

@@ -1,6 +1,6 @@
 """`responses-serve-haproxy` (deployments/haproxy.py): Serve's HAProxy with kernel splicing
 off, stopped when the process that started it dies. Whether it keeps a client's disconnect is
-shown end to end in tests/serve/test_serve_e2e.py::test_client_leaving_a_non_streaming_request_aborts_it."""
+shown end to end in tests/deployments/test_serve_e2e.py::test_client_leaving_a_non_streaming_request_aborts_it."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ import time
 import psutil
 
 from serve_app.config.cluster import haproxy_installed_path
-from tests.conftest import free_port, wait_until
+from tests.support.servers import free_port, wait_until
 
 
 def test_it_runs_haproxy_when_the_variable_names_the_wrapper_itself():
@@ -39,7 +39,7 @@ def test_it_becomes_haproxy_in_place_with_splicing_off(tmp_path):
             return open(f"/proc/{process.pid}/cmdline", "rb").read().decode().split("\0")
 
         assert wait_until(lambda: cmdline()[0].endswith("/haproxy"), timeout_s=20), cmdline()
-        # Serve's config, as a copy with `timeout http-request` (tests/serve/test_haproxy_slowloris.py).
+        # Serve's config, as a copy with `timeout http-request` (tests/deployments/test_haproxy_slowloris.py).
         assert cmdline()[1:5] == ["-dS", "-db", "-f", str(config) + ".request-timeout"]
         assert os.sched_getscheduler(process.pid) == os.SCHED_OTHER  # on the request path
         time.sleep(0.5)

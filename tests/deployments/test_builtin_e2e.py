@@ -13,9 +13,10 @@ import pytest
 import ray
 from ray import serve
 
-from tests.conftest import E2E_APP, wait_until
+from tests.deployments.conftest import E2E_APP
 from tests.support.contract import check_stream, parse_sse
 from tests.support.sdk_scenarios import client
+from tests.support.servers import wait_until
 
 MODELS = ["gpt-oss-replay", "qwen3-replay"]
 CODE_INTERPRETER = {"type": "code_interpreter", "container": {"type": "auto"}}
