@@ -35,7 +35,7 @@ from serve_app.core.tokens import GenerationRequest, TokenBatch
 from serve_app.engines import make_backend
 from serve_app.engines.cpu_cores import leave_batch_policy
 
-logger = logging.getLogger("ray.serve")
+logger = logging.getLogger(__name__)
 
 _failed_metrics: set[str] = set()  # metrics whose error was logged already
 

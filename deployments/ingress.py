@@ -34,7 +34,7 @@ from serve_app.server.app import create_app
 from serve_app.state import MemoryStore, Store
 from serve_app.tools.builtin.transport import TransportFactory
 
-logger = logging.getLogger("ray.serve")
+logger = logging.getLogger(__name__)
 
 # Deployment states in which the engine failed (any other without a running replica: one is starting).
 _FAILED = {DeploymentStatus.DEPLOY_FAILED.value, DeploymentStatus.UNHEALTHY.value}

@@ -24,7 +24,7 @@ from ray.serve.metrics import Counter, Gauge, Histogram
 from serve_app.runtime.metrics import RequestOutcome
 from serve_app.tools.server_tools import CallReport
 
-logger = logging.getLogger("ray.serve")
+logger = logging.getLogger(__name__)
 
 PREFIX = "responses_serve_"
 

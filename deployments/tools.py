@@ -26,7 +26,7 @@ from serve_app.config import EmbeddedBrowserConfig, EmbeddedPythonConfig
 from serve_app.engines.cpu_cores import leave_batch_policy
 from serve_app.tools.builtin.transport import ToolReply, ToolRequest, ToolUnavailable
 
-logger = logging.getLogger("ray.serve")
+logger = logging.getLogger(__name__)
 
 
 def _replica_id() -> str:

@@ -84,7 +84,7 @@ from serve_app.core.tool_items import (
 )
 from serve_app.core.utf8 import unfinished_utf8_tail
 
-logger = logging.getLogger("serve_app.core.stream")
+logger = logging.getLogger(__name__)
 
 ItemKind = Literal["reasoning", "message", "function_call", "server_call"]
 ItemStatus = Literal["in_progress", "completed", "incomplete"]

@@ -33,7 +33,7 @@ from collections.abc import Callable, Iterable, Iterator
 
 import psutil
 
-logger = logging.getLogger("ray.serve")
+logger = logging.getLogger(__name__)
 
 OMP_BIND = "VLLM_CPU_OMP_THREADS_BIND"
 SERVING_CPUS = "RESPONSES_SERVE_CPUS"

@@ -37,7 +37,7 @@ if TYPE_CHECKING:  # only for annotations: vLLM is optional at import time
 # on a shared 2-core box with several engines (tests, replicas) is wasteful.
 DEFAULT_CPU_KVCACHE_SPACE_GIB = "1"
 
-logger = logging.getLogger("responses_serve.vllm")  # in a replica: its Serve log (deployments.use_serve_logging)
+logger = logging.getLogger(__name__)  # in a replica: its Serve log (deployments.use_serve_logging)
 
 
 def _engine_kwargs(cfg: VLLMBackendConfig) -> dict[str, Any]:

@@ -47,7 +47,7 @@ from typing import Any, Literal, Protocol
 from serve_app.core.items import ItemSink
 from serve_app.core.utf8 import Utf8Decoder
 
-logger = logging.getLogger("responses_serve.chat_parser")
+logger = logging.getLogger(__name__)
 
 State = Literal["content", "reasoning", "tool_call"]
 

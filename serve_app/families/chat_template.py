@@ -53,7 +53,7 @@ TOOL_PARSERS: dict[str, tuple[str, str]] = {
 }
 TEMPLATES_DIR = Path(__file__).parent / "templates"
 
-logger = logging.getLogger("responses_serve.chat_template")
+logger = logging.getLogger(__name__)
 
 
 def load_template(template: str) -> str:

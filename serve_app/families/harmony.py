@@ -71,7 +71,7 @@ _EFFORTS = {
     "xhigh": ReasoningEffort.HIGH,
 }
 
-logger = logging.getLogger("responses_serve.harmony")
+logger = logging.getLogger(__name__)
 
 __all__ = ["HistoryItem", "HarmonyModel", "HarmonyParser", "render_prompt", "render_completion"]
 

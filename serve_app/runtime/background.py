@@ -34,7 +34,7 @@ from serve_app.state.responses import FINISHED, ResponseStore
 from serve_app.state.runs import RunRecord, RunStore
 from serve_app.state.store import StoreUnavailable
 
-logger = logging.getLogger("responses_serve.background")
+logger = logging.getLogger(__name__)
 
 Finish = Callable[[Response], Awaitable[None]]
 _ACTIVE = ("queued", "in_progress")

@@ -21,7 +21,7 @@ from serve_app.api.errors import APIError
 from serve_app.core.tokens import TokenBatch
 from serve_app.tools.server_tools import CallReport
 
-logger = logging.getLogger("responses_serve")
+logger = logging.getLogger(__name__)
 
 # completed / incomplete / failed: the response's own status. cancelled: the client went
 # away mid-stream. rejected: an error answer (4xx/5xx) instead of a response.

@@ -16,7 +16,7 @@ from serve_app.core.encrypted_reasoning import ReasoningCipher
 
 ENV_VAR = "RESPONSES_SERVE_REASONING_KEYS"
 
-logger = logging.getLogger("responses_serve")
+logger = logging.getLogger(__name__)
 
 
 def reasoning_keys(fallback: str | None = None) -> list[str]:

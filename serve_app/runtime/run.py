@@ -38,7 +38,7 @@ from serve_app.state.conversations import ConversationStore, conversation_not_fo
 from serve_app.state.responses import with_ids
 from serve_app.tools.server_tools import ResponseTools, ServerToolRuntime, StreamTooLong, until
 
-logger = logging.getLogger("responses_serve")
+logger = logging.getLogger(__name__)
 
 
 class RenderCost(NamedTuple):

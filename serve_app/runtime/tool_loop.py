@@ -34,7 +34,7 @@ from serve_app.state import StoreUnavailable
 from serve_app.state.responses import output_as_input
 from serve_app.tools.server_tools import ResponseTools
 
-logger = logging.getLogger("responses_serve")
+logger = logging.getLogger(__name__)
 
 
 class ToolRounds:

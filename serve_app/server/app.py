@@ -57,7 +57,7 @@ from serve_app.tools.server_tools import ServerToolRuntime, ToolFactory
 
 __all__ = ["ModelFamily", "ServedModel", "TokenSource", "Unavailable", "create_app"]
 
-logger = logging.getLogger("responses_serve")
+logger = logging.getLogger(__name__)
 
 DEFAULT_MAX_REQUEST_BYTES = 8 * 1024 * 1024
 DEFAULT_STORE_TIMEOUT_S = 2.0

@@ -34,7 +34,7 @@ from starlette.websockets import WebSocket
 from serve_app.api.errors import APIError
 from serve_app.config import AuthConfig
 
-logger = logging.getLogger("responses_serve")
+logger = logging.getLogger(__name__)
 
 ANONYMOUS = "anonymous"  # the one tenant of a server without keys
 OPEN_PATHS = frozenset({"/health", "/ready"})  # liveness and readiness (below the route prefix): no key needed

@@ -27,7 +27,7 @@ from serve_app.server.tenants import tenant_state
 from serve_app.state.quotas import TenantQuota
 from serve_app.state.store import StoreUnavailable
 
-logger = logging.getLogger("responses_serve")
+logger = logging.getLogger(__name__)
 
 MARKERS = ("x-ratelimit-limit-requests", "x-ratelimit-limit-tokens")  # set by the route: its own admission's
 TAKEN = "rate_headers"  # `request.state` of a counted request: the headers of its take

@@ -39,7 +39,7 @@ from serve_app.api.errors import APIError
 from serve_app.state.store import Store, StoreUnavailable
 from serve_app.state.tenancy import TenantStore
 
-logger = logging.getLogger("responses_serve")
+logger = logging.getLogger(__name__)
 
 LEASE_TTL_S = 30.0  # a dead replica's leases are free again after this
 RENEW_EVERY_S = LEASE_TTL_S / 3

@@ -18,7 +18,7 @@ from redis import exceptions as redis_errors
 
 from serve_app.state.store import StoreUnavailable
 
-logger = logging.getLogger("responses_serve")
+logger = logging.getLogger(__name__)
 
 # compare_and_set: ARGV = has_expected, expected, has_value, value, ttl_ms
 _COMPARE_AND_SET = """

@@ -27,7 +27,7 @@ from typing import Protocol, runtime_checkable
 
 from serve_app.api.errors import APIError, retry_after
 
-logger = logging.getLogger("responses_serve")
+logger = logging.getLogger(__name__)
 
 
 class StoreUnavailable(APIError):

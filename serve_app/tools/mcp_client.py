@@ -44,7 +44,7 @@ from serve_app.core.tool_items import ToolError
 from serve_app.core.utf8 import cap_text
 from serve_app.tools.browser.policy import refusal_reason
 
-logger = logging.getLogger("responses_serve.tools.mcp")
+logger = logging.getLogger(__name__)
 
 Resolver = Callable[[str, int], Awaitable[Sequence[IPAddress]]]
 CLIENT_INFO = mcp_types.Implementation(name="responses-serve", version="0.1.0")

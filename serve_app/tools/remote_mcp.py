@@ -57,7 +57,7 @@ from serve_app.core.tool_items import MCP_CALL, ServerCall, ServerTools, ToolOut
 from serve_app.tools.mcp_client import ConnectPolicy, McpConnection, McpLimits, McpUnavailable, result_text
 from serve_app.tools.server_tools import CallReport, CallStatus, until
 
-logger = logging.getLogger("responses_serve.tools.mcp")
+logger = logging.getLogger(__name__)
 
 MAX_SCHEMA_BYTES = 64 * 1024  # an input schema larger than this is not offered
 MAX_SCHEMA_DEPTH = 32  # nor one nested deeper (the prompt renderers recurse over it)

@@ -170,7 +170,7 @@ class _BrokenParser:
 
 def test_unparseable_completion_fails_cleanly(caplog):
     stream = ResponseStream(REQUEST, parser_factory=_BrokenParser)
-    with caplog.at_level(logging.ERROR, logger="responses_serve"):
+    with caplog.at_level(logging.ERROR, logger="serve_app"):
         events = stream.start() + stream.feed(TokenBatch([1000]))
         events += stream.feed(TokenBatch([1000], finish_reason="stop"))
     terminal = check_stream(events)

@@ -59,9 +59,9 @@ def test_zero_accepted_drafts_and_bad_counts_never_fail_the_stream(monkeypatch, 
     monkeypatch.setattr(Counter, "inc", noted_inc)
     config = {"name": "stub", "coalesce": {"enabled": coalescing, "window_ms": 0, "max_tokens": 1}}
     handle = serve.run(serve.deployment(EngineServer).bind(config), _local_testing_mode=True)
-    # Serve's replica set-up stops "ray.serve" from propagating to caplog's root handler.
-    monkeypatch.setattr(engine.logger, "handlers", [*engine.logger.handlers, caplog.handler])
-    with caplog.at_level(logging.ERROR, logger="ray.serve"):
+    # The replica sends `deployments.*` to Serve's handlers only (use_serve_logging): caplog's instead.
+    monkeypatch.setattr(logging.getLogger("deployments"), "handlers", [caplog.handler])
+    with caplog.at_level(logging.ERROR, logger=engine.logger.name):
         batches = list(handle.options(stream=True).generate.remote(GenerationRequest("r1", [7, 8, 9])))
         batches += list(handle.options(stream=True).generate.remote(GenerationRequest("r2", [7, 8, 9])))
     tokens = [t for b in batches for t in b.token_ids]

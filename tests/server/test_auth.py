@@ -186,7 +186,7 @@ async def test_a_key_with_whitespace_around_it_is_the_key_and_inside_it_is_not(a
 
 
 def test_without_auth_everyone_is_one_open_tenant_and_a_public_address_is_warned_about(caplog):
-    with caplog.at_level(logging.WARNING, logger="responses_serve"):
+    with caplog.at_level(logging.WARNING, logger="serve_app"):
         create_app([ServedModel("gpt-oss-replay", ReplayBackend())], listen_host="127.0.0.1")
         assert not [r for r in caplog.records if "no `auth` section" in r.message]
         create_app([ServedModel("gpt-oss-replay", ReplayBackend())], listen_host="0.0.0.0")

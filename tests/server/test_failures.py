@@ -156,7 +156,7 @@ def _assert_logged_with_traceback(caplog, response_id: str) -> None:
 
 
 def test_stream_ends_with_response_failed(broken_url, caplog):
-    with caplog.at_level(logging.ERROR, logger="responses_serve"):
+    with caplog.at_level(logging.ERROR, logger="serve_app"):
         with httpx.Client(timeout=30, headers=AUTH) as http:
             response = http.post(f"{broken_url}/responses", json={"model": "broken", "input": "a long enough input text", "stream": True})
         terminal = check_stream(parse_sse(response.content))
@@ -166,7 +166,7 @@ def test_stream_ends_with_response_failed(broken_url, caplog):
 
 
 def test_non_stream_failure_is_a_503_with_an_openai_error(broken_url, caplog):
-    with caplog.at_level(logging.ERROR, logger="responses_serve"):
+    with caplog.at_level(logging.ERROR, logger="serve_app"):
         with httpx.Client(timeout=30, headers=AUTH) as http:
             response = http.post(f"{broken_url}/responses", json={"model": "broken", "input": "a long enough input text"})
     assert response.status_code == 503

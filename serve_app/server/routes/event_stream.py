@@ -19,7 +19,7 @@ import anyio
 from starlette.responses import StreamingResponse
 from starlette.types import Message, Send
 
-logger = logging.getLogger("responses_serve")
+logger = logging.getLogger(__name__)
 
 KEEPALIVE = b": keep-alive\n\n"
 CLOSE_TIMEOUT_S = 5.0  # the longest a stream's own cleanup may hold its end

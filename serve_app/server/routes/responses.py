@@ -37,7 +37,7 @@ from serve_app.server.routes.event_stream import EventStreamResponse
 from serve_app.server.tenants import TenantState, tenant_state
 from serve_app.state import ResponseStore
 
-logger = logging.getLogger("responses_serve")
+logger = logging.getLogger(__name__)
 
 router = APIRouter()
 

@@ -33,7 +33,7 @@ from serve_app.server.routes.responses import begin_turn, first_events, prepende
 from serve_app.server.tenants import tenant_state
 from serve_app.state.connection import ConnectionResponses
 
-logger = logging.getLogger("responses_serve")
+logger = logging.getLogger(__name__)
 
 router = APIRouter()
 

@@ -36,7 +36,7 @@ from serve_app.tools.mcp_client import cap_text
 from serve_app.tools.python.mcp_server import META_CONTAINER, META_CREATE, META_OWNER, META_STATUS, TOOL_NAME, tool_description
 from serve_app.tools.server_tools import NothingToPrepare
 
-logger = logging.getLogger("responses_serve.tools.python")
+logger = logging.getLogger(__name__)
 
 INCLUDE_OUTPUTS = "code_interpreter_call.outputs"
 CODE_PARAMETERS: dict[str, Any] = {  # python as a function, for chat templates
