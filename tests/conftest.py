@@ -83,7 +83,7 @@ QWEN3_REPLAY = {**LOCAL_QWEN3_REPLAY, "engine": {"num_replicas": 1, "ray_actor_o
 def inprocess_url(replay_backend) -> Iterator[str]:
     """The FastAPI app with both replay backends, served by uvicorn without Ray; the qwen3
     one built from its config as a Serve replica would build it."""
-    from serve_app.config import ModelConfig, ToolsConfig
+    from serve_app.config import ModelConfig
     from serve_app.engines import make_backend
     from serve_app.runtime.models import served_model
     from serve_app.server.app import ServedModel, create_app
@@ -99,10 +99,8 @@ def inprocess_url(replay_backend) -> Iterator[str]:
     )
     models = [ServedModel("gpt-oss-replay", replay_backend)]
     models += [served_model(m, make_backend(m.backend)) for m in (qwen3, thinking)]
-    # Codex sends web_search with every request: a server without the browser accepts it and does
-    # not offer it when its operator says so (the default is a 400 naming the config).
-    tools = ToolsConfig.model_validate({"builtin": {"unconfigured": "ignore"}})
-    app = create_app(models, max_request_bytes=1024 * 1024, tools=tools)
+    # The default tools config: Codex's web_search is left out of the response, not a 400.
+    app = create_app(models, max_request_bytes=1024 * 1024)
     with uvicorn_server(app) as url:
         yield url
 

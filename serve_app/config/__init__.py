@@ -658,14 +658,15 @@ class BrowserToolConfig(_Strict):
 
 class BuiltinToolsConfig(_Strict):
     """gpt-oss's own tools, run by the server inside a response (docs/tools.md). A request
-    naming one that is not configured gets a 400 saying which config enables it."""
+    naming one that is not configured is served without it (`unconfigured`)."""
 
     python: PythonToolConfig | None = Field(None, description="code_interpreter: the sandboxed python tool")
     browser: BrowserToolConfig | None = Field(None, description="web_search (and web_search_preview): the browser")
-    unconfigured: Literal["reject", "ignore"] = Field(
-        "reject",
-        description="a request naming a built-in tool that is not configured: reject (400), or ignore (accepted and not offered, "
-        "for clients that always send one, as Codex sends web_search)",
+    unconfigured: Literal["ignore", "reject"] = Field(
+        "ignore",
+        description="a request naming a built-in tool that is not configured: ignore (accepted, not offered to the model, left out "
+        "of the response's tools and named in its x-unavailable-tools header: Codex sends web_search with every request), "
+        "or reject (a 400 naming the config that enables it)",
     )
 
 

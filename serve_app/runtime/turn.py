@@ -81,6 +81,9 @@ class Turn:
     admission: Admission | None = None
     history: list[HistoryItem] = field(default_factory=list)  # the conversation the prompt was rendered from
     tools: ResponseTools | None = None  # server-side tools (the tool loop), if the request has any
+    # The request's hosted tools this server does not run, by type: left out of the request
+    # the model is prompted with and of the response (`ServerToolRuntime.admit`).
+    unavailable_tools: list[str] = field(default_factory=list)
 
     def tools_offered(self) -> ResponsesRequest:
         """The request as the model is prompted with it: with its server-side tools."""

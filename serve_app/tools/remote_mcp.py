@@ -51,6 +51,7 @@ from serve_app.api.request import (
     NamedFunctionChoice,
     NamespaceTool,
     ResponsesRequest,
+    Tool,
 )
 from serve_app.core.stream import ResponseStream
 from serve_app.core.tool_items import MCP_CALL, ServerCall, ServerTools, ToolOutcome
@@ -120,8 +121,9 @@ class RemoteMcpFactory:
         self.limits = limits
         self.report = report  # each listing, as metrics count calls (kind mcp_list_tools)
 
-    def check(self, request: ResponsesRequest) -> None:
-        """400 for an MCP server the request may not name: before any connection is made."""
+    def check(self, request: ResponsesRequest) -> list[Tool]:
+        """400 for an MCP server the request may not name: before any connection is made.
+        Every MCP server a request may name is run: none is left out."""
         if len(servers := request.mcp_tools()) > MAX_SERVERS:
             raise invalid_request(
                 f"A request may name at most {MAX_SERVERS} MCP servers; this one names {len(servers)}.",
@@ -135,6 +137,7 @@ class RemoteMcpFactory:
                     self.policy.check(tool.server_url)
                 except ValueError as exc:
                     raise invalid_request(f"MCP server '{tool.server_label}': {exc}.", param=f"tools[{index}].server_url") from None
+        return []
 
     def __call__(
         self, request: ResponsesRequest, history: list[HistoryItem], input_items: list[HistoryItem], tenant: str

@@ -23,7 +23,7 @@ from typing import Literal, Protocol
 
 from openai.types.responses import ResponseStreamEvent
 
-from serve_app.api.request import HistoryItem, ResponsesRequest
+from serve_app.api.request import HistoryItem, HostedTool, ResponsesRequest, Tool
 from serve_app.core.stream import ResponseStream
 from serve_app.core.tool_items import ServerCall, ServerTools, ToolOutcome
 
@@ -202,8 +202,10 @@ class ToolFactory(Protocol):
     """Makes a response's toolset of one kind from its request (None: the request has none);
     `tenant`: who asks (what the toolset keeps for later, e.g. a container, is the tenant's)."""
 
-    def check(self, request: ResponsesRequest) -> None:
-        """A 400 (`APIError`) for a request whose tools of this kind cannot be served."""
+    def check(self, request: ResponsesRequest) -> list[Tool]:
+        """A 400 (`APIError`) for a request whose tools of this kind cannot be served; else the
+        request's tools of this kind that this server does not run and lets through (the
+        config's `unconfigured: ignore`): they are left out of the response."""
         ...
 
     def __call__(
@@ -219,10 +221,17 @@ class ServerToolRuntime:
         self.max_calls = max_calls
         self.report = report
 
-    def check(self, request: ResponsesRequest) -> None:
-        """400s before any work is done (and before any connection is made)."""
-        for factory in self.factories:
-            factory.check(request)
+    def admit(self, request: ResponsesRequest) -> tuple[ResponsesRequest, list[str]]:
+        """The request as this server serves it, and the types of the tools left out of it: the
+        hosted tools it does not run (a built-in tool it is not configured for, `file_search`,
+        ...) are not offered to the model nor listed in the response's `tools`, so a client
+        can tell. 400s before any work is done (and before any connection is made)."""
+        left_out = [tool for factory in self.factories for tool in factory.check(request)]
+        left_out += [tool for tool in request.tools if isinstance(tool, HostedTool)]
+        if not left_out:
+            return request, []
+        kept = [tool for tool in request.tools if not any(tool is out for out in left_out)]
+        return request.model_copy(update={"tools": kept}), [tool.type for tool in left_out]
 
     def for_response(
         self, request: ResponsesRequest, history: list[HistoryItem], input_items: list[HistoryItem], tenant: str = ""

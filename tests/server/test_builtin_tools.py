@@ -286,22 +286,39 @@ def test_a_model_cannot_reach_another_responses_pages(url, web):
 # -- configuration ------------------------------------------------------------------------------
 
 
-def test_a_builtin_tool_that_is_not_configured_is_a_400_naming_its_config():
-    with uvicorn_server(create_app(models())) as base:
-        with httpx.Client(timeout=60) as http:
-            for tool, config in [(CODE_INTERPRETER, "tools.builtin.python"), ({"type": "web_search"}, "tools.builtin.browser")]:
-                response = http.post(f"{base}/responses", json={"model": "gpt-oss-replay", "input": "hi", "tools": [tool]})
-                error = response.json()["error"]
-                assert response.status_code == 400 and config in error["message"] and error["param"] == "tools[0]"
+def test_with_unconfigured_reject_a_builtin_tool_that_is_not_configured_is_a_400_naming_its_config():
+    tools = ToolsConfig.model_validate({"builtin": {"unconfigured": "reject"}})
+    with uvicorn_server(create_app(models(), tools=tools)) as base, httpx.Client(timeout=60) as http:
+        for tool, config in [(CODE_INTERPRETER, "tools.builtin.python"), ({"type": "web_search"}, "tools.builtin.browser")]:
+            response = http.post(f"{base}/responses", json={"model": "gpt-oss-replay", "input": "hi", "tools": [tool]})
+            error = response.json()["error"]
+            assert response.status_code == 400
+            assert config in error["message"]
+            assert error["param"] == "tools[0]"
 
 
-def test_unconfigured_builtin_tools_may_be_accepted_and_not_offered():
-    tools = ToolsConfig.model_validate({"builtin": {"unconfigured": "ignore"}})
-    with uvicorn_server(create_app(models(), tools=tools)) as base:
-        body = {"model": "gpt-oss-replay", "input": "call python print(1)", "tools": [{"type": "web_search"}, CODE_INTERPRETER]}
-        with httpx.Client(timeout=60) as http:
-            response = http.post(f"{base}/responses", json=body)
-        assert response.status_code == 200 and response.json()["output"][-1]["content"][0]["text"] == "call python print(1)"
+def test_by_default_tools_the_server_does_not_run_are_left_out_and_named():
+    """Codex sends web_search with every request: a server without the browser (the default
+    config) answers, the model is not offered it, and the client can tell: the response's
+    tools leave it out and the x-unavailable-tools header names it, streamed or not. A hosted
+    tool no config runs (file_search) is treated the same; function tools stay."""
+    function = {"type": "function", "name": "lookup", "parameters": {"type": "object", "properties": {}}}
+    hosted = [{"type": "web_search", "external_web_access": False}, CODE_INTERPRETER, {"type": "file_search", "vector_store_ids": ["vs_1"]}]
+    body = {"model": "gpt-oss-replay", "input": "call python print(1)", "tools": [*hosted, function]}
+    with uvicorn_server(create_app(models())) as base, httpx.Client(timeout=60) as http:
+        response = http.post(f"{base}/responses", json=body)
+        assert response.status_code == 200, response.text
+        assert response.headers["x-unavailable-tools"] == "web_search, code_interpreter, file_search"
+        answer = response.json()
+        assert answer["output"][-1]["content"][0]["text"] == "call python print(1)"  # no python call: not offered
+        assert [tool["type"] for tool in answer["tools"]] == ["function"]
+        with http.stream("POST", f"{base}/responses", json={**body, "stream": True}) as stream:
+            assert stream.status_code == 200
+            assert stream.headers["x-unavailable-tools"] == "web_search, code_interpreter, file_search"
+            events = [json.loads(line[6:]) for line in stream.iter_lines() if line.startswith("data: ")]
+        assert [tool["type"] for tool in events[0]["response"]["tools"]] == ["function"]
+        plain = http.post(f"{base}/responses", json={"model": "gpt-oss-replay", "input": "hi", "tools": [function]})
+        assert "x-unavailable-tools" not in plain.headers
 
 
 def test_names_of_the_builtin_tools_are_theirs():

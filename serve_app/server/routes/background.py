@@ -18,6 +18,7 @@ from serve_app.runtime.run import run_turn
 from serve_app.runtime.turn import Turn
 from serve_app.server.routes.event_stream import EventStreamResponse
 from serve_app.server.tenants import TenantState, tenant_state
+from serve_app.server.turn_headers import response_headers
 
 router = APIRouter()
 
@@ -62,7 +63,7 @@ async def start_background(turn: Turn, state, tenant: TenantState) -> Response:
         if turn.admission is not None:
             await turn.admission.release()
         raise
-    headers = {**_headers(background), **(turn.admission.headers if turn.admission is not None else {})}
+    headers = {**_headers(background), **response_headers(turn)}
     if turn.request.stream:
         return EventStreamResponse(
             background.follow(snapshot.id, -1),

@@ -35,6 +35,7 @@ from serve_app.server.routes.background import (
 )
 from serve_app.server.routes.event_stream import EventStreamResponse
 from serve_app.server.tenants import TenantState, tenant_state
+from serve_app.server.turn_headers import response_headers
 from serve_app.state import ResponseStore
 
 logger = logging.getLogger(__name__)
@@ -61,7 +62,7 @@ async def create_response(http_request: Request) -> Response:
     if request.background:
         return await start_background(turn, state, tenant)
     events = run_turn(turn, tenant.responses, state.max_stream_duration_s, refusal_window_s=REFUSAL_WINDOW_S)
-    headers = turn.admission.headers if turn.admission is not None else None
+    headers = response_headers(turn)
     if request.stream:
         # The first events before the response starts: engines at capacity are a 503, not a stream.
         first = await first_events(events)
@@ -150,7 +151,7 @@ async def begin_turn(request: ResponsesRequest, state: State, tenant: TenantStat
         raise model_unavailable(model.name, why.reason)
     # Within the tenant's quotas (or a 429), then counted: the prompt's tokens now, the output's
     # as `run_turn` produces them; `run_turn` releases the admission when the turn ends.
-    state.server_tools.check(request)  # before anything is read or connected to
+    request, unavailable_tools = state.server_tools.admit(request)  # before anything is read or connected to
     admission = await tenant.quota.admit(background=request.background) if tenant.quota is not None else None
     try:
         turn = await start_turn(
@@ -171,7 +172,9 @@ async def begin_turn(request: ResponsesRequest, state: State, tenant: TenantStat
         if admission is not None:
             await admission.release()
         raise
-    turn.admission = admission
+    turn.admission, turn.unavailable_tools = admission, unavailable_tools
+    if unavailable_tools:
+        logger.info("response %s: not offered, this server does not run them: %s", turn.generation.request_id, ", ".join(unavailable_tools))
     logger.info(
         "response %s: model=%s stream=%s prompt_tokens=%d max_tokens=%d render_ms=%.1f reused_tokens=%d%s",
         turn.generation.request_id,

@@ -1,14 +1,15 @@
 """The built-in tools' `ToolFactory`s: a request's `code_interpreter` and `web_search` become
-toolsets of its response when the server's config runs them (`tools.builtin`); a request
-naming one that is not configured gets a 400 saying which config enables it (or, with
-`unconfigured: ignore`, the tool is accepted and not offered)."""
+toolsets of its response when the server's config runs them (`tools.builtin`). One that is
+not configured is left out of the response (`unconfigured: ignore`, the default: clients
+such as Codex send `web_search` with every request), or a 400 saying which config enables
+it (`unconfigured: reject`)."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 
 from serve_app.api.errors import invalid_request
-from serve_app.api.request import CodeInterpreterTool, HistoryItem, ResponsesRequest, WebSearchTool
+from serve_app.api.request import CodeInterpreterTool, HistoryItem, ResponsesRequest, Tool, WebSearchTool
 from serve_app.config import BuiltinToolsConfig
 from serve_app.state.store import Store
 from serve_app.state.tenancy import TenantStore
@@ -23,14 +24,17 @@ class PythonFactory:
     def __init__(self, config: BuiltinToolsConfig, transport: TransportFactory | None, store: Store) -> None:
         self.config, self.transport, self.store = config, transport, store
 
-    def check(self, request: ResponsesRequest) -> None:
+    def check(self, request: ResponsesRequest) -> list[Tool]:
+        if self.transport is not None:
+            return []
         for index, tool in enumerate(request.tools):
-            if isinstance(tool, CodeInterpreterTool) and self.transport is None and self.config.unconfigured == "reject":
+            if isinstance(tool, CodeInterpreterTool) and self.config.unconfigured == "reject":
                 raise invalid_request(
                     "code_interpreter is not enabled on this server: its operator enables it with "
                     "tools.builtin.python in the app's config (embedded: {...} or url: http://.../mcp).",
                     param=f"tools[{index}]",
                 )
+        return [tool for tool in request.tools if isinstance(tool, CodeInterpreterTool)]
 
     def __call__(
         self, request: ResponsesRequest, history: list[HistoryItem], input_items: list[HistoryItem], tenant: str
@@ -47,14 +51,17 @@ class BrowserFactory:
     def __init__(self, config: BuiltinToolsConfig, transport: TransportFactory | None) -> None:
         self.config, self.transport = config, transport
 
-    def check(self, request: ResponsesRequest) -> None:
+    def check(self, request: ResponsesRequest) -> list[Tool]:
+        if self.transport is not None:
+            return []
         for index, tool in enumerate(request.tools):
-            if isinstance(tool, WebSearchTool) and self.transport is None and self.config.unconfigured == "reject":
+            if isinstance(tool, WebSearchTool) and self.config.unconfigured == "reject":
                 raise invalid_request(
                     f"{tool.type} is not enabled on this server: its operator enables it with "
                     "tools.builtin.browser in the app's config (embedded: {search_url: ...} or url: http://.../mcp).",
                     param=f"tools[{index}]",
                 )
+        return [tool for tool in request.tools if isinstance(tool, WebSearchTool)]
 
     def __call__(
         self, request: ResponsesRequest, history: list[HistoryItem], input_items: list[HistoryItem], tenant: str
