@@ -6,7 +6,7 @@ from typing import Literal
 
 from pydantic import Field
 
-from serve_app.api.request import InputItem, _Lenient
+from serve_app.api.request import StoredInputItem, _Lenient
 
 MAX_ITEMS_PER_REQUEST = 20  # the API's limit for creating items at once
 MAX_PAGE_SIZE = 100
@@ -17,7 +17,7 @@ class _WithMetadata(_Lenient):
 
 
 class ConversationCreate(_WithMetadata):
-    items: list[InputItem] | None = Field(default=None, max_length=MAX_ITEMS_PER_REQUEST)
+    items: list[StoredInputItem] | None = Field(default=None, max_length=MAX_ITEMS_PER_REQUEST)
 
 
 class ConversationUpdate(_WithMetadata):
@@ -25,7 +25,7 @@ class ConversationUpdate(_WithMetadata):
 
 
 class ItemsCreate(_Lenient):
-    items: list[InputItem] = Field(min_length=1, max_length=MAX_ITEMS_PER_REQUEST)
+    items: list[StoredInputItem] = Field(min_length=1, max_length=MAX_ITEMS_PER_REQUEST)
 
 
 class ItemsQuery(_Lenient):

@@ -56,6 +56,16 @@ def response_not_found(response_id: str) -> APIError:
     return APIError(f"No response found with id '{response_id}'.", status_code=404, param="response_id", code="not_found")
 
 
+def item_not_found(item_id: str, *, index: int, stored: bool) -> APIError:
+    """An `item_reference` to an item the caller has no stored response with (OpenAI's 404)."""
+    hint = (
+        ""
+        if stored
+        else " Items are not persisted when `store` is set to false. Try again with `store` set to true, or remove this item from your input."
+    )
+    return APIError(f"Item with id '{item_id}' not found.{hint}", status_code=404, param=f"input[{index}]", code="not_found")
+
+
 def model_unavailable(model: str, state: str) -> APIError:
     error = APIError(
         f"The model '{model}' is unavailable: no engine replica is running ({state}). Try again later.",

@@ -227,12 +227,48 @@ HOSTED_ITEM_TYPES = (
 )
 
 
+class ItemReference(_Lenient):
+    """An earlier item by its id (the Vercel AI SDK sends reasoning back so when `store` is on):
+    resolved from the caller's stored responses before anything is rendered."""
+
+    type: Literal["item_reference"] = "item_reference"
+    id: str = Field(min_length=1, max_length=256)
+
+
 def _item_tag(value: Any) -> str | None:
-    kind = value.get("type", "message") if isinstance(value, dict) else getattr(value, "type", None)
-    return f"item:{kind}"  # EasyInputMessage has no `type`
+    if isinstance(value, dict):
+        if "type" in value:
+            return f"item:{value['type']}"
+        # EasyInputMessage has no `type`, nor has an item reference (an `id` without a `role`).
+        return "item:item_reference" if "id" in value and "role" not in value else "item:message"
+    return f"item:{getattr(value, 'type', None)}"
 
 
+# An item a request's `input` may hold.
 InputItem = Annotated[
+    Annotated[MessageItem, Tag("item:message")]
+    | Annotated[FunctionCallItem, Tag("item:function_call")]
+    | Annotated[FunctionCallOutputItem, Tag("item:function_call_output")]
+    | Annotated[ReasoningItem, Tag("item:reasoning")]
+    | Annotated[McpListToolsItem, Tag("item:mcp_list_tools")]
+    | Annotated[McpCallItem, Tag("item:mcp_call")]
+    | Annotated[McpApprovalRequestItem, Tag("item:mcp_approval_request")]
+    | Annotated[McpApprovalResponseItem, Tag("item:mcp_approval_response")]
+    | Annotated[WebSearchCallItem, Tag("item:web_search_call")]
+    | Annotated[CodeInterpreterCallItem, Tag("item:code_interpreter_call")]
+    | Annotated[ItemReference, Tag("item:item_reference")],
+    Discriminator(
+        _item_tag,
+        custom_error_type="invalid_value",
+        custom_error_message=(
+            "input items must be of type 'message', 'function_call', 'function_call_output', 'reasoning', "
+            + ", ".join(f"'{kind}'" for kind in HOSTED_ITEM_TYPES)
+            + ", 'item_reference'"
+        ),
+    ),
+]
+# An item as stored (a response's input, a conversation's items): never a reference.
+StoredInputItem = Annotated[
     Annotated[MessageItem, Tag("item:message")]
     | Annotated[FunctionCallItem, Tag("item:function_call")]
     | Annotated[FunctionCallOutputItem, Tag("item:function_call_output")]
@@ -735,7 +771,8 @@ class ResponsesRequest(_Lenient):
     def conversation_id(self) -> str | None:
         return self.conversation.id if isinstance(self.conversation, ConversationRef) else self.conversation
 
-    def input_items(self) -> list[HistoryItem]:
+    def input_items(self) -> list[HistoryItem | ItemReference]:
+        """This turn's input as sent: item references are resolved by the run (`state.responses`)."""
         if isinstance(self.input, str):
             return [MessageItem(role="user", content=self.input)]
         return list(self.input)

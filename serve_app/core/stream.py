@@ -26,6 +26,7 @@ holds the text they annotate); logprobs, when asked for, still cover every token
 from __future__ import annotations
 
 import logging
+import re
 import time
 import uuid
 from collections.abc import Callable
@@ -144,6 +145,25 @@ def new_id(prefix: str) -> str:
     return f"{prefix}_{uuid.uuid4().hex}"
 
 
+# An item's id names the response it came with: `{prefix}_{the response id's hex}{number}`,
+# output items numbered from OUTPUT_ITEMS, the turn's own input items (given no id by the
+# client) from 0. An `item_reference` is so found with one read of that response, whatever
+# replica stored it; nothing indexes items one by one.
+_ITEM_NUMBER_DIGITS = 6
+OUTPUT_ITEMS = 0x800000
+_ITEM_ID = re.compile(rf"[a-z]+_([0-9a-f]{{32}})[0-9a-f]{{{_ITEM_NUMBER_DIGITS}}}")
+
+
+def item_id(prefix: str, response_id: str, number: int) -> str:
+    return f"{prefix}_{response_id.removeprefix('resp_')}{number:0{_ITEM_NUMBER_DIGITS}x}"
+
+
+def response_of_item(item_id: str) -> str | None:
+    """The id of the response an item id was given with (None: not one of ours)."""
+    match = _ITEM_ID.fullmatch(item_id)
+    return f"resp_{match.group(1)}" if match else None
+
+
 @dataclass(frozen=True, slots=True)
 class _PendingToken:
     """A token whose logprobs are not attributed yet, and where its bytes are in the text
@@ -225,6 +245,7 @@ class ResponseStream:
         # the tool loop's next prompt shows it (`state.responses.output_as_input`).
         self.tool_texts: dict[str, str] = {}
         self._held: dict[int, list[ResponseStreamEvent]] = {}  # events of items after an unfinished one
+        self._items_opened = 0  # output items given an id (`item_id`)
         self._earlier_reasoning_tokens = 0  # of the turns before this one
         self.awaiting_tools = False  # the turn ended with server-side calls to run
         self.hands_back = False  # the turn made a call the client answers (function call, approval request)
@@ -443,7 +464,7 @@ class ResponseStream:
 
     def open_tool_listing(self, server_label: str) -> str:
         """An `mcp_list_tools` item for a server being asked for its tools; its id."""
-        item_id, output_index = new_id("mcpl"), len(self.response.output)
+        item_id, output_index = self._new_item_id("mcpl"), len(self.response.output)
         self.response.output.append(listing_added(item_id, server_label))  # its place, until it is done
         self._emit(
             ResponseOutputItemAddedEvent(
@@ -581,10 +602,14 @@ class ResponseStream:
 
     # -- internals ---------------------------------------------------------------------------
 
+    def _new_item_id(self, prefix: str) -> str:
+        self._items_opened += 1
+        return item_id(prefix, self.response.id, OUTPUT_ITEMS + self._items_opened)
+
     def _open(self, kind: ItemKind, prefix: str | None = None, deltas: _DeltaEvents | None = None, **details: Any) -> _OpenItem:
         if self._item is not None:  # a new header before the end token: close what is open
             self.close_item("incomplete")
-        item_id, output_index = new_id(prefix or _ID_PREFIX[kind]), len(self.response.output)
+        item_id, output_index = self._new_item_id(prefix or _ID_PREFIX[kind]), len(self.response.output)
         if kind != "server_call":
             deltas = _DELTA_EVENTS[kind]
         template = deltas.template(item_id, output_index) if deltas is not None else {}

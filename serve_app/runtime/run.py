@@ -20,7 +20,7 @@ from typing import NamedTuple
 from openai.types.responses import ResponseError, ResponseFailedEvent, ResponseStreamEvent
 
 from serve_app.api.errors import APIError, invalid_request, server_full
-from serve_app.api.request import MessageItem, ResponsesRequest
+from serve_app.api.request import ItemReference, MessageItem, ResponsesRequest
 from serve_app.api.service_tier import engine_priority, served_tier
 from serve_app.core.encrypted_reasoning import INCLUDE as ENCRYPTED_REASONING
 from serve_app.core.encrypted_reasoning import ReasoningCipher, open_reasoning_items
@@ -68,17 +68,20 @@ async def render_turn(
     cipher: ReasoningCipher,
     server_tools: ServerToolRuntime | None = None,
     tenant: str = "",
+    response_id: str | None = None,
 ) -> RenderedTurn:
     """This turn's own input items and the prompt tokens: the history is rebuilt (a store
     read only with `previous_response_id` or `conversation`), encrypted reasoning opened,
     the oldest items left out with `truncation: "auto"` when it does not fit. With
     `server_tools`, the request's server-side tools are made for the response and the model
     is prompted with those known without asking anyone (an MCP server's tools listed earlier
-    in the conversation)."""
-    items = request.input_items()
+    in the conversation). `response_id`: the response's, whose ids its input items get."""
+    response_id = response_id or new_id("resp")
+    sent = request.input_items()
+    items = await responses.resolve(sent, stored=request.store) if any(isinstance(i, ItemReference) for i in sent) else sent
 
     def opened() -> list[HistoryItem]:  # the same ids in input_items and a conversation
-        return with_ids(open_reasoning_items(items, cipher))
+        return with_ids(open_reasoning_items(items, cipher), response_id)
 
     input_items = await off_loop(opened) if big_prompt(items, 0) else opened()
     history = input_items
@@ -148,7 +151,8 @@ async def start_turn(
     `service_tiers`: the tiers the caller may use (None: every one; others are served as `default`).
     `server_tools`: what runs the request's server-side tools (the tool loop), for `tenant`.
     `cache_salt`: the tenant's, for the engine's prefix cache (`GenerationRequest.cache_salt`)."""
-    rendered = await render_turn(request, model, responses, conversations, cipher, server_tools, tenant)
+    response_id = new_id("resp")
+    rendered = await render_turn(request, model, responses, conversations, cipher, server_tools, tenant, response_id)
     offered = rendered.tools.offer(request) if rendered.tools is not None else request
     prompt, cost = rendered.prompt, rendered.cost
     trace = trace or RequestTrace()
@@ -161,7 +165,7 @@ async def start_turn(
             offered,
             prompt,
             model,
-            request_id=new_id("resp"),
+            request_id=response_id,
             affinity=rendered.affinity_key,
             priority=engine_priority(tier),
             cache_salt=cache_salt,

@@ -23,7 +23,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from serve_app.api.errors import APIError, model_not_found, server_error
 from serve_app.api.limits import DEFAULT_LIMITS, RequestLimits
-from serve_app.api.request import ResponsesRequest
+from serve_app.api.request import MessageItem, ResponsesRequest
 from serve_app.api.sse import encode_events
 from serve_app.config import DEFAULT_SSE_KEEPALIVE_S, AuthConfig, ReplicaLimits, ToolsConfig
 from serve_app.core.encrypted_reasoning import ReasoningCipher
@@ -289,7 +289,7 @@ async def _sweep_forever(runs: list[BackgroundRuns], every_s: float) -> None:
 def _warm_up() -> None:
     """Build the lazy pydantic schemas and the harmony encoding now, not on the first request."""
     request = ResponsesRequest(model="warm-up", input="warm up")
-    render_prompt(request, request.input_items())
+    render_prompt(request, [MessageItem(role="user", content="warm up")])
     completion = render_completion(
         [
             Message.from_role_and_content(Role.ASSISTANT, "thinking").with_channel("analysis"),

@@ -25,14 +25,14 @@ from openai.types.conversations import Conversation
 from pydantic import TypeAdapter
 
 from serve_app.api.errors import APIError
-from serve_app.api.request import InputItem
+from serve_app.api.request import StoredInputItem
 from serve_app.core.stream import new_id
 from serve_app.families.harmony import HistoryItem
 from serve_app.state.responses import BUILTIN_ITEM_TYPES, as_response_item, kept_tool_texts, with_ids, with_tool_text
 from serve_app.state.store import Store
 from serve_app.state.tenancy import TenantStore
 
-_INPUT_ITEM = TypeAdapter(InputItem)
+_INPUT_ITEM = TypeAdapter(StoredInputItem)
 
 
 def conversation_not_found(conversation_id: str, param: str = "conversation_id") -> APIError:
@@ -55,7 +55,7 @@ def tool_texts_key(conversation_id: str) -> str:
 def item_record(item: Any) -> bytes:
     """An input item (ours) or an output item (the SDK's) as a stored conversation item."""
     if not isinstance(item, openai.BaseModel):  # our input items: an id, the API's shape
-        item = as_response_item(with_ids([item])[0])
+        item = as_response_item(with_ids([item], None)[0])
     return item.model_dump_json(exclude_none=True).encode()
 
 

@@ -30,22 +30,23 @@ from openai.types.responses import (
 from openai.types.responses.response_function_tool_call_item import ResponseFunctionToolCallItem
 from pydantic import TypeAdapter
 
-from serve_app.api.errors import invalid_request
+from serve_app.api.errors import invalid_request, item_not_found
 from serve_app.api.request import (
     HOSTED_ITEM_TYPES,
     CodeInterpreterCallItem,
     FunctionCallItem,
     FunctionCallOutputItem,
     HistoryItem,
-    InputItem,
+    ItemReference,
     McpCallItem,
     MessageItem,
     ReasoningItem,
     ReasoningText,
+    StoredInputItem,
     TextPart,
     WebSearchCallItem,
 )
-from serve_app.core.stream import new_id
+from serve_app.core.stream import item_id, new_id, response_of_item
 from serve_app.core.utf8 import cap_text
 from serve_app.state.store import Store
 from serve_app.state.tenancy import TenantStore
@@ -59,7 +60,7 @@ FINISHED = ("completed", "incomplete", "failed", "cancelled")  # a response's fi
 
 BUILTIN_ITEM_TYPES = ("web_search_call", "code_interpreter_call")  # the items whose tool text is kept
 
-_INPUT_ITEM = TypeAdapter(InputItem)
+_INPUT_ITEM = TypeAdapter(StoredInputItem)
 _RESPONSE_ITEM: TypeAdapter[ResponseItem] = TypeAdapter(ResponseItem)
 _ID_PREFIX = {
     "message": "msg",
@@ -91,7 +92,9 @@ class StoredTurn:
     def of(cls, response: Response, input_items: list[HistoryItem], tool_texts: Mapping[str, str] | None = None) -> StoredTurn:
         """The turn of `response`, made from `input_items` (each given an id if it has none)
         and `tool_texts` (`ResponseStream.tool_texts`, each kept to `MAX_KEPT_TOOL_TEXT_BYTES`)."""
-        return cls(response, with_ids(input_items), response.previous_response_id, kept_tool_texts(response.output, tool_texts))
+        return cls(
+            response, with_ids(input_items, response.id), response.previous_response_id, kept_tool_texts(response.output, tool_texts)
+        )
 
     def encode(self) -> bytes:
         record: dict[str, Any] = {
@@ -123,9 +126,14 @@ def kept_tool_texts(items: Iterable[Any], tool_texts: Mapping[str, str] | None) 
     return {item_id: cap_text(text, MAX_KEPT_TOOL_TEXT_BYTES) for item_id, text in tool_texts.items() if item_id in ids}
 
 
-def with_ids(items: list[HistoryItem]) -> list[HistoryItem]:
-    """Input items as stored: every item gets an id (the API lists them by id)."""
-    return [item if item.id else item.model_copy(update={"id": new_id(_ID_PREFIX[item.type])}) for item in items]
+def with_ids(items: list[HistoryItem], response_id: str | None) -> list[HistoryItem]:
+    """Items as stored: each one sent without an id gets one, of `response_id` for a turn's
+    input (the API lists them by id; an `item_reference` finds them by it), else a new one."""
+
+    def new(prefix: str, number: int) -> str:
+        return item_id(prefix, response_id, number) if response_id is not None else new_id(prefix)
+
+    return [item if item.id else item.model_copy(update={"id": new(_ID_PREFIX[item.type], number)}) for number, item in enumerate(items)]
 
 
 def output_as_input(response: Response, tool_texts: Mapping[str, str] | None = None) -> list[HistoryItem]:
@@ -333,6 +341,25 @@ class ResponseStore:
             items += turn.input
             items += output_as_input(turn.response, turn.tool_texts)
         return items
+
+    async def resolve(self, items: list[HistoryItem | ItemReference], *, stored: bool) -> list[HistoryItem]:
+        """`items` with each `item_reference` replaced by the item it names: an output or input
+        item of one of this tenant's stored responses, as a later turn's input shows it (one
+        read of that response, cached; whichever replica stored it). A 404 naming the item
+        otherwise (another tenant's, deleted, expired, never stored: `stored` says whether
+        this request stores its own, for OpenAI's hint)."""
+        resolved: list[HistoryItem] = []
+        for index, item in enumerate(items):
+            if not isinstance(item, ItemReference):
+                resolved.append(item)
+                continue
+            found = None
+            if (response_id := response_of_item(item.id)) is not None and (turn := await self._read(response_id)) is not None:
+                found = next((i for i in turn.input + output_as_input(turn.response, turn.tool_texts) if i.id == item.id), None)
+            if found is None:
+                raise item_not_found(item.id, index=index, stored=stored)
+            resolved.append(found)
+        return resolved
 
     async def input_items(self, response_id: str) -> list[ResponseItem] | None:
         """What the model saw for `response_id`, oldest first (earlier turns' inputs and

@@ -10,6 +10,7 @@ import httpx
 import pytest
 
 from tests.support import stateful_scenarios
+from tests.support.clients import HAVE_VERCEL_AI, vercel_ai
 from tests.support.contract import parse_sse
 
 
@@ -141,3 +142,33 @@ def test_embedded_store_replica_killed_then_replaced(serve_url):
     assert sdk.responses.retrieve(second.id).output_text == second.output_text
     with pytest.raises(openai.NotFoundError):
         sdk.responses.retrieve(before.id)
+
+
+@pytest.mark.parametrize("model", ["gpt-oss-replay", "qwen3-replay"])
+def test_an_item_reference_is_resolved_on_the_other_replica(ingress_urls, model):
+    """A tool turn stored by one ingress replica; its reasoning and call named by reference in a
+    request to the other: one read of the shared store finds them."""
+    first_replica, second_replica = ingress_urls
+    lookup = {"type": "function", "name": "lookup", "parameters": {"type": "object", "properties": {}}}
+    with httpx.Client(timeout=60) as http:
+        first = http.post(f"{first_replica}/responses", json={"model": model, "input": "call lookup {}", "tools": [lookup]}).json()
+        refs = [{"type": "item_reference", "id": item["id"]} for item in first["output"]]
+        call = first["output"][-1]
+        output = {"type": "function_call_output", "call_id": call["call_id"], "output": "from the other replica"}
+        second = http.post(f"{second_replica}/responses", json={"model": model, "input": [*refs, output], "tools": [lookup]})
+        assert second.status_code == 200, second.text
+        assert second.json()["output"][-1]["content"][0]["text"] == "Tool lookup returned: from the other replica"
+        unknown = http.post(f"{second_replica}/responses", json={"model": model, "input": [{"id": call["id"] + "0"}]})
+        assert unknown.status_code == 404
+
+
+@pytest.mark.parametrize("model", ["gpt-oss-replay", "qwen3-replay"])
+@pytest.mark.parametrize("scenario", ["generate-store", "stream-store", "stream-stateless"])
+def test_the_vercel_ai_sdk_through_the_proxy(serve_url, model, scenario):
+    """The real Vercel AI SDK's multi-step tool loop through Serve's proxy: each step may land
+    on either ingress replica (tests/clients/vercel_ai.mjs)."""
+    if not HAVE_VERCEL_AI:
+        pytest.skip("the Vercel AI SDK is not installed (make install: tests/clients/package.json)")
+    run = vercel_ai(serve_url, model, scenario, "sk-unused")
+    assert run["ok"], run
+    assert run["result"]["text"] == "Tool lookup returned: sunny in Paris"
