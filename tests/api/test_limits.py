@@ -170,6 +170,7 @@ def test_duplicate_tool_names_are_found_among_many():
     assert "duplicate function tool names: ['f7']" in error.message
 
 
+@pytest.mark.slow
 def test_many_items_are_validated_in_slices_with_their_place_named():
     """Items validated a slice at a time still name the item at fault by its place."""
     items = [{"role": "user", "content": "x"}] * 5_000 + [{"role": "robot", "content": "x"}]
@@ -245,6 +246,7 @@ JSON = st.recursive(
 )
 
 
+@pytest.mark.slow
 @settings(max_examples=300)
 @given(st.sampled_from(["input", "metadata", "user", "tools", "text", "instructions", "extra"]), JSON)
 def test_any_value_anywhere_is_a_request_or_a_400(field, value):

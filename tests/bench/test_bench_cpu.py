@@ -6,6 +6,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from bench.cpu import cores_by_role, cpu_seconds
 
 # A process that names itself as vLLM's do, burns `burn` seconds of its own CPU, then waits.
@@ -20,6 +22,7 @@ sys.stdin.read()
 """
 
 
+@pytest.mark.slow
 def test_cpu_of_descendants_is_counted_by_their_vllm_role():
     before = cpu_seconds(os.getpid())  # the children do not exist yet: they count from zero
     children = [

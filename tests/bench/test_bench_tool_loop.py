@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
+
 from bench.tool_loop import mcp_server, measure, summary
 from serve_app.config import ModelConfig, ToolsConfig
 from serve_app.engines import make_backend
@@ -12,6 +14,7 @@ from serve_app.runtime.models import served_model
 from serve_app.server.app import server_tool_runtime
 
 
+@pytest.mark.slow
 def test_the_bench_measures_each_calls_round():
     runtime = server_tool_runtime(ToolsConfig.model_validate({"mcp": {"allowed_urls": ["http://127.0.0.1:*/*"]}}), NoMetrics())
     config = ModelConfig(name="gpt-oss-replay")

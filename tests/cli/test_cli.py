@@ -26,6 +26,7 @@ def invoke(*args: str, env: dict[str, str | None] | None = None):
     return runner.invoke(app, list(args), env={"REDIS_URL": None, **(env or {})})
 
 
+@pytest.mark.slow
 def test_the_installed_command_lists_its_commands():
     command = Path(sys.executable).parent / "responses-serve"
     result = subprocess.run([str(command), "--help"], capture_output=True, text=True, timeout=120)

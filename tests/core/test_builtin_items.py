@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import re
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from openai_harmony import Message, Role
@@ -38,6 +39,7 @@ def _no_lone_surrogates(text: str) -> str:
     return re.sub("[\ud800-\udfff]", "\ufffd", text)
 
 
+@pytest.mark.slow
 @settings(max_examples=300)
 @given(code_texts, st.sampled_from([(",", ":"), (", ", ": "), (",\n", " : ")]), st.booleans(), st.lists(st.integers(1, 7), max_size=60))
 def test_the_code_of_a_json_call_streams_as_json_decodes_it(code, separators, ensure_ascii, sizes):
@@ -125,6 +127,7 @@ def builtin_completions(draw) -> tuple[list[int], list[tuple[str, str]]]:
 outcomes = st.sampled_from(["ok", "failed", "unfinished"])
 
 
+@pytest.mark.slow
 @settings(max_examples=150, suppress_health_check=[HealthCheck.too_slow])
 @given(builtin_completions(), st.lists(st.integers(1, 6), max_size=80), st.lists(outcomes, min_size=1, max_size=3), texts)
 def test_builtin_calls_keep_the_contract_in_any_batching_with_any_outcome(completion, sizes, results, answer):
@@ -195,6 +198,7 @@ markers = st.sampled_from(["【1†L2-L3】", "【4†L0】", "【9†L1】", "�
 answers = st.lists(st.one_of(texts, markers, st.sampled_from([". ", "\n", " "])), min_size=1, max_size=12).map("".join)
 
 
+@pytest.mark.slow
 @settings(max_examples=200, suppress_health_check=[HealthCheck.too_slow])
 @given(answers, st.lists(st.integers(1, 5), max_size=80))
 def test_citation_markers_become_exact_annotations_in_any_batching(answer, sizes):

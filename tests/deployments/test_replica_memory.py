@@ -29,6 +29,7 @@ class Kept:
     pass
 
 
+@pytest.mark.slow
 def test_report_names_the_type_and_line_that_grew():
     kept: list[Kept] = []
     memory_report(trace_frames=4)  # starts tracing: the baseline
@@ -74,6 +75,7 @@ def test_ingress_and_engine_replicas_report_their_own_memory(serve_url):
             assert reading["malloc"]["allocator"] == "jemalloc" and reading["malloc"]["in_use_mb"] > 0  # preloaded
 
 
+@pytest.mark.slow
 def test_rss_kinds_add_up_and_a_leak_shows_as_anon():
     before = memory_report()
     kinds = before["rss_kinds_mb"]
@@ -115,6 +117,7 @@ def test_heap_in_use_follows_a_live_allocation_under_either_allocator(preload):
     assert after["free_mb"] >= 0
 
 
+@pytest.mark.slow
 def test_established_tcp_connections_are_counted():
     before = memory_report()["tcp_connections"]
     with socket.socket() as listener:

@@ -23,6 +23,7 @@ def run_example(url: str, *command: str) -> str:
     return done.stdout
 
 
+@pytest.mark.slow
 def test_quickstart(inprocess_url):
     out = run_example(inprocess_url, sys.executable, "examples/quickstart.py").splitlines()
     assert out[:3] == ["['reasoning', 'message']", "Hello, 世界!", "And once more."]
@@ -30,6 +31,7 @@ def test_quickstart(inprocess_url):
     assert second > first  # the follow-up's prompt holds the first turn
 
 
+@pytest.mark.slow
 def test_streaming(inprocess_url):
     out = run_example(inprocess_url, sys.executable, "examples/streaming.py").splitlines()
     assert out[0] == "Stream me, please."  # the replay echoes, delta by delta
@@ -39,11 +41,13 @@ def test_streaming(inprocess_url):
     assert events[0][1] == "response.created" and events[-1][1] == "response.completed"
 
 
+@pytest.mark.slow
 def test_tools(inprocess_url):
     out = run_example(inprocess_url, sys.executable, "examples/tools.py").splitlines()
     assert out == ['the model calls get_weather({"city": "Paris"})', "Tool get_weather returned: sunny in Paris"]
 
 
+@pytest.mark.slow
 def test_agents_sdk(inprocess_url):
     out = run_example(inprocess_url, sys.executable, "examples/agents_sdk.py")
     assert out.splitlines() == ["Tool get_weather returned: sunny in Paris"]

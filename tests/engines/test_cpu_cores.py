@@ -139,6 +139,7 @@ LATE_THREAD = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 @needs_two_cores
 def test_moving_a_process_catches_the_threads_it_starts_meanwhile() -> None:
     """vLLM's engine core may still be starting threads when it is moved off the model's cores:
@@ -246,6 +247,7 @@ REQUEST_PATH = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 @needs_two_cores
 def test_processes_on_the_request_path_leave_the_launchers_batch_policy() -> None:
     """Our replicas and HAProxy (and what they start: vLLM's processes) run SCHED_OTHER, so

@@ -9,11 +9,14 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 from serve_app.engines.replay import _arguments
 
 SCHEMA = {"type": "object", "properties": {"a": {"type": "string", "pattern": "^(a+)+$"}}, "required": ["a"], "additionalProperties": False}
 
 
+@pytest.mark.slow
 def test_a_backtracking_pattern_against_the_written_text_ends():
     """In a process of its own: `re` holds the GIL, so a hang could not even be timed out here."""
     code = (

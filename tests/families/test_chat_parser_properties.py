@@ -162,6 +162,7 @@ def cuts(tokens: list[int], sizes: list[int]) -> list[list[list[int]]]:
 settings_ = settings(max_examples=150, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 
 
+@pytest.mark.slow
 @settings_
 @given(case=completions(), sizes=st.lists(st.integers(1, 6), max_size=120))
 def test_items_are_the_same_for_every_batching(tokenizer, case, sizes):
@@ -185,6 +186,7 @@ def test_a_call_that_is_no_json_object_shows_as_it_comes(tokenizer):
     assert [e.type for e in events] == []
 
 
+@pytest.mark.slow
 @settings(max_examples=25, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(text=plain, sizes=st.lists(st.integers(1, 6), max_size=80))
 def test_tags_split_at_every_position(tokenizer, text, sizes):
@@ -201,6 +203,7 @@ def test_tags_split_at_every_position(tokenizer, text, sizes):
                 assert items_of(run(tokenizer, Tags(THINK, TOOL), False, batches)) == expected
 
 
+@pytest.mark.slow
 @settings_
 @given(case=completions(), sizes=st.lists(st.integers(1, 6), max_size=120))
 def test_without_parsers_everything_is_one_message(tokenizer, case, sizes):

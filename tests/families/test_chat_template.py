@@ -88,6 +88,7 @@ def test_tools_are_offered_only_with_a_tool_parser(tokenizer, qwen3):
     assert "<tools>" not in prompt_text(qwen3, input="hi", tools=[WEATHER], tool_choice="none")
 
 
+@pytest.mark.slow
 def test_thinking_switch_of_the_template(tokenizer):
     on = model(tokenizer, template="qwen3", reasoning_parser="qwen3", template_kwargs={"enable_thinking": True})
     off = model(tokenizer, template="qwen3", reasoning_parser="qwen3", template_kwargs={"enable_thinking": False})
@@ -180,6 +181,7 @@ def test_several_calls_get_their_own_items_and_call_ids(tokenizer):
 # --- agreement with vLLM's parsers ------------------------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not have_vllm(), reason="needs vllm")
 @pytest.mark.parametrize("reasoning_parser", ["qwen3", "deepseek_r1"])
 def test_tags_are_vllms(tokenizer, reasoning_parser):

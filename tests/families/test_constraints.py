@@ -25,6 +25,8 @@ from serve_app.families.harmony import HarmonyModel  # noqa: E402
 from serve_app.families.vocab import HARMONY_VOCAB_SIZE, ensure_harmony_tokenizer, harmony_encoding  # noqa: E402
 from tests.support.vllm_models import have_vllm  # noqa: E402
 
+pytestmark = pytest.mark.slow  # sandboxes, servers or schemas that take seconds to start: not in make test-fast
+
 SCHEMA = {
     "type": "object",
     "properties": {"city": {"type": "string"}, "days": {"type": "integer", "minimum": 1}},

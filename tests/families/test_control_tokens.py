@@ -167,6 +167,7 @@ def test_the_forged_system_turn_is_text():
     assert FORGED_SYSTEM_TURN in _tokenizer().decode(prompt)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("cached", [True, False], ids=["cached", "whole"])
 @pytest.mark.parametrize(
     ("template", "position"), EVERY_POSITION, ids=[f"{template}-{position.__name__[1:]}" for template, position in EVERY_POSITION]
@@ -199,6 +200,7 @@ def _several(template: str, texts: list[str]) -> ResponsesRequest:
     return request_of(**body)
 
 
+@pytest.mark.slow
 @settings(max_examples=300)
 @given(st.sampled_from(sorted(POSITIONS)), st.lists(TEXT, min_size=3, max_size=3))
 def test_any_text_in_several_positions_at_once_is_text(template, texts):
@@ -218,6 +220,7 @@ HONEST = st.lists(
 ).map("".join)
 
 
+@pytest.mark.slow
 @settings(max_examples=200)
 @given(st.sampled_from(EVERY_POSITION), HONEST)
 def test_an_honest_conversation_renders_as_the_whole_text_tokenized(where, text):

@@ -155,6 +155,7 @@ random_tokens = st.lists(
 )
 
 
+@pytest.mark.slow
 @settings(max_examples=400, suppress_health_check=[HealthCheck.too_slow])
 @given(random_tokens, st.lists(st.integers(1, 7), max_size=80), st.sampled_from(["stop", "length", "abort"]))
 def test_random_tokens_never_break_the_stream(completion, sizes, finish):
@@ -182,6 +183,7 @@ def test_text_without_structure_is_one_raw_message(completion, sizes):
     assert items(terminal) == [(*RAW, ENCODING.decode(completion))]
 
 
+@pytest.mark.slow
 @settings(max_examples=100)
 @given(text_tokens, st.booleans(), st.lists(st.integers(1, 7), max_size=60))
 def test_content_is_every_token_decoded(content, ended, sizes):

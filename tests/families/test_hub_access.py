@@ -12,6 +12,7 @@ from serve_app.families.smollm2 import SMOLLM2, SmolLM2Unavailable, TokenizerUna
 OFFLINE_VARS = ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")
 
 
+@pytest.mark.slow
 def test_loading_tokenizers_never_switches_the_hub_off(tmp_path, monkeypatch):
     for var in OFFLINE_VARS:
         monkeypatch.delenv(var, raising=False)

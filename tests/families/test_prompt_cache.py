@@ -68,6 +68,7 @@ def requests(draw) -> ResponsesRequest:
     return ResponsesRequest.model_validate(body)
 
 
+@pytest.mark.slow
 @settings(max_examples=300)
 @given(requests(), st.integers(0, 8))
 def test_harmony_prompt_is_harmonys_own_cold_and_warm(request, earlier):
@@ -99,6 +100,7 @@ def chat_models(tokenizer, template: str | None) -> tuple[ChatTemplateModel, Cha
     return cached, whole
 
 
+@pytest.mark.slow
 @settings(max_examples=200)
 @given(requests(), st.integers(0, 8), st.sampled_from(["qwen3", None]))
 def test_chat_template_prompt_is_the_whole_texts_tokens(tokenizer, request, earlier, template):
@@ -119,6 +121,7 @@ def test_chat_template_prompt_is_the_whole_texts_tokens(tokenizer, request, earl
     assert cached.render_prompt(request, history) == expected
 
 
+@pytest.mark.slow
 @settings(max_examples=300)
 @given(
     st.lists(

@@ -58,6 +58,7 @@ def _splits_a_call(history: list, cut: int) -> bool:
     return any(isinstance(item, FunctionCallOutputItem) and calls[item.call_id] < cut <= index for index, item in enumerate(history))
 
 
+@pytest.mark.slow
 @settings(max_examples=150)
 @given(conversations())
 def test_cut_points_are_exactly_the_renderable_tails(history):
@@ -69,6 +70,7 @@ def test_cut_points_are_exactly_the_renderable_tails(history):
         render_prompt(REQUEST, history[:lead] + history[cut:])  # an orphaned output would be a 400
 
 
+@pytest.mark.slow
 @settings(max_examples=150)
 @given(conversations(), st.floats(0.0, 1.2))
 def test_fit_drops_the_fewest_oldest_items(history, fraction):
@@ -124,6 +126,7 @@ def _long_conversation(turns: int) -> list[dict]:
     return items
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("model", ["gpt-oss-replay", "qwen3-replay"])
 def test_auto_drops_old_turns_that_disabled_refuses(inprocess_url, model):
     """65 turns of ~2,000 tokens (~130k) and a last question, on a 131,072-token model: with
@@ -181,6 +184,7 @@ def test_bad_truncation_value_is_a_400(inprocess_url):
     assert response.json()["error"]["param"] == "truncation"
 
 
+@pytest.mark.slow
 def test_random_histories_through_the_api(inprocess_url):
     """Agent-style histories (calls and outputs in any order) cut at random budgets: every
     request is answered, never a 400 for an orphaned output."""

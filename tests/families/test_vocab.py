@@ -52,6 +52,7 @@ def test_encoding_is_loaded_once():
     assert vocab.harmony_encoding() is vocab.harmony_encoding()
 
 
+@pytest.mark.slow
 def test_the_harmony_tokenizer_is_gpt_oss_s_from_local_files(tmp_path, monkeypatch):
     """`tokenizer: o200k_harmony` (what a gpt-oss engine needs for structured outputs): the
     same ids as the harmony encoding for any text, special tokens included, and the same

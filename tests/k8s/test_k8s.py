@@ -13,6 +13,8 @@ from ray.serve.schema import ServeDeploySchema
 from serve_app.config import AppConfig
 from tests.k8s.manifests import rayservice, runs_ingress
 
+pytestmark = pytest.mark.slow  # sandboxes, servers or schemas that take seconds to start: not in make test-fast
+
 ROOT = Path(__file__).parents[2]
 MANIFESTS = sorted((ROOT / "k8s").glob("*.yaml"))  # RayServices, each followed by its NetworkPolicies
 # KubeRay's CRD (data for development and CI only; the product never reads it): shared/ beside

@@ -68,6 +68,7 @@ def test_the_manifests_are_the_ones_checked_here():
     )
 
 
+@pytest.mark.slow
 def test_every_object_but_the_rayservices_is_valid_kubernetes():
     """(The RayServices against KubeRay's CRD and their pod templates: tests/k8s/test_k8s.py.)"""
     for _path, document in every_document():

@@ -130,6 +130,7 @@ def test_the_users_file_holds_no_password_and_only_valkey_reads_it(k8s_valkey):
     assert "user default off" in text
 
 
+@pytest.mark.slow
 def test_no_one_gets_in_without_a_user_and_its_password(k8s_valkey):
     with pytest.raises(redis.AuthenticationError):  # the default user is off
         _client(k8s_valkey, None, None).get("responses-serve:x")

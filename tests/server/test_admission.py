@@ -38,6 +38,7 @@ def url(engine):
         yield url
 
 
+@pytest.mark.slow
 def test_background_runs_past_the_replicas_bound_are_503s(url, engine):
     with httpx.Client(base_url=url, timeout=30) as http:
         body = {"model": "slow", "input": LONG, "background": True}
@@ -70,6 +71,7 @@ def test_websocket_connections_past_the_replicas_bound_are_refused_with_503(url)
         assert socket_scenarios.until_end(connection)[-1]["type"] == "response.completed"
 
 
+@pytest.mark.slow
 def test_messages_queued_past_a_connections_bounds_are_429s_on_their_lane(url, engine):
     """One lane runs one response and queues one more (max_queued_per_lane); a third is
     refused on that lane; the connection queues two in all (max_queued_per_connection). The
@@ -116,6 +118,7 @@ def test_what_connections_keep_is_bounded_for_the_replica():
     assert replica.total == second.bytes == 0
 
 
+@pytest.mark.slow
 def test_request_bytes_in_flight_are_bounded_for_the_replica():
     """Bodies being read and parsed, and WebSocket requests queued or running, hold the
     replica's byte budget: one that does not fit is a 503 at once; the budget comes back."""
@@ -194,6 +197,7 @@ def _raw_client(url: str):
     return client
 
 
+@pytest.mark.slow
 def test_a_body_sent_too_slowly_is_a_408_and_gives_its_bytes_back(impatient):
     url, _, app = impatient
     client = _raw_client(url)
@@ -208,6 +212,7 @@ def test_a_body_sent_too_slowly_is_a_408_and_gives_its_bytes_back(impatient):
     assert wait_until(lambda: app.state.request_bytes.held == 0, timeout_s=5)
 
 
+@pytest.mark.slow
 def test_a_client_that_reads_nothing_of_its_stream_is_dropped_and_its_engine_request_aborted(impatient):
     url, engine, _ = impatient
     body = json.dumps({"model": "fast", "input": WORDS, "stream": True, "store": False}).encode()
@@ -223,6 +228,7 @@ def test_a_client_that_reads_nothing_of_its_stream_is_dropped_and_its_engine_req
     assert b"response.output_text.delta" in sent and b"event: response.completed" not in sent and b"response.incomplete" not in sent
 
 
+@pytest.mark.slow
 def test_a_websocket_client_that_reads_nothing_is_dropped(impatient):
     import base64
     import os

@@ -21,6 +21,7 @@ def test_template_that_opens_think_in_the_prompt(inprocess_url, scenario):
     scenario(inprocess_url, "qwen3-replay-thinking")
 
 
+@pytest.mark.slow
 def test_16_concurrent_streams(inprocess_url, replay_backend):
     sdk_scenarios.concurrent_streams(inprocess_url, 16)
     assert replay_backend.num_running() == 0

@@ -145,6 +145,7 @@ def _all_paths(app, prefix: str) -> list[str]:
     return paths + tricks
 
 
+@pytest.mark.slow
 def test_every_route_needs_a_key_but_health(app, url):
     tenant_scenarios.unauthenticated_everywhere(url, KEY_A, _all_paths(app, ""))
 

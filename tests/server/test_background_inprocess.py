@@ -56,6 +56,7 @@ def test_delete_while_running_stops_the_engine(bg_url, slow_backend):
     assert slow_backend.num_running() == 0
 
 
+@pytest.mark.slow
 def test_background_stream_cut_and_resumed(bg_url):
     bg_scenarios.background_stream_resume(bg_url, SLOW)
 
@@ -84,6 +85,7 @@ def test_agents_sdk_conversations_session(inprocess_url):
     bg_scenarios.agents_session(inprocess_url, MODEL)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("drain_s", [60.0, 0.0])
 def test_shutdown_waits_for_background_runs(replay_backend, drain_s):
     """Stopping the app (Serve stops a replica the same way: ASGI lifespan shutdown) waits

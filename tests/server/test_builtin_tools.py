@@ -35,6 +35,8 @@ from tests.support.contract import check_stream, parse_sse
 from tests.support.servers import uvicorn_server
 from tests.tools.browser.web import running_web
 
+pytestmark = pytest.mark.slow  # sandboxes, servers or schemas that take seconds to start: not in make test-fast
+
 MODELS = ["gpt-oss-replay", "qwen3-replay"]
 KEYS = {"team-a": "sk-team-a-test-key", "team-b": "sk-team-b-test-key"}
 CODE_INTERPRETER = {"type": "code_interpreter", "container": {"type": "auto"}}

@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections.abc import AsyncGenerator
 
 import httpx
+import pytest
 
 from serve_app.config import AuthConfig, ToolsConfig
 from serve_app.core.encrypted_reasoning import ReasoningCipher
@@ -58,6 +59,7 @@ def _salts(engine: Recording, url: str, key: str | None, body: dict) -> list[str
     return [request.cache_salt for request in engine.requests[seen:]]
 
 
+@pytest.mark.slow
 def test_each_tenant_has_its_own_salt_on_every_replica_and_tool_round():
     engine, store, key = Recording(), MemoryStore(), ReasoningCipher.generate_key()
     with (
@@ -78,6 +80,7 @@ def test_each_tenant_has_its_own_salt_on_every_replica_and_tool_round():
         assert not any(part in salt for part in ("team", *KEYS.values()))
 
 
+@pytest.mark.slow
 def test_a_tenant_hits_its_own_cached_prefix_only():
     """Through the API, on the replay engine's model of vLLM's prefix cache (through Serve:
     tests/deployments/test_tenants_e2e.py)."""
@@ -86,6 +89,7 @@ def test_a_tenant_hits_its_own_cached_prefix_only():
         tenant_scenarios.cached_prefixes_are_each_tenants_own([first, second], KEYS["team-a"], KEYS["team-b"])
 
 
+@pytest.mark.slow
 def test_the_salt_is_keyed_and_an_open_server_sends_none():
     engine, store = Recording(), MemoryStore()
     with (

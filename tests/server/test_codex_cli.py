@@ -20,7 +20,7 @@ import pytest
 INSTALLED = Path(__file__).resolve().parents[1] / "clients" / "node_modules" / ".bin" / "codex"
 CODEX = os.environ.get("CODEX_BIN") or (str(INSTALLED) if INSTALLED.exists() else None) or shutil.which("codex")
 EXAMPLE_CONFIG = Path(__file__).resolve().parents[2] / "examples" / "codex" / "config.toml"
-pytestmark = pytest.mark.skipif(not CODEX, reason="no codex binary (set CODEX_BIN or put codex on PATH)")
+pytestmark = [pytest.mark.skipif(not CODEX, reason="no codex binary (set CODEX_BIN or put codex on PATH)"), pytest.mark.slow]
 SCHEMA = {
     "type": "object",
     "properties": {"city": {"type": "string"}, "days": {"type": "integer", "minimum": 1}},

@@ -136,6 +136,7 @@ def slow_url():
         yield url
 
 
+@pytest.mark.slow
 def test_clients_read_a_stream_with_keepalives(slow_url):
     body = {"model": "slow", "input": "hello there", "stream": True}
     raw = httpx.post(f"{slow_url}/responses", json=body, timeout=60).content
@@ -152,6 +153,7 @@ def test_clients_read_a_stream_with_keepalives(slow_url):
     assert streamed[-1].response.output_text == "hello there"
 
 
+@pytest.mark.slow
 def test_a_followed_background_response_gets_keepalives(slow_url):
     body = {"model": "slow", "input": "hello there", "stream": True, "background": True}
     raw = httpx.post(f"{slow_url}/responses", json=body, timeout=60).content

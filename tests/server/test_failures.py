@@ -277,6 +277,7 @@ def test_the_key_check_is_pure_asgi():
     assert not any(issubclass(cls, BaseHTTPMiddleware) for cls in classes)
 
 
+@pytest.mark.slow
 def test_unavailable_model_is_a_503_before_any_work():
     """A model whose engine has no running replica is refused at once, stream or not; the
     other models serve. (Where `unavailable` comes from, Serve's status: tests/multinode.)"""

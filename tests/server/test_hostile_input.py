@@ -81,6 +81,7 @@ def test_text_that_is_not_text_is_refused_and_never_stored(slow_app):
     assert store.stats()["entries"] == before
 
 
+@pytest.mark.slow
 def test_big_refusals_leave_other_streams_flowing(slow_app):
     """While 50,000 tools and 50,000 input items are refused (each a 400 by its count), a
     stream on the same replica goes on: its longest gap between events stays under 100 ms

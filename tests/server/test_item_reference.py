@@ -126,6 +126,7 @@ def test_a_reference_that_is_not_a_string_id_is_a_400(base):
             assert answer.json()["error"]["param"].startswith("input[0]")
 
 
+@pytest.mark.slow
 @needs_vercel_ai
 @pytest.mark.parametrize("model", FAMILIES)
 @pytest.mark.parametrize("scenario", ["generate-store", "stream-store", "generate-stateless", "stream-stateless"])
@@ -142,6 +143,7 @@ def test_the_vercel_ai_sdk_runs_a_multi_step_tool_loop(base, model, scenario):
         assert ("reasoning" in second_input) is scenario.endswith("-stateless")
 
 
+@pytest.mark.slow
 @needs_vercel_ai
 @pytest.mark.parametrize("scenario", ["structured", "previous-response"])
 def test_the_vercel_ai_sdk_structured_output_and_previous_response_id(base, scenario):

@@ -63,6 +63,7 @@ def replica_urls(metrics):
         yield [first, second]
 
 
+@pytest.mark.slow
 def test_requests_per_minute_holds_across_replicas_and_the_sdk_retries(replica_urls, metrics):
     tenant_scenarios.burst_within_requests_per_minute(replica_urls, KEYS["burst"], per_minute=12)
     tenant_scenarios.the_sdk_retries_after_a_429(replica_urls[1], KEYS["burst"])
@@ -113,6 +114,7 @@ def test_a_websocket_create_counts_and_is_refused_with_an_error_event(replica_ur
     assert ("socket", 429, "requests_per_minute") in metrics.seen
 
 
+@pytest.mark.slow
 def test_tokens_per_minute_counts_exactly_the_usage_of_every_generation():
     """The tokens bucket is charged what `usage.total_tokens` reports, input and output, for a
     plain response and for one whose MCP listing (made before the first generation, which it

@@ -71,6 +71,7 @@ def test_build_app_refuses_streams_longer_than_haproxy_keeps_them(monkeypatch):
         build_app({"models": [MODEL], "max_stream_duration_s": 3600})
 
 
+@pytest.mark.slow
 def test_a_stream_that_outlives_the_maximum_is_ended_with_response_failed():
     # One token per 50 ms step: the echo of this input takes far longer than the maximum.
     engine = ReplayBackend(ReplayConfig(min_step_tokens=1, max_step_tokens=1, step_delay_s=0.05))

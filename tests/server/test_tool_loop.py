@@ -98,6 +98,7 @@ def never(url: str, **options) -> dict:
     return mcp_tool(url, require_approval="never", **options)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("model", ["gpt-oss-replay", "qwen3-replay"])
 @pytest.mark.parametrize("transport", ["streamable", "sse"])
 def test_a_call_runs_inside_the_response(url, servers, record, model, transport):
@@ -160,6 +161,7 @@ def test_a_failing_tool_is_an_error_the_model_reads(url, servers, record):
     assert terminal.status == "completed" and terminal.output[-1].content[0].text.startswith("Tool lab.fail returned: Error:")
 
 
+@pytest.mark.slow
 def test_a_hanging_tool_times_out_and_the_response_ends(url, servers, record):
     terminal, _ = stream(url, {"model": "gpt-oss-replay", "input": 'call lab.hang {"seconds": 30}', "tools": [never(servers.streamable)]})
     call = terminal.output[2]
@@ -178,6 +180,7 @@ def test_an_unreachable_server_is_a_failed_listing_and_the_response_goes_on(url,
     assert terminal.status == "completed" and terminal.output[-1].content[0].text == CALL_ECHO  # no tool: the model answered
 
 
+@pytest.mark.slow
 def test_oversized_output_is_cut_and_an_oversized_message_fails(url, servers, record):
     tools = [never(servers.streamable)]
     terminal, _ = stream(url, {"model": "gpt-oss-replay", "input": 'call lab.big {"size": 3000}', "tools": tools})
@@ -211,6 +214,7 @@ def test_a_server_url_outside_allowed_urls_is_a_400_and_no_connection(url, serve
     assert record.requests == []
 
 
+@pytest.mark.slow
 def test_a_name_resolving_to_a_private_address_is_refused_unless_named(servers, record):
     # mcp.test resolves to 127.0.0.1; the only pattern names mcp.test, not the address.
     with uvicorn_server(app_with({"mcp": {"allowed_urls": ["http://mcp.test:*/*", "http://rebind.test:*/*"]}})) as base:
@@ -231,6 +235,7 @@ def test_a_redirect_off_the_origin_is_not_followed(url, servers, record):
     assert servers.redirect_record.requests and record.requests == []  # the target never heard of it
 
 
+@pytest.mark.slow
 def test_a_redirect_within_the_origin_to_a_path_off_allowed_urls_is_not_followed(servers, record):
     moved = servers.moved_record
     with uvicorn_server(app_with({"mcp": {"allowed_urls": [servers.moved]}})) as base:  # that path only
@@ -262,6 +267,7 @@ def test_a_built_in_tools_configured_server_is_followed_on_its_own_origin(server
     assert asyncio.run(call()) == "hi" and "/moved/mcp" in {path for _, path, _ in servers.moved_record.requests}
 
 
+@pytest.mark.slow
 def test_headers_go_to_their_server_only_and_are_never_kept(url, servers, record, store, caplog):
     auth = servers.auth_record
     auth.clear()
@@ -307,6 +313,7 @@ def test_a_key_in_the_server_url_is_never_logged(url, servers, caplog):
     assert "MCP" in caplog.text and TOKEN not in caplog.text
 
 
+@pytest.mark.slow
 def test_approval_is_asked_by_default_and_the_server_sees_exactly_the_approved_calls(url, servers, record):
     tools = [mcp_tool(servers.streamable)]  # require_approval unset: OpenAI's default, always
     asked = post(url, {"model": "gpt-oss-replay", "input": 'call lab.delete {"id": "a"}', "tools": tools}).json()
@@ -524,6 +531,7 @@ def test_a_tool_call_counts_in_the_tenants_quota(servers, record):
         assert http.post(f"{base}/responses", json={"model": "gpt-oss-replay", "input": "two"}).status_code == 429
 
 
+@pytest.mark.slow
 def test_a_server_that_accepts_and_never_answers_times_out_the_listing(servers, record):
     import socket
 
@@ -557,6 +565,7 @@ def items(response, kind: str) -> list:
     return [item for item in response.output if item.type == kind]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("parallel", [True, False])
 def test_parallel_tool_calls_runs_a_rounds_calls_side_by_side_or_one_after_the_other(several, servers, record, parallel):
     body = {"model": "qwen3-replay", "input": f"{MEET}\n{MEET}", "tools": [never(servers.streamable)], "parallel_tool_calls": parallel}
@@ -567,6 +576,7 @@ def test_parallel_tool_calls_runs_a_rounds_calls_side_by_side_or_one_after_the_o
     assert record.calls == [("meet", {"count": 2})] * 2 and terminal.parallel_tool_calls is parallel
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("model", "kinds"),
     [
@@ -617,6 +627,7 @@ def test_of_two_approval_requests_the_server_sees_exactly_the_approved_call(seve
     assert ran["output"][-1]["type"] == "message" and ran["status"] == "completed"
 
 
+@pytest.mark.slow
 def test_approvals_one_round_after_the_other(several, servers, record):
     """gpt-oss asks for one call a round: approving it runs it and the model goes on to ask
     for the next; denying that one tells the model, which answers."""
@@ -650,6 +661,7 @@ class EndingBackend(ReplayBackend):
                 yield batch
 
 
+@pytest.mark.slow
 def test_a_client_gone_in_the_next_round_aborts_that_rounds_engine_request(servers, record):
     """The second round answers with the tool's long output (a few hundred engine steps); the
     client leaves at its first event, and that engine request is aborted there."""

@@ -22,6 +22,7 @@ from tests.support.servers import uvicorn_server, wait_until
 SLOW = ReplayConfig(min_step_tokens=1, max_step_tokens=1, step_delay_s=0.02)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("model", REPLAY_MODELS)
 @pytest.mark.parametrize("scenario", socket_scenarios.ALL, ids=lambda f: f.__name__)
 def test_scenario(inprocess_url, scenario, model):
@@ -40,6 +41,7 @@ def slow_url(slow_engine):
         yield url
 
 
+@pytest.mark.slow
 def test_lanes_run_side_by_side(slow_url):
     socket_scenarios.lanes_run_side_by_side(slow_url, "slow")
 

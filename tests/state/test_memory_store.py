@@ -8,6 +8,8 @@ from __future__ import annotations
 import asyncio
 import random
 
+import pytest
+
 from serve_app.state import MemoryStore
 
 
@@ -44,6 +46,7 @@ class Clock:
 KEYS = 100_000
 
 
+@pytest.mark.slow
 def test_writes_at_100k_keys_compare_the_time_a_few_times_each():
     clock = Clock()
     store = MemoryStore(max_entries=KEYS, max_bytes=1 << 30, clock=clock)

@@ -22,6 +22,7 @@ async def test_a_bucket_starts_full_and_refuses_when_empty(store: Store):
     assert (await store.take("other", capacity=3, per_s=0.001, cost=1, need=1))[0]  # buckets are per key
 
 
+@pytest.mark.slow
 async def test_a_bucket_refills_continuously_up_to_its_capacity(store: Store):
     await store.take("b", capacity=4, per_s=20, cost=4, need=1)
     assert not (await store.take("b", capacity=4, per_s=20, cost=1, need=1))[0]

@@ -60,6 +60,7 @@ async def test_concurrent_requests_hold_leases_until_released(store):
     assert len(quota.keeper) == 0
 
 
+@pytest.mark.slow
 async def test_a_dead_replicas_leases_expire_and_a_live_ones_are_renewed(store):
     live, dead = LeaseKeeper(store, ttl_s=0.4), LeaseKeeper(store, ttl_s=0.4)
     on_live = TenantQuota(store, "team-a", QuotaLimits(max_concurrent_requests=2), live)
@@ -77,6 +78,7 @@ async def test_a_dead_replicas_leases_expire_and_a_live_ones_are_renewed(store):
     await asyncio.gather(held.release(), second.release())
 
 
+@pytest.mark.slow
 async def test_an_admission_dropped_unreleased_is_no_longer_renewed(store):
     quota = _quota(store, max_concurrent_requests=1)
     await quota.admit()  # dropped at once: a stream that never started

@@ -37,11 +37,13 @@ def stateful_url(request, replay_backend):
         yield url
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("scenario", stateful_scenarios.SCENARIOS, ids=lambda f: f.__name__)
 def test_stateful_scenario(stateful_url, scenario):
     scenario(stateful_url)
 
 
+@pytest.mark.slow
 def test_redis_down_then_back(tmp_path, replay_backend):
     """Redis stops: stateless requests still work, stateful ones get 503 store_unavailable
     (never a hang, never a half-stored response); Redis returns: everything works again."""
@@ -119,6 +121,7 @@ def test_a_turn_its_conversation_missed_is_failed_and_not_kept(replay_backend):
         assert sdk.responses.retrieve(kept.id).status == "completed"
 
 
+@pytest.mark.slow
 def test_a_stalled_store_is_unavailable_not_a_hang(tmp_path):
     """A Redis that accepts connections but never answers (SIGSTOP): every call ends with
     StoreUnavailable within the timeout; after SIGCONT the same store object works."""

@@ -46,6 +46,7 @@ async def test_delete(store: Store):
     assert await store.length("l") == 0
 
 
+@pytest.mark.slow
 async def test_ttl_expires_values_and_lists(store: Store):
     await store.put("short", b"1", ttl_s=0.2)
     await store.append("short-list", [b"1"], ttl_s=0.2)
@@ -56,6 +57,7 @@ async def test_ttl_expires_values_and_lists(store: Store):
     assert await store.get("long") == b"1"
 
 
+@pytest.mark.slow
 async def test_expire_refreshes_existing_keys_only(store: Store):
     await store.put("v", b"1", ttl_s=0.3)
     await store.append("l", [b"1"], ttl_s=0.3)
@@ -81,6 +83,7 @@ async def test_compare_and_set(store: Store):
     assert await store.compare_and_set("k", b"owner-1", None, ttl_s=60) is False
 
 
+@pytest.mark.slow
 async def test_compare_and_set_sets_ttl(store: Store):
     assert await store.compare_and_set("lease", None, b"me", ttl_s=0.2)
     await asyncio.sleep(0.6)

@@ -24,5 +24,5 @@ for _listener in SIDE_PORTS:  # HAProxy's stats and metrics, Serve's fallback pr
     os.environ[_listener] = str(free_port())
 # Ray's processes report metrics every 2 s instead of 10 s: the metric tests see what they
 # wait for sooner, and a gauge series not set again is dropped after 4 s instead of 20 s
-# (the gauges follow it: deployments/metrics.gauge_refresh_s).
+# (the gauges follow it: deployments/metrics.py `gauge_refresh_s`).
 os.environ.setdefault("RAY_metrics_report_interval_ms", "2000")

@@ -47,6 +47,7 @@ def browser_process(*args: str, env: dict[str, str] | None = None) -> Iterator[t
         process.wait(timeout=30)
 
 
+@pytest.mark.slow
 def test_the_command_serves_search_and_open(web: Web) -> None:
     web.results = [{"url": web.url("/pages/channels"), "title": "Channels", "content": "three"}]
 
@@ -63,6 +64,7 @@ def test_the_command_serves_search_and_open(web: Web) -> None:
     assert opened.meta[RESULT_META_KEY]["pages"]["1"]["title"] == "Channels"
 
 
+@pytest.mark.slow
 def test_the_tavily_key_comes_from_the_environment_and_is_never_printed(web: Web) -> None:
     web.results = [{"url": "https://a.example/", "title": "A", "content": "a"}]
 

@@ -147,6 +147,7 @@ def test_a_name_resolving_to_any_refused_address_is_refused(web: Web) -> None:
 # --- the connection goes where the check looked ---
 
 
+@pytest.mark.slow
 def test_the_checked_address_is_the_one_connected_to_with_the_host_header_kept(web: Web) -> None:
     # The name resolves once; a second lookup (a rebinding attacker's chance) would fail.
     names = Names({"pages.example": "127.0.0.1"})
@@ -242,6 +243,7 @@ def test_allowed_domains_filter_search_results_and_every_page(web: Web) -> None:
 # --- caps: size, time, content type ---
 
 
+@pytest.mark.slow
 def test_a_huge_page_is_read_up_to_the_cap(web: Web) -> None:
     outcome = open_url(make(web, allow=("127.0.0.1",), limits=FetchLimits(max_bytes=64 * 1024)), web.url("/huge"))
     assert not outcome.is_error, outcome.text
@@ -249,6 +251,7 @@ def test_a_huge_page_is_read_up_to_the_cap(web: Web) -> None:
     assert outcome.text.startswith(f"[0] Huge ({web.url('/huge')})")
 
 
+@pytest.mark.slow
 def test_a_slow_page_times_out(web: Web) -> None:
     outcome = open_url(make(web, allow=("127.0.0.1",), limits=FetchLimits(timeout_s=1)), web.url("/slow"))
     assert outcome.is_error
@@ -304,6 +307,7 @@ def test_allow_hosts_rejects_what_is_not_a_host() -> None:
     assert rules.allows_address(ipaddress.ip_address("::1")) and not rules.allows_address(LOOPBACK)
 
 
+@pytest.mark.slow
 def test_a_compression_bomb_is_inflated_only_up_to_the_cap(web: Web) -> None:
     # 64 KiB of gzip that would inflate to 64 MiB: read to 256 KiB, no more.
     outcome = open_url(make(web, allow=("127.0.0.1",), limits=FetchLimits(max_bytes=256 * 1024)), web.url("/bomb"))

@@ -34,6 +34,7 @@ def sandbox_processes(pid: int) -> list[psutil.Process]:
     return [root, *root.children(recursive=True)]
 
 
+@pytest.mark.slow
 async def test_expiry_removes_the_interpreter_and_its_files(runtime: Runtime):
     async with ContainerManager(runtime, SandboxLimits(), ContainerLimits(ttl_s=0.5)) as manager:
         container, result = await manager.run("tenant", None, "open('/mnt/data/kept', 'w').write('x')\nvalue = 1")
@@ -55,6 +56,7 @@ async def test_expiry_removes_the_interpreter_and_its_files(runtime: Runtime):
         assert missing.value.reason == "not_found"
 
 
+@pytest.mark.slow
 async def test_delete_kills_at_once_and_only_for_the_owner(runtime: Runtime):
     async with ContainerManager(runtime) as manager:
         container, _ = await manager.run("tenant", None, "x = 1")
@@ -83,6 +85,7 @@ async def test_container_limits_per_owner_and_per_server(runtime: Runtime):
         assert len(manager.owned("a")) == 2 and len(manager.owned("b")) == 1 and manager.owned("c") == []
 
 
+@pytest.mark.slow
 async def test_a_cancelled_call_kills_its_cell(runtime: Runtime):
     async with ContainerManager(runtime) as manager:
         container, _ = await manager.run("tenant", None, "x = 1")
@@ -101,6 +104,7 @@ async def test_a_cancelled_call_kills_its_cell(runtime: Runtime):
         assert result.output == "None\n"
 
 
+@pytest.mark.slow
 async def test_the_event_loop_turns_while_cells_run(runtime: Runtime):
     async with ContainerManager(runtime, SandboxLimits(timeout_s=2)) as manager:
         endless = asyncio.create_task(manager.run("tenant", None, "while True:\n    pass"))
@@ -111,6 +115,7 @@ async def test_the_event_loop_turns_while_cells_run(runtime: Runtime):
     assert result.status == "timeout"
 
 
+@pytest.mark.slow
 async def test_calls_on_one_container_run_one_after_the_other(runtime: Runtime):
     async with ContainerManager(runtime) as manager:
         container, _ = await manager.run("tenant", None, "order = []")

@@ -45,7 +45,7 @@ from tests.tools.python.conftest import (
     text,
 )
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.anyio, pytest.mark.slow]  # sandboxes that take seconds to start: not in make test-fast
 
 ROOT = Path(__file__).resolve().parents[3]
 

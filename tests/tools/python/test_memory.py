@@ -19,7 +19,7 @@ from tests.tools.python.conftest import (
     text,
 )
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.anyio, pytest.mark.slow]  # sandboxes that take seconds to start: not in make test-fast
 
 MEMORY_MB = 64  # small: the attack stays cheap on a shared machine
 
