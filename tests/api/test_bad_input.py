@@ -334,7 +334,8 @@ def assert_openai_error(response: httpx.Response, status: int) -> dict:
     assert set(body) == {"error"}
     error = body["error"]
     assert set(error) == {"message", "type", "param", "code"}
-    assert isinstance(error["message"], str) and len(error["message"]) > 10
+    assert isinstance(error["message"], str)
+    assert len(error["message"]) > 10
     assert error["type"] in ("invalid_request_error", "server_error")
     return error
 

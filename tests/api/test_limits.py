@@ -231,7 +231,9 @@ def test_a_websocket_message_is_decoded_as_strictly(name, body, code, param):
     except APIError as error:  # the message itself is unusable
         assert error.code == code
         return
-    assert isinstance(event, CreateEvent) and event.error is not None and event.error.code == code
+    assert isinstance(event, CreateEvent)
+    assert event.error is not None
+    assert event.error.code == code
 
 
 JSON = st.recursive(

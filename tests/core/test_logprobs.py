@@ -165,7 +165,8 @@ def test_chat_template_logprobs_are_the_same_for_every_batching(chat_model, case
                 if delta["logprobs"]:
                     carried = chat_model.token_bytes(_token_id(tokens, delta["logprobs"][-1]))
                 else:
-                    assert carried and delta["delta"].encode() in carried, (delta, carried)
+                    assert carried, (delta, carried)
+                    assert delta["delta"].encode() in carried, (delta, carried)
             positions = [round(-e["logprob"] * 1024) for e in part]
             assert positions == sorted(set(positions))  # each token once, in order
             # The message's tokens write its text (and whitespace trimmed at its edges).
@@ -271,11 +272,14 @@ def test_token_bytes_of_the_vocabularies(chat_model):
     (zurich,) = tokenizer.encode(" Zürich", add_special_tokens=False)[:1]
     assert chat_model.token_bytes(zurich) == b" Z"
     assert chat_model.token_bytes(tokenizer.eos_token_id) == tokenizer.eos_token.encode()
-    assert not chat_model.writes_text(tokenizer.eos_token_id) and chat_model.writes_text(zurich)
+    assert not chat_model.writes_text(tokenizer.eos_token_id)
+    assert chat_model.writes_text(zurich)
     assert chat_model.token_bytes(len(tokenizer) + 5) == b""
     harmony = HarmonyModel()
-    assert harmony.token_bytes(200002) == b"<|return|>" and not harmony.writes_text(200002)
-    assert harmony.token_bytes(10**6) == b"" and harmony.token_bytes(13225) == b"Hello"
+    assert harmony.token_bytes(200002) == b"<|return|>"
+    assert not harmony.writes_text(200002)
+    assert harmony.token_bytes(10**6) == b""
+    assert harmony.token_bytes(13225) == b"Hello"
 
     llama2 = sentencepiece_tokenizer.__wrapped__()  # the fixture's function: a Llama-2-style vocabulary
     vocabulary = Vocabulary(llama2, skip_ids=llama2.all_special_ids)

@@ -127,7 +127,8 @@ def test_truncation_is_a_prefix_and_incomplete(completion, sizes, data):
     got = items_of(terminal)
     assert len(got) <= len(expected)
     for (kind, text), (expected_kind, expected_text) in zip(got, expected):
-        assert kind == expected_kind and expected_text.startswith(text)
+        assert kind == expected_kind
+        assert expected_text.startswith(text)
     assert all(item.status in ("completed", "incomplete") for item in terminal.output)
 
 
@@ -136,7 +137,8 @@ def test_tool_call_namespace_and_name():
     _, response = run([tokens])
     (call,) = response.output
     assert (call.name, call.namespace, call.arguments) == ("lookup", "crm", "{}")
-    assert call.call_id.startswith("call_") and call.id.startswith("fc_")
+    assert call.call_id.startswith("call_")
+    assert call.id.startswith("fc_")
 
 
 def test_engine_failure_closes_open_item_then_fails():
@@ -145,7 +147,8 @@ def test_engine_failure_closes_open_item_then_fails():
     events = stream.start() + stream.feed(TokenBatch(tokens[:4]))  # header + "partial"
     events += stream.fail("engine died")
     terminal = check_stream(events)
-    assert terminal.status == "failed" and terminal.error.code == "server_error"
+    assert terminal.status == "failed"
+    assert terminal.error.code == "server_error"
     assert terminal.output[0].status == "incomplete"
 
 
@@ -178,9 +181,11 @@ def test_unparseable_completion_fails_cleanly(caplog):
     # traceback go to the log.
     assert terminal.status == "failed"
     assert terminal.error.message == f"The model produced output that could not be parsed (response {terminal.id})."
-    assert "10.0.0.7" not in terminal.error.message and "4242" not in terminal.error.message
+    assert "10.0.0.7" not in terminal.error.message
+    assert "4242" not in terminal.error.message
     [record] = [r for r in caplog.records if terminal.id in r.getMessage()]
-    assert record.exc_info is not None and "Traceback" in caplog.text
+    assert record.exc_info is not None
+    assert "Traceback" in caplog.text
     assert [(item.status, item.content[0].text) for item in terminal.output] == [("completed", "first")]
 
 
@@ -210,5 +215,6 @@ def test_delta_events_are_what_validation_would_make(completion, sizes):
     assert deltas
     for event in deltas:
         validated = type(event).model_validate(dict(event))
-        assert event == validated and event.model_fields_set == validated.model_fields_set
+        assert event == validated
+        assert event.model_fields_set == validated.model_fields_set
         assert event.model_dump_json() == validated.model_dump_json()

@@ -44,7 +44,8 @@ def test_a_key_keeps_its_replica_unless_that_one_goes(replicas, key):
 
 def test_keys_spread_evenly_over_replicas():
     counts = collections.Counter(preferred_replica(f"conversation {i}", ["a", "b", "c", "d"]) for i in range(4000))
-    assert set(counts) == {"a", "b", "c", "d"} and all(800 < n < 1200 for n in counts.values())
+    assert set(counts) == {"a", "b", "c", "d"}
+    assert all(800 < n < 1200 for n in counts.values())
 
 
 def test_a_busy_preferred_replica_is_passed_over():
@@ -72,7 +73,8 @@ def test_the_affinity_key_is_what_every_turn_of_a_conversation_shares():
     first = [{"role": "developer", "content": "be brief"}, {"role": "user", "content": "plan a trip"}]
     later = first + [{"role": "assistant", "content": "where to?"}, {"role": "user", "content": "Rome"}]
     keys = [affinity_key(request, request.input_items()) for request in (_request(input=first), _request(input=later))]
-    assert keys[0] == keys[1] and keys[0].startswith("user:")
+    assert keys[0] == keys[1]
+    assert keys[0].startswith("user:")
     other = _request(input=[{"role": "user", "content": "plan a hike"}])
     assert affinity_key(other, other.input_items()) != keys[0]
     keyed = _request(input=later, prompt_cache_key="session-7")

@@ -278,7 +278,9 @@ def test_a_byte_level_vocabulary_is_decoded_from_its_bytes(tokenizer, vocabulary
     assert 0 < len(partial_ids) < len(tokenizer) // 100
     for token_id in partial_ids:
         raw = vocabulary.token_bytes[token_id]
-        assert raw and not raw.isascii() and raw.decode("utf-8", "replace") == tokenizer.decode([token_id])
+        assert raw
+        assert not raw.isascii()
+        assert raw.decode("utf-8", "replace") == tokenizer.decode([token_id])
     assert vocabulary.token_bytes[tokenizer.encode(" Zürich")[0]] == b" Z"
     assert all(vocabulary.token_bytes[i] == b"" for i in tokenizer.all_special_ids)
 

@@ -84,7 +84,8 @@ def test_the_harmony_tokenizer_is_gpt_oss_s_from_local_files(tmp_path, monkeypat
         ids = encoding.encode(text, allowed_special="all")
         assert tokenizer.encode(text, add_special_tokens=False) == ids, text
         assert tokenizer.decode(ids) == text
-    assert tokenizer.eos_token_id == 200002 and tokenizer.convert_tokens_to_ids("<|channel|>") == 200005
+    assert tokenizer.eos_token_id == 200002
+    assert tokenizer.convert_tokens_to_ids("<|channel|>") == 200005
 
     info = xgr.TokenizerInfo.from_huggingface(tokenizer, vocab_size=vocab.HARMONY_VOCAB_SIZE)
     assert info.vocab_type == xgr.VocabType.BYTE_LEVEL

@@ -41,9 +41,11 @@ def test_a_tenant_cannot_hold_every_connection_of_a_replica(url):
             with socket_scenarios.socket(url, _key(KEY_B)):
                 pass
         response = refused.value.response
-        assert response.status_code == 429 and response.headers["retry-after"] == "1"
+        assert response.status_code == 429
+        assert response.headers["retry-after"] == "1"
         error = json.loads(response.body)["error"]
-        assert error["code"] == "too_many_connections" and "replica_limits.max_websockets_per_tenant" in error["message"]
+        assert error["code"] == "too_many_connections"
+        assert "replica_limits.max_websockets_per_tenant" in error["message"]
         with socket_scenarios.socket(url, _key(KEY_A)) as connection:  # A still gets in, and is served
             socket_scenarios.create(connection, model="gpt-oss-replay", input="hello")
             assert socket_scenarios.until_end(connection)[-1]["type"] == "response.completed"

@@ -84,7 +84,8 @@ def non_stream_echo(base_url: str, model: str = MODEL) -> None:
     assert response.status == "completed"
     assert response.output_text == text
     assert output_texts(response)[0] == ("reasoning", f"The user wrote {len(text)} characters.")
-    assert response.usage.input_tokens > 0 and response.usage.output_tokens > 0
+    assert response.usage.input_tokens > 0
+    assert response.usage.output_tokens > 0
     assert response.usage.output_tokens_details.reasoning_tokens > 0
 
 
@@ -107,8 +108,10 @@ def stream_helper_accumulates(base_url: str, model: str = MODEL) -> None:
             events.append(event)
         final = stream.get_final_response()
     terminal = events[-1]
-    assert terminal.type == "response.completed" and [e.sequence_number for e in events] == list(range(len(events)))
-    assert final.id == terminal.response.id and final.status == "completed"
+    assert terminal.type == "response.completed"
+    assert [e.sequence_number for e in events] == list(range(len(events)))
+    assert final.id == terminal.response.id
+    assert final.status == "completed"
     assert final.output_text == "accumulate me ✓"
     assert output_texts(final) == output_texts(terminal.response)
     assert final.usage == terminal.response.usage
@@ -122,7 +125,8 @@ def tool_call_round_trip(base_url: str, model: str = MODEL) -> None:
     assert len(calls) == 1
     call = calls[0]
     assert (call.name, json.loads(call.arguments)) == ("get_weather", {"city": "Paris"})
-    assert call.call_id and call.id.startswith("fc_")
+    assert call.call_id
+    assert call.id.startswith("fc_")
     history = [user] + [item.model_dump(exclude_none=True) for item in first.output]
     history.append({"type": "function_call_output", "call_id": call.call_id, "output": "sunny, 21 °C"})
     second = sdk.responses.create(model=model, input=history, tools=[WEATHER_TOOL])
@@ -188,7 +192,8 @@ def codex_shaped_request(base_url: str, model: str = MODEL) -> None:
     assert (call["name"], json.loads(call["arguments"])) == ("shell", {"command": ["ls"]})
     # include asked for it: the reasoning is sealed, not readable in the blob.
     reasoning = [item for item in terminal["output"] if item["type"] == "reasoning"][0]
-    assert reasoning["encrypted_content"] and reasoning["content"][0]["text"] not in reasoning["encrypted_content"]
+    assert reasoning["encrypted_content"]
+    assert reasoning["content"][0]["text"] not in reasoning["encrypted_content"]
     # Codex's next turn: the reasoning item as it came (content null), the call with id and status, the output.
     body["input"] += [
         {"type": "reasoning", "id": reasoning["id"], "summary": [], "content": None, "encrypted_content": reasoning["encrypted_content"]},
@@ -240,7 +245,8 @@ def input_tokens_count(base_url: str, model: str = MODEL) -> None:
             ({"model": model, "input": "hi", "tools": [{"type": "function"}]}, 400),
         ):
             response = http.post(f"{base_url}/responses/input_tokens", json=body)
-            assert response.status_code == status and set(response.json()["error"]) == {"message", "type", "param", "code"}
+            assert response.status_code == status
+            assert set(response.json()["error"]) == {"message", "type", "param", "code"}
 
 
 def max_output_tokens_incomplete(base_url: str, model: str = MODEL) -> None:

@@ -320,7 +320,8 @@ class Interpreter:
             watchdog.cancel()
 
     async def _cell(self, output: _Output) -> CellResult:
-        assert self._process.stderr is not None and self._process.stdout is not None
+        assert self._process.stderr is not None
+        assert self._process.stdout is not None
         if not await output.read_until_sentinel(self._process.stderr):
             return await self._crashed(output)
         self._pending = output.after
