@@ -205,5 +205,5 @@ def test_a_blob_opens_for_the_tenant_it_was_sealed_for_only():
     for other in (b, untenanted):
         with pytest.raises(ValueError, match="not sealed by this server's keys"):
             other.decrypt(blob)
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="not sealed by this server's keys"):
         a.decrypt(untenanted.encrypt("no tenant's"))

@@ -90,8 +90,10 @@ def _keys(value) -> set[str]:
 # A four-byte character whose last three bytes are tokens of their own, after a token that
 # writes a space and its first byte: the middle tokens write no whole character.
 SPLIT_CHARACTER = (
-    [200005, 35644, 200008, 64, 200007, 200006, 173781, 200005, 12606, 815, 200008, 95814, 222, 222, 222, 200007]
-    + [200006, 173781, 200005, 17196, 200008, 64, 200002],
+    [
+        *[200005, 35644, 200008, 64, 200007, 200006, 173781, 200005, 12606, 815, 200008, 95814, 222, 222, 222, 200007],
+        *[200006, 173781, 200005, 17196, 200008, 64, 200002],
+    ],
     [("reasoning", "a"), ("message", " \U00040000"), ("message", "a")],
 )
 
@@ -149,8 +151,8 @@ def _chat_completions():
 @settings(max_examples=80, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 @given(case=st.deferred(_chat_completions), sizes=st.lists(st.integers(1, 6), max_size=80))
 def test_chat_template_logprobs_are_the_same_for_every_batching(chat_model, case, sizes):
-    completion, in_reasoning, expected = case
-    tokens = chat_model.tokenizer.encode(completion, add_special_tokens=False) + [chat_model.tokenizer.eos_token_id]
+    completion, in_reasoning, _ = case
+    tokens = [*chat_model.tokenizer.encode(completion, add_special_tokens=False), chat_model.tokenizer.eos_token_id]
     factory = lambda sink: chat_model.completion_parser(sink, in_reasoning=in_reasoning)  # noqa: E731
     finals = []
     for batches in ([tokens], [[t] for t in tokens], partition(tokens, sizes)):
@@ -241,7 +243,7 @@ def test_bad_logprob_requests(inprocess_url):
 
 
 @pytest.mark.parametrize(
-    "completion,in_reasoning,expected",
+    ("completion", "in_reasoning", "expected"),
     [
         ("<\n", False, "<\n"),  # a held "<" shows with the next token; the end of the output is no tag: "\n" stays
         ("<tool_call>{bad json", False, "<tool_call>{bad json"),  # a malformed call is text, tags included
@@ -251,7 +253,7 @@ def test_bad_logprob_requests(inprocess_url):
 )
 def test_chat_template_tokens_of_exactly_the_text(chat_model, completion, in_reasoning, expected):
     tokenizer = chat_model.tokenizer
-    tokens = tokenizer.encode(completion, add_special_tokens=False) + [tokenizer.eos_token_id]
+    tokens = [*tokenizer.encode(completion, add_special_tokens=False), tokenizer.eos_token_id]
     factory = lambda sink: chat_model.completion_parser(sink, in_reasoning=in_reasoning)  # noqa: E731
     for batches in ([tokens], [[t] for t in tokens]):
         ((_, _, part, text),) = message_logprobs(run_stream(tokens, batches, chat_model, factory)).values()

@@ -103,7 +103,7 @@ def test_every_partition_gives_the_same_items(completion, sizes):
     tokens, expected = completion
     responses = []
     for batches in ([tokens], [[t] for t in tokens], partition(tokens, sizes)):
-        events, response = run(batches)
+        events, _ = run(batches)
         terminal = check_stream(events)
         assert terminal.status == "completed"
         assert items_of(terminal) == expected
@@ -120,7 +120,7 @@ def test_every_partition_gives_the_same_items(completion, sizes):
 def test_truncation_is_a_prefix_and_incomplete(completion, sizes, data):
     tokens, expected = completion
     cut = data.draw(st.integers(1, len(tokens)))
-    events, response = run(partition(tokens[:cut], sizes), finish_reason="length")
+    events, _ = run(partition(tokens[:cut], sizes), finish_reason="length")
     terminal = check_stream(events)
     assert terminal.status == "incomplete"
     assert terminal.incomplete_details.reason == "max_output_tokens"
@@ -195,7 +195,7 @@ def test_text_where_a_start_must_come_is_kept():
     stream = ResponseStream(REQUEST, parser_factory=HarmonyParser)
     # Text where harmony expects <|start|> is not valid harmony: it is shown, not fatal
     # (more malformed completions: tests/families/test_harmony_recovery.py).
-    events = stream.start() + stream.feed(TokenBatch(complete + [1000, 1000], finish_reason="stop"))
+    events = stream.start() + stream.feed(TokenBatch([*complete, 1000, 1000], finish_reason="stop"))
     terminal = check_stream(events)
     assert terminal.status == "completed"
     assert [(item.phase, item.content[0].text) for item in terminal.output] == [("final_answer", "first"), (None, ".l.l")]

@@ -136,7 +136,7 @@ def drive(script, sizes, order, results, answer, listings=()) -> tuple[list[dict
 )
 def test_server_calls_keep_the_contract_in_any_batching_and_finishing_order(script_and_expected, sizes, order, results, answer):
     script, expected = script_and_expected
-    events, stream = drive(script, sizes, order, results, answer)
+    events, _ = drive(script, sizes, order, results, answer)
     terminal = check_stream(events)
     assert terminal.status == "completed"
     made = [(item.type, getattr(item, "arguments", None) or _text(item)) for item in terminal.output]

@@ -106,7 +106,7 @@ def _replica_holding(container: str) -> str:
 def test_web_search_through_serve_with_citations(serve_url, session_web, model):
     page = session_web.url("/pages/article")
     body = {"model": model, "input": open_page(page), "tools": [{"type": "web_search"}]}
-    terminal, events = stream(serve_url, body)
+    terminal, _ = stream(serve_url, body)
     (call,) = calls(terminal, "web_search_call")
     assert (call.action.type, call.action.url, call.status) == ("open_page", page, "completed")
     answer = terminal.output[-1].content[0]
@@ -123,7 +123,7 @@ def test_web_search_through_serve_with_citations(serve_url, session_web, model):
     )
     (search,) = calls(searched, "web_search_call")
     assert search.action.query == "harmony"
-    assert [s.url for s in search.action.sources][0] == page
+    assert next(s.url for s in search.action.sources) == page
 
 
 def test_a_browsing_session_stays_on_its_replica(serve_url, session_web):

@@ -73,7 +73,7 @@ def test_engine_start_attempts_reach_serve():
     engines = application._bound_deployment.init_args[1]
     assert engines["a"]._bound_deployment._deployment_config.max_constructor_retry_count == 1
     assert engines["b"]._bound_deployment._deployment_config.max_constructor_retry_count == 20  # Serve's own default
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="max_constructor_retry_count: Input should be greater than or equal to 1"):
         build_app({"models": [{"name": "a", "engine": {"max_constructor_retry_count": 0}}]})
 
 
@@ -107,7 +107,7 @@ def test_engine_requests_are_routed_by_tier_and_by_conversation_unless_turned_of
     assert {router.request_router_class for router in routers.values()} == {"deployments.routing.EngineRouter"}
     assert routers["a"].request_router_kwargs == {"conversation_affinity": True, "max_imbalance": 9, "tiered": True}
     assert routers["b"].request_router_kwargs == {"conversation_affinity": False, "max_imbalance": 4, "tiered": False}
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="max_imbalance: Input should be greater than or equal to 0"):
         build_app({"models": [{"name": "a", "routing": {"max_imbalance": -1}}]})
 
 
@@ -207,7 +207,7 @@ def test_a_store_that_cannot_serve_every_ingress_replica_is_refused(monkeypatch)
 
     models = [{"name": "m"}]
     for ingress in ({"num_replicas": 2}, {"num_replicas": "auto"}, {"autoscaling_config": {"min_replicas": 1, "max_replicas": 4}}):
-        with pytest.raises(ValueError, match="store type 'memory' keeps responses inside one ingress replica.*type: embedded"):
+        with pytest.raises(ValueError, match=r"store type 'memory' keeps responses inside one ingress replica.*type: embedded"):
             AppConfig.model_validate({"models": models, "ingress": ingress, "store": {"type": "memory"}})
         for store in ({"type": "embedded"}, {"type": "redis", "url": "redis://r:6379/0"}):
             AppConfig.model_validate({"models": models, "ingress": ingress, "store": store})

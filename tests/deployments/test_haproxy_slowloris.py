@@ -9,6 +9,7 @@ import contextlib
 import os
 import socket
 import subprocess
+from pathlib import Path
 
 from deployments import haproxy
 from serve_app.config.cluster import haproxy_installed_path
@@ -57,7 +58,7 @@ def test_the_timeout_goes_into_each_defaults_section_of_a_copy(tmp_path):
     assert args[:2] == ["-db", "-f"]
     assert args[3:] == ["-sf", "123"]
     assert args[2] != str(config)
-    patched = open(args[2]).read()
+    patched = Path(args[2]).read_text()
     assert patched.count("    timeout http-request 7s\n") == 2
     assert patched.replace("    timeout http-request 7s\n", "") == config.read_text()  # nothing else changed
     already = tmp_path / "own.cfg"

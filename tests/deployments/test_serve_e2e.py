@@ -218,15 +218,17 @@ def test_replica_killed_mid_stream_fails_streams_then_recovers(serve_url):
     mid_stream = [False] * 5  # a delta arrived: the engine is generating for this stream
 
     def open_stream(index: int) -> tuple[list[dict], float]:
-        with httpx.Client(timeout=60) as http:
-            with http.stream(
+        with (
+            httpx.Client(timeout=60) as http,
+            http.stream(
                 "POST", f"{serve_url}/responses", json={"model": model, "input": f"{index} {LONG_TEXT}", "stream": True}
-            ) as response:
-                raw = b""
-                for chunk in response.iter_raw():
-                    raw += chunk
-                    mid_stream[index] = mid_stream[index] or b".delta" in raw
-                return parse_sse(raw), time.monotonic()
+            ) as response,
+        ):
+            raw = b""
+            for chunk in response.iter_raw():
+                raw += chunk
+                mid_stream[index] = mid_stream[index] or b".delta" in raw
+            return parse_sse(raw), time.monotonic()
 
     futures = [started.submit(open_stream, i) for i in range(5)]
     # Kill only once every stream has tokens: before that, the ingress would rightly retry

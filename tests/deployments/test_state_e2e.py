@@ -137,7 +137,7 @@ def test_embedded_store_replica_killed_then_replaced(serve_url):
     deadline = time.monotonic() + 90
     while True:
         try:
-            first, second = stateful_scenarios.two_turns(sdk, "after the store came back")
+            _, second = stateful_scenarios.two_turns(sdk, "after the store came back")
             break
         except openai.InternalServerError:
             assert time.monotonic() < deadline, "the store deployment was not replaced"

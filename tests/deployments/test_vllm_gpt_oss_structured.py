@@ -116,7 +116,7 @@ def test_final_answer_validates_and_analysis_stays_free(engine_url):
     free = [text for text in reasoning if text.strip()]
     assert free, reasoning
     for text in free:
-        with pytest.raises(ValueError):
+        with pytest.raises(json.JSONDecodeError):
             json.loads(text)
 
 

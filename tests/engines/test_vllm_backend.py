@@ -106,9 +106,9 @@ def test_engine_kwargs_tp8_pp2() -> None:
 def test_config_validation() -> None:
     with pytest.raises(ValueError, match="draft 'model'"):
         SpeculativeConfig(method="eagle3", num_speculative_tokens=3)
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="num_speculative_tokens\n  Input should be greater than 0"):
         SpeculativeConfig(method="ngram", num_speculative_tokens=0)
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="no_such_field\n  Extra inputs are not permitted"):
         VLLMBackendConfig(model="m", no_such_field=1)  # type: ignore[call-arg]  # typo → error, not silently ignored
     with pytest.raises(ValueError, match="typed fields"):
         _engine_kwargs(VLLMBackendConfig(model="m", engine_kwargs={"dtype": "half"}))
@@ -509,7 +509,7 @@ class TestTinyLlama(EngineSuite):
         # "...prompt end, X" there and drafts the four tokens, which the model rejects.
         loop_token = _tokens(loop.run(_collect(spec.generate(_request("x", prompt, max_tokens=1)))))[0]
         others = [t for t in (100, 200, 300, 400, 500) if t != loop_token][:4]
-        crafted = prompt + [loop_token, *others] + prompt
+        crafted = [*prompt, loop_token, *others, *prompt]
 
         async def serve_one() -> tuple[list[TokenBatch], dict[str, Any]]:
             server = object.__new__(EngineServer)

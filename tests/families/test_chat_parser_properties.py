@@ -166,7 +166,7 @@ settings_ = settings(max_examples=150, suppress_health_check=[HealthCheck.functi
 @given(case=completions(), sizes=st.lists(st.integers(1, 6), max_size=120))
 def test_items_are_the_same_for_every_batching(tokenizer, case, sizes):
     completion, in_reasoning, expected = case
-    tokens = tokenizer.encode(completion, add_special_tokens=False) + [tokenizer.eos_token_id]
+    tokens = [*tokenizer.encode(completion, add_special_tokens=False), tokenizer.eos_token_id]
     for batches in cuts(tokens, sizes):
         assert items_of(run(tokenizer, Tags(THINK, TOOL), in_reasoning, batches)) == expected
 
@@ -312,5 +312,5 @@ def test_detokenizer_of_a_sentencepiece_vocabulary(sentencepiece_tokenizer, word
     tokenizer = sentencepiece_tokenizer
     vocabulary = Vocabulary(tokenizer, skip_ids=tokenizer.all_special_ids)  # 268 tokens: cheap
     assert isinstance(vocabulary.detokenizer(), StreamDetokenizer)
-    ids = tokenizer.encode("".join(words), add_special_tokens=False) + [tokenizer.eos_token_id]
+    ids = [*tokenizer.encode("".join(words), add_special_tokens=False), tokenizer.eos_token_id]
     check_detokenizer(tokenizer, vocabulary, ids, sizes)

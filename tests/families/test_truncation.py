@@ -131,7 +131,7 @@ def test_auto_drops_old_turns_that_disabled_refuses(inprocess_url, model):
     max_output_tokens 8,000 it does not fit. "disabled" is a 400; "auto" answers the last
     question from a prompt that leaves the room asked for, and echoes the setting."""
     sdk = sdk_scenarios.client(inprocess_url)
-    conversation = _long_conversation(65) + [{"role": "user", "content": "the last question"}]
+    conversation = [*_long_conversation(65), {"role": "user", "content": "the last question"}]
     turn = _count(sdk, model, _long_conversation(2)) - _count(sdk, model, _long_conversation(1))
     for truncation in (None, "disabled"):
         extra = {} if truncation is None else {"truncation": truncation}
@@ -162,7 +162,7 @@ def test_auto_keeps_instructions_and_leaves_short_prompts_alone(inprocess_url):
     assert plain.truncation == "disabled"
     # Leading developer messages are instructions: dropping turns keeps them (the count
     # with them is the count without them plus their own tokens).
-    conversation = _long_conversation(70) + [{"role": "user", "content": "last"}]
+    conversation = [*_long_conversation(70), {"role": "user", "content": "last"}]
     developer = {"role": "developer", "content": "Always answer in French. " * 50}
     counts = [_count(sdk, "gpt-oss-replay", [*lead, *conversation], truncation="auto", max_output_tokens=100) for lead in ([], [developer])]
     assert counts[0] < counts[1] <= 131_072 - 100

@@ -38,13 +38,13 @@ def test_our_own_cache_named_by_a_parent_is_unpacked_again_when_gone(tmp_path, m
 def test_a_wrong_file_says_what_to_do(tmp_path, monkeypatch):
     (tmp_path / vocab.VOCAB_FILE).write_bytes(b"not the vocabulary")
     monkeypatch.setenv(vocab.ENV_VAR, str(tmp_path))
-    with pytest.raises(vocab.VocabularyError, match="sha256 mismatch.*unset TIKTOKEN_ENCODINGS_BASE"):
+    with pytest.raises(vocab.VocabularyError, match=r"sha256 mismatch.*unset TIKTOKEN_ENCODINGS_BASE"):
         vocab.ensure_vocabulary()
 
 
 def test_a_missing_directory_names_the_variable(tmp_path, monkeypatch):
     monkeypatch.setenv(vocab.ENV_VAR, str(tmp_path / "nowhere"))
-    with pytest.raises(vocab.VocabularyError, match="TIKTOKEN_ENCODINGS_BASE=.*does not exist"):
+    with pytest.raises(vocab.VocabularyError, match=r"TIKTOKEN_ENCODINGS_BASE=.*does not exist"):
         vocab.ensure_vocabulary()
 
 

@@ -75,7 +75,7 @@ def test_every_object_but_the_rayservices_is_valid_kubernetes():
             kubernetes_validate.validate(document, kubernetes_validate.latest_version(), strict=True)
 
 
-@pytest.mark.parametrize("where,container", _containers(), ids=[w for w, _ in _containers()])
+@pytest.mark.parametrize(("where", "container"), _containers(), ids=[w for w, _ in _containers()])
 def test_every_container_is_restricted(where, container):
     """Kubernetes' `restricted` Pod Security Standard, and a read-only root filesystem."""
     context = container["securityContext"]
@@ -89,7 +89,7 @@ def test_every_container_is_restricted(where, container):
     assert not context.get("privileged")
 
 
-@pytest.mark.parametrize("where,spec", _pod_specs(), ids=[w for w, _ in _pod_specs()])
+@pytest.mark.parametrize(("where", "spec"), _pod_specs(), ids=[w for w, _ in _pod_specs()])
 def test_every_pod_is_restricted(where, spec):
     context = spec["securityContext"]
     assert context["runAsNonRoot"] is True

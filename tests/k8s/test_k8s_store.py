@@ -57,7 +57,7 @@ def test_the_store_and_the_gcs_have_a_user_and_a_secret_each():
         options = service["spec"]["rayClusterConfig"]["gcsFaultToleranceOptions"]
         assert options["redisUsername"] == {"value": gcs_user}
         assert options["redisPassword"] == {"valueFrom": {"secretKeyRef": gcs_secret}}
-        url, password_secret, key_prefix = ingress_store_settings(path)
+        url, password_secret, _ = ingress_store_settings(path)
         assert urlsplit(url).username == store_user
         assert urlsplit(url).password is None
         assert password_secret == store_secret["name"]

@@ -18,6 +18,7 @@ import os
 import threading
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import httpx
 import pytest
@@ -106,13 +107,15 @@ class OpenStream:
 
     def run(self) -> None:
         try:
-            with httpx.Client(timeout=httpx.Timeout(60, read=30)) as http:
-                with http.stream("POST", f"{self.url}/responses", json={**self.body, "stream": True}) as response:
-                    assert response.status_code == 200, response.read()
-                    for chunk in response.iter_raw():
-                        self.raw += chunk
-                        if b".delta" in self.raw:
-                            self.has_tokens.set()
+            with (
+                httpx.Client(timeout=httpx.Timeout(60, read=30)) as http,
+                http.stream("POST", f"{self.url}/responses", json={**self.body, "stream": True}) as response,
+            ):
+                assert response.status_code == 200, response.read()
+                for chunk in response.iter_raw():
+                    self.raw += chunk
+                    if b".delta" in self.raw:
+                        self.has_tokens.set()
         except Exception as exc:
             self.error = exc
         finally:
@@ -165,7 +168,7 @@ def test_engine_that_cannot_start_is_a_503_and_the_others_keep_serving(sim_clust
     assert cause in status.message
     # ... and so do the logs of the replicas that tried.
     logs = glob.glob(os.path.join(sim_cluster.cluster.head_node.get_session_dir_path(), "logs", "serve", "*"))
-    assert any(cause in open(path, errors="replace").read() for path in logs if os.path.isfile(path))
+    assert any(cause in Path(path).read_text(errors="replace") for path in logs if os.path.isfile(path))
     with httpx.Client(timeout=30) as http:
         assert http.post(f"{app_url}/responses", json={"model": "broken", "input": "again"}).status_code == 503
 

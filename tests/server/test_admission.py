@@ -60,9 +60,8 @@ def test_background_runs_past_the_replicas_bound_are_503s(url, engine):
 
 def test_websocket_connections_past_the_replicas_bound_are_refused_with_503(url):
     with socket_scenarios.socket(url), socket_scenarios.socket(url):
-        with pytest.raises(InvalidStatus) as refused:
-            with socket_scenarios.socket(url):
-                pass
+        with pytest.raises(InvalidStatus) as refused, socket_scenarios.socket(url):
+            pass
         response = refused.value.response
         assert response.status_code == 503
         assert response.headers["retry-after"] == "1"

@@ -303,14 +303,13 @@ def test_a_model_cannot_reach_another_responses_pages(url, web):
 
 
 def test_a_builtin_tool_that_is_not_configured_is_a_400_naming_its_config():
-    with uvicorn_server(create_app(models())) as base:
-        with httpx.Client(timeout=60) as http:
-            for tool, config in [(CODE_INTERPRETER, "tools.builtin.python"), ({"type": "web_search"}, "tools.builtin.browser")]:
-                response = http.post(f"{base}/responses", json={"model": "gpt-oss-replay", "input": "hi", "tools": [tool]})
-                error = response.json()["error"]
-                assert response.status_code == 400
-                assert config in error["message"]
-                assert error["param"] == "tools[0]"
+    with uvicorn_server(create_app(models())) as base, httpx.Client(timeout=60) as http:
+        for tool, config in [(CODE_INTERPRETER, "tools.builtin.python"), ({"type": "web_search"}, "tools.builtin.browser")]:
+            response = http.post(f"{base}/responses", json={"model": "gpt-oss-replay", "input": "hi", "tools": [tool]})
+            error = response.json()["error"]
+            assert response.status_code == 400
+            assert config in error["message"]
+            assert error["param"] == "tools[0]"
 
 
 def test_unconfigured_builtin_tools_may_be_accepted_and_not_offered():

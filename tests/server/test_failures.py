@@ -170,9 +170,8 @@ def test_stream_ends_with_response_failed(broken_url, caplog):
 
 
 def test_non_stream_failure_is_a_503_with_an_openai_error(broken_url, caplog):
-    with caplog.at_level(logging.ERROR, logger="serve_app"):
-        with httpx.Client(timeout=30, headers=AUTH) as http:
-            response = http.post(f"{broken_url}/responses", json={"model": "broken", "input": "a long enough input text"})
+    with caplog.at_level(logging.ERROR, logger="serve_app"), httpx.Client(timeout=30, headers=AUTH) as http:
+        response = http.post(f"{broken_url}/responses", json={"model": "broken", "input": "a long enough input text"})
     assert response.status_code == 503
     error = response.json()["error"]
     assert error["type"] == "server_error"
@@ -270,11 +269,13 @@ def test_api_key_is_required_when_configured(broken_url):
 
 def test_streams_pass_the_key_check_untouched(broken_url):
     """The key check sees the headers only: a stream's chunks reach the client as sent."""
-    with httpx.Client(timeout=30, headers=AUTH) as http:
-        with http.stream(
+    with (
+        httpx.Client(timeout=30, headers=AUTH) as http,
+        http.stream(
             "POST", f"{broken_url}/responses", json={"model": "broken", "input": "a long enough input text", "stream": True}
-        ) as response:
-            chunks = list(response.iter_raw())
+        ) as response,
+    ):
+        chunks = list(response.iter_raw())
     assert response.status_code == 200
     assert len(chunks) > 1
     check_stream(parse_sse(b"".join(chunks)))

@@ -4,6 +4,7 @@ replica's other streams flowing."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import threading
 import time
@@ -128,5 +129,5 @@ def _gaps_while_refused(url: str, bodies: list[bytes]) -> tuple[float, float]:
     reader.join(60)
     first, last = refusals[0][0], refusals[-1][1]
     assert arrivals[-1] > last, "the stream outlasted the refusals"
-    during = [b - a for a, b in zip(arrivals, arrivals[1:]) if b >= first and a <= last]
+    during = [b - a for a, b in itertools.pairwise(arrivals) if b >= first and a <= last]
     return max(during), max(end - begin for begin, end in refusals)

@@ -70,9 +70,8 @@ def test_the_api_key_is_checked_at_the_handshake():
     app = create_app([ServedModel("gpt-oss-replay", ReplayBackend())], auth=auth, environ={"KEY": key})
     with uvicorn_server(app) as url:
         for headers in (None, {"Authorization": "Bearer wrong"}):
-            with pytest.raises(InvalidStatus) as refused:
-                with socket_scenarios.socket(url, headers):
-                    pass
+            with pytest.raises(InvalidStatus) as refused, socket_scenarios.socket(url, headers):
+                pass
             assert refused.value.response.status_code == 401
             assert json.loads(refused.value.response.body)["error"]["code"] == "invalid_api_key"
         with socket_scenarios.socket(url, {"Authorization": f"Bearer {key}"}) as connection:

@@ -37,9 +37,8 @@ def test_a_tenant_cannot_hold_every_connection_of_a_replica(url):
     with contextlib.ExitStack() as held:
         for _ in range(LIMITS.max_websockets_per_tenant):  # B's idle connections
             held.enter_context(socket_scenarios.socket(url, _key(KEY_B)))
-        with pytest.raises(InvalidStatus) as refused:
-            with socket_scenarios.socket(url, _key(KEY_B)):
-                pass
+        with pytest.raises(InvalidStatus) as refused, socket_scenarios.socket(url, _key(KEY_B)):
+            pass
         response = refused.value.response
         assert response.status_code == 429
         assert response.headers["retry-after"] == "1"
@@ -57,7 +56,6 @@ def test_the_replicas_own_bound_still_holds_over_every_tenant(url):
     with contextlib.ExitStack() as held:
         for key in (KEY_A, KEY_A, KEY_B, KEY_B):
             held.enter_context(socket_scenarios.socket(url, _key(key)))
-        with pytest.raises(InvalidStatus) as refused:
-            with socket_scenarios.socket(url, _key(KEY_A)):
-                pass
+        with pytest.raises(InvalidStatus) as refused, socket_scenarios.socket(url, _key(KEY_A)):
+            pass
         assert refused.value.response.status_code == 503

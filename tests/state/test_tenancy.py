@@ -76,5 +76,5 @@ async def test_no_key_a_client_writes_leaves_its_tenants_namespace(crafted):
     b = TenantStore(inner, "team-b")
     await b.put(crafted, b"x", ttl_s=60)
     assert all(key.startswith(tenant_prefix("team-b")) for key in inner._entries)
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="not a tenant name: 'team-a:evil'"):
         tenant_prefix("team-a:evil")

@@ -63,11 +63,14 @@ def background_cancel(base_url: str, slow_model: str) -> str:
     """Cancel while it runs; returns the response id."""
     sdk = client(base_url)
     created = sdk.responses.create(model=slow_model, input=LONG_TEXT, background=True)
-    with httpx.Client(timeout=60) as http:  # wait for the first text delta: generation is under way
-        with http.stream("GET", f"{base_url}/responses/{created.id}", params={"stream": "true"}) as stream:
-            for line in stream.iter_lines():
-                if line == "event: response.output_text.delta":
-                    break
+    # wait for the first text delta: generation is under way
+    with (
+        httpx.Client(timeout=60) as http,
+        http.stream("GET", f"{base_url}/responses/{created.id}", params={"stream": "true"}) as stream,
+    ):
+        for line in stream.iter_lines():
+            if line == "event: response.output_text.delta":
+                break
     cancelled = sdk.responses.cancel(created.id)
     assert cancelled.status == "cancelled"
     assert cancelled.id == created.id

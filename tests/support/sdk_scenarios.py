@@ -91,10 +91,8 @@ def non_stream_echo(base_url: str, model: str = MODEL) -> None:
 
 def stream_matches_non_stream(base_url: str, model: str = MODEL) -> None:
     text = "Streaming and non-streaming agree: é, 日本, 🇫🇷."
-    events = []
     with client(base_url).responses.create(model=model, input=text, stream=True) as stream:
-        for event in stream:
-            events.append(event)
+        events = list(stream)
     terminal = check_stream(events)
     non_stream = client(base_url).responses.create(model=model, input=text)
     assert output_texts(terminal) == output_texts(non_stream)
@@ -102,10 +100,8 @@ def stream_matches_non_stream(base_url: str, model: str = MODEL) -> None:
 
 
 def stream_helper_accumulates(base_url: str, model: str = MODEL) -> None:
-    events = []
     with client(base_url).responses.stream(model=model, input="accumulate me ✓") as stream:
-        for event in stream:
-            events.append(event)
+        events = list(stream)
         final = stream.get_final_response()
     terminal = events[-1]
     assert terminal.type == "response.completed"
@@ -188,10 +184,10 @@ def codex_shaped_request(base_url: str, model: str = MODEL) -> None:
     }
     events = raw_stream(base_url, body)
     terminal = events[-1]["response"]
-    call = [item for item in terminal["output"] if item["type"] == "function_call"][0]
+    call = next(item for item in terminal["output"] if item["type"] == "function_call")
     assert (call["name"], json.loads(call["arguments"])) == ("shell", {"command": ["ls"]})
     # include asked for it: the reasoning is sealed, not readable in the blob.
-    reasoning = [item for item in terminal["output"] if item["type"] == "reasoning"][0]
+    reasoning = next(item for item in terminal["output"] if item["type"] == "reasoning")
     assert reasoning["encrypted_content"]
     assert reasoning["content"][0]["text"] not in reasoning["encrypted_content"]
     # Codex's next turn: the reasoning item as it came (content null), the call with id and status, the output.
@@ -213,7 +209,7 @@ def codex_shaped_request(base_url: str, model: str = MODEL) -> None:
     # A namespaced function is called as NAMESPACE.NAME.
     body["input"] = [{"role": "user", "content": 'call mcp_fs.read_file {"path": "a.txt"}'}]
     events = raw_stream(base_url, body)
-    call = [item for item in events[-1]["response"]["output"] if item["type"] == "function_call"][0]
+    call = next(item for item in events[-1]["response"]["output"] if item["type"] == "function_call")
     assert (call["namespace"], call["name"]) == ("mcp_fs", "read_file")
 
 
@@ -225,7 +221,7 @@ def input_tokens_count(base_url: str, model: str = MODEL) -> None:
     count = sdk.responses.input_tokens.count(model=model, input=[user], tools=[WEATHER_TOOL], instructions="Be brief.")
     assert count.object == "response.input_tokens"
     assert count.input_tokens == first.usage.input_tokens
-    call = [item for item in first.output if item.type == "function_call"][0]
+    call = next(item for item in first.output if item.type == "function_call")
     history = [user] + [item.model_dump(exclude_none=True) for item in first.output]
     history.append({"type": "function_call_output", "call_id": call.call_id, "output": "sunny"})
     count = sdk.responses.input_tokens.count(model=model, input=history, tools=[WEATHER_TOOL])
@@ -264,7 +260,7 @@ def concurrent_streams(base_url: str, count: int, model: str = MODEL) -> None:
     def one(index: int) -> str:
         text = f"stream {index}:" + " é日👍🏽" * (index % 5 + 1)
         events = raw_stream(base_url, {"model": model, "input": text})
-        message = [i for i in events[-1]["response"]["output"] if i["type"] == "message"][0]
+        message = next(i for i in events[-1]["response"]["output"] if i["type"] == "message")
         return text, message["content"][0]["text"]
 
     for expected, got in in_parallel(one, [(index,) for index in range(count)]):
@@ -291,9 +287,9 @@ def whitespace_is_kept(base_url: str, model: str = MODEL) -> None:
         assert terminal.output_text == text
     # A tool's output ending in a newline keeps it.
     user = {"role": "user", "content": "call get_weather"}
-    call = [item for item in sdk.responses.create(model=model, input=[user], tools=[WEATHER_TOOL]).output if item.type == "function_call"][
-        0
-    ]
+    call = next(
+        item for item in sdk.responses.create(model=model, input=[user], tools=[WEATHER_TOOL]).output if item.type == "function_call"
+    )
     history = [user, call.model_dump(exclude_none=True), {"type": "function_call_output", "call_id": call.call_id, "output": "hi\n"}]
     assert sdk.responses.create(model=model, input=history, tools=[WEATHER_TOOL]).output_text == "Tool get_weather returned: hi\n"
 

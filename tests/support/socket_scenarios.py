@@ -134,6 +134,7 @@ async def _terminal(connection):
     async for event in connection:
         if event.type in ENDS:
             return event
+    return None
 
 
 def stored_responses_are_shared(base_url: str, model: str = MODEL) -> None:

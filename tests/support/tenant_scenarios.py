@@ -54,9 +54,8 @@ def unauthenticated_everywhere(base_url: str, key: str, paths: list[str]) -> Non
         assert health.status_code == 200, health.text
         assert http.get(f"{base_url}/models", headers=bearer(key)).status_code == 200
     for headers in (None, bearer("sk-" + "1" * 40)):
-        with pytest.raises(InvalidStatus) as refused:
-            with socket_scenarios.socket(base_url, headers):
-                pass
+        with pytest.raises(InvalidStatus) as refused, socket_scenarios.socket(base_url, headers):
+            pass
         assert refused.value.response.status_code == 401
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import ipaddress
 import json
+import re
 
 import pytest
 from hypothesis import given
@@ -65,7 +66,7 @@ def test_no_pattern_refuses_every_url():
 
 @pytest.mark.parametrize("bad", ["mcp.example.com/*", "ftp://x/*", "https://user@x/*", "https://x:port/*", "https://x y/*"])
 def test_a_bad_pattern_is_a_config_error(bad):
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match=re.escape(repr(bad))):
         UrlPattern.parse(bad)
 
 
@@ -74,11 +75,13 @@ def test_any_url_text_is_either_parsed_or_refused_with_a_reason(text):
     try:
         target = parse_target(text)
     except ValueError as exc:
-        assert str(exc)
+        reason: str | None = str(exc)
     else:
+        reason = None
         assert target.scheme in ("http", "https")
         assert target.host
         assert "@" not in target.host
+    assert reason != ""  # a refusal says why
 
 
 def resolver(answers: dict[str, list[str]]):

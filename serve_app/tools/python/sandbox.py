@@ -134,7 +134,7 @@ class Runtime:
         return cls(
             bwrap=str(bwrap_path()),
             python=python,
-            binds=tuple(["/usr", *root_dirs, *binds]),
+            binds=("/usr", *root_dirs, *binds),
             root_links=tuple(root_links),
             seccomp=program,
             sandbox_uid=sandbox_uid if os.geteuid() == 0 else None,

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import itertools
 
 import psutil
 import pytest
@@ -154,7 +155,7 @@ def test_the_output_is_cut_at_the_sentinel_for_every_chunking(output: bytes, aft
     sentinel = b"\x00" + b"ab12" * 8 + b"\x00"
     stream = output + sentinel + after
     points = sorted({min(cut, len(stream)) for cut in cuts} | {0, len(stream)})
-    chunks = [stream[start:end] for start, end in zip(points, points[1:]) if end > start]
+    chunks = [stream[start:end] for start, end in itertools.pairwise(points) if end > start]
     reader = _Output(limit, sentinel, b"")
     assert asyncio.run(reader.read_until_sentinel(_Chunks(chunks))) is True  # type: ignore[arg-type]
     assert bytes(reader.kept) == output[:limit]

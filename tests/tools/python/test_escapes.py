@@ -388,9 +388,7 @@ print(json.dumps(outcome))
 """
     outcome = report(await call(tool_server.url, code))
     EPERM, EINVAL = 1, 22
-    denied = {
-        name: EPERM for name in ("unshare_user", "mount", "ptrace", "bpf", "io_uring_setup", "keyctl", "perf_event_open", "userfaultfd")
-    }
+    denied = dict.fromkeys(("unshare_user", "mount", "ptrace", "bpf", "io_uring_setup", "keyctl", "perf_event_open", "userfaultfd"), EPERM)
     # uid 0 does not even exist in the sandbox's user namespace.
     assert outcome == {**denied, "setuid": EINVAL, "subprocess": "hi\n", "thread": [45]}
 
@@ -468,7 +466,7 @@ async def test_the_sandboxes_die_with_the_server():
         assert sandbox
         os.kill(server.process.pid, signal.SIGKILL)
         server.process.wait()
-        gone, alive = psutil.wait_procs(sandbox, timeout=10)
+        _, alive = psutil.wait_procs(sandbox, timeout=10)
         assert alive == []
     finally:
         if server.process.poll() is None:
