@@ -54,7 +54,7 @@ def long_completion(min_tokens: int) -> list[int]:
             .with_recipient("functions.search")
             .with_content_type("<|constrain|>json"),
         ]
-        tokens = render_completion(messages + [assistant(PARAGRAPH * 20, "final")])
+        tokens = render_completion([*messages, assistant(PARAGRAPH * 20, "final")])
     return tokens
 
 
@@ -85,7 +85,7 @@ def chat_completion(tokenizer, min_tokens: int) -> list[int]:
     while len(tokens) < min_tokens:
         text += turn
         tokens = tokenizer.encode(text + PARAGRAPH * 20, add_special_tokens=False)
-    return tokens + [tokenizer.eos_token_id]
+    return [*tokens, tokenizer.eos_token_id]
 
 
 def time_transformers_decode(tokenizer, tokens: list[int]) -> float:
@@ -124,7 +124,7 @@ def time_vllm_parsers(tokenizer, tokens: list[int]) -> dict[str, float]:
         previous_text, previous_ids = "", []
         start = time.perf_counter()
         for token, delta in zip(tokens, deltas):
-            current_text, current_ids = previous_text + delta, previous_ids + [token]
+            current_text, current_ids = previous_text + delta, [*previous_ids, token]
             call(previous_text, current_text, delta, previous_ids, current_ids, [token], *extra)
             previous_text, previous_ids = current_text, current_ids
         results[name] = (time.perf_counter() - start) / len(tokens) * 1e6

@@ -69,7 +69,8 @@ def main() -> None:
     parser.add_argument("--serve-child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.serve_child:
-        return serve_child(args.port)
+        serve_child(args.port)
+        return
 
     child = subprocess.Popen(
         [sys.executable, "-m", "bench.memory", "--serve-child", "--port", str(args.port)],

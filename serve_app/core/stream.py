@@ -326,7 +326,8 @@ class ResponseStream:
 
     def _feed_with_logprobs(self, batch: TokenBatch) -> None:
         engine_logprobs, formatter = batch.logprobs, self._logprob_format
-        assert engine_logprobs is not None and formatter is not None  # `feed` checked both
+        assert engine_logprobs is not None
+        assert formatter is not None  # `feed` checked both
         if len(engine_logprobs) != len(batch.token_ids):  # an engine bug: keep the text, not the logprobs
             logger.warning("response %s: %d logprobs for %d tokens", self.response.id, len(engine_logprobs), len(batch.token_ids))
             self._parser.feed(batch.token_ids)

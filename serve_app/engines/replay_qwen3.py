@@ -100,7 +100,7 @@ def script_qwen3_completion(prompt_token_ids: list[int], constraint: OutputConst
     else:
         text = f"<think>\n{reasoning}\n</think>\n\n{answer}"
     # A text that spells a special token is written as text, as a model writes it.
-    return _text_tokenizer().encode(text, add_special_tokens=False).ids + [tokenizer.eos_token_id]
+    return [*_text_tokenizer().encode(text, add_special_tokens=False).ids, tokenizer.eos_token_id]
 
 
 @functools.cache

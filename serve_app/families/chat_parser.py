@@ -176,7 +176,8 @@ class TaggedTextParser:
             self._close()
             self.state, self._after_tag = "content", True
         else:  # held whitespace waits: a malformed call is text, and it stood between them
-            assert tool_call and tag == tool_call[0]
+            assert tool_call
+            assert tag == tool_call[0]
             self._call_from, self.state = self.state, "tool_call"
             self._scanned = 0
 

@@ -73,7 +73,7 @@ _EFFORTS = {
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["HistoryItem", "HarmonyModel", "HarmonyParser", "render_prompt", "render_completion"]
+__all__ = ["HarmonyModel", "HarmonyParser", "HistoryItem", "render_completion", "render_prompt"]
 
 
 # --- rendering -----------------------------------------------------------------------------

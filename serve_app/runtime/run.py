@@ -246,7 +246,7 @@ async def run_turn(
                         turn.store_error = exc
                         if saved and not turn.request.background:  # the conversation missed it: told failed, not kept
                             await _unsave(responses, stream.response.id)  # (a background one is stored failed when it ends)
-                        events = events[:-1] + [_failed(stream, events[-1], exc.message)]
+                        events = [*events[:-1], _failed(stream, events[-1], exc.message)]
                 yield events
         finally:
             await meter.close()

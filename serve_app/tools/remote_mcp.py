@@ -86,7 +86,7 @@ def offerable(tool: McpListedTool) -> FunctionTool | None:
     """The tool as a function the model can be given, or None (with a log line) if it cannot."""
     schema = tool.input_schema if isinstance(tool.input_schema, dict) else {"type": "object", "properties": {}}
     why = None
-    if not _NAME.fullmatch(tool.name) or not tool.name[0].isalpha() and tool.name[0] != "_":
+    if not _NAME.fullmatch(tool.name) or (not tool.name[0].isalpha() and tool.name[0] != "_"):
         why = "its name is not a function name"
     elif _depth(schema, MAX_SCHEMA_DEPTH) > MAX_SCHEMA_DEPTH or len(json.dumps(schema)) > MAX_SCHEMA_BYTES:
         why = "its input schema is too large or too deep"

@@ -334,7 +334,8 @@ def assert_openai_error(response: httpx.Response, status: int) -> dict:
     assert set(body) == {"error"}
     error = body["error"]
     assert set(error) == {"message", "type", "param", "code"}
-    assert isinstance(error["message"], str) and len(error["message"]) > 10
+    assert isinstance(error["message"], str)
+    assert len(error["message"]) > 10
     assert error["type"] in ("invalid_request_error", "server_error")
     return error
 
@@ -345,7 +346,7 @@ def http(inprocess_url):
         yield client
 
 
-@pytest.mark.parametrize("name,body,status,param,code", CASES, ids=[c[0] for c in CASES])
+@pytest.mark.parametrize(("name", "body", "status", "param", "code"), CASES, ids=[c[0] for c in CASES])
 @pytest.mark.parametrize("stream", [False, True], ids=["json", "sse"])
 def test_bad_request(http, name, body, status, param, code, stream):
     if isinstance(body, bytes):
@@ -396,7 +397,7 @@ def test_fuzzed_fields_never_500(http, field, value):
 
 
 @pytest.mark.parametrize(
-    "schema,feature",
+    ("schema", "feature"),
     [
         ({"type": "object", "properties": {"n": {"type": "integer", "multipleOf": 3}}}, "multipleOf"),
         ({"type": "object", "not": {"required": ["a"]}}, "not"),

@@ -44,7 +44,7 @@ def test_instances_validate(schema):
 
 
 @pytest.mark.parametrize(
-    "schema,named",
+    ("schema", "named"),
     [
         ({"type": "object", "not": {}}, "'not'"),
         ({"type": "object", "properties": {"a": {"oneOf": [{"type": "string"}, {"type": "integer"}]}}}, "'oneOf' (at schema.properties.a)"),
@@ -73,7 +73,7 @@ def test_a_property_named_like_a_keyword_is_fine():
 
 def test_not_json_schema():
     for schema in ({"type": "nope"}, {"properties": 5}, {"required": "a"}):
-        with pytest.raises(ValueError) as info:
+        with pytest.raises(ValueError, match="not a valid JSON schema") as info:
             check_schema(schema)
         assert not isinstance(info.value, UnsupportedSchema)
 

@@ -49,7 +49,8 @@ HUGE = {
 @pytest.mark.parametrize("name", HUGE)
 def test_a_schema_whose_smallest_value_is_huge_is_a_400(name):
     error = schema_error(HUGE[name], strict=True, param="text.format.schema", what="text.format")
-    assert error is not None and error.status_code == 400
+    assert error is not None
+    assert error.status_code == 400
     assert f"at most {MAX_SMALLEST_SIZE}" in error.message
 
 

@@ -39,7 +39,8 @@ def test_the_installed_command_lists_its_commands():
 def test_every_shipped_config_validates_without_redis_or_gpu(path):
     result = invoke("config", "validate", str(path))
     assert result.exit_code == 0, result.output
-    assert result.output.count("\n") == 1 and result.output.startswith(f"{path}: ok: application 'responses' at /:")
+    assert result.output.count("\n") == 1
+    assert result.output.startswith(f"{path}: ok: application 'responses' at /:")
     assert "store embedded" in result.output
 
 
@@ -78,7 +79,8 @@ def test_redis_store_needs_its_url_where_the_app_runs(tmp_path):
     path.write_text(yaml.safe_dump(document))
     assert "applications[0].args.store.url: store type 'redis' needs" in invoke("config", "validate", str(path)).output
     result = invoke("config", "validate", str(path), env={"REDIS_URL": "redis://store:6379/0"})
-    assert result.exit_code == 0 and "store redis" in result.output
+    assert result.exit_code == 0
+    assert "store redis" in result.output
 
 
 def test_other_applications_get_serves_schema_only(tmp_path):
@@ -87,7 +89,8 @@ def test_other_applications_get_serves_schema_only(tmp_path):
     path = tmp_path / "two.yaml"
     path.write_text(yaml.safe_dump(document))
     result = invoke("config", "validate", str(path))
-    assert result.exit_code == 0 and "1 other application (Serve's schema only)" in result.output
+    assert result.exit_code == 0
+    assert "1 other application (Serve's schema only)" in result.output
 
 
 def test_schema_is_the_args_models_schema():
@@ -111,7 +114,9 @@ def test_print_config_for_gpt_oss_is_a_valid_config(tmp_path):
     )
     (application,) = document["applications"]
     (model,) = application["args"]["models"]
-    assert model["name"] == "openai/gpt-oss-20b" and model["family"] == "harmony" and model["max_model_len"] == 131072
+    assert model["name"] == "openai/gpt-oss-20b"
+    assert model["family"] == "harmony"
+    assert model["max_model_len"] == 131072
     assert model["backend"]["speculative_config"] == {
         "method": "eagle3",
         "model": "RedHatAI/gpt-oss-20b-speculator.eagle3",
@@ -127,8 +132,10 @@ def test_print_config_for_gpt_oss_is_a_valid_config(tmp_path):
 def test_print_config_guesses_chat_template_parsers_that_flags_override():
     qwen = _printed("--model", "Qwen/Qwen3-32B", "--device", "gpu", "--tp", "2", "--max-model-len", "32768", "--speculative", "ngram:5")
     (model,) = qwen["applications"][0]["args"]["models"]
-    assert model["family"] == "chat_template" and model["chat_template"] == {"reasoning_parser": "qwen3", "tool_parser": "hermes"}
-    assert model["backend"]["tensor_parallel_size"] == 2 and model["backend"]["speculative_config"]["num_speculative_tokens"] == 5
+    assert model["family"] == "chat_template"
+    assert model["chat_template"] == {"reasoning_parser": "qwen3", "tool_parser": "hermes"}
+    assert model["backend"]["tensor_parallel_size"] == 2
+    assert model["backend"]["speculative_config"]["num_speculative_tokens"] == 5
     plain = _printed(
         "--model", "Qwen/Qwen3-32B", "--device", "gpu", "--max-model-len", "4096", "--reasoning-parser", "none", "--template", "qwen3"
     )
@@ -138,7 +145,8 @@ def test_print_config_guesses_chat_template_parsers_that_flags_override():
     )
     assert smol["applications"][0]["args"]["auth"] == {"keys": [{"tenant": "default", "key_env": "MY_KEY"}]}
     (model,) = smol["applications"][0]["args"]["models"]
-    assert model["backend"]["engine_kwargs"] == {"enforce_eager": True, "max_num_seqs": 8} and model["max_model_len"] == 2048
+    assert model["backend"]["engine_kwargs"] == {"enforce_eager": True, "max_num_seqs": 8}
+    assert model["max_model_len"] == 2048
     assert smol["http_options"]["port"] == 8123
 
 
@@ -155,16 +163,20 @@ def test_print_config_guesses_chat_template_parsers_that_flags_override():
 )
 def test_flags_that_make_no_config_are_usage_errors(flags, message):
     result = invoke("run", "--model", "openai/gpt-oss-20b", *flags, "--print-config")
-    assert result.exit_code == 2 and message in result.output
+    assert result.exit_code == 2
+    assert message in result.output
 
 
 def test_unknown_context_length_and_config_errors_say_what_to_do(tmp_path):
     unknown = invoke("run", "--model", str(tmp_path / "no-such-model"), "--device", "gpu", "--print-config")
-    assert unknown.exit_code == 2 and "pass --max-model-len N" in unknown.output
+    assert unknown.exit_code == 2
+    assert "pass --max-model-len N" in unknown.output
     both = invoke("run", str(CONFIGS[0]), "--model", "m")
-    assert both.exit_code == 2 and "either a CONFIG file or --model" in both.output
+    assert both.exit_code == 2
+    assert "either a CONFIG file or --model" in both.output
     bad_store = invoke("run", "--model", "openai/gpt-oss-20b", "--device", "gpu", "--store", "disk", "--print-config")
-    assert bad_store.exit_code == 1 and "applications[0].args.store.type: Input should be" in bad_store.output
+    assert bad_store.exit_code == 1
+    assert "applications[0].args.store.type: Input should be" in bad_store.output
 
 
 def test_cluster_env_defaults_and_exported_values_win():
@@ -172,7 +184,8 @@ def test_cluster_env_defaults_and_exported_values_win():
 
     defaults = cluster_env({})
     assert defaults.items() >= CLUSTER_ENV.items()
-    assert defaults["RAY_USAGE_STATS_ENABLED"] == "0" and defaults["RAY_SERVE_HAPROXY_BINARY_PATH"].endswith("/responses-serve-haproxy")
+    assert defaults["RAY_USAGE_STATS_ENABLED"] == "0"
+    assert defaults["RAY_SERVE_HAPROXY_BINARY_PATH"].endswith("/responses-serve-haproxy")
     assert cluster_env({"RAY_SERVE_CONTROL_LOOP_INTERVAL_S": "0.2"})["RAY_SERVE_CONTROL_LOOP_INTERVAL_S"] == "0.2"
 
 
@@ -192,9 +205,11 @@ def test_the_run_watch_says_what_loads_then_ready_then_not(capsys):
         watch.poll()
     lines = capsys.readouterr().out.splitlines()
     assert len(lines) == 4, lines
-    assert lines[0].startswith("responses-serve: starting (") and lines[0].endswith("waiting for Ray, Serve and the ingress to start")
+    assert lines[0].startswith("responses-serve: starting (")
+    assert lines[0].endswith("waiting for Ray, Serve and the ingress to start")
     assert lines[1].endswith("http://127.0.0.1:8000/v1: loading: big (UPDATING); ready: small")
-    assert "READY after" in lines[2] and lines[2].endswith("http://127.0.0.1:8000/v1 serves big, small. Ctrl-C stops it.")
+    assert "READY after" in lines[2]
+    assert lines[2].endswith("http://127.0.0.1:8000/v1 serves big, small. Ctrl-C stops it.")
     assert lines[3] == "responses-serve: NOT READY: http://127.0.0.1:8000/v1: unavailable: big (UNHEALTHY); ready: small"
 
 
@@ -204,17 +219,24 @@ def test_doctor_reaches_redis_and_never_shows_its_password(redis_server, monkeyp
     monkeypatch.setenv("REDIS_URL", redis_server.url)
     monkeypatch.setenv("REDIS_PASSWORD", redis_server.password)
     reached = check_redis()
-    assert reached.ok and "server 6." in reached.detail and "REDIS_PASSWORD" in reached.detail
+    assert reached.ok
+    assert "server 6." in reached.detail
+    assert "REDIS_PASSWORD" in reached.detail
     monkeypatch.setenv("REDIS_PASSWORD", "wrong-secret")
     refused = check_redis()
-    assert not refused.ok and refused.required and "AuthenticationError" in refused.detail
+    assert not refused.ok
+    assert refused.required
+    assert "AuthenticationError" in refused.detail
     for finding in (reached, refused):
         text = finding.detail + finding.fix
-        assert redis_server.password not in text and "wrong-secret" not in text
+        assert redis_server.password not in text
+        assert "wrong-secret" not in text
     assert redact("redis://user:pw@host:6379/0") == "redis://user:***@host:6379/0"
     monkeypatch.setenv("REDIS_URL", "redis://:in-url-secret@127.0.0.1:1/0")  # nothing listens there
     down = check_redis()
-    assert not down.ok and "redis://:***@127.0.0.1:1/0" in down.detail and "in-url-secret" not in down.detail + down.fix
+    assert not down.ok
+    assert "redis://:***@127.0.0.1:1/0" in down.detail
+    assert "in-url-secret" not in down.detail + down.fix
 
 
 def test_doctor_lists_every_check_and_fails_only_on_what_every_config_needs(monkeypatch):
@@ -237,6 +259,8 @@ def test_doctor_lists_every_check_and_fails_only_on_what_every_config_needs(monk
         "bwrap",
     ]
     by_name = {f.name: f for f in findings}
-    assert by_name["harmony vocabulary"].ok and by_name["python"].ok and by_name["haproxy"].ok
+    assert by_name["harmony vocabulary"].ok
+    assert by_name["python"].ok
+    assert by_name["haproxy"].ok
     assert not any(f.required and not f.ok for f in findings)  # a machine without vLLM or GPUs still serves the replay models
     assert "-> make install" in doctor.report(findings)

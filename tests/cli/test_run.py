@@ -64,7 +64,8 @@ def test_run_says_ready_serves_and_stops_on_ctrl_c(tmp_path: Path):
         assert lines[-1].strip().endswith(f"http://127.0.0.1:{port}/v1 serves gpt-oss-replay. Ctrl-C stops it.")
         assert httpx.get(f"http://127.0.0.1:{port}/ready", timeout=30).status_code == 200
         answer = httpx.post(f"http://127.0.0.1:{port}/v1/responses", json={"model": "gpt-oss-replay", "input": "hello"}, timeout=60)
-        assert answer.status_code == 200 and answer.json()["output"][-1]["content"][0]["text"] == "hello"
+        assert answer.status_code == 200
+        assert answer.json()["output"][-1]["content"][0]["text"] == "hello"
         process.send_signal(signal.SIGINT)  # what a terminal's Ctrl-C sends
         _lines_until(process, "responses-serve: stopped", timeout_s=120)
         assert process.wait(timeout=30) == 0

@@ -48,7 +48,8 @@ def test_the_code_of_a_json_call_streams_as_json_decodes_it(code, separators, en
         arguments = "\n " + arguments  # whitespace before the object too
     decoded = CodeArguments(json_arguments=True)
     streamed = "".join(decoded.feed(arguments[a:b]) for a, b in _spans(len(arguments), sizes)) + decoded.finish(arguments)
-    assert streamed == decoded.code == _no_lone_surrogates(code) and decoded.error is None
+    assert streamed == decoded.code == _no_lone_surrogates(code)
+    assert decoded.error is None
 
 
 @given(st.text(max_size=40).map(lambda t: json.dumps(t)[1:-1]), st.lists(st.integers(1, 5), max_size=20))
@@ -80,7 +81,8 @@ def test_calls_of_another_shape_are_decoded_at_their_end_or_refused():
         assert (streamed, decoded.code) == (code, code)
         assert (decoded.error is None) if error is None else (error in (decoded.error or ""))
     raw = CodeArguments(json_arguments=False)  # harmony: the message is the code, JSON-looking or not
-    assert raw.feed('{"code": 1}') + raw.finish('{"code": 1}') == '{"code": 1}' and raw.error is None
+    assert raw.feed('{"code": 1}') + raw.finish('{"code": 1}') == '{"code": 1}'
+    assert raw.error is None
 
 
 def _spans(length: int, sizes: list[int]) -> list[tuple[int, int]]:
@@ -165,7 +167,8 @@ def test_builtin_calls_keep_the_contract_in_any_batching_with_any_outcome(comple
     assert [item.type for item in made] == [item for item, _ in calls]
     for item, (_, expected) in zip(made, calls, strict=True):
         if item.type == "code_interpreter_call":  # the code exactly as the model wrote it, in the container named at the start
-            assert item.code == expected and item.container_id == CONTAINER
+            assert item.code == expected
+            assert item.container_id == CONTAINER
         else:
             assert (
                 item.action.type == {"search": "search", "open": "open_page", "find": "find_in_page"}[expected]
@@ -185,10 +188,13 @@ def test_a_python_call_written_as_json_streams_its_code():
     events = stream.start() + stream.feed(TokenBatch(list(range(len(script))), finish_reason="stop"))
     deltas = "".join(e.delta for e in events if e.type == "response.code_interpreter_call_code.delta")
     (call,) = stream.unfinished_calls
-    assert deltas == code and call.code is not None and call.code.code == code
+    assert deltas == code
+    assert call.code is not None
+    assert call.code.code == code
     events += stream.run_call(call) + stream.finish_call(call, ToolOutcome(output="a\tb\n", model_text="a\tb\n")) + stream.complete()
     terminal = check_stream(parse_sse(encode_events(events)))
-    assert terminal.output[0].code == code and terminal.output[0].outputs is None  # outputs only when included
+    assert terminal.output[0].code == code
+    assert terminal.output[0].outputs is None  # outputs only when included
 
 
 # -- citations --------------------------------------------------------------------------------
@@ -215,7 +221,8 @@ def test_citation_markers_become_exact_annotations_in_any_batching(answer, sizes
         terminal = check_stream(events)  # annotation events after their text, numbered, equal to the item's
         (message,) = terminal.output
         part = message.content[0]
-        assert part.text == expected_text and "【1†L2-L3】" not in part.text
+        assert part.text == expected_text
+        assert "【1†L2-L3】" not in part.text
         assert [a.model_dump() for a in part.annotations] == [a.model_dump() for a in expected_annotations]
         for annotation in part.annotations:  # exact in the final text, to pages the browser showed
             assert 0 <= annotation.start_index <= annotation.end_index <= len(part.text)
@@ -237,7 +244,7 @@ def test_pages_the_browser_showed_during_the_response_are_citable_in_its_answer(
     events += stream.feed(TokenBatch(answer, finish_reason="stop"))
     terminal = check_stream(parse_sse(encode_events(events)))
     part = terminal.output[-1].content[0]
-    assert part.text == "A says so." and [(a.url, part.text[a.start_index : a.end_index]) for a in part.annotations] == [
-        ("https://a.example/", "A says so")
-    ]
-    assert terminal.output[0].action.url == "https://a.example/" and terminal.output[0].status == "completed"
+    assert part.text == "A says so."
+    assert [(a.url, part.text[a.start_index : a.end_index]) for a in part.annotations] == [("https://a.example/", "A says so")]
+    assert terminal.output[0].action.url == "https://a.example/"
+    assert terminal.output[0].status == "completed"

@@ -26,7 +26,8 @@ def test_a_marker_is_removed_and_its_sentence_annotated() -> None:
     text, annotations = annotate("Intro. Paris is the capital【3†L10-L15】. Next.", PAGES)
     assert text == "Intro. Paris is the capital. Next."
     assert spans(text, annotations) == [("Paris is the capital", "https://example.org/b")]
-    assert annotations[0].type == "url_citation" and annotations[0].title == "Page B"
+    assert annotations[0].type == "url_citation"
+    assert annotations[0].title == "Page B"
 
 
 def test_adjacent_markers_share_the_sentence_and_a_line_starts_one() -> None:
@@ -50,7 +51,8 @@ def test_unknown_cursors_are_removed_without_annotation_and_non_markers_stay() -
 
 def test_the_domain_form_of_a_marker_is_one_too() -> None:
     text, annotations = annotate("Claim【0†Some title†example.com】.", PAGES)
-    assert text == "Claim." and spans(text, annotations) == [("Claim", "https://example.com/a")]
+    assert text == "Claim."
+    assert spans(text, annotations) == [("Claim", "https://example.com/a")]
 
 
 def test_an_overlong_marker_is_text() -> None:
@@ -63,7 +65,8 @@ def test_a_partial_marker_is_held_then_released() -> None:
     assert stream.feed("Fact 【0†L") == ("Fact ", [])
     assert stream.held_text == "【0†L"
     text, annotations = stream.feed("2】 and 【3")
-    assert text == " and " and spans("Fact  and ", annotations) == [("Fact", "https://example.com/a")]
+    assert text == " and "
+    assert spans("Fact  and ", annotations) == [("Fact", "https://example.com/a")]
     assert stream.finish() == ("【3", [])  # the text ended inside a would-be marker: it is text
 
 

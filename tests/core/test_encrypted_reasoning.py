@@ -97,7 +97,8 @@ def test_codex_turns_keep_the_reasoning_between_tool_calls_and_drop_it_after_the
     user = {"type": "message", "role": "user", "content": [{"type": "input_text", "text": 'call shell {"command": ["ls"]}'}]}
     turn1 = codex_turn(app, model, [developer, user])
     reasoning, call = turn1.output[0], turn1.output[1]
-    assert reasoning.type == "reasoning" and call.type == "function_call"
+    assert reasoning.type == "reasoning"
+    assert call.type == "function_call"
     thought = reasoning.content[0].text
     assert thought == "Calling shell."
     assert Fernet(KEY_1).decrypt(reasoning.encrypted_content.encode())  # sealed with the configured key
@@ -119,7 +120,8 @@ def test_codex_turns_keep_the_reasoning_between_tool_calls_and_drop_it_after_the
     turn3 = codex_turn(app, model, [*turn2_input, *resent(turn2), {"role": "user", "content": "thanks"}])
     assert turn3.output_text == "thanks"
     prompt = app.prompt(model, turn3.id)
-    assert thought not in prompt and second_thought not in prompt
+    assert thought not in prompt
+    assert second_thought not in prompt
     assert "README.md" in prompt  # the conversation itself is all there
 
 
@@ -186,7 +188,8 @@ def test_keys_from_the_environment(monkeypatch):
     assert reasoning_keys(fallback="unused") == [KEY_2, KEY_1]  # the first encrypts
     monkeypatch.delenv(ENV_VAR)
     assert reasoning_keys(fallback=KEY_1) == [KEY_1]  # the application's own key, with a warning
-    assert ENV_VAR in warnings[0] and "application deployment" in warnings[0]
+    assert ENV_VAR in warnings[0]
+    assert "application deployment" in warnings[0]
     assert len(reasoning_keys()) == 1  # in-process: a key of this process
     with pytest.raises(ValueError, match="reasoning key #2 is not a Fernet key"):
         ReasoningCipher([KEY_1, "not-a-key"])  # a bad key fails at start-up, not per request
@@ -202,5 +205,5 @@ def test_a_blob_opens_for_the_tenant_it_was_sealed_for_only():
     for other in (b, untenanted):
         with pytest.raises(ValueError, match="not sealed by this server's keys"):
             other.decrypt(blob)
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="not sealed by this server's keys"):
         a.decrypt(untenanted.encrypt("no tenant's"))

@@ -90,8 +90,10 @@ def _keys(value) -> set[str]:
 # A four-byte character whose last three bytes are tokens of their own, after a token that
 # writes a space and its first byte: the middle tokens write no whole character.
 SPLIT_CHARACTER = (
-    [200005, 35644, 200008, 64, 200007, 200006, 173781, 200005, 12606, 815, 200008, 95814, 222, 222, 222, 200007]
-    + [200006, 173781, 200005, 17196, 200008, 64, 200002],
+    [
+        *[200005, 35644, 200008, 64, 200007, 200006, 173781, 200005, 12606, 815, 200008, 95814, 222, 222, 222, 200007],
+        *[200006, 173781, 200005, 17196, 200008, 64, 200002],
+    ],
     [("reasoning", "a"), ("message", " \U00040000"), ("message", "a")],
 )
 
@@ -151,8 +153,8 @@ def _chat_completions():
 @settings(max_examples=80, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 @given(case=st.deferred(_chat_completions), sizes=st.lists(st.integers(1, 6), max_size=80))
 def test_chat_template_logprobs_are_the_same_for_every_batching(chat_model, case, sizes):
-    completion, in_reasoning, expected = case
-    tokens = chat_model.tokenizer.encode(completion, add_special_tokens=False) + [chat_model.tokenizer.eos_token_id]
+    completion, in_reasoning, _ = case
+    tokens = [*chat_model.tokenizer.encode(completion, add_special_tokens=False), chat_model.tokenizer.eos_token_id]
     factory = lambda sink: chat_model.completion_parser(sink, in_reasoning=in_reasoning)  # noqa: E731
     finals = []
     for batches in ([tokens], [[t] for t in tokens], partition(tokens, sizes)):
@@ -167,7 +169,8 @@ def test_chat_template_logprobs_are_the_same_for_every_batching(chat_model, case
                 if delta["logprobs"]:
                     carried = chat_model.token_bytes(_token_id(tokens, delta["logprobs"][-1]))
                 else:
-                    assert carried and delta["delta"].encode() in carried, (delta, carried)
+                    assert carried, (delta, carried)
+                    assert delta["delta"].encode() in carried, (delta, carried)
             positions = [round(-e["logprob"] * 1024) for e in part]
             assert positions == sorted(set(positions))  # each token once, in order
             # The message's tokens write its text (and whitespace trimmed at its edges).
@@ -242,7 +245,7 @@ def test_bad_logprob_requests(inprocess_url):
 
 
 @pytest.mark.parametrize(
-    "completion,in_reasoning,expected",
+    ("completion", "in_reasoning", "expected"),
     [
         ("<\n", False, "<\n"),  # a held "<" shows with the next token; the end of the output is no tag: "\n" stays
         ("<tool_call>{bad json", False, "<tool_call>{bad json"),  # a malformed call is text, tags included
@@ -252,7 +255,7 @@ def test_bad_logprob_requests(inprocess_url):
 )
 def test_chat_template_tokens_of_exactly_the_text(chat_model, completion, in_reasoning, expected):
     tokenizer = chat_model.tokenizer
-    tokens = tokenizer.encode(completion, add_special_tokens=False) + [tokenizer.eos_token_id]
+    tokens = [*tokenizer.encode(completion, add_special_tokens=False), tokenizer.eos_token_id]
     factory = lambda sink: chat_model.completion_parser(sink, in_reasoning=in_reasoning)  # noqa: E731
     for batches in ([tokens], [[t] for t in tokens]):
         ((_, _, part, text),) = message_logprobs(run_stream(tokens, batches, chat_model, factory)).values()
@@ -273,11 +276,14 @@ def test_token_bytes_of_the_vocabularies(chat_model):
     (zurich,) = tokenizer.encode(" Zürich", add_special_tokens=False)[:1]
     assert chat_model.token_bytes(zurich) == b" Z"
     assert chat_model.token_bytes(tokenizer.eos_token_id) == tokenizer.eos_token.encode()
-    assert not chat_model.writes_text(tokenizer.eos_token_id) and chat_model.writes_text(zurich)
+    assert not chat_model.writes_text(tokenizer.eos_token_id)
+    assert chat_model.writes_text(zurich)
     assert chat_model.token_bytes(len(tokenizer) + 5) == b""
     harmony = HarmonyModel()
-    assert harmony.token_bytes(200002) == b"<|return|>" and not harmony.writes_text(200002)
-    assert harmony.token_bytes(10**6) == b"" and harmony.token_bytes(13225) == b"Hello"
+    assert harmony.token_bytes(200002) == b"<|return|>"
+    assert not harmony.writes_text(200002)
+    assert harmony.token_bytes(10**6) == b""
+    assert harmony.token_bytes(13225) == b"Hello"
 
     llama2 = sentencepiece_tokenizer.__wrapped__()  # the fixture's function: a Llama-2-style vocabulary
     vocabulary = Vocabulary(llama2, skip_ids=llama2.all_special_ids)

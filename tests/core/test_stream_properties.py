@@ -105,7 +105,7 @@ def test_every_partition_gives_the_same_items(completion, sizes):
     tokens, expected = completion
     responses = []
     for batches in ([tokens], [[t] for t in tokens], partition(tokens, sizes)):
-        events, response = run(batches)
+        events, _ = run(batches)
         terminal = check_stream(events)
         assert terminal.status == "completed"
         assert items_of(terminal) == expected
@@ -123,14 +123,15 @@ def test_every_partition_gives_the_same_items(completion, sizes):
 def test_truncation_is_a_prefix_and_incomplete(completion, sizes, data):
     tokens, expected = completion
     cut = data.draw(st.integers(1, len(tokens)))
-    events, response = run(partition(tokens[:cut], sizes), finish_reason="length")
+    events, _ = run(partition(tokens[:cut], sizes), finish_reason="length")
     terminal = check_stream(events)
     assert terminal.status == "incomplete"
     assert terminal.incomplete_details.reason == "max_output_tokens"
     got = items_of(terminal)
     assert len(got) <= len(expected)
     for (kind, text), (expected_kind, expected_text) in zip(got, expected):
-        assert kind == expected_kind and expected_text.startswith(text)
+        assert kind == expected_kind
+        assert expected_text.startswith(text)
     assert all(item.status in ("completed", "incomplete") for item in terminal.output)
 
 
@@ -139,7 +140,8 @@ def test_tool_call_namespace_and_name():
     _, response = run([tokens])
     (call,) = response.output
     assert (call.name, call.namespace, call.arguments) == ("lookup", "crm", "{}")
-    assert call.call_id.startswith("call_") and call.id.startswith("fc_")
+    assert call.call_id.startswith("call_")
+    assert call.id.startswith("fc_")
 
 
 def test_engine_failure_closes_open_item_then_fails():
@@ -148,7 +150,8 @@ def test_engine_failure_closes_open_item_then_fails():
     events = stream.start() + stream.feed(TokenBatch(tokens[:4]))  # header + "partial"
     events += stream.fail("engine died")
     terminal = check_stream(events)
-    assert terminal.status == "failed" and terminal.error.code == "server_error"
+    assert terminal.status == "failed"
+    assert terminal.error.code == "server_error"
     assert terminal.output[0].status == "incomplete"
 
 
@@ -181,9 +184,11 @@ def test_unparseable_completion_fails_cleanly(caplog):
     # traceback go to the log.
     assert terminal.status == "failed"
     assert terminal.error.message == f"The model produced output that could not be parsed (response {terminal.id})."
-    assert "10.0.0.7" not in terminal.error.message and "4242" not in terminal.error.message
+    assert "10.0.0.7" not in terminal.error.message
+    assert "4242" not in terminal.error.message
     [record] = [r for r in caplog.records if terminal.id in r.getMessage()]
-    assert record.exc_info is not None and "Traceback" in caplog.text
+    assert record.exc_info is not None
+    assert "Traceback" in caplog.text
     assert [(item.status, item.content[0].text) for item in terminal.output] == [("completed", "first")]
 
 
@@ -193,7 +198,7 @@ def test_text_where_a_start_must_come_is_kept():
     stream = ResponseStream(REQUEST, parser_factory=HarmonyParser)
     # Text where harmony expects <|start|> is not valid harmony: it is shown, not fatal
     # (more malformed completions: tests/families/test_harmony_recovery.py).
-    events = stream.start() + stream.feed(TokenBatch(complete + [1000, 1000], finish_reason="stop"))
+    events = stream.start() + stream.feed(TokenBatch([*complete, 1000, 1000], finish_reason="stop"))
     terminal = check_stream(events)
     assert terminal.status == "completed"
     assert [(item.phase, item.content[0].text) for item in terminal.output] == [("final_answer", "first"), (None, ".l.l")]
@@ -213,5 +218,6 @@ def test_delta_events_are_what_validation_would_make(completion, sizes):
     assert deltas
     for event in deltas:
         validated = type(event).model_validate(dict(event))
-        assert event == validated and event.model_fields_set == validated.model_fields_set
+        assert event == validated
+        assert event.model_fields_set == validated.model_fields_set
         assert event.model_dump_json() == validated.model_dump_json()

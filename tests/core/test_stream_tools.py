@@ -111,7 +111,8 @@ def drive(script, sizes, order, results, answer, listings=()) -> tuple[list[dict
             stream.feed(TokenBatch(batch, finish_reason="stop" if last else None, num_prompt_tokens=5 if index == 0 else None))
         )
     calls = stream.unfinished_calls
-    assert stream.awaiting_tools == bool(calls) and stream.finished != bool(calls)
+    assert stream.awaiting_tools == bool(calls)
+    assert stream.finished != bool(calls)
     for position in sorted(range(len(calls)), key=lambda i: order[i % len(order)] if order else 0):
         wire += encode_events(stream.run_call(calls[position]))
         wire += encode_events(stream.finish_call(calls[position], results[position % len(results)]))
@@ -137,7 +138,7 @@ def drive(script, sizes, order, results, answer, listings=()) -> tuple[list[dict
 )
 def test_server_calls_keep_the_contract_in_any_batching_and_finishing_order(script_and_expected, sizes, order, results, answer):
     script, expected = script_and_expected
-    events, stream = drive(script, sizes, order, results, answer)
+    events, _ = drive(script, sizes, order, results, answer)
     terminal = check_stream(events)
     assert terminal.status == "completed"
     made = [(item.type, getattr(item, "arguments", None) or _text(item)) for item in terminal.output]
@@ -147,7 +148,8 @@ def test_server_calls_keep_the_contract_in_any_batching_and_finishing_order(scri
     hands_back = any(kind in ("function_call", "mcp_approval_request") for kind, _ in expected)
     assert made[len(expected) :] == ([] if hands_back or not calls else [("message", answer)])
     for call in calls:  # each call's end is exactly the outcome the loop handed in
-        assert call.server_label == "lab" and call.name == "echo"
+        assert call.server_label == "lab"
+        assert call.name == "echo"
         assert call.status in ("completed", "failed")
     # Usage: both turns' prompts; every event after the created one carries the same id.
     assert terminal.usage.input_tokens == (16 if calls and not hands_back else 5)
@@ -215,16 +217,21 @@ def test_a_response_ended_while_a_call_waits_ends_the_call_incomplete(args, how)
     stream.server_tools = tools()
     wire = encode_events(stream.start() + stream.feed(TokenBatch(completion, finish_reason="stop", num_prompt_tokens=3)))
     (call,) = stream.unfinished_calls
-    assert call.arguments == args and call.namespace == "lab" and call.name == "echo"
+    assert call.arguments == args
+    assert call.namespace == "lab"
+    assert call.name == "echo"
     wire += encode_events(stream.run_call(call))
     wire += encode_events(stream.fail("the engine broke") if how == "fail" else stream.cancel())
     events = parse_sse(wire)
     if how == "fail":
         terminal = check_stream(events)
         (item,) = terminal.output
-        assert item.type == "mcp_call" and item.status == "incomplete" and item.output is None
+        assert item.type == "mcp_call"
+        assert item.status == "incomplete"
+        assert item.output is None
     else:  # a cancelled background response has no terminal event: its call ends incomplete all the same
-        assert events[-1]["type"] == "response.output_item.done" and events[-1]["item"]["status"] == "incomplete"
+        assert events[-1]["type"] == "response.output_item.done"
+        assert events[-1]["item"]["status"] == "incomplete"
         assert "response.mcp_call.completed" not in {e["type"] for e in events}
 
 
@@ -245,7 +252,8 @@ def test_completed_comes_only_after_the_outcome():
     (call,) = stream.unfinished_calls
     after = stream.finish_call(call, ToolOutcome(output="hi"))
     assert [e.type for e in after] == ["response.mcp_call.completed", "response.output_item.done"]
-    assert after[-1].item.output == "hi" and json.loads(after[-1].item.arguments) == {"text": "hi"}
+    assert after[-1].item.output == "hi"
+    assert json.loads(after[-1].item.arguments) == {"text": "hi"}
 
 
 def test_an_approval_request_is_done_at_once_and_hands_the_response_back():
@@ -262,7 +270,9 @@ def test_an_approval_request_is_done_at_once_and_hands_the_response_back():
     events = stream.start() + stream.feed(TokenBatch(completion, finish_reason="stop"))
     terminal = check_stream(parse_sse(encode_events(events)))
     (item,) = terminal.output
-    assert item.type == "mcp_approval_request" and item.name == "delete" and item.arguments == "{}"
+    assert item.type == "mcp_approval_request"
+    assert item.name == "delete"
+    assert item.arguments == "{}"
     assert stream.server_tools.kind_of("lab", "delete") is MCP_APPROVAL_REQUEST
 
 
@@ -279,5 +289,7 @@ def test_a_listing_and_a_call_run_before_generation():
     wire += encode_events(stream.feed(TokenBatch(final, finish_reason="stop")))
     terminal = check_stream(parse_sse(wire))
     assert [i.type for i in terminal.output] == ["mcp_list_tools", "mcp_call", "message"]
-    assert terminal.output[0].error == "unreachable" and terminal.output[1].approval_request_id == "mcpr_1"
-    assert NOT_FINISHED.output is None and NOT_FINISHED.error is None
+    assert terminal.output[0].error == "unreachable"
+    assert terminal.output[1].approval_request_id == "mcpr_1"
+    assert NOT_FINISHED.output is None
+    assert NOT_FINISHED.error is None

@@ -26,7 +26,8 @@ def test_cancel_or_delete_while_running_aborts_the_engine_request(serve_url, sto
     before = engine_stats(SLOW)["aborted"]
     stop(serve_url, SLOW)
     after = engine_stats(SLOW)
-    assert after["aborted"] == before + 1 and after["running"] == 0
+    assert after["aborted"] == before + 1
+    assert after["running"] == 0
 
 
 def test_background_stream_resumed_on_the_other_replica(serve_url):
@@ -90,7 +91,8 @@ def test_killed_replica_leaves_no_background_response_in_progress(serve_url):
             return data if data["status"] not in ("queued", "in_progress") else None
 
         final = bg_scenarios.wait_until(ended, "the orphaned response to end")
-        assert final["status"] == "failed" and final["error"]["code"] == "server_error"
+        assert final["status"] == "failed"
+        assert final["error"]["code"] == "server_error"
         events = bg_scenarios.parse_sse(http.get(f"{serve_url}/responses/{response_id}", params={"stream": "true"}).content)
         assert events[-1]["type"] == "response.failed"
         assert [e["sequence_number"] for e in events] == list(range(len(events)))

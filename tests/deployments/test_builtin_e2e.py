@@ -50,7 +50,8 @@ def test_code_interpreter_through_serve(serve_url, model):
     assert (call.code, call.status, call.outputs[0].logs) == (code, "completed", "3\n")
     assert seen.index("response.code_interpreter_call.interpreting") < seen.index("response.code_interpreter_call.completed")
     terminal, _ = stream(serve_url, {"model": model, "input": f"call python {code}", "tools": [CODE_INTERPRETER]})
-    assert calls(terminal, "code_interpreter_call")[0].outputs is None and terminal.output_text == "Tool python returned: 3\n"
+    assert calls(terminal, "code_interpreter_call")[0].outputs is None
+    assert terminal.output_text == "Tool python returned: 3\n"
 
 
 def test_a_container_is_reused_across_responses_and_replicas(serve_url):
@@ -78,7 +79,9 @@ def test_a_lost_replica_loses_its_containers_cleanly(serve_url):
         model="gpt-oss-replay", input="call python print(kept)", tools=[{"type": "code_interpreter", "container": container}]
     )
     (call,) = calls(lost, "code_interpreter_call")
-    assert lost.status == "completed" and call.status == "failed" and "no container" in lost.output_text
+    assert lost.status == "completed"
+    assert call.status == "failed"
+    assert "no container" in lost.output_text
     # Serve starts a replacement; new containers work meanwhile on the other replica.
     fresh = sdk.responses.create(model="gpt-oss-replay", input="call python print(2)", tools=[CODE_INTERPRETER], include=OUTPUTS)
     assert calls(fresh, "code_interpreter_call")[0].outputs[0].logs == "2\n"
@@ -103,11 +106,12 @@ def _replica_holding(container: str) -> str:
 def test_web_search_through_serve_with_citations(serve_url, session_web, model):
     page = session_web.url("/pages/article")
     body = {"model": model, "input": open_page(page), "tools": [{"type": "web_search"}]}
-    terminal, events = stream(serve_url, body)
+    terminal, _ = stream(serve_url, body)
     (call,) = calls(terminal, "web_search_call")
     assert (call.action.type, call.action.url, call.status) == ("open_page", page, "completed")
     answer = terminal.output[-1].content[0]
-    assert answer.annotations and not CITATION.search(answer.text)
+    assert answer.annotations
+    assert not CITATION.search(answer.text)
     assert {(a.url, a.title) for a in answer.annotations} == {(page, "Harmony, explained")}
     whole = client(serve_url).responses.create(**body)
     assert whole.output[-1].content[0].model_dump() == answer.model_dump()  # streaming and not: the same
@@ -118,7 +122,8 @@ def test_web_search_through_serve_with_citations(serve_url, session_web, model):
         include=["web_search_call.action.sources"],
     )
     (search,) = calls(searched, "web_search_call")
-    assert search.action.query == "harmony" and [s.url for s in search.action.sources][0] == page
+    assert search.action.query == "harmony"
+    assert next(s.url for s in search.action.sources) == page
 
 
 def test_a_browsing_session_stays_on_its_replica(serve_url, session_web):
@@ -134,7 +139,8 @@ def test_a_browsing_session_stays_on_its_replica(serve_url, session_web):
         for attempt in range(6):
             meta = {SESSION_META_KEY: f"pinned-{attempt}"}
             opened = await transport.call("open", {"id": session_web.url("/pages/article")}, meta, None)
-            assert not opened.result.is_error and opened.route
+            assert not opened.result.is_error
+            assert opened.route
             later = await transport.call("find", {"pattern": "channels"}, meta, opened.route)
             found.append(later.route == opened.route and not later.result.is_error)
         return found
@@ -157,7 +163,8 @@ def test_the_agents_sdks_hosted_tools_unmodified(serve_url, session_web):
 
     ran, browsed = asyncio.run(run())
     assert ran == "Tool python returned: 1024\n"
-    assert browsed.startswith("Tool browser.search returned: [0] harmony") and "Harmony is the response format of" in browsed
+    assert browsed.startswith("Tool browser.search returned: [0] harmony")
+    assert "Harmony is the response format of" in browsed
 
 
 @pytest.mark.parametrize("continued_by", ["previous_response_id", "conversation"])
@@ -181,7 +188,8 @@ def test_a_later_turn_on_the_other_replica_reads_what_the_model_read(ingress_url
         body["conversation"] = follow["conversation"] = conversation
     first = httpx.post(f"{here}/responses", json=body, timeout=120).json()
     (call,) = [item for item in first["output"] if item["type"] == "code_interpreter_call"]
-    assert call["status"] == "completed" and call["outputs"] is None
+    assert call["status"] == "completed"
+    assert call["outputs"] is None
     if continued_by == "previous_response_id":
         follow["previous_response_id"] = first["id"]
     counted = httpx.post(f"{there}/responses/input_tokens", json=follow, timeout=60).json()["input_tokens"]

@@ -52,7 +52,8 @@ def test_coalescing_keeps_every_token_in_order(sizes, delays_ms, window_ms, max_
 
 def test_fast_engine_is_merged_into_few_objects():
     out = asyncio.run(_collect(coalesce(_source([2] * 100, [0.0]), 0.05, 1000)))
-    assert len(out) <= 3 and sum(len(b.token_ids) for b in out) == 200
+    assert len(out) <= 3
+    assert sum(len(b.token_ids) for b in out) == 200
 
 
 def test_slow_engine_is_not_held_back():
@@ -95,4 +96,6 @@ def test_a_token_batch_pickles_every_field_and_stays_a_token_batch():
     batch = TokenBatch([5, 6], "length", 7, 3, 4, 2, [(-0.1, [(5, -0.1)]), (-0.2, [(6, -0.2), (9, -1.5)])])
     for dumps in (pickle.dumps, ray.cloudpickle.dumps):
         copy = pickle.loads(dumps(batch, protocol=5))
-        assert type(copy) is TokenBatch and copy == batch and copy is not batch
+        assert type(copy) is TokenBatch
+        assert copy == batch
+        assert copy is not batch

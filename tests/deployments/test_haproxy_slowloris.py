@@ -9,6 +9,7 @@ import contextlib
 import os
 import socket
 import subprocess
+from pathlib import Path
 
 import pytest
 
@@ -57,8 +58,10 @@ def test_the_timeout_goes_into_each_defaults_section_of_a_copy(tmp_path):
     config = tmp_path / "haproxy.cfg"
     config.write_text("global\n    maxconn 10\ndefaults\n    mode http\ndefaults named # a second one\n    mode http\nfrontend f\n")
     args = haproxy.with_request_timeout(["-db", "-f", str(config), "-sf", "123"], timeout_s=7)
-    assert args[:2] == ["-db", "-f"] and args[3:] == ["-sf", "123"] and args[2] != str(config)
-    patched = open(args[2]).read()
+    assert args[:2] == ["-db", "-f"]
+    assert args[3:] == ["-sf", "123"]
+    assert args[2] != str(config)
+    patched = Path(args[2]).read_text()
     assert patched.count("    timeout http-request 7s\n") == 2
     assert patched.replace("    timeout http-request 7s\n", "") == config.read_text()  # nothing else changed
     already = tmp_path / "own.cfg"

@@ -125,10 +125,14 @@ def test_each_request_reports_once_with_its_usage(replay_backend):
         usage = response["usage"]
         assert (outcome.prompt_tokens, outcome.output_tokens) == (usage["input_tokens"], usage["output_tokens"])
         assert outcome.cached_tokens == usage["input_tokens_details"]["cached_tokens"]
-        assert 0 < outcome.ttft_s <= outcome.e2e_s and outcome.tpot_s > 0
+        assert 0 < outcome.ttft_s <= outcome.e2e_s
+        assert outcome.tpot_s > 0
     for outcome in recorder.outcomes[3:6]:
-        assert outcome.ttft_s is None and outcome.output_tokens == 0 and outcome.e2e_s > 0
-    assert recorder.most_open == 1 and recorder.open["gpt-oss-replay"] == 0  # one stream, closed
+        assert outcome.ttft_s is None
+        assert outcome.output_tokens == 0
+        assert outcome.e2e_s > 0
+    assert recorder.most_open == 1
+    assert recorder.open["gpt-oss-replay"] == 0  # one stream, closed
 
 
 def test_websocket_responses_report_as_streams_and_connections_are_counted(replay_backend):
@@ -149,7 +153,8 @@ def test_websocket_responses_report_as_streams_and_connections_are_counted(repla
         ("", "rejected", "model_not_found"),
     ]
     assert recorder.outcomes[0].output_tokens == done["usage"]["output_tokens"] > 0
-    assert recorder.most_open == 1 and recorder.open["gpt-oss-replay"] == 0  # the response streamed, then closed
+    assert recorder.most_open == 1
+    assert recorder.open["gpt-oss-replay"] == 0  # the response streamed, then closed
 
 
 def test_a_follow_up_reports_the_prompt_pieces_it_reused(replay_backend):
@@ -190,7 +195,8 @@ def test_a_client_that_goes_away_is_counted_cancelled(replay_backend):
             time.sleep(0.02)
     [outcome] = recorder.outcomes
     assert (outcome.status, outcome.code) == ("cancelled", "")
-    assert outcome.output_tokens > 0 and outcome.ttft_s is not None
+    assert outcome.output_tokens > 0
+    assert outcome.ttft_s is not None
     assert recorder.open["gpt-oss-replay"] == 0
 
 
@@ -207,12 +213,15 @@ def test_a_background_response_is_reported_when_its_run_ends(replay_backend):
         cancelled = http.post(f"/responses/{running['id']}/cancel").json()
         finished = wait_until(lambda: http.get(f"/responses/{done['id']}").json()["status"] == "completed", 10)
         usage = http.get(f"/responses/{done['id']}").json()["usage"]
-    assert cancelled["status"] == "cancelled" and finished
+    assert cancelled["status"] == "cancelled"
+    assert finished
     got = sorted((o.model, o.status) for o in recorder.outcomes)
     assert got == [("gpt-oss-replay", "completed"), ("slow", "cancelled")]
     [completed] = [o for o in recorder.outcomes if o.status == "completed"]
-    assert completed.output_tokens == usage["output_tokens"] and completed.ttft_s is not None
-    assert max(recorder.background) >= 1 and recorder.background[-1] == 0  # counted while they ran
+    assert completed.output_tokens == usage["output_tokens"]
+    assert completed.ttft_s is not None
+    assert max(recorder.background) >= 1  # counted while they ran
+    assert recorder.background[-1] == 0
 
 
 def test_a_failing_metrics_backend_never_fails_a_request(replay_backend):
@@ -220,7 +229,8 @@ def test_a_failing_metrics_backend_never_fails_a_request(replay_backend):
         events = raw_stream(url, {"model": "gpt-oss-replay", "input": "still served"})
         assert events[-1]["type"] == "response.completed"
         plain = http.post("/responses", json={"model": "gpt-oss-replay", "input": "still served"})
-        assert plain.status_code == 200 and plain.json()["output"][-1]["content"][0]["text"] == "still served"
+        assert plain.status_code == 200
+        assert plain.json()["output"][-1]["content"][0]["text"] == "still served"
         assert http.post("/responses", json={"model": "nope", "input": "x"}).status_code == 404
 
 
@@ -330,11 +340,13 @@ def test_prometheus_endpoint_counts_requests_latencies_and_tokens(serve_url, met
     # Every prompt token was rendered (truncation rendered more); the system message they share
     # came from the prompt cache on whichever replica served a second request (2 replicas, 11).
     rendered = {source: total(families, RENDER_TOKENS, "_total", source=source, **model) for source in ("cache", "tokenized")}
-    assert rendered["cache"] > 0 and sum(rendered.values()) >= expected["prompt"]
+    assert rendered["cache"] > 0
+    assert sum(rendered.values()) >= expected["prompt"]
     assert 0 < total(families, RENDER, "_sum", **model) < total(families, E2E, "_sum", **model)
     # Serve tags each series with where it came from.
     [sample] = [s for s in families[REQUESTS.exported].samples if s.labels.get("status") == "rejected" and s.labels["model"] == MODEL]
-    assert sample.labels["application"] == "responses" and sample.labels["deployment"] == "ResponsesIngress"
+    assert sample.labels["application"] == "responses"
+    assert sample.labels["deployment"] == "ResponsesIngress"
 
 
 def test_prometheus_endpoint_shows_open_streams_and_cancellations(serve_url, metrics_port):
@@ -424,7 +436,8 @@ def test_prometheus_endpoint_shows_the_vllm_engines_load(serve_url, metrics_port
             time.sleep(0.25)
         for stream in streams:
             stream.result()
-    assert peak["running"] >= 1 and peak["kv_cache_usage"] > 0, peak  # seen while they ran
+    assert peak["running"] >= 1, peak
+    assert peak["kv_cache_usage"] > 0, peak  # seen while they ran
     after = engine_says()
     assert (after["running"], after["waiting"], after["kv_cache_usage"]) == (0, 0, 0)
     assert after["prefix_cache_queries"] > before["prefix_cache_queries"]

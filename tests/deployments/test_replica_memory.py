@@ -64,15 +64,19 @@ def test_ingress_and_engine_replicas_report_their_own_memory(serve_url):
     assert any(len(by_replica[pid]) > 1 for pid in ingress_pids)
     for replica in by_replica.values():
         # each replica diffs against its own previous reading, none before its first
-        assert "types_grew" not in replica[0] and all("types_grew" in r for r in replica[1:])
+        assert "types_grew" not in replica[0]
+        assert all("types_grew" in r for r in replica[1:])
         for reading in replica:
-            assert reading["rss_mb"] > 0 and reading["threads"] > 1 and reading["tcp_connections"] > 0  # Ray's gRPC at least
+            assert reading["rss_mb"] > 0
+            assert reading["threads"] > 1
+            assert reading["tcp_connections"] > 0  # Ray's gRPC at least
             # Serve freezes what the replica made while starting; together a replica's worth
             assert reading["objects"] + reading["frozen_objects"] > 10_000
             assert sum(reading["types"].values()) <= reading["objects"]
             assert "traced_mb" not in reading  # tracing is off unless asked for
             assert reading["malloc_arena_max"] == REPLICA_ENV["MALLOC_ARENA_MAX"]  # the env reached the replica
-            assert reading["malloc"]["allocator"] == "jemalloc" and reading["malloc"]["in_use_mb"] > 0  # preloaded
+            assert reading["malloc"]["allocator"] == "jemalloc"  # preloaded
+            assert reading["malloc"]["in_use_mb"] > 0
 
 
 @pytest.mark.slow

@@ -15,6 +15,7 @@ from __future__ import annotations
 import collections
 import concurrent.futures
 import inspect
+import itertools
 import threading
 import time
 
@@ -36,7 +37,7 @@ def test_a_key_keeps_its_replica_unless_that_one_goes(replicas, key):
     chosen = preferred_replica(key, replicas)
     assert chosen in replicas
     assert preferred_replica(key, list(reversed(replicas))) == chosen  # order does not matter
-    assert preferred_replica(key, replicas + ["new replica"]) in (chosen, "new replica")  # it stays or goes to the new one
+    assert preferred_replica(key, [*replicas, "new replica"]) in (chosen, "new replica")  # it stays or goes to the new one
     for gone in replicas:  # another replica leaving moves nobody
         if gone != chosen:
             assert preferred_replica(key, [replica for replica in replicas if replica != gone]) == chosen
@@ -44,7 +45,8 @@ def test_a_key_keeps_its_replica_unless_that_one_goes(replicas, key):
 
 def test_keys_spread_evenly_over_replicas():
     counts = collections.Counter(preferred_replica(f"conversation {i}", ["a", "b", "c", "d"]) for i in range(4000))
-    assert set(counts) == {"a", "b", "c", "d"} and all(800 < n < 1200 for n in counts.values())
+    assert set(counts) == {"a", "b", "c", "d"}
+    assert all(800 < n < 1200 for n in counts.values())
 
 
 def test_a_busy_preferred_replica_is_passed_over():
@@ -56,7 +58,7 @@ def test_a_busy_preferred_replica_is_passed_over():
 
 def test_a_tool_loops_next_round_goes_back_to_its_replica_whatever_the_imbalance():
     loads = {"a": 9, "b": 0, "c": 0}
-    choose = dict(replica_ids=list(loads), load=loads.__getitem__, full=lambda replica: False, max_imbalance=4)
+    choose = {"replica_ids": list(loads), "load": loads.__getitem__, "full": lambda replica: False, "max_imbalance": 4}
     key = next(key for key in (f"k{i}" for i in range(100)) if preferred_replica(key, list(loads)) == "a")
     assert first_choice(pinned=None, key=key, **choose) is None  # "a" is too busy for its conversation
     assert first_choice(pinned="a", key=key, **choose) == "a"  # but the round it generated comes back
@@ -70,9 +72,10 @@ def _request(**body) -> ResponsesRequest:
 
 def test_the_affinity_key_is_what_every_turn_of_a_conversation_shares():
     first = [{"role": "developer", "content": "be brief"}, {"role": "user", "content": "plan a trip"}]
-    later = first + [{"role": "assistant", "content": "where to?"}, {"role": "user", "content": "Rome"}]
+    later = [*first, {"role": "assistant", "content": "where to?"}, {"role": "user", "content": "Rome"}]
     keys = [affinity_key(request, request.input_items()) for request in (_request(input=first), _request(input=later))]
-    assert keys[0] == keys[1] and keys[0].startswith("user:")
+    assert keys[0] == keys[1]
+    assert keys[0].startswith("user:")
     other = _request(input=[{"role": "user", "content": "plan a hike"}])
     assert affinity_key(other, other.input_items()) != keys[0]
     keyed = _request(input=later, prompt_cache_key="session-7")
@@ -89,7 +92,7 @@ def test_the_replay_prefix_cache_counts_whole_blocks_of_a_prompt_seen_before():
     assert cache.cached_tokens(prompt) == 0
     assert cache.cached_tokens(prompt) == 96  # never the last token; whole blocks only
     assert cache.cached_tokens(prompt + [7] * 40) == 96
-    assert cache.cached_tokens([1] + prompt) == 0  # a prefix, not any shared run
+    assert cache.cached_tokens([1, *prompt]) == 0  # a prefix, not any shared run
     assert cache.cached_tokens(list(range(500, 700))) == 0  # 12 new blocks push the first ones out
     assert cache.cached_tokens(prompt) == 0
 
@@ -122,7 +125,7 @@ def _follow_ups_on_their_replica(usages: list[list[dict]]) -> tuple[int, int]:
     """(follow-up turns that found the whole earlier prompt cached, all follow-up turns)."""
     hits = total = 0
     for turns in usages:
-        for earlier, later in zip(turns, turns[1:]):
+        for earlier, later in itertools.pairwise(turns):
             total += 1
             hits += later["input_tokens_details"]["cached_tokens"] >= earlier["input_tokens"] // 16 * 16
     return hits, total

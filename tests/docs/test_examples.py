@@ -38,7 +38,8 @@ def test_streaming(inprocess_url):
     assert re.fullmatch(r"completed \d+ output tokens", out[1])
     events = [line.split(" ", 1) for line in out if line[:1].isdigit()]
     assert [int(n) for n, _ in events] == list(range(len(events)))
-    assert events[0][1] == "response.created" and events[-1][1] == "response.completed"
+    assert events[0][1] == "response.created"
+    assert events[-1][1] == "response.completed"
 
 
 @pytest.mark.slow
@@ -57,7 +58,8 @@ def test_agents_sdk(inprocess_url):
 def test_curl(inprocess_url):
     out = run_example(inprocess_url, "sh", "examples/curl.sh")
     assert '"id":"gpt-oss-replay"' in out
-    assert "event: response.created" in out and "event: response.completed" in out
+    assert "event: response.created" in out
+    assert "event: response.completed" in out
     assert out.count('"previous_response_id":"resp_') == 1  # the follow-up continued the first response
 
 

@@ -84,13 +84,15 @@ def test_launcher_refuses_cores_it_cannot_have() -> None:
         text=True,
         timeout=60,
     )
-    assert result.returncode != 0 and "cores 4096 are not available" in result.stderr
+    assert result.returncode != 0
+    assert "cores 4096 are not available" in result.stderr
 
 
 def test_a_process_on_every_core_keeps_vllms_own_rule() -> None:
     before = os.sched_getaffinity(0)
     with cores_for_cpu_engine() as model_cores:
-        assert model_cores == set() and "VLLM_CPU_OMP_THREADS_BIND" not in os.environ
+        assert model_cores == set()
+        assert "VLLM_CPU_OMP_THREADS_BIND" not in os.environ
     assert os.sched_getaffinity(0) == before
 
 
@@ -210,7 +212,8 @@ def test_the_engine_gets_the_cores_the_replica_was_not_given() -> None:
     )
     report = json.loads(result.stdout)
     model = CORES - serving
-    assert set(report["model_cores"]) == model and parse_cores(report["bind"]) == model
+    assert set(report["model_cores"]) == model
+    assert parse_cores(report["bind"]) == model
     assert set(report["inherited"]) == CORES  # widened while the engine starts
     assert report["bind_left"] is None  # the setting was for the engine's processes only
     threads = report["threads"]
@@ -218,7 +221,8 @@ def test_the_engine_gets_the_cores_the_replica_was_not_given() -> None:
     assert all(set(cores) == serving for cores in threads["other"].values())
     scheduler = report["scheduler_pid"]
     assert set(threads["scheduler"].pop(str(scheduler))) == model  # its main thread beside its worker
-    assert threads["scheduler"] and all(set(cores) == serving for cores in threads["scheduler"].values())
+    assert threads["scheduler"]
+    assert all(set(cores) == serving for cores in threads["scheduler"].values())
     assert set(threads["worker"][min(threads["worker"], key=int)]) == model  # left where it bound itself
 
 
@@ -262,7 +266,8 @@ def test_processes_on_the_request_path_leave_the_launchers_batch_policy() -> Non
     )
     report = json.loads(result.stdout)
     assert report["before"] == [os.SCHED_BATCH]
-    assert report["after"] == [os.SCHED_OTHER] and report["child"] == [os.SCHED_OTHER]
+    assert report["after"] == [os.SCHED_OTHER]
+    assert report["child"] == [os.SCHED_OTHER]
     assert report["idle"] == os.SCHED_IDLE  # not the launcher's doing: left alone
 
 
@@ -342,13 +347,13 @@ def test_vllm_cpu_engine_alone_on_the_model_cores(tmp_path) -> None:
     processes = report["engine"].values()
     workers = [p for p in processes if p["name"].startswith("VLLM::Worker")]
     engine_cores = [p for p in processes if p["name"].startswith("VLLM::EngineCor")]
-    assert len(workers) == 1 and set(workers[0]["main"]) == model, report  # bound by OpenMP
+    assert len(workers) == 1, report
+    assert set(workers[0]["main"]) == model, report  # bound by OpenMP
     engine_core = engine_cores[0] if len(engine_cores) == 1 else pytest.fail(str(report))
     assert set(engine_core["main"]) == set(workers[0]["main"]), report  # its scheduling thread beside its worker
     # SCHED_IDLE, and the threads it starts later get the normal policy back
-    assert engine_core["main_policy"] == os.SCHED_IDLE | os.SCHED_RESET_ON_FORK and engine_core["other_policies"] == [os.SCHED_OTHER], (
-        report
-    )
+    assert engine_core["main_policy"] == os.SCHED_IDLE | os.SCHED_RESET_ON_FORK, report
+    assert engine_core["other_policies"] == [os.SCHED_OTHER], report
     assert set(engine_core["other_threads"]) == serving, report  # its I/O threads
     others = [p for p in processes if p not in workers and p not in engine_cores]
     assert all(set(p["threads"]) == serving for p in others), report

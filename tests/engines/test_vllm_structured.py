@@ -181,7 +181,8 @@ def test_json_object(engine_url):
         if response.status == "completed":
             assert isinstance(json.loads(response.output_text), dict)
         else:
-            assert response.status == "incomplete" and response.incomplete_details.reason == "max_output_tokens"
+            assert response.status == "incomplete"
+            assert response.incomplete_details.reason == "max_output_tokens"
             assert _json_object_prefix(response.output_text), response.output_text
     assert finished.status == "completed", finished.output_text
     assert isinstance(json.loads(finished.output_text), dict)
@@ -215,7 +216,8 @@ def test_tool_choice_required_named_allowed_on_the_engine(engine_url):
             jsonschema.validate(arguments, schemas[name])
         assert [name for name, _ in _calls(named)] == ["get_time"], output_texts(named)
         jsonschema.validate(_calls(named)[0][1], schemas["get_time"])
-        assert _calls(only) and {name for name, _ in _calls(only)} == {"get_weather"}, output_texts(only)
+        assert _calls(only), output_texts(only)
+        assert {name for name, _ in _calls(only)} == {"get_weather"}, output_texts(only)
 
 
 def test_tool_choice_auto_with_strict_tools_on_the_engine(engine_url):
@@ -240,5 +242,6 @@ def test_tool_choice_none_on_the_engine(engine_url):
     for response in in_parallel(
         _ask, [(engine_url, prompt, "none", 0.0, False) for prompt in prompts]
     ):  # it may talk until max_output_tokens
-        assert response.output and not _calls(response)
+        assert response.output
+        assert not _calls(response)
         assert "<tool_call>" not in response.output_text

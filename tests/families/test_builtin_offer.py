@@ -44,21 +44,26 @@ def test_harmony_system_message_is_gpt_oss_own():
     expected = harmony_encoding().render_conversation_for_completion(Conversation.from_messages(messages), Role.ASSISTANT)
     assert render_prompt(request, request.input_items(), today=TODAY) == expected
     text = harmony_encoding().decode(expected)
-    assert "## browser\n\n// Tool for browsing." in text and "namespace browser {" in text and "## python\n\n" in text
+    assert "## browser\n\n// Tool for browsing." in text
+    assert "namespace browser {" in text
+    assert "## python\n\n" in text
     assert "<|start|>developer" not in text  # no function tools: no developer message
 
 
 def test_the_python_description_is_harmonys_with_this_servers_facts():
     harmony = ToolNamespaceConfig.python().description
     ours = tool_description(12.5)
-    assert ours != harmony and "time out after 12.5 seconds" in ours and "Internet access for this session is disabled." in ours
+    assert ours != harmony
+    assert "time out after 12.5 seconds" in ours
+    assert "Internet access for this session is disabled." in ours
     assert ours.split("time out after")[0] == harmony.split("time out after")[0]  # the rest is harmony's, word for word
 
 
 def test_tool_choice_none_offers_no_builtin_tool():
     request = offered(TOOLS, tool_choice="none")
     text = harmony_encoding().decode(render_prompt(request, request.input_items(), today=TODAY))
-    assert "# Tools" not in text and "namespace browser" not in text
+    assert "# Tools" not in text
+    assert "namespace browser" not in text
 
 
 def test_chat_template_models_get_them_as_functions():

@@ -167,7 +167,7 @@ settings_ = settings(max_examples=150, suppress_health_check=[HealthCheck.functi
 @given(case=completions(), sizes=st.lists(st.integers(1, 6), max_size=120))
 def test_items_are_the_same_for_every_batching(tokenizer, case, sizes):
     completion, in_reasoning, expected = case
-    tokens = tokenizer.encode(completion, add_special_tokens=False) + [tokenizer.eos_token_id]
+    tokens = [*tokenizer.encode(completion, add_special_tokens=False), tokenizer.eos_token_id]
     for batches in cuts(tokens, sizes):
         assert items_of(run(tokenizer, Tags(THINK, TOOL), in_reasoning, batches)) == expected
 
@@ -281,7 +281,9 @@ def test_a_byte_level_vocabulary_is_decoded_from_its_bytes(tokenizer, vocabulary
     assert 0 < len(partial_ids) < len(tokenizer) // 100
     for token_id in partial_ids:
         raw = vocabulary.token_bytes[token_id]
-        assert raw and not raw.isascii() and raw.decode("utf-8", "replace") == tokenizer.decode([token_id])
+        assert raw
+        assert not raw.isascii()
+        assert raw.decode("utf-8", "replace") == tokenizer.decode([token_id])
     assert vocabulary.token_bytes[tokenizer.encode(" Zürich")[0]] == b" Z"
     assert all(vocabulary.token_bytes[i] == b"" for i in tokenizer.all_special_ids)
 
@@ -313,5 +315,5 @@ def test_detokenizer_of_a_sentencepiece_vocabulary(sentencepiece_tokenizer, word
     tokenizer = sentencepiece_tokenizer
     vocabulary = Vocabulary(tokenizer, skip_ids=tokenizer.all_special_ids)  # 268 tokens: cheap
     assert isinstance(vocabulary.detokenizer(), StreamDetokenizer)
-    ids = tokenizer.encode("".join(words), add_special_tokens=False) + [tokenizer.eos_token_id]
+    ids = [*tokenizer.encode("".join(words), add_special_tokens=False), tokenizer.eos_token_id]
     check_detokenizer(tokenizer, vocabulary, ids, sizes)

@@ -69,7 +69,8 @@ def test_tools_and_the_whole_tool_history_in_the_templates_form(qwen3):
     text = prompt_text(qwen3, input=history, tools=[WEATHER, FS])
     system = text[: text.index("<|im_end|>")]
     assert system.startswith("<|im_start|>system\nUse tools.\n\n# Tools")
-    assert '"name": "get_weather"' in system and '"name": "fs.read"' in system
+    assert '"name": "get_weather"' in system
+    assert '"name": "fs.read"' in system
     # One assistant turn: its reasoning, both calls; then both results in one user turn.
     assert (
         "<|im_start|>assistant\n<think>\nTwo calls.\n</think>\n\n"
@@ -94,7 +95,8 @@ def test_thinking_switch_of_the_template(tokenizer):
     off = model(tokenizer, template="qwen3", reasoning_parser="qwen3", template_kwargs={"enable_thinking": False})
     request = ResponsesRequest(model="m", input="hi")
     on_prompt, off_prompt = (m.render_prompt(request, request.input_items()) for m in (on, off))
-    assert on.opens_reasoning(on_prompt) and not off.opens_reasoning(off_prompt)
+    assert on.opens_reasoning(on_prompt)
+    assert not off.opens_reasoning(off_prompt)
     # Without a reasoning parser there is no reasoning to be inside of.
     assert not model(tokenizer, template="qwen3", template_kwargs={"enable_thinking": True}).opens_reasoning(on_prompt)
 
@@ -111,7 +113,8 @@ def test_history_it_cannot_render_is_a_clear_400(tokenizer, family_options, item
     request = ResponsesRequest(model="m", input=[item])
     with pytest.raises(APIError) as info:
         family.render_prompt(request, request.input_items())
-    assert info.value.status_code == 400 and info.value.param == param
+    assert info.value.status_code == 400
+    assert info.value.param == param
 
 
 def test_a_template_that_rejects_the_conversation_is_a_400(tokenizer, tmp_path):
@@ -125,7 +128,8 @@ def test_a_template_that_rejects_the_conversation_is_a_400(tokenizer, tmp_path):
     request = ResponsesRequest(model="m", input=[{"role": "user", "content": "a"}, {"role": "user", "content": "b"}])
     with pytest.raises(APIError) as info:
         family.render_prompt(request, request.input_items())
-    assert info.value.status_code == 400 and "must alternate" in info.value.message
+    assert info.value.status_code == 400
+    assert "must alternate" in info.value.message
 
 
 def test_unknown_template_names_the_built_ins(tokenizer):

@@ -212,7 +212,9 @@ def test_harmony_formats_llguidance_does_not_know_are_a_400():
     schema = {"type": "object", "properties": {"u": {"type": "string", "format": "uri-reference"}}}
     with pytest.raises(APIError) as caught:
         HarmonyModel().constraint(request(text={"format": {"type": "json_schema", "name": "x", "schema": schema}}), [])
-    assert "uri-reference" in str(caught.value) and caught.value.param == "text.format.schema" and caught.value.status_code == 400
+    assert "uri-reference" in str(caught.value)
+    assert caught.value.param == "text.format.schema"
+    assert caught.value.status_code == 400
     # a property named "format" is no format keyword
     named_format = {"type": "object", "properties": {"format": {"type": "string"}}}
     assert HarmonyModel().constraint(request(text={"format": {"type": "json_schema", "name": "x", "schema": named_format}}), []) is not None
@@ -289,7 +291,8 @@ def test_qwen3_tool_choice(smollm2):
     assert not accepts(compiler, required.engine, answer, stops)
 
     named, completion = qwen3_case(tokenizer, request(tools=[WEATHER, TIME], tool_choice={"type": "function", "name": "get_time"}))
-    assert accepts(compiler, named.engine, completion, stops) and accepts(compiler, named.engine, call_time, stops)
+    assert accepts(compiler, named.engine, completion, stops)
+    assert accepts(compiler, named.engine, call_time, stops)
     assert not accepts(compiler, named.engine, call_weather, stops)
     two_calls = encode(
         '<tool_call>\n{"name": "get_time", "arguments": {}}\n</tool_call><tool_call>\n{"name": "get_time", "arguments": {}}\n</tool_call>'
@@ -298,12 +301,14 @@ def test_qwen3_tool_choice(smollm2):
 
     allowed = {"type": "allowed_tools", "mode": "auto", "tools": [{"type": "function", "name": "get_time"}]}
     auto, _ = qwen3_case(tokenizer, request(tools=[WEATHER, TIME], tool_choice=allowed))
-    assert accepts(compiler, auto.engine, answer, stops) and accepts(compiler, auto.engine, call_time, stops)
+    assert accepts(compiler, auto.engine, answer, stops)
+    assert accepts(compiler, auto.engine, call_time, stops)
     assert not accepts(compiler, auto.engine, call_weather, stops)
 
     none, completion = qwen3_case(tokenizer, request(input="call get_time", tools=[WEATHER, TIME], tool_choice="none"))
     assert "<tool_call>" not in tokenizer.decode(completion)
-    assert accepts(compiler, none.engine, completion, stops) and accepts(compiler, none.engine, answer, stops)
+    assert accepts(compiler, none.engine, completion, stops)
+    assert accepts(compiler, none.engine, answer, stops)
     assert not accepts(compiler, none.engine, call_time, stops)
 
 
@@ -318,7 +323,8 @@ def test_qwen3_auto_with_a_strict_function(smollm2):
         return encode(f'<think>\nhm\n</think>\n\n<tool_call>\n{{"name": "{name}", "arguments": {arguments}}}\n</tool_call>')
 
     auto, completion = qwen3_case(tokenizer, request(input='call get_weather {"city": "Oslo", "days": 2}', tools=[WEATHER, TIME]))
-    assert "<tool_call>" in tokenizer.decode(completion) and accepts(compiler, auto.engine, completion, stops)
+    assert "<tool_call>" in tokenizer.decode(completion)
+    assert accepts(compiler, auto.engine, completion, stops)
     assert accepts(compiler, auto.engine, encode("<think>\nhm\n</think>\n\nHello!"), stops)
     assert accepts(compiler, auto.engine, call("get_time", '{"any": ["json"]}'), stops)  # not strict
     assert not accepts(compiler, auto.engine, call("get_weather", '{"city": "Oslo", "days": 0}'), stops)

@@ -122,7 +122,8 @@ def test_malformed_completion_is_kept(text, finish, expected):
 
 def test_abort_mid_header_fails_cleanly():
     terminal = check_stream(run([tokens("<|channel|>final<|message|>hi<|end|><|start|>assis")], "abort"))
-    assert terminal.status == "failed" and items(terminal) == [("message", "final_answer", "hi")]
+    assert terminal.status == "failed"
+    assert items(terminal) == [("message", "final_answer", "hi")]
 
 
 # Random completions: mostly special tokens and header words, some arbitrary ids (parts of
@@ -203,7 +204,8 @@ def test_a_header_too_long_to_be_one_is_shown_while_the_model_writes():
     assert stream.feed(TokenBatch(text[: MAX_HEADER_TOKENS - 1])) == []
     shown = stream.feed(TokenBatch(text[MAX_HEADER_TOKENS - 1 : MAX_HEADER_TOKENS]))
     assert [e.type for e in shown] == ["response.output_item.added", "response.content_part.added", "response.output_text.delta"]
-    assert shown[0].item.phase is None and shown[-1].delta == ENCODING.decode(text[:MAX_HEADER_TOKENS])
+    assert shown[0].item.phase is None
+    assert shown[-1].delta == ENCODING.decode(text[:MAX_HEADER_TOKENS])
     after = text[MAX_HEADER_TOKENS : MAX_HEADER_TOKENS + 3]
     assert [e.delta for e in stream.feed(TokenBatch(after))] == [ENCODING.decode(after)]  # the content, as it comes
 

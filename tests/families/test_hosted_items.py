@@ -40,7 +40,8 @@ def harmony(items: list) -> list[int]:
 def test_harmony_renders_an_mcp_call_as_the_model_made_it():
     assert harmony([USER, LISTING, CALL]) == harmony([USER, *AS_FUNCTION])
     text = harmony_encoding().decode(harmony([USER, LISTING, CALL]))
-    assert "to=lab.echo" in text and "<|start|>lab.echo<|channel|>commentary to=assistant<|message|>hi<|end|>" in text
+    assert "to=lab.echo" in text
+    assert "<|start|>lab.echo<|channel|>commentary to=assistant<|message|>hi<|end|>" in text
 
 
 def test_an_approved_call_is_one_call_and_its_output():
@@ -102,8 +103,10 @@ def test_built_in_tool_items_render_as_their_harmony_calls():
         "outputs": [{"type": "logs", "logs": "2\n"}],
     }
     text = harmony_encoding().decode(harmony([USER, search, code]))
-    assert "to=browser.search" in text and '{"query": "rust"}' in text
-    assert "<|start|>assistant to=python<|channel|>analysis" in text and "print(2)<|call|>" in text
+    assert "to=browser.search" in text
+    assert '{"query": "rust"}' in text
+    assert "<|start|>assistant to=python<|channel|>analysis" in text
+    assert "print(2)<|call|>" in text
     assert "<|start|>python to=assistant<|channel|>analysis<|message|>2\n<|end|>" in text
 
 
@@ -116,7 +119,8 @@ def test_a_finished_turns_built_in_calls_stay_and_its_reasoning_goes():
     items = [USER, reasoning, code, answer, {"role": "user", "content": "thanks"}]
     text = harmony_encoding().decode(harmony(items))
     assert "Thinking it over." not in text
-    assert "print(2)<|call|>" in text and f"<|start|>python to=assistant<|channel|>analysis<|message|>{RESULT_NOT_KEPT}<|end|>" in text
+    assert "print(2)<|call|>" in text
+    assert f"<|start|>python to=assistant<|channel|>analysis<|message|>{RESULT_NOT_KEPT}<|end|>" in text
     # Kept with a stored turn: what the model read, never from the client's item.
     parsed = request(items).input_items()
     parsed[2]._model_text = "2\n"
@@ -160,10 +164,12 @@ def test_hosted_items_round_trip_through_storage_and_listing():
     parsed = request(items).input_items()
     listed = [as_response_item(item) for item in parsed]
     assert [item.type for item in listed] == [item["type"] for item in items]
-    assert listed[1].output == "hi" and listed[2].arguments == '{"text": "hi"}'
+    assert listed[1].output == "hi"
+    assert listed[2].arguments == '{"text": "hi"}'
     # An older client's plain-text error is listed as the SDK's tool error.
     (old,) = [as_response_item(item) for item in request([{**CALL, "output": None, "error": "boom"}]).input_items()]
-    assert old.error is not None and old.error.type == "mcp_tool_execution_error"
+    assert old.error is not None
+    assert old.error.type == "mcp_tool_execution_error"
 
 
 def test_output_items_come_back_as_input():
@@ -202,7 +208,8 @@ def test_chat_templates_render_an_mcp_call_as_a_tool_call_and_the_tool_turn(qwen
 
     rendered = text([USER, LISTING, CALL])
     assert rendered == text([USER, *AS_FUNCTION])
-    assert '"name": "lab.echo"' in rendered and "<tool_response>\nhi\n</tool_response>" in rendered
+    assert '"name": "lab.echo"' in rendered
+    assert "<tool_response>\nhi\n</tool_response>" in rendered
     code = {
         "type": "code_interpreter_call",
         "id": "ci_1",

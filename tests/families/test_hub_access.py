@@ -23,6 +23,6 @@ def test_loading_tokenizers_never_switches_the_hub_off(tmp_path, monkeypatch):
     bundled.save_pretrained(tmp_path / "my-tokenizer")
     other = load_tokenizer(str(tmp_path / "my-tokenizer"))  # a config naming a folder or hub id
     assert other.encode("Grüße, 世界") == bundled.encode("Grüße, 世界")
-    assert {var: os.environ.get(var) for var in OFFLINE_VARS} == {var: None for var in OFFLINE_VARS}
+    assert {var: os.environ.get(var) for var in OFFLINE_VARS} == dict.fromkeys(OFFLINE_VARS)
     with pytest.raises(TokenizerUnavailable, match="no-such-model"):
         load_tokenizer(str(tmp_path / "no-such-model"))

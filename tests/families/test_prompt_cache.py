@@ -96,7 +96,8 @@ def chat_models(tokenizer, template: str | None) -> tuple[ChatTemplateModel, Cha
     parsers = {"reasoning_parser": "qwen3", "tool_parser": "hermes"} if template == "qwen3" else {}
     cached = ChatTemplateModel(tokenizer, template=template, **parsers)
     whole = ChatTemplateModel(tokenizer, template=template, prompt_cache_tokens=0, **parsers)
-    assert cached.piece_start is not None and whole.piece_start is None
+    assert cached.piece_start is not None
+    assert whole.piece_start is None
     return cached, whole
 
 
@@ -182,17 +183,22 @@ def test_the_cache_keeps_within_its_budget_least_recently_used_out_first():
 
     cache = PromptCache(max_tokens=10, piece_overhead=0)
     assert cache.concat([("a", "aaaa"), ("b", "bbbb")], render_many) == [97] * 4 + [98] * 4
-    assert rendered == [["aaaa", "bbbb"]] and cache.size == 8
+    assert rendered == [["aaaa", "bbbb"]]
+    assert cache.size == 8
     assert cache.concat([("a", "aaaa"), ("c", "cc")], render_many) == [97] * 4 + [99] * 2  # only c is new
-    assert rendered[-1] == ["cc"] and cache.size == 10
+    assert rendered[-1] == ["cc"]
+    assert cache.size == 10
     cache.concat([("d", "dd")], render_many)  # b, the least recently used, goes
     assert cache.size == 8
     cache.concat([("a", "aaaa"), ("b", "bbbb")], render_many)
     assert rendered[-1] == ["bbbb"]
     big = "z" * 11  # over the budget: returned, not kept
     assert cache.concat([("big", big)], render_many) == [ord("z")] * 11
-    assert cache.size <= 10 and cache.concat([("big", big)], render_many) and rendered[-1] == [big]
-    assert cache.hit_tokens == 4 + 4 and cache.rendered_tokens == 8 + 2 + 2 + 4 + 22
+    assert cache.size <= 10
+    assert cache.concat([("big", big)], render_many)
+    assert rendered[-1] == [big]
+    assert cache.hit_tokens == 4 + 4
+    assert cache.rendered_tokens == 8 + 2 + 2 + 4 + 22
 
 
 def test_tiny_pieces_count_their_bookkeeping_against_the_budget():

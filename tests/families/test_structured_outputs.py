@@ -65,7 +65,8 @@ def test_json_schema_answer_validates_streaming_and_not(inprocess_url, model):
     response = client(inprocess_url).responses.create(**body)
     assert _kinds(response) == ["reasoning", "message"]  # reasoning stays free
     jsonschema.validate(json.loads(response.output_text), SCHEMA)
-    assert response.text.format.type == "json_schema" and response.text.format.schema_ == SCHEMA
+    assert response.text.format.type == "json_schema"
+    assert response.text.format.schema_ == SCHEMA
     events = raw_stream(inprocess_url, body)
     assert events[-1]["response"]["output"][1]["content"][0]["text"] == response.output_text
 
@@ -82,7 +83,8 @@ def test_sdk_parse_with_pydantic_text_format(inprocess_url, model, stream):
             parsed = final.output_parsed
     else:
         parsed = sdk.responses.parse(model=model, input="Describe a city.", text_format=City).output_parsed
-    assert isinstance(parsed, City) and parsed.districts
+    assert isinstance(parsed, City)
+    assert parsed.districts
 
 
 @pytest.mark.parametrize("model", REPLAY_MODELS)
@@ -179,7 +181,8 @@ def test_required_call_with_json_answer_then_the_answer(inprocess_url, model):
         model=model, input="Weather in Oslo, as JSON.", tools=[WEATHER_TOOL], tool_choice="required", text={"format": JSON_SCHEMA_FORMAT}
     )
     call = first.output[-1]
-    assert call.type == "function_call" and call.name == "get_weather"
+    assert call.type == "function_call"
+    assert call.name == "get_weather"
     second = sdk.responses.create(
         model=model,
         input=[

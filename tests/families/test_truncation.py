@@ -88,7 +88,8 @@ def test_fit_drops_the_fewest_oldest_items(history, fraction):
         assert (prompt, dropped) == (render_prompt(REQUEST, history), 0)
         return
     kept = history[:lead] + history[lead + dropped :]
-    assert dropped > 0 and lead + dropped in cuts
+    assert dropped > 0
+    assert lead + dropped in cuts
     assert prompt == render_prompt(REQUEST, kept)
     earlier = [cut for cut in cuts if cut < lead + dropped]
     if len(prompt) <= budget:  # and one item fewer dropped would not fit
@@ -133,7 +134,7 @@ def test_auto_drops_old_turns_that_disabled_refuses(inprocess_url, model):
     max_output_tokens 8,000 it does not fit. "disabled" is a 400; "auto" answers the last
     question from a prompt that leaves the room asked for, and echoes the setting."""
     sdk = sdk_scenarios.client(inprocess_url)
-    conversation = _long_conversation(65) + [{"role": "user", "content": "the last question"}]
+    conversation = [*_long_conversation(65), {"role": "user", "content": "the last question"}]
     turn = _count(sdk, model, _long_conversation(2)) - _count(sdk, model, _long_conversation(1))
     for truncation in (None, "disabled"):
         extra = {} if truncation is None else {"truncation": truncation}
@@ -141,7 +142,8 @@ def test_auto_drops_old_turns_that_disabled_refuses(inprocess_url, model):
             sdk.responses.create(model=model, input=conversation, max_output_tokens=8000, store=False, **extra)
         assert error.value.body["code"] == "context_length_exceeded"
     response = sdk.responses.create(model=model, input=conversation, max_output_tokens=8000, store=False, truncation="auto")
-    assert response.status == "completed" and response.truncation == "auto"
+    assert response.status == "completed"
+    assert response.truncation == "auto"
     assert response.output_text == "the last question"  # the replay answers the last user message
     # As few turns dropped as make it fit: one more would not.
     assert 131_072 - 8000 - turn < response.usage.input_tokens <= 131_072 - 8000
@@ -159,10 +161,11 @@ def test_auto_keeps_instructions_and_leaves_short_prompts_alone(inprocess_url):
     sdk = sdk_scenarios.client(inprocess_url)
     short = sdk.responses.create(model="gpt-oss-replay", input="hello", truncation="auto", store=False)
     plain = sdk.responses.create(model="gpt-oss-replay", input="hello", store=False)
-    assert short.usage.input_tokens == plain.usage.input_tokens and plain.truncation == "disabled"
+    assert short.usage.input_tokens == plain.usage.input_tokens
+    assert plain.truncation == "disabled"
     # Leading developer messages are instructions: dropping turns keeps them (the count
     # with them is the count without them plus their own tokens).
-    conversation = _long_conversation(70) + [{"role": "user", "content": "last"}]
+    conversation = [*_long_conversation(70), {"role": "user", "content": "last"}]
     developer = {"role": "developer", "content": "Always answer in French. " * 50}
     counts = [_count(sdk, "gpt-oss-replay", [*lead, *conversation], truncation="auto", max_output_tokens=100) for lead in ([], [developer])]
     assert counts[0] < counts[1] <= 131_072 - 100
@@ -202,5 +205,6 @@ def test_random_histories_through_the_api(inprocess_url):
         response = sdk.responses.create(
             model="gpt-oss-replay", input=history, truncation="auto", max_output_tokens=max_output_tokens, store=False
         )
-        assert response.status == "completed" and response.output_text == "done?"
+        assert response.status == "completed"
+        assert response.output_text == "done?"
         assert response.usage.input_tokens <= 131_072 - max_output_tokens

@@ -38,13 +38,13 @@ def test_our_own_cache_named_by_a_parent_is_unpacked_again_when_gone(tmp_path, m
 def test_a_wrong_file_says_what_to_do(tmp_path, monkeypatch):
     (tmp_path / vocab.VOCAB_FILE).write_bytes(b"not the vocabulary")
     monkeypatch.setenv(vocab.ENV_VAR, str(tmp_path))
-    with pytest.raises(vocab.VocabularyError, match="sha256 mismatch.*unset TIKTOKEN_ENCODINGS_BASE"):
+    with pytest.raises(vocab.VocabularyError, match=r"sha256 mismatch.*unset TIKTOKEN_ENCODINGS_BASE"):
         vocab.ensure_vocabulary()
 
 
 def test_a_missing_directory_names_the_variable(tmp_path, monkeypatch):
     monkeypatch.setenv(vocab.ENV_VAR, str(tmp_path / "nowhere"))
-    with pytest.raises(vocab.VocabularyError, match="TIKTOKEN_ENCODINGS_BASE=.*does not exist"):
+    with pytest.raises(vocab.VocabularyError, match=r"TIKTOKEN_ENCODINGS_BASE=.*does not exist"):
         vocab.ensure_vocabulary()
 
 
@@ -85,7 +85,8 @@ def test_the_harmony_tokenizer_is_gpt_oss_s_from_local_files(tmp_path, monkeypat
         ids = encoding.encode(text, allowed_special="all")
         assert tokenizer.encode(text, add_special_tokens=False) == ids, text
         assert tokenizer.decode(ids) == text
-    assert tokenizer.eos_token_id == 200002 and tokenizer.convert_tokens_to_ids("<|channel|>") == 200005
+    assert tokenizer.eos_token_id == 200002
+    assert tokenizer.convert_tokens_to_ids("<|channel|>") == 200005
 
     info = xgr.TokenizerInfo.from_huggingface(tokenizer, vocab_size=vocab.HARMONY_VOCAB_SIZE)
     assert info.vocab_type == xgr.VocabType.BYTE_LEVEL

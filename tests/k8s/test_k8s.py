@@ -41,7 +41,8 @@ def rayservice_schema() -> dict:
 @pytest.mark.parametrize("path", MANIFESTS, ids=lambda p: p.name)
 def test_manifest_is_a_valid_rayservice(path, rayservice_schema):
     manifest = rayservice(path)
-    assert manifest["apiVersion"] == "ray.io/v1" and manifest["kind"] == "RayService"
+    assert manifest["apiVersion"] == "ray.io/v1"
+    assert manifest["kind"] == "RayService"
     jsonschema.validate(manifest, rayservice_schema)
     serve_config = ServeDeploySchema.model_validate(yaml.safe_load(manifest["spec"]["serveConfigV2"]))
     for application in serve_config.applications:
@@ -89,7 +90,8 @@ def _tool_services() -> dict:
         (port,) = service["spec"]["ports"]
         (deployment,) = [d for d in documents if d["kind"] == "Deployment"]
         (container,) = deployment["spec"]["template"]["spec"]["containers"]
-        assert container["command"][:3] == ["responses-serve", "tool", tool] and str(port["port"]) in container["command"]
+        assert container["command"][:3] == ["responses-serve", "tool", tool]
+        assert str(port["port"]) in container["command"]
         tools[tool] = {"url": f"http://{service['metadata']['name']}:{port['port']}/mcp"}
     return tools
 

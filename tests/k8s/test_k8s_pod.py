@@ -111,7 +111,8 @@ def test_the_head_pod_runs_on_a_read_only_root_with_token_auth_and_its_valkey_us
     assert seen["open"] == {"/health": 200, "/ready": 200}
     assert set(seen["without_key"].values()) == {401}
     # A response stored through the store user, read back by id.
-    assert seen["stored"]["id"] == seen["created"]["id"] and seen["stored"]["output"] == seen["created"]["output"]
+    assert seen["stored"]["id"] == seen["created"]["id"]
+    assert seen["stored"]["output"] == seen["created"]["output"]
     store = redis.Redis(port=k8s_valkey.port, username=k8s_valkey.env["STORE_USER"], password=K8S_PASSWORDS["responses-serve-store"])
     gcs = redis.Redis(port=k8s_valkey.port, username=k8s_valkey.env["GCS_USER"], password=K8S_PASSWORDS["responses-serve-gcs"])
     (application,) = applications(service)

@@ -76,12 +76,13 @@ def test_every_object_but_the_rayservices_is_valid_kubernetes():
             kubernetes_validate.validate(document, kubernetes_validate.latest_version(), strict=True)
 
 
-@pytest.mark.parametrize("where,container", _containers(), ids=[w for w, _ in _containers()])
+@pytest.mark.parametrize(("where", "container"), _containers(), ids=[w for w, _ in _containers()])
 def test_every_container_is_restricted(where, container):
     """Kubernetes' `restricted` Pod Security Standard, and a read-only root filesystem."""
     context = container["securityContext"]
     assert context["runAsNonRoot"] is True
-    assert isinstance(context["runAsUser"], int) and context["runAsUser"] > 0
+    assert isinstance(context["runAsUser"], int)
+    assert context["runAsUser"] > 0
     assert context["allowPrivilegeEscalation"] is False
     assert context["capabilities"] == {"drop": ["ALL"]}
     assert context["seccompProfile"] == {"type": "RuntimeDefault"}
@@ -89,12 +90,15 @@ def test_every_container_is_restricted(where, container):
     assert not context.get("privileged")
 
 
-@pytest.mark.parametrize("where,spec", _pod_specs(), ids=[w for w, _ in _pod_specs()])
+@pytest.mark.parametrize(("where", "spec"), _pod_specs(), ids=[w for w, _ in _pod_specs()])
 def test_every_pod_is_restricted(where, spec):
     context = spec["securityContext"]
-    assert context["runAsNonRoot"] is True and context["runAsUser"] > 0
+    assert context["runAsNonRoot"] is True
+    assert context["runAsUser"] > 0
     assert context["seccompProfile"] == {"type": "RuntimeDefault"}
-    assert not spec.get("hostNetwork") and not spec.get("hostPID") and not spec.get("hostIPC")
+    assert not spec.get("hostNetwork")
+    assert not spec.get("hostPID")
+    assert not spec.get("hostIPC")
     # Each container runs as its pod does: one user per pod.
     for container in spec["containers"]:
         assert container["securityContext"]["runAsUser"] == context["runAsUser"]
@@ -178,14 +182,16 @@ def test_no_secret_in_plain_text():
     for _where, container in _containers():
         for name, entry in env(container).items():
             if _SECRET_NAME.search(name):
-                assert set(entry) == {"name", "valueFrom"} and set(entry["valueFrom"]) == {"secretKeyRef"}, name
+                assert set(entry) == {"name", "valueFrom"}, name
+                assert set(entry["valueFrom"]) == {"secretKeyRef"}, name
     for path, document in every_document():
         assert document["kind"] != "Secret", path
         for field_path, value in _secret_fields(document):
             name = field_path[-1]
             if name in ("secretName", "secretKeyRef", "automountServiceAccountToken") or name.endswith("_env"):
                 continue  # a reference, the variable holding the secret, or a switch
-            assert isinstance(value, dict) and set(value) == {"valueFrom"}, (path.name, field_path)
+            assert isinstance(value, dict), (path.name, field_path)
+            assert set(value) == {"valueFrom"}, (path.name, field_path)
         if document["kind"] == "RayService":
             for application in applications(document):
                 for field_path, _value in _secret_fields(application):
@@ -200,7 +206,8 @@ def test_api_keys_come_from_a_secret_where_the_ingress_runs(path):
     service = rayservice(path)
     (application,) = applications(service)
     keys = application["args"]["auth"]["keys"]
-    assert keys and all("key_env" in key and "key_sha256" not in key for key in keys)
+    assert keys
+    assert all("key_env" in key and "key_sha256" not in key for key in keys)
     for group in groups(service):
         variables = env(ray_container(group))
         for key in keys:
@@ -257,7 +264,8 @@ def test_the_evaluator_follows_the_networkpolicy_rules():
     a, b = Pod({"app": "a"}), Pod({"app": "b"}, ports={"http": 80})
     assert allowed([], a, b, 80)  # no policy: open
     deny = {"metadata": {"name": "d"}, "spec": {"podSelector": {"matchLabels": {"app": "b"}}, "policyTypes": ["Ingress"]}}
-    assert not allowed([deny], a, b, 80) and allowed([deny], b, a, 80)  # selected: closed; others open
+    assert not allowed([deny], a, b, 80)
+    assert allowed([deny], b, a, 80)  # selected: closed; others open
     from_a = {
         "metadata": {"name": "f"},
         "spec": {
@@ -279,7 +287,8 @@ def test_the_evaluator_follows_the_networkpolicy_rules():
             "egress": [{"to": [{"ipBlock": {"cidr": "0.0.0.0/0", "except": ["169.254.0.0/16"]}}]}],
         },
     }
-    assert allowed([block], a, INTERNET, 443) and not allowed([block], a, METADATA, 80)
+    assert allowed([block], a, INTERNET, 443)
+    assert not allowed([block], a, METADATA, 80)
 
 
 @pytest.mark.parametrize("path", RAYSERVICES, ids=lambda p: p.name)
@@ -291,7 +300,8 @@ def test_only_the_serve_port_is_open_to_others(path):
         assert admits(policies, source, ray, SERVE_PORT), source
         for port in RAY_PORTS:
             assert not admits(policies, source, ray, port), (source, port)
-    assert allowed(policies, NEIGHBOUR, ray, SERVE_PORT) and allowed(policies, INTERNET, ray, SERVE_PORT)
+    assert allowed(policies, NEIGHBOUR, ray, SERVE_PORT)
+    assert allowed(policies, INTERNET, ray, SERVE_PORT)
 
 
 @pytest.mark.parametrize("path", RAYSERVICES, ids=lambda p: p.name)
@@ -313,10 +323,12 @@ def test_the_operator_reaches_the_dashboard_only(path):
 def test_what_ray_pods_reach(path):
     policies, ray = _policies(), _ray_pod(path)
     assert allowed(policies, ray, VALKEY_POD, 6379)
-    assert allowed(policies, ray, DNS, 53, "UDP") and allowed(policies, ray, DNS, 53, "TCP")
+    assert allowed(policies, ray, DNS, 53, "UDP")
+    assert allowed(policies, ray, DNS, 53, "TCP")
     assert allowed(policies, ray, INTERNET, 443)  # the model hub; the Kubernetes API
     assert not allowed(policies, ray, INTERNET, 80)
-    assert not allowed(policies, ray, METADATA, 80) and not allowed(policies, ray, METADATA, 443)
+    assert not allowed(policies, ray, METADATA, 80)
+    assert not allowed(policies, ray, METADATA, 443)
     assert not allowed(policies, ray, NEIGHBOUR, 8080)
     assert not allowed(policies, ray, ELSEWHERE, 5432)
 
@@ -338,7 +350,8 @@ def test_prometheus_may_scrape_the_metrics_only_when_opted_in():
     assert allowed(policies, PROMETHEUS, ray, 8080)
     for port in [p for p in RAY_PORTS if p != 8080]:
         assert not allowed(policies, PROMETHEUS, ray, port)
-    assert not allowed(policies, NEIGHBOUR, ray, 8080) and not allowed(policies, PROMETHEUS, VALKEY_POD, 6379)
+    assert not allowed(policies, NEIGHBOUR, ray, 8080)
+    assert not allowed(policies, PROMETHEUS, VALKEY_POD, 6379)
 
 
 @pytest.mark.parametrize("path", RAYSERVICES, ids=lambda p: p.name)
@@ -348,7 +361,8 @@ def test_each_rayservice_file_brings_the_policies_of_its_own_pods(path):
     service = rayservice(path)
     assert _labels(path)["app.kubernetes.io/instance"] == service["metadata"]["name"]
     policies = of_kind(path, "NetworkPolicy")
-    assert policies and all(p["spec"]["podSelector"]["matchLabels"] == _labels(path) for p in policies)
+    assert policies
+    assert all(p["spec"]["podSelector"]["matchLabels"] == _labels(path) for p in policies)
     directions = {t for p in policies for t in p["spec"]["policyTypes"]}
     assert directions == {"Ingress", "Egress"}
 
@@ -417,7 +431,8 @@ def test_the_browser_reaches_the_web_but_not_the_cluster_nor_the_metadata_servic
     assert allowed(policies, browser, DNS, 53, "UDP")
     assert allowed(policies, browser, Pod({"app.kubernetes.io/name": "searxng"}, ip="10.244.7.7"), 8080)
     for public in ("203.0.113.7", "8.8.8.8", "2606:4700::1111"):
-        assert allowed(policies, browser, Address(public), 443) and allowed(policies, browser, Address(public), 80)
+        assert allowed(policies, browser, Address(public), 443)
+        assert allowed(policies, browser, Address(public), 80)
         assert not allowed(policies, browser, Address(public), 22)
     for private in (
         "10.96.0.1",  # a Service address; the API server
@@ -434,5 +449,6 @@ def test_the_browser_reaches_the_web_but_not_the_cluster_nor_the_metadata_servic
     ):
         assert not allowed(policies, browser, Address(private), 443), private
     ray = Pod(_labels(RAYSERVICES[0]), ports={"dashboard": 8265}, ip="10.244.2.2")
-    assert not allowed(policies, browser, ray, 8265) and not allowed(policies, browser, ray, 443)
+    assert not allowed(policies, browser, ray, 8265)
+    assert not allowed(policies, browser, ray, 443)
     assert not allowed(policies, browser, Pod(VALKEY_POD.labels, ip="10.244.4.4"), 6379)

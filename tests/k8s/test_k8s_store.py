@@ -49,15 +49,17 @@ def test_the_store_and_the_gcs_have_a_user_and_a_secret_each():
     store_user, gcs_user = valkey["STORE_USER"]["value"], valkey["GCS_USER"]["value"]
     store_secret = valkey["STORE_PASSWORD"]["valueFrom"]["secretKeyRef"]
     gcs_secret = valkey["GCS_PASSWORD"]["valueFrom"]["secretKeyRef"]
-    assert store_user != gcs_user and store_secret["name"] != gcs_secret["name"]
+    assert store_user != gcs_user
+    assert store_secret["name"] != gcs_secret["name"]
     assert set(_acl_users()) == {"STORE", "GCS"}
     for path in RAYSERVICES:
         service = rayservice(path)
         options = service["spec"]["rayClusterConfig"]["gcsFaultToleranceOptions"]
         assert options["redisUsername"] == {"value": gcs_user}
         assert options["redisPassword"] == {"valueFrom": {"secretKeyRef": gcs_secret}}
-        url, password_secret, key_prefix = ingress_store_settings(path)
-        assert urlsplit(url).username == store_user and urlsplit(url).password is None
+        url, password_secret, _ = ingress_store_settings(path)
+        assert urlsplit(url).username == store_user
+        assert urlsplit(url).password is None
         assert password_secret == store_secret["name"]
         (application,) = applications(service)
         assert application["args"]["store"]["type"] == "redis"
@@ -83,7 +85,8 @@ def test_valkey_runs_as_its_non_root_user_and_writes_only_its_volumes():
     (deployment,) = [d for d in documents(VALKEY) if d["kind"] == "Deployment"]
     pod = deployment["spec"]["template"]["spec"]
     container = valkey_container()
-    assert pod["securityContext"]["runAsNonRoot"] is True and pod["securityContext"]["runAsUser"] == 999
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert pod["securityContext"]["runAsUser"] == 999
     assert container["securityContext"]["readOnlyRootFilesystem"] is True
     mounts = {m["mountPath"]: m["name"] for m in container["volumeMounts"]}
     volumes = {v["name"]: v for v in pod["volumes"]}
@@ -93,7 +96,8 @@ def test_valkey_runs_as_its_non_root_user_and_writes_only_its_volumes():
     # The ACL (password hashes) lives in memory only, never on the data volume.
     assert volumes[mounts[_parent(valkey["ACL_FILE"]["value"])]]["emptyDir"]["medium"] == "Memory"
     script = container["args"][0]
-    assert "--requirepass" not in script and ">$" not in script  # hashes (#...), not passwords
+    assert "--requirepass" not in script
+    assert ">$" not in script  # hashes (#...), not passwords
     (server_line,) = [line for line in script.splitlines() if line.strip().startswith("exec ")]
     assert "PASSWORD" not in server_line  # nor on the command line
 
@@ -109,7 +113,8 @@ def test_the_rayservices_reach_the_valkey_service():
         ray = rayservice(path)
         assert ray["spec"]["rayClusterConfig"]["gcsFaultToleranceOptions"]["redisAddress"] == address
         url, _secret, _prefix = ingress_store_settings(path)
-        assert urlsplit(url).netloc.split("@")[1] == address and urlsplit(url).path == "/0"
+        assert urlsplit(url).netloc.split("@")[1] == address
+        assert urlsplit(url).path == "/0"
         for group in groups(ray):
             if runs_ingress(ray, group):
                 assert env(ray_container(group))["REDIS_URL"]["value"] == url
@@ -176,11 +181,13 @@ def test_the_gcs_user_reaches_rays_keys_only(k8s_valkey):
         with pytest.raises(redis.exceptions.NoPermissionError):
             attack()
     # What Ray's GCS does (tests/k8s/test_k8s_pod.py runs a real one as this user).
-    assert gcs.info("cluster") is not None and gcs.delete("DUMMY") == 0
+    assert gcs.info("cluster") is not None
+    assert gcs.delete("DUMMY") == 0
     assert store.get("responses-serve:acl-test:resp_2") == b"a response"
 
 
 def test_password_only_from_secrets_in_the_valkey():
     for entry in valkey_container()["env"]:
         if "PASSWORD" in entry["name"]:
-            assert set(entry) == {"name", "valueFrom"} and set(entry["valueFrom"]) == {"secretKeyRef"}
+            assert set(entry) == {"name", "valueFrom"}
+            assert set(entry["valueFrom"]) == {"secretKeyRef"}

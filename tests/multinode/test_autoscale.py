@@ -59,4 +59,5 @@ def test_replicas_scale_up_and_back_down_without_cutting_a_stream(tmp_path):
     # different engine replicas and Serve keeps one), and those streams completed.
     assert figures["drained_requests"] >= 1, output
     assert figures["open_while_stopping"] >= 1, output
-    assert (tmp_path / "autoscale-short.json").exists() and (tmp_path / "autoscale-short.png").exists()
+    assert (tmp_path / "autoscale-short.json").exists()
+    assert (tmp_path / "autoscale-short.png").exists()

@@ -18,6 +18,7 @@ import os
 import threading
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import httpx
 import pytest
@@ -106,13 +107,15 @@ class OpenStream:
 
     def run(self) -> None:
         try:
-            with httpx.Client(timeout=httpx.Timeout(60, read=30)) as http:
-                with http.stream("POST", f"{self.url}/responses", json={**self.body, "stream": True}) as response:
-                    assert response.status_code == 200, response.read()
-                    for chunk in response.iter_raw():
-                        self.raw += chunk
-                        if b".delta" in self.raw:
-                            self.has_tokens.set()
+            with (
+                httpx.Client(timeout=httpx.Timeout(60, read=30)) as http,
+                http.stream("POST", f"{self.url}/responses", json={**self.body, "stream": True}) as response,
+            ):
+                assert response.status_code == 200, response.read()
+                for chunk in response.iter_raw():
+                    self.raw += chunk
+                    if b".delta" in self.raw:
+                        self.has_tokens.set()
         except Exception as exc:
             self.error = exc
         finally:
@@ -145,7 +148,8 @@ def test_engine_that_cannot_start_is_a_503_and_the_others_keep_serving(sim_clust
     for answer in (response, streamed):
         assert answer.status_code == 503
         error = answer.json()["error"]
-        assert error["code"] == "model_unavailable" and error["param"] == "model"
+        assert error["code"] == "model_unavailable"
+        assert error["param"] == "model"
         assert "The model 'broken' is unavailable" in error["message"]
     # The other models keep serving.
     for model in ("cpu-echo", "gpu-echo"):
@@ -164,7 +168,7 @@ def test_engine_that_cannot_start_is_a_503_and_the_others_keep_serving(sim_clust
     assert cause in status.message
     # ... and so do the logs of the replicas that tried.
     logs = glob.glob(os.path.join(sim_cluster.cluster.head_node.get_session_dir_path(), "logs", "serve", "*"))
-    assert any(cause in open(path, errors="replace").read() for path in logs if os.path.isfile(path))
+    assert any(cause in Path(path).read_text(errors="replace") for path in logs if os.path.isfile(path))
     with httpx.Client(timeout=30) as http:
         assert http.post(f"{app_url}/responses", json={"model": "broken", "input": "again"}).status_code == 503
 
@@ -184,7 +188,8 @@ def test_ingress_replica_killed_aborts_its_engine_requests(app_url):
     pool = concurrent.futures.ThreadPoolExecutor(count)
     streams = _open_streams(pool, app_url, model, count)
     during = _engine_stats(model)
-    assert during["running"] == count and sum(during["callers"].values()) == count
+    assert during["running"] == count
+    assert sum(during["callers"].values()) == count
     # The engine knows which ingress replica reads each stream: kill the busiest.
     victim, lost = max(during["callers"].items(), key=lambda item: item[1])
     assert 0 < lost < count  # both ingress replicas read streams
@@ -201,7 +206,8 @@ def test_ingress_replica_killed_aborts_its_engine_requests(app_url):
             assert check_stream(parse_sse(stream.raw)).status == "completed"
     assert sum(s.terminal is None for s in streams) == lost
     stats = _engine_stats(model)
-    assert stats["running"] == 0 and stats["aborted"] - before["aborted"] == lost
+    assert stats["running"] == 0
+    assert stats["aborted"] - before["aborted"] == lost
     # New requests are served (by the survivor, then by the replacement too).
     sdk_scenarios.raw_stream(app_url, {"model": model, "input": "after the ingress loss", "max_output_tokens": 20})
     assert wait_until(lambda: running_replicas(APP, "ResponsesIngress") == 2, timeout_s=120, interval_s=1.0)
@@ -210,7 +216,8 @@ def test_ingress_replica_killed_aborts_its_engine_requests(app_url):
 def test_gpu_node_lost_mid_stream(sim_cluster, app_url):
     model, count = "gpu-echo", 8
     engines = alive_replicas(APP, "EngineServer-gpu-echo")
-    assert len(engines) == 2 and len({e.node_id for e in engines}) == 2
+    assert len(engines) == 2
+    assert len({e.node_id for e in engines}) == 2
     lost_name, lost_node = next((n, node) for n, node in sim_cluster.gpu_nodes.items() if node.node_id == engines[0].node_id)
     survivor = engines[1]
 
@@ -223,7 +230,8 @@ def test_gpu_node_lost_mid_stream(sim_cluster, app_url):
         pool.shutdown(wait=True)
         outcomes = [check_stream(parse_sse(s.raw)).status for s in streams]
         failed = [s for s, status in zip(streams, outcomes) if status == "failed"]
-        assert set(outcomes) <= {"completed", "failed"} and failed, outcomes
+        assert set(outcomes) <= {"completed", "failed"}, outcomes
+        assert failed, outcomes
         for stream in failed:
             assert stream.ended_at - removed_at < 10
             assert "engine" in check_stream(parse_sse(stream.raw)).error.message

@@ -63,7 +63,8 @@ def test_engine_placement_groups_land_on_gpu_nodes_only(placement_app, model):
     assert group["strategy"] == ("STRICT_PACK" if model == "tp2" else "PACK")
     bundles = [group["bundles"][i] for i in sorted(group["bundles"])]
     assert [b.get("GPU") for b in bundles] == [1.0] * config.backend.world_size  # one GPU per TP x PP worker
-    assert bundles[0].get("CPU") == 1.0 and not any(b.get("CPU") for b in bundles[1:])  # the replica's CPU
+    assert bundles[0].get("CPU") == 1.0  # the replica's CPU
+    assert not any(b.get("CPU") for b in bundles[1:])
     bundle_nodes = [group["bundles_to_node_id"][i] for i in sorted(group["bundles_to_node_id"])]
     assert len(bundle_nodes) == config.backend.world_size
     assert all(gpus[node] > 0 for node in bundle_nodes)  # only GPU nodes

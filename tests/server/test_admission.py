@@ -46,7 +46,8 @@ def test_background_runs_past_the_replicas_bound_are_503s(url, engine):
         begin = time.monotonic()
         refused = http.post("/responses", json=body)
         assert time.monotonic() - begin < 5  # at once, not after the others
-        assert refused.status_code == 503 and refused.headers["retry-after"] == "1"
+        assert refused.status_code == 503
+        assert refused.headers["retry-after"] == "1"
         assert refused.json()["error"]["code"] == "too_many_background_runs"
         assert "replica_limits.max_background_runs" in refused.json()["error"]["message"]
         assert http.post("/responses", json={"model": "slow", "input": "not in the background"}).status_code == 200
@@ -60,11 +61,11 @@ def test_background_runs_past_the_replicas_bound_are_503s(url, engine):
 
 def test_websocket_connections_past_the_replicas_bound_are_refused_with_503(url):
     with socket_scenarios.socket(url), socket_scenarios.socket(url):
-        with pytest.raises(InvalidStatus) as refused:
-            with socket_scenarios.socket(url):
-                pass
+        with pytest.raises(InvalidStatus) as refused, socket_scenarios.socket(url):
+            pass
         response = refused.value.response
-        assert response.status_code == 503 and response.headers["retry-after"] == "1"
+        assert response.status_code == 503
+        assert response.headers["retry-after"] == "1"
         assert json.loads(response.body)["error"]["code"] == "too_many_connections"
     with socket_scenarios.socket(url) as connection:  # closed ones give their place back
         socket_scenarios.create(connection, model="slow", input="hello")
@@ -83,7 +84,8 @@ def test_messages_queued_past_a_connections_bounds_are_429s_on_their_lane(url, e
         while sum(len(v) for v in ends.values()) < 7:
             event = socket_scenarios.receive(connection)
             if event["type"] == "error":
-                assert event["status"] == 429 and event["error"]["code"] == "too_many_queued", event
+                assert event["status"] == 429, event
+                assert event["error"]["code"] == "too_many_queued", event
                 ends.setdefault(event["stream_id"], []).append("429")
             elif event["type"] == "response.completed":
                 ends.setdefault(event["stream_id"], []).append(event["response"]["output"][-1]["content"][0]["text"])
@@ -111,9 +113,13 @@ def test_what_connections_keep_is_bounded_for_the_replica():
     second.remember("c", *_turn("c1", 15_000))
     assert replica.total == first.bytes + second.bytes <= 60_000
     second.remember("d", *_turn("d1", 15_000))  # over: the second connection's own least recent lane goes
-    assert replica.total <= 60_000 and len(first) == 2 and len(second) == 1
+    assert replica.total <= 60_000
+    assert len(first) == 2
+    assert len(second) == 1
     second.remember("e", *_turn("e1", 70_000))  # alone over the budget: not kept at all
-    assert replica.total <= 60_000 and len(second) == 0 and len(first) == 2
+    assert replica.total <= 60_000
+    assert len(second) == 0
+    assert len(first) == 2
     first.close()
     assert replica.total == second.bytes == 0
 
@@ -141,7 +147,8 @@ def test_request_bytes_in_flight_are_bounded_for_the_replica():
         with httpx.Client(base_url=url, timeout=30) as other:
             refused = other.post("/responses", content=body, headers={"content-type": "application/json"})
         sender.join()
-        assert refused.status_code == 503 and refused.json()["error"]["code"] == "too_many_request_bytes"
+        assert refused.status_code == 503
+        assert refused.json()["error"]["code"] == "too_many_request_bytes"
         assert refused.headers["retry-after"] == "1"
         assert answers["slow"].status_code == 200
         assert http.post("/responses", content=body, headers={"content-type": "application/json"}).status_code == 200
@@ -208,7 +215,9 @@ def test_a_body_sent_too_slowly_is_a_408_and_gives_its_bytes_back(impatient):
         answer = client.recv(65536).decode()
     finally:
         client.close()
-    assert answer.startswith("HTTP/1.1 408") and "request_timeout" in answer and "body_read_timeout_s" in answer
+    assert answer.startswith("HTTP/1.1 408")
+    assert "request_timeout" in answer
+    assert "body_read_timeout_s" in answer
     assert wait_until(lambda: app.state.request_bytes.held == 0, timeout_s=5)
 
 
@@ -225,7 +234,9 @@ def test_a_client_that_reads_nothing_of_its_stream_is_dropped_and_its_engine_req
         sent = _rest(client)  # the connection was closed mid-stream: no terminal event
     finally:
         client.close()
-    assert b"response.output_text.delta" in sent and b"event: response.completed" not in sent and b"response.incomplete" not in sent
+    assert b"response.output_text.delta" in sent
+    assert b"event: response.completed" not in sent
+    assert b"response.incomplete" not in sent
 
 
 @pytest.mark.slow
@@ -255,4 +266,6 @@ def test_a_websocket_client_that_reads_nothing_is_dropped(impatient):
         sent = _rest(client)
     finally:
         client.close()
-    assert b"response.output_text.delta" in sent and b'"response.completed"' not in sent and b'"response.incomplete"' not in sent
+    assert b"response.output_text.delta" in sent
+    assert b'"response.completed"' not in sent
+    assert b'"response.incomplete"' not in sent

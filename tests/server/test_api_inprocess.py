@@ -39,6 +39,6 @@ def test_models_and_retrieve(inprocess_url):
     created = sdk.responses.create(model="gpt-oss-replay", input="keep me")
     assert sdk.responses.retrieve(created.id).output_text == "keep me"
     not_stored = sdk.responses.create(model="gpt-oss-replay", input="forget me", store=False)
-    with pytest.raises(Exception) as info:
+    with pytest.raises(openai.NotFoundError) as info:
         sdk.responses.retrieve(not_stored.id)
     assert getattr(info.value, "status_code", None) == 404

@@ -104,6 +104,8 @@ def test_shutdown_waits_for_background_runs(replay_backend, drain_s):
     with uvicorn_server(create_app([ServedModel(MODEL, replay_backend)], store=store)) as url:  # the next replica
         after = bg_scenarios.client(url).responses.retrieve(created.id)
     if drain_s:
-        assert after.status == "completed" and after.output_text == bg_scenarios.LONG_TEXT
+        assert after.status == "completed"
+        assert after.output_text == bg_scenarios.LONG_TEXT
     else:
-        assert after.status == "failed" and "shut down" in after.error.message
+        assert after.status == "failed"
+        assert "shut down" in after.error.message

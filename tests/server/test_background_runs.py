@@ -76,7 +76,8 @@ async def test_an_orphaned_run_is_failed_by_a_reader_and_its_owner_is_fenced():
     clock.now += 11
     response = (await reader.responses.get(response_id)).response
     refreshed = await reader.refresh(response)
-    assert refreshed.status == "failed" and "stopped before it finished" in refreshed.error.message
+    assert refreshed.status == "failed"
+    assert "stopped before it finished" in refreshed.error.message
     # The owner's next append lands where the failure is: refused, it stops generating.
     while owner.running:
         await asyncio.sleep(0.01)
@@ -86,7 +87,9 @@ async def test_an_orphaned_run_is_failed_by_a_reader_and_its_owner_is_fenced():
     assert [e["sequence_number"] for e in events] == list(range(len(events)))
     assert (await reader.responses.get(response_id)).response.status == "failed"
     record = await reader.runs.get(response_id)
-    assert record.closed and record.status == "failed" and record.length == len(events)
+    assert record.closed
+    assert record.status == "failed"
+    assert record.length == len(events)
 
 
 async def test_shutdown_waits_then_fails_what_is_left():
@@ -96,12 +99,15 @@ async def test_shutdown_waits_then_fails_what_is_left():
     slow_backend = ReplayBackend(ReplayConfig(step_delay_s=0.05))
     slow = await start(runs, slow_backend, "y" * 2000)
     await runs.drain(timeout_s=0.2)
-    assert runs.running == 0 and slow_backend.num_running() == 0
+    assert runs.running == 0
+    assert slow_backend.num_running() == 0
     assert (await runs.responses.get(quick)).response.status == "completed"
     stopped = (await runs.responses.get(slow)).response
-    assert stopped.status == "failed" and "shut down" in stopped.error.message
+    assert stopped.status == "failed"
+    assert "shut down" in stopped.error.message
     events = await collect(replica(store, clock, "b"), slow)
-    assert events[-1]["type"] == "response.failed" and [e["sequence_number"] for e in events] == list(range(len(events)))
+    assert events[-1]["type"] == "response.failed"
+    assert [e["sequence_number"] for e in events] == list(range(len(events)))
 
 
 async def test_cancelling_an_orphan_ends_it_failed():
@@ -125,7 +131,8 @@ async def test_follow_from_another_replica_sees_every_event_once():
     response_id = await start(owner, ReplayBackend(ReplayConfig(step_delay_s=0.005)), "follow me " * 20)
     remote, local = await asyncio.gather(collect(reader, response_id), collect(owner, response_id))
     assert remote == local
-    assert remote[-1]["type"] == "response.completed" and [e["sequence_number"] for e in remote] == list(range(len(remote)))
+    assert remote[-1]["type"] == "response.completed"
+    assert [e["sequence_number"] for e in remote] == list(range(len(remote)))
     assert await collect(reader, response_id, after=len(remote) - 2) == remote[-1:]
 
 
@@ -194,7 +201,9 @@ async def test_a_cancel_that_lands_while_the_end_is_stored_does_not_cut_it():
     events = await collect(runs, snapshot.id)
     assert events[-1]["type"] == "response.completed"
     record = await runs.runs.get(snapshot.id)
-    assert record.closed and record.status == "completed" and record.length == len(events)
+    assert record.closed
+    assert record.status == "completed"
+    assert record.length == len(events)
     assert not runs.running
 
 
@@ -242,12 +251,16 @@ async def test_a_run_that_ended_is_never_failed_after_its_end(lost):
     clock.now += 11
     await sweeper.sweep()
     stored = (await sweeper.responses.get(response_id)).response
-    assert stored.status == "completed" and stored.output_text == "all of it" == stream.response.output_text
+    assert stored.status == "completed"
+    assert stored.output_text == "all of it" == stream.response.output_text
     events = await collect(sweeper, response_id)
     assert [e["type"] for e in events].count("response.completed") == 1
-    assert events[-1]["type"] == "response.completed" and not [e for e in events if e["type"] == "response.failed"]
+    assert events[-1]["type"] == "response.completed"
+    assert not [e for e in events if e["type"] == "response.failed"]
     record = await sweeper.runs.get(response_id)
-    assert record.closed and record.status == "completed" and record.length == len(events)
+    assert record.closed
+    assert record.status == "completed"
+    assert record.length == len(events)
     assert await sweeper.runs.open_runs() == []
     assert (await sweeper.refresh(stored)).status == "completed"
 
@@ -278,7 +291,8 @@ async def test_a_run_that_cannot_be_recorded_leaves_no_response_in_progress():
     runs = replica(store, clock, "a")
     backend = ReplayBackend()
     response_id, _ = await start_with(runs, backend, "never", lambda response: asyncio.sleep(0))
-    assert not runs.running and backend.num_running() == 0
+    assert not runs.running
+    assert backend.num_running() == 0
     turn = await runs.responses.get(response_id)
     assert turn is None or (await runs.refresh(turn.response)).status == "failed"
 
@@ -331,7 +345,8 @@ async def test_a_follower_whose_store_fails_gets_an_error_event_to_resume_from()
         received += parse_sse(chunk)
         if len(received) >= 3:
             store.failing = True
-    assert received[-1]["type"] == "error" and received[-1]["code"] == "store_unavailable"
+    assert received[-1]["type"] == "error"
+    assert received[-1]["code"] == "store_unavailable"
     seen = received[:-1]
     assert received[-1]["sequence_number"] == len(seen) == seen[-1]["sequence_number"] + 1
     store.failing = False

@@ -135,16 +135,19 @@ def test_outputs_only_when_included_and_streaming_equals_non_streaming(url, mode
     terminal, _ = stream(url, body)
     whole = post(url, body).json()
     (call,) = calls(terminal, "code_interpreter_call")
-    assert call.outputs is None and terminal.output_text == "Tool python returned: hi\n"  # the model read it all the same
+    assert call.outputs is None
+    assert terminal.output_text == "Tool python returned: hi\n"  # the model read it all the same
     assert [item["type"] for item in whole["output"]] == [item.type for item in terminal.output]
-    assert whole["output"][1]["outputs"] is None and whole["output"][1]["code"] == "print('hi')"
+    assert whole["output"][1]["outputs"] is None
+    assert whole["output"][1]["code"] == "print('hi')"
 
 
 def test_a_figure_is_an_image_output(url):
     code = "import matplotlib.pyplot as plt\nplt.plot([1, 2], [3, 4])\nprint('drawn')"
     terminal, _ = stream(url, {"model": "gpt-oss-replay", "input": f"call python {code}", "tools": [CODE_INTERPRETER], "include": OUTPUTS})
     (call,) = calls(terminal, "code_interpreter_call")
-    assert [o.type for o in call.outputs] == ["logs", "image"] and call.outputs[1].url.startswith("data:image/png;base64,iVBOR")
+    assert [o.type for o in call.outputs] == ["logs", "image"]
+    assert call.outputs[1].url.startswith("data:image/png;base64,iVBOR")
 
 
 def test_a_container_is_reused_by_its_tenant_and_refused_to_another(url, store):
@@ -157,7 +160,8 @@ def test_a_container_is_reused_by_its_tenant_and_refused_to_another(url, store):
     # Another tenant naming it: not found, as an id that never existed; nothing runs in it.
     other = sdk(url, "team-b").responses.create(model="gpt-oss-replay", input="call python n = 1000\nprint(n)", tools=[reuse])
     (refused,) = calls(other, "code_interpreter_call")
-    assert refused.status == "failed" and refused.outputs is None
+    assert refused.status == "failed"
+    assert refused.outputs is None
     assert other.output_text == f"Tool python returned: no container {container}: it expired, was deleted, or never existed"
     # Even if the ingress believed team-b had it (a forged record), the tool checks its owner.
     records = ContainerRecords(TenantStore(store, "team-b"), 60)
@@ -173,7 +177,8 @@ def test_an_unknown_container_is_a_failed_call_the_model_reads(url):
     reuse = {"type": "code_interpreter", "container": "cntr_" + "0" * 32}
     response = sdk(url).responses.create(model="qwen3-replay", input="call python print(1)", tools=[reuse])
     assert calls(response, "code_interpreter_call")[0].status == "failed"
-    assert "no container cntr_000" in response.output_text and response.status == "completed"
+    assert "no container cntr_000" in response.output_text
+    assert response.status == "completed"
 
 
 @pytest.mark.parametrize("model", MODELS)
@@ -186,7 +191,9 @@ def test_a_model_cannot_name_a_container_or_owner_in_its_arguments(url, model):
     text = f"call python {injected}" if model == "qwen3-replay" else "call python print(secret)"
     response = sdk(url).responses.create(model=model, input=text, tools=[CODE_INTERPRETER], include=OUTPUTS)
     (call,) = calls(response, "code_interpreter_call")
-    assert call.container_id != container and "NameError" in call.outputs[0].logs and "b-only" not in response.output_text
+    assert call.container_id != container
+    assert "NameError" in call.outputs[0].logs
+    assert "b-only" not in response.output_text
 
 
 @pytest.mark.parametrize("model", MODELS)
@@ -205,7 +212,10 @@ def test_huge_output_is_cut_by_the_tool_and_the_response_ends(url):
     )
     (call,) = calls(response, "code_interpreter_call")
     logs = call.outputs[0].logs
-    assert call.status == "completed" and len(logs.encode()) < 8192 and "Output truncated" in logs and logs in response.output_text
+    assert call.status == "completed"
+    assert len(logs.encode()) < 8192
+    assert "Output truncated" in logs
+    assert logs in response.output_text
     assert response.status == "completed"
 
 
@@ -242,9 +252,11 @@ def test_open_and_find_and_citations_streaming_and_not(url, web, model):
     answer = terminal.output[-1].content[0]
     # The page's links are markers the model echoed: taken out of the text, each a citation of a
     # page this response's browser showed, its indices exact.
-    assert not CITATION.search(answer.text) and answer.annotations
+    assert not CITATION.search(answer.text)
+    assert answer.annotations
     for annotation in answer.annotations:
-        assert annotation.url == page and annotation.title == "Harmony, explained"
+        assert annotation.url == page
+        assert annotation.title == "Harmony, explained"
         assert answer.text[annotation.start_index : annotation.end_index].strip()
     added = [e for e in events if e["type"] == "response.output_text.annotation.added"]
     assert [e["annotation"] for e in added] == [a.model_dump() for a in answer.annotations]
@@ -253,7 +265,8 @@ def test_open_and_find_and_citations_streaming_and_not(url, web, model):
     assert whole["output"][-1]["content"][0]["annotations"] == [a.model_dump() for a in answer.annotations]
     found = sdk(url).responses.create(model=model, input='call browser.find {"pattern": "channels"}', tools=[{"type": "web_search"}])
     (find,) = calls(found, "web_search_call")  # a new response: a new session, no page to search
-    assert (find.action.type, find.status) == ("find_in_page", "failed") and "No pages" in found.output_text
+    assert (find.action.type, find.status) == ("find_in_page", "failed")
+    assert "No pages" in found.output_text
 
 
 def test_markers_of_unknown_cursors_are_removed_without_annotation(url):
@@ -268,11 +281,13 @@ def test_the_browser_refuses_what_the_policy_refuses_and_the_model_reads_why(url
     for target in ["http://169.254.169.254/latest/meta-data/", "http://localhost:1/", "file:///etc/passwd"]:
         response = sdk(url).responses.create(model="gpt-oss-replay", input=open_page(target), tools=[{"type": "web_search"}])
         (call,) = calls(response, "web_search_call")
-        assert call.status == "failed" and "Error fetching URL" in response.output_text
+        assert call.status == "failed"
+        assert "Error fetching URL" in response.output_text
     # The request's allowed domains bound every page, whatever the model opens.
     limited = {"type": "web_search", "filters": {"allowed_domains": ["example.org"]}}
     response = sdk(url).responses.create(model="gpt-oss-replay", input=open_page(web.url("/pages/article")), tools=[limited])
-    assert calls(response, "web_search_call")[0].status == "failed" and "allowed domains" in response.output_text
+    assert calls(response, "web_search_call")[0].status == "failed"
+    assert "allowed domains" in response.output_text
     assert web.paths() == before  # none of it reached the web
 
 
@@ -282,7 +297,8 @@ def test_a_model_cannot_reach_another_responses_pages(url, web):
     # Arguments naming a session or cursor of another response: sessions are the loop's, never an argument.
     injected = 'call browser.open {"cursor": 0, "id": 0, "session_id": "anything"}'
     second = sdk(url).responses.create(model="gpt-oss-replay", input=injected, tools=[{"type": "web_search"}])
-    assert calls(second, "web_search_call")[0].status == "failed" and "No pages" in second.output_text
+    assert calls(second, "web_search_call")[0].status == "failed"
+    assert "No pages" in second.output_text
 
 
 # -- configuration ------------------------------------------------------------------------------
@@ -327,7 +343,8 @@ def test_names_of_the_builtin_tools_are_theirs():
     with uvicorn_server(create_app(models())) as base, httpx.Client(timeout=60) as http:
         function = {"type": "function", "name": "python", "parameters": {"type": "object"}}
         response = http.post(f"{base}/responses", json={"model": "gpt-oss-replay", "input": "hi", "tools": [function, CODE_INTERPRETER]})
-        assert response.status_code == 400 and "'python'" in response.json()["error"]["message"]
+        assert response.status_code == 400
+        assert "'python'" in response.json()["error"]["message"]
 
 
 def test_a_builtin_tool_call_counts_in_the_tenants_quota(servers):
@@ -339,7 +356,8 @@ def test_a_builtin_tool_call_counts_in_the_tenants_quota(servers):
     app = create_app(models(), tools=tools, auth=auth, environ={"T_KEY": key})
     with uvicorn_server(app) as base, httpx.Client(timeout=120, headers={"Authorization": f"Bearer {key}"}) as http:
         ran = http.post(f"{base}/responses", json={"model": "gpt-oss-replay", "input": "call python print(7)", "tools": [CODE_INTERPRETER]})
-        assert ran.status_code == 200 and ran.json()["output"][1]["status"] == "completed"
+        assert ran.status_code == 200
+        assert ran.json()["output"][1]["status"] == "completed"
         assert http.post(f"{base}/responses", json={"model": "gpt-oss-replay", "input": "one"}).status_code == 200
         assert http.post(f"{base}/responses", json={"model": "gpt-oss-replay", "input": "two"}).status_code == 429
 
@@ -407,7 +425,8 @@ def without_none(value):
 def read_in_first_turn(served: ServedModel, body: dict, url: str, **extra) -> tuple[dict, str]:
     """Turn one: the response, and the tool message its model read (its last prompt's only one)."""
     first = post(url, {**body, **extra}).json()
-    assert first["status"] == "completed" and first["output"][1]["status"] == "completed", first
+    assert first["status"] == "completed", first
+    assert first["output"][1]["status"] == "completed", first
     (read,) = tool_messages(served, served.source.prompts[-1])
     return first, read
 
@@ -419,7 +438,8 @@ def test_a_later_turn_reads_what_the_model_read_of_a_builtin_call(recorded, mode
     text, spec, _ = BUILTIN_CALLS[tool]
     body = {"model": model, "input": text, "tools": [spec]}
     first, read = read_in_first_turn(served[model], body, url)
-    assert read.strip() and len(read.encode()) <= MAX_KEPT_TOOL_TEXT_BYTES
+    assert read.strip()
+    assert len(read.encode()) <= MAX_KEPT_TOOL_TEXT_BYTES
     if tool == "code_interpreter":
         assert read == "kept-xxx\n"
     second = post(url, {"model": model, "input": "What did it show?", "tools": [spec], "previous_response_id": first["id"]}).json()
@@ -427,13 +447,16 @@ def test_a_later_turn_reads_what_the_model_read_of_a_builtin_call(recorded, mode
     assert tool_messages(served[model], served[model].source.prompts[-1]) == [read]  # once, as the model read it
     # The API shows what it showed before: no outputs, no sources, nothing the model read.
     got = api(url, "GET", f"/responses/{first['id']}").json()
-    assert got == first and got["output"][1].get("outputs") is None and (got["output"][1].get("action") or {}).get("sources") is None
+    assert got == first
+    assert got["output"][1].get("outputs") is None
+    assert (got["output"][1].get("action") or {}).get("sources") is None
     listed = api(url, "GET", f"/responses/{second['id']}/input_items?order=asc").json()["data"]
     assert listed[1 : 1 + len(first["output"])] == without_none(first["output"])  # the items as given, nothing more
     # Another tenant cannot continue it (nor render anything from it).
     before = len(served[model].source.prompts)
     refused = post(url, {"model": model, "input": "And?", "previous_response_id": first["id"]}, tenant="team-b")
-    assert refused.status_code == 400 and refused.json()["error"]["code"] == "previous_response_not_found"
+    assert refused.status_code == 400
+    assert refused.json()["error"]["code"] == "previous_response_not_found"
     assert len(served[model].source.prompts) == before
 
 
@@ -469,7 +492,8 @@ def test_a_background_response_keeps_what_the_model_read(recorded):
         if first["status"] not in ("queued", "in_progress"):
             break
         time.sleep(0.05)
-    assert first["status"] == "completed" and tool_messages(model, model.source.prompts[-1]) == ["42\n"]
+    assert first["status"] == "completed"
+    assert tool_messages(model, model.source.prompts[-1]) == ["42\n"]
     post(url, {"model": model.name, "input": "So?", "previous_response_id": response_id}).raise_for_status()
     assert tool_messages(model, model.source.prompts[-1]) == ["42\n"]
 
@@ -484,7 +508,9 @@ def test_what_is_kept_of_a_call_is_capped(recorded, monkeypatch):
     assert read == "y" * 300 + "\n"  # the model read it whole within its response
     post(url, {"model": model.name, "input": "So?", "previous_response_id": first["id"]}).raise_for_status()
     (kept,) = tool_messages(model, model.source.prompts[-1])
-    assert kept == cap_text(read, 48) and len(kept.encode()) <= 48 and kept.endswith("[output cut at 48 bytes of 301]")
+    assert kept == cap_text(read, 48)
+    assert len(kept.encode()) <= 48
+    assert kept.endswith("[output cut at 48 bytes of 301]")
 
 
 def test_a_client_resending_the_items_gets_no_hidden_output(recorded):

@@ -73,10 +73,15 @@ def test_each_tenant_has_its_own_salt_on_every_replica_and_tool_round():
         tool_body = {"input": CALL_ECHO, "tools": [mcp_tool(servers.streamable, require_approval="never")]}
         a_rounds = _salts(engine, second, KEYS["team-a"], tool_body)
     (salt_a,), (salt_b,) = a_first, b_first
-    assert a_second == [salt_a] and len(a_rounds) == 2 and set(a_rounds) == {salt_a}  # every replica, every round
-    assert salt_a is not None and salt_b is not None and salt_a != salt_b
+    assert a_second == [salt_a]
+    assert len(a_rounds) == 2
+    assert set(a_rounds) == {salt_a}  # every replica, every round
+    assert salt_a is not None
+    assert salt_b is not None
+    assert salt_a != salt_b
     for salt in (salt_a, salt_b):  # what vLLM takes (at most 128 characters, no '@', '/', '\\'), naming nobody
-        assert len(salt) == 64 and int(salt, 16) >= 0
+        assert len(salt) == 64
+        assert int(salt, 16) >= 0
         assert not any(part in salt for part in ("team", *KEYS.values()))
 
 

@@ -37,7 +37,8 @@ def codex_exec(url: str, tmp_path: Path, prompt: str, *args: str) -> str:
     # The configuration users copy (examples/codex/config.toml), pointed at this server.
     example = EXAMPLE_CONFIG.read_text()
     config = example.replace('base_url = "http://127.0.0.1:8000/v1"', f'base_url = "{url}"')
-    assert config != example and 'model = "gpt-oss-replay"' in config
+    assert config != example
+    assert 'model = "gpt-oss-replay"' in config
     (home / "config.toml").write_text(config)
     last = tmp_path / "last.txt"
     command = [CODEX, "exec", "--skip-git-repo-check", "--ephemeral", "-s", "read-only", "-C", str(work), "-o", str(last), *args, prompt]
@@ -62,4 +63,5 @@ def test_codex_exec_runs_a_tool_call(inprocess_url, tmp_path):
     """Turn 1: the replay calls Codex's `exec_command`; Codex runs it and sends the output back
     with the reasoning it got (encrypted, `store: false`); turn 2 answers with that output."""
     answer = codex_exec(inprocess_url, tmp_path, 'call exec_command {"cmd": "echo hi-from-codex"}')
-    assert answer.startswith("Tool exec_command returned:") and "hi-from-codex" in answer
+    assert answer.startswith("Tool exec_command returned:")
+    assert "hi-from-codex" in answer

@@ -59,8 +59,10 @@ async def written(response: EventStreamResponse) -> list[bytes]:
 
 def test_a_quiet_stream_gets_keepalives_between_its_events():
     chunks = asyncio.run(written(EventStreamResponse(frames(0.4), keepalive_s=0.1)))
-    assert chunks[0] == FIRST and chunks[-1] == SECOND
-    assert chunks[1:-1] and set(chunks[1:-1]) == {KEEPALIVE}  # at least one, nothing else
+    assert chunks[0] == FIRST
+    assert chunks[-1] == SECOND
+    assert chunks[1:-1]
+    assert set(chunks[1:-1]) == {KEEPALIVE}  # at least one, nothing else
 
 
 @pytest.mark.parametrize("keepalive_s", [None, 0, 30.0])
@@ -71,7 +73,8 @@ def test_no_keepalive_when_off_or_not_quiet_long_enough(keepalive_s):
 def test_headers():
     response = EventStreamResponse(frames(0), keepalive_s=1, headers={"x-extra": "1"})
     assert response.headers["content-type"].startswith("text/event-stream")
-    assert response.headers["cache-control"] == "no-cache" and response.headers["x-extra"] == "1"
+    assert response.headers["cache-control"] == "no-cache"
+    assert response.headers["x-extra"] == "1"
 
 
 def test_a_cancelled_stream_stops_its_keepalives_and_closes_its_events():
@@ -114,7 +117,8 @@ def test_a_client_disconnect_stops_keepalives_and_closes_events():
         await asyncio.wait_for(task, 30)  # the response ends by itself
         count = len(sent)
         await asyncio.sleep(0.2)
-        assert len(sent) == count and sent[-1].get("more_body") is not False
+        assert len(sent) == count
+        assert sent[-1].get("more_body") is not False
         await until(lambda: closed == ["closed"])  # the events' generator was closed: generation stops
 
     asyncio.run(scenario())

@@ -66,7 +66,8 @@ def test_replica_gone_before_the_first_token_is_retried_once():
     handle = _FakeHandle([0, None])
     assert asyncio.run(_collect(HandleTokenSource(handle), REQUEST)) == [1, 2, 3]
     assert len(handle.calls) == 2
-    assert handle.calls[0].cancelled and not handle.calls[1].cancelled  # a finished stream needs no cancel
+    assert handle.calls[0].cancelled
+    assert not handle.calls[1].cancelled  # a finished stream needs no cancel
 
 
 def test_no_second_retry():
@@ -80,7 +81,8 @@ def test_replica_gone_after_tokens_is_not_retried():
     handle = _FakeHandle([1, None])
     with pytest.raises(ActorDiedError):
         asyncio.run(_collect(HandleTokenSource(handle), REQUEST))
-    assert len(handle.calls) == 1 and handle.calls[0].cancelled
+    assert len(handle.calls) == 1
+    assert handle.calls[0].cancelled
 
 
 def _refused(client_error: bool):
@@ -152,7 +154,8 @@ def _assert_plain(message: str, response_id: str) -> None:
 def _assert_logged_with_traceback(caplog, response_id: str) -> None:
     records = [r for r in caplog.records if response_id in r.getMessage() and r.exc_info]
     assert records, "the failure must be logged with its traceback"
-    assert "10.1.2.3" in caplog.text and "Traceback" in caplog.text  # the details are in the log
+    assert "10.1.2.3" in caplog.text
+    assert "Traceback" in caplog.text  # the details are in the log
 
 
 def test_stream_ends_with_response_failed(broken_url, caplog):
@@ -160,15 +163,15 @@ def test_stream_ends_with_response_failed(broken_url, caplog):
         with httpx.Client(timeout=30, headers=AUTH) as http:
             response = http.post(f"{broken_url}/responses", json={"model": "broken", "input": "a long enough input text", "stream": True})
         terminal = check_stream(parse_sse(response.content))
-    assert terminal.status == "failed" and terminal.error.code == "server_error"
+    assert terminal.status == "failed"
+    assert terminal.error.code == "server_error"
     _assert_plain(terminal.error.message, terminal.id)
     _assert_logged_with_traceback(caplog, terminal.id)
 
 
 def test_non_stream_failure_is_a_503_with_an_openai_error(broken_url, caplog):
-    with caplog.at_level(logging.ERROR, logger="serve_app"):
-        with httpx.Client(timeout=30, headers=AUTH) as http:
-            response = http.post(f"{broken_url}/responses", json={"model": "broken", "input": "a long enough input text"})
+    with caplog.at_level(logging.ERROR, logger="serve_app"), httpx.Client(timeout=30, headers=AUTH) as http:
+        response = http.post(f"{broken_url}/responses", json={"model": "broken", "input": "a long enough input text"})
     assert response.status_code == 503
     error = response.json()["error"]
     assert error["type"] == "server_error"
@@ -217,9 +220,12 @@ def test_engine_refusals_keep_their_reason_and_status(refusing_url):
         streamed = http.post(f"{refusing_url}/responses", json={"model": "refusing", "input": "hi", "stream": True})
     assert plain.status_code == 400
     error = plain.json()["error"]
-    assert (error["type"], error["code"]) == ("invalid_request_error", "invalid_prompt") and REFUSED in error["message"]
+    assert (error["type"], error["code"]) == ("invalid_request_error", "invalid_prompt")
+    assert REFUSED in error["message"]
     terminal = check_stream(parse_sse(streamed.content))
-    assert terminal.status == "failed" and terminal.error.code == "invalid_prompt" and REFUSED in terminal.error.message
+    assert terminal.status == "failed"
+    assert terminal.error.code == "invalid_prompt"
+    assert REFUSED in terminal.error.message
     for message in (error["message"], terminal.error.message):
         assert not [internal for internal in ("4242", "10.1.2.3", "8f3c1d2e", "RayTaskError", "Traceback") if internal in message]
 
@@ -231,10 +237,12 @@ def test_engines_at_capacity_are_a_503_before_any_event(refusing_url, stream):
     vLLM's words and no internals."""
     with httpx.Client(timeout=30) as http:
         refused = http.post(f"{refusing_url}/responses", json={"model": "busy", "input": "hi", "stream": stream})
-    assert refused.status_code == 503 and refused.headers["retry-after"] == "1"
+    assert refused.status_code == 503
+    assert refused.headers["retry-after"] == "1"
     assert refused.headers["content-type"] == "application/json"
     error = refused.json()["error"]
-    assert (error["type"], error["code"]) == ("server_error", "engine_at_capacity") and BUSY in error["message"]
+    assert (error["type"], error["code"]) == ("server_error", "engine_at_capacity")
+    assert BUSY in error["message"]
     assert not [internal for internal in ("4242", "10.1.2.3", "8f3c1d2e", "RayTaskError", "Traceback") if internal in error["message"]]
 
 
@@ -253,18 +261,23 @@ def test_api_key_is_required_when_configured(broken_url):
             "error": {"message": "Incorrect API key provided.", "type": "invalid_request_error", "param": None, "code": "invalid_api_key"}
         }
     for denied in (missing, no_scheme):  # no Bearer token at all: said so
-        assert denied.status_code == 401 and denied.json()["error"]["message"].startswith("You didn't provide an API key")
-    assert right.status_code == 200 and health.status_code == 200
+        assert denied.status_code == 401
+        assert denied.json()["error"]["message"].startswith("You didn't provide an API key")
+    assert right.status_code == 200
+    assert health.status_code == 200
 
 
 def test_streams_pass_the_key_check_untouched(broken_url):
     """The key check sees the headers only: a stream's chunks reach the client as sent."""
-    with httpx.Client(timeout=30, headers=AUTH) as http:
-        with http.stream(
+    with (
+        httpx.Client(timeout=30, headers=AUTH) as http,
+        http.stream(
             "POST", f"{broken_url}/responses", json={"model": "broken", "input": "a long enough input text", "stream": True}
-        ) as response:
-            chunks = list(response.iter_raw())
-    assert response.status_code == 200 and len(chunks) > 1
+        ) as response,
+    ):
+        chunks = list(response.iter_raw())
+    assert response.status_code == 200
+    assert len(chunks) > 1
     check_stream(parse_sse(b"".join(chunks)))
 
 
@@ -298,5 +311,6 @@ def test_unavailable_model_is_a_503_before_any_work():
             "param": "model",
             "code": "model_unavailable",
         }
-    assert up.status_code == 200 and up.json()["output"][-1]["content"][0]["text"] == "x"
+    assert up.status_code == 200
+    assert up.json()["output"][-1]["content"][0]["text"] == "x"
     assert backend.num_running() == 0

@@ -34,7 +34,8 @@ def test_stored_hosted_items_are_listed_and_continued(inprocess_url):
     first = sdk.responses.create(model="gpt-oss-replay", input=[USER, LISTING, CALL])
     listed = sdk.responses.input_items.list(first.id, order="asc").data
     assert [item.type for item in listed] == ["message", "mcp_list_tools", "mcp_call"]
-    assert listed[2].output == "hi" and listed[1].tools[0].name == "echo"
+    assert listed[2].output == "hi"
+    assert listed[1].tools[0].name == "echo"
     second = sdk.responses.create(model="gpt-oss-replay", input="again", previous_response_id=first.id)
     assert second.output_text == "again"
     conversation = sdk.conversations.create(items=[USER, LISTING, CALL])

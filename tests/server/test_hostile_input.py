@@ -4,6 +4,7 @@ replica's other streams flowing."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import threading
 import time
@@ -77,7 +78,8 @@ def test_text_that_is_not_text_is_refused_and_never_stored(slow_app):
             b'{"model":"slow","input":"hi","background":true,"metadata":{"\\ud800":"v"}}',
         ):
             response = http.post("/responses", content=body, headers={"content-type": "application/json"})
-            assert response.status_code == 400 and response.json()["error"]["code"] == "invalid_value", response.text
+            assert response.status_code == 400, response.text
+            assert response.json()["error"]["code"] == "invalid_value", response.text
     assert store.stats()["entries"] == before
 
 
@@ -123,9 +125,10 @@ def _gaps_while_refused(url: str, bodies: list[bytes]) -> tuple[float, float]:
             begin = time.monotonic()
             response = http.post("/responses", content=body, headers={"content-type": "application/json"})
             refusals.append((begin, time.monotonic()))
-            assert response.status_code == 400 and response.json()["error"]["code"] == "array_above_max_length"
+            assert response.status_code == 400
+            assert response.json()["error"]["code"] == "array_above_max_length"
     reader.join(60)
     first, last = refusals[0][0], refusals[-1][1]
     assert arrivals[-1] > last, "the stream outlasted the refusals"
-    during = [b - a for a, b in zip(arrivals, arrivals[1:]) if b >= first and a <= last]
+    during = [b - a for a, b in itertools.pairwise(arrivals) if b >= first and a <= last]
     return max(during), max(end - begin for begin, end in refusals)

@@ -82,10 +82,12 @@ def test_a_stream_is_never_cut_for_tokens_and_its_tokens_are_a_debt(replica_urls
     """300 tokens a minute; one stream of far more runs to its end, then the tenant waits."""
     with httpx.Client(timeout=120, headers=bearer(KEYS["tokens"])) as http:
         first = http.post(f"{replica_urls[0]}/responses", json={"model": "gpt-oss-replay", "input": "many tokens " * 200, "stream": True})
-        assert first.status_code == 200 and first.headers["x-ratelimit-limit-tokens"] == "300"
+        assert first.status_code == 200
+        assert first.headers["x-ratelimit-limit-tokens"] == "300"
         assert b"response.completed" in first.content
         refused = http.post(f"{replica_urls[1]}/responses", json={"model": "gpt-oss-replay", "input": "more"})
-        assert refused.status_code == 429 and refused.json()["error"]["type"] == "tokens"
+        assert refused.status_code == 429
+        assert refused.json()["error"]["type"] == "tokens"
         assert "tokens_per_minute" in refused.json()["error"]["message"]
         assert int(refused.headers["retry-after"]) > 10  # hundreds of tokens of debt at 5 a second
 
@@ -100,7 +102,8 @@ def test_a_tenant_without_rate_limits_gets_no_rate_headers(replica_urls):
             made = http.post(f"{replica_urls[0]}/responses", json={"model": "gpt-oss-replay", "input": "x"})
             read = http.get(f"{replica_urls[1]}/responses/{made.json()['id']}")
         for answer in (made, read):
-            assert answer.status_code == 200 and not [h for h in answer.headers if h.startswith("x-ratelimit")]
+            assert answer.status_code == 200
+            assert not [h for h in answer.headers if h.startswith("x-ratelimit")]
 
 
 def test_a_websocket_create_counts_and_is_refused_with_an_error_event(replica_urls, metrics):
@@ -109,7 +112,8 @@ def test_a_websocket_create_counts_and_is_refused_with_an_error_event(replica_ur
         assert socket_scenarios.until_end(connection)[-1]["type"] == "response.completed"
         socket_scenarios.create(connection, model="gpt-oss-replay", input="second")
         (error,) = socket_scenarios.until_end(connection)
-        assert error["status"] == 429 and error["error"]["code"] == "rate_limit_exceeded"
+        assert error["status"] == 429
+        assert error["error"]["code"] == "rate_limit_exceeded"
         assert "requests_per_minute" in error["error"]["message"]
     assert ("socket", 429, "requests_per_minute") in metrics.seen
 
@@ -148,7 +152,8 @@ def test_tokens_per_minute_counts_exactly_the_usage_of_every_generation():
             assert int(answer.headers["x-ratelimit-remaining-tokens"]) == limit - charged, body
             final = parse_sse(answer.content)[-1]["response"] if body.get("stream") else answer.json()
             usage = final["usage"]
-            assert usage["input_tokens"] > 0 and usage["total_tokens"] == usage["input_tokens"] + usage["output_tokens"]
+            assert usage["input_tokens"] > 0
+            assert usage["total_tokens"] == usage["input_tokens"] + usage["output_tokens"]
             if body.get("tools"):  # the listing went into the first prompt, and the call's output into a second
                 assert [item["type"] for item in final["output"]][:3] == ["mcp_list_tools", "reasoning", "mcp_call"]
             charged += usage["total_tokens"]
@@ -173,9 +178,11 @@ def test_a_read_is_answered_without_rate_headers_when_the_store_cannot_count():
         assert http.get(f"{base}/models").headers["x-ratelimit-limit-requests"] == "60"
         store.down = True
         models = http.get(f"{base}/models")
-        assert models.status_code == 200 and not [h for h in models.headers if h.startswith("x-ratelimit")]
+        assert models.status_code == 200
+        assert not [h for h in models.headers if h.startswith("x-ratelimit")]
         refused = http.post(f"{base}/responses", json={"model": "gpt-oss-replay", "input": "x"})  # the limits are not skipped
-        assert refused.status_code == 503 and refused.json()["error"]["code"] == "store_unavailable"
+        assert refused.status_code == 503
+        assert refused.json()["error"]["code"] == "store_unavailable"
 
 
 # -- the routes that write or compute count a request ---------------------------------------------
@@ -210,8 +217,10 @@ def still_urls(metrics):
 
 def assert_refused(answer: httpx.Response, limit: int) -> None:
     assert answer.status_code == 429, answer.text[:300]
-    assert answer.json()["error"]["code"] == "rate_limit_exceeded" and "requests_per_minute" in answer.json()["error"]["message"]
-    assert int(answer.headers["retry-after"]) >= 1 and answer.headers["x-ratelimit-limit-requests"] == str(limit)
+    assert answer.json()["error"]["code"] == "rate_limit_exceeded"
+    assert "requests_per_minute" in answer.json()["error"]["message"]
+    assert int(answer.headers["retry-after"]) >= 1
+    assert answer.headers["x-ratelimit-limit-requests"] == str(limit)
     assert answer.headers["x-ratelimit-remaining-requests"] == "0"
 
 
@@ -221,10 +230,12 @@ def test_conversation_writes_count_and_are_refused_past_the_limit(still_urls, me
     replica. Reading and deleting the conversation are still answered."""
     with httpx.Client(timeout=60, headers=bearer(COUNTED_KEYS["writer"])) as http:
         made = http.post(f"{still_urls[0]}/conversations", json={"items": [{"role": "user", "content": "hi"}]})
-        assert made.status_code == 200 and made.headers["x-ratelimit-remaining-requests"] == "1"  # its own take
+        assert made.status_code == 200
+        assert made.headers["x-ratelimit-remaining-requests"] == "1"  # its own take
         conversation = made.json()["id"]
         answered = http.post(f"{still_urls[1]}/responses", json={"model": "gpt-oss-replay", "input": "x", "conversation": conversation})
-        assert answered.status_code == 200 and answered.headers["x-ratelimit-remaining-requests"] == "0"
+        assert answered.status_code == 200
+        assert answered.headers["x-ratelimit-remaining-requests"] == "0"
         assert_refused(http.post(f"{still_urls[0]}/responses", json={"model": "gpt-oss-replay", "input": "x"}), limit=2)
         before = http.get(f"{still_urls[0]}/conversations/{conversation}/items").json()["data"]
         for index in range(20):
@@ -235,7 +246,8 @@ def test_conversation_writes_count_and_are_refused_past_the_limit(still_urls, me
         )
         assert_refused(http.post(f"{still_urls[0]}/conversations/{conversation}", json={"metadata": {"topic": "quotas"}}), limit=2)
         items = http.get(f"{still_urls[1]}/conversations/{conversation}/items")
-        assert items.status_code == 200 and items.json()["data"] == before  # nothing added
+        assert items.status_code == 200
+        assert items.json()["data"] == before  # nothing added
         assert http.get(f"{still_urls[0]}/conversations/{conversation}").status_code == 200
         assert http.delete(f"{still_urls[1]}/conversations/{conversation}").status_code == 200
     assert ("writer", 429, "requests_per_minute") in metrics.seen
@@ -249,7 +261,8 @@ def test_input_tokens_counts_and_is_refused_past_the_limit(still_urls):
     with httpx.Client(timeout=60, headers=bearer(COUNTED_KEYS["counter"])) as http:
         for index, remaining in enumerate(("1", "0")):
             counted = http.post(f"{still_urls[index]}/responses/input_tokens", json=body)
-            assert counted.status_code == 200 and counted.json()["input_tokens"] > 1000
+            assert counted.status_code == 200
+            assert counted.json()["input_tokens"] > 1000
             assert counted.headers["x-ratelimit-remaining-requests"] == remaining
             assert counted.headers["x-ratelimit-remaining-tokens"] == "1000000"  # counting them uses none
         for url in still_urls:
@@ -267,14 +280,17 @@ def test_a_tenant_past_its_limit_takes_nothing_from_another(still_urls):
         assert_refused(writer.post(f"{still_urls[0]}/conversations", json={}), limit=2)
     with httpx.Client(timeout=60, headers=bearer(COUNTED_KEYS["bystander"])) as http:
         made = http.post(f"{still_urls[1]}/conversations", json={"items": [{"role": "user", "content": BIG_MESSAGE}]})
-        assert made.status_code == 200 and made.headers["x-ratelimit-remaining-requests"] == "1"
+        assert made.status_code == 200
+        assert made.headers["x-ratelimit-remaining-requests"] == "1"
         counted = http.post(f"{still_urls[0]}/responses/input_tokens", json={"model": "gpt-oss-replay", "input": "hi"})
-        assert counted.status_code == 200 and counted.headers["x-ratelimit-remaining-requests"] == "0"
+        assert counted.status_code == 200
+        assert counted.headers["x-ratelimit-remaining-requests"] == "0"
         assert_refused(http.post(f"{still_urls[1]}/conversations", json={}), limit=2)
     with httpx.Client(timeout=60, headers=bearer(COUNTED_KEYS["free"])) as http:
         for index in range(5):
             free = http.post(f"{still_urls[index % 2]}/conversations", json={"items": [{"role": "user", "content": "hi"}]})
-            assert free.status_code == 200 and not [h for h in free.headers if h.startswith("x-ratelimit")]
+            assert free.status_code == 200
+            assert not [h for h in free.headers if h.startswith("x-ratelimit")]
 
 
 class CountsTakes(MemoryStore):
@@ -301,5 +317,6 @@ def test_a_counted_route_answers_with_its_own_take_and_reads_nothing_more():
         ):
             before = store.takes
             answer = call()
-            assert answer.status_code == 200 and answer.headers["x-ratelimit-remaining-requests"] == remaining
+            assert answer.status_code == 200
+            assert answer.headers["x-ratelimit-remaining-requests"] == remaining
             assert store.takes - before == 1

@@ -48,13 +48,16 @@ def test_ready_only_when_every_model_is_and_health_meanwhile():
         },
     }
     assert [(m["id"], m["status"]) for m in listed.json()["data"]] == [("a", "loading"), ("b", "unavailable"), ("c", "ready")]
-    assert one.json()["status"] == "loading" and one.json()["reason"] == "UPDATING" and one.json()["object"] == "model"
+    assert one.json()["status"] == "loading"
+    assert one.json()["reason"] == "UPDATING"
+    assert one.json()["object"] == "model"
     assert [(m.id, m.model_extra["status"]) for m in sdk] == [
         ("a", "loading"),
         ("b", "unavailable"),
         ("c", "ready"),
     ]  # the SDK's Model keeps it
-    assert ready.status_code == 200 and ready.json()["status"] == "ready"
+    assert ready.status_code == 200
+    assert ready.json()["status"] == "ready"
     assert refused.status_code == 401  # readiness is open (as liveness); the API is not
 
 
@@ -62,4 +65,5 @@ def test_models_without_an_availability_source_are_ready():
     app = create_app([ServedModel("m", ReplayBackend())])
     with uvicorn_server(app) as url, httpx.Client(timeout=30) as http:
         answer = http.get(url.removesuffix("/v1") + "/ready")
-    assert answer.status_code == 200 and answer.json() == {"status": "ready", "models": {"m": {"status": "ready"}}}
+    assert answer.status_code == 200
+    assert answer.json() == {"status": "ready", "models": {"m": {"status": "ready"}}}

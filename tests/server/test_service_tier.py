@@ -18,7 +18,7 @@ from tests.deployments.test_metrics import Recorder
 from tests.support.contract import check_stream, parse_sse
 
 
-@pytest.fixture()
+@pytest.fixture
 def app(replay_backend):
     tiered, untiered = Recording(replay_backend), Recording(replay_backend)
     recorder = Recorder()

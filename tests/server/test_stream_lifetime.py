@@ -39,7 +39,7 @@ def test_a_drain_shorter_than_a_stream_is_rejected(where):
         args["ingress"] = {"graceful_shutdown_timeout_s": 20}
     else:
         args["models"] = [{**MODEL, "engine": {"graceful_shutdown_timeout_s": 20}}]
-    with pytest.raises(ValidationError, match="graceful_shutdown_timeout_s .* shorter than max_stream_duration_s"):
+    with pytest.raises(ValidationError, match=r"graceful_shutdown_timeout_s .* shorter than max_stream_duration_s"):
         AppConfig.model_validate(args)
 
 

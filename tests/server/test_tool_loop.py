@@ -129,7 +129,8 @@ def test_a_call_runs_inside_the_response(url, servers, record, model, transport)
     record.clear()
     whole = post(url, body).json()
     assert [item["type"] for item in whole["output"]] == kinds
-    assert whole["output"][2]["output"] == "hi" and record.calls == [("echo", {"text": "hi"})]
+    assert whole["output"][2]["output"] == "hi"
+    assert record.calls == [("echo", {"text": "hi"})]
 
 
 def test_the_sdk_accumulates_the_stream(url, servers, record):
@@ -137,8 +138,10 @@ def test_the_sdk_accumulates_the_stream(url, servers, record):
     with sdk.responses.stream(model="gpt-oss-replay", input=CALL_ECHO, tools=[never(servers.streamable)]) as events:
         seen = [event.type for event in events]
         final = events.get_final_response()
-    assert "response.mcp_call.completed" in seen and final.output_text == "Tool lab.echo returned: hi"
-    assert final.tools[0].type == "mcp" and final.tools[0].headers is None
+    assert "response.mcp_call.completed" in seen
+    assert final.output_text == "Tool lab.echo returned: hi"
+    assert final.tools[0].type == "mcp"
+    assert final.tools[0].headers is None
 
 
 def test_tools_are_listed_once_per_conversation(url, servers, record):
@@ -147,25 +150,32 @@ def test_tools_are_listed_once_per_conversation(url, servers, record):
     assert record.methods.count("tools/list") == 1
     second = post(url, body, input='call lab.echo {"text": "again"}', previous_response_id=first["id"]).json()
     assert "mcp_list_tools" not in [item["type"] for item in second["output"]]
-    assert record.methods.count("tools/list") == 1 and record.calls[-1] == ("echo", {"text": "again"})
+    assert record.methods.count("tools/list") == 1
+    assert record.calls[-1] == ("echo", {"text": "again"})
     # Stateless: the listing sent back counts as well.
     history = [{"role": "user", "content": CALL_ECHO}, *first["output"], {"role": "user", "content": 'call lab.echo {"text": "3"}'}]
     third = post(url, body, input=history, store=False).json()
-    assert third["output"][-1]["content"][0]["text"] == "Tool lab.echo returned: 3" and record.methods.count("tools/list") == 1
+    assert third["output"][-1]["content"][0]["text"] == "Tool lab.echo returned: 3"
+    assert record.methods.count("tools/list") == 1
 
 
 def test_a_failing_tool_is_an_error_the_model_reads(url, servers, record):
     terminal, _ = stream(url, {"model": "gpt-oss-replay", "input": 'call lab.fail {"text": "x"}', "tools": [never(servers.streamable)]})
     call = terminal.output[2]
-    assert call.status == "failed" and call.output is None and call.error.type == "mcp_tool_execution_error"
-    assert terminal.status == "completed" and terminal.output[-1].content[0].text.startswith("Tool lab.fail returned: Error:")
+    assert call.status == "failed"
+    assert call.output is None
+    assert call.error.type == "mcp_tool_execution_error"
+    assert terminal.status == "completed"
+    assert terminal.output[-1].content[0].text.startswith("Tool lab.fail returned: Error:")
 
 
 @pytest.mark.slow
 def test_a_hanging_tool_times_out_and_the_response_ends(url, servers, record):
     terminal, _ = stream(url, {"model": "gpt-oss-replay", "input": 'call lab.hang {"seconds": 30}', "tools": [never(servers.streamable)]})
     call = terminal.output[2]
-    assert call.status == "failed" and call.error.type == "mcp_protocol_error" and "did not answer within 2 s" in call.error.message
+    assert call.status == "failed"
+    assert call.error.type == "mcp_protocol_error"
+    assert "did not answer within 2 s" in call.error.message
     assert terminal.status == "completed"
 
 
@@ -175,9 +185,12 @@ def test_an_unreachable_server_is_a_failed_listing_and_the_response_goes_on(url,
     dead = f"http://127.0.0.1:{free_port()}/mcp"
     terminal, events = stream(url, {"model": "gpt-oss-replay", "input": CALL_ECHO, "tools": [never(dead)]})
     listing = terminal.output[0]
-    assert listing.type == "mcp_list_tools" and listing.error and not listing.tools
+    assert listing.type == "mcp_list_tools"
+    assert listing.error
+    assert not listing.tools
     assert "response.mcp_list_tools.failed" in [e["type"] for e in events]
-    assert terminal.status == "completed" and terminal.output[-1].content[0].text == CALL_ECHO  # no tool: the model answered
+    assert terminal.status == "completed"
+    assert terminal.output[-1].content[0].text == CALL_ECHO  # no tool: the model answered
 
 
 @pytest.mark.slow
@@ -187,9 +200,11 @@ def test_oversized_output_is_cut_and_an_oversized_message_fails(url, servers, re
     assert terminal.output[2].output == "x" * 3000  # within max_output_bytes (4096)
     terminal, _ = stream(url, {"model": "gpt-oss-replay", "input": 'call lab.big {"size": 20000}', "tools": tools})
     cut = terminal.output[2].output
-    assert len(cut.encode()) <= 4096 and cut.endswith("bytes of 20000]")
+    assert len(cut.encode()) <= 4096
+    assert cut.endswith("bytes of 20000]")
     terminal, _ = stream(url, {"model": "gpt-oss-replay", "input": 'call lab.big {"size": 200000}', "tools": tools})
-    assert terminal.output[2].status == "failed" and terminal.status == "completed"  # beyond what a message may carry
+    assert terminal.output[2].status == "failed"  # beyond what a message may carry
+    assert terminal.status == "completed"
 
 
 @pytest.mark.parametrize("model", ["gpt-oss-replay", "qwen3-replay"])
@@ -226,13 +241,16 @@ def test_a_name_resolving_to_a_private_address_is_refused_unless_named(servers, 
     # connection goes to the address that was checked.
     with uvicorn_server(app_with({"mcp": {"allowed_urls": LOOPBACK}})) as base:
         terminal, _ = stream(base, {"model": "gpt-oss-replay", "input": CALL_ECHO, "tools": [never(servers.fake_host)]})
-    assert terminal.output[2].output == "hi" and record.requests[0][2]["host"].startswith("mcp.test:")
+    assert terminal.output[2].output == "hi"
+    assert record.requests[0][2]["host"].startswith("mcp.test:")
 
 
 def test_a_redirect_off_the_origin_is_not_followed(url, servers, record):
     terminal, _ = stream(url, {"model": "gpt-oss-replay", "input": CALL_ECHO, "tools": [never(servers.redirect)]})
-    assert terminal.output[0].error and terminal.status == "completed"
-    assert servers.redirect_record.requests and record.requests == []  # the target never heard of it
+    assert terminal.output[0].error
+    assert terminal.status == "completed"
+    assert servers.redirect_record.requests
+    assert record.requests == []  # the target never heard of it
 
 
 @pytest.mark.slow
@@ -240,13 +258,17 @@ def test_a_redirect_within_the_origin_to_a_path_off_allowed_urls_is_not_followed
     moved = servers.moved_record
     with uvicorn_server(app_with({"mcp": {"allowed_urls": [servers.moved]}})) as base:  # that path only
         terminal, _ = stream(base, {"model": "gpt-oss-replay", "input": CALL_ECHO, "tools": [never(servers.moved)]})
-    assert "redirected" in terminal.output[0].error and "allowed_urls" in terminal.output[0].error and terminal.status == "completed"
-    assert moved.requests and {path for _, path, _ in moved.requests} == {"/mcp"}
+    assert "redirected" in terminal.output[0].error
+    assert "allowed_urls" in terminal.output[0].error
+    assert terminal.status == "completed"
+    assert moved.requests
+    assert {path for _, path, _ in moved.requests} == {"/mcp"}
     # Where a pattern allows the new path, the same redirect is followed.
     moved.clear()
     with uvicorn_server(app_with({"mcp": {"allowed_urls": [servers.moved.removesuffix("mcp") + "*"]}})) as base:
         terminal, _ = stream(base, {"model": "gpt-oss-replay", "input": CALL_ECHO, "tools": [never(servers.moved)]})
-    assert terminal.output[2].output == "hi" and "/moved/mcp" in {path for _, path, _ in moved.requests}
+    assert terminal.output[2].output == "hi"
+    assert "/moved/mcp" in {path for _, path, _ in moved.requests}
 
 
 def test_a_built_in_tools_configured_server_is_followed_on_its_own_origin(servers, record):
@@ -264,7 +286,8 @@ def test_a_built_in_tools_configured_server_is_followed_on_its_own_origin(server
         finally:
             await transport.aclose()
 
-    assert asyncio.run(call()) == "hi" and "/moved/mcp" in {path for _, path, _ in servers.moved_record.requests}
+    assert asyncio.run(call()) == "hi"
+    assert "/moved/mcp" in {path for _, path, _ in servers.moved_record.requests}
 
 
 @pytest.mark.slow
@@ -309,8 +332,10 @@ def test_a_key_in_the_server_url_is_never_logged(url, servers, caplog):
     secret_url = servers.auth + f"?key={TOKEN}"  # (user info in a server_url is a 400)
     with caplog.at_level(logging.DEBUG):
         refused, _ = stream(url, {"model": "gpt-oss-replay", "input": CALL_ECHO, "tools": [never(secret_url)]})
-    assert refused.output[0].type == "mcp_list_tools" and refused.output[0].error
-    assert "MCP" in caplog.text and TOKEN not in caplog.text
+    assert refused.output[0].type == "mcp_list_tools"
+    assert refused.output[0].error
+    assert "MCP" in caplog.text
+    assert TOKEN not in caplog.text
 
 
 @pytest.mark.slow
@@ -318,17 +343,22 @@ def test_approval_is_asked_by_default_and_the_server_sees_exactly_the_approved_c
     tools = [mcp_tool(servers.streamable)]  # require_approval unset: OpenAI's default, always
     asked = post(url, {"model": "gpt-oss-replay", "input": 'call lab.delete {"id": "a"}', "tools": tools}).json()
     request = asked["output"][-1]
-    assert request["type"] == "mcp_approval_request" and request["name"] == "delete" and json.loads(request["arguments"]) == {"id": "a"}
-    assert asked["status"] == "completed" and record.calls == []
+    assert request["type"] == "mcp_approval_request"
+    assert request["name"] == "delete"
+    assert json.loads(request["arguments"]) == {"id": "a"}
+    assert asked["status"] == "completed"
+    assert record.calls == []
     approve = {"type": "mcp_approval_response", "approval_request_id": request["id"], "approve": True}
     ran = post(url, {"model": "gpt-oss-replay", "input": [approve], "tools": tools, "previous_response_id": asked["id"]}).json()
     call = next(item for item in ran["output"] if item["type"] == "mcp_call")
-    assert call["approval_request_id"] == request["id"] and call["output"] == "deleted a"
+    assert call["approval_request_id"] == request["id"]
+    assert call["output"] == "deleted a"
     assert ran["output"][-1]["content"][0]["text"] == "Tool lab.delete returned: deleted a"
     assert record.calls == [("delete", {"id": "a"})]
     # The same approval again runs nothing.
     again = post(url, {"model": "gpt-oss-replay", "input": [approve], "tools": tools, "previous_response_id": ran["id"]}).json()
-    assert "mcp_call" not in [item["type"] for item in again["output"]] and record.calls == [("delete", {"id": "a"})]
+    assert "mcp_call" not in [item["type"] for item in again["output"]]
+    assert record.calls == [("delete", {"id": "a"})]
 
 
 def test_a_denied_call_is_never_sent_and_the_model_is_told(url, servers, record):
@@ -336,7 +366,8 @@ def test_a_denied_call_is_never_sent_and_the_model_is_told(url, servers, record)
     asked = post(url, {"model": "gpt-oss-replay", "input": 'call lab.echo {"text": "no"}', "tools": tools}).json()
     deny = {"type": "mcp_approval_response", "approval_request_id": asked["output"][-1]["id"], "approve": False, "reason": "not now"}
     told = post(url, {"model": "gpt-oss-replay", "input": [deny], "tools": tools, "previous_response_id": asked["id"]}).json()
-    assert record.calls == [] and "mcp_call" not in [item["type"] for item in told["output"]]
+    assert record.calls == []
+    assert "mcp_call" not in [item["type"] for item in told["output"]]
     assert told["output"][-1]["content"][0]["text"].startswith("Tool lab.echo returned: The user did not approve this call")
 
 
@@ -347,7 +378,8 @@ def test_stateless_approval_with_both_items_in_the_input(url, servers, record):
     request = asked["output"][-1]
     approve = {"type": "mcp_approval_response", "approval_request_id": request["id"], "approve": True}
     ran = post(url, {"model": "gpt-oss-replay", "input": [user, *asked["output"], approve], "tools": tools, "store": False}).json()
-    assert record.calls == [("delete", {"id": "s"})] and ran["output"][0]["approval_request_id"] == request["id"]
+    assert record.calls == [("delete", {"id": "s"})]
+    assert ran["output"][0]["approval_request_id"] == request["id"]
     # An approval of a request that is not in the conversation is a 400.
     forged = {"type": "mcp_approval_response", "approval_request_id": "mcpr_nope", "approve": True}
     assert post(url, {"model": "gpt-oss-replay", "input": [user, forged], "tools": tools}).status_code == 400
@@ -356,9 +388,11 @@ def test_stateless_approval_with_both_items_in_the_input(url, servers, record):
 def test_approval_filters(url, servers, record):
     tools = [mcp_tool(servers.streamable, require_approval={"never": {"read_only": True}})]
     looked = post(url, {"model": "gpt-oss-replay", "input": 'call lab.lookup {"id": "1"}', "tools": tools}).json()
-    assert looked["output"][2]["type"] == "mcp_call" and record.calls == [("lookup", {"id": "1"})]
+    assert looked["output"][2]["type"] == "mcp_call"
+    assert record.calls == [("lookup", {"id": "1"})]
     asked = post(url, {"model": "gpt-oss-replay", "input": 'call lab.delete {"id": "1"}', "tools": tools}).json()
-    assert asked["output"][-1]["type"] == "mcp_approval_request" and len(record.calls) == 1
+    assert asked["output"][-1]["type"] == "mcp_approval_request"
+    assert len(record.calls) == 1
 
 
 def test_allowed_tools_hide_the_others(url, servers, record):
@@ -371,8 +405,11 @@ def test_allowed_tools_hide_the_others(url, servers, record):
 def test_max_tool_calls_answers_further_calls_not_run(url, servers, record):
     answer = post(url, {"model": "gpt-oss-replay", "input": CALL_ECHO, "tools": [never(servers.streamable)], "max_tool_calls": 0}).json()
     call = answer["output"][2]
-    assert call["status"] == "failed" and "max_tool_calls" in json.dumps(call["error"]) and record.calls == []
-    assert answer["max_tool_calls"] == 0 and answer["output"][-1]["content"][0]["text"].startswith("Tool lab.echo returned: Error: Not run")
+    assert call["status"] == "failed"
+    assert "max_tool_calls" in json.dumps(call["error"])
+    assert record.calls == []
+    assert answer["max_tool_calls"] == 0
+    assert answer["output"][-1]["content"][0]["text"].startswith("Tool lab.echo returned: Error: Not run")
 
 
 def test_max_output_tokens_is_a_budget_over_all_rounds(url, servers, record):
@@ -381,8 +418,10 @@ def test_max_output_tokens_is_a_budget_over_all_rounds(url, servers, record):
     cut = post(
         url, {"model": "gpt-oss-replay", "input": CALL_ECHO, "tools": [never(servers.streamable)], "max_output_tokens": budget}
     ).json()
-    assert cut["status"] == "incomplete" and cut["usage"]["output_tokens"] == budget
-    assert cut["output"][2]["type"] == "mcp_call" and cut["output"][2]["status"] == "completed"
+    assert cut["status"] == "incomplete"
+    assert cut["usage"]["output_tokens"] == budget
+    assert cut["output"][2]["type"] == "mcp_call"
+    assert cut["output"][2]["status"] == "completed"
 
 
 @pytest.mark.parametrize("model", ["gpt-oss-replay", "qwen3-replay"])
@@ -390,14 +429,19 @@ def test_tool_choice_forces_a_call_with_arguments_of_the_tools_schema(url, serve
     choice = {"type": "mcp", "server_label": "lab", "name": "echo"}
     answer = post(url, {"model": model, "input": "hello", "tools": [never(servers.streamable)], "tool_choice": choice}).json()
     call = answer["output"][2]
-    assert call["type"] == "mcp_call" and call["name"] == "echo" and set(json.loads(call["arguments"])) == {"text"}
-    assert answer["output"][-1]["type"] == "message" and len(record.calls) == 1  # forced once, not every round
+    assert call["type"] == "mcp_call"
+    assert call["name"] == "echo"
+    assert set(json.loads(call["arguments"])) == {"text"}
+    assert answer["output"][-1]["type"] == "message"
+    assert len(record.calls) == 1  # forced once, not every round
     # Without a name: a call of one of the server's tools the request allows, with its arguments' schema.
     record.clear()
     only = never(servers.streamable, allowed_tools=["zone"])
     answer = post(url, {"model": model, "input": "hello", "tools": [only], "tool_choice": {"type": "mcp", "server_label": "lab"}}).json()
     call = answer["output"][2]
-    assert call["type"] == "mcp_call" and call["name"] == "zone" and json.loads(call["arguments"])["zone"] in ("UTC", "CET")
+    assert call["type"] == "mcp_call"
+    assert call["name"] == "zone"
+    assert json.loads(call["arguments"])["zone"] in ("UTC", "CET")
     assert record.calls == [("zone", json.loads(call["arguments"]))]
     assert (
         post(
@@ -410,7 +454,8 @@ def test_tool_choice_forces_a_call_with_arguments_of_the_tools_schema(url, serve
 def test_a_function_call_ends_the_response_as_before(url, servers, record):
     tools = [{"type": "function", "name": "lookup_city", "parameters": {"type": "object", "properties": {}}}, never(servers.streamable)]
     answer = post(url, {"model": "gpt-oss-replay", "input": "call lookup_city", "tools": tools}).json()
-    assert [item["type"] for item in answer["output"]] == ["mcp_list_tools", "reasoning", "function_call"] and record.calls == []
+    assert [item["type"] for item in answer["output"]] == ["mcp_list_tools", "reasoning", "function_call"]
+    assert record.calls == []
 
 
 def test_cancelling_the_stream_mid_call_cancels_the_tool_call(url, servers, record):
@@ -424,7 +469,8 @@ def test_cancelling_the_stream_mid_call_cancels_the_tool_call(url, servers, reco
         if record.cancelled:
             break
         deadline.wait(0.05)
-    assert record.calls == [("hang", {"seconds": 1.5})] and record.cancelled == ["hang"]
+    assert record.calls == [("hang", {"seconds": 1.5})]
+    assert record.cancelled == ["hang"]
 
 
 def test_background_cancel_mid_call(url, servers, record):
@@ -439,7 +485,8 @@ def test_background_cancel_mid_call(url, servers, record):
     cancelled = sdk.responses.cancel(started.id)
     assert cancelled.status == "cancelled"
     call = next(item for item in cancelled.output if item.type == "mcp_call")
-    assert call.status == "incomplete" and call.output is None
+    assert call.status == "incomplete"
+    assert call.output is None
     for _ in range(100):
         if record.cancelled:
             break
@@ -465,7 +512,8 @@ def test_websocket_mode_runs_the_loop(url, servers, record):
             types.append(event.type)
             if event.type in ("response.completed", "response.failed", "error"):
                 break
-    assert types[-1] == "response.completed" and "response.mcp_call.completed" in types
+    assert types[-1] == "response.completed"
+    assert "response.mcp_call.completed" in types
     assert record.calls == [("echo", {"text": "hi"})]
 
 
@@ -478,7 +526,8 @@ def test_a_conversation_keeps_its_listing_and_calls(url, servers, record):
     assert second["output"][-1]["content"][0]["text"] == "Tool lab.echo returned: 2"
     assert record.methods.count("tools/list") == 1
     kinds = [item.type for item in sdk.conversations.items.list(conversation.id, order="asc").data]
-    assert kinds.count("mcp_list_tools") == 1 and kinds.count("mcp_call") == 2
+    assert kinds.count("mcp_list_tools") == 1
+    assert kinds.count("mcp_call") == 2
 
 
 def test_each_call_is_reported_by_tool_and_outcome(servers, record):
@@ -501,7 +550,8 @@ def test_each_call_is_reported_by_tool_and_outcome(servers, record):
         calls = [(r.label, r.kind, r.status) for r in reports if r.kind == "mcp_call"]
         assert calls == [("lab", "mcp_call", s) for s in ("completed", "failed", "not_run")]
         called = [r for r in reports if r.kind == "mcp_call"]
-        assert all(r.seconds > 0 for r in called[:2]) and called[2].seconds == 0
+        assert all(r.seconds > 0 for r in called[:2])
+        assert called[2].seconds == 0
         # Each response listed the server once; a server that is down is a failed listing of its label.
         dead = never(f"http://127.0.0.1:{free_port()}/mcp", label="down")
         post(base, {"model": "gpt-oss-replay", "input": CALL_ECHO, "tools": [never(servers.streamable), dead]})
@@ -526,7 +576,8 @@ def test_a_tool_call_counts_in_the_tenants_quota(servers, record):
     headers = {"Authorization": f"Bearer {key}"}
     with uvicorn_server(app) as base, httpx.Client(timeout=60, headers=headers) as http:
         ran = http.post(f"{base}/responses", json={"model": "gpt-oss-replay", "input": CALL_ECHO, "tools": [never(servers.streamable)]})
-        assert ran.status_code == 200 and ran.json()["output"][2]["output"] == "hi"
+        assert ran.status_code == 200
+        assert ran.json()["output"][2]["output"] == "hi"
         assert http.post(f"{base}/responses", json={"model": "gpt-oss-replay", "input": "one"}).status_code == 200
         assert http.post(f"{base}/responses", json={"model": "gpt-oss-replay", "input": "two"}).status_code == 429
 
@@ -545,7 +596,8 @@ def test_a_server_that_accepts_and_never_answers_times_out_the_listing(servers, 
             terminal, _ = stream(base, {"model": "gpt-oss-replay", "input": CALL_ECHO, "tools": [tool]})
     finally:
         silent.close()
-    assert "did not answer within 1 s" in terminal.output[0].error and terminal.status == "completed"
+    assert "did not answer within 1 s" in terminal.output[0].error
+    assert terminal.status == "completed"
 
 
 # --- Several calls in one response: the replay scripts of tests/support/several_calls.py ---
@@ -573,7 +625,8 @@ def test_parallel_tool_calls_runs_a_rounds_calls_side_by_side_or_one_after_the_o
     assert [item.type for item in terminal.output] == ["mcp_list_tools", "reasoning", "mcp_call", "mcp_call", "reasoning", "message"]
     # `meet` answers "met" only to calls that were running at one time.
     assert [call.output for call in items(terminal, "mcp_call")] == (["met", "met"] if parallel else ["alone", "alone"])
-    assert record.calls == [("meet", {"count": 2})] * 2 and terminal.parallel_tool_calls is parallel
+    assert record.calls == [("meet", {"count": 2})] * 2
+    assert terminal.parallel_tool_calls is parallel
 
 
 @pytest.mark.slow
@@ -587,14 +640,16 @@ def test_parallel_tool_calls_runs_a_rounds_calls_side_by_side_or_one_after_the_o
 def test_a_function_call_after_a_server_call_ends_the_response_once_that_ran(several, servers, record, model, kinds):
     tools = [LOOKUP_CITY, never(servers.streamable)]
     terminal, _ = stream(several, {"model": model, "input": f"{CALL_ECHO}\ncall lookup_city", "tools": tools})
-    assert [item.type for item in terminal.output] == kinds and terminal.status == "completed"
+    assert [item.type for item in terminal.output] == kinds
+    assert terminal.status == "completed"
     (call,), (function,) = items(terminal, "mcp_call"), items(terminal, "function_call")
     assert (call.status, call.output, record.calls) == ("completed", "hi", [("echo", {"text": "hi"})])
     # The client runs its function; the model goes on from both outputs, nothing runs again.
     output = {"type": "function_call_output", "call_id": function.call_id, "output": "Paris"}
     answer = post(several, {"model": model, "input": [output], "tools": tools, "previous_response_id": terminal.id}).json()
     assert [item["type"] for item in answer["output"]] == ["reasoning", "message"]
-    assert answer["output"][-1]["content"][0]["text"] == "Tool lookup_city returned: Paris" and len(record.calls) == 1
+    assert answer["output"][-1]["content"][0]["text"] == "Tool lookup_city returned: Paris"
+    assert len(record.calls) == 1
 
 
 @pytest.mark.parametrize("model", ["gpt-oss-replay", "qwen3-replay"])
@@ -606,8 +661,11 @@ def test_max_tool_calls_counts_every_call_of_the_response(several, servers, reco
     record.clear()
     capped, _ = stream(several, {**body, "max_tool_calls": 1})
     ran, refused = items(capped, "mcp_call")
-    assert (ran.status, ran.output) == ("completed", "1") and record.calls == [("echo", {"text": "1"})]
-    assert refused.status == "failed" and "max_tool_calls" in refused.error.model_dump_json() and refused.output is None
+    assert (ran.status, ran.output) == ("completed", "1")
+    assert record.calls == [("echo", {"text": "1"})]
+    assert refused.status == "failed"
+    assert "max_tool_calls" in refused.error.model_dump_json()
+    assert refused.output is None
     assert capped.output[-1].content[0].text.startswith("Tool lab.echo returned: Error: Not run")
 
 
@@ -615,7 +673,8 @@ def test_of_two_approval_requests_the_server_sees_exactly_the_approved_call(seve
     tools = [mcp_tool(servers.streamable)]
     asked = post(several, {"model": "qwen3-replay", "input": 'call lab.delete {"id": "a"}\ncall lab.delete {"id": "b"}', "tools": tools})
     requests = [item for item in asked.json()["output"] if item["type"] == "mcp_approval_request"]
-    assert [json.loads(request["arguments"]) for request in requests] == [{"id": "a"}, {"id": "b"}] and record.calls == []
+    assert [json.loads(request["arguments"]) for request in requests] == [{"id": "a"}, {"id": "b"}]
+    assert record.calls == []
     answers = [
         {"type": "mcp_approval_response", "approval_request_id": requests[0]["id"], "approve": True},
         {"type": "mcp_approval_response", "approval_request_id": requests[1]["id"], "approve": False},
@@ -624,7 +683,8 @@ def test_of_two_approval_requests_the_server_sees_exactly_the_approved_call(seve
     assert record.calls == [("delete", {"id": "a"})]
     calls = [item for item in ran["output"] if item["type"] == "mcp_call"]
     assert [(call["approval_request_id"], call["output"]) for call in calls] == [(requests[0]["id"], "deleted a")]
-    assert ran["output"][-1]["type"] == "message" and ran["status"] == "completed"
+    assert ran["output"][-1]["type"] == "message"
+    assert ran["status"] == "completed"
 
 
 @pytest.mark.slow
@@ -638,7 +698,8 @@ def test_approvals_one_round_after_the_other(several, servers, record):
     approve = {"type": "mcp_approval_response", "approval_request_id": first["id"], "approve": True}
     again = post(several, body, input=[approve], previous_response_id=asked["id"]).json()
     assert [item["type"] for item in again["output"]] == ["mcp_call", "reasoning", "mcp_approval_request"]
-    assert record.calls == [("delete", {"id": "a"})] and json.loads(again["output"][-1]["arguments"]) == {"id": "b"}
+    assert record.calls == [("delete", {"id": "a"})]
+    assert json.loads(again["output"][-1]["arguments"]) == {"id": "b"}
     deny = {"type": "mcp_approval_response", "approval_request_id": again["output"][-1]["id"], "approve": False}
     told = post(several, body, input=[deny], previous_response_id=again["id"]).json()
     assert record.calls == [("delete", {"id": "a"})]
@@ -682,4 +743,5 @@ def test_a_client_gone_in_the_next_round_aborts_that_rounds_engine_request(serve
                     break  # the next round generates: go away
         assert wait_until(lambda: backend.num_running() == 0, timeout_s=20)
     cut = next(response_id for response_id in backend.ended if response_id.endswith("-2") and response_id != f"{whole['id']}-2")
-    assert backend.ended[cut] is None and backend.ended[cut.removesuffix("-2")] == "stop"
+    assert backend.ended[cut] is None
+    assert backend.ended[cut.removesuffix("-2")] == "stop"

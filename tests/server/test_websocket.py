@@ -72,9 +72,8 @@ def test_the_api_key_is_checked_at_the_handshake():
     app = create_app([ServedModel("gpt-oss-replay", ReplayBackend())], auth=auth, environ={"KEY": key})
     with uvicorn_server(app) as url:
         for headers in (None, {"Authorization": "Bearer wrong"}):
-            with pytest.raises(InvalidStatus) as refused:
-                with socket_scenarios.socket(url, headers):
-                    pass
+            with pytest.raises(InvalidStatus) as refused, socket_scenarios.socket(url, headers):
+                pass
             assert refused.value.response.status_code == 401
             assert json.loads(refused.value.response.body)["error"]["code"] == "invalid_api_key"
         with socket_scenarios.socket(url, {"Authorization": f"Bearer {key}"}) as connection:
@@ -98,8 +97,11 @@ def test_the_agents_sdk_runs_its_tool_loop_over_the_socket():
 
     with uvicorn_server(counting) as url:
         socket_scenarios.agents_sdk_over_a_socket(url)
-    assert max(recorder.websockets) >= 1 and recorder.websockets[-1] == 0 and http_requests == []
-    assert len(recorder.outcomes) == 4 and {o.status for o in recorder.outcomes} == {"completed"}  # two runs of two turns
+    assert max(recorder.websockets) >= 1
+    assert recorder.websockets[-1] == 0
+    assert http_requests == []
+    assert len(recorder.outcomes) == 4
+    assert {o.status for o in recorder.outcomes} == {"completed"}  # two runs of two turns
 
 
 # --- ConnectionResponses: what a connection keeps -----------------------------------------------
@@ -163,9 +165,12 @@ def test_a_connection_keeps_what_its_lanes_can_still_continue():
         mine.remember("b", _response("b1", "a1"), _user("b1"))  # a fork of lane a's first turn
         assert len(mine) == 3
         mine.remember("a", _response("a3", "a1"), _user("a3"))  # lane a forks too: a2 is reached by no lane
-        assert len(mine) == 3 and await mine.chain("a2") is None and await mine.history("a3")
+        assert len(mine) == 3
+        assert await mine.chain("a2") is None
+        assert await mine.history("a3")
         mine.remember("c", _response("c1", None), _user("c1"))  # a third lane: the least recent (b) goes
-        assert len(mine) == 3 and await mine.chain("b1") is None
+        assert len(mine) == 3
+        assert await mine.chain("b1") is None
         assert {turn.response.id for turn in await mine.chain("a3")} == {"a1", "a3"}
 
     asyncio.run(scenario())
@@ -181,13 +186,16 @@ def test_a_connection_keeps_at_most_its_byte_budget():
         mine.remember("a", _response("a1", None, big), _user("a1"))
         mine.remember("b", _response("b1", None, big), _user("b1"))
         mine.remember("a", _response("a2", "a1", big), _user("a2"))
-        assert len(mine) == 3 and 30_000 < mine.bytes <= 35_000
+        assert len(mine) == 3
+        assert 30_000 < mine.bytes <= 35_000
         mine.remember("c", _response("c1", None, big), _user("c1"))  # over: b, the least recent lane, goes
         assert await mine.chain("b1") is None
-        assert [t.response.id for t in await mine.chain("a2")] == ["a1", "a2"] and mine.bytes <= 35_000
+        assert [t.response.id for t in await mine.chain("a2")] == ["a1", "a2"]
+        assert mine.bytes <= 35_000
         mine.remember("c", _response("c2", "c1", big * 4), _user("c2"))  # lane c alone is over the budget
         assert await mine.chain("a2") is None
-        assert [t.response.id for t in await mine.chain("c2")] == ["c1", "c2"] and mine.bytes > 35_000
+        assert [t.response.id for t in await mine.chain("c2")] == ["c1", "c2"]
+        assert mine.bytes > 35_000
         assert mine.bytes == sum(len(turn.encode()) for turn in await mine.chain("c2"))
 
     asyncio.run(scenario())

@@ -37,13 +37,14 @@ def test_a_tenant_cannot_hold_every_connection_of_a_replica(url):
     with contextlib.ExitStack() as held:
         for _ in range(LIMITS.max_websockets_per_tenant):  # B's idle connections
             held.enter_context(socket_scenarios.socket(url, _key(KEY_B)))
-        with pytest.raises(InvalidStatus) as refused:
-            with socket_scenarios.socket(url, _key(KEY_B)):
-                pass
+        with pytest.raises(InvalidStatus) as refused, socket_scenarios.socket(url, _key(KEY_B)):
+            pass
         response = refused.value.response
-        assert response.status_code == 429 and response.headers["retry-after"] == "1"
+        assert response.status_code == 429
+        assert response.headers["retry-after"] == "1"
         error = json.loads(response.body)["error"]
-        assert error["code"] == "too_many_connections" and "replica_limits.max_websockets_per_tenant" in error["message"]
+        assert error["code"] == "too_many_connections"
+        assert "replica_limits.max_websockets_per_tenant" in error["message"]
         with socket_scenarios.socket(url, _key(KEY_A)) as connection:  # A still gets in, and is served
             socket_scenarios.create(connection, model="gpt-oss-replay", input="hello")
             assert socket_scenarios.until_end(connection)[-1]["type"] == "response.completed"
@@ -55,7 +56,6 @@ def test_the_replicas_own_bound_still_holds_over_every_tenant(url):
     with contextlib.ExitStack() as held:
         for key in (KEY_A, KEY_A, KEY_B, KEY_B):
             held.enter_context(socket_scenarios.socket(url, _key(key)))
-        with pytest.raises(InvalidStatus) as refused:
-            with socket_scenarios.socket(url, _key(KEY_A)):
-                pass
+        with pytest.raises(InvalidStatus) as refused, socket_scenarios.socket(url, _key(KEY_A)):
+            pass
         assert refused.value.response.status_code == 503

@@ -28,7 +28,8 @@ async def test_requests_per_minute_admits_a_burst_of_the_limit_then_refuses_with
     assert (error.status_code, error.code, error.limit) == (429, "rate_limit_exceeded", "requests_per_minute")
     assert "3 requests per minute (requests_per_minute)" in error.message
     assert 15 <= int(error.headers["retry-after"]) <= 20  # one request refills in 20 s
-    assert error.headers["x-ratelimit-remaining-requests"] == "0" and error.headers["x-ratelimit-limit-requests"] == "3"
+    assert error.headers["x-ratelimit-remaining-requests"] == "0"
+    assert error.headers["x-ratelimit-limit-requests"] == "3"
     assert await _quota(store, tenant="team-b", requests_per_minute=3).admit()  # tenants are apart
 
 
@@ -40,7 +41,8 @@ async def test_tokens_are_counted_as_used_and_a_debt_refuses_until_it_refills(st
     await admission.charge_tokens(100)  # produced anyway: never refused, a debt of ~50
     with pytest.raises(RateLimited) as refused:
         await quota.admit()
-    assert refused.value.limit == "tokens_per_minute" and refused.value.type == "tokens"
+    assert refused.value.limit == "tokens_per_minute"
+    assert refused.value.type == "tokens"
     assert 5 <= int(refused.value.headers["retry-after"]) <= 6  # 51 tokens at 10 a second
 
 
@@ -49,7 +51,8 @@ async def test_concurrent_requests_hold_leases_until_released(store):
     first, second = await quota.admit(), await quota.admit(background=True)
     with pytest.raises(RateLimited) as refused:
         await quota.admit()
-    assert refused.value.limit == "max_concurrent_requests" and refused.value.headers["retry-after"] == "1"
+    assert refused.value.limit == "max_concurrent_requests"
+    assert refused.value.headers["retry-after"] == "1"
     await first.release()
     await first.release()  # idempotent: frees one place only
     with pytest.raises(RateLimited) as refused:

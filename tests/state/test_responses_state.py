@@ -66,7 +66,8 @@ def test_redis_down_then_back(tmp_path, replay_backend):
             ):
                 with pytest.raises(openai.InternalServerError) as error:
                     call()
-                assert error.value.status_code == 503 and error.value.body["code"] == "store_unavailable"
+                assert error.value.status_code == 503
+                assert error.value.body["code"] == "store_unavailable"
             # A stream that cannot be stored ends failed, not completed: its id would lead nowhere.
             with httpx.Client(timeout=30) as http:
                 wire = parse_sse(http.post(f"{url}/responses", json={"model": "gpt-oss-replay", "input": "s", "stream": True}).content)
@@ -110,7 +111,8 @@ def test_a_turn_its_conversation_missed_is_failed_and_not_kept(replay_backend):
         with httpx.Client(timeout=30) as http:
             body = {"model": "gpt-oss-replay", "input": "second", "stream": True, "conversation": conversation.id}
             wire = parse_sse(http.post(f"{url}/responses", json=body).content)
-        assert wire[-1]["type"] == "response.failed" and "could not be stored" in wire[-1]["response"]["error"]["message"]
+        assert wire[-1]["type"] == "response.failed"
+        assert "could not be stored" in wire[-1]["response"]["error"]["message"]
         store.failing = False
         missed = wire[-1]["response"]["id"]
         with pytest.raises(openai.NotFoundError):

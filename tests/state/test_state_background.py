@@ -37,7 +37,9 @@ async def test_run_lease_cancel_close(store):
     assert (await runs.get("resp_1")).expired(clock()) is True
     assert (await runs.request_cancel("resp_1")).cancel is True
     renewed = await runs.renew("resp_1", "replica-a")  # the owner learns of the cancel by renewing
-    assert renewed.cancel and renewed.lease_until == 1026 and not renewed.expired(clock())
+    assert renewed.cancel
+    assert renewed.lease_until == 1026
+    assert not renewed.expired(clock())
     closed = await runs.close("resp_1", 7, "cancelled")
     assert (closed.closed, closed.length, closed.status) == (True, 7, "cancelled")
     assert await runs.close("resp_1", 9, "failed") == closed  # the first close stands
@@ -52,7 +54,8 @@ async def test_concurrent_updates_are_not_lost(store):
     # The owner renews while another replica cancels: both changes stick.
     await asyncio.gather(*[runs.renew("resp_2", "a") for _ in range(10)], runs.request_cancel("resp_2"))
     record = await runs.get("resp_2")
-    assert record.cancel and record.owner == "a"
+    assert record.cancel
+    assert record.owner == "a"
 
 
 async def test_event_log_has_one_writer_per_position(store):
@@ -71,15 +74,20 @@ async def test_event_log_has_one_writer_per_position(store):
 async def test_conversation_lifecycle(store):
     conversations = ConversationStore(store, "t", ttl_s=60)
     created = await conversations.create({"topic": "demo"}, [MessageItem(role="user", content="hello")])
-    assert created.id.startswith("conv_") and created.metadata == {"topic": "demo"}
+    assert created.id.startswith("conv_")
+    assert created.metadata == {"topic": "demo"}
     assert (await conversations.get(created.id)) == created
     items = await conversations.items(created.id)
-    assert len(items) == 1 and items[0]["id"].startswith("msg_")
-    assert items[0]["content"] == [{"type": "input_text", "text": "hello"}] and items[0]["role"] == "user"
+    assert len(items) == 1
+    assert items[0]["id"].startswith("msg_")
+    assert items[0]["content"] == [{"type": "input_text", "text": "hello"}]
+    assert items[0]["role"] == "user"
     history = await conversations.history(created.id)
-    assert history[0].text == "hello" and history[0].id == items[0]["id"]
+    assert history[0].text == "hello"
+    assert history[0].id == items[0]["id"]
     updated = await conversations.update(created.id, {"topic": "other"})
-    assert updated.metadata == {"topic": "other"} and (await conversations.get(created.id)).metadata == {"topic": "other"}
+    assert updated.metadata == {"topic": "other"}
+    assert (await conversations.get(created.id)).metadata == {"topic": "other"}
     assert await conversations.delete(created.id) is True
     assert await conversations.get(created.id) is None
     assert await conversations.items(created.id) == []
@@ -93,9 +101,11 @@ async def test_conversation_pages_and_item_deletion(store):
     added = await conversations.append(conversation.id, [MessageItem(role="user", content=f"m{i}") for i in range(5)])
     ids = [item["id"] for item in added]
     page = await conversations.page(conversation.id, after=None, limit=2, order="asc")
-    assert [i["id"] for i in page.data] == ids[:2] and page.has_more
+    assert [i["id"] for i in page.data] == ids[:2]
+    assert page.has_more
     page = await conversations.page(conversation.id, after=ids[1], limit=10, order="asc")
-    assert [i["id"] for i in page.data] == ids[2:] and not page.has_more
+    assert [i["id"] for i in page.data] == ids[2:]
+    assert not page.has_more
     page = await conversations.page(conversation.id, after=ids[3], limit=10, order="desc")
     assert [i["id"] for i in page.data] == ids[:3][::-1]
     assert await conversations.page(conversation.id, after="msg_nope", limit=10, order="asc") is None

@@ -34,7 +34,8 @@ def _response(text: str, previous: str | None = None) -> Response:
     stream.start()
     completion = render_completion([Message.from_role_and_content(Role.ASSISTANT, f"echo {text}").with_channel("final")])
     stream.feed(TokenBatch(completion, finish_reason="stop"))
-    assert stream.finished and stream.response.status == "completed"
+    assert stream.finished
+    assert stream.response.status == "completed"
     return stream.response
 
 
@@ -77,7 +78,8 @@ async def test_a_hole_in_the_chain_is_not_a_shorter_history():
     assert await responses.delete(chain[1].id)
     with pytest.raises(APIError) as error:
         await responses.history(chain[2].id)
-    assert error.value.status_code == 400 and error.value.code == "previous_response_not_found"
+    assert error.value.status_code == 400
+    assert error.value.code == "previous_response_not_found"
     assert await responses.input_items(chain[2].id) is None
     assert (await responses.get(chain[2].id)).response == chain[2]
 
@@ -144,7 +146,8 @@ async def test_a_cached_chain_costs_a_store_read_per_new_turn_not_per_turn():
     # The next turn, made elsewhere: one read for it, the rest from the cache.
     await uncached.save(nxt := _response("turn 10", chain[-1].id), [MessageItem(role="user", content="turn 10")])
     store.gets = 0
-    assert len(await reader.history(nxt.id)) == 22 and store.gets == 1
+    assert len(await reader.history(nxt.id)) == 22
+    assert store.gets == 1
 
 
 async def test_a_turn_deleted_or_expired_elsewhere_breaks_a_cached_chain():
@@ -197,7 +200,8 @@ async def test_memory_store_drops_the_oldest_past_max_entries():
     assert [await store.get(k) for k in "abcd"] == [None, b"x", b"x", b"x"]
     await store.expire(["b"], 60)  # refreshed: now the newest
     await store.put("e", b"x", ttl_s=60)
-    assert await store.get("b") == b"x" and await store.get("c") is None
+    assert await store.get("b") == b"x"
+    assert await store.get("c") is None
 
 
 async def test_memory_store_drops_the_oldest_past_max_bytes():
@@ -205,10 +209,12 @@ async def test_memory_store_drops_the_oldest_past_max_bytes():
     await store.put("a", b"x" * 40, ttl_s=60)
     await store.put("b", b"x" * 40, ttl_s=60)
     await store.append("c", [b"x" * 10, b"x" * 10], ttl_s=60)
-    assert await store.get("a") is None and await store.get("b") is not None
+    assert await store.get("a") is None
+    assert await store.get("b") is not None
     assert store.stats()["bytes"] <= 100
     await store.put("huge", b"x" * 500, ttl_s=60)  # larger than the budget: not kept
-    assert await store.get("huge") is None and store.stats()["bytes"] <= 100
+    assert await store.get("huge") is None
+    assert store.stats()["bytes"] <= 100
 
 
 async def test_memory_store_expiry_frees_space():

@@ -65,7 +65,8 @@ def test_every_redis_refusal_is_store_unavailable(server, kind):
         for call in writes + ([] if kind == "out of memory" else reads):  # Redis still reads when out of memory
             with pytest.raises(StoreUnavailable) as error:
                 await call
-            assert WHY[kind] in error.value.message and error.value.headers["retry-after"] == "1"
+            assert WHY[kind] in error.value.message
+            assert error.value.headers["retry-after"] == "1"
         await store.close()
 
     asyncio.run(calls())
@@ -79,17 +80,21 @@ def test_a_store_that_refuses_gives_503s_and_streams_their_terminal_event(server
     with uvicorn_server(app) as url, httpx.Client(base_url=url, timeout=30) as http:
         body = {"model": "gpt-oss-replay", "input": "keep me"}
         refused = http.post("/responses", json=body)
-        assert refused.status_code == 503 and refused.json()["error"]["code"] == "store_unavailable"
+        assert refused.status_code == 503
+        assert refused.json()["error"]["code"] == "store_unavailable"
         assert refused.headers["retry-after"] == "1"
         events = parse_sse(http.post("/responses", json={**body, "stream": True}).content)
-        assert events[-1]["type"] == "response.failed" and "could not be stored" in events[-1]["response"]["error"]["message"]
+        assert events[-1]["type"] == "response.failed"
+        assert "could not be stored" in events[-1]["response"]["error"]["message"]
         assert [event["sequence_number"] for event in events] == list(range(len(events)))
         assert http.post("/responses", json={**body, "store": False}).json()["output"][-1]["content"][0]["text"] == "keep me"
         background = http.post("/responses", json={**body, "background": True})
-        assert background.status_code == 503 and background.headers["retry-after"] == "1"
+        assert background.status_code == 503
+        assert background.headers["retry-after"] == "1"
         if kind != "out of memory":  # reads refused too: never a 404 for what may be there
             missing = http.get("/responses/resp_abc")
-            assert missing.status_code == 503 and missing.json()["error"]["code"] == "store_unavailable"
+            assert missing.status_code == 503
+            assert missing.json()["error"]["code"] == "store_unavailable"
 
 
 class Broken(MemoryStore):

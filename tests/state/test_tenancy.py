@@ -24,9 +24,11 @@ async def test_responses_are_the_tenants_own(store):
     await a.save(first, [MessageItem(role="user", content="A's")])
     second = _response("more", first.id)
     await a.save(second, [MessageItem(role="user", content="more")])
-    assert (await a.get(first.id)) is not None and len(await a.history(second.id)) == 4
+    assert (await a.get(first.id)) is not None
+    assert len(await a.history(second.id)) == 4
     assert await b.get(first.id) is None
-    assert await b.chain(second.id) is None and await b.input_items(second.id) is None
+    assert await b.chain(second.id) is None
+    assert await b.input_items(second.id) is None
     with pytest.raises(APIError) as error:
         await b.history(second.id)
     assert error.value.code == "previous_response_not_found"
@@ -38,25 +40,32 @@ async def test_background_runs_and_their_logs_are_the_tenants_own(store):
     a, b = RunStore(store, "team-a", ttl_s=60), RunStore(store, "team-b", ttl_s=60)
     await a.create("resp_1", owner="replica")
     assert await a.append("resp_1", [b"event 0"], at=0)
-    assert await b.get("resp_1") is None and await b.events("resp_1", 0) == [] and await b.length("resp_1") == 0
+    assert await b.get("resp_1") is None
+    assert await b.events("resp_1", 0) == []
+    assert await b.length("resp_1") == 0
     assert await b.request_cancel("resp_1") is None
-    assert await b.open_runs() == [] and await a.open_runs() == ["resp_1"]
+    assert await b.open_runs() == []
+    assert await a.open_runs() == ["resp_1"]
     await b.create("resp_1", owner="elsewhere")  # the same id is another run in another tenant
     assert not await b.append("resp_1", [b"forged"], at=1)
     await b.delete("resp_1")
     record = await a.get("resp_1")
-    assert record is not None and not record.cancel and await a.events("resp_1", 0) == [b"event 0"]
+    assert record is not None
+    assert not record.cancel
+    assert await a.events("resp_1", 0) == [b"event 0"]
 
 
 async def test_conversations_are_the_tenants_own(store):
     a, b = ConversationStore(store, "team-a", ttl_s=60), ConversationStore(store, "team-b", ttl_s=60)
     conversation = await a.create({"k": "v"}, [MessageItem(role="user", content="A's")])
-    assert await b.get(conversation.id) is None and await b.items(conversation.id) == []
+    assert await b.get(conversation.id) is None
+    assert await b.items(conversation.id) == []
     assert await b.update(conversation.id, {"owner": "b"}) is None
     assert await b.delete(conversation.id) is False
     (item,) = await a.items(conversation.id)
     assert await b.delete_item(conversation.id, item["id"]) is False
-    assert await a.get(conversation.id) == conversation and await a.items(conversation.id) == [item]
+    assert await a.get(conversation.id) == conversation
+    assert await a.items(conversation.id) == [item]
 
 
 @pytest.mark.parametrize("crafted", ["../team-a:response:x", "t:team-a:response:x", "x\nt:team-a:", ":" * 10, ""])
@@ -67,5 +76,5 @@ async def test_no_key_a_client_writes_leaves_its_tenants_namespace(crafted):
     b = TenantStore(inner, "team-b")
     await b.put(crafted, b"x", ttl_s=60)
     assert all(key.startswith(tenant_prefix("team-b")) for key in inner._entries)
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="not a tenant name: 'team-a:evil'"):
         tenant_prefix("team-a:evil")

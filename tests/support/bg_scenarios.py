@@ -38,10 +38,13 @@ def status_code(call) -> int:
 def background_poll(base_url: str, model: str) -> None:
     sdk = client(base_url)
     created = sdk.responses.create(model=model, input="in the background", background=True)
-    assert created.background is True and created.status in ("queued", "in_progress")
+    assert created.background is True
+    assert created.status in ("queued", "in_progress")
     assert created.output == []
     done = wait_until(lambda: (r := sdk.responses.retrieve(created.id)).status not in ("queued", "in_progress") and r, "completion")
-    assert done.status == "completed" and done.output_text == "in the background" and done.background is True
+    assert done.status == "completed"
+    assert done.output_text == "in the background"
+    assert done.background is True
     assert [item.content[0].text for item in sdk.responses.input_items.list(created.id)] == ["in the background"]
     # Cancelling a finished background response changes nothing and says so (idempotent).
     assert sdk.responses.cancel(created.id).status == "completed"
@@ -60,13 +63,17 @@ def background_cancel(base_url: str, slow_model: str) -> str:
     """Cancel while it runs; returns the response id."""
     sdk = client(base_url)
     created = sdk.responses.create(model=slow_model, input=LONG_TEXT, background=True)
-    with httpx.Client(timeout=60) as http:  # wait for the first text delta: generation is under way
-        with http.stream("GET", f"{base_url}/responses/{created.id}", params={"stream": "true"}) as stream:
-            for line in stream.iter_lines():
-                if line == "event: response.output_text.delta":
-                    break
+    # wait for the first text delta: generation is under way
+    with (
+        httpx.Client(timeout=60) as http,
+        http.stream("GET", f"{base_url}/responses/{created.id}", params={"stream": "true"}) as stream,
+    ):
+        for line in stream.iter_lines():
+            if line == "event: response.output_text.delta":
+                break
     cancelled = sdk.responses.cancel(created.id)
-    assert cancelled.status == "cancelled" and cancelled.id == created.id
+    assert cancelled.status == "cancelled"
+    assert cancelled.id == created.id
     assert len(cancelled.output_text) < len(LONG_TEXT)  # stopped part-way
     assert sdk.responses.cancel(created.id).status == "cancelled"  # idempotent
     assert sdk.responses.retrieve(created.id).status == "cancelled"
@@ -142,7 +149,8 @@ def background_stream_resume(base_url: str, slow_model: str, cut_after: int = 12
         assert tail[0]["sequence_number"] == cut_after
         events = head + tail
         terminal = check_stream(events)  # 0..n without a gap or a repeat, one terminal event
-        assert terminal.output_text == LONG_TEXT and terminal.status == "completed"
+        assert terminal.output_text == LONG_TEXT
+        assert terminal.status == "completed"
         return
     pytest.fail("the resumed stream never landed on another replica")
 
@@ -157,7 +165,8 @@ def background_errors(base_url: str, model: str) -> None:
     assert status_code(lambda: sdk.responses.create(model=model, input="x", background=True, store=False)) == 400
     with httpx.Client(timeout=30) as http:
         bad = http.get(f"{base_url}/responses/{foreground.id}", params={"stream": "true", "starting_after": "x"})
-        assert bad.status_code == 400 and bad.json()["error"]["param"] == "starting_after"
+        assert bad.status_code == 400
+        assert bad.json()["error"]["param"] == "starting_after"
 
 
 # -- conversations ------------------------------------------------------------------------------
@@ -166,10 +175,12 @@ def background_errors(base_url: str, model: str) -> None:
 def conversations_crud(base_url: str) -> None:
     sdk = client(base_url)
     conversation = sdk.conversations.create(metadata={"topic": "demo"}, items=[{"role": "user", "content": "hello"}])
-    assert conversation.id.startswith("conv_") and conversation.metadata == {"topic": "demo"}
+    assert conversation.id.startswith("conv_")
+    assert conversation.metadata == {"topic": "demo"}
     assert sdk.conversations.retrieve(conversation.id) == conversation
     updated = sdk.conversations.update(conversation.id, metadata={"topic": "changed"})
-    assert updated.metadata == {"topic": "changed"} and sdk.conversations.retrieve(conversation.id).metadata == {"topic": "changed"}
+    assert updated.metadata == {"topic": "changed"}
+    assert sdk.conversations.retrieve(conversation.id).metadata == {"topic": "changed"}
     deleted = sdk.conversations.delete(conversation.id)
     assert (deleted.id, deleted.deleted, deleted.object) == (conversation.id, True, "conversation.deleted")
     assert status_code(lambda: sdk.conversations.retrieve(conversation.id)) == 404
@@ -183,12 +194,16 @@ def conversation_items(base_url: str) -> None:
     conversation = sdk.conversations.create()
     added = sdk.conversations.items.create(conversation.id, items=[{"role": "user", "content": f"m{i}"} for i in range(5)])
     ids = [item.id for item in added.data]
-    assert len(set(ids)) == 5 and added.first_id == ids[0] and added.last_id == ids[-1] and not added.has_more
+    assert len(set(ids)) == 5
+    assert added.first_id == ids[0]
+    assert added.last_id == ids[-1]
+    assert not added.has_more
     # The SDK follows `has_more`/`last_id` page after page.
     assert [item.id for item in sdk.conversations.items.list(conversation.id, limit=2, order="asc")] == ids
     assert [item.id for item in sdk.conversations.items.list(conversation.id, limit=2)] == ids[::-1]  # desc by default
     page = sdk.conversations.items.list(conversation.id, limit=2, order="asc", after=ids[1])
-    assert [item.id for item in page.data] == ids[2:4] and page.has_more
+    assert [item.id for item in page.data] == ids[2:4]
+    assert page.has_more
     item = sdk.conversations.items.retrieve(ids[2], conversation_id=conversation.id)
     assert (item.type, item.role, item.content[0].text) == ("message", "user", "m2")
     assert sdk.conversations.items.delete(ids[2], conversation_id=conversation.id).id == conversation.id
@@ -207,7 +222,8 @@ def responses_in_a_conversation(base_url: str, model: str) -> None:
     sdk = client(base_url)
     conversation = sdk.conversations.create()
     first = sdk.responses.create(model=model, input="first turn", conversation=conversation.id)
-    assert first.conversation.id == conversation.id and first.output_text == "first turn"
+    assert first.conversation.id == conversation.id
+    assert first.output_text == "first turn"
     second = sdk.responses.create(model=model, input="second turn", conversation={"id": conversation.id})
     assert second.output_text == "second turn"
     alone = sdk.responses.create(model=model, input="second turn")
@@ -215,7 +231,8 @@ def responses_in_a_conversation(base_url: str, model: str) -> None:
     items = list(sdk.conversations.items.list(conversation.id, order="asc"))
     assert [item.type for item in items] == ["message", "reasoning", "message"] * 2
     assert [items[0].content[0].text, items[2].content[0].text, items[3].content[0].text] == ["first turn", "first turn", "second turn"]
-    assert items[1].id == first.output[0].id and items[5].id == second.output[-1].id
+    assert items[1].id == first.output[0].id
+    assert items[5].id == second.output[-1].id
     assert status_code(lambda: sdk.responses.create(model=model, input="x", conversation="conv_unknown")) == 404
 
 
@@ -259,13 +276,15 @@ def agents_session(base_url: str, model: str) -> None:
         assert [u if isinstance(u, str) else u[0]["text"] for u in users] == ["hello from the agent", "and again"]
         assert len(await session.get_items(limit=2)) == 2
         popped = await session.pop_item()
-        assert popped["role"] == "assistant" and len(await session.get_items()) == len(items) - 1
+        assert popped["role"] == "assistant"
+        assert len(await session.get_items()) == len(items) - 1
         # The server-managed variant: the Runner passes `conversation` to responses.create.
         conversation = await async_client.conversations.create()
         third = await Runner.run(agent, "server side", conversation_id=conversation.id)
         assert third.final_output == "server side"
         stored = [item async for item in async_client.conversations.items.list(conversation.id, order="asc")]
-        assert stored[0].content[0].text == "server side" and stored[-1].content[0].text == "server side"
+        assert stored[0].content[0].text == "server side"
+        assert stored[-1].content[0].text == "server side"
         await session.clear_session()
         await async_client.close()
 

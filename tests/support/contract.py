@@ -88,7 +88,9 @@ def parse_sse(raw: bytes) -> list[dict[str, Any]]:
         lines = block.split("\n")
         if all(line.startswith(":") for line in lines):
             continue
-        assert len(lines) == 2 and lines[0].startswith("event: ") and lines[1].startswith("data: "), block[:200]
+        assert len(lines) == 2, block[:200]
+        assert lines[0].startswith("event: "), block[:200]
+        assert lines[1].startswith("data: "), block[:200]
         data = json.loads(lines[1][len("data: ") :])
         assert data["type"] == lines[0][len("event: ") :], f"event: line {lines[0]!r} but data type {data['type']!r}"
         events.append(data)
@@ -112,11 +114,17 @@ def _check_server_item(item: Any, inner: list[str]) -> None:
     """A server-side item's end says what happened, as its events did."""
     if item.type == "mcp_call":
         if "response.mcp_call.completed" in inner:
-            assert item.status == "completed" and item.output is not None and item.error is None, item
+            assert item.status == "completed", item
+            assert item.output is not None, item
+            assert item.error is None, item
         elif "response.mcp_call.failed" in inner:
-            assert item.status == "failed" and item.error is not None and item.output is None, item
+            assert item.status == "failed", item
+            assert item.error is not None, item
+            assert item.output is None, item
         else:
-            assert item.status == "incomplete" and item.output is None and item.error is None, item
+            assert item.status == "incomplete", item
+            assert item.output is None, item
+            assert item.error is None, item
     elif item.type == "mcp_list_tools":
         assert ("response.mcp_list_tools.failed" in inner) == (item.error is not None), item
         assert item.error is None or not item.tools, "a failed listing with tools"
@@ -150,8 +158,10 @@ def check_stream(raw_events: Iterable[Any], allow_replacement: bool = False) -> 
     # Rules 1, 2: lifecycle frame and sequence numbers.
     assert [e.sequence_number for e in events] == list(range(len(events))), "sequence numbers are not 0, 1, 2, ..."
     assert not any(_contains_minus_one(d) for d in dicts), "-1 placeholder on the wire"
-    assert events[0].type == "response.created" and events[1].type == "response.in_progress", "no created, in_progress start"
-    assert events[0].response.status == "in_progress" and events[0].response.output == [], "created is not an empty in_progress response"
+    assert events[0].type == "response.created", "no created, in_progress start"
+    assert events[1].type == "response.in_progress", "no created, in_progress start"
+    assert events[0].response.status == "in_progress", "created is not an empty in_progress response"
+    assert events[0].response.output == [], "created is not an empty in_progress response"
     assert events[-1].type in TERMINAL, f"ends with {events[-1].type}, not a terminal event"
     assert sum(e.type in TERMINAL for e in events) == 1, "more than one terminal event"
     terminal = events[-1].response
@@ -159,9 +169,12 @@ def check_stream(raw_events: Iterable[Any], allow_replacement: bool = False) -> 
     expected_status = events[-1].type.removeprefix("response.")
     assert terminal.status == expected_status, f"{events[-1].type} with status {terminal.status}"
     if expected_status == "incomplete":
-        assert terminal.incomplete_details and terminal.incomplete_details.reason, "incomplete without a reason"
+        assert terminal.incomplete_details, "incomplete without a reason"
+        assert terminal.incomplete_details.reason, "incomplete without a reason"
     if expected_status == "failed":
-        assert terminal.error and terminal.error.message and terminal.error.code, "failed without an error code and message"
+        assert terminal.error, "failed without an error code and message"
+        assert terminal.error.message, "failed without an error code and message"
+        assert terminal.error.code, "failed without an error code and message"
 
     # Rules 3, 4, 5: items one after another, each with its own complete lifecycle.
     seen_ids: set[str] = set()
@@ -175,13 +188,16 @@ def check_stream(raw_events: Iterable[Any], allow_replacement: bool = False) -> 
         assert added.output_index == k, f"item {k} added at output_index {added.output_index}"
         item_type = added.item.type
         item_id = added.item.id
-        assert item_id and item_id.startswith(_PREFIX[item_type]) and item_id not in seen_ids, f"bad or repeated {item_type} id {item_id!r}"
+        assert item_id, f"bad or repeated {item_type} id {item_id!r}"
+        assert item_id.startswith(_PREFIX[item_type]), f"bad or repeated {item_type} id {item_id!r}"
+        assert item_id not in seen_ids, f"bad or repeated {item_type} id {item_id!r}"
         seen_ids.add(item_id)
         inner, deltas, done_text, annotations = [], [], None, []
         position += 1
         while body[position].type != "response.output_item.done":
             event = body[position]
-            assert event.output_index == k and event.item_id == item_id, event
+            assert event.output_index == k, event
+            assert event.item_id == item_id, event
             if hasattr(event, "content_index"):
                 assert event.content_index == 0, f"{event.type} at content_index {event.content_index}"
             if event.type in _DELTA:
@@ -208,18 +224,22 @@ def check_stream(raw_events: Iterable[Any], allow_replacement: bool = False) -> 
             f"{item_type} events out of order: {inner}"
         )
         done = body[position]
-        assert done.output_index == k and done.item.id == item_id and done.item.type == item_type, f"item {k} done does not match its added"
+        assert done.output_index == k, f"item {k} done does not match its added"
+        assert done.item.id == item_id, f"item {k} done does not match its added"
+        assert done.item.type == item_type, f"item {k} done does not match its added"
         text = "".join(deltas)
         if item_type == "message":
             assert [a.model_dump() for a in done.item.content[0].annotations] == annotations, "streamed annotations differ from the item's"
         if item_type in ("mcp_approval_request", "mcp_list_tools", "web_search_call"):  # nothing of them is streamed
-            assert not deltas and done_text is None, f"{item_type} with deltas"
+            assert not deltas, f"{item_type} with deltas"
+            assert done_text is None, f"{item_type} with deltas"
         else:
             assert text == done_text == _item_text(done.item), f"{item_type} deltas, done event and item disagree (lost or changed text)"
         _check_server_item(done.item, inner)
         assert allow_replacement or "\ufffd" not in text, "U+FFFD in the text (a character split between deltas)"
         if item_type == "function_call":
-            assert done.item.call_id and done.item.name, "function call without call_id or name"
+            assert done.item.call_id, "function call without call_id or name"
+            assert done.item.name, "function call without call_id or name"
             assert added.item.call_id == done.item.call_id, "function call's call_id changes"
         items.append(done.item)
         position += 1
@@ -231,5 +251,6 @@ def check_stream(raw_events: Iterable[Any], allow_replacement: bool = False) -> 
         assert all(getattr(i, "status", "completed") in (finished if i.type in server_calls else {"completed"}) for i in items), (
             "a completed response with an unfinished item"
         )
-    assert terminal.usage is not None and terminal.usage.output_tokens >= 0, "no usage"
+    assert terminal.usage is not None, "no usage"
+    assert terminal.usage.output_tokens >= 0, "no usage"
     return terminal

@@ -15,7 +15,8 @@ def load_dashboard() -> ModuleType:
     name = "responses_serve_grafana_dashboard"
     if name not in sys.modules:
         spec = importlib.util.spec_from_file_location(name, PATH)
-        assert spec is not None and spec.loader is not None
+        assert spec is not None
+        assert spec.loader is not None
         module = importlib.util.module_from_spec(spec)
         sys.modules[name] = module
         spec.loader.exec_module(module)

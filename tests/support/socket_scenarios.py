@@ -112,7 +112,8 @@ def sdk_chain_without_store(base_url: str, model: str = MODEL) -> None:
             )
             second = await _terminal(connection)
             # The replay model names the tool of the call the history holds.
-            assert second.type == "response.completed" and second.response.output_text == "Tool get_weather returned: sunny, 21 °C"
+            assert second.type == "response.completed"
+            assert second.response.output_text == "Tool get_weather returned: sunny, 21 °C"
             assert second.response.previous_response_id == first.response.id
             return first.response.id
 
@@ -120,16 +121,20 @@ def sdk_chain_without_store(base_url: str, model: str = MODEL) -> None:
     with socket(base_url) as connection:
         create(connection, model=model, previous_response_id=first_id, input="and now?", store=False)
         (error,) = until_end(connection)
-    assert error["type"] == "error" and error["status"] == 400, error
-    assert error["error"]["code"] == "previous_response_not_found" and error["error"]["param"] == "previous_response_id"
+    assert error["type"] == "error", error
+    assert error["status"] == 400, error
+    assert error["error"]["code"] == "previous_response_not_found"
+    assert error["error"]["param"] == "previous_response_id"
     http = httpx.post(f"{base_url}/responses", json={"model": model, "previous_response_id": first_id, "input": "and now?"}, timeout=60)
-    assert http.status_code == 400 and http.json()["error"]["code"] == "previous_response_not_found"
+    assert http.status_code == 400
+    assert http.json()["error"]["code"] == "previous_response_not_found"
 
 
 async def _terminal(connection):
     async for event in connection:
         if event.type in ENDS:
             return event
+    return None
 
 
 def stored_responses_are_shared(base_url: str, model: str = MODEL) -> None:
@@ -139,17 +144,17 @@ def stored_responses_are_shared(base_url: str, model: str = MODEL) -> None:
         create(connection, model=model, input="remember me")
         made = response_events(until_end(connection))[-1]["response"]
     got = httpx.get(f"{base_url}/responses/{made['id']}", timeout=60)
-    assert got.status_code == 200 and got.json()["output"] == made["output"]
+    assert got.status_code == 200
+    assert got.json()["output"] == made["output"]
     follow = httpx.post(f"{base_url}/responses", json={"model": model, "previous_response_id": made["id"], "input": "next"}, timeout=60)
-    assert follow.status_code == 200 and follow.json()["previous_response_id"] == made["id"]
+    assert follow.status_code == 200
+    assert follow.json()["previous_response_id"] == made["id"]
     with socket(base_url) as connection:
         create(connection, model=model, previous_response_id=follow.json()["id"], input="over the socket again")
         last = response_events(until_end(connection))[-1]["response"]
     # Three turns of history in the prompt: more input than the first turn alone.
-    assert (
-        last["status"] == "completed"
-        and last["usage"]["input_tokens"] > made["usage"]["input_tokens"] + follow.json()["usage"]["output_tokens"]
-    )
+    assert last["status"] == "completed"
+    assert last["usage"]["input_tokens"] > made["usage"]["input_tokens"] + follow.json()["usage"]["output_tokens"]
 
 
 def lanes_run_side_by_side(base_url: str, slow_model: str) -> None:
@@ -183,10 +188,13 @@ def warm_up_then_generate(base_url: str, model: str = MODEL) -> None:
         warm = response_events(until_end(connection))
         assert [e["type"] for e in warm] == ["response.created", "response.in_progress", "response.completed"]
         warmed = warm[-1]["response"]
-        assert warmed["output"] == [] and warmed["usage"]["output_tokens"] == 0 and warmed["usage"]["input_tokens"] > 0
+        assert warmed["output"] == []
+        assert warmed["usage"]["output_tokens"] == 0
+        assert warmed["usage"]["input_tokens"] > 0
         create(connection, model=model, instructions=instructions, previous_response_id=warmed["id"], input="now answer", store=False)
         answered = response_events(until_end(connection))[-1]["response"]
-    assert answered["status"] == "completed" and answered["output"]
+    assert answered["status"] == "completed"
+    assert answered["output"]
     assert answered["usage"]["input_tokens"] > warmed["usage"]["input_tokens"]
 
 
@@ -217,13 +225,16 @@ def bad_messages_get_errors_and_the_connection_goes_on(base_url: str, model: str
         for message, status, code, param in cases:
             connection.send(message)
             (error,) = until_end(connection)
-            assert error["type"] == "error" and error["status"] == status, (message, error)
-            assert error["error"]["param"] == param and (code is None or error["error"]["code"] == code), (message, error)
+            assert error["type"] == "error", (message, error)
+            assert error["status"] == status, (message, error)
+            assert error["error"]["param"] == param, (message, error)
+            assert code is None or error["error"]["code"] == code, (message, error)
             lane = json.loads(message).get("stream_id") if message.startswith("{") else None
             assert error.get("stream_id") == (lane if isinstance(lane, str) else None), (message, error)  # on its lane, if it named one
         connection.send(json.dumps({"type": "response.steer", "previous_response_id": "resp_x", "input": "also this"}))
         steer = receive(connection)
-        assert steer["type"] == "response.steer.failed" and steer["error"]["code"] == "steering_not_supported"
+        assert steer["type"] == "response.steer.failed"
+        assert steer["error"]["code"] == "steering_not_supported"
         assert steer["steer"] == {"input": "also this", "previous_response_id": "resp_x"}  # back, for the next create
         create(connection, model=model, input="still here")
         assert response_events(until_end(connection))[-1]["response"]["status"] == "completed"

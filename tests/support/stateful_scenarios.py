@@ -88,12 +88,14 @@ def input_items_paging(base_url: str) -> None:
     assert len({item.id for item in everything}) == len(everything)
     # Pages of 2, both orders, through the SDK's cursor (`after` = the last id of a page).
     asc_pages = sdk.responses.input_items.list(third.id, order="asc", limit=2)
-    assert len(asc_pages.data) == 2 and asc_pages.has_more
+    assert len(asc_pages.data) == 2
+    assert asc_pages.has_more
     assert [item.id for item in asc_pages] == [item.id for item in everything]
     desc = sdk.responses.input_items.list(third.id, limit=3)  # default order: desc
     assert [item.id for item in desc] == [item.id for item in reversed(everything)]
     last_page = sdk.responses.input_items.list(third.id, order="asc", after=everything[-3].id, limit=5)
-    assert [item.id for item in last_page.data] == [item.id for item in everything[-2:]] and not last_page.has_more
+    assert [item.id for item in last_page.data] == [item.id for item in everything[-2:]]
+    assert not last_page.has_more
     with httpx.Client(timeout=60) as http:
         for query, param in [
             ("limit=0", "limit"),
@@ -103,7 +105,8 @@ def input_items_paging(base_url: str) -> None:
             ("after=nope", "after"),
         ]:
             bad = http.get(f"{base_url}/responses/{third.id}/input_items?{query}")
-            assert bad.status_code == 400 and bad.json()["error"]["param"] == param, (query, bad.text)
+            assert bad.status_code == 400, (query, bad.text)
+            assert bad.json()["error"]["param"] == param, (query, bad.text)
 
 
 def not_stored(base_url: str) -> None:
@@ -145,7 +148,8 @@ def chain_longer_than_the_context(base_url: str) -> None:
     assert third.output_text == "third"
     assert second.usage.input_tokens < third.usage.input_tokens < second.usage.input_tokens + 100
     kept = list(sdk.responses.input_items.list(third.id, order="asc", limit=100))
-    assert kept[0].content[0].text.startswith("first") and kept[-1].content[0].text == "third"
+    assert kept[0].content[0].text.startswith("first")
+    assert kept[-1].content[0].text == "third"
 
 
 SCENARIOS = [

@@ -54,9 +54,8 @@ def unauthenticated_everywhere(base_url: str, key: str, paths: list[str]) -> Non
         assert health.status_code == 200, health.text
         assert http.get(f"{base_url}/models", headers=bearer(key)).status_code == 200
     for headers in (None, bearer("sk-" + "1" * 40)):
-        with pytest.raises(InvalidStatus) as refused:
-            with socket_scenarios.socket(base_url, headers):
-                pass
+        with pytest.raises(InvalidStatus) as refused, socket_scenarios.socket(base_url, headers):
+            pass
         assert refused.value.response.status_code == 401
 
 
@@ -134,13 +133,15 @@ def tenants_cannot_see_each_other(base_url: str, key_a: str, key_b: str, backgro
     with socket_scenarios.socket(base_url, bearer(key_b)) as connection:  # a WebSocket continuation
         socket_scenarios.create(connection, model=MODEL, input="continue A", previous_response_id=first["id"])
         (error,) = socket_scenarios.until_end(connection)
-        assert error["type"] == "error" and error["error"]["code"] == "previous_response_not_found"
+        assert error["type"] == "error"
+        assert error["error"]["code"] == "previous_response_not_found"
     with httpx.Client(timeout=60, headers=bearer(key_a)) as a:  # A's objects: all there, unchanged
         for path, view in a_views.items():
             assert a.get(f"{base_url}{path}").json() == view, path
         assert a.get(f"{base_url}/responses/{ids['bg']}").status_code == 200
         follow_up = a.post(f"{base_url}/responses", json={"model": MODEL, "input": "on", "previous_response_id": second["id"]})
-        assert follow_up.status_code == 200 and follow_up.json()["status"] == "completed"
+        assert follow_up.status_code == 200
+        assert follow_up.json()["status"] == "completed"
 
 
 # -- quotas --------------------------------------------------------------------------------------
@@ -176,7 +177,8 @@ def burst_within_requests_per_minute(urls: list[str], key: str, per_minute: int)
     for answer in refused:
         assert answer.status_code == 429, answer.text
         error = answer.json()["error"]
-        assert error["code"] == "rate_limit_exceeded" and "requests_per_minute" in error["message"]
+        assert error["code"] == "rate_limit_exceeded"
+        assert "requests_per_minute" in error["message"]
         assert 1 <= int(answer.headers["retry-after"]) <= 60 / per_minute + 1
         assert answer.headers["x-ratelimit-remaining-requests"] == "0"
 
@@ -187,11 +189,14 @@ def the_sdk_retries_after_a_429(base_url: str, key: str) -> None:
 
     sdk = openai.OpenAI(base_url=base_url, api_key=key, max_retries=4, timeout=60)
     raw = sdk.responses.with_raw_response.create(model=MODEL, input="after the limit")
-    assert raw.retries_taken >= 1 and raw.http_response.status_code == 200
-    assert "x-ratelimit-remaining-requests" in raw.headers and raw.parse().status == "completed"
+    assert raw.retries_taken >= 1
+    assert raw.http_response.status_code == 200
+    assert "x-ratelimit-remaining-requests" in raw.headers
+    assert raw.parse().status == "completed"
     with pytest.raises(openai.RateLimitError) as refused:  # no retries: the 429 itself
         openai.OpenAI(base_url=base_url, api_key=key, max_retries=0).responses.create(model=MODEL, input="again")
-    assert refused.value.code == "rate_limit_exceeded" and refused.value.response.headers["retry-after"]
+    assert refused.value.code == "rate_limit_exceeded"
+    assert refused.value.response.headers["retry-after"]
 
 
 def max_concurrent_requests_refuses_the_next(base_url: str, key: str, slow_model: str, limit: int) -> None:
@@ -211,7 +216,8 @@ def max_concurrent_requests_refuses_the_next(base_url: str, key: str, slow_model
         with httpx.Client(timeout=60, headers=bearer(key)) as http:
             for body in ({"model": MODEL, "input": "one more"}, {"model": MODEL, "input": "one more", "stream": True}):
                 refused = http.post(f"{base_url}/responses", json=body)
-                assert refused.status_code == 429 and "max_concurrent_requests" in refused.json()["error"]["message"], refused.text[:300]
+                assert refused.status_code == 429, refused.text[:300]
+                assert "max_concurrent_requests" in refused.json()["error"]["message"], refused.text[:300]
                 assert refused.headers["retry-after"] == "1"
     with httpx.Client(timeout=60, headers=bearer(key)) as http:  # the streams ended: their places are free
         assert _eventually_admitted(http, f"{base_url}/responses", {"model": MODEL, "input": "now"})
@@ -224,7 +230,8 @@ def max_background_refuses_the_next(base_url: str, key: str, slow_model: str, li
         running = [http.post(f"{base_url}/responses", json=body) for _ in range(limit)]
         assert all(r.status_code == 200 for r in running), [r.text for r in running]
         refused = http.post(f"{base_url}/responses", json=body)
-        assert refused.status_code == 429 and "max_background" in refused.json()["error"]["message"]
+        assert refused.status_code == 429
+        assert "max_background" in refused.json()["error"]["message"]
         assert http.post(f"{base_url}/responses", json={"model": MODEL, "input": "in the foreground"}).status_code == 200
         for answer in running:
             assert http.post(f"{base_url}/responses/{answer.json()['id']}/cancel").json()["status"] == "cancelled"
@@ -265,7 +272,8 @@ def every_answer_carries_rate_headers_and_only_writes_count(urls: list[str], key
             answer = http.request(method, url.removesuffix("/v1") + path if path == "/openapi.json" else url + path, json=body)
             assert answer.status_code < 500, (method, path, answer.status_code, answer.text[:300])
             assert answer.headers.get("x-ratelimit-limit-requests") == str(requests_per_minute), (method, path, dict(answer.headers))
-            assert answer.headers["x-ratelimit-reset-requests"].endswith("s") and "x-ratelimit-limit-tokens" in answer.headers
+            assert answer.headers["x-ratelimit-reset-requests"].endswith("s")
+            assert "x-ratelimit-limit-tokens" in answer.headers
             return answer
 
         made = call(0, "POST", "/responses", {"model": MODEL, "input": "counted"})
@@ -297,7 +305,8 @@ def every_answer_carries_rate_headers_and_only_writes_count(urls: list[str], key
         for index, (method, path, body) in enumerate(writes * 2):  # each route twice: the limit is reached on the way
             answer = call(index, method, path, body)
             if answer.status_code == 429:
-                assert answer.json()["error"]["code"] == "rate_limit_exceeded" and int(answer.headers["retry-after"]) >= 1
+                assert answer.json()["error"]["code"] == "rate_limit_exceeded"
+                assert int(answer.headers["retry-after"]) >= 1
                 assert answer.headers["x-ratelimit-remaining-requests"] == "0"
                 refused.add(path)
             else:
@@ -311,7 +320,8 @@ def every_answer_carries_rate_headers_and_only_writes_count(urls: list[str], key
         for path in ("/health", "/ready"):
             assert not [h for h in http.get(urls[0].removesuffix("/v1") + path).headers if h.startswith("x-ratelimit")], path
     assert time.monotonic() - started < 60 / requests_per_minute  # at most one request refilled meanwhile
-    assert seen == sorted(seen) and seen[-1] - seen[0] <= 1, seen  # reads took none
+    assert seen == sorted(seen), seen
+    assert seen[-1] - seen[0] <= 1, seen  # reads took none
     assert admitted <= requests_per_minute, admitted  # under 20 s: `limit × (1 + t/60)` admitted at most
     assert refused == {path for _, path, _ in writes}, refused
 
@@ -338,4 +348,5 @@ def cached_prefixes_are_each_tenants_own(urls: list[str], key_a: str, key_b: str
     b_first = cached(urls[0], key_b, text)
     assert b_first == a_first, (a_first, b_first)  # A's prompt is no hit for B
     a_again, b_again = cached(urls[-1], key_a, text), cached(urls[-1], key_b, text)
-    assert a_again > a_first + 200 and b_again > b_first + 200, (a_first, a_again, b_again)  # each its own, from either replica
+    assert a_again > a_first + 200, (a_first, a_again, b_again)
+    assert b_again > b_first + 200, (a_first, a_again, b_again)  # each its own, from either replica

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import ipaddress
 import json
+import re
 
 import pytest
 from hypothesis import given
@@ -65,7 +66,7 @@ def test_no_pattern_refuses_every_url():
 
 @pytest.mark.parametrize("bad", ["mcp.example.com/*", "ftp://x/*", "https://user@x/*", "https://x:port/*", "https://x y/*"])
 def test_a_bad_pattern_is_a_config_error(bad):
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match=re.escape(repr(bad))):
         UrlPattern.parse(bad)
 
 
@@ -74,9 +75,13 @@ def test_any_url_text_is_either_parsed_or_refused_with_a_reason(text):
     try:
         target = parse_target(text)
     except ValueError as exc:
-        assert str(exc)
+        reason: str | None = str(exc)
     else:
-        assert target.scheme in ("http", "https") and target.host and "@" not in target.host
+        reason = None
+        assert target.scheme in ("http", "https")
+        assert target.host
+        assert "@" not in target.host
+    assert reason != ""  # a refusal says why
 
 
 def resolver(answers: dict[str, list[str]]):
@@ -154,7 +159,8 @@ def test_what_of_a_hostile_listing_reaches_the_model():
     assert offerable(tool("array", {"type": "array"})) is None  # arguments are an object
     assert offerable(tool("invalid", {"type": "object", "properties": {"x": {"type": 7}}})) is None
     long = offerable(tool("long", description="y" * 100_000))
-    assert long is not None and len(long.description) <= 8 * 1024
+    assert long is not None
+    assert len(long.description) <= 8 * 1024
 
 
 def test_approval_defaults_and_filters():
@@ -164,9 +170,11 @@ def test_approval_defaults_and_filters():
     assert server().needs_approval("t", None)  # OpenAI's default: always
     assert not server(require_approval="never").needs_approval("t", None)
     only_reads = server(require_approval={"never": {"read_only": True}})
-    assert not only_reads.needs_approval("look", True) and only_reads.needs_approval("write", False)
+    assert not only_reads.needs_approval("look", True)
+    assert only_reads.needs_approval("write", False)
     named = server(require_approval={"always": {"tool_names": ["delete"]}})
-    assert named.needs_approval("delete", None) and not named.needs_approval("read", None)
+    assert named.needs_approval("delete", None)
+    assert not named.needs_approval("read", None)
     both = server(require_approval={"always": {"tool_names": ["delete"]}, "never": {"tool_names": ["read"]}})
     assert both.needs_approval("other", None)  # named by neither: the safe default
 
@@ -190,7 +198,9 @@ def test_secrets_never_show_in_a_dump_or_repr():
 def test_output_is_cut_on_a_character_boundary():
     text = "é" * 10_000
     cut = cap_text(text, 1024)
-    assert len(cut.encode()) <= 1024 and cut.endswith("bytes of 20000]") and "\ufffd" not in cut
+    assert len(cut.encode()) <= 1024
+    assert cut.endswith("bytes of 20000]")
+    assert "\ufffd" not in cut
     assert cap_text("short", 1024) == "short"
 
 
@@ -228,5 +238,6 @@ def test_a_header_that_is_not_http_is_a_400_that_does_not_show_it(headers):
     tool = {"type": "mcp", "server_label": "s", "server_url": "https://x/", "headers": headers}
     with pytest.raises(APIError) as refused:
         parse_request({"model": "m", "input": "hi", "tools": [tool]})
-    assert refused.value.status_code == 400 and refused.value.param.startswith("tools[0]")
+    assert refused.value.status_code == 400
+    assert refused.value.param.startswith("tools[0]")
     assert "sekrit" not in json.dumps(refused.value.body())

@@ -32,7 +32,7 @@ from serve_app.tools.browser.browser import Browser, BrowserSession, Outcome
 from serve_app.tools.browser.meta import ALLOWED_DOMAINS_META_KEY, RESULT_META_KEY, SESSION_META_KEY, cited_pages
 from serve_app.tools.browser.policy import normalize_domains
 
-__all__ = ["ALLOWED_DOMAINS_META_KEY", "RESULT_META_KEY", "SESSION_META_KEY", "cited_pages", "call_browser", "create_app"]
+__all__ = ["ALLOWED_DOMAINS_META_KEY", "RESULT_META_KEY", "SESSION_META_KEY", "call_browser", "cited_pages", "create_app"]
 
 MAX_SESSION_ID_CHARS = 256
 MAX_ALLOWED_DOMAINS = 100

@@ -20,6 +20,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import secrets
@@ -139,10 +140,8 @@ class PythonTools(NothingToPrepare):
         if status not in RAN:
             if status == "not_found":  # expired, or its replica was lost: later calls say so too
                 self._known, self._made, self._route = False, True, None
-                try:
+                with contextlib.suppress(StoreUnavailable):
                     await self.records.delete(self.container_id)
-                except StoreUnavailable:
-                    pass
             return _failed(text or f"The python tool did not run the code ({status or 'no status'}).")
         self._made, self._route = True, reply.route
         try:

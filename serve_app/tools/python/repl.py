@@ -18,6 +18,7 @@ results, which the host treats as untrusted anyway.
 import ast
 import base64
 import builtins
+import contextlib
 import io
 import json
 import linecache
@@ -129,10 +130,8 @@ def apply_limits(limits):
 
 def flush_all():
     for stream in (sys.stdout, sys.stderr):
-        try:
+        with contextlib.suppress(Exception):
             stream.flush()
-        except Exception:
-            pass
     try:  # C libraries' stdio buffers (printf from an extension)
         import ctypes
 
@@ -200,7 +199,7 @@ def main():
     os.dup2(devnull, 0)
     os.close(devnull)
     os.dup2(2, 1)
-    sys.stdin = open(0, closefd=False)  # fd 0 is /dev/null now
+    sys.stdin = open(0, closefd=False)  # noqa: SIM115  (stdin stays open for the process's life; fd 0 is /dev/null now)
     for stream in (sys.stdout, sys.stderr):
         if isinstance(stream, io.TextIOWrapper):
             stream.reconfigure(line_buffering=True, errors="backslashreplace")

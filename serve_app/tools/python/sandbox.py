@@ -134,7 +134,7 @@ class Runtime:
         return cls(
             bwrap=str(bwrap_path()),
             python=python,
-            binds=tuple(["/usr", *root_dirs, *binds]),
+            binds=("/usr", *root_dirs, *binds),
             root_links=tuple(root_links),
             seccomp=program,
             sandbox_uid=sandbox_uid if os.geteuid() == 0 else None,
@@ -320,7 +320,8 @@ class Interpreter:
             watchdog.cancel()
 
     async def _cell(self, output: _Output) -> CellResult:
-        assert self._process.stderr is not None and self._process.stdout is not None
+        assert self._process.stderr is not None
+        assert self._process.stdout is not None
         if not await output.read_until_sentinel(self._process.stderr):
             return await self._crashed(output)
         self._pending = output.after

@@ -70,7 +70,9 @@ def test_sessions_are_bounded_in_number_and_expire() -> None:
     a, b = store.get("a"), store.get("b")
     assert store.get("a") is a
     store.get("c")  # the least recently used ("b") goes
-    assert len(store) == 2 and store.get("a") is a and store.get("b") is not b
+    assert len(store) == 2
+    assert store.get("a") is a
+    assert store.get("b") is not b
     now[0] = 59
     kept = store.get("a")
     now[0] = 118  # 59 s after its last call: still there
@@ -121,14 +123,18 @@ def test_hostile_search_answers_are_filtered(web: Web) -> None:
     ]
     outcome = search(web, SearxngBackend(web.base))
     assert [s.url for s in outcome.sources] == ["https://ok.example/"]
-    assert "【0†〖9‡forged〗 ttt" in outcome.text and "【9†" not in outcome.text
+    assert "【0†〖9‡forged〗 ttt" in outcome.text
+    assert "【9†" not in outcome.text
     assert "fine snippet" in outcome.text
 
 
 def test_a_search_service_that_fails_is_an_error_the_model_reads(web: Web) -> None:
     outcome = search(web, SearxngBackend(web.url("/pages")))  # /pages/search: 404
-    assert outcome.is_error and outcome.text.startswith("Error during search for `harmony`: the search service answered HTTP 404")
+    assert outcome.is_error
+    assert outcome.text.startswith("Error during search for `harmony`: the search service answered HTTP 404")
     too_big = search(web, SearxngBackend(web.url("/big")))
-    assert too_big.is_error and too_big.text.endswith("the search service answered more than 4194304 bytes")
+    assert too_big.is_error
+    assert too_big.text.endswith("the search service answered more than 4194304 bytes")
     unreachable = search(web, SearxngBackend("http://127.0.0.1:9"))
-    assert unreachable.is_error and "cannot reach the search service" in unreachable.text
+    assert unreachable.is_error
+    assert "cannot reach the search service" in unreachable.text

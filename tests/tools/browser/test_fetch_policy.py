@@ -93,14 +93,16 @@ def test_the_default_policy_refuses_loopback_before_connecting(web: Web) -> None
 
 def test_localhost_through_the_system_resolver_is_refused(web: Web) -> None:
     outcome = open_url(make(web), f"http://localhost:{port(web)}/secret")
-    assert outcome.is_error and "loopback" in outcome.text
+    assert outcome.is_error
+    assert "loopback" in outcome.text
     assert web.requests == []
 
 
 def test_a_name_that_resolves_to_loopback_is_refused(web: Web) -> None:
     names = Names({"innocent.example": "127.0.0.1"})
     outcome = open_url(make(web, names=names), f"http://innocent.example:{port(web)}/secret")
-    assert outcome.is_error and "`innocent.example` resolves to a loopback address" in outcome.text
+    assert outcome.is_error
+    assert "`innocent.example` resolves to a loopback address" in outcome.text
     assert web.requests == []
 
 
@@ -130,7 +132,8 @@ def test_a_name_that_resolves_to_loopback_is_refused(web: Web) -> None:
 def test_spellings_and_tricks_are_refused(web: Web, url: str, reason: str) -> None:
     # 127.0.0.1 itself is allowed here: each URL is refused for its own trick.
     outcome = open_url(make(web, allow=("127.0.0.1",)), url.format(port=port(web)))
-    assert outcome.is_error and reason in outcome.text, outcome.text
+    assert outcome.is_error, outcome.text
+    assert reason in outcome.text, outcome.text
     assert web.requests == []
 
 
@@ -140,7 +143,8 @@ def test_a_name_resolving_to_any_refused_address_is_refused(web: Web) -> None:
             return [ipaddress.ip_address("8.8.8.8"), ipaddress.ip_address("10.0.0.1")]
 
     outcome = open_url(make(web, names=Both({})), f"http://mixed.example:{port(web)}/secret")
-    assert outcome.is_error and "a private address (10.0.0.1)" in outcome.text
+    assert outcome.is_error
+    assert "a private address (10.0.0.1)" in outcome.text
     assert web.requests == []
 
 
@@ -164,7 +168,8 @@ def test_a_redirect_to_a_refused_address_is_refused(web: Web) -> None:
     names = Names({"pages.example": "127.0.0.1"})
     target = f"http://127.0.0.1:{port(web)}/secret"
     outcome = open_url(make(web, allow=("pages.example",), names=names), f"http://pages.example:{port(web)}/redirect?to={target}")
-    assert outcome.is_error and "`127.0.0.1` resolves to a loopback address" in outcome.text
+    assert outcome.is_error
+    assert "`127.0.0.1` resolves to a loopback address" in outcome.text
     assert web.paths() == ["/redirect"]
 
 
@@ -172,7 +177,8 @@ def test_a_redirect_to_a_name_resolving_to_a_refused_address_is_refused(web: Web
     names = Names({"pages.example": "127.0.0.1", "evil.example": "127.0.0.1"})
     target = f"http://evil.example:{port(web)}/secret"
     outcome = open_url(make(web, allow=("pages.example",), names=names), f"http://pages.example:{port(web)}/redirect?to={target}")
-    assert outcome.is_error and "`evil.example` resolves to a loopback address" in outcome.text
+    assert outcome.is_error
+    assert "`evil.example` resolves to a loopback address" in outcome.text
     assert web.paths() == ["/redirect"]
 
 
@@ -192,7 +198,8 @@ def test_an_allowed_redirect_is_followed_and_the_page_has_its_final_url(web: Web
 
 def test_redirects_are_bounded(web: Web) -> None:
     outcome = open_url(make(web, allow=("127.0.0.1",)), web.url("/loop"))
-    assert outcome.is_error and "more than 5 redirects" in outcome.text
+    assert outcome.is_error
+    assert "more than 5 redirects" in outcome.text
     assert web.paths() == ["/loop"] * 6
 
 
@@ -219,20 +226,24 @@ def test_allowed_domains_filter_search_results_and_every_page(web: Web) -> None:
             assert [s.url for s in found.sources] == [f"http://docs.allowed.example:{p}/pages/article"]
             assert "other.example" not in found.text
             outside = await browser.open(session, id=f"http://other.example:{p}/secret", allowed_domains=allowed)
-            assert outside.is_error and "`other.example` is not in the allowed domains" in outside.text
+            assert outside.is_error
+            assert "`other.example` is not in the allowed domains" in outside.text
             hop = await browser.open(
                 session, id=f"http://docs.allowed.example:{p}/redirect?to=http://other.example:{p}/secret", allowed_domains=allowed
             )
-            assert hop.is_error and "not in the allowed domains" in hop.text
+            assert hop.is_error
+            assert "not in the allowed domains" in hop.text
             bridge = await browser.open(session, id=f"http://docs.allowed.example:{p}/pages/bridge", allowed_domains=allowed)
             assert not bridge.is_error, bridge.text
             click = await browser.open(session, id=0, allowed_domains=allowed)
-            assert click.is_error and "not in the allowed domains" in click.text
+            assert click.is_error
+            assert "not in the allowed domains" in click.text
             # A page opened without the filter is not shown once a filter applies.
             free = await browser.open(session, id=f"http://other.example:{p}/pages/channels")
             assert not free.is_error
             scroll = await browser.open(session, cursor=free.cursor, allowed_domains=allowed)
-            assert scroll.is_error and "not in the allowed domains" in scroll.text
+            assert scroll.is_error
+            assert "not in the allowed domains" in scroll.text
         finally:
             await browser.backend.aclose()
 
@@ -260,12 +271,14 @@ def test_a_slow_page_times_out(web: Web) -> None:
 
 def test_other_content_types_are_not_shown(web: Web) -> None:
     outcome = open_url(make(web, allow=("127.0.0.1",)), web.url("/binary"))
-    assert outcome.is_error and "cannot show content of type `application/octet-stream`" in outcome.text
+    assert outcome.is_error
+    assert "cannot show content of type `application/octet-stream`" in outcome.text
 
 
 def test_an_http_error_is_reported(web: Web) -> None:
     outcome = open_url(make(web, allow=("127.0.0.1",)), web.url("/pages/missing"))
-    assert outcome.is_error and outcome.text.endswith("HTTP 404 Not Found")
+    assert outcome.is_error
+    assert outcome.text.endswith("HTTP 404 Not Found")
 
 
 # --- the policy's own rules ---
@@ -303,8 +316,10 @@ def test_allow_hosts_rejects_what_is_not_a_host() -> None:
     with pytest.raises(ValueError, match="not a host name"):
         HostRules(["http://example.com/path"])
     rules = HostRules(["Example.COM.", "10.0.0.0/8", "[::1]"])
-    assert rules.allows_name("example.com") and rules.allows_address(ipaddress.ip_address("10.2.3.4"))
-    assert rules.allows_address(ipaddress.ip_address("::1")) and not rules.allows_address(LOOPBACK)
+    assert rules.allows_name("example.com")
+    assert rules.allows_address(ipaddress.ip_address("10.2.3.4"))
+    assert rules.allows_address(ipaddress.ip_address("::1"))
+    assert not rules.allows_address(LOOPBACK)
 
 
 @pytest.mark.slow
@@ -317,12 +332,14 @@ def test_a_compression_bomb_is_inflated_only_up_to_the_cap(web: Web) -> None:
 
 def test_unknown_content_encodings_are_refused(web: Web) -> None:
     outcome = open_url(make(web, allow=("127.0.0.1",)), web.url("/brotli"))
-    assert outcome.is_error and "cannot read content encoded as `br`" in outcome.text
+    assert outcome.is_error
+    assert "cannot read content encoded as `br`" in outcome.text
 
 
 def test_a_closed_port_is_an_error_the_model_reads(web: Web) -> None:
     outcome = open_url(make(web, allow=("127.0.0.1",)), f"http://127.0.0.1:{free_port()}/")
-    assert outcome.is_error and outcome.text.startswith("Error fetching URL `http://127.0.0.1:")
+    assert outcome.is_error
+    assert outcome.text.startswith("Error fetching URL `http://127.0.0.1:")
     assert "ConnectError" in outcome.text
 
 
@@ -344,4 +361,5 @@ def test_https_connects_to_the_checked_address_and_verifies_the_host(web: Web, t
         bad = asyncio.run(fetch(f"https://impostor.example:{tls_port}/pages/channels"))
     assert not good.is_error, good.text
     assert good.text.startswith(f"[0] Channels (https://secure.example:{tls_port}/pages/channels)")
-    assert bad.is_error and "CERTIFICATE_VERIFY_FAILED" in bad.text
+    assert bad.is_error
+    assert "CERTIFICATE_VERIFY_FAILED" in bad.text

@@ -85,13 +85,15 @@ def test_search_open_find_and_open_a_url(web: Web) -> None:
     assert text[0].startswith("[0] harmony format\n**viewing lines [0 - 5] of 5**\n\nL0: \nL1: URL: \nL2: # Search Results\n")
     assert "L4:   * 【0†Harmony, explained†127.0.0.1:" in text[0]
     assert text[1].startswith(f"[1] Harmony, explained ({article_url})\n**viewing lines [0 - ")
-    assert "【0†channels page】" in text[1] and "【1†the \nL6: cookbook†cookbook.example.org】" in text[1]  # wrapped at 80
+    assert "【0†channels page】" in text[1]
+    assert "【1†the \nL6: cookbook†cookbook.example.org】" in text[1]  # wrapped at 80
     assert text[2].startswith(f"[2] Find results for text: `channels` in `Harmony, explained` ({article_url}/find?pattern=channels)")
     assert "L0: # 【0†match at L5】\nL1: channels, and it is described in the channels page and on the " in text[2]
     assert text[3].startswith(f"[3] Harmony, explained ({article_url})\n**viewing lines [1 - ")  # 4 lines above the match
     assert text[4].startswith(f"[4] Channels ({channels_url})\n")
     assert text[5].startswith(f"[5] Harmony, explained ({article_url})\n**viewing lines [3 - 4] of ")
-    assert "\nL3: " in text[5] and "\nL5: " not in text[5]
+    assert "\nL3: " in text[5]
+    assert "\nL5: " not in text[5]
 
     metas = [r.meta[RESULT_META_KEY] for r in (search, article, found, match, channels, scrolled)]
     # The actions are openai's web_search_call actions.
@@ -111,7 +113,8 @@ def test_search_open_find_and_open_a_url(web: Web) -> None:
     }
     # What the loop does with them: the answer's markers become annotations.
     cited = cited_pages(scrolled.meta)
-    assert cited[4] == CitedPage(url=channels_url, title="Channels") and sorted(cited) == [1, 2, 3, 4, 5]
+    assert cited[4] == CitedPage(url=channels_url, title="Channels")
+    assert sorted(cited) == [1, 2, 3, 4, 5]
     answer, annotations = annotate("Harmony has three channels【4†L2】. It is gpt-oss's format【1†L3-L5】.", cited)
     assert answer == "Harmony has three channels. It is gpt-oss's format."
     assert [(answer[a.start_index : a.end_index], a.url) for a in annotations] == [
@@ -134,9 +137,12 @@ def test_sessions_are_kept_apart_by_their_id(web: Web) -> None:
 
     with serve_browser(web, ("127.0.0.1",)) as server:
         other, same, again = asyncio.run(go(mcp_url(server)))
-    assert other.is_error and other.content[0].text == "No pages to access!"
-    assert not same.is_error and same.meta[RESULT_META_KEY]["cursor"] == 1
-    assert not again.is_error and again.meta[RESULT_META_KEY]["cursor"] == 2
+    assert other.is_error
+    assert other.content[0].text == "No pages to access!"
+    assert not same.is_error
+    assert same.meta[RESULT_META_KEY]["cursor"] == 1
+    assert not again.is_error
+    assert again.meta[RESULT_META_KEY]["cursor"] == 2
 
 
 def test_without_an_id_only_a_handshake_sessions_id_keeps_the_state(web: Web) -> None:
@@ -158,9 +164,12 @@ def test_without_an_id_only_a_handshake_sessions_id_keeps_the_state(web: Web) ->
 
     with serve_browser(web, ("127.0.0.1",)) as server:
         first, other_session, sessionless = asyncio.run(go(mcp_url(server)))
-    assert not first.is_error and first.meta[RESULT_META_KEY]["action"]["url"] == web.url("/pages/channels")
-    assert other_session.is_error and other_session.content[0].text == "No pages to access!"
-    assert sessionless.is_error and sessionless.content[0].text == "No pages to access!"
+    assert not first.is_error
+    assert first.meta[RESULT_META_KEY]["action"]["url"] == web.url("/pages/channels")
+    assert other_session.is_error
+    assert other_session.content[0].text == "No pages to access!"
+    assert sessionless.is_error
+    assert sessionless.content[0].text == "No pages to access!"
 
 
 def test_the_default_policy_refuses_loopback_through_mcp(web: Web) -> None:
@@ -174,7 +183,8 @@ def test_the_default_policy_refuses_loopback_through_mcp(web: Web) -> None:
 
     with serve_browser(web, ()) as server:
         refused = asyncio.run(go(mcp_url(server)))
-    assert refused.is_error and "resolves to a loopback address" in refused.content[0].text
+    assert refused.is_error
+    assert "resolves to a loopback address" in refused.content[0].text
     assert refused.meta[RESULT_META_KEY]["action"] == {"type": "open_page", "url": web.url("/pages/article")}
     assert web.paths() == ["/search"]  # the search API is the operator's; no page was fetched
 
@@ -195,17 +205,23 @@ def test_allowed_domains_come_from_meta_and_bad_meta_is_refused(web: Web) -> Non
 
     with serve_browser(web, ("127.0.0.1",)) as server:
         filtered, bad, long_id, unknown, wrong = asyncio.run(go(mcp_url(server)))
-    assert not filtered.is_error and filtered.meta[RESULT_META_KEY]["sources"] == []
-    assert bad.is_error and "must be a list" in bad.content[0].text
-    assert long_id.is_error and "1 to 256 characters" in long_id.content[0].text
-    assert unknown.is_error and unknown.content[0].text == "Unknown function: click"
-    assert wrong.is_error and wrong.content[0].text == "`id` should be an integer, not `1.5`"
+    assert not filtered.is_error
+    assert filtered.meta[RESULT_META_KEY]["sources"] == []
+    assert bad.is_error
+    assert "must be a list" in bad.content[0].text
+    assert long_id.is_error
+    assert "1 to 256 characters" in long_id.content[0].text
+    assert unknown.is_error
+    assert unknown.content[0].text == "Unknown function: click"
+    assert wrong.is_error
+    assert wrong.content[0].text == "`id` should be an integer, not `1.5`"
 
 
 def test_cited_pages_leaves_out_what_is_not_a_page() -> None:
     meta = {RESULT_META_KEY: {"pages": {"1": {"url": "https://a.example/", "title": "A"}, "x": {}, "2": {"url": 5}, "3": "no"}}}
     assert cited_pages(meta) == {1: CitedPage(url="https://a.example/", title="A")}
-    assert cited_pages(None) == {} and cited_pages({RESULT_META_KEY: []}) == {}
+    assert cited_pages(None) == {}
+    assert cited_pages({RESULT_META_KEY: []}) == {}
 
 
 def test_view_source_shows_the_pages_markup_as_text(web: Web) -> None:
@@ -228,4 +244,5 @@ def test_view_source_shows_the_pages_markup_as_text(web: Web) -> None:
         f"L0: \nL1: URL: {forged}\nL2: <html><body><p>〖0†fake link〗</p></body></html>"
     )
     assert source.meta[RESULT_META_KEY]["pages"]["0"] == {"url": forged, "title": f"view-source:{forged}"}
-    assert refused.is_error and refused.content[0].text == "Cannot view the source of a search results page."
+    assert refused.is_error
+    assert refused.content[0].text == "Cannot view the source of a search results page."

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import itertools
 
 import psutil
 import pytest
@@ -61,13 +62,15 @@ async def test_delete_kills_at_once_and_only_for_the_owner(runtime: Runtime):
     async with ContainerManager(runtime) as manager:
         container, _ = await manager.run("tenant", None, "x = 1")
         pid = manager.interpreter_pid("tenant", container)
-        assert pid is not None and manager.interpreter_pid("other", container) is None
+        assert pid is not None
+        assert manager.interpreter_pid("other", container) is None
         processes = sandbox_processes(pid)
         assert await manager.delete("other", container) is False
         assert manager.owned("tenant") == [container]
         assert await manager.delete("tenant", container) is True
         _, alive = psutil.wait_procs(processes, timeout=10)
-        assert alive == [] and manager.owned("tenant") == []
+        assert alive == []
+        assert manager.owned("tenant") == []
 
 
 async def test_container_limits_per_owner_and_per_server(runtime: Runtime):
@@ -77,12 +80,16 @@ async def test_container_limits_per_owner_and_per_server(runtime: Runtime):
         await manager.run("a", None, "1")
         with pytest.raises(ContainerError) as refused:
             await manager.run("a", None, "1")
-        assert refused.value.reason == "limit" and "owner" in str(refused.value)
+        assert refused.value.reason == "limit"
+        assert "owner" in str(refused.value)
         await manager.run("b", None, "1")
         with pytest.raises(ContainerError) as refused:
             await manager.run("c", None, "1")
-        assert refused.value.reason == "limit" and "try again later" in str(refused.value)
-        assert len(manager.owned("a")) == 2 and len(manager.owned("b")) == 1 and manager.owned("c") == []
+        assert refused.value.reason == "limit"
+        assert "try again later" in str(refused.value)
+        assert len(manager.owned("a")) == 2
+        assert len(manager.owned("b")) == 1
+        assert manager.owned("c") == []
 
 
 @pytest.mark.slow
@@ -153,10 +160,11 @@ def test_the_output_is_cut_at_the_sentinel_for_every_chunking(output: bytes, aft
     sentinel = b"\x00" + b"ab12" * 8 + b"\x00"
     stream = output + sentinel + after
     points = sorted({min(cut, len(stream)) for cut in cuts} | {0, len(stream)})
-    chunks = [stream[start:end] for start, end in zip(points, points[1:]) if end > start]
+    chunks = [stream[start:end] for start, end in itertools.pairwise(points) if end > start]
     reader = _Output(limit, sentinel, b"")
     assert asyncio.run(reader.read_until_sentinel(_Chunks(chunks))) is True  # type: ignore[arg-type]
-    assert bytes(reader.kept) == output[:limit] and reader.dropped == max(0, len(output) - limit)
+    assert bytes(reader.kept) == output[:limit]
+    assert reader.dropped == max(0, len(output) - limit)
     assert after.startswith(reader.after)  # what came with the sentinel, kept for the next cell
 
 

@@ -59,14 +59,16 @@ async def test_the_tool_is_python_taking_only_code(tool_server: ToolServer):
     async with Client(tool_server.url) as client:
         tools = (await client.list_tools()).tools
     assert [(tool.name, tool.input_schema) for tool in tools] == [("python", INPUT_SCHEMA)]
-    assert "/mnt/data" in (tools[0].description or "") and "disabled" in (tools[0].description or "")
+    assert "/mnt/data" in (tools[0].description or "")
+    assert "disabled" in (tools[0].description or "")
 
 
 async def test_a_normal_program_output_is_exact(tool_server: ToolServer):
     code = "import sys\nprint('hello')\nprint('to stderr', file=sys.stderr)\nsys.stdout.write('no newline')\nx = [1, 2]\nx"
     result = await call(tool_server.url, code)
     assert (text(result), status(result), result.is_error) == ("hello\nto stderr\nno newline[1, 2]\n", "ok", False)
-    assert container_of(result).startswith("cntr_") and len(container_of(result)) == 37
+    assert container_of(result).startswith("cntr_")
+    assert len(container_of(result)) == 37
     # An exception is the cell's output, as in a notebook: not a tool error.
     result = await call(tool_server.url, "y = 1\n1 / 0", container=container_of(result))
     assert (status(result), result.is_error) == ("error", False)
@@ -76,16 +78,19 @@ async def test_a_normal_program_output_is_exact(tool_server: ToolServer):
     # Bytes that are not UTF-8 come back replaced; sys.exit() ends the cell, not the interpreter.
     code = "import sys\nsys.stdout.buffer.write(b'\\xff\\x00ok\\n')\nsys.stdout.flush()\nsys.exit(3)"
     result = await call(tool_server.url, code, container=container_of(result))
-    assert text(result).startswith("\ufffd\x00ok\nTraceback") and text(result).endswith("\nSystemExit: 3\n")
+    assert text(result).startswith("\ufffd\x00ok\nTraceback")
+    assert text(result).endswith("\nSystemExit: 3\n")
     assert text(await call(tool_server.url, "y", container=container_of(result))) == "1\n"
 
 
 async def test_state_is_kept_within_a_container_and_not_across_containers(tool_server: ToolServer):
     first = await call(tool_server.url, "secret = 'mine'\nopen('/mnt/data/notes.txt', 'w').write('kept')")
     other = await call(tool_server.url, "print(repr(globals().get('secret')), __import__('os').listdir('/mnt/data'))")
-    assert text(other) == "None []\n" and container_of(other) != container_of(first)
+    assert text(other) == "None []\n"
+    assert container_of(other) != container_of(first)
     again = await call(tool_server.url, "print(secret, open('/mnt/data/notes.txt').read())", container=container_of(first))
-    assert text(again) == "mine kept\n" and container_of(again) == container_of(first)
+    assert text(again) == "mine kept\n"
+    assert container_of(again) == container_of(first)
 
 
 async def test_another_owner_cannot_use_a_container(tool_server: ToolServer):
@@ -96,7 +101,8 @@ async def test_another_owner_cannot_use_a_container(tool_server: ToolServer):
     assert (status(stolen), stolen.is_error) == ("not_found", True)
     # Exactly as an id that never existed: nothing tells the other owner the container is real.
     assert text(stolen).replace(container_of(mine), never) == text(missing)
-    assert stolen.meta is not None and META_CONTAINER not in stolen.meta
+    assert stolen.meta is not None
+    assert META_CONTAINER not in stolen.meta
     result = await call(tool_server.url, "print(x)", owner="tenant-a", container=container_of(mine))
     assert text(result) == "original\n"
     # No owner is an owner of its own ("" ): it cannot reach tenant-a's container either.
@@ -201,7 +207,8 @@ print(json.dumps(outcome))
     outcome = report(result)
     assert accepted == []
     assert outcome[str(("127.0.0.1", port))] == "ConnectionRefusedError"  # the sandbox's own, empty loopback
-    assert outcome[str(("10.255.255.1", 80))] == "OSError" and outcome[str(("1.1.1.1", 443))] == "OSError"  # no route
+    assert outcome[str(("10.255.255.1", 80))] == "OSError"
+    assert outcome[str(("1.1.1.1", 443))] == "OSError"  # no route
     assert outcome["netlink"] == 97  # EAFNOSUPPORT, by the seccomp filter
     assert outcome["interfaces"] == ["lo"]
     await assert_still_serving(tool_server.url)
@@ -240,9 +247,11 @@ print(json.dumps({'pids': pids, 'ps': ps, 'me': os.getpid()}))
 """
     seen = report(await call(tool_server.url, code))
     # bwrap's init (1) and the interpreter (2), and ps while it ran: nothing of the host.
-    assert seen["me"] == 2 and seen["pids"] == [1, 2]
+    assert seen["me"] == 2
+    assert seen["pids"] == [1, 2]
     commands = [line.split(maxsplit=1)[1] for line in seen["ps"].strip().splitlines()[1:]]
-    assert commands[:2] == ["bwrap", "python"] and len(commands) == 3, seen["ps"]
+    assert commands[:2] == ["bwrap", "python"], seen["ps"]
+    assert len(commands) == 3, seen["ps"]
     await assert_still_serving(tool_server.url)
 
 
@@ -261,11 +270,13 @@ except OSError as error:
     print('stopped after', forks, 'forks:', error)
 """
     result = await call(tool_server.url, code)
-    assert status(result) == "ok" and "Resource temporarily unavailable" in text(result)
+    assert status(result) == "ok"
+    assert "Resource temporarily unavailable" in text(result)
     assert int(text(result).split()[2]) < limit
     # The classic one: every child forks too. Contained the same way; the children are gone after the cell.
     result = await call(tool_server.url, "import os\nwhile True:\n    os.fork()", container=container_of(result))
-    assert status(result) in ("error", "timeout") and "BlockingIOError" in text(result)
+    assert status(result) in ("error", "timeout")
+    assert "BlockingIOError" in text(result)
     pids = await call(
         tool_server.url, "import os\nprint(sorted(int(p) for p in os.listdir('/proc') if p.isdigit()))", container=container_of(result)
     )
@@ -377,9 +388,7 @@ print(json.dumps(outcome))
 """
     outcome = report(await call(tool_server.url, code))
     EPERM, EINVAL = 1, 22
-    denied = {
-        name: EPERM for name in ("unshare_user", "mount", "ptrace", "bpf", "io_uring_setup", "keyctl", "perf_event_open", "userfaultfd")
-    }
+    denied = dict.fromkeys(("unshare_user", "mount", "ptrace", "bpf", "io_uring_setup", "keyctl", "perf_event_open", "userfaultfd"), EPERM)
     # uid 0 does not even exist in the sandbox's user namespace.
     assert outcome == {**denied, "setuid": EINVAL, "subprocess": "hi\n", "thread": [45]}
 
@@ -417,11 +426,13 @@ async def test_figures_come_back_as_png_images(tool_server: ToolServer):
     result = await call(tool_server.url, code)
     assert text(result) == "drawn\n"
     images = [block for block in result.content if isinstance(block, types.ImageContent)]
-    assert len(images) == 1 and images[0].mime_type == "image/png"
+    assert len(images) == 1
+    assert images[0].mime_type == "image/png"
     assert base64.b64decode(images[0].data).startswith(b"\x89PNG\r\n\x1a\n")
     # Shown once: the figure was closed.
     again = await call(tool_server.url, "import matplotlib.pyplot as plt\nplt.get_fignums()", container=container_of(result))
-    assert text(again) == "[]\n" and len(again.content) == 1
+    assert text(again) == "[]\n"
+    assert len(again.content) == 1
     # At most 8 figures a call; the others are said to be left out.
     many = await call(tool_server.url, "for i in range(10):\n    plt.figure()\n    plt.plot([i])", container=container_of(result))
     assert len([block for block in many.content if isinstance(block, types.ImageContent)]) == 8
@@ -455,7 +466,7 @@ async def test_the_sandboxes_die_with_the_server():
         assert sandbox
         os.kill(server.process.pid, signal.SIGKILL)
         server.process.wait()
-        gone, alive = psutil.wait_procs(sandbox, timeout=10)
+        _, alive = psutil.wait_procs(sandbox, timeout=10)
         assert alive == []
     finally:
         if server.process.poll() is None:
