@@ -135,7 +135,7 @@ def _tool_deployments(config: AppConfig) -> dict[str, Any]:
     return deployments
 
 
-def _store_deployment(config: AppConfig):
+def _store_deployment(config: AppConfig) -> Application | None:
     """The embedded store's deployment (one replica), or None for an external/per-replica store."""
     if config.store.type != "embedded":
         return None

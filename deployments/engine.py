@@ -18,7 +18,7 @@ import collections
 import contextlib
 import logging
 import os
-from collections.abc import AsyncGenerator, Callable
+from collections.abc import AsyncGenerator, Callable, Iterator
 from typing import Any
 
 import ray
@@ -72,7 +72,7 @@ async def coalesce(batches: AsyncGenerator[TokenBatch, None], window_s: float, m
     loop = asyncio.get_running_loop()
     pending: TokenBatch | None = None
     deadline = 0.0
-    next_batch: asyncio.Future | None = None
+    next_batch: asyncio.Future[TokenBatch] | None = None
     try:
         first = await anext(iterator, None)
         if first is None:
@@ -141,11 +141,11 @@ class CallerWatch:
 
     def __init__(self, period_s: float = CALLER_CHECK_PERIOD_S) -> None:
         self._period_s = period_s
-        self._running: dict[str, tuple[str, asyncio.Task]] = {}  # request id -> caller, task
-        self._watcher: asyncio.Task | None = None
+        self._running: dict[str, tuple[str, asyncio.Task[Any]]] = {}  # request id -> caller, task
+        self._watcher: asyncio.Task[None] | None = None
 
     @contextlib.contextmanager
-    def watching(self, request: GenerationRequest):
+    def watching(self, request: GenerationRequest) -> Iterator[None]:
         task = asyncio.current_task()
         if request.caller is None or task is None:
             yield
@@ -183,7 +183,7 @@ class CallerWatch:
 class EngineServer:
     """Ray Serve deployment class (options come from `ModelConfig.engine`)."""
 
-    async def __init__(self, model_config: dict) -> None:  # type: ignore[misc]  # Serve awaits async constructors
+    async def __init__(self, model_config: dict[str, Any]) -> None:  # type: ignore[misc]  # Serve awaits async constructors
         # async: vLLM's AsyncLLM binds to the event loop it is created on, the replica's.
         use_serve_logging()  # the backends' own logs (`serve_app.*`) in this replica's log
         leave_batch_policy()  # on the request path, and so are the engine processes it starts
@@ -259,7 +259,7 @@ class EngineServer:
                 self.counts["engine_batches"] += 1
                 yield batch
 
-    async def stats(self) -> dict:
+    async def stats(self) -> dict[str, Any]:
         """Counters of this replica (tests, benchmarks, debugging)."""
         stats = {
             **self.counts,
@@ -276,7 +276,7 @@ class EngineServer:
             stats["engine_load"] = backend.engine_load()
         return stats
 
-    async def memory(self, top: int = 8, trace_frames: int = 0, trim: bool = False) -> dict:
+    async def memory(self, top: int = 8, trace_frames: int = 0, trim: bool = False) -> dict[str, Any]:
         """This replica's memory (deployments/memory.py; a measuring tool: not cheap)."""
         return memory_report(top, trace_frames, trim)
 

@@ -10,15 +10,15 @@ import asyncio
 import logging
 import os
 import time
-from collections.abc import AsyncGenerator
-from typing import cast
+from collections.abc import AsyncGenerator, AsyncIterator
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
 import ray
 from ray import serve
 from ray.exceptions import ActorDiedError, ActorUnavailableError, RayActorError
+from ray.serve._private.common import DeploymentStatus, ReplicaState  # ray.serve.schema uses them without exporting them
 from ray.serve.exceptions import BackPressureError
-from ray.serve.handle import DeploymentHandle, DeploymentResponseGenerator
-from ray.serve.schema import DeploymentStatus, ReplicaState
+from ray.serve.handle import DeploymentHandle
 
 from deployments import use_serve_logging
 from deployments.memory import memory_report
@@ -34,6 +34,13 @@ from serve_app.server.app import create_app
 from serve_app.state import MemoryStore, Store
 from serve_app.tools.builtin.transport import TransportFactory
 
+if TYPE_CHECKING:
+    from fastapi import FastAPI
+
+    from deployments.engine import EngineServer
+    from deployments.store import StoreServer
+    from deployments.tools import BrowserToolServer, PythonToolServer
+
 logger = logging.getLogger(__name__)
 
 # Deployment states in which the engine failed (any other without a running replica: one is starting).
@@ -43,10 +50,18 @@ _FAILED = {DeploymentStatus.DEPLOY_FAILED.value, DeploymentStatus.UNHEALTHY.valu
 _REPLICA_GONE = (ActorDiedError, ActorUnavailableError, RayActorError)
 
 
+class _BatchStream(Protocol):
+    """What `HandleTokenSource` uses of Serve's `DeploymentResponseGenerator` (whose `cancel` is untyped)."""
+
+    def __aiter__(self) -> AsyncIterator[TokenBatch]: ...
+
+    def cancel(self) -> None: ...
+
+
 class HandleTokenSource:
     """`TokenSource` over an `EngineServer` deployment handle (Ray object streaming)."""
 
-    def __init__(self, handle: DeploymentHandle, caller: str | None = None) -> None:
+    def __init__(self, handle: DeploymentHandle[EngineServer], caller: str | None = None) -> None:
         self._handle = handle.options(stream=True)
         self._caller = caller
 
@@ -55,7 +70,7 @@ class HandleTokenSource:
         # engine watches the caller named here and aborts what it was generating for it.
         request.caller = self._caller
         for attempt in (1, 2):
-            response = cast(DeploymentResponseGenerator, self._handle.generate.remote(request))  # stream=True
+            response = cast(_BatchStream, self._handle.generate.remote(request))  # stream=True: a DeploymentResponseGenerator
             received = ended = False
             try:
                 async for batch in response:
@@ -115,7 +130,7 @@ class EngineAvailability:
         self._reasons: dict[str, str] = {}  # model name -> its deployment's status, when unavailable
         self._checked_at = 0.0
         self._lock = asyncio.Lock()
-        self._poller: asyncio.Task | None = None
+        self._poller: asyncio.Task[None] | None = None
 
     async def unavailable(self, model: str) -> Unavailable | None:
         if self._poller is None:  # started on the loop that serves requests
@@ -158,12 +173,12 @@ class EngineAvailability:
             self._reasons, self._checked_at = reasons, time.monotonic()
 
 
-def _transport_factory(handle: DeploymentHandle) -> TransportFactory:
+def _transport_factory(handle: DeploymentHandle[PythonToolServer | BrowserToolServer]) -> TransportFactory:
     transport = HandleToolTransport(handle)  # stateless: one for every response
     return lambda: transport
 
 
-def open_store(config: StoreConfig, embedded: DeploymentHandle | None) -> Store:
+def open_store(config: StoreConfig, embedded: DeploymentHandle[StoreServer] | None) -> Store:
     """The configured store backend, as seen from an ingress replica."""
     if config.type == "memory":
         return MemoryStore(max_entries=config.max_entries, max_bytes=config.max_bytes)
@@ -212,11 +227,11 @@ class ResponsesIngress:
 
     def __init__(
         self,
-        app_config: dict,
-        engines: dict[str, DeploymentHandle],
-        store: DeploymentHandle | None = None,
+        app_config: dict[str, Any],
+        engines: dict[str, DeploymentHandle[EngineServer]],
+        store: DeploymentHandle[StoreServer] | None = None,
         reasoning_key: str | None = None,
-        tools: dict[str, DeploymentHandle] | None = None,
+        tools: dict[str, DeploymentHandle[PythonToolServer | BrowserToolServer]] | None = None,
     ) -> None:
         """`store`: the embedded store deployment, if configured. `reasoning_key`: the
         application's own key for encrypted reasoning, made by `build_app` so that all
@@ -230,7 +245,7 @@ class ResponsesIngress:
         self.reasoning_key = reasoning_key
         self.tools = tools or {}
 
-    def __serve_build_asgi_app__(self):
+    def __serve_build_asgi_app__(self) -> FastAPI:
         caller = ray.get_runtime_context().get_actor_name()
         availability = EngineAvailability({model.name: model.deployment_name for model in self.config.models})
         models = [
@@ -259,6 +274,6 @@ class ResponsesIngress:
             builtin_tools={name: _transport_factory(handle) for name, handle in self.tools.items()},
         )
 
-    async def memory(self, top: int = 8, trace_frames: int = 0, trim: bool = False) -> dict:
+    async def memory(self, top: int = 8, trace_frames: int = 0, trim: bool = False) -> dict[str, Any]:
         """This replica's memory (deployments/memory.py; a measuring tool: not cheap)."""
         return memory_report(top, trace_frames, trim)

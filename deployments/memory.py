@@ -31,10 +31,11 @@ import functools
 import gc
 import os
 import tracemalloc
+from typing import Any
 
 import psutil
 
-_previous: dict = {"types": None, "snapshot": None}  # this process's last reading
+_previous: dict[str, Any] = {"types": None, "snapshot": None}  # this process's last reading
 
 
 class _MallInfo2(ctypes.Structure):
@@ -49,7 +50,7 @@ def _libc() -> ctypes.CDLL:
     return ctypes.CDLL(None)  # the symbols loaded in this process, libc's among them
 
 
-def malloc_info() -> dict | None:
+def malloc_info() -> dict[str, Any] | None:
     """The allocator's heap in MB: live allocations (`in_use_mb`) and what it holds beyond them
     (`free_mb`: freed but kept). jemalloc's (preloaded: REPLICA_ENV) from its statistics,
     glibc's from `mallinfo2`; None under another allocator or libc."""
@@ -69,7 +70,7 @@ def malloc_info() -> dict | None:
     }
 
 
-def _jemalloc_info(lib: ctypes.CDLL) -> dict:
+def _jemalloc_info(lib: ctypes.CDLL) -> dict[str, Any]:
     def read(name: bytes) -> int:
         value, size = ctypes.c_size_t(), ctypes.c_size_t(ctypes.sizeof(ctypes.c_size_t))
         if lib.mallctl(name, ctypes.byref(value), ctypes.byref(size), None, ctypes.c_size_t(0)) != 0:
@@ -104,7 +105,7 @@ def rss_kinds_mb() -> dict[str, float]:
     return kinds
 
 
-def memory_report(top: int = 8, trace_frames: int = 0, trim: bool = False) -> dict:
+def memory_report(top: int = 8, trace_frames: int = 0, trim: bool = False) -> dict[str, Any]:
     """This process's memory, and what grew since the previous call (see the module doc).
 
     `trace_frames` > 0 starts `tracemalloc` with that many frames if it is not on yet.
@@ -113,7 +114,7 @@ def memory_report(top: int = 8, trace_frames: int = 0, trim: bool = False) -> di
     """
     gc.collect()
     counts = collections.Counter(type(obj).__qualname__ for obj in gc.get_objects())
-    report: dict = {
+    report: dict[str, Any] = {
         "pid": os.getpid(),
         "rss_mb": rss_mb(),
         "rss_kinds_mb": rss_kinds_mb(),

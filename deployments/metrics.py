@@ -18,6 +18,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from ray.serve.metrics import Counter, Gauge, Histogram
 
@@ -159,7 +160,9 @@ METRICS = INGRESS_METRICS + STORE_METRICS + ENGINE_METRICS
 _BUCKETS = {TTFT: TTFT_BUCKETS, TPOT: TPOT_BUCKETS, E2E: E2E_BUCKETS, RENDER: RENDER_BUCKETS, TOOL_LATENCY: TOOL_BUCKETS}
 
 
-def _make(spec: MetricSpec):
+def _make(spec: MetricSpec) -> Any:
+    """The Ray metric of `spec.kind`: a `Counter`, `Histogram` or `Gauge` (Any: each caller
+    knows which kind its spec is and calls its `inc`, `observe` or `set`)."""
     if spec.kind == "counter":
         return Counter(spec.name, spec.description, tag_keys=spec.tags)  # type: ignore[arg-type]  # Ray's hint says tuple[str]; it takes any tuple
     if spec.kind == "histogram":

@@ -37,7 +37,7 @@ import collections
 import hashlib
 import random
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from ray.serve.request_router import LocalityMixin, PendingRequest, ReplicaID, RequestRouter, RunningReplica
 
@@ -93,7 +93,7 @@ class EngineRouter(LocalityMixin, RequestRouter):
     goes to that request, so affinity holds."""
 
     def initialize_state(
-        self, conversation_affinity: bool = True, max_imbalance: int = DEFAULT_MAX_IMBALANCE, tiered: bool = False, **kwargs
+        self, conversation_affinity: bool = True, max_imbalance: int = DEFAULT_MAX_IMBALANCE, tiered: bool = False, **kwargs: Any
     ) -> None:
         self.conversation_affinity = conversation_affinity
         self.max_imbalance = max_imbalance
@@ -156,7 +156,7 @@ class EngineRouter(LocalityMixin, RequestRouter):
 
 
 def _priority(pending_request: PendingRequest) -> int:
-    return _generation_field(pending_request, "priority", 0)
+    return cast(int, _generation_field(pending_request, "priority", 0))  # GenerationRequest.priority
 
 
 def _generation_field(pending_request: PendingRequest | None, name: str, default: Any) -> Any:

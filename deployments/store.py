@@ -9,6 +9,7 @@ the replica restarts (use Redis to keep them).
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any, cast
 
 import ray
 from ray.exceptions import RayError
@@ -70,54 +71,55 @@ class StoreServer:
     async def release(self, key: str, holder: str) -> None:
         await self.store.release(key, holder)
 
-    async def stats(self) -> dict:
+    async def stats(self) -> dict[str, Any]:
         return {**self.store.stats(), "actor_name": ray.get_runtime_context().get_actor_name()}
 
 
 class HandleStore:
     """`Store` over a `StoreServer` deployment handle."""
 
-    def __init__(self, handle: DeploymentHandle) -> None:
+    def __init__(self, handle: DeploymentHandle[StoreServer]) -> None:
         self._handle = handle
 
-    async def _call(self, method: str, *args):
+    async def _call(self, method: str, *args: Any) -> Any:
+        """`StoreServer.<method>(*args)` on the replica; its result (each caller casts it to that method's type)."""
         try:
             return await getattr(self._handle, method).remote(*args)
         except _GONE as exc:
             raise StoreUnavailable(f"The embedded response store is unavailable: {type(exc).__name__}; retry later.") from exc
 
     async def get(self, key: str) -> bytes | None:
-        return await self._call("get", key)
+        return cast(bytes | None, await self._call("get", key))
 
     async def put(self, key: str, value: bytes, *, ttl_s: float) -> None:
         await self._call("put", key, value, ttl_s)
 
     async def compare_and_set(self, key: str, expected: bytes | None, value: bytes | None, *, ttl_s: float) -> bool:
-        return await self._call("compare_and_set", key, expected, value, ttl_s)
+        return cast(bool, await self._call("compare_and_set", key, expected, value, ttl_s))
 
     async def delete(self, key: str) -> bool:
-        return await self._call("delete", key)
+        return cast(bool, await self._call("delete", key))
 
     async def expire(self, keys: Sequence[str], ttl_s: float) -> int:
-        return await self._call("expire", list(keys), ttl_s)
+        return cast(int, await self._call("expire", list(keys), ttl_s))
 
     async def append(self, key: str, values: Sequence[bytes], *, ttl_s: float, expected_length: int | None = None) -> int:
-        return await self._call("append", key, list(values), ttl_s, expected_length)
+        return cast(int, await self._call("append", key, list(values), ttl_s, expected_length))
 
     async def range(self, key: str, start: int = 0, stop: int | None = None) -> list[bytes]:
-        return await self._call("range", key, start, stop)
+        return cast(list[bytes], await self._call("range", key, start, stop))
 
     async def length(self, key: str) -> int:
-        return await self._call("length", key)
+        return cast(int, await self._call("length", key))
 
     async def remove(self, key: str, value: bytes) -> bool:
-        return await self._call("remove", key, value)
+        return cast(bool, await self._call("remove", key, value))
 
     async def take(self, key: str, *, capacity: float, per_s: float, cost: float, need: float) -> tuple[bool, float]:
-        return await self._call("take", key, capacity, per_s, cost, need)
+        return cast(tuple[bool, float], await self._call("take", key, capacity, per_s, cost, need))
 
     async def lease(self, key: str, holder: str, *, limit: int, ttl_s: float) -> int:
-        return await self._call("lease", key, holder, limit, ttl_s)
+        return cast(int, await self._call("lease", key, holder, limit, ttl_s))
 
     async def renew(self, leases: Sequence[tuple[str, str]], ttl_s: float) -> None:
         await self._call("renew", list(leases), ttl_s)

@@ -98,7 +98,7 @@ class ToolRouter(RequestRouter):
 class HandleToolTransport:
     """`ToolTransport` over an embedded tool's deployment handle."""
 
-    def __init__(self, handle: DeploymentHandle) -> None:
+    def __init__(self, handle: DeploymentHandle[PythonToolServer | BrowserToolServer]) -> None:
         self._handle = handle
 
     async def call(self, name: str, arguments: dict[str, Any], meta: dict[str, Any], route: str | None) -> ToolReply:

@@ -10,14 +10,14 @@ comes from `jsonschema` (every keyword with validation meaning in drafts 7 and 2
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from re import _constants as sre  # type: ignore[attr-defined]  # the stdlib's regex parser: no new dependency
 from re import _parser as sre_parse  # type: ignore[attr-defined]
 from typing import Any
 
 import jsonschema
 
-from serve_app.api.errors import invalid_request
+from serve_app.api.errors import APIError, invalid_request
 
 # What xgrammar enforces (vLLM's `has_xgrammar_unsupported_json_features` and xgrammar's
 # JSON-schema converter) and `instance()` below can produce.
@@ -258,7 +258,7 @@ def _subschemas(node: Any, path: str) -> Iterator[tuple[str, Any]]:
             yield from _subschemas(sub, f"{path}.{key}[{i}]")
 
 
-def schema_error(schema: Any, *, strict: bool, param: str, what: str):
+def schema_error(schema: Any, *, strict: bool, param: str, what: str) -> APIError | None:
     """The 400 for a schema that is not JSON Schema, unsupported, or not strict; None if fine."""
     try:
         check_schema(schema)
@@ -360,7 +360,7 @@ def _regex_example(pattern: str) -> str:
     """The shortest-repetition string the pattern matches (first branch, first character of
     each class): deterministic, checked with `re` before it is used."""
 
-    def write(tokens) -> str:
+    def write(tokens: Iterable[tuple[Any, Any]]) -> str:
         out = []
         for op, arg in tokens:
             if op is sre.LITERAL:
@@ -392,7 +392,7 @@ def _regex_example(pattern: str) -> str:
     return example
 
 
-def _class_example(items) -> str:
+def _class_example(items: list[tuple[Any, Any]]) -> str:
     negated = items and items[0][0] is sre.NEGATE
     if negated:
         for candidate in "a0 -_xZ":
@@ -409,11 +409,11 @@ def _class_example(items) -> str:
     raise UnsupportedSchema("no example for a character class")
 
 
-def _in_class(char: str, op, arg) -> bool:
+def _in_class(char: str, op: Any, arg: Any) -> bool:
     if op is sre.LITERAL:
         return char == chr(arg)
     if op is sre.RANGE:
-        return arg[0] <= ord(char) <= arg[1]
+        return bool(arg[0] <= ord(char) <= arg[1])  # arg: the range's (low, high) code points
     if op is sre.CATEGORY:
         return {
             sre.CATEGORY_DIGIT: char.isdigit(),

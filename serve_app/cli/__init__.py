@@ -14,11 +14,14 @@ import shlex
 import sys
 import tempfile
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
 from serve_app.config import AppConfig, ConfigError
+
+if TYPE_CHECKING:
+    from serve_app.cli.configfile import ServeFile
 
 app = typer.Typer(
     name="responses-serve",
@@ -37,7 +40,7 @@ def _fail(message: str, code: int = 1) -> typer.Exit:
     return typer.Exit(code)
 
 
-def _check(document: dict, source: str):
+def _check(document: dict[str, Any], source: str) -> ServeFile:
     from serve_app.cli.configfile import check_serve_file
 
     try:

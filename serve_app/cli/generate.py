@@ -13,7 +13,7 @@ import shutil
 import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import yaml
 
@@ -232,4 +232,4 @@ def serve_config(flags: ModelFlags) -> dict[str, Any]:
 
 def to_yaml(config: dict[str, Any], command: str) -> str:
     """The config as a YAML file, headed by the command that made it."""
-    return f"# {command}\n" + yaml.safe_dump(config, sort_keys=False)
+    return f"# {command}\n" + cast(str, yaml.safe_dump(config, sort_keys=False))  # no stream: the text

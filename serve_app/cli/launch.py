@@ -31,7 +31,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
-from typing import Any
+from typing import Any, cast
 
 from serve_app.cli.configfile import ServeFile, has_cpu_vllm_engine
 
@@ -78,7 +78,7 @@ def _listening(port: int) -> bool:
 def _free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+        return cast(int, sock.getsockname()[1])  # (host, port)
 
 
 def serve_command(config_path: Path, checked: ServeFile, environ: dict[str, str]) -> list[str]:
@@ -228,7 +228,7 @@ def run_serve(command: list[str], environ: dict[str, str], targets: list[Endpoin
     return code or 1
 
 
-def _stop(process: subprocess.Popen, stops: list[int]) -> int:
+def _stop(process: subprocess.Popen[bytes], stops: list[int]) -> int:
     """SIGINT to `serve run` (it shuts Serve and its cluster down), SIGKILL to its process group
     on a second request or after `STOP_TIMEOUT_S`. 0 when it stopped by itself, else 130."""
     say("stopping: Serve shuts down its replicas and the Ray cluster (Ctrl-C again to force it)")
@@ -245,7 +245,7 @@ def _stop(process: subprocess.Popen, stops: list[int]) -> int:
     return 0
 
 
-def _wait(process: subprocess.Popen, seconds: float, interrupted: Callable[[], bool]) -> None:
+def _wait(process: subprocess.Popen[bytes], seconds: float, interrupted: Callable[[], bool]) -> None:
     """Sleep up to `seconds`, less when the process ends or `interrupted()`."""
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline and process.poll() is None and not interrupted():

@@ -12,8 +12,7 @@ from typing import Annotated, Any
 
 import typer
 
-from serve_app.tools.python.containers import ContainerLimits
-from serve_app.tools.python.sandbox import SandboxLimits
+from serve_app.config import ContainerLimits, SandboxLimits
 
 tool_app = typer.Typer(name="tool", help="Run a built-in tool as an MCP server (streamable HTTP at /mcp).", no_args_is_help=True)
 

@@ -19,11 +19,12 @@ from __future__ import annotations
 import copy
 import json
 from collections.abc import Sequence
+from typing import cast
 
 from cryptography.fernet import Fernet, InvalidToken, MultiFernet
 
 from serve_app.api.errors import invalid_request
-from serve_app.api.request import ReasoningItem, ReasoningText
+from serve_app.api.request import HistoryItem, ReasoningItem, ReasoningText
 
 INCLUDE = "reasoning.encrypted_content"
 _VERSION = 1
@@ -73,10 +74,10 @@ class ReasoningCipher:
             raise ValueError("an unknown payload version")
         if payload.get("tenant") != self.tenant:  # said as for any foreign blob: whose it is stays unsaid
             raise ValueError("not sealed by this server's keys (tampered, truncated, or from another key)")
-        return payload["reasoning"]
+        return cast(str, payload["reasoning"])  # a str: checked above
 
 
-def open_reasoning_items(items: list, cipher: ReasoningCipher) -> list:
+def open_reasoning_items(items: list[HistoryItem], cipher: ReasoningCipher) -> list[HistoryItem]:
     """The request's input items with each `encrypted_content` opened into the reasoning text
     it seals (then rendered like any reasoning sent back); a blob that does not open is a 400
     naming the item."""

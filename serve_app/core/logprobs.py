@@ -15,7 +15,8 @@ token's non-finite logprob is reported as -9999.0 (a finite floor).
 from __future__ import annotations
 
 import math
-from typing import Protocol
+from collections.abc import Callable
+from typing import Any, Protocol, TypeVar
 
 from openai.types.responses import response_text_delta_event as delta_types
 from openai.types.responses import response_text_done_event as done_types
@@ -25,6 +26,8 @@ from serve_app.core.construct import trusted_constructor
 from serve_app.core.tokens import TokenLogprobs
 
 LOGPROB_FLOOR = -9999.0
+
+Entry = TypeVar("Entry")  # an event's own Logprob type
 
 # Built from values made here (no validation: these are most of the cost of logprobs);
 # the fields are checked against the SDK's at import.
@@ -106,7 +109,9 @@ def for_done(logprobs: list[Logprob]) -> list[done_types.Logprob]:
     return _without_bytes(logprobs, _DONE, _DONE_TOP)
 
 
-def _without_bytes(logprobs: list[Logprob], entry_type, top_type) -> list:
+def _without_bytes(
+    logprobs: list[Logprob], entry_type: Callable[[dict[str, Any]], Entry], top_type: Callable[[dict[str, Any]], object]
+) -> list[Entry]:
     """The entries rebuilt with an event's own logprob types (the SDK has one pair per event)."""
     return [
         entry_type(

@@ -31,7 +31,7 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 from openai.types.responses import (
     Response,
@@ -99,7 +99,8 @@ class _DeltaEvents:
         fields = {*shared, "item_id", "output_index", "delta", "sequence_number"}
         if fields != set(cls.model_fields):  # the SDK changed the event: fail at import, not on the wire
             raise TypeError(f"{cls.__name__} has fields {sorted(cls.model_fields)}, not {sorted(fields)}")
-        self.construct = _trusted_constructor(cls)
+        # `cls` is one of the delta event classes of `ResponseStreamEvent` (a union: no `type[...]` of it).
+        self.construct = cast("Callable[[dict[str, Any]], ResponseStreamEvent]", _trusted_constructor(cls))
         self._shared = shared  # the same objects in every event: events are never changed once made
         self._names = list(cls.model_fields)
 

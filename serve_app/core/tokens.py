@@ -83,7 +83,7 @@ class TokenBatch:
     logprobs: list[TokenLogprobs] | None = None  # aligned with token_ids, when requested
     replica: str | None = None  # first batch: the engine replica generating it (`GenerationRequest.replica`)
 
-    def __reduce__(self) -> tuple:
+    def __reduce__(self) -> tuple[type[TokenBatch], tuple[Any, ...]]:
         # One per Ray object: the constructor and a tuple pickle in 49 bytes instead of 204
         # (a slots dataclass's default pickles field names and a state dict), ~25 % less CPU.
         return (TokenBatch, _batch_fields(self))

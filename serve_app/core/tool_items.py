@@ -424,7 +424,7 @@ class CodeArguments:
         if not isinstance(code, str):
             self.error = 'The arguments must be a JSON object {"code": "<python code>"}.'
             return ""
-        code = _SURROGATE.sub("\ufffd", code)  # json.loads keeps a lone surrogate, which is no text
+        code = str(_SURROGATE.sub("\ufffd", code))  # json.loads keeps a lone surrogate, which is no text
         self.code = code
         return code
 

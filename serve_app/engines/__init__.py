@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from serve_app.core.tokens import TokenSource
+
+if TYPE_CHECKING:
+    from serve_app.config import ReplayBackendConfig, VLLMBackendConfig
 
 
 class Backend(TokenSource, Protocol):
@@ -23,7 +26,7 @@ class Backend(TokenSource, Protocol):
         ...
 
 
-def make_backend(config) -> Backend:
+def make_backend(config: ReplayBackendConfig | VLLMBackendConfig) -> Backend:
     """The backend a model's `backend:` config asks for (imported lazily: vLLM is heavy)."""
     if config.type == "replay":
         from serve_app.engines.replay import ReplayBackend, ReplayConfig, script_completion

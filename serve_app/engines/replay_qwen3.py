@@ -29,11 +29,15 @@ from __future__ import annotations
 import functools
 import json
 import re
+from typing import TYPE_CHECKING, Any
 
 from serve_app.core.tokens import OutputConstraint
 from serve_app.engines.replay import PYTHON, Call, _is_json_object, _wanted_call, obey
 from serve_app.families.control_tokens import text_tokenizer
 from serve_app.families.smollm2 import SMOLLM2, load_tokenizer
+
+if TYPE_CHECKING:
+    from tokenizers import Tokenizer
 
 _TOOLS = re.compile(r"<tools>\n(.*?)\n</tools>", re.S)
 _TOOL_RESPONSE = re.compile(r"<tool_response>\n(.*?)\n</tool_response>", re.S)
@@ -47,7 +51,7 @@ def _offered_functions(system: str) -> set[str]:
     return {json.loads(line)["function"]["name"] for line in block.group(1).splitlines() if line.strip()}
 
 
-def _turns(prompt_token_ids: list[int], tokenizer) -> tuple[list[tuple[str, str]], str]:
+def _turns(prompt_token_ids: list[int], tokenizer: Any) -> tuple[list[tuple[str, str]], str]:
     """The prompt's closed turns as (role, text), and the text of the turn left open (the
     generation prompt: what the template wrote after `<|im_start|>assistant\n`)."""
     start, end = tokenizer.convert_tokens_to_ids(["<|im_start|>", "<|im_end|>"])
@@ -104,5 +108,5 @@ def script_qwen3_completion(prompt_token_ids: list[int], constraint: OutputConst
 
 
 @functools.cache
-def _text_tokenizer():
+def _text_tokenizer() -> Tokenizer:
     return text_tokenizer(load_tokenizer(SMOLLM2))

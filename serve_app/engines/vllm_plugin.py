@@ -21,7 +21,12 @@ EXPAND_ON_CPU = "_expand_kernel_impl"
 
 
 def expand_kernel(
-    output: torch.Tensor, input_val: torch.Tensor, cu_num_tokens: torch.Tensor, replace_from, replace_to, MAX_NUM_TOKENS=None
+    output: torch.Tensor,
+    input_val: torch.Tensor,
+    cu_num_tokens: torch.Tensor,
+    replace_from: float,
+    replace_to: float,
+    MAX_NUM_TOKENS: int | None = None,
 ) -> None:
     """`output[t] = input_val[r]` for the tokens t of request r (`cu_num_tokens` holds the running
     ends), with `replace_from` values written as `replace_to`; in the output's own dtype."""

@@ -40,9 +40,9 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any, Literal, Protocol
+from typing import Any, Literal, Protocol, cast
 
 from serve_app.core.items import ItemSink
 from serve_app.core.utf8 import Utf8Decoder
@@ -356,7 +356,8 @@ def _byte_level_bytes(backend: Any, texts: list[str]) -> list[bytes] | None:
 
     if not isinstance(backend.decoder, ByteLevel):
         return None
-    byte_of = {char: byte for byte, char in bytes_to_unicode().items()}
+    unicode_of = cast("Callable[[], dict[int, str]]", bytes_to_unicode)  # unannotated in transformers
+    byte_of = {char: byte for byte, char in unicode_of().items()}
     table = []
     for token_id, text in enumerate(texts):
         token = backend.id_to_token(token_id) or ""

@@ -18,9 +18,9 @@ from __future__ import annotations
 import json
 import logging
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from jinja2 import TemplateError
 
@@ -192,6 +192,18 @@ def piece_starts(tokenizer: Any) -> re.Pattern[str] | None:
     return pattern
 
 
+class Tokenizer(Protocol):
+    """What `ChatTemplateModel` calls of its Hugging Face fast tokenizer (`PreTrainedTokenizerFast`)."""
+
+    def apply_chat_template(self, conversation: list[dict[str, Any]], **kwargs: Any) -> str: ...  # tokenize=False: the text
+
+    def encode(self, text: str, *, add_special_tokens: bool) -> list[int]: ...
+
+    def __call__(self, texts: list[str], *, add_special_tokens: bool) -> Mapping[str, list[list[int]]]: ...  # a batch
+
+    def decode(self, token_ids: Sequence[int], *, skip_special_tokens: bool) -> str: ...
+
+
 class ChatTemplateModel:
     """Rendering, stop tokens and completion parser for one chat-template tokenizer."""
 
@@ -207,7 +219,7 @@ class ChatTemplateModel:
     ) -> None:
         if getattr(tokenizer, "backend_tokenizer", None) is None:
             raise ValueError("chat-template models need a fast tokenizer (a tokenizer.json): it decodes the stream")
-        self.tokenizer = tokenizer
+        self.tokenizer: Tokenizer = tokenizer
         self.template = load_template(template) if template else None
         if not (self.template or getattr(tokenizer, "chat_template", None)):
             raise ValueError("the tokenizer has no chat template: name one in the model's config")

@@ -22,7 +22,10 @@ from __future__ import annotations
 
 import copy as copy_module
 import re
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+if TYPE_CHECKING:
+    from tokenizers import Tokenizer
 
 # Private-use characters: text that templates pass through untouched. ESCAPE + ESCAPE codes
 # ESCAPE itself (a client's own private-use text comes back as it was sent).
@@ -31,10 +34,10 @@ _FIRST_CODE = 0xF0001
 _LAST_CODE = 0xFFFFD
 
 
-def text_tokenizer(tokenizer: Any) -> Any:
+def text_tokenizer(tokenizer: Any) -> Tokenizer:
     """A copy of `tokenizer`'s backend (a `tokenizers.Tokenizer`) that reads the spelling of
     a special token as text."""
-    copy = copy_module.deepcopy(tokenizer.backend_tokenizer)
+    copy: Tokenizer = copy_module.deepcopy(tokenizer.backend_tokenizer)
     copy.encode_special_tokens = True
     return copy
 

@@ -45,7 +45,7 @@ class PromptCache:
     def __init__(self, max_tokens: int = DEFAULT_MAX_TOKENS, piece_overhead: int = PIECE_OVERHEAD) -> None:
         self.max_tokens = max_tokens
         self.piece_overhead = piece_overhead
-        self._pieces: cachetools.LRUCache[bytes, array] = cachetools.LRUCache(
+        self._pieces: cachetools.LRUCache[bytes, array[int]] = cachetools.LRUCache(
             maxsize=max(max_tokens, 1), getsizeof=lambda tokens: len(tokens) + piece_overhead
         )
         self._lock = threading.Lock()  # the event loop renders, but a test or tool may use threads
@@ -63,7 +63,7 @@ class PromptCache:
         with self._lock:
             cached = [self._pieces.get(key) for key in keys]
         missing = [index for index, tokens in enumerate(cached) if tokens is None]
-        found: dict[int, array] = {index: tokens for index, tokens in enumerate(cached) if tokens is not None}
+        found: dict[int, array[int]] = {index: tokens for index, tokens in enumerate(cached) if tokens is not None}
         rendered_tokens = 0
         if missing:
             rendered = render_many([pieces[index][1] for index in missing])

@@ -13,7 +13,9 @@ import gzip
 import hashlib
 import os
 import shutil
+from collections.abc import Callable
 from pathlib import Path
+from typing import cast
 
 from openai_harmony import HarmonyEncoding, HarmonyEncodingName, load_harmony_encoding
 
@@ -126,10 +128,12 @@ def ensure_harmony_tokenizer() -> Path:
     first_special = 199998
     specials = [encoding.decode_utf8([token_id]) for token_id in range(first_special, HARMONY_VOCAB_SIZE)]
     vocab = ensure_vocabulary() / VOCAB_FILE
-    backend = TikTokenConverter(vocab_file=str(vocab), pattern=O200K_PATTERN, extra_special_tokens=specials).converted()
+    # transformers leaves these constructors unannotated: typed here by what they make.
+    converter = cast("Callable[..., TikTokenConverter]", TikTokenConverter)
+    backend = converter(vocab_file=str(vocab), pattern=O200K_PATTERN, extra_special_tokens=specials).converted()
     if backend.token_to_id(specials[0]) != first_special or backend.get_vocab_size() != HARMONY_VOCAB_SIZE:
         raise VocabularyError(f"{vocab} does not give o200k_harmony's token ids")
-    tokenizer = PreTrainedTokenizerFast(
+    tokenizer = cast("Callable[..., PreTrainedTokenizerFast]", PreTrainedTokenizerFast)(
         tokenizer_object=backend, bos_token="<|startoftext|>", eos_token="<|return|>", pad_token="<|endoftext|>"
     )
     # Build beside, then rename: concurrent replicas never see a half-written folder.

@@ -58,8 +58,8 @@ class _LocalRun:
     stop_reason: str | None = None  # "cancel" | "lost" | "shutdown"
     ended: bool = False  # its terminal event is in `frames`
     done: bool = False  # everything flushed, final response stored, run closed (or given up)
-    task: asyncio.Task | None = None  # the whole run
-    generation: asyncio.Task | None = None  # reading the engine; cancelled to stop it
+    task: asyncio.Task[None] | None = None  # the whole run
+    generation: asyncio.Task[None] | None = None  # reading the engine; cancelled to stop it
     changed: asyncio.Event = field(default_factory=asyncio.Event)  # replaced on every change
     wake_watcher: asyncio.Event = field(default_factory=asyncio.Event)
 
@@ -175,7 +175,7 @@ class BackgroundRuns:
             elif local.stop_reason != "lost":  # not ours: still end it properly
                 local.add(stream.fail("The background response was interrupted."))
 
-    async def _flush_until(self, local: _LocalRun, generation: asyncio.Task) -> None:
+    async def _flush_until(self, local: _LocalRun, generation: asyncio.Task[None]) -> None:
         """Append new frames to the store's log until generation is over and all are in.
         A store down for longer than the lease: the run is given up (a reader fails it)."""
         loop = asyncio.get_running_loop()
@@ -206,7 +206,7 @@ class BackgroundRuns:
                 return
             await changed.wait()
 
-    async def _watch(self, local: _LocalRun, generation: asyncio.Task) -> None:
+    async def _watch(self, local: _LocalRun, generation: asyncio.Task[None]) -> None:
         """Renew the lease; stop the generation when the run is cancelled or lost."""
         while not generation.done():
             with contextlib.suppress(asyncio.TimeoutError):
@@ -223,7 +223,7 @@ class BackgroundRuns:
                 self._stop(local, "cancel", generation)
 
     @staticmethod
-    def _stop(local: _LocalRun, reason: str, generation: asyncio.Task) -> None:
+    def _stop(local: _LocalRun, reason: str, generation: asyncio.Task[None]) -> None:
         if local.stop_reason is None and not generation.done():
             logger.info("background response %s: stopping (%s)", local.response_id, reason)
             local.stop_reason = reason

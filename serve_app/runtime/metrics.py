@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, cast
 
@@ -188,7 +188,7 @@ class GuardedMetrics:
     def refused(self, tenant: str, status: int, reason: str) -> None:
         self._call(self._metrics.refused, tenant, status, reason)
 
-    def _call(self, method, *arguments) -> None:
+    def _call(self, method: Callable[..., None], *arguments: Any) -> None:
         try:
             method(*arguments)
         except Exception:

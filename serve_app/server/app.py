@@ -14,6 +14,7 @@ import logging
 import os
 import random
 from collections.abc import AsyncGenerator, Mapping, Sequence
+from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
@@ -169,16 +170,16 @@ def create_app(
         body = {"status": "ready" if all_ready else "not_ready", "models": states}
         return JSONResponse(body, status_code=200 if all_ready else 503)
 
-    async def model_entry(model: ServedModel) -> dict:
+    async def model_entry(model: ServedModel) -> dict[str, Any]:
         entry = Model(id=model.name, object="model", created=0, owned_by=model.owned_by).model_dump()
         return {**entry, **await model_state(model)}  # `status` beside the SDK's fields (its Model keeps extras)
 
     @app.get("/v1/models")
-    async def list_models() -> dict:
+    async def list_models() -> dict[str, Any]:
         return {"object": "list", "data": [await model_entry(m) for m in served.values()]}
 
     @app.get("/v1/models/{model:path}")  # `path`: a model name may hold "/" (org/model)
-    async def retrieve_model(model: str) -> dict:
+    async def retrieve_model(model: str) -> dict[str, Any]:
         if model not in served:
             raise model_not_found(model)
         return await model_entry(served[model])

@@ -26,6 +26,7 @@ import logging
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import cast
 
 from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
@@ -86,7 +87,7 @@ class Keyring:
 
 def tenant_of(scope: Scope) -> str:
     """The tenant the middleware put into this request's scope (a route never runs without one)."""
-    return scope["state"]["tenant"]
+    return cast(str, scope["state"]["tenant"])
 
 
 def route_path(scope: Scope) -> str:

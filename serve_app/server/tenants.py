@@ -9,6 +9,7 @@ import base64
 import hashlib
 import hmac
 from dataclasses import dataclass
+from typing import cast
 
 from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
@@ -36,7 +37,7 @@ class TenantState:
 
 def tenant_state(connection: HTTPConnection) -> TenantState:
     """The calling tenant's state (HTTP request or WebSocket)."""
-    return connection.app.state.tenants[tenant_of(connection.scope)]
+    return cast(TenantState, connection.app.state.tenants[tenant_of(connection.scope)])  # create_app's `app.state.tenants`
 
 
 def prefix_cache_salt(key: str, tenant: str) -> str:

@@ -52,7 +52,7 @@ def tool_texts_key(conversation_id: str) -> str:
     return f"tool_texts:conversation:{conversation_id}"
 
 
-def item_record(item: Any) -> bytes:
+def item_record(item: HistoryItem | openai.BaseModel) -> bytes:
     """An input item (ours) or an output item (the SDK's) as a stored conversation item."""
     if not isinstance(item, openai.BaseModel):  # our input items: an id, the API's shape
         item = as_response_item(with_ids([item], None)[0])

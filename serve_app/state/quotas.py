@@ -150,7 +150,7 @@ class Admission:
                 await self.quota.store.release(key, self.holder)
 
 
-_GIVING_BACK: set[asyncio.Task] = set()  # releases in flight (the loop keeps only weak references to tasks)
+_GIVING_BACK: set[asyncio.Task[None]] = set()  # releases in flight (the loop keeps only weak references to tasks)
 
 
 class TenantQuota:

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import functools
 import logging
-from collections.abc import Sequence
-from typing import cast
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
+from typing import Any, Concatenate, ParamSpec, TypeVar, cast
 
 import redis.asyncio as aioredis
 from redis import exceptions as redis_errors
@@ -122,9 +122,15 @@ def _ms(ttl_s: float) -> int:
     return max(1, int(ttl_s * 1000))
 
 
-def _unavailable_when_down(method):
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+def _unavailable_when_down(
+    method: Callable[Concatenate[RedisStore, P], Awaitable[R]],
+) -> Callable[Concatenate[RedisStore, P], Coroutine[Any, Any, R]]:
     @functools.wraps(method)
-    async def call(self, *args, **kwargs):
+    async def call(self: RedisStore, /, *args: P.args, **kwargs: P.kwargs) -> R:
         try:
             return await method(self, *args, **kwargs)
         except (redis_errors.RedisError, OSError) as exc:

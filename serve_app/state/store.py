@@ -22,12 +22,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Sequence
-from typing import Protocol, runtime_checkable
+from collections.abc import Awaitable, Sequence
+from typing import Protocol, TypeVar, runtime_checkable
 
 from serve_app.api.errors import APIError, retry_after
 
 logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 
 class StoreUnavailable(APIError):
@@ -114,7 +116,7 @@ class BoundedStore:
         self.inner = store
         self.timeout_s = timeout_s
 
-    async def _bounded(self, call):
+    async def _bounded(self, call: Awaitable[T]) -> T:
         try:
             return await asyncio.wait_for(call, self.timeout_s)
         except TimeoutError:

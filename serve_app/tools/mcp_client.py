@@ -53,7 +53,7 @@ MAX_TOOLS = 256  # tools of one server offered to the model
 FRAMING_BYTES = 64 * 1024  # room for JSON-RPC framing around a tool's output in one message
 IDLE_READ_TIMEOUT_S = 3600.0  # a server's event stream may be quiet between calls; the response ends it
 CLOSE_TIMEOUT_S = 5.0  # ending a session (the SDK's DELETE) after the response is over
-_LIVE: set[asyncio.Task] = set()  # connections' tasks until they end
+_LIVE: set[asyncio.Task[None]] = set()  # connections' tasks until they end
 
 
 class ConnectRefused(Exception):
@@ -242,7 +242,7 @@ class McpConnection:
         self.limits = limits
         self._client: asyncio.Future[Client] | None = None
         self._closing = asyncio.Event()
-        self._task: asyncio.Task | None = None
+        self._task: asyncio.Task[None] | None = None
 
     def _http_client(
         self, headers: dict[str, Any] | None = None, timeout: httpx2.Timeout | None = None, auth: Any = None

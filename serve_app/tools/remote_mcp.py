@@ -30,6 +30,7 @@ import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
+import mcp_types
 from openai.types.responses import ResponseStreamEvent
 from openai.types.responses.response_output_item import McpListToolsTool
 from pydantic import ValidationError
@@ -261,7 +262,7 @@ class RemoteMcpServers:
             ended: dict[str, float] = {}  # when each listing's own work ended
             reported: set[str] = set()
 
-            def listing_ended(label: str, _: asyncio.Task) -> None:
+            def listing_ended(label: str, _: asyncio.Task[list[mcp_types.Tool]]) -> None:
                 ended[label] = time.perf_counter()
 
             def report(label: str, status: CallStatus) -> None:  # metrics: each server's listing and its own time

@@ -9,7 +9,8 @@ from collections.abc import AsyncGenerator
 
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
-from starlette.datastructures import QueryParams
+from openai.types.responses import Response as APIResponse
+from starlette.datastructures import QueryParams, State
 
 from serve_app.api.errors import invalid_request, response_not_found, server_full
 from serve_app.runtime.background import BackgroundRuns
@@ -29,7 +30,7 @@ def _headers(background: BackgroundRuns) -> dict[str, str]:
     return {REPLICA_HEADER: background.replica_id}
 
 
-def check_background_room(state) -> None:
+def check_background_room(state: State) -> None:
     """A 503 when this replica already runs `replica_limits.max_background_runs` background
     responses (all tenants'); a tenant's own `max_background` is its quota (a 429)."""
     limit = state.replica_limits.max_background_runs
@@ -41,14 +42,14 @@ def check_background_room(state) -> None:
         )
 
 
-async def start_background(turn: Turn, state, tenant: TenantState) -> Response:
+async def start_background(turn: Turn, state: State, tenant: TenantState) -> Response:
     """Start `turn` as a background run of `tenant` on this replica; answer at once (the
     response, `in_progress`) or, with `stream`, follow its events (a client that goes away
     stops following, not the run)."""
     background = tenant.background
     responses = tenant.responses
 
-    async def finish(response) -> None:
+    async def finish(response: APIResponse) -> None:
         # The request is counted when its run ends, like a stream when it closes.
         report_response(state.metrics, turn.trace, response)
         # run_turn stored it if it is continuable (and the store answered); a background
@@ -74,7 +75,7 @@ async def start_background(turn: Turn, state, tenant: TenantState) -> Response:
     return Response(snapshot.model_dump_json(by_alias=True), media_type="application/json", headers=headers)
 
 
-def _event_stream(frames: AsyncGenerator[bytes, None], background: BackgroundRuns, state) -> EventStreamResponse:
+def _event_stream(frames: AsyncGenerator[bytes, None], background: BackgroundRuns, state: State) -> EventStreamResponse:
     return EventStreamResponse(
         frames, state.sse_keepalive_s, headers=_headers(background), send_timeout_s=state.replica_limits.client_send_timeout_s
     )
@@ -106,7 +107,7 @@ async def follow_response(response_id: str, request: Request) -> EventStreamResp
     return _event_stream(background.follow(response_id, starting_after), background, request.app.state)
 
 
-async def current_response(response_id: str, request: Request):
+async def current_response(response_id: str, request: Request) -> APIResponse:
     """The stored response as it is now (a background one whose replica is gone: failed)."""
     tenant = tenant_state(request)
     background = tenant.background

@@ -6,7 +6,7 @@ writes (create, update, items create) count a request of the tenant's `requests_
 from __future__ import annotations
 
 import json
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
@@ -25,7 +25,7 @@ router = APIRouter()
 Body = TypeVar("Body", bound=BaseModel)
 
 
-def _json(data: str | bytes | dict) -> Response:
+def _json(data: str | bytes | dict[str, Any]) -> Response:
     body = data if isinstance(data, (str, bytes)) else json.dumps(data, separators=(",", ":"))
     return Response(body, media_type="application/json")
 
@@ -53,7 +53,7 @@ async def _existing(conversations: ConversationStore, conversation_id: str) -> C
     return conversation
 
 
-def _item_list(data: list[dict], has_more: bool) -> dict:
+def _item_list(data: list[dict[str, Any]], has_more: bool) -> dict[str, Any]:
     return {
         "object": "list",
         "data": data,

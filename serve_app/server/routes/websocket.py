@@ -17,6 +17,7 @@ import collections
 import contextlib
 import functools
 import logging
+from typing import Any
 
 from fastapi import APIRouter, WebSocket
 from fastapi.responses import JSONResponse
@@ -78,9 +79,9 @@ class ResponsesSocket:
         # Lanes with work: their requests (the running one first), each with the bytes of its message held.
         self.lanes: dict[str | None, collections.deque[tuple[CreateEvent, int]]] = {}
         self.budget: ByteBudget = self.state.request_bytes
-        self._receiver: asyncio.Task | None = None
+        self._receiver: asyncio.Task[Any] | None = None  # the task serving the connection
         self._dropped = False
-        self.workers: set[asyncio.Task] = set()
+        self.workers: set[asyncio.Task[None]] = set()
         self._sending = asyncio.Lock()  # lanes send side by side: one whole message at a time
 
     async def serve(self) -> None:

@@ -27,9 +27,9 @@ from pydantic import TypeAdapter, ValidationError
 from serve_app.api.request import BuiltinTool, FunctionTool, ResponsesRequest, WebSearchTool
 from serve_app.core.citations import CitedPage
 from serve_app.core.tool_items import WEB_SEARCH_CALL, ServerCall, ServerTools, ToolError, ToolOutcome, browser_action
+from serve_app.core.utf8 import cap_text
 from serve_app.tools.browser.meta import ALLOWED_DOMAINS_META_KEY, RESULT_META_KEY, SESSION_META_KEY, cited_pages
 from serve_app.tools.builtin.transport import ToolTransport, ToolUnavailable
-from serve_app.tools.mcp_client import cap_text
 from serve_app.tools.server_tools import NothingToPrepare
 
 NAMESPACE = "browser"

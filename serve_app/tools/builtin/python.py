@@ -30,10 +30,10 @@ import mcp_types
 
 from serve_app.api.request import BuiltinTool, CodeInterpreterTool, ResponsesRequest
 from serve_app.core.tool_items import CodeArguments, CodeInterpreterCallKind, ServerCall, ServerTools, ToolError, ToolOutcome
+from serve_app.core.utf8 import cap_text
 from serve_app.state import StoreUnavailable
 from serve_app.state.store import Store
 from serve_app.tools.builtin.transport import ToolTransport, ToolUnavailable
-from serve_app.tools.mcp_client import cap_text
 from serve_app.tools.python.mcp_server import META_CONTAINER, META_CREATE, META_OWNER, META_STATUS, TOOL_NAME, tool_description
 from serve_app.tools.server_tools import NothingToPrepare
 

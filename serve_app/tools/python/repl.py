@@ -32,6 +32,15 @@ import time
 import traceback
 import warnings
 
+# Type hints for the checker only: the names are imported under TYPE_CHECKING (as typing's, without
+# importing typing into the sandbox) and every hint that uses them or a generic is quoted, so that
+# no Python evaluates them. No `from __future__ import annotations` either: compile() passes a
+# future import on to the cells it compiles.
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from types import FrameType
+    from typing import Any, BinaryIO
+
 # Set by the host: the process limits, applied here before any code of the model runs.
 RLIMITS = ("RLIMIT_AS", "RLIMIT_CPU", "RLIMIT_NPROC", "RLIMIT_FSIZE", "RLIMIT_NOFILE", "RLIMIT_CORE")
 
@@ -39,17 +48,17 @@ RLIMITS = ("RLIMIT_AS", "RLIMIT_CPU", "RLIMIT_NPROC", "RLIMIT_FSIZE", "RLIMIT_NO
 class Cells:
     """Runs cells in one namespace, as a notebook does; interruptible only while a cell runs."""
 
-    def __init__(self, settings):
+    def __init__(self, settings: "dict[str, Any]") -> None:
         self.settings = settings
-        self.namespace = {"__name__": "__main__", "__builtins__": builtins}
+        self.namespace: dict[str, Any] = {"__name__": "__main__", "__builtins__": builtins}
         self.count = 0
         self.in_cell = False
 
-    def on_interrupt(self, signum, frame):
+    def on_interrupt(self, signum: int, frame: "FrameType | None") -> None:
         if self.in_cell:
             raise KeyboardInterrupt
 
-    def run(self, code):
+    def run(self, code: str) -> "tuple[str, list[str], int]":
         """Run one cell: its output goes to fd 1/2; returns the status and the figures it drew."""
         self.count += 1
         filename = f"<cell {self.count}>"
@@ -63,7 +72,7 @@ class Cells:
             self.in_cell = False
         return status, images, omitted
 
-    def execute(self, code, filename):
+    def execute(self, code: str, filename: str) -> str:
         try:
             tree = ast.parse(code, filename, "exec")
         except (SyntaxError, ValueError) as error:
@@ -73,7 +82,7 @@ class Cells:
         last = tree.body.pop() if tree.body and isinstance(tree.body[-1], ast.Expr) else None
         try:
             exec(compile(tree, filename, "exec"), self.namespace)
-            if last is not None:
+            if isinstance(last, ast.Expr):  # None, or the expression popped above
                 value = eval(compile(ast.Expression(last.value), filename, "eval"), self.namespace)
                 if value is not None:
                     self.namespace["_"] = value
@@ -83,7 +92,7 @@ class Cells:
             return "error"
         return "ok"
 
-    def report(self, error, with_traceback):
+    def report(self, error: BaseException, with_traceback: bool) -> None:
         sys.stdout.flush()
         if not with_traceback:
             print("".join(traceback.format_exception_only(type(error), error)), end="", file=sys.stderr)
@@ -92,7 +101,7 @@ class Cells:
         report.stack = traceback.StackSummary.from_list([frame for frame in report.stack if frame.filename != __file__])
         print("".join(report.format()), end="", file=sys.stderr)
 
-    def figures(self):
+    def figures(self) -> "tuple[list[str], int]":
         """Matplotlib figures left open by the cell, as PNG (then closed), as an inline backend does."""
         pyplot = sys.modules.get("matplotlib.pyplot")
         if pyplot is None:
@@ -117,7 +126,7 @@ class Cells:
         return images, omitted
 
 
-def apply_limits(limits):
+def apply_limits(limits: "dict[str, list[int]]") -> None:
     for name in RLIMITS:
         if name in limits:
             kind = getattr(resource, name)
@@ -128,7 +137,7 @@ def apply_limits(limits):
             resource.setrlimit(kind, (soft, hard))
 
 
-def flush_all():
+def flush_all() -> None:
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(Exception):
             stream.flush()
@@ -140,12 +149,12 @@ def flush_all():
         pass
 
 
-def write_all(fd, data):
+def write_all(fd: int, data: bytes) -> None:
     while data:
         data = data[os.write(fd, data) :]
 
 
-def kill_strays():
+def kill_strays() -> None:
     """Processes a cell started do not outlive it: kill every other process of this sandbox.
 
     Only as pid 2 of a fresh PID namespace (bubblewrap's init is 1): outside a sandbox,
@@ -169,7 +178,7 @@ def kill_strays():
             return
 
 
-def living(pid):
+def living(pid: str) -> bool:
     try:
         with open(f"/proc/{pid}/stat", "rb") as stat:
             return stat.read().rpartition(b")")[2].split()[0] != b"Z"  # not a zombie its init has yet to reap
@@ -177,7 +186,7 @@ def living(pid):
         return False
 
 
-def read_requests(control_in, requests, main_thread):
+def read_requests(control_in: "BinaryIO", requests: "queue.SimpleQueue[dict[str, Any]]", main_thread: int) -> None:
     for line in control_in:
         request = json.loads(line)
         if request.get("op") == "interrupt":
@@ -187,7 +196,7 @@ def read_requests(control_in, requests, main_thread):
     os._exit(0)  # the host closed the pipe: this interpreter is done
 
 
-def main():
+def main() -> None:
     settings = json.loads(sys.argv[1])
     apply_limits(settings["rlimits"])
     os.nice(10)  # the model's code yields the CPU to the server (and cannot take it back)
@@ -209,7 +218,7 @@ def main():
     driver = os.getpid()
     cells = Cells(settings)
     signal.signal(signal.SIGINT, cells.on_interrupt)
-    requests: queue.SimpleQueue[dict] = queue.SimpleQueue()
+    requests: queue.SimpleQueue[dict[str, Any]] = queue.SimpleQueue()
     threading.Thread(target=read_requests, args=(control_in, requests, threading.main_thread().ident), daemon=True).start()
     control_out.write(b'{"ready": true}\n')
     control_out.flush()
