@@ -667,6 +667,13 @@ AnyTextFormat = Annotated[
 
 class TextConfig(_Lenient):
     format: AnyTextFormat | None = None
+    verbosity: Literal["low", "medium", "high"] | None = None  # echoed (no engine knob); "medium" when unset
+
+
+# The API's sampling defaults: what a request that sets none runs with, and what its
+# response reports (OpenAI writes the values it used, never null).
+DEFAULT_TEMPERATURE = 1.0
+DEFAULT_TOP_P = 1.0
 
 
 # --- the request -------------------------------------------------------------------------

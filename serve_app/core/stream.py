@@ -66,7 +66,7 @@ from openai.types.responses.response_reasoning_item import Content as ReasoningC
 from openai.types.responses.response_usage import InputTokensDetails, OutputTokensDetails, ResponseUsage
 from pydantic import BaseModel, TypeAdapter, ValidationError
 
-from serve_app.api.request import McpTool, ResponsesRequest
+from serve_app.api.request import DEFAULT_TEMPERATURE, DEFAULT_TOP_P, McpTool, ResponsesRequest
 from serve_app.api.service_tier import ServedTier
 from serve_app.core.citations import CitationStream
 from serve_app.core.construct import trusted_constructor as _trusted_constructor
@@ -263,9 +263,11 @@ class ResponseStream:
             tool_choice=request.tool_choice if isinstance(request.tool_choice, str) else request.tool_choice.model_dump(),
             parallel_tool_calls=request.parallel_tool_calls,
             max_tool_calls=request.max_tool_calls,
-            temperature=request.temperature,
-            top_p=request.top_p,
-            top_logprobs=request.top_logprobs,
+            temperature=DEFAULT_TEMPERATURE if request.temperature is None else request.temperature,
+            top_p=DEFAULT_TOP_P if request.top_p is None else request.top_p,
+            top_logprobs=request.top_logprobs or 0,
+            presence_penalty=0.0,  # not request parameters of the Responses API: the values the engine ran with
+            frequency_penalty=0.0,
             max_output_tokens=request.max_output_tokens,
             previous_response_id=request.previous_response_id,
             background=request.background,
@@ -277,7 +279,10 @@ class ResponseStream:
             prompt_cache_key=request.prompt_cache_key,
             service_tier=service_tier,
             truncation=request.truncation or "disabled",
-            text={"format": request.text.format.model_dump(by_alias=True) if request.text and request.text.format else {"type": "text"}},
+            text={
+                "format": request.text.format.model_dump(by_alias=True) if request.text and request.text.format else {"type": "text"},
+                "verbosity": (request.text.verbosity if request.text else None) or "medium",
+            },
             error=None,
             incomplete_details=None,
             usage=None,

@@ -20,7 +20,7 @@ from typing import NamedTuple
 from openai.types.responses import ResponseError, ResponseFailedEvent, ResponseStreamEvent
 
 from serve_app.api.errors import APIError, invalid_request, server_full
-from serve_app.api.request import ItemReference, MessageItem, ResponsesRequest
+from serve_app.api.request import MessageItem, ResponsesRequest
 from serve_app.api.service_tier import engine_priority, served_tier
 from serve_app.core.encrypted_reasoning import INCLUDE as ENCRYPTED_REASONING
 from serve_app.core.encrypted_reasoning import ReasoningCipher, open_reasoning_items
@@ -77,8 +77,7 @@ async def render_turn(
     is prompted with those known without asking anyone (an MCP server's tools listed earlier
     in the conversation). `response_id`: the response's, whose ids its input items get."""
     response_id = response_id or new_id("resp")
-    sent = request.input_items()
-    items = await responses.resolve(sent, stored=request.store) if any(isinstance(i, ItemReference) for i in sent) else sent
+    items = await responses.resolve(request.input_items(), stored=request.store)  # item references: a store read each
 
     def opened() -> list[HistoryItem]:  # the same ids in input_items and a conversation
         return with_ids(open_reasoning_items(items, cipher), response_id)

@@ -8,7 +8,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
-from serve_app.api.request import ResponsesRequest
+from serve_app.api.request import DEFAULT_TEMPERATURE, DEFAULT_TOP_P, ResponsesRequest
 from serve_app.core.items import CompletionParser, ItemSink
 from serve_app.core.stream import ResponseStream
 from serve_app.core.tokens import GenerationRequest, OutputConstraint, TokenSource
@@ -124,8 +124,8 @@ def engine_request(
         prompt_token_ids=prompt,
         stop_token_ids=model.family.stop_token_ids,
         max_tokens=room if budget is None else max(1, min(room, budget - output_tokens)),
-        temperature=offered.temperature,
-        top_p=offered.top_p,
+        temperature=DEFAULT_TEMPERATURE if offered.temperature is None else offered.temperature,
+        top_p=DEFAULT_TOP_P if offered.top_p is None else offered.top_p,
         logprobs=offered.logprobs,
         constraint=model.family.constraint(offered, prompt),
         affinity_key=affinity,

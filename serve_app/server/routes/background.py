@@ -13,6 +13,7 @@ from openai.types.responses import Response as APIResponse
 from starlette.datastructures import QueryParams, State
 
 from serve_app.api.errors import invalid_request, response_not_found, server_full
+from serve_app.api.sse import response_json
 from serve_app.runtime.background import BackgroundRuns
 from serve_app.runtime.metrics import report_response
 from serve_app.runtime.run import run_turn
@@ -72,7 +73,7 @@ async def start_background(turn: Turn, state: State, tenant: TenantState) -> Res
             headers=headers,
             send_timeout_s=state.replica_limits.client_send_timeout_s,
         )
-    return Response(snapshot.model_dump_json(by_alias=True), media_type="application/json", headers=headers)
+    return Response(response_json(snapshot), media_type="application/json", headers=headers)
 
 
 def _event_stream(frames: AsyncGenerator[bytes, None], background: BackgroundRuns, state: State) -> EventStreamResponse:
@@ -121,4 +122,4 @@ async def current_response(response_id: str, request: Request) -> APIResponse:
 async def cancel_response(response_id: str, request: Request) -> Response:
     background = tenant_state(request).background
     response = await background.cancel(response_id)
-    return Response(response.model_dump_json(by_alias=True), media_type="application/json", headers=_headers(background))
+    return Response(response_json(response), media_type="application/json", headers=_headers(background))

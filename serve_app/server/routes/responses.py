@@ -19,7 +19,7 @@ from starlette.datastructures import State
 from serve_app.api.errors import APIError, invalid_request, model_not_found, model_unavailable, response_not_found, server_error
 from serve_app.api.limits import RequestLimits
 from serve_app.api.request import ResponsesRequest, parse_request
-from serve_app.api.sse import encode_events
+from serve_app.api.sse import encode_events, response_json
 from serve_app.runtime.admission import ByteBudget
 from serve_app.runtime.metrics import Metrics, RequestTrace, report_once, report_response
 from serve_app.runtime.offload import parse_body_off_loop
@@ -89,14 +89,14 @@ async def create_response(http_request: Request) -> Response:
             raise invalid_request(response.error.message, code="invalid_prompt")
         raise server_error(response.error.message, status_code=503)
     # The same serialization as the terminal event of a stream: one source of truth.
-    return _json(response.model_dump_json(by_alias=True), headers=headers)
+    return _json(response_json(response), headers=headers)
 
 
 @router.get("/v1/responses/{response_id}")
 async def retrieve_response(response_id: str, request: Request) -> Response:
     if wants_stream(request.query_params):  # a background response's events, live
         return await follow_response(response_id, request)
-    return _json((await current_response(response_id, request)).model_dump_json(by_alias=True))
+    return _json(response_json(await current_response(response_id, request)))
 
 
 @router.delete("/v1/responses/{response_id}")
