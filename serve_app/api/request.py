@@ -92,6 +92,15 @@ class MessageItem(_Lenient):
     id: str | None = None
     role: Literal["user", "system", "developer", "assistant"]
     content: str | list[ContentPart]
+    # An assistant message's part in its turn (Codex sends it back): a preamble before tool
+    # calls (`commentary`) or the answer (`final_answer`); harmony renders it on that channel.
+    phase: Literal["commentary", "final_answer"] | None = None
+
+    @model_validator(mode="after")
+    def _phase_is_the_assistants(self) -> MessageItem:
+        if self.phase is not None and self.role != "assistant":
+            raise ValueError(f"'phase' is for assistant messages; this message's role is '{self.role}'")
+        return self
 
     @property
     def text(self) -> str:

@@ -142,7 +142,9 @@ def _history_messages(items: Iterable[HistoryItem]) -> tuple[list[str], list[Mes
             elif item.role == "user":
                 messages.append(Message.from_role_and_content(Role.USER, item.text))
             else:
-                messages.append(Message.from_role_and_content(Role.ASSISTANT, item.text).with_channel("final"))
+                # `phase` <-> channel: commentary <-> commentary (a preamble), final_answer or none <-> final.
+                channel = "commentary" if item.phase == "commentary" else "final"
+                messages.append(Message.from_role_and_content(Role.ASSISTANT, item.text).with_channel(channel))
         elif isinstance(item, ReasoningItem):
             if text := item.text:
                 messages.append(Message.from_role_and_content(Role.ASSISTANT, text).with_channel("analysis"))

@@ -144,7 +144,7 @@ def output_as_input(response: Response, tool_texts: Mapping[str, str] | None = N
     for item in response.output:
         if isinstance(item, ResponseOutputMessage):
             text = "".join(getattr(part, "text", "") for part in item.content)
-            items.append(MessageItem(role="assistant", content=text, id=item.id))
+            items.append(MessageItem(role="assistant", content=text, id=item.id, phase=item.phase))
         elif isinstance(item, ResponseReasoningItem):
             content = [ReasoningText(text=part.text) for part in item.content or []]
             items.append(ReasoningItem(type="reasoning", id=item.id, content=content))
@@ -179,7 +179,7 @@ def as_response_item(item: HistoryItem) -> ResponseItem:
             content = [
                 {"type": "output_text", "text": p.text, "annotations": []} if isinstance(p, TextPart) else p.model_dump() for p in parts
             ]
-            return ResponseOutputMessage(id=item.id, type="message", role="assistant", status="completed", content=content)
+            return ResponseOutputMessage(id=item.id, type="message", role="assistant", status="completed", content=content, phase=item.phase)
         content = [{"type": "input_text", "text": p.text if isinstance(p, TextPart) else p.refusal} for p in parts]
         return ResponseInputMessageItem(id=item.id, type="message", role=item.role, status="completed", content=content)
     if isinstance(item, FunctionCallItem):
