@@ -71,6 +71,15 @@ class ConnectionResponses(ResponseStore):
             self._latest.popitem(last=False)
             self._keep_reachable()
 
+    def forget(self, response_id: str) -> None:
+        """A continuation of `response_id` failed: the connection keeps it no more (as OpenAI's
+        WebSocket mode evicts the cached response), so continuing it again reads the store:
+        `previous_response_not_found` unless it was stored."""
+        self._turns.pop(response_id, None)
+        for lane in [lane for lane, latest in self._latest.items() if latest == response_id]:
+            del self._latest[lane]
+        self._keep_reachable()
+
     def close(self) -> None:
         """Keep nothing more (the connection closed)."""
         self._latest.clear()

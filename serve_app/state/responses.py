@@ -179,7 +179,9 @@ def as_response_item(item: HistoryItem) -> ResponseItem:
             content = [
                 {"type": "output_text", "text": p.text, "annotations": []} if isinstance(p, TextPart) else p.model_dump() for p in parts
             ]
-            return ResponseOutputMessage(id=item.id, type="message", role="assistant", status="completed", content=content, phase=item.phase)
+            return ResponseOutputMessage(
+                id=item.id, type="message", role="assistant", status="completed", content=content, phase=item.phase
+            )
         content = [{"type": "input_text", "text": p.text if isinstance(p, TextPart) else p.refusal} for p in parts]
         return ResponseInputMessageItem(id=item.id, type="message", role=item.role, status="completed", content=content)
     if isinstance(item, FunctionCallItem):

@@ -130,6 +130,29 @@ def sdk_chain_without_store(base_url: str, model: str = MODEL) -> None:
     assert http.json()["error"]["code"] == "previous_response_not_found"
 
 
+def failed_continuation_evicts(base_url: str, model: str = MODEL) -> None:
+    """A continuation that fails (an output for a call the response never made) evicts the
+    response it continued from the connection, as OpenAI's WebSocket mode does: continuing
+    it again is `previous_response_not_found`; a response that was stored still continues."""
+    with socket(base_url) as connection:
+        for store in (False, True):
+            create(connection, model=model, input="remember this", store=store)
+            (first,) = [event for event in until_end(connection) if event["type"] in TERMINAL]
+            parent = first["response"]["id"]
+            orphan = [{"type": "function_call_output", "call_id": "call_never_made", "output": "x"}]
+            create(connection, model=model, previous_response_id=parent, input=orphan, store=store)
+            (failed,) = until_end(connection)
+            assert failed["type"] == "error", failed
+            assert failed["status"] == 400
+            create(connection, model=model, previous_response_id=parent, input="again", store=store)
+            again = until_end(connection)
+            if store:  # the store still has it
+                assert again[-1]["type"] == "response.completed", again[-1]
+            else:
+                assert again[-1]["type"] == "error", again[-1]
+                assert again[-1]["error"]["code"] == "previous_response_not_found"
+
+
 async def _terminal(connection):
     async for event in connection:
         if event.type in ENDS:
@@ -277,6 +300,7 @@ def agents_sdk_over_a_socket(base_url: str, model: str = MODEL) -> None:
 
 ALL = [
     same_events_as_http,
+    failed_continuation_evicts,
     sdk_chain_without_store,
     stored_responses_are_shared,
     warm_up_then_generate,

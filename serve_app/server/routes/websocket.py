@@ -224,6 +224,7 @@ class ResponsesSocket:
         except APIError as error:
             report_once(metrics, trace, "rejected", error.code)
             report_refusal(metrics, self.websocket.scope, error)
+            self._forget_parent(event)
             await self._send(error_message(error, event.lane))
             return
         events = run_turn(
@@ -246,6 +247,13 @@ class ResponsesSocket:
                     await self._send(event_message(response_event, event.lane))
         if turn.stream.continuable:
             self.responses.remember(event.lane, turn.stream.response, turn.input_items, turn.stream.tool_texts)
+        elif turn.stream.response.status == "failed":
+            self._forget_parent(event)
+
+    def _forget_parent(self, event: CreateEvent) -> None:
+        """A failed continuation evicts the response it continued from the connection."""
+        if event.request is not None and event.request.previous_response_id is not None:
+            self.responses.forget(event.request.previous_response_id)
 
     async def _send(self, message: str) -> None:
         """One whole message; a client that takes nothing for the send timeout is dropped:
