@@ -707,6 +707,9 @@ class ResponsesRequest(_Lenient):
     max_output_tokens: int | None = Field(default=None, ge=1)
     temperature: float | None = Field(default=None, ge=0, le=2)
     top_p: float | None = Field(default=None, gt=0, le=1)
+    # Open Responses' (and Chat Completions') penalties; OpenAI's Responses API reports them as 0.0.
+    presence_penalty: float | None = Field(default=None, ge=-2, le=2)
+    frequency_penalty: float | None = Field(default=None, ge=-2, le=2)
     stream: bool = False
     store: bool = True
     background: bool = False

@@ -266,8 +266,8 @@ class ResponseStream:
             temperature=DEFAULT_TEMPERATURE if request.temperature is None else request.temperature,
             top_p=DEFAULT_TOP_P if request.top_p is None else request.top_p,
             top_logprobs=request.top_logprobs or 0,
-            presence_penalty=0.0,  # not request parameters of the Responses API: the values the engine ran with
-            frequency_penalty=0.0,
+            presence_penalty=request.presence_penalty or 0.0,  # the values the engine ran with
+            frequency_penalty=request.frequency_penalty or 0.0,
             max_output_tokens=request.max_output_tokens,
             previous_response_id=request.previous_response_id,
             background=request.background,

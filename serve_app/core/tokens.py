@@ -47,6 +47,8 @@ class GenerationRequest:
     max_tokens: int | None = None
     temperature: float | None = None
     top_p: float | None = None
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
     seed: int | None = None
     logprobs: int | None = None  # report logprobs with this many alternatives per token (0: none)
     constraint: OutputConstraint | None = None  # structured outputs / enforced tool_choice

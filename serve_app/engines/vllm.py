@@ -356,6 +356,8 @@ class VLLMBackend:
             sampling["temperature"] = request.temperature
         if request.top_p is not None:
             sampling["top_p"] = request.top_p
+        if request.presence_penalty or request.frequency_penalty:
+            sampling["presence_penalty"], sampling["frequency_penalty"] = request.presence_penalty, request.frequency_penalty
         if request.logprobs is not None:  # the sampled token's logprob and the top-k
             sampling["logprobs"] = request.logprobs
         if request.constraint is not None:  # text.format / tool_choice: xgrammar masks the logits

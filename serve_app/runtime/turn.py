@@ -126,6 +126,8 @@ def engine_request(
         max_tokens=room if budget is None else max(1, min(room, budget - output_tokens)),
         temperature=DEFAULT_TEMPERATURE if offered.temperature is None else offered.temperature,
         top_p=DEFAULT_TOP_P if offered.top_p is None else offered.top_p,
+        presence_penalty=offered.presence_penalty or 0.0,
+        frequency_penalty=offered.frequency_penalty or 0.0,
         logprobs=offered.logprobs,
         constraint=model.family.constraint(offered, prompt),
         affinity_key=affinity,

@@ -18,14 +18,16 @@ FAMILIES = ["gpt-oss-replay", "qwen3-replay"]
 CARRIERS = {"response.created", "response.in_progress", "response.completed"}
 
 
-def assert_wire(response: dict, *, temperature: float = 1.0, top_p: float = 1.0, top_logprobs: int = 0, verbosity: str = "medium") -> None:
+def assert_wire(
+    response: dict, *, temperature: float = 1.0, top_p: float = 1.0, top_logprobs: int = 0, verbosity: str = "medium", penalty: float = 0.0
+) -> None:
     assert type(response["created_at"]) is int
     assert response["completed_at"] is None or type(response["completed_at"]) is int
     assert response["temperature"] == temperature
     assert response["top_p"] == top_p
     assert response["top_logprobs"] == top_logprobs
-    assert response["presence_penalty"] == 0.0
-    assert response["frequency_penalty"] == 0.0
+    assert response["presence_penalty"] == penalty
+    assert response["frequency_penalty"] == -penalty
     assert response["text"]["verbosity"] == verbosity
     for item in response["output"]:
         if item["type"] == "reasoning":
@@ -61,11 +63,13 @@ def test_asked_values_are_echoed_and_encrypted_reasoning_kept(inprocess_url):
         "top_logprobs": 2,
         "include": ["message.output_text.logprobs", "reasoning.encrypted_content"],
         "text": {"verbosity": "low"},
+        "presence_penalty": 0.5,
+        "frequency_penalty": -0.5,
         "store": False,
     }
     with httpx.Client(timeout=60) as http:
         answer = http.post(f"{inprocess_url}/responses", json=body).json()
-    assert_wire(answer, temperature=0.3, top_p=0.9, top_logprobs=2, verbosity="low")
+    assert_wire(answer, temperature=0.3, top_p=0.9, top_logprobs=2, verbosity="low", penalty=0.5)
     (reasoning,) = [item for item in answer["output"] if item["type"] == "reasoning"]
     assert isinstance(reasoning["encrypted_content"], str)
 
