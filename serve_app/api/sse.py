@@ -59,6 +59,22 @@ def event_json(event: ResponseStreamEvent) -> bytes:
     return event.__pydantic_serializer__.to_json(event, by_alias=True)
 
 
+# Two dialects, one stream: OpenAI's event names (the default: the `openai` SDK, the Agents
+# SDK and Codex read them) and Open Responses' (openresponses.org), which names OpenAI's
+# `response.reasoning_text.delta` / `.done` `response.reasoning.delta` / `.done`. A request
+# that carries the spec's version header gets the spec's names, in every event of its stream
+# (SSE or WebSocket, a background response followed too); nothing else differs.
+OPEN_RESPONSES_HEADER = "openresponses-version"
+
+
+def in_open_responses_dialect(data: bytes) -> bytes:
+    """Framed events (or one event's JSON) in Open Responses' names. A JSON string value
+    escapes its quotes, so `"type":"response.reasoning_text.` is only ever the event's type."""
+    return data.replace(b"event: response.reasoning_text.", b"event: response.reasoning.").replace(
+        b'"type":"response.reasoning_text.', b'"type":"response.reasoning.'
+    )
+
+
 def frame(event: ResponseStreamEvent) -> bytes:
     """One event, framed: what a background response's event log stores per event."""
     prefix = _PREFIX.get(event.type)

@@ -29,6 +29,8 @@ def assert_wire(
     assert response["presence_penalty"] == penalty
     assert response["frequency_penalty"] == -penalty
     assert response["text"]["verbosity"] == verbosity
+    assert isinstance(response["reasoning"], dict)  # {"effort": ..., "summary": ...}, never null
+    assert isinstance(response["metadata"], dict)
     for item in response["output"]:
         if item["type"] == "reasoning":
             assert "encrypted_content" not in item or isinstance(item["encrypted_content"], str)

@@ -18,7 +18,7 @@ from serve_app.runtime.background import BackgroundRuns
 from serve_app.runtime.metrics import report_response
 from serve_app.runtime.run import run_turn
 from serve_app.runtime.turn import Turn
-from serve_app.server.routes.event_stream import EventStreamResponse
+from serve_app.server.routes.event_stream import EventStreamResponse, wants_open_responses
 from serve_app.server.tenants import TenantState, tenant_state
 from serve_app.server.turn_headers import response_headers
 
@@ -43,7 +43,7 @@ def check_background_room(state: State) -> None:
         )
 
 
-async def start_background(turn: Turn, state: State, tenant: TenantState) -> Response:
+async def start_background(turn: Turn, state: State, tenant: TenantState, *, open_responses: bool = False) -> Response:
     """Start `turn` as a background run of `tenant` on this replica; answer at once (the
     response, `in_progress`) or, with `stream`, follow its events (a client that goes away
     stops following, not the run)."""
@@ -72,13 +72,19 @@ async def start_background(turn: Turn, state: State, tenant: TenantState) -> Res
             state.sse_keepalive_s,
             headers=headers,
             send_timeout_s=state.replica_limits.client_send_timeout_s,
+            open_responses=open_responses,
         )
     return Response(response_json(snapshot), media_type="application/json", headers=headers)
 
 
-def _event_stream(frames: AsyncGenerator[bytes, None], background: BackgroundRuns, state: State) -> EventStreamResponse:
+def _event_stream(frames: AsyncGenerator[bytes, None], background: BackgroundRuns, request: Request) -> EventStreamResponse:
+    state = request.app.state
     return EventStreamResponse(
-        frames, state.sse_keepalive_s, headers=_headers(background), send_timeout_s=state.replica_limits.client_send_timeout_s
+        frames,
+        state.sse_keepalive_s,
+        headers=_headers(background),
+        send_timeout_s=state.replica_limits.client_send_timeout_s,
+        open_responses=wants_open_responses(request),
     )
 
 
@@ -105,7 +111,7 @@ async def follow_response(response_id: str, request: Request) -> EventStreamResp
             f"Response '{response_id}' was not created with 'background': true; only background responses can be streamed.",
             param="stream",
         )
-    return _event_stream(background.follow(response_id, starting_after), background, request.app.state)
+    return _event_stream(background.follow(response_id, starting_after), background, request)
 
 
 async def current_response(response_id: str, request: Request) -> APIResponse:

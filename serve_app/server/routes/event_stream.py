@@ -11,19 +11,34 @@ SSE client skips (the `openai` SDK's decoder, Codex's, the WHATWG spec).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import AsyncGenerator
 from typing import Any
 
 import anyio
+from starlette.requests import HTTPConnection
 from starlette.responses import StreamingResponse
 from starlette.types import Message, Send
+
+from serve_app.api.sse import OPEN_RESPONSES_HEADER, in_open_responses_dialect
 
 logger = logging.getLogger(__name__)
 
 KEEPALIVE = b": keep-alive\n\n"
 CLOSE_TIMEOUT_S = 5.0  # the longest a stream's own cleanup may hold its end
 HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}  # X-Accel: nginx must not buffer it
+
+
+async def _in_open_responses_dialect(frames: AsyncGenerator[bytes, None]) -> AsyncGenerator[bytes, None]:
+    async with contextlib.aclosing(frames):
+        async for data in frames:
+            yield in_open_responses_dialect(data)
+
+
+def wants_open_responses(request: HTTPConnection) -> bool:
+    """The client asked for Open Responses' event names (its `OpenResponses-Version` header)."""
+    return OPEN_RESPONSES_HEADER in request.headers
 
 
 class ClientStalled(Exception):
@@ -42,10 +57,12 @@ class EventStreamResponse(StreamingResponse):
         keepalive_s: float | None,
         headers: dict[str, str] | None = None,
         send_timeout_s: float | None = None,
+        open_responses: bool = False,
     ) -> None:
         """`send_timeout_s`: a client that takes no write for this long is dropped (the
-        stream ends, its events closed: the engine request aborted)."""
-        super().__init__(frames, headers={**HEADERS, **(headers or {})})
+        stream ends, its events closed: the engine request aborted). `open_responses`: the
+        events in Open Responses' names (`api.sse.in_open_responses_dialect`)."""
+        super().__init__(_in_open_responses_dialect(frames) if open_responses else frames, headers={**HEADERS, **(headers or {})})
         self.keepalive_s = keepalive_s
         self.send_timeout_s = send_timeout_s
         self._last_write = 0.0

@@ -33,7 +33,7 @@ from serve_app.server.routes.background import (
     start_background,
     wants_stream,
 )
-from serve_app.server.routes.event_stream import EventStreamResponse
+from serve_app.server.routes.event_stream import EventStreamResponse, wants_open_responses
 from serve_app.server.tenants import TenantState, tenant_state
 from serve_app.server.turn_headers import response_headers
 from serve_app.state import ResponseStore
@@ -60,7 +60,7 @@ async def create_response(http_request: Request) -> Response:
         check_background_room(state)  # before any work: the replica's bound, not the tenant's
     turn = await begin_turn(request, state, tenant, tenant.responses, trace)
     if request.background:
-        return await start_background(turn, state, tenant)
+        return await start_background(turn, state, tenant, open_responses=wants_open_responses(http_request))
     events = run_turn(turn, tenant.responses, state.max_stream_duration_s, refusal_window_s=REFUSAL_WINDOW_S)
     headers = response_headers(turn)
     if request.stream:
@@ -71,6 +71,7 @@ async def create_response(http_request: Request) -> Response:
             state.sse_keepalive_s,
             headers=headers,
             send_timeout_s=state.replica_limits.client_send_timeout_s,
+            open_responses=wants_open_responses(http_request),
         )
     try:
         async with contextlib.aclosing(events):

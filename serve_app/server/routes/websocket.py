@@ -30,6 +30,7 @@ from serve_app.runtime.admission import ByteBudget
 from serve_app.runtime.metrics import RequestTrace, report_once, report_refusal
 from serve_app.runtime.offload import parse_body_off_loop
 from serve_app.runtime.run import REFUSAL_WINDOW_S, PromptOnly, run_turn
+from serve_app.server.routes.event_stream import wants_open_responses
 from serve_app.server.routes.responses import begin_turn, first_events, prepended, reported
 from serve_app.server.tenants import tenant_state
 from serve_app.state.connection import ConnectionResponses
@@ -66,6 +67,7 @@ class ClientGone(Exception):
 class ResponsesSocket:
     def __init__(self, websocket: WebSocket) -> None:
         self.websocket = websocket
+        self.open_responses = wants_open_responses(websocket)  # the handshake's OpenResponses-Version
         self.state = websocket.app.state
         self.tenant = tenant_state(websocket)
         self.limits: ReplicaLimits = self.state.replica_limits
@@ -244,7 +246,7 @@ class ResponsesSocket:
         async with contextlib.aclosing(reported(prepended(first, events), turn, metrics)) as batches:
             async for batch in batches:
                 for response_event in batch:
-                    await self._send(event_message(response_event, event.lane))
+                    await self._send(event_message(response_event, event.lane, open_responses=self.open_responses))
         if turn.stream.continuable:
             self.responses.remember(event.lane, turn.stream.response, turn.input_items, turn.stream.tool_texts)
         elif turn.stream.response.status == "failed":
