@@ -44,7 +44,7 @@ class TargetUrl:
     @property
     def address(self) -> IPAddress | None:
         """The host as an IP address, when it is one."""
-        return _ip(self.host)
+        return ip_literal(self.host)
 
 
 def parse_target(url: str) -> TargetUrl:
@@ -82,15 +82,16 @@ def _host(raw: str) -> str:
         raise ValueError("the URL's host is not a valid name") from None
     last = host.rsplit(".", 1)[-1]
     if ":" not in host and (last.isdigit() or last.startswith("0x")):
-        address = _ip(host)
+        address = ip_literal(host)
         if address is None or str(address) != host:
             raise ValueError(f"'{host}' is not a canonical IP address")
     return host
 
 
-def _ip(host: str) -> IPAddress | None:
+def ip_literal(host: str) -> IPAddress | None:
+    """The IP address a URL's host spells (brackets around IPv6 allowed), or None for a name."""
     try:
-        return ipaddress.ip_address(host)
+        return ipaddress.ip_address(host.removeprefix("[").removesuffix("]"))
     except ValueError:
         return None
 
@@ -143,4 +144,4 @@ class UrlPattern:
     @property
     def address(self) -> IPAddress | None:
         """The address this pattern names literally (no glob in its host), if it is one."""
-        return _ip(self.host)
+        return ip_literal(self.host)

@@ -52,7 +52,8 @@ from serve_app.state.responses import DEFAULT_CACHE_BYTES, DEFAULT_TTL_S, TurnCa
 from serve_app.state.runs import EVENTS_TTL_S, RunStore
 from serve_app.tools.builtin.factory import builtin_factories
 from serve_app.tools.builtin.transport import TransportFactory
-from serve_app.tools.mcp_client import ConnectPolicy, McpLimits, Resolver
+from serve_app.tools.egress import Resolver
+from serve_app.tools.mcp_client import ConnectPolicy, McpLimits
 from serve_app.tools.remote_mcp import RemoteMcpFactory
 from serve_app.tools.server_tools import ServerToolRuntime, ToolFactory
 

@@ -20,13 +20,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-import ipaddress
 import json
 import logging
 import re
-import socket
 import ssl
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
+from collections.abc import AsyncIterator, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
@@ -39,14 +37,13 @@ from mcp.client.sse import sse_client
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.exceptions import MCPError
 
-from serve_app.api.url_patterns import IPAddress, TargetUrl, UrlPattern, parse_target
+from serve_app.api.url_patterns import IPAddress, TargetUrl, UrlPattern, ip_literal, parse_target
 from serve_app.core.tool_items import ToolError
 from serve_app.core.utf8 import cap_text
-from serve_app.tools.browser.policy import refusal_reason
+from serve_app.tools.egress import Resolver, refusal_reason, system_resolver
 
 logger = logging.getLogger(__name__)
 
-Resolver = Callable[[str, int], Awaitable[Sequence[IPAddress]]]
 CLIENT_INFO = mcp_types.Implementation(name="responses-serve", version="0.1.0")
 MAX_LIST_PAGES = 10  # tools/list pages followed (a server whose cursor never ends cannot hang a response)
 MAX_TOOLS = 256  # tools of one server offered to the model
@@ -73,12 +70,6 @@ class McpLimits:
     connect_timeout_s: float = 10.0
     call_timeout_s: float = 60.0
     max_output_bytes: int = 1024 * 1024
-
-
-async def system_resolver(host: str, port: int) -> list[IPAddress]:
-    """The machine's resolver (getaddrinfo)."""
-    infos = await asyncio.get_running_loop().getaddrinfo(host, port, type=socket.SOCK_STREAM)
-    return [ipaddress.ip_address(info[4][0]) for info in infos]
 
 
 class ConnectPolicy:
@@ -119,7 +110,7 @@ class ConnectPolicy:
 
     async def address(self, host: str, port: int) -> str:
         """The checked address to open a connection to `host` on; `ConnectRefused` if none."""
-        literal = _ip(host)
+        literal = ip_literal(host)
         if literal is not None:
             addresses: Sequence[IPAddress] = [literal]
         else:
@@ -137,15 +128,8 @@ class ConnectPolicy:
     def _check_address(self, host: str, address: IPAddress, port: int) -> None:
         if (address, port) in self.named_addresses or (address, None) in self.named_addresses:
             return
-        if reason := refusal_reason(address):  # the browser's rules for what is not public
+        if reason := refusal_reason(address):  # the egress policy's rules for what is not public
             raise ConnectRefused(f"'{host}' is {reason} ({address}), which no allowed_urls pattern names")
-
-
-def _ip(host: str) -> IPAddress | None:
-    try:
-        return ipaddress.ip_address(host.strip("[]"))
-    except ValueError:
-        return None
 
 
 class _GuardedBackend(httpcore2.AsyncNetworkBackend):

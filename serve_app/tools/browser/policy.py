@@ -16,33 +16,18 @@ The check yields the address to connect to, so the connection goes where the che
 
 from __future__ import annotations
 
-import asyncio
 import ipaddress
-import socket
-from collections.abc import Awaitable, Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 import httpx
 
-IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
+from serve_app.api.url_patterns import IPAddress, ip_literal
+from serve_app.tools.egress import METADATA_ADDRESSES, Resolver, refusal_reason, system_resolver
+
 IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
-Resolver = Callable[[str, int], Awaitable[Sequence[IPAddress]]]
 
 MAX_URL_CHARS = 4096
-METADATA_ADDRESSES = frozenset(
-    ipaddress.ip_address(address)
-    for address in (
-        "169.254.169.254",  # AWS, GCP, Azure, Oracle, DigitalOcean, OpenStack
-        "169.254.170.2",  # AWS ECS task metadata
-        "169.254.170.23",  # AWS EKS pod identity
-        "fd00:ec2::254",  # AWS over IPv6
-        "fd00:ec2::23",
-        "100.100.100.200",  # Alibaba Cloud
-        "192.0.0.192",  # Oracle Cloud
-    )
-)
-_NAT64 = ipaddress.ip_network("64:ff9b::/96")
-_SHARED = ipaddress.ip_network("100.64.0.0/10")  # carrier-grade NAT (RFC 6598)
 
 
 class FetchRefused(Exception):
@@ -64,41 +49,6 @@ class Target:
         host = f"[{self.host}]" if ":" in self.host else self.host
         default = 443 if self.scheme == "https" else 80
         return host if self.port == default else f"{host}:{self.port}"
-
-
-def _embedded_ipv4(address: IPAddress) -> ipaddress.IPv4Address | None:
-    if isinstance(address, ipaddress.IPv4Address):
-        return None
-    if address.ipv4_mapped is not None:
-        return address.ipv4_mapped
-    if address in _NAT64:
-        return ipaddress.IPv4Address(int(address) & 0xFFFFFFFF)
-    if address.sixtofour is not None:
-        return address.sixtofour
-    if address.teredo is not None:
-        return address.teredo[1]
-    return None
-
-
-def refusal_reason(address: IPAddress) -> str | None:
-    """Why `address` is not a public address, or None if it is one."""
-    embedded = _embedded_ipv4(address)
-    if embedded is not None and (reason := refusal_reason(embedded)):
-        return reason
-    if address in METADATA_ADDRESSES:
-        return "a cloud metadata address"
-    for reason, test in (
-        ("a loopback address", address.is_loopback),
-        ("an unspecified address", address.is_unspecified),
-        ("a link-local address", address.is_link_local),
-        ("a multicast address", address.is_multicast),
-        ("a private address", address.is_private),
-        ("a shared (CGNAT) address", address in _SHARED),
-        ("a reserved address", address.is_reserved),
-    ):
-        if test:
-            return reason
-    return None if address.is_global else "not a public address"
 
 
 def _strip_dot(host: str) -> str:
@@ -162,21 +112,6 @@ def domain_allowed(host: str, allowed_domains: tuple[str, ...] | None) -> bool:
     return any(host == domain or host.endswith("." + domain) for domain in allowed_domains)
 
 
-async def system_resolver(host: str, port: int, timeout_s: float = 5.0) -> list[IPAddress]:
-    """The machine's resolver (getaddrinfo), bounded in time."""
-    loop = asyncio.get_running_loop()
-    async with asyncio.timeout(timeout_s):
-        infos = await loop.getaddrinfo(host, port, type=socket.SOCK_STREAM)
-    return [ipaddress.ip_address(info[4][0]) for info in infos]
-
-
-def _ip_literal(host: str) -> IPAddress | None:
-    try:
-        return ipaddress.ip_address(host)
-    except ValueError:
-        return None
-
-
 def parse_url(url: str) -> httpx.URL:
     """The URL, if its shape may be fetched at all (before any name is resolved)."""
     if len(url) > MAX_URL_CHARS:
@@ -198,7 +133,7 @@ def parse_url(url: str) -> httpx.URL:
         raise FetchRefused("IPv6 zone identifiers are not allowed")
     last_label = _strip_dot(host).rsplit(".", 1)[-1]
     if ":" not in host and (last_label.isdigit() or last_label.startswith("0x")):
-        address = _ip_literal(_strip_dot(host))
+        address = ip_literal(_strip_dot(host))
         if address is None or str(address) != _strip_dot(host):
             raise FetchRefused(f"`{host}` is not a canonical IP address")
     return parsed
@@ -218,7 +153,7 @@ class FetchPolicy:
         port = parsed.port or (443 if parsed.scheme == "https" else 80)
         if not domain_allowed(host, allowed_domains):
             raise FetchRefused(f"`{host}` is not in the allowed domains of this request")
-        literal = _ip_literal(_strip_dot(host))
+        literal = ip_literal(_strip_dot(host))
         if literal is not None:
             addresses: Sequence[IPAddress] = [literal]
         else:

@@ -16,7 +16,8 @@ from serve_app.state.tenancy import TenantStore
 from serve_app.tools.builtin.browser import INCLUDE_SOURCES, BrowserTools
 from serve_app.tools.builtin.python import INCLUDE_OUTPUTS, ContainerRecords, PythonTools
 from serve_app.tools.builtin.transport import McpTransport, TransportFactory
-from serve_app.tools.mcp_client import McpLimits, Resolver
+from serve_app.tools.egress import Resolver
+from serve_app.tools.mcp_client import McpLimits
 from serve_app.tools.server_tools import ToolFactory
 
 

@@ -11,7 +11,6 @@ the toolsets (python.py, browser.py) read one shape.
 
 from __future__ import annotations
 
-import ipaddress
 import urllib.parse
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -19,8 +18,9 @@ from typing import Any, Protocol
 
 import mcp_types
 
-from serve_app.api.url_patterns import IPAddress
-from serve_app.tools.mcp_client import ConnectPolicy, ConnectRefused, McpConnection, McpLimits, McpUnavailable, Resolver
+from serve_app.api.url_patterns import IPAddress, ip_literal
+from serve_app.tools.egress import Resolver
+from serve_app.tools.mcp_client import ConnectPolicy, ConnectRefused, McpConnection, McpLimits, McpUnavailable
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,10 +77,8 @@ class ConfiguredServer(ConnectPolicy):
     async def address(self, host: str, port: int) -> str:
         if host.lower().strip("[]") != self.host.strip("[]") or port != self.port:
             raise ConnectRefused(f"'{host}:{port}' is not the configured tool server")
-        try:
-            return str(ipaddress.ip_address(host.strip("[]")))
-        except ValueError:
-            pass
+        if (literal := ip_literal(host)) is not None:
+            return str(literal)
         addresses: Sequence[IPAddress] = await self.resolver(host, port)
         if not addresses:
             raise ConnectRefused(f"cannot resolve '{host}'")

@@ -18,7 +18,8 @@ import pytest
 from serve_app.tools.browser.backends import SearxngBackend
 from serve_app.tools.browser.browser import Browser, BrowserLimits, BrowserSession
 from serve_app.tools.browser.fetch import Fetcher, FetchLimits
-from serve_app.tools.browser.policy import FetchPolicy, FetchRefused, HostRules, refusal_reason
+from serve_app.tools.browser.policy import FetchPolicy, FetchRefused, HostRules
+from serve_app.tools.egress import refusal_reason
 from tests.support.servers import free_port
 from tests.tools.browser.tls import client_context, https_server, make_certificates
 from tests.tools.browser.web import Web, running_web
