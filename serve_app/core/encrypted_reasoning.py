@@ -24,7 +24,7 @@ from typing import cast
 from cryptography.fernet import Fernet, InvalidToken, MultiFernet
 
 from serve_app.api.errors import invalid_request
-from serve_app.api.request import HistoryItem, ReasoningItem, ReasoningText
+from serve_app.api.items import HistoryItem, ReasoningItem, ReasoningText
 
 INCLUDE = "reasoning.encrypted_content"
 _VERSION = 1

@@ -66,8 +66,9 @@ from openai.types.responses.response_reasoning_item import Content as ReasoningC
 from openai.types.responses.response_usage import InputTokensDetails, OutputTokensDetails, ResponseUsage
 from pydantic import BaseModel, TypeAdapter, ValidationError
 
-from serve_app.api.request import DEFAULT_TEMPERATURE, DEFAULT_TOP_P, McpTool, ResponsesRequest
+from serve_app.api.request import DEFAULT_TEMPERATURE, DEFAULT_TOP_P, ResponsesRequest
 from serve_app.api.service_tier import ServedTier
+from serve_app.api.tools import McpTool
 from serve_app.core.citations import CitationStream
 from serve_app.core.construct import trusted_constructor as _trusted_constructor
 from serve_app.core.items import CompletionParser, Phase

@@ -25,17 +25,9 @@ from typing import Any, Protocol
 from jinja2 import TemplateError
 
 from serve_app.api.errors import invalid_request
-from serve_app.api.request import (
-    BuiltinTool,
-    FunctionCallItem,
-    FunctionCallOutputItem,
-    FunctionTool,
-    HistoryItem,
-    MessageItem,
-    NamespaceTool,
-    ReasoningItem,
-    ResponsesRequest,
-)
+from serve_app.api.items import FunctionCallItem, FunctionCallOutputItem, HistoryItem, MessageItem, ReasoningItem
+from serve_app.api.request import ResponsesRequest
+from serve_app.api.tools import BuiltinTool, FunctionTool, NamespaceTool
 from serve_app.core.items import ItemSink
 from serve_app.core.tokens import OutputConstraint
 from serve_app.families.chat_parser import ChatCompletionParser, TaggedTextParser, Tags, Vocabulary

@@ -31,7 +31,8 @@ from typing import Any, Literal
 
 from serve_app.api.errors import invalid_request
 from serve_app.api.json_schema import UnsupportedSchema, check_schema
-from serve_app.api.request import AllowedToolsChoice, FunctionTool, NamedFunctionChoice, ResponsesRequest
+from serve_app.api.request import ResponsesRequest
+from serve_app.api.tools import AllowedToolsChoice, FunctionTool, NamedFunctionChoice
 from serve_app.core.tokens import OutputConstraint
 
 CallMode = Literal["auto", "required", "none"]

@@ -39,15 +39,9 @@ from openai_harmony import (
 )
 
 from serve_app.api.errors import invalid_request
-from serve_app.api.request import (
-    FunctionCallItem,
-    FunctionTool,
-    HistoryItem,
-    JSONSchemaFormat,
-    MessageItem,
-    ReasoningItem,
-    ResponsesRequest,
-)
+from serve_app.api.items import FunctionCallItem, HistoryItem, MessageItem, ReasoningItem
+from serve_app.api.request import JSONSchemaFormat, ResponsesRequest
+from serve_app.api.tools import FunctionTool
 from serve_app.core.items import ItemSink
 from serve_app.core.tokens import OutputConstraint
 from serve_app.core.utf8 import Utf8Decoder, unfinished_utf8_tail

@@ -32,7 +32,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from serve_app.api.request import (
+from serve_app.api.items import (
     CodeInterpreterCallItem,
     FunctionCallItem,
     FunctionCallOutputItem,

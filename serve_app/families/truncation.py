@@ -21,7 +21,7 @@ import itertools
 from collections.abc import Callable, Sequence
 from typing import TypeVar
 
-from serve_app.api.request import FunctionCallItem, FunctionCallOutputItem, MessageItem
+from serve_app.api.items import FunctionCallItem, FunctionCallOutputItem, MessageItem
 
 Item = TypeVar("Item")
 

@@ -20,7 +20,8 @@ from typing import NamedTuple
 from openai.types.responses import ResponseError, ResponseFailedEvent, ResponseStreamEvent
 
 from serve_app.api.errors import APIError, invalid_request, server_full
-from serve_app.api.request import MessageItem, ResponsesRequest
+from serve_app.api.items import MessageItem
+from serve_app.api.request import ResponsesRequest
 from serve_app.api.service_tier import engine_priority, served_tier
 from serve_app.core.encrypted_reasoning import INCLUDE as ENCRYPTED_REASONING
 from serve_app.core.encrypted_reasoning import ReasoningCipher, open_reasoning_items

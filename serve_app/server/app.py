@@ -23,8 +23,9 @@ from openai_harmony import Message, Role
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from serve_app.api.errors import APIError, model_not_found, server_error
+from serve_app.api.items import MessageItem
 from serve_app.api.limits import DEFAULT_LIMITS, RequestLimits
-from serve_app.api.request import MessageItem, ResponsesRequest
+from serve_app.api.request import ResponsesRequest
 from serve_app.api.sse import encode_events
 from serve_app.config import DEFAULT_SSE_KEEPALIVE_S, AuthConfig, ReplicaLimits, ToolsConfig
 from serve_app.core.encrypted_reasoning import ReasoningCipher

@@ -25,7 +25,7 @@ from openai.types.conversations import Conversation
 from pydantic import TypeAdapter
 
 from serve_app.api.errors import APIError
-from serve_app.api.request import StoredInputItem
+from serve_app.api.items import StoredInputItem
 from serve_app.core.stream import new_id
 from serve_app.families.harmony import HistoryItem
 from serve_app.state.responses import BUILTIN_ITEM_TYPES, as_response_item, kept_tool_texts, with_ids, with_tool_text

@@ -31,7 +31,7 @@ from openai.types.responses.response_function_tool_call_item import ResponseFunc
 from pydantic import TypeAdapter
 
 from serve_app.api.errors import invalid_request, item_not_found
-from serve_app.api.request import (
+from serve_app.api.items import (
     HOSTED_ITEM_TYPES,
     CodeInterpreterCallItem,
     FunctionCallItem,

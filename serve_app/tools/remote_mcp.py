@@ -36,22 +36,24 @@ from openai.types.responses.response_output_item import McpListToolsTool
 from pydantic import ValidationError
 
 from serve_app.api.errors import invalid_request
-from serve_app.api.request import (
+from serve_app.api.items import (
     FUNCTION_NAME_PATTERN,
-    AllowedToolRef,
-    AllowedToolsChoice,
-    FunctionTool,
     HistoryItem,
     McpApprovalRequestItem,
     McpApprovalResponseItem,
     McpCallItem,
     McpListedTool,
     McpListToolsItem,
+)
+from serve_app.api.request import ResponsesRequest
+from serve_app.api.tools import (
+    AllowedToolRef,
+    AllowedToolsChoice,
+    FunctionTool,
     McpTool,
     McpToolChoice,
     NamedFunctionChoice,
     NamespaceTool,
-    ResponsesRequest,
     Tool,
 )
 from serve_app.core.stream import ResponseStream

@@ -23,7 +23,9 @@ from typing import Literal, Protocol
 
 from openai.types.responses import ResponseStreamEvent
 
-from serve_app.api.request import HistoryItem, HostedTool, ResponsesRequest, Tool
+from serve_app.api.items import HistoryItem
+from serve_app.api.request import ResponsesRequest
+from serve_app.api.tools import HostedTool, Tool
 from serve_app.core.stream import ResponseStream
 from serve_app.core.tool_items import ServerCall, ServerTools, ToolOutcome
 

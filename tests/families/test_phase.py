@@ -9,7 +9,8 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from serve_app.api.request import MessageItem, ResponsesRequest
+from serve_app.api.items import MessageItem
+from serve_app.api.request import ResponsesRequest
 from serve_app.families.harmony import HarmonyModel
 from serve_app.families.vocab import harmony_encoding
 

@@ -12,7 +12,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from serve_app.api.request import FunctionCallItem, FunctionCallOutputItem, MessageItem, ReasoningItem, ResponsesRequest
+from serve_app.api.items import FunctionCallItem, FunctionCallOutputItem, MessageItem, ReasoningItem
+from serve_app.api.request import ResponsesRequest
 from serve_app.families.harmony import render_prompt
 from serve_app.families.truncation import cut_points, first_true, fit_to_context, output_reserve
 from tests.support import sdk_scenarios

@@ -135,7 +135,7 @@ def _response(response_id: str, previous: str | None, text: str = "ok"):
 
 
 def _user(text: str):
-    from serve_app.api.request import MessageItem
+    from serve_app.api.items import MessageItem
 
     return [MessageItem(role="user", content=text)]
 

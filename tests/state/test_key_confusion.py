@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from serve_app.api.request import MessageItem
+from serve_app.api.items import MessageItem
 from serve_app.state.conversations import ConversationStore
 
 pytestmark = pytest.mark.anyio

@@ -8,7 +8,7 @@ import asyncio
 
 import pytest
 
-from serve_app.api.request import MessageItem
+from serve_app.api.items import MessageItem
 from serve_app.state.conversations import ConversationStore
 from serve_app.state.runs import RunStore
 

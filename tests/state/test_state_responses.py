@@ -7,7 +7,8 @@ from openai.types.responses import Response, ResponseItem
 from pydantic import TypeAdapter
 
 from serve_app.api.errors import APIError
-from serve_app.api.request import MessageItem, ResponsesRequest
+from serve_app.api.items import MessageItem
+from serve_app.api.request import ResponsesRequest
 from serve_app.core.stream import ResponseStream
 from serve_app.core.tokens import TokenBatch
 from serve_app.families.harmony import HarmonyModel

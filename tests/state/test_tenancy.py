@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from serve_app.api.errors import APIError
-from serve_app.api.request import MessageItem
+from serve_app.api.items import MessageItem
 from serve_app.state.conversations import ConversationStore
 from serve_app.state.responses import ResponseStore, TurnCache
 from serve_app.state.runs import RunStore

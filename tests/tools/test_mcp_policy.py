@@ -12,7 +12,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from serve_app.api.request import McpListedTool, McpTool
+from serve_app.api.items import McpListedTool
+from serve_app.api.tools import McpTool
 from serve_app.api.url_patterns import UrlPattern, parse_target
 from serve_app.tools.mcp_client import ConnectPolicy, ConnectRefused, _GuardedBackend, cap_text
 from serve_app.tools.remote_mcp import MAX_SCHEMA_DEPTH, offerable

@@ -24,7 +24,8 @@ from openai.types.responses.response_function_web_search import Action
 from openai_harmony import ToolNamespaceConfig
 from pydantic import TypeAdapter, ValidationError
 
-from serve_app.api.request import BuiltinTool, FunctionTool, ResponsesRequest, WebSearchTool
+from serve_app.api.request import ResponsesRequest
+from serve_app.api.tools import BuiltinTool, FunctionTool, WebSearchTool
 from serve_app.core.citations import CitedPage
 from serve_app.core.tool_items import WEB_SEARCH_CALL, ServerCall, ServerTools, ToolError, ToolOutcome, browser_action
 from serve_app.core.utf8 import cap_text

@@ -9,7 +9,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from serve_app.api.errors import invalid_request
-from serve_app.api.request import CodeInterpreterTool, HistoryItem, ResponsesRequest, Tool, WebSearchTool
+from serve_app.api.items import HistoryItem
+from serve_app.api.request import ResponsesRequest
+from serve_app.api.tools import CodeInterpreterTool, Tool, WebSearchTool
 from serve_app.config import BuiltinToolsConfig
 from serve_app.state.store import Store
 from serve_app.state.tenancy import TenantStore

@@ -28,7 +28,8 @@ from typing import Any
 
 import mcp_types
 
-from serve_app.api.request import BuiltinTool, CodeInterpreterTool, ResponsesRequest
+from serve_app.api.request import ResponsesRequest
+from serve_app.api.tools import BuiltinTool, CodeInterpreterTool
 from serve_app.core.tool_items import CodeArguments, CodeInterpreterCallKind, ServerCall, ServerTools, ToolError, ToolOutcome
 from serve_app.core.utf8 import cap_text
 from serve_app.state import StoreUnavailable

@@ -1,0 +1,291 @@
+"""Input items and their content parts, as clients send them (and as a conversation's history
+holds them); `item_reference`s are resolved by the state layer before anything is rendered."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Discriminator,
+    Field,
+    PrivateAttr,
+    Tag,
+    model_validator,
+)
+
+FUNCTION_NAME_PATTERN = r"^[a-zA-Z0-9_\-]{1,64}$"
+
+
+class Lenient(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+
+# --- content parts ---------------------------------------------------------------------
+
+
+class TextPart(Lenient):
+    """`input_text` / `output_text` (assistant history); both carry plain text."""
+
+    type: Literal["input_text", "output_text"]
+    text: str
+
+
+class RefusalPart(Lenient):
+    type: Literal["refusal"]
+    refusal: str
+
+
+def _part_tag(value: Any) -> str | None:
+    kind = value.get("type") if isinstance(value, dict) else getattr(value, "type", None)
+    if kind in ("input_text", "output_text"):
+        return "part:text"
+    return "part:refusal" if kind == "refusal" else None
+
+
+ContentPart = Annotated[
+    Annotated[TextPart, Tag("part:text")] | Annotated[RefusalPart, Tag("part:refusal")],
+    Discriminator(
+        _part_tag,
+        custom_error_type="invalid_value",
+        custom_error_message=(
+            "content parts must be of type 'input_text', 'output_text' or 'refusal' "
+            "(images, files and audio are not supported by this server)"
+        ),
+    ),
+]
+
+
+def parts_text(content: str | list[ContentPart]) -> str:
+    if isinstance(content, str):
+        return content
+    return "".join(p.text if isinstance(p, TextPart) else p.refusal for p in content)
+
+
+# --- input items -------------------------------------------------------------------------
+
+
+class MessageItem(Lenient):
+    type: Literal["message"] = "message"
+    id: str | None = None
+    role: Literal["user", "system", "developer", "assistant"]
+    content: str | list[ContentPart]
+    # An assistant message's part in its turn (Codex sends it back): a preamble before tool
+    # calls (`commentary`) or the answer (`final_answer`); harmony renders it on that channel.
+    phase: Literal["commentary", "final_answer"] | None = None
+
+    @model_validator(mode="after")
+    def _phase_is_the_assistants(self) -> MessageItem:
+        if self.phase is not None and self.role != "assistant":
+            raise ValueError(f"'phase' is for assistant messages; this message's role is '{self.role}'")
+        return self
+
+    @property
+    def text(self) -> str:
+        return parts_text(self.content)
+
+
+class FunctionCallItem(Lenient):
+    type: Literal["function_call"]
+    id: str | None = None
+    call_id: str = Field(min_length=1)
+    name: str = Field(min_length=1)
+    namespace: str | None = None
+    arguments: str
+
+
+class FunctionCallOutputItem(Lenient):
+    type: Literal["function_call_output"]
+    id: str | None = None
+    call_id: str = Field(min_length=1)
+    output: str | list[ContentPart]
+
+    @property
+    def text(self) -> str:
+        return parts_text(self.output)
+
+
+class SummaryText(Lenient):
+    type: Literal["summary_text"] = "summary_text"
+    text: str
+
+
+class ReasoningText(Lenient):
+    type: Literal["reasoning_text"] = "reasoning_text"
+    text: str
+
+
+class ReasoningItem(Lenient):
+    type: Literal["reasoning"]
+    id: str | None = None
+    summary: list[SummaryText] = Field(default_factory=list)
+    content: list[ReasoningText] | None = None
+    encrypted_content: str | None = None
+
+    @property
+    def text(self) -> str:
+        """The raw reasoning if it was sent back, else its summary."""
+        if self.content:
+            return "".join(part.text for part in self.content)
+        return "\n\n".join(part.text for part in self.summary)
+
+
+# --- items of server-side tools, sent back as history (serve_app/families/hosted.py renders them) ---
+
+
+class McpListedTool(Lenient):
+    name: str
+    input_schema: Any = None
+    description: str | None = None
+    annotations: Any = None
+
+
+class McpListToolsItem(Lenient):
+    """The tools an MCP server listed: while one for a label is in the conversation, that
+    server is not asked again."""
+
+    type: Literal["mcp_list_tools"]
+    id: str | None = None
+    server_label: str
+    tools: list[McpListedTool] = Field(default_factory=list)
+    error: str | None = None
+
+
+class McpCallItem(Lenient):
+    type: Literal["mcp_call"]
+    id: str | None = None
+    server_label: str
+    name: str
+    arguments: str
+    output: str | None = None
+    # The SDK's tagged union (openai 3.x) or a plain message (2.x): the model reads its text.
+    error: str | dict[str, Any] | None = None
+    approval_request_id: str | None = None
+    status: str | None = None
+
+
+class McpApprovalRequestItem(Lenient):
+    type: Literal["mcp_approval_request"]
+    id: str = Field(min_length=1)
+    server_label: str
+    name: str
+    arguments: str
+
+
+class McpApprovalResponseItem(Lenient):
+    type: Literal["mcp_approval_response"]
+    id: str | None = None
+    approval_request_id: str = Field(min_length=1)
+    approve: bool
+    reason: str | None = None
+
+
+class WebSearchCallItem(Lenient):
+    """A `web_search_call` (the browser tool); its action as the SDK types it."""
+
+    type: Literal["web_search_call"]
+    id: str | None = None
+    status: str | None = None
+    action: dict[str, Any] | None = None
+    # What the model read of the call, within the response that made it (the item does not
+    # carry it; no client can set it): the tool loop's next prompt shows it.
+    _model_text: str | None = PrivateAttr(default=None)
+
+
+class CodeInterpreterCallItem(Lenient):
+    """A `code_interpreter_call` (the python tool): its code and, when included, its outputs."""
+
+    type: Literal["code_interpreter_call"]
+    id: str | None = None
+    code: str | None = None
+    container_id: str | None = None
+    outputs: list[dict[str, Any]] | None = None
+    status: str | None = None
+    _model_text: str | None = PrivateAttr(default=None)  # as for WebSearchCallItem
+
+
+HOSTED_ITEM_TYPES = (
+    "mcp_list_tools",
+    "mcp_call",
+    "mcp_approval_request",
+    "mcp_approval_response",
+    "web_search_call",
+    "code_interpreter_call",
+)
+
+
+class ItemReference(Lenient):
+    """An earlier item by its id (the Vercel AI SDK sends reasoning back so when `store` is on):
+    resolved from the caller's stored responses before anything is rendered."""
+
+    type: Literal["item_reference"] = "item_reference"
+    id: str = Field(min_length=1, max_length=256)
+
+
+def _item_tag(value: Any) -> str | None:
+    if isinstance(value, dict):
+        if "type" in value:
+            return f"item:{value['type']}"
+        # EasyInputMessage has no `type`, nor has an item reference (an `id` without a `role`).
+        return "item:item_reference" if "id" in value and "role" not in value else "item:message"
+    return f"item:{getattr(value, 'type', None)}"
+
+
+# An item a request's `input` may hold.
+InputItem = Annotated[
+    Annotated[MessageItem, Tag("item:message")]
+    | Annotated[FunctionCallItem, Tag("item:function_call")]
+    | Annotated[FunctionCallOutputItem, Tag("item:function_call_output")]
+    | Annotated[ReasoningItem, Tag("item:reasoning")]
+    | Annotated[McpListToolsItem, Tag("item:mcp_list_tools")]
+    | Annotated[McpCallItem, Tag("item:mcp_call")]
+    | Annotated[McpApprovalRequestItem, Tag("item:mcp_approval_request")]
+    | Annotated[McpApprovalResponseItem, Tag("item:mcp_approval_response")]
+    | Annotated[WebSearchCallItem, Tag("item:web_search_call")]
+    | Annotated[CodeInterpreterCallItem, Tag("item:code_interpreter_call")]
+    | Annotated[ItemReference, Tag("item:item_reference")],
+    Discriminator(
+        _item_tag,
+        custom_error_type="invalid_value",
+        custom_error_message=(
+            "input items must be of type 'message', 'function_call', 'function_call_output', 'reasoning', "
+            + ", ".join(f"'{kind}'" for kind in HOSTED_ITEM_TYPES)
+            + ", 'item_reference'"
+        ),
+    ),
+]
+# An item as stored (a response's input, a conversation's items): never a reference.
+StoredInputItem = Annotated[
+    Annotated[MessageItem, Tag("item:message")]
+    | Annotated[FunctionCallItem, Tag("item:function_call")]
+    | Annotated[FunctionCallOutputItem, Tag("item:function_call_output")]
+    | Annotated[ReasoningItem, Tag("item:reasoning")]
+    | Annotated[McpListToolsItem, Tag("item:mcp_list_tools")]
+    | Annotated[McpCallItem, Tag("item:mcp_call")]
+    | Annotated[McpApprovalRequestItem, Tag("item:mcp_approval_request")]
+    | Annotated[McpApprovalResponseItem, Tag("item:mcp_approval_response")]
+    | Annotated[WebSearchCallItem, Tag("item:web_search_call")]
+    | Annotated[CodeInterpreterCallItem, Tag("item:code_interpreter_call")],
+    Discriminator(
+        _item_tag,
+        custom_error_type="invalid_value",
+        custom_error_message=(
+            "input items must be of type 'message', 'function_call', 'function_call_output', 'reasoning', "
+            + ", ".join(f"'{kind}'" for kind in HOSTED_ITEM_TYPES)
+        ),
+    ),
+]
+# An item of a conversation's history, as the families render it.
+HistoryItem = (
+    MessageItem
+    | FunctionCallItem
+    | FunctionCallOutputItem
+    | ReasoningItem
+    | McpListToolsItem
+    | McpCallItem
+    | McpApprovalRequestItem
+    | McpApprovalResponseItem
+    | WebSearchCallItem
+    | CodeInterpreterCallItem
+)
