@@ -69,11 +69,12 @@ from pydantic import BaseModel, TypeAdapter, ValidationError
 from serve_app.api.request import DEFAULT_TEMPERATURE, DEFAULT_TOP_P, ResponsesRequest
 from serve_app.api.service_tier import ServedTier
 from serve_app.api.tools import McpTool
+from serve_app.core.attribution import LogprobAttribution
 from serve_app.core.citations import CitationStream
 from serve_app.core.construct import trusted_constructor as _trusted_constructor
 from serve_app.core.items import CompletionParser, Phase
 from serve_app.core.logprobs import LogprobFormatter, for_delta, for_done
-from serve_app.core.tokens import TokenBatch, TokenLogprobs
+from serve_app.core.tokens import TokenBatch
 from serve_app.core.tool_items import (
     NOT_FINISHED,
     CallKind,
@@ -84,7 +85,6 @@ from serve_app.core.tool_items import (
     listing_finished,
     listing_opened,
 )
-from serve_app.core.utf8 import unfinished_utf8_tail
 
 logger = logging.getLogger(__name__)
 
@@ -167,17 +167,6 @@ def response_of_item(item_id: str) -> str | None:
 
 
 @dataclass(frozen=True, slots=True)
-class _PendingToken:
-    """A token whose logprobs are not attributed yet, and where its bytes are in the text
-    the tokens wrote (offsets from the start of the completion)."""
-
-    token_id: int
-    logprobs: TokenLogprobs
-    start: int
-    end: int
-
-
-@dataclass(frozen=True, slots=True)
 class _Listing:
     """An `mcp_list_tools` item waiting for its server."""
 
@@ -232,14 +221,10 @@ class ResponseStream:
         self._cached_tokens = 0
         self._encrypt_reasoning = encrypt_reasoning
         # Logprobs: every token is parsed on its own, and its logprob goes to the delta holding
-        # the first output text it contributes to (`_attribute`). Tokens that contribute none
+        # the first output text it contributes to (`core.attribution`). Tokens that contribute none
         # report none: headers, end tokens, tags, whitespace trimmed at an item's edges (and
         # reasoning and call arguments: only output text has logprobs in the API).
-        self._logprob_format = logprobs
-        self._pending: list[_PendingToken] = []  # fed, not attributed yet: their text may be held
-        self._written = bytearray()  # what the pending tokens wrote, from offset `_written_at`
-        self._written_at = 0
-        self._released: list[tuple[_OpenItem, bytes]] = []  # text that came out since, in order
+        self._logprobs = LogprobAttribution(logprobs) if logprobs is not None else None
         # Server-side tools: the calls the server runs (set by the tool loop once it knows them).
         self.server_tools = ServerTools()
         self._unfinished: dict[int, ServerCall | _Listing] = {}  # output index -> a call or listing not done yet
@@ -308,7 +293,7 @@ class ResponseStream:
         self._output_tokens += len(batch.token_ids)
         finish_reason = batch.finish_reason
         try:
-            with_logprobs = self._logprob_format is not None and batch.logprobs is not None
+            with_logprobs = self._logprobs is not None and batch.logprobs is not None
             if with_logprobs:
                 self._feed_with_logprobs(batch)
             else:
@@ -317,7 +302,7 @@ class ResponseStream:
                 # Text the parser still held is part of the output.
                 self._parser.end(truncated=finish_reason == "length")
                 if with_logprobs:
-                    self._attribute(settled=True)
+                    self._attribute_settled()
         except Exception:  # the model wrote something the parser cannot parse
             # The details (the parser's view of the model's output) go to the log, not the client.
             logger.exception("response %s: the completion could not be parsed", self.response.id)
@@ -332,20 +317,22 @@ class ResponseStream:
         return self._drain()
 
     def _feed_with_logprobs(self, batch: TokenBatch) -> None:
-        engine_logprobs, formatter = batch.logprobs, self._logprob_format
+        engine_logprobs, attribution = batch.logprobs, self._logprobs
         assert engine_logprobs is not None
-        assert formatter is not None  # `feed` checked both
+        assert attribution is not None  # `feed` checked both
         if len(engine_logprobs) != len(batch.token_ids):  # an engine bug: keep the text, not the logprobs
             logger.warning("response %s: %d logprobs for %d tokens", self.response.id, len(engine_logprobs), len(batch.token_ids))
             self._parser.feed(batch.token_ids)
             return
-        feed, token_text = self._parser.feed, formatter.token_text
         for token, logprobs in zip(batch.token_ids, engine_logprobs):
-            start, raw = self._written_at + len(self._written), token_text(token)
-            self._written += raw
-            self._pending.append(_PendingToken(token, logprobs, start, start + len(raw)))
-            feed([token])
-            self._attribute(settled=True)
+            attribution.wrote(token, logprobs)
+            self._parser.feed([token])
+            self._attribute_settled()
+
+    def _attribute_settled(self) -> None:
+        """Between tokens: the parser holds only an unfinished character and its `held_text`."""
+        assert self._logprobs is not None
+        self._logprobs.attribute(settled=True, held_text=getattr(self._parser, "held_text", ""))
 
     def fail(self, message: str, code: Literal["server_error", "invalid_prompt"] = "server_error") -> list[ResponseStreamEvent]:
         """End with `response.failed`: open items are closed first, so none is left dangling.
@@ -368,7 +355,8 @@ class ResponseStream:
             raise RuntimeError("next_turn() with the response finished or a call still running")
         self._earlier_reasoning_tokens += self._parser.reasoning_tokens
         self._parser = parser_factory(self)
-        self._pending, self._written, self._written_at, self._released = [], bytearray(), 0, []
+        if self._logprobs is not None:
+            self._logprobs.reset()
         self.awaiting_tools = self.hands_back = False
 
     def cancel(self) -> list[ResponseStreamEvent]:
@@ -515,8 +503,8 @@ class ResponseStream:
         item = self._item
         if item is None:  # text outside any message cannot happen with harmony; keep it anyway
             item = self._open_message("final_answer")
-        if self._logprob_format is not None:
-            self._released.append((item, text.encode()))  # as written: markers too
+        if self._logprobs is not None:
+            self._logprobs.released(item, text)  # as written: markers too
         if item.call is not None:  # a server-side call: its arguments, shown as its kind streams them
             item.parts.append(text)
             item.unsent += item.call.kind.streamed(item.call, text)
@@ -554,8 +542,8 @@ class ResponseStream:
             return
         if item.citations is not None:  # a partial marker held back is text after all
             self._add_annotations(item, *item.citations.finish())
-        if self._logprob_format is not None:
-            self._attribute(settled=False)  # all of its text is out: its logprobs are complete
+        if self._logprobs is not None:
+            self._logprobs.attribute(settled=False)  # all of its text is out: its logprobs are complete
         self._flush_delta()
         text = "".join(item.parts)
         where: dict[str, Any] = {"item_id": item.id, "output_index": item.output_index, "sequence_number": 0}
@@ -674,60 +662,6 @@ class ResponseStream:
             return
         self._events.append(item.make_delta(fields))
         self._sequence_number += 1
-
-    def _attribute(self, *, settled: bool) -> None:
-        """Give the pending tokens whose bytes the released text came from their logprobs.
-
-        The text that came out is literal text the tokens wrote, in order, with what the
-        parser dropped between (headers, tags, trimmed whitespace): each piece is found in
-        the pending tokens' bytes after the previous one, and a token goes with the first
-        piece it overlaps. `settled` (between tokens): the parser holds only the unfinished
-        character at the end and its `held_text`, so a token entirely before that and
-        overlapping nothing wrote only dropped text. Otherwise (an item closes while a token
-        is parsed) only tokens before the end of the last piece can be known to be dropped.
-        """
-        written, base = self._written, self._written_at
-        consumed = base + len(written)  # offsets from the start of the completion
-        if settled:
-            consumed -= unfinished_utf8_tail(written) + len(getattr(self._parser, "held_text", "").encode())
-        elif not self._released:
-            return
-        pending = self._pending
-        if not self._released:  # nothing came out: drop the tokens that can no longer show
-            drop = 0
-            while drop < len(pending) and pending[drop].end <= consumed:
-                drop += 1
-            del pending[:drop]
-        else:
-            spans, cursor = [], 0
-            for item, piece in self._released:
-                at = written.find(piece, cursor, (consumed if settled else base + len(written)) - base)
-                at = cursor if at < 0 else at  # not literal (call arguments are re-serialized): assume next
-                spans.append((item, base + at, base + at + len(piece)))
-                cursor = at + len(piece)
-            self._released = []
-            limit = consumed if settled else base + cursor
-            keep: list[_PendingToken] = []
-            formatter = self._logprob_format
-            assert formatter is not None  # only called with logprobs
-            for token in pending:
-                overlaps = (item for item, start, end in spans if start < token.end and token.start < end)
-                owner = next(overlaps, None) if token.start < token.end else None  # special tokens write nothing
-                if owner is not None:
-                    if owner.kind == "message":
-                        entry = formatter.logprob(token.token_id, token.logprobs)
-                        owner.logprobs.append(entry)
-                        owner.unsent_logprobs.append(entry)
-                elif token.end > limit:
-                    keep.append(token)  # its text may still come out
-            self._pending = pending = keep
-        # Keep the bytes from the first pending token on, and an unfinished character's from its
-        # first byte: its later bytes are known to be part of it only with that byte.
-        new_base = base + len(written) - unfinished_utf8_tail(written)
-        if pending:
-            new_base = min(new_base, pending[0].start)
-        del written[: new_base - base]
-        self._written_at = new_base
 
     def _drain(self) -> list[ResponseStreamEvent]:
         self._flush_delta()
