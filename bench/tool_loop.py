@@ -90,7 +90,7 @@ async def measure(model, runtime, url: str, calls: int, context_tokens: int) -> 
         request = ResponsesRequest.model_validate(
             {"model": model.name, "instructions": f"Session {index}. {context}", "input": items, "tools": [tool], "store": False}
         )
-        runtime.check(request)
+        request, _ = runtime.admit(request)
         turn = await start_turn(request, model, responses, None, cipher, server_tools=runtime)
         async for _ in run_turn(turn, responses):
             pass
