@@ -66,6 +66,16 @@ def test_a_message_over_the_size_limit_is_refused_and_the_connection_goes_on(slo
         assert socket_scenarios.until_end(connection)[-1]["type"] == "response.completed"
 
 
+def test_the_size_limit_counts_bytes_not_characters(slow_url):
+    """64 KiB is the limit: 30,000 three-byte characters are 90 KB on the wire, over it, though
+    fewer than 64 Ki characters (an attacker's 4x)."""
+    with socket_scenarios.socket(slow_url) as connection:
+        # Sent as UTF-8 (json.dumps would escape each as six ASCII characters).
+        connection.send(json.dumps({"type": "response.create", "model": "slow", "input": "€" * 30_000}, ensure_ascii=False))
+        (error,) = socket_scenarios.until_end(connection)
+        assert (error["status"], error["error"]["code"]) == (413, "request_too_large")
+
+
 def test_the_api_key_is_checked_at_the_handshake():
     key = "sekret-0123456789abcdef"
     auth = AuthConfig(keys=[{"tenant": "team-a", "key_env": "KEY"}])

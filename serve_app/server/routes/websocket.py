@@ -140,13 +140,13 @@ class ResponsesSocket:
     async def _dispatch(self, message: str | bytes) -> None:
         lane = None
         try:
-            if len(message) > self.state.max_request_bytes:
+            size = message_bytes(message)
+            if size > self.state.max_request_bytes:
                 raise APIError(
                     f"The message is larger than this server accepts ({self.state.max_request_bytes} bytes).",
                     status_code=413,
                     code="request_too_large",
                 )
-            size = len(message)
             self.budget.take(size)  # given back when its response has ended, or it was refused
             try:
                 event = await parse_body_off_loop(message, functools.partial(parse_client_event, limits=self.state.request_limits))
@@ -271,3 +271,11 @@ class ResponsesSocket:
             raise ClientGone from None
         except (WebSocketDisconnect, RuntimeError, OSError) as exc:  # closed under us
             raise ClientGone from exc
+
+
+def message_bytes(message: str | bytes) -> int:
+    """A message's size in bytes, as a POST's body is measured (a text message's characters
+    take up to four bytes each in UTF-8: counting characters let 4x the limit through)."""
+    if isinstance(message, bytes):
+        return len(message)
+    return len(message.encode("utf-8", "surrogatepass"))
