@@ -59,3 +59,42 @@ def test_the_replicas_own_bound_still_holds_over_every_tenant(url):
         with pytest.raises(InvalidStatus) as refused, socket_scenarios.socket(url, _key(KEY_A)):
             pass
         assert refused.value.response.status_code == 503
+
+
+def test_a_hundred_concurrent_handshakes_get_exactly_the_caps(url, monkeypatch):
+    """The count is taken before the handshake's first await: 100 handshakes of one tenant at
+    once get its 2 places and no more, even when accepting takes a while (a slow client, a
+    busy loop: here, accept sleeps first); counted after accept, all 100 got in."""
+    import asyncio
+
+    from starlette.websockets import WebSocket
+    from websockets.asyncio.client import connect
+
+    accept = WebSocket.accept
+
+    async def slow_accept(self, *args, **kwargs):
+        await asyncio.sleep(0.2)
+        return await accept(self, *args, **kwargs)
+
+    monkeypatch.setattr(WebSocket, "accept", slow_accept)
+
+    async def attempt(gate: asyncio.Event, statuses: list[int]) -> None:
+        try:
+            async with connect(socket_scenarios.socket_url(url), additional_headers=_key(KEY_B), open_timeout=30):
+                statuses.append(101)
+                await gate.wait()  # held open until every handshake has been answered
+        except InvalidStatus as refused:
+            statuses.append(refused.response.status_code)
+
+    async def storm() -> list[int]:
+        gate, statuses = asyncio.Event(), []
+        tasks = [asyncio.create_task(attempt(gate, statuses)) for _ in range(100)]
+        while len(statuses) < len(tasks):
+            await asyncio.sleep(0.01)
+        gate.set()
+        await asyncio.gather(*tasks)
+        return statuses
+
+    statuses = asyncio.run(storm())
+    assert statuses.count(101) == LIMITS.max_websockets_per_tenant
+    assert statuses.count(429) == 100 - LIMITS.max_websockets_per_tenant

@@ -105,10 +105,12 @@ class ResponsesSocket:
             )
             await _deny(self.websocket, retry_after(error, 1))
             return
-        await self.websocket.accept()
+        # Counted before the first await (the handshake's accept): checks and counts of
+        # concurrent handshakes then never interleave, so no number of them passes a cap.
         self._count_open(+1)
         self._receiver = asyncio.current_task()  # cancelled to end a connection whose client stalled
         try:
+            await self.websocket.accept()
             while (message := await self._receive()) is not None:
                 await self._dispatch(message)
         except asyncio.CancelledError:
