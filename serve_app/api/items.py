@@ -232,8 +232,7 @@ def _item_tag(value: Any) -> str | None:
     return f"item:{getattr(value, 'type', None)}"
 
 
-# An item a request's `input` may hold.
-InputItem = Annotated[
+_STORED_ITEMS = (
     Annotated[MessageItem, Tag("item:message")]
     | Annotated[FunctionCallItem, Tag("item:function_call")]
     | Annotated[FunctionCallOutputItem, Tag("item:function_call_output")]
@@ -244,37 +243,19 @@ InputItem = Annotated[
     | Annotated[McpApprovalResponseItem, Tag("item:mcp_approval_response")]
     | Annotated[WebSearchCallItem, Tag("item:web_search_call")]
     | Annotated[CodeInterpreterCallItem, Tag("item:code_interpreter_call")]
-    | Annotated[ItemReference, Tag("item:item_reference")],
-    Discriminator(
-        _item_tag,
-        custom_error_type="invalid_value",
-        custom_error_message=(
-            "input items must be of type 'message', 'function_call', 'function_call_output', 'reasoning', "
-            + ", ".join(f"'{kind}'" for kind in HOSTED_ITEM_TYPES)
-            + ", 'item_reference'"
-        ),
-    ),
-]
+)
+_ITEM_TYPES = "'message', 'function_call', 'function_call_output', 'reasoning', " + ", ".join(f"'{kind}'" for kind in HOSTED_ITEM_TYPES)
+
+
+def _items_discriminator(types: str) -> Discriminator:
+    return Discriminator(_item_tag, custom_error_type="invalid_value", custom_error_message=f"input items must be of type {types}")
+
+
 # An item as stored (a response's input, a conversation's items): never a reference.
-StoredInputItem = Annotated[
-    Annotated[MessageItem, Tag("item:message")]
-    | Annotated[FunctionCallItem, Tag("item:function_call")]
-    | Annotated[FunctionCallOutputItem, Tag("item:function_call_output")]
-    | Annotated[ReasoningItem, Tag("item:reasoning")]
-    | Annotated[McpListToolsItem, Tag("item:mcp_list_tools")]
-    | Annotated[McpCallItem, Tag("item:mcp_call")]
-    | Annotated[McpApprovalRequestItem, Tag("item:mcp_approval_request")]
-    | Annotated[McpApprovalResponseItem, Tag("item:mcp_approval_response")]
-    | Annotated[WebSearchCallItem, Tag("item:web_search_call")]
-    | Annotated[CodeInterpreterCallItem, Tag("item:code_interpreter_call")],
-    Discriminator(
-        _item_tag,
-        custom_error_type="invalid_value",
-        custom_error_message=(
-            "input items must be of type 'message', 'function_call', 'function_call_output', 'reasoning', "
-            + ", ".join(f"'{kind}'" for kind in HOSTED_ITEM_TYPES)
-        ),
-    ),
+StoredInputItem = Annotated[_STORED_ITEMS, _items_discriminator(_ITEM_TYPES)]
+# An item a request's `input` may hold.
+InputItem = Annotated[
+    _STORED_ITEMS | Annotated[ItemReference, Tag("item:item_reference")], _items_discriminator(_ITEM_TYPES + ", 'item_reference'")
 ]
 # An item of a conversation's history, as the families render it.
 HistoryItem = (

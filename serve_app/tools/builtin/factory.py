@@ -23,21 +23,36 @@ from serve_app.tools.mcp_client import McpLimits
 from serve_app.tools.server_tools import ToolFactory
 
 
+def not_run(
+    request: ResponsesRequest,
+    kind: type[CodeInterpreterTool] | type[WebSearchTool],
+    config_path: str,
+    embedded_form: str,
+    transport: TransportFactory | None,
+    config: BuiltinToolsConfig,
+) -> list[Tool]:
+    """The request's built-in tools of `kind` when the server does not run them (no
+    `transport`): left out (`unconfigured: ignore`), or a 400 naming the config that enables
+    them (`reject`)."""
+    if transport is not None:
+        return []
+    tools = [(index, tool) for index, tool in enumerate(request.tools) if isinstance(tool, kind)]
+    if tools and config.unconfigured == "reject":
+        index, tool = tools[0]
+        raise invalid_request(
+            f"{tool.type} is not enabled on this server: its operator enables it with "
+            f"{config_path} in the app's config ({embedded_form} or url: http://.../mcp).",
+            param=f"tools[{index}]",
+        )
+    return [tool for _, tool in tools]
+
+
 class PythonFactory:
     def __init__(self, config: BuiltinToolsConfig, transport: TransportFactory | None, store: Store) -> None:
         self.config, self.transport, self.store = config, transport, store
 
     def check(self, request: ResponsesRequest) -> list[Tool]:
-        if self.transport is not None:
-            return []
-        for index, tool in enumerate(request.tools):
-            if isinstance(tool, CodeInterpreterTool) and self.config.unconfigured == "reject":
-                raise invalid_request(
-                    "code_interpreter is not enabled on this server: its operator enables it with "
-                    "tools.builtin.python in the app's config (embedded: {...} or url: http://.../mcp).",
-                    param=f"tools[{index}]",
-                )
-        return [tool for tool in request.tools if isinstance(tool, CodeInterpreterTool)]
+        return not_run(request, CodeInterpreterTool, "tools.builtin.python", "embedded: {...}", self.transport, self.config)
 
     def __call__(
         self, request: ResponsesRequest, history: list[HistoryItem], input_items: list[HistoryItem], tenant: str
@@ -55,16 +70,7 @@ class BrowserFactory:
         self.config, self.transport = config, transport
 
     def check(self, request: ResponsesRequest) -> list[Tool]:
-        if self.transport is not None:
-            return []
-        for index, tool in enumerate(request.tools):
-            if isinstance(tool, WebSearchTool) and self.config.unconfigured == "reject":
-                raise invalid_request(
-                    f"{tool.type} is not enabled on this server: its operator enables it with "
-                    "tools.builtin.browser in the app's config (embedded: {search_url: ...} or url: http://.../mcp).",
-                    param=f"tools[{index}]",
-                )
-        return [tool for tool in request.tools if isinstance(tool, WebSearchTool)]
+        return not_run(request, WebSearchTool, "tools.builtin.browser", "embedded: {search_url: ...}", self.transport, self.config)
 
     def __call__(
         self, request: ResponsesRequest, history: list[HistoryItem], input_items: list[HistoryItem], tenant: str
