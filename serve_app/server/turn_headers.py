@@ -7,9 +7,6 @@ from serve_app.runtime.turn import Turn
 UNAVAILABLE_TOOLS_HEADER = "x-unavailable-tools"
 
 
-UNAVAILABLE_TOOLS_HEADER = "x-unavailable-tools"
-
-
 def response_headers(turn: Turn) -> dict[str, str]:
     """The headers of an answer to a turn: the tenant's rate limits (`x-ratelimit-*`) and the
     types of the request's tools this server does not run (left out of the response)."""
