@@ -65,14 +65,19 @@ def event_json(event: ResponseStreamEvent) -> bytes:
 # that carries the spec's version header gets the spec's names, in every event of its stream
 # (SSE or WebSocket, a background response followed too); nothing else differs.
 OPEN_RESPONSES_HEADER = "openresponses-version"
+_OPENAI_EVENT_LINE, _SPEC_EVENT_LINE = b"event: response.reasoning_text.", b"event: response.reasoning."
 
 
 def in_open_responses_dialect(data: bytes) -> bytes:
-    """Framed events (or one event's JSON) in Open Responses' names. A JSON string value
-    escapes its quotes, so `"type":"response.reasoning_text.` is only ever the event's type."""
-    return data.replace(b"event: response.reasoning_text.", b"event: response.reasoning.").replace(
-        b'"type":"response.reasoning_text.', b'"type":"response.reasoning.'
-    )
+    """Framed events (or one event's JSON) in Open Responses' names. Only the event's own
+    names change, never text: a JSON string escapes its quotes and newlines, so
+    `"type":"response.reasoning_text.` is only ever an event's type, and an `event:` line
+    starts a chunk or follows the blank line that ends the frame before it."""
+    renamed = data.replace(b'"type":"response.reasoning_text.', b'"type":"response.reasoning.')
+    renamed = renamed.replace(b"\n\n" + _OPENAI_EVENT_LINE, b"\n\n" + _SPEC_EVENT_LINE)
+    if renamed.startswith(_OPENAI_EVENT_LINE):
+        renamed = _SPEC_EVENT_LINE + renamed[len(_OPENAI_EVENT_LINE) :]
+    return renamed
 
 
 def frame(event: ResponseStreamEvent) -> bytes:

@@ -64,3 +64,15 @@ def test_a_followed_background_response_in_the_spec_dialect(inprocess_url):
     assert names(events) >= SPEC_NAMES
     assert not OPENAI_NAMES & names(events)
     assert names(again) >= OPENAI_NAMES  # the stored log is the default dialect; each reader gets its own
+
+
+def test_text_that_spells_an_event_name_is_never_renamed(inprocess_url):
+    """Only events are renamed: the model's text (the replay echoes the input) keeps every
+    byte, even where it spells an event line or a type field."""
+    text = 'event: response.reasoning_text.delta\n\nevent: response.reasoning_text.done "type":"response.reasoning_text.delta"'
+    body = {"model": "gpt-oss-replay", "input": text, "stream": True}
+    with httpx.Client(timeout=60) as http:
+        events = parse_sse(http.post(f"{inprocess_url}/responses", json=body, headers=HEADER).content)
+    streamed = "".join(event["delta"] for event in events if event["type"] == "response.output_text.delta")
+    assert streamed == text
+    assert events[-1]["response"]["output"][-1]["content"][0]["text"] == text
