@@ -58,6 +58,10 @@ DEFAULT_CACHE_BYTES = 32 * 1024 * 1024  # an ingress replica's `TurnCache`
 MAX_KEPT_TOOL_TEXT_BYTES = 64 * 1024
 FINISHED = ("completed", "incomplete", "failed", "cancelled")  # a response's final statuses
 
+# What all of a request's item references may resolve to, in characters of their JSON: a
+# stored item is up to `max_text_chars` and a request may name thousands (a request that
+# sent them inline would be over its body limit first).
+MAX_REFERENCED_CHARS = 4 * 1024 * 1024
 BUILTIN_ITEM_TYPES = ("web_search_call", "code_interpreter_call")  # the items whose tool text is kept
 
 _INPUT_ITEM = TypeAdapter(StoredInputItem)
@@ -346,22 +350,55 @@ class ResponseStore:
 
     async def resolve(self, items: list[HistoryItem | ItemReference], *, stored: bool) -> list[HistoryItem]:
         """`items` with each `item_reference` replaced by the item it names: an output or input
-        item of one of this tenant's stored responses, as a later turn's input shows it (one
-        read of that response, cached; whichever replica stored it). A 404 naming the item
-        otherwise (another tenant's, deleted, expired, never stored: `stored` says whether
-        this request stores its own, for OpenAI's hint)."""
+        item of one of this tenant's stored responses, as a later turn's input shows it. Each
+        response named is read once (its replica's cache, checked against the store as a chain
+        is: a deleted one is gone here too). A 404 naming the item otherwise (another tenant's,
+        deleted, expired, never stored: `stored` says whether this request stores its own, for
+        OpenAI's hint); a 400 for an item referenced twice, or for references that together
+        hold more than `MAX_REFERENCED_CHARS` (what a request may not hold inline either)."""
+        references = [(index, item) for index, item in enumerate(items) if isinstance(item, ItemReference)]
+        if not references:
+            return cast(list[HistoryItem], items)
+        seen: set[str] = set()
+        for index, reference in references:
+            if reference.id in seen:
+                raise invalid_request(f"Item with id '{reference.id}' is referenced more than once.", param=f"input[{index}]")
+            seen.add(reference.id)
+        found = await self._referenced({response_of_item(reference.id) for _, reference in references} - {None})
         resolved: list[HistoryItem] = []
+        chars = 0
         for index, item in enumerate(items):
             if not isinstance(item, ItemReference):
                 resolved.append(item)
                 continue
-            found = None
-            if (response_id := response_of_item(item.id)) is not None and (turn := await self._read(response_id)) is not None:
-                found = next((i for i in turn.input + output_as_input(turn.response, turn.tool_texts) if i.id == item.id), None)
-            if found is None:
+            target = found.get(item.id)
+            if target is None:
                 raise item_not_found(item.id, index=index, stored=stored)
-            resolved.append(found)
+            chars += len(target.model_dump_json())
+            if chars > MAX_REFERENCED_CHARS:
+                raise invalid_request(
+                    f"The items referenced in input hold more than {MAX_REFERENCED_CHARS} characters; send fewer.",
+                    param=f"input[{index}]",
+                    code="string_above_max_length",
+                )
+            resolved.append(target)
         return resolved
+
+    async def _referenced(self, response_ids: set[str | None]) -> dict[str, HistoryItem]:
+        """The items of these stored responses by id (those still stored: a turn a replica
+        cached but the store no longer has is read again, and so found gone)."""
+        turns = {response_id: await self._read(response_id) for response_id in response_ids if response_id is not None}
+        keys = [response_key(response_id) for response_id, turn in turns.items() if turn is not None]
+        if keys and await self.store.expire(keys, self.ttl_s) < len(keys):  # one went since a replica cached it
+            for response_id in turns:
+                if self.cache is not None:
+                    self.cache.pop(self.tenant, response_id)
+                turns[response_id] = await self.get(response_id)
+        items: dict[str, HistoryItem] = {}
+        for turn in turns.values():
+            if turn is not None:
+                items.update((item.id, item) for item in turn.input + output_as_input(turn.response, turn.tool_texts) if item.id)
+        return items
 
     async def input_items(self, response_id: str) -> list[ResponseItem] | None:
         """What the model saw for `response_id`, oldest first (earlier turns' inputs and

@@ -153,3 +153,43 @@ def test_the_vercel_ai_sdk_structured_output_and_previous_response_id(base, scen
         assert set(run["result"]["output"]) == {"city", "days"}
     else:
         assert run["sent"][1]["previous_response_id"] == run["result"]["previousResponseId"]
+
+
+def test_an_item_referenced_twice_is_a_400(base):
+    with client() as http:
+        item = create(http, base, model="gpt-oss-replay", input="once").json()["output"][-1]["id"]
+        twice = create(http, base, model="gpt-oss-replay", input=[{"id": item}, {"id": item}])
+        assert twice.status_code == 400
+        assert twice.json()["error"]["param"] == "input[1]"
+
+
+def test_what_references_resolve_to_is_bounded(base, monkeypatch):
+    """A stored item can be large and a request may name thousands: past MAX_REFERENCED_CHARS
+    of resolved items the request is a 400 before anything is rendered."""
+    from serve_app.state import responses
+
+    monkeypatch.setattr(responses, "MAX_REFERENCED_CHARS", 3000)
+    with client() as http:
+        ids = [create(http, base, model="gpt-oss-replay", input=f"{n} " + "x" * 1200).json()["output"][-1]["id"] for n in range(3)]
+        assert create(http, base, model="gpt-oss-replay", input=[{"id": ids[0]}, {"id": ids[1]}]).status_code == 200
+        over = create(http, base, model="gpt-oss-replay", input=[{"id": item} for item in ids])
+        assert over.status_code == 400
+        assert over.json()["error"]["code"] == "string_above_max_length"
+        assert over.json()["error"]["param"] == "input[2]"
+
+
+def test_a_response_deleted_through_one_replica_is_gone_for_a_replica_that_cached_it():
+    """Two replicas share a store; the second has the turn in its cache when the first
+    deletes it: a reference through the second is a 404 (the store is asked, as for a chain)."""
+    from serve_app.state import MemoryStore
+
+    store = MemoryStore()
+    replicas = [create_app([ServedModel("gpt-oss-replay", ReplayBackend())], store=store) for _ in range(2)]
+    with uvicorn_server(replicas[0]) as first, uvicorn_server(replicas[1]) as second, httpx.Client(timeout=60) as http:
+        stored = http.post(f"{first}/responses", json={"model": "gpt-oss-replay", "input": "the launch code is 1234"}).json()
+        reference = [{"id": stored["output"][-1]["id"]}]
+        assert http.post(f"{second}/responses", json={"model": "gpt-oss-replay", "input": reference}).status_code == 200  # cached there
+        assert http.delete(f"{first}/responses/{stored['id']}").status_code == 200
+        gone = http.post(f"{second}/responses", json={"model": "gpt-oss-replay", "input": reference})
+        assert gone.status_code == 404
+        assert "1234" not in gone.text
