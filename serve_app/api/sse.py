@@ -36,7 +36,20 @@ def _wire_response(response: dict[str, Any]) -> dict[str, Any]:
 
 
 def _dumps(data: dict[str, Any]) -> bytes:
-    return json.dumps(data, separators=(",", ":"), ensure_ascii=False).encode()
+    return _line_separators_escaped(json.dumps(data, separators=(",", ":"), ensure_ascii=False).encode())
+
+
+# U+2028, U+2029 and U+0085 are valid raw in JSON strings, but some line readers (httpx's
+# iter_lines, so httpx-sse) split lines on them: a model writing "\u2028event: ..." would
+# forge an event line for such a client. Escaped, they can only be text.
+_LINE_SEPARATORS = tuple((character.encode(), f"\\u{ord(character):04x}".encode()) for character in ("\u2028", "\u2029", "\u0085"))
+
+
+def _line_separators_escaped(data: bytes) -> bytes:
+    for raw, escaped in _LINE_SEPARATORS:
+        if raw in data:
+            data = data.replace(raw, escaped)
+    return data
 
 
 def response_json(response: Response) -> bytes:
@@ -56,7 +69,7 @@ def event_json(event: ResponseStreamEvent) -> bytes:
         data = event.model_dump(mode="json", by_alias=True)
         data["item"] = _wire_item(data["item"])
         return _dumps(data)
-    return event.__pydantic_serializer__.to_json(event, by_alias=True)
+    return _line_separators_escaped(event.__pydantic_serializer__.to_json(event, by_alias=True))
 
 
 # Two dialects, one stream: OpenAI's event names (the default: the `openai` SDK, the Agents
@@ -68,16 +81,27 @@ OPEN_RESPONSES_HEADER = "openresponses-version"
 _OPENAI_EVENT_LINE, _SPEC_EVENT_LINE = b"event: response.reasoning_text.", b"event: response.reasoning."
 
 
-def in_open_responses_dialect(data: bytes) -> bytes:
-    """Framed events (or one event's JSON) in Open Responses' names. Only the event's own
-    names change, never text: a JSON string escapes its quotes and newlines, so
-    `"type":"response.reasoning_text.` is only ever an event's type, and an `event:` line
-    starts a chunk or follows the blank line that ends the frame before it."""
-    renamed = data.replace(b'"type":"response.reasoning_text.', b'"type":"response.reasoning.')
-    renamed = renamed.replace(b"\n\n" + _OPENAI_EVENT_LINE, b"\n\n" + _SPEC_EVENT_LINE)
-    if renamed.startswith(_OPENAI_EVENT_LINE):
-        renamed = _SPEC_EVENT_LINE + renamed[len(_OPENAI_EVENT_LINE) :]
-    return renamed
+def in_open_responses_dialect(chunk: bytes) -> bytes:
+    """SSE frames in Open Responses' names: only the reasoning text events' own event line and
+    type change, never text or a client's values (a metadata value may read like a type)."""
+    if _OPENAI_EVENT_LINE not in chunk:
+        return chunk
+    frames = chunk.split(b"\n\n")  # a frame never holds a blank line: JSON escapes newlines
+    return b"\n\n".join(_renamed_frame(frame) if frame.startswith(_OPENAI_EVENT_LINE) else frame for frame in frames)
+
+
+def _renamed_frame(frame: bytes) -> bytes:
+    head, separator, data = frame.partition(b"\ndata: ")
+    return _SPEC_EVENT_LINE + head[len(_OPENAI_EVENT_LINE) :] + separator + renamed_type(data)
+
+
+def renamed_type(event_json: bytes) -> bytes:
+    """A reasoning text event's JSON in Open Responses' name: its only unescaped
+    `"type":"` is its own (its other strings are text, which JSON escapes)."""
+    return event_json.replace(_OPENAI_TYPE, _SPEC_TYPE, 1)
+
+
+_OPENAI_TYPE, _SPEC_TYPE = b'"type":"response.reasoning_text.', b'"type":"response.reasoning.'
 
 
 def frame(event: ResponseStreamEvent) -> bytes:

@@ -45,10 +45,12 @@ class FunctionTool(Lenient):
 
 
 class HostedTool(BaseModel):
-    """A tool type this server does not execute (web_search, file_search, ...): not offered."""
+    """A tool type this server does not execute (file_search, image_generation, ...): left out
+    of the response and named in its `x-unavailable-tools` header, so a type is a name (what
+    OpenAI's types are), never arbitrary text."""
 
     model_config = ConfigDict(extra="allow")
-    type: str
+    type: str = Field(pattern=r"^[a-z][a-z0-9_.-]{0,63}$")
 
 
 class McpToolFilter(Lenient):

@@ -24,7 +24,7 @@ from pydantic import ValidationError
 from serve_app.api.errors import APIError, invalid_request
 from serve_app.api.limits import DEFAULT_LIMITS, RequestLimits, check_id, decode_json
 from serve_app.api.request import ResponsesRequest, parse_request
-from serve_app.api.sse import event_json, in_open_responses_dialect
+from serve_app.api.sse import event_json, renamed_type
 
 # Fields of `response.create` that are about the socket, not the response.
 _ENVELOPE = ("type", "stream_id", "generate", "stream")
@@ -85,7 +85,9 @@ def parse_client_event(message: str | bytes, limits: RequestLimits = DEFAULT_LIM
 def event_message(event: ResponseStreamEvent, lane: str | None, *, open_responses: bool = False) -> str:
     """A response event as its own message: the SSE data of `POST /v1/responses`, with the
     lane's `stream_id` first when the create named one (in Open Responses' names if asked)."""
-    data = in_open_responses_dialect(event_json(event)) if open_responses else event_json(event)
+    data = event_json(event)
+    if open_responses and event.type.startswith("response.reasoning_text."):
+        data = renamed_type(data)
     if lane is not None:
         data = b'{"stream_id":' + json.dumps(lane).encode() + b"," + data[1:]
     return data.decode()

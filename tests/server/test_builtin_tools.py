@@ -543,3 +543,22 @@ def test_a_websocket_connection_keeps_what_the_model_read_with_store_false(recor
         assert tool_messages(model, model.source.prompts[-1]) == ["54\n"]
         run(connection, input="So?", previous_response_id=first)
     assert tool_messages(model, model.source.prompts[-1]) == ["54\n"]
+
+
+@pytest.mark.parametrize("kind", ["x\r\nSet-Cookie: a=b", "€uro", "X" * 10, "a" * 65])
+def test_a_hosted_tool_type_is_a_name(kind):
+    """Its type is named in a response header: text that is no name (control characters,
+    non-ASCII, upper case, over 64 characters) is a 400, never a dropped connection or a 500."""
+    with uvicorn_server(create_app(models())) as base, httpx.Client(timeout=60) as http:
+        answer = http.post(f"{base}/responses", json={"model": "gpt-oss-replay", "input": "hi", "tools": [{"type": kind}]})
+    assert answer.status_code == 400
+    assert answer.json()["error"]["param"].startswith("tools[0]")
+
+
+def test_the_unavailable_tools_header_names_at_most_sixteen():
+    tools = [{"type": f"hosted_{n}"} for n in range(40)]
+    with uvicorn_server(create_app(models())) as base, httpx.Client(timeout=60) as http:
+        answer = http.post(f"{base}/responses", json={"model": "gpt-oss-replay", "input": "hi", "tools": tools})
+    assert answer.status_code == 200
+    named = answer.headers["x-unavailable-tools"].split(", ")
+    assert named == [f"hosted_{n}" for n in range(16)] + ["and 24 more"]

@@ -76,3 +76,32 @@ def test_text_that_spells_an_event_name_is_never_renamed(inprocess_url):
     streamed = "".join(event["delta"] for event in events if event["type"] == "response.output_text.delta")
     assert streamed == text
     assert events[-1]["response"]["output"][-1]["content"][0]["text"] == text
+
+
+def test_a_clients_value_that_reads_like_a_type_is_never_renamed(inprocess_url):
+    """Only the reasoning text events are renamed: a metadata value spelling their type stays."""
+    spelled = "response.reasoning_text.delta"
+    body = {"model": "gpt-oss-replay", "input": "hi", "stream": True, "metadata": {"type": spelled}}
+    with httpx.Client(timeout=60) as http:
+        events = parse_sse(http.post(f"{inprocess_url}/responses", json=body, headers=HEADER).content)
+    assert all(event["response"]["metadata"] == {"type": spelled} for event in events if "response" in event)
+    with connect(inprocess_url.replace("http://", "ws://") + "/responses", additional_headers=HEADER) as socket:
+        socket.send(json.dumps({"type": "response.create", "model": "gpt-oss-replay", "input": "hi", "metadata": {"type": spelled}}))
+        created = json.loads(socket.recv(timeout=30))
+    assert created["response"]["metadata"] == {"type": spelled}
+
+
+def test_line_separators_in_text_are_escaped_on_the_wire(inprocess_url):
+    """U+2028, U+2029 and U+0085 split lines for some SSE readers (httpx's iter_lines): the wire
+    carries them escaped, so model text can never read as an event line; the text is the same."""
+    text = "a\u2028event: response.completed\u2029b\u0085c"
+    body = {"model": "gpt-oss-replay", "input": text, "stream": True}
+    with httpx.Client(timeout=60) as http:
+        raw = http.post(f"{inprocess_url}/responses", json=body).content
+    for separator in ("\u2028", "\u2029", "\u0085"):
+        assert separator.encode() not in raw
+    lines = list(httpx.Response(200, content=raw).iter_lines())  # the reader that split on them
+    assert [line for line in lines if line.startswith("event:")] == [line for line in raw.decode().split("\n") if line.startswith("event:")]
+    events = parse_sse(raw)
+    assert sum(event["type"] == "response.completed" for event in events) == 1
+    assert events[-1]["response"]["output"][-1]["content"][0]["text"] == text
