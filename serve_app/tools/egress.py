@@ -25,6 +25,7 @@ METADATA_ADDRESSES = frozenset(
         "fd00:ec2::23",
         "100.100.100.200",  # Alibaba Cloud
         "192.0.0.192",  # Oracle Cloud
+        "168.63.129.16",  # Azure's WireServer (a public address: refused by this list alone)
     )
 )
 _NAT64 = ipaddress.ip_network("64:ff9b::/96")
@@ -43,6 +44,12 @@ def _embedded_ipv4(address: IPAddress) -> ipaddress.IPv4Address | None:
     if address.teredo is not None:
         return address.teredo[1]
     return None
+
+
+def is_metadata(address: IPAddress) -> bool:
+    """A cloud metadata address, also when embedded in an IPv6 one (IPv4-mapped, NAT64, ...)."""
+    embedded = _embedded_ipv4(address)
+    return address in METADATA_ADDRESSES or (embedded is not None and embedded in METADATA_ADDRESSES)
 
 
 def refusal_reason(address: IPAddress) -> str | None:

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import httpx
 
 from serve_app.api.url_patterns import IPAddress, ip_literal
-from serve_app.tools.egress import METADATA_ADDRESSES, Resolver, refusal_reason, system_resolver
+from serve_app.tools.egress import Resolver, is_metadata, refusal_reason, system_resolver
 
 IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
 
@@ -85,7 +85,7 @@ class HostRules:
     def allows_address(self, address: IPAddress) -> bool:
         if address in self.addresses:
             return True
-        if address in METADATA_ADDRESSES:  # only by exact listing
+        if is_metadata(address):  # only by exact listing
             return False
         return any(address in network for network in self.networks)
 
@@ -167,7 +167,7 @@ class FetchPolicy:
         for address in addresses:
             if self.allow_hosts.allows_address(address):
                 continue
-            if named and address not in METADATA_ADDRESSES:
+            if named and not is_metadata(address):
                 continue
             if reason := refusal_reason(address):
                 raise FetchRefused(f"`{host}` resolves to {reason} ({address}), which this browser does not open")

@@ -313,6 +313,16 @@ def test_metadata_addresses_need_an_exact_listing() -> None:
     assert asyncio.run(check(("169.254.169.254",))).address == ipaddress.ip_address("169.254.169.254")
 
 
+@pytest.mark.parametrize("address", ["::ffff:169.254.169.254", "64:ff9b::a9fe:a9fe", "168.63.129.16"])
+def test_metadata_behind_an_allowed_name_or_network_is_refused_in_every_form(address: str) -> None:
+    """An allowed name or network exempts private addresses, never a metadata one, also when
+    it comes embedded in IPv6 (IPv4-mapped, NAT64); Azure's WireServer is one though public."""
+    for allow in [("metadata.example",), ("::/0",), ("0.0.0.0/0",)]:
+        policy = FetchPolicy(HostRules(allow), resolver=Names({"metadata.example": address}))
+        with pytest.raises(FetchRefused, match="cloud metadata"):
+            asyncio.run(policy.check("http://metadata.example/latest/"))
+
+
 def test_allow_hosts_rejects_what_is_not_a_host() -> None:
     with pytest.raises(ValueError, match="not a host name"):
         HostRules(["http://example.com/path"])
