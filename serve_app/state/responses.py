@@ -319,13 +319,20 @@ class ResponseStore:
             turns.append(turn)
             next_id = turn.previous_response_id
         turns.reverse()
-        keys = [response_key(t.response.id) for t in turns]
-        if await self.store.expire(keys, self.ttl_s) < len(keys):  # one went (deleted, expired) since it was cached
-            if self.cache is not None:
-                for turn in turns:
-                    self.cache.pop(self.tenant, turn.response.id)
+        if not await self._still_stored([turn.response.id for turn in turns]):
             return None
         return turns
+
+    async def _still_stored(self, response_ids: list[str]) -> bool:
+        """Whether every one of these responses is still in the store (their TTL refreshed:
+        reading a conversation keeps its past); if one went (deleted, expired) since a replica
+        cached it, none of them stays in this replica's cache."""
+        if await self.store.expire([response_key(response_id) for response_id in response_ids], self.ttl_s) == len(response_ids):
+            return True
+        if self.cache is not None:
+            for response_id in response_ids:
+                self.cache.pop(self.tenant, response_id)
+        return False
 
     async def history(self, previous_response_id: str) -> list[HistoryItem]:
         """Every item of the conversation up to and including `previous_response_id`'s output:
@@ -364,7 +371,8 @@ class ResponseStore:
             if reference.id in seen:
                 raise invalid_request(f"Item with id '{reference.id}' is referenced more than once.", param=f"input[{index}]")
             seen.add(reference.id)
-        found = await self._referenced({response_of_item(reference.id) for _, reference in references} - {None})
+        named = {response_id for _, reference in references if (response_id := response_of_item(reference.id)) is not None}
+        found = await self._referenced(named)
         resolved: list[HistoryItem] = []
         chars = 0
         for index, item in enumerate(items):
@@ -384,16 +392,13 @@ class ResponseStore:
             resolved.append(target)
         return resolved
 
-    async def _referenced(self, response_ids: set[str | None]) -> dict[str, HistoryItem]:
+    async def _referenced(self, response_ids: set[str]) -> dict[str, HistoryItem]:
         """The items of these stored responses by id (those still stored: a turn a replica
         cached but the store no longer has is read again, and so found gone)."""
-        turns = {response_id: await self._read(response_id) for response_id in response_ids if response_id is not None}
-        keys = [response_key(response_id) for response_id, turn in turns.items() if turn is not None]
-        if keys and await self.store.expire(keys, self.ttl_s) < len(keys):  # one went since a replica cached it
-            for response_id in turns:
-                if self.cache is not None:
-                    self.cache.pop(self.tenant, response_id)
-                turns[response_id] = await self.get(response_id)
+        turns = {response_id: await self._read(response_id) for response_id in response_ids}
+        present = [response_id for response_id, turn in turns.items() if turn is not None]
+        if present and not await self._still_stored(present):
+            turns = {response_id: await self.get(response_id) for response_id in turns}
         items: dict[str, HistoryItem] = {}
         for turn in turns.values():
             if turn is not None:
