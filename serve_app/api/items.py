@@ -106,6 +106,28 @@ class FunctionCallOutputItem(Lenient):
         return parts_text(self.output)
 
 
+class CustomToolCallItem(Lenient):
+    """A call of a custom tool: its `input` is the text the model wrote, not JSON."""
+
+    type: Literal["custom_tool_call"]
+    id: str | None = None
+    call_id: str = Field(min_length=1)
+    name: str = Field(min_length=1)
+    namespace: str | None = None
+    input: str
+
+
+class CustomToolCallOutputItem(Lenient):
+    type: Literal["custom_tool_call_output"]
+    id: str | None = None
+    call_id: str = Field(min_length=1)
+    output: str | list[ContentPart]
+
+    @property
+    def text(self) -> str:
+        return parts_text(self.output)
+
+
 class SummaryText(Lenient):
     type: Literal["summary_text"] = "summary_text"
     text: str
@@ -236,6 +258,8 @@ _STORED_ITEMS = (
     Annotated[MessageItem, Tag("item:message")]
     | Annotated[FunctionCallItem, Tag("item:function_call")]
     | Annotated[FunctionCallOutputItem, Tag("item:function_call_output")]
+    | Annotated[CustomToolCallItem, Tag("item:custom_tool_call")]
+    | Annotated[CustomToolCallOutputItem, Tag("item:custom_tool_call_output")]
     | Annotated[ReasoningItem, Tag("item:reasoning")]
     | Annotated[McpListToolsItem, Tag("item:mcp_list_tools")]
     | Annotated[McpCallItem, Tag("item:mcp_call")]
@@ -244,7 +268,10 @@ _STORED_ITEMS = (
     | Annotated[WebSearchCallItem, Tag("item:web_search_call")]
     | Annotated[CodeInterpreterCallItem, Tag("item:code_interpreter_call")]
 )
-_ITEM_TYPES = "'message', 'function_call', 'function_call_output', 'reasoning', " + ", ".join(f"'{kind}'" for kind in HOSTED_ITEM_TYPES)
+_ITEM_TYPES = (
+    "'message', 'function_call', 'function_call_output', 'custom_tool_call', 'custom_tool_call_output', 'reasoning', "
+    + ", ".join(f"'{kind}'" for kind in HOSTED_ITEM_TYPES)
+)
 
 
 def _items_discriminator(types: str) -> Discriminator:
@@ -262,6 +289,8 @@ HistoryItem = (
     MessageItem
     | FunctionCallItem
     | FunctionCallOutputItem
+    | CustomToolCallItem
+    | CustomToolCallOutputItem
     | ReasoningItem
     | McpListToolsItem
     | McpCallItem

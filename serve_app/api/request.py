@@ -37,9 +37,11 @@ from serve_app.api.tools import (
     AllowedToolsChoice,
     BuiltinTool,
     CodeInterpreterTool,
+    CustomTool,
     FunctionTool,
     McpTool,
     McpToolChoice,
+    NamedCustomChoice,
     NamedFunctionChoice,
     NamespaceTool,
     Tool,
@@ -163,11 +165,12 @@ class ResponsesRequest(Lenient):
 
     @model_validator(mode="after")
     def _consistent_tools(self) -> ResponsesRequest:
-        names = collections.Counter(f.name for f in self.function_tools())
+        # Functions and custom tools are both called by name (harmony: `functions.NAME`).
+        names = collections.Counter([f.name for f in self.function_tools()] + [c.name for c in self.custom_tools()])
         names.update(f"{ns.name}.{f.name}" for ns in self.namespace_tools() for f in ns.functions)
         duplicates = [name for name, count in names.items() if count > 1]
         if duplicates:
-            raise ValueError(f"duplicate function tool names: {sorted(duplicates)}")
+            raise ValueError(f"duplicate function or custom tool names: {sorted(duplicates)}")
         # An MCP server's tools are offered as a namespace named by its label.
         labels = collections.Counter(tool.server_label for tool in self.mcp_tools())
         taken = {namespace.name for namespace in self.namespace_tools()} | {"functions"}
@@ -180,7 +183,12 @@ class ResponsesRequest(Lenient):
         if any(count > 1 for count in builtin.values()):
             raise ValueError("at most one web_search tool and one code_interpreter tool")
         reserved = ({"browser"} if self.web_search_tool() else set()) | ({"python"} if self.code_interpreter_tool() else set())
-        names_used = {f.name for f in self.function_tools()} | set(labels) | {namespace.name for namespace in self.namespace_tools()}
+        names_used = (
+            {f.name for f in self.function_tools()}
+            | {c.name for c in self.custom_tools()}
+            | set(labels)
+            | {namespace.name for namespace in self.namespace_tools()}
+        )
         if clash := sorted(reserved & names_used):
             raise ValueError(f"the built-in tools web_search and code_interpreter are called as 'browser' and 'python': {clash} is taken")
         return self
@@ -189,22 +197,25 @@ class ResponsesRequest(Lenient):
         """What the fields only mean together (400s that name the field)."""
         names = {f.name for f in self.function_tools()}
         names |= {f"{ns.name}.{f.name}" for ns in self.namespace_tools() for f in ns.functions}
+        custom = {tool.name for tool in self.custom_tools()}
         choice = self.tool_choice
         if isinstance(choice, NamedFunctionChoice) and choice.name not in names:
             raise invalid_request(f"tool_choice names function '{choice.name}', which is not in tools.", param="tool_choice")
+        if isinstance(choice, NamedCustomChoice) and choice.name not in custom:
+            raise invalid_request(f"tool_choice names custom tool '{choice.name}', which is not in tools.", param="tool_choice")
         if isinstance(choice, AllowedToolsChoice):
             for index, tool in enumerate(choice.tools):
-                if tool.type == "function" and tool.name not in names:
+                if (tool.type == "function" and tool.name not in names) or (tool.type == "custom" and tool.name not in custom):
                     raise invalid_request(
-                        f"tool_choice.tools[{index}] names function '{tool.name}', which is not in tools.",
+                        f"tool_choice.tools[{index}] names {tool.type} tool '{tool.name}', which is not in tools.",
                         param=f"tool_choice.tools[{index}].name",
                     )
         if isinstance(choice, McpToolChoice) and choice.server_label not in {tool.server_label for tool in self.mcp_tools()}:
             raise invalid_request(
                 f"tool_choice names MCP server '{choice.server_label}', which is not in tools.", param="tool_choice.server_label"
             )
-        if choice == "required" and not names and not self.mcp_tools():
-            raise invalid_request("tool_choice 'required' needs at least one function tool in tools.", param="tool_choice")
+        if choice == "required" and not names and not custom and not self.mcp_tools():
+            raise invalid_request("tool_choice 'required' needs at least one function or custom tool in tools.", param="tool_choice")
         fmt = self.text.format if self.text else None
         if isinstance(fmt, JSONObjectFormat):
             texts = [self.instructions or ""] + [getattr(item, "text", "") for item in self.input_items()]
@@ -228,6 +239,9 @@ class ResponsesRequest(Lenient):
 
     def function_tools(self) -> list[FunctionTool]:
         return [t for t in self.tools if isinstance(t, FunctionTool)]
+
+    def custom_tools(self) -> list[CustomTool]:
+        return [t for t in self.tools if isinstance(t, CustomTool)]
 
     def namespace_tools(self) -> list[NamespaceTool]:
         return [t for t in self.tools if isinstance(t, NamespaceTool)]
@@ -253,7 +267,7 @@ class ResponsesRequest(Lenient):
 
     def offers_tools(self) -> bool:
         return self.tool_choice != "none" and bool(
-            self.function_tools() or any(n.functions for n in self.namespace_tools()) or self.builtin_tools()
+            self.function_tools() or self.custom_tools() or any(n.functions for n in self.namespace_tools()) or self.builtin_tools()
         )
 
 

@@ -1,5 +1,6 @@
-"""Tools and tool choice as clients send them: functions, namespaces, remote MCP servers,
-the built-in web_search and code_interpreter, and hosted types this server does not run."""
+"""Tools and tool choice as clients send them: functions, custom (free-text) tools,
+namespaces, remote MCP servers, the built-in web_search and code_interpreter, and hosted
+types this server does not run."""
 
 from __future__ import annotations
 
@@ -42,6 +43,39 @@ class FunctionTool(Lenient):
         if parameters.get("type", "object") != "object":
             raise ValueError("function parameters must be a JSON schema of type 'object'")
         return parameters
+
+
+# What a custom tool's grammar may hold, in characters (OpenAI's limit is not published; a
+# grammar is compiled by the engine for every request that offers the tool).
+MAX_GRAMMAR_CHARS = 32 * 1024
+
+
+class CustomTextFormat(Lenient):
+    type: Literal["text"]
+
+
+class CustomGrammarFormat(Lenient):
+    """The call's input must match `definition`: a Lark grammar or a regular expression
+    (Rust `regex` syntax, as the engine's structured outputs take it)."""
+
+    type: Literal["grammar"]
+    syntax: Literal["lark", "regex"]
+    definition: str = Field(min_length=1, max_length=MAX_GRAMMAR_CHARS)
+
+
+class CustomTool(Lenient):
+    """`type: "custom"`: a tool the model calls with free text (its `input`), not JSON;
+    `format` may bound that text by a grammar. Called as `custom_tool_call` items, answered
+    with `custom_tool_call_output`."""
+
+    type: Literal["custom"]
+    name: str = Field(pattern=FUNCTION_NAME_PATTERN)
+    description: str | None = None
+    format: Annotated[CustomTextFormat | CustomGrammarFormat, Field(discriminator="type")] | None = None
+
+    @property
+    def grammar(self) -> CustomGrammarFormat | None:
+        return self.format if isinstance(self.format, CustomGrammarFormat) else None
 
 
 class HostedTool(BaseModel):
@@ -242,7 +276,7 @@ class BuiltinTool(Lenient):
 
 def _tool_tag(value: Any) -> str | None:
     kind = value.get("type") if isinstance(value, dict) else getattr(value, "type", None)
-    if kind in ("function", "namespace", "mcp", "code_interpreter"):
+    if kind in ("function", "custom", "namespace", "mcp", "code_interpreter"):
         return f"tool:{kind}"
     if kind in WEB_SEARCH_TYPES:
         return "tool:web_search"
@@ -271,6 +305,7 @@ class NamespaceTool(Lenient):
 
 Tool = Annotated[
     Annotated[FunctionTool, Tag("tool:function")]
+    | Annotated[CustomTool, Tag("tool:custom")]
     | Annotated[NamespaceTool, Tag("tool:namespace")]
     | Annotated[McpTool, Tag("tool:mcp")]
     | Annotated[WebSearchTool, Tag("tool:web_search")]
@@ -283,6 +318,13 @@ Tool = Annotated[
 
 class NamedFunctionChoice(Lenient):
     type: Literal["function"]
+    name: str
+
+
+class NamedCustomChoice(Lenient):
+    """Call the custom tool `name`."""
+
+    type: Literal["custom"]
     name: str
 
 
@@ -300,8 +342,8 @@ class AllowedToolRef(Lenient):
 
     @model_validator(mode="after")
     def _named_function(self) -> AllowedToolRef:
-        if self.type == "function" and not self.name:
-            raise ValueError("a function in allowed_tools needs a 'name'")
+        if self.type in ("function", "custom") and not self.name:
+            raise ValueError(f"a {self.type} tool in allowed_tools needs a 'name'")
         return self
 
 
@@ -315,7 +357,7 @@ class AllowedToolsChoice(Lenient):
 
 def _choice_tag(value: Any) -> str | None:
     kind = value.get("type") if isinstance(value, dict) else getattr(value, "type", None)
-    if kind in ("function", "allowed_tools", "mcp"):
+    if kind in ("function", "custom", "allowed_tools", "mcp"):
         return f"choice:{kind}"
     return "choice:hosted" if isinstance(kind, str) else None
 
@@ -323,6 +365,7 @@ def _choice_tag(value: Any) -> str | None:
 # A hosted tool type (`web_search`, ...) is accepted and never enforced (it is not offered).
 ToolChoiceObject = Annotated[
     Annotated[NamedFunctionChoice, Tag("choice:function")]
+    | Annotated[NamedCustomChoice, Tag("choice:custom")]
     | Annotated[AllowedToolsChoice, Tag("choice:allowed_tools")]
     | Annotated[McpToolChoice, Tag("choice:mcp")]
     | Annotated[HostedTool, Tag("choice:hosted")],

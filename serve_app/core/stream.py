@@ -39,6 +39,9 @@ from openai.types.responses import (
     ResponseContentPartAddedEvent,
     ResponseContentPartDoneEvent,
     ResponseCreatedEvent,
+    ResponseCustomToolCall,
+    ResponseCustomToolCallInputDeltaEvent,
+    ResponseCustomToolCallInputDoneEvent,
     ResponseFailedEvent,
     ResponseFunctionCallArgumentsDeltaEvent,
     ResponseFunctionCallArgumentsDoneEvent,
@@ -80,6 +83,7 @@ from serve_app.core.tool_items import (
     CallKind,
     ServerCall,
     ServerTools,
+    StringArgument,
     ToolOutcome,
     listing_added,
     listing_finished,
@@ -88,9 +92,9 @@ from serve_app.core.tool_items import (
 
 logger = logging.getLogger(__name__)
 
-ItemKind = Literal["reasoning", "message", "function_call", "server_call"]
+ItemKind = Literal["reasoning", "message", "function_call", "custom_tool_call", "server_call"]
 ItemStatus = Literal["in_progress", "completed", "incomplete"]
-_ID_PREFIX: dict[ItemKind, str] = {"reasoning": "rs", "message": "msg", "function_call": "fc"}
+_ID_PREFIX: dict[ItemKind, str] = {"reasoning": "rs", "message": "msg", "function_call": "fc", "custom_tool_call": "ctc"}
 
 
 class _DeltaEvents:
@@ -116,6 +120,7 @@ _DELTA_EVENTS: dict[ItemKind, _DeltaEvents] = {
     "message": _DeltaEvents(ResponseTextDeltaEvent, type="response.output_text.delta", content_index=0, logprobs=[]),
     "reasoning": _DeltaEvents(ResponseReasoningTextDeltaEvent, type="response.reasoning_text.delta", content_index=0),
     "function_call": _DeltaEvents(ResponseFunctionCallArgumentsDeltaEvent, type="response.function_call_arguments.delta"),
+    "custom_tool_call": _DeltaEvents(ResponseCustomToolCallInputDeltaEvent, type="response.custom_tool_call_input.delta"),
 }
 
 _SDK_TOOL = TypeAdapter(Tool)
@@ -182,6 +187,7 @@ class _OpenItem:
     delta_template: dict[str, Any]  # the fields of the item's delta events
     make_delta: Callable[[dict[str, Any]], ResponseStreamEvent] | None  # None: deltas not sent
     call: ServerCall | None = None  # a server-side call
+    custom_input: StringArgument | None = None  # a custom tool call: its input, decoded as it streams
     name: str | None = None
     namespace: str | None = None
     call_id: str | None = None
@@ -220,6 +226,7 @@ class ResponseStream:
         self._prompt_tokens = 0
         self._cached_tokens = 0
         self._encrypt_reasoning = encrypt_reasoning
+        self._custom_tools = frozenset(tool.name for tool in request.custom_tools())  # called as functions.NAME
         # Logprobs: every token is parsed on its own, and its logprob goes to the delta holding
         # the first output text it contributes to (`core.attribution`). Tokens that contribute none
         # report none: headers, end tokens, tags, whitespace trimmed at an item's edges (and
@@ -399,6 +406,11 @@ class ResponseStream:
         if kind is not None:
             self._open_server_call(kind, namespace, name, json_arguments=json_arguments)
             return
+        if namespace is None and name in self._custom_tools:
+            item = self._open("custom_tool_call", name=name, call_id=new_id("call"))
+            item.custom_input = StringArgument(json_arguments, key="input")  # chat templates: {"input": "..."} (families/hosted.py)
+            self._emit_added(self._custom_tool_call(item, ""))
+            return
         item = self._open("function_call", name=name, namespace=namespace, call_id=new_id("call"))
         self._emit_added(self._function_call(item, "", "in_progress"))
 
@@ -509,6 +521,10 @@ class ResponseStream:
             item.parts.append(text)
             item.unsent += item.call.kind.streamed(item.call, text)
             return
+        if item.custom_input is not None:
+            item.parts.append(text)
+            item.unsent += item.custom_input.feed(text)
+            return
         if item.citations is not None:
             text, annotations = item.citations.feed(text)
             self._add_annotations(item, text, annotations)
@@ -544,8 +560,13 @@ class ResponseStream:
             self._add_annotations(item, *item.citations.finish())
         if self._logprobs is not None:
             self._logprobs.attribute(settled=False)  # all of its text is out: its logprobs are complete
-        self._flush_delta()
         text = "".join(item.parts)
+        if item.custom_input is not None:
+            item.unsent += item.custom_input.finish(text)  # what could not be decoded as it came
+            if item.custom_input.error is not None:  # JSON of another shape: the input is what the model wrote
+                item.unsent += text
+                item.custom_input.text = text
+        self._flush_delta()
         where: dict[str, Any] = {"item_id": item.id, "output_index": item.output_index, "sequence_number": 0}
         done: ResponseOutputItem
         if item.kind == "reasoning":
@@ -562,6 +583,12 @@ class ResponseStream:
             self._close_server_call(item.call, text, status)
             self._item = None
             return
+        elif item.custom_input is not None:
+            self._emit(
+                ResponseCustomToolCallInputDoneEvent(type="response.custom_tool_call_input.done", input=item.custom_input.text, **where)
+            )
+            done = self._custom_tool_call(item, item.custom_input.text)
+            self.hands_back = self.hands_back or status == "completed"
         elif item.kind == "message":
             part = ResponseOutputText(type="output_text", text=text, annotations=list(item.annotations), logprobs=item.logprobs)
             logprobs = for_done(item.logprobs) if item.logprobs else []
@@ -624,6 +651,12 @@ class ResponseStream:
             arguments=arguments,
             status=status,
         )
+
+    @staticmethod
+    def _custom_tool_call(item: _OpenItem, text: str) -> ResponseCustomToolCall:
+        assert item.name is not None  # opened with a name and a call id
+        assert item.call_id is not None
+        return ResponseCustomToolCall(id=item.id, type="custom_tool_call", call_id=item.call_id, name=item.name, input=text)
 
     def _emit_added(self, item: Any) -> None:
         assert self._item is not None  # the item just opened

@@ -103,7 +103,7 @@ class ServerCall:
     arguments: str = ""
     approval_request_id: str | None = None
     json_arguments: bool = True  # the model wrote its arguments as JSON (else as they are: harmony's python code)
-    code: CodeArguments | None = None  # a python call's code, decoded as it streams
+    code: StringArgument | None = None  # a python call's code, decoded as it streams
 
 
 _Event = Callable[..., ResponseStreamEvent]
@@ -321,7 +321,7 @@ class CodeInterpreterCallKind:
         self.container_id = container_id
 
     def _item(self, call: ServerCall, status: str, **fields: Any) -> ResponseCodeInterpreterToolCall:
-        code = call.code.code if call.code is not None else ""
+        code = call.code.text if call.code is not None else ""
         record = {"id": call.item_id, "type": "code_interpreter_call", "status": status, "code": code, "container_id": self.container_id}
         return ResponseCodeInterpreterToolCall.model_validate({**record, "outputs": None, **fields})
 
@@ -329,9 +329,9 @@ class CodeInterpreterCallKind:
         return self._item(call, "in_progress")
 
     @staticmethod
-    def _code(call: ServerCall) -> CodeArguments:
+    def _code(call: ServerCall) -> StringArgument:
         if call.code is None:
-            call.code = CodeArguments(call.json_arguments)
+            call.code = StringArgument(call.json_arguments)
         return call.code
 
     def streamed(self, call: ServerCall, arguments: str) -> str:
@@ -347,7 +347,7 @@ class CodeInterpreterCallKind:
             events.append(
                 ResponseCodeInterpreterCallCodeDeltaEvent(type="response.code_interpreter_call_code.delta", delta=rest, **_at(call))
             )
-        done = ResponseCodeInterpreterCallCodeDoneEvent(type="response.code_interpreter_call_code.done", code=code.code, **_at(call))
+        done = ResponseCodeInterpreterCallCodeDoneEvent(type="response.code_interpreter_call_code.done", code=code.text, **_at(call))
         return [*events, done]
 
     def running(self, call: ServerCall) -> list[ResponseStreamEvent]:
@@ -364,38 +364,40 @@ class CodeInterpreterCallKind:
 
 WEB_SEARCH_CALL = WebSearchCallKind()
 
-# The start of `{"code": "`, as a chat-template model writes a python call (whitespace anywhere JSON allows it).
-_CODE_OBJECT = regex.compile(r'\s*\{\s*"code"\s*:\s*"')
 _ESCAPES = {'"': '"', "\\": "\\", "/": "/", "b": "\b", "f": "\f", "n": "\n", "r": "\r", "t": "\t"}
 _SURROGATE = regex.compile(r"[\ud800-\udfff]")
 _HEX4 = regex.compile(r"[0-9a-fA-F]{4}")
 _LOW_ESCAPE = regex.compile(r"\\u[dD][c-fC-F][0-9a-fA-F]{2}")  # a low surrogate, escaped
 
 
-class CodeArguments:
-    """The code of a python call, as its arguments stream in: the arguments themselves (a
-    harmony model writes the code as the message), or the `code` string of a JSON object
-    (`{"code": "..."}`: chat templates, harmony's `<|constrain|>json`), decoded as it comes.
-    A JSON call of another shape is decoded at its end (`finish`); `error` says when it holds
-    no code. `feed` and `finish` return the code text that is new, so any split of the
-    arguments gives the same code; a lone surrogate escape becomes U+FFFD."""
+class StringArgument:
+    """One string argument of a call, as the arguments stream in: the arguments themselves (a
+    harmony model writes python's code, or a custom tool's input, as the message), or the
+    `key` string of a JSON object (`{"code": "..."}`: chat templates, harmony's
+    `<|constrain|>json`), decoded as it comes. A JSON call of another shape is decoded at
+    its end (`finish`); `error` says when it holds no such string. `feed` and `finish` return
+    the text that is new, so any split of the arguments gives the same text; a lone
+    surrogate escape becomes U+FFFD."""
 
-    def __init__(self, json_arguments: bool) -> None:
-        self.code = ""
+    def __init__(self, json_arguments: bool, key: str = "code") -> None:
+        self.text = ""
         self.error: str | None = None
+        self._key = key
+        # The start of `{"KEY": "` (whitespace anywhere JSON allows it).
+        self._object_start = regex.compile(r"\s*\{\s*" + regex.escape(json.dumps(key)) + r'\s*:\s*"')
         self._state = "prefix" if json_arguments else "raw"  # prefix | string | closed | other | raw
         self._pending = ""  # undecided text: the object's start, or an unfinished escape
 
     def feed(self, text: str) -> str:
         if self._state == "raw":
-            self.code += text
+            self.text += text
             return text
         if self._state in ("closed", "other"):
             return ""
         pending = self._pending + text
         self._pending = ""
         if self._state == "prefix":
-            match = _CODE_OBJECT.match(pending, partial=True)
+            match = self._object_start.match(pending, partial=True)
             if match is None:
                 self._state = "other"
                 return ""
@@ -404,29 +406,29 @@ class CodeArguments:
                 return ""
             self._state, pending = "string", pending[match.end() :]
         new = self._decode(pending)
-        self.code += new
+        self.text += new
         return new
 
     def finish(self, arguments: str) -> str:
-        """The end of the arguments (all of them): the code not returned yet."""
+        """The end of the arguments (all of them): the text not returned yet."""
         if self._state == "raw":
             return ""
         if self._state in ("string", "closed"):  # streamed (an unterminated string: the model was cut off)
             rest = "\ufffd" if self._pending.startswith("\\u") and self._state == "string" and len(self._pending) >= 6 else ""
             self._pending = ""
-            self.code += rest
+            self.text += rest
             return rest
         try:
             value = json.loads(arguments)
         except ValueError:
             value = None
-        code = value.get("code") if isinstance(value, dict) else None
-        if not isinstance(code, str):
-            self.error = 'The arguments must be a JSON object {"code": "<python code>"}.'
+        text = value if isinstance(value, str) else value.get(self._key) if isinstance(value, dict) else None  # a JSON string: the text
+        if not isinstance(text, str):
+            self.error = f'The arguments must be a JSON object {{"{self._key}": "<text>"}}.'
             return ""
-        code = str(_SURROGATE.sub("\ufffd", code))  # json.loads keeps a lone surrogate, which is no text
-        self.code = code
-        return code
+        text = str(_SURROGATE.sub("\ufffd", text))  # json.loads keeps a lone surrogate, which is no text
+        self.text = text
+        return text
 
     def _decode(self, text: str) -> str:
         out: list[str] = []

@@ -16,6 +16,8 @@ and streams it in seeded engine-like steps of a few tokens:
    the analysis channel: `call browser.search {"query": "..."}` (also `browser.open`,
    `browser.find`) -> `to=browser.search code` with the JSON, and `call python CODE` (CODE:
    all the text after `call python `) -> `to=python code` with CODE as the message;
+   a custom tool (offered as `type NAME = (_: string) => any;`): `call NAME TEXT` -> a call
+   `to=functions.NAME` whose message is TEXT (all the text after `call NAME `);
 3. otherwise -> analysis `The user wrote N characters.`, then a final message echoing it.
 
 Prompt tokens are counted as cached (`num_cached_tokens`) as vLLM's automatic prefix caching
@@ -56,6 +58,7 @@ from serve_app.families.vocab import harmony_encoding
 
 _NAMESPACE_BLOCK = re.compile(r"^namespace (\w+) \{\n(.*?)^\} // namespace \1", re.M | re.S)
 _FUNCTION = re.compile(r"^type ([a-zA-Z0-9_\-]+) = ", re.M)
+_CUSTOM_TOOL = re.compile(r"^type ([a-zA-Z0-9_\-]+) = \(_: string\) => any;$", re.M)  # how harmony shows a custom tool
 _CALL = re.compile(r"call (\S+)(?: (.*))?", re.S)
 _SYSTEM_PYTHON = re.compile(r"^## python$", re.M)  # the python tool's section of the system message
 PYTHON = "python"
@@ -108,6 +111,16 @@ def _offered_functions(developer_texts: list[str]) -> set[str]:
             for name in _FUNCTION.findall(body):
                 names.add(name if namespace == FUNCTIONS_NAMESPACE else f"{namespace}.{name}")
     return names
+
+
+def _custom_tools(developer_texts: list[str]) -> set[str]:
+    return {
+        name
+        for text in developer_texts
+        for namespace, body in _NAMESPACE_BLOCK.findall(text)
+        if namespace == FUNCTIONS_NAMESPACE
+        for name in _CUSTOM_TOOL.findall(body)
+    }
 
 
 def _assistant(text: str, channel: str) -> Message:
@@ -180,7 +193,9 @@ def script_completion(prompt_token_ids: list[int], constraint: OutputConstraint 
 
     last = conversation[-1] if conversation else None
     system = [text_of(m) for m in conversation if m.author.role == Role.SYSTEM]
-    offered = _offered_functions([text_of(m) for m in conversation if m.author.role == Role.DEVELOPER] + system)
+    developer = [text_of(m) for m in conversation if m.author.role == Role.DEVELOPER]
+    offered = _offered_functions(developer + system)
+    custom = _custom_tools(developer)
     builtin = _offered_functions(system)  # the system message's tools: gpt-oss's own
     if any(_SYSTEM_PYTHON.search(text) for text in system):
         builtin.add(PYTHON)
@@ -193,8 +208,11 @@ def script_completion(prompt_token_ids: list[int], constraint: OutputConstraint 
         user_texts = [text_of(m) for m in conversation if m.author.role == Role.USER]
         user_text = user_texts[-1] if user_texts else ""
         reasoning, answer = f"The user wrote {len(user_text)} characters.", user_text
-        wanted_call = _wanted_call(user_text)
+        wanted_call = _wanted_call(user_text, custom)
     choice = obey(constraint, offered, wanted_call=wanted_call, answer=answer)
+    if isinstance(choice, Call) and choice.name in custom:  # its input as the message, no content type
+        call = _assistant(choice.arguments, "commentary").with_recipient(f"{FUNCTIONS_NAMESPACE}.{choice.name}")
+        return render_completion([_assistant(f"Calling {choice.name}.", "analysis"), call])
     if isinstance(choice, Call) and choice.name in builtin:
         return render_completion([_assistant(f"Calling {choice.name}.", "analysis")]) + _builtin_call(choice)
     if isinstance(choice, Call):
@@ -209,11 +227,12 @@ def script_completion(prompt_token_ids: list[int], constraint: OutputConstraint 
     return render_completion([_assistant(reasoning, "analysis"), final.with_content_type("<|constrain|>json") if choice.is_json else final])
 
 
-def _wanted_call(user_text: str) -> tuple[str, str] | None:
-    """`call NAME [JSON object]` -> (NAME, JSON); `call python CODE` -> ("python", CODE); else None."""
+def _wanted_call(user_text: str, custom: set[str] | frozenset[str] = frozenset()) -> tuple[str, str] | None:
+    """`call NAME [JSON object]` -> (NAME, JSON); `call python CODE` -> ("python", CODE), and
+    `call NAME TEXT` for a custom tool NAME -> (NAME, TEXT); else None."""
     call = _CALL.fullmatch(user_text)
-    if call is not None and call.group(1) == PYTHON:
-        return PYTHON, call.group(2) or ""
+    if call is not None and (call.group(1) == PYTHON or call.group(1) in custom):
+        return call.group(1), call.group(2) or ""
     if call is None or not _is_json_object(call.group(2) or "{}"):
         return None
     return call.group(1), call.group(2) or "{}"

@@ -14,6 +14,7 @@ multi-byte characters fall across tokens as a real model's would:
    output comes back as the template's tool turn (rule 1); the built-in tools are offered as
    functions: `call browser.search {"query": "..."}` calls `browser.search`, and `call python
    CODE` calls `python` with `{"code": CODE}` (CODE as it is when it is a JSON object);
+   a custom tool (a function of one string `input`): `call NAME TEXT` -> `{"input": TEXT}`;
 3. otherwise -> `<think>The user wrote N characters.</think>` then the user text (echo),
    exactly: whitespace at its end is kept (the end of the output is not a tag), and a text
    that starts with whitespace is written with no think block before it (whitespace right
@@ -44,11 +45,18 @@ _TOOL_RESPONSE = re.compile(r"<tool_response>\n(.*?)\n</tool_response>", re.S)
 _TOOL_CALL_NAME = re.compile(r'<tool_call>\n\{"name": "([^"]+)"')
 
 
-def _offered_functions(system: str) -> set[str]:
+def _offered_functions(system: str) -> dict[str, bool]:
+    """The functions the template shows, by name: True for a custom tool (one string `input`)."""
     block = _TOOLS.search(system)
     if block is None:
-        return set()
-    return {json.loads(line)["function"]["name"] for line in block.group(1).splitlines() if line.strip()}
+        return {}
+    functions = [json.loads(line)["function"] for line in block.group(1).splitlines() if line.strip()]
+    return {function["name"]: _is_custom(function.get("parameters") or {}) for function in functions}
+
+
+def _is_custom(parameters: dict[str, Any]) -> bool:
+    properties = parameters.get("properties") or {}
+    return list(properties) == ["input"] and parameters.get("required") == ["input"] and properties["input"].get("type") == "string"
 
 
 def _turns(prompt_token_ids: list[int], tokenizer: Any) -> tuple[list[tuple[str, str]], str]:
@@ -75,6 +83,7 @@ def _answer(turns: list[tuple[str, str]], constraint: OutputConstraint | None) -
     system = turns[0][1] if turns and turns[0][0] == "system" else ""
     last_role, last_text = turns[-1] if turns else ("", "")
     results = _TOOL_RESPONSE.findall(last_text) if last_role == "user" else []
+    offered = _offered_functions(system)
     wanted_call = None
     if results:
         calls = [name for role, text in turns if role == "assistant" for name in _TOOL_CALL_NAME.findall(text)]
@@ -84,11 +93,12 @@ def _answer(turns: list[tuple[str, str]], constraint: OutputConstraint | None) -
         user_texts = [text for role, text in turns if role == "user" and not _TOOL_RESPONSE.search(text)]
         user_text = user_texts[-1] if user_texts else ""
         reasoning, answer = f"The user wrote {len(user_text)} characters.", user_text
-        wanted_call = _wanted_call(user_text)
-    choice = obey(constraint, _offered_functions(system), wanted_call=wanted_call, answer=answer)
+        wanted_call = _wanted_call(user_text, {name for name, custom in offered.items() if custom})
+    choice = obey(constraint, set(offered), wanted_call=wanted_call, answer=answer)
     if isinstance(choice, Call):
-        code = choice.name == PYTHON and not _is_json_object(choice.arguments)  # `call python CODE`
-        arguments = json.dumps({"code": choice.arguments}) if code else choice.arguments
+        # `call python CODE` and `call NAME TEXT` of a custom tool: one string argument.
+        key = "code" if choice.name == PYTHON else "input" if offered.get(choice.name) else None
+        arguments = json.dumps({key: choice.arguments}) if key and not _is_json_object(choice.arguments) else choice.arguments
         return f"Calling {choice.name}.", f'<tool_call>\n{{"name": "{choice.name}", "arguments": {arguments}}}\n</tool_call>'
     return reasoning, choice.text
 

@@ -27,11 +27,11 @@ from jinja2 import TemplateError
 from serve_app.api.errors import invalid_request
 from serve_app.api.items import FunctionCallItem, FunctionCallOutputItem, HistoryItem, MessageItem, ReasoningItem
 from serve_app.api.request import ResponsesRequest
-from serve_app.api.tools import BuiltinTool, FunctionTool, NamespaceTool
+from serve_app.api.tools import BuiltinTool, CustomTool, FunctionTool, NamespaceTool
 from serve_app.core.items import ItemSink
 from serve_app.core.tokens import OutputConstraint
 from serve_app.families.chat_parser import ChatCompletionParser, TaggedTextParser, Tags, Vocabulary
-from serve_app.families.constraints import chat_template_constraint, plan
+from serve_app.families.constraints import chat_template_constraint, custom_input_schema, plan
 from serve_app.families.control_tokens import ESCAPE, ControlTokens, Piece
 from serve_app.families.hosted import ToolCall, ToolOutput, as_tool_turns
 from serve_app.families.prompt_cache import DEFAULT_MAX_TOKENS, PromptCache
@@ -65,11 +65,28 @@ def _function_schema(tool: FunctionTool, name: str) -> dict[str, Any]:
     return {"type": "function", "function": function}
 
 
+def _custom_schema(tool: CustomTool) -> dict[str, Any]:
+    """A custom tool as a function of one string argument, `input` (a regex grammar is its
+    `pattern`; the model's `{"input": ...}` becomes the call's input)."""
+    description = [tool.description or "", "Its input is free text, given as the string argument 'input'."]
+    if grammar := tool.grammar:
+        description.append(
+            f"The input must match this {'Lark grammar' if grammar.syntax == 'lark' else 'regular expression'}:\n{grammar.definition}"
+        )
+    function = {
+        "name": tool.name,
+        "description": "\n".join(line for line in description if line),
+        "parameters": custom_input_schema(tool.grammar),
+    }
+    return {"type": "function", "function": function}
+
+
 def _tools(request: ResponsesRequest) -> list[dict[str, Any]]:
     """Function tools as chat templates take them; namespace functions are named `NS.NAME`,
     so are a built-in tool's (`browser.search`); a built-in tool without functions is a
     function itself (`python`, its `{"code": ...}`)."""
     tools = [_function_schema(tool, tool.name) for tool in request.function_tools()]
+    tools += [_custom_schema(tool) for tool in request.custom_tools()]
     groups: list[NamespaceTool | BuiltinTool] = [*request.namespace_tools(), *request.builtin_tools()]
     for group in groups:
         tools += [_function_schema(tool, _qualified(tool.name, group.name)) for tool in group.functions]
@@ -116,7 +133,7 @@ def conversation(request: ResponsesRequest, history: list[HistoryItem], *, tool_
                 messages.append({"role": "user" if item.role == "user" else "system", "content": item.text})
         elif isinstance(item, ToolOutput):
             turn = None
-            messages.append({"role": "tool", "tool_call_id": item.call_id, "name": item.author, "content": item.text})
+            messages.append({"role": "tool", "tool_call_id": item.call_id, "name": item.chat_name, "content": item.text})
         elif isinstance(item, FunctionCallOutputItem):
             turn = None
             name = calls.get(item.call_id)
@@ -137,7 +154,7 @@ def conversation(request: ResponsesRequest, history: list[HistoryItem], *, tool_
                 turn["content"] = item.text
             elif isinstance(item, ToolCall):
                 turn.setdefault("tool_calls", []).append(
-                    {"id": item.call_id, "type": "function", "function": {"name": item.recipient, "arguments": item.json_arguments()}}
+                    {"id": item.call_id, "type": "function", "function": {"name": item.chat_name, "arguments": item.json_arguments()}}
                 )
             else:
                 name = _qualified(item.name, item.namespace)

@@ -26,16 +26,25 @@ scripted replay models obey it too.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from serve_app.api.errors import invalid_request
 from serve_app.api.json_schema import UnsupportedSchema, check_schema
 from serve_app.api.request import ResponsesRequest
-from serve_app.api.tools import AllowedToolsChoice, FunctionTool, NamedFunctionChoice
+from serve_app.api.tools import AllowedToolsChoice, CustomGrammarFormat, CustomTool, FunctionTool, NamedCustomChoice, NamedFunctionChoice
 from serve_app.core.tokens import OutputConstraint
+from serve_app.families.custom_grammar import check_grammar, grammar_rules
 
 CallMode = Literal["auto", "required", "none"]
+
+
+@dataclass(frozen=True, slots=True)
+class CustomInput:
+    """What a custom tool's input must match: its grammar (None: any text)."""
+
+    grammar: CustomGrammarFormat | None
+    param: str  # where the request gave it: `tools[3].format.definition`
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,9 +53,11 @@ class Plan:
     calls: CallMode
     functions: dict[str, Any]  # qualified name -> argument schema (True: any JSON) that may be called
     single_call: bool  # at most one call (a named function, parallel_tool_calls false)
+    custom: dict[str, CustomInput] = field(default_factory=dict)  # custom tools that may be called, by name
 
     def constraint(self, engine: dict[str, Any]) -> OutputConstraint:
-        return OutputConstraint(engine=engine, answer_schema=self.answer, tool_choice=self.calls, functions=dict(self.functions))
+        functions = {**self.functions, **dict.fromkeys(self.custom, True)}
+        return OutputConstraint(engine=engine, answer_schema=self.answer, tool_choice=self.calls, functions=functions)
 
 
 def _arguments_schema(tool: FunctionTool) -> Any:
@@ -67,6 +78,23 @@ def callable_functions(request: ResponsesRequest) -> dict[str, Any]:
     return functions
 
 
+def callable_custom_tools(request: ResponsesRequest) -> dict[str, CustomInput]:
+    return {
+        tool.name: CustomInput(tool.grammar, f"tools[{index}].format.definition")
+        for index, tool in enumerate(request.tools)
+        if isinstance(tool, CustomTool)
+    }
+
+
+def custom_input_schema(grammar: CustomGrammarFormat | None) -> dict[str, Any]:
+    """A custom tool as a chat-template function: one string argument `input` (a regex
+    grammar is its `pattern`)."""
+    text: dict[str, Any] = {"type": "string"}
+    if grammar is not None and grammar.syntax == "regex":
+        text["pattern"] = grammar.definition
+    return {"type": "object", "properties": {"input": text}, "required": ["input"], "additionalProperties": False}
+
+
 def _any_strict(functions: dict[str, Any]) -> bool:
     return any(schema is not True for schema in functions.values())
 
@@ -83,23 +111,29 @@ def plan(request: ResponsesRequest) -> Plan | None:
     elif fmt is not None and fmt.type == "json_object":
         answer = {"type": "object"}
     functions = callable_functions(request)
+    custom = callable_custom_tools(request)
     choice = request.tool_choice
     calls: CallMode = "auto"
     single = not request.parallel_tool_calls
     if choice == "none":
-        calls, functions = "none", {}
+        calls, functions, custom = "none", {}, {}
     elif choice == "required":
         calls = "required"
     elif isinstance(choice, NamedFunctionChoice):
-        calls, functions, single = "required", {choice.name: functions[choice.name]}, True
+        calls, functions, custom, single = "required", {choice.name: functions[choice.name]}, {}, True
+    elif isinstance(choice, NamedCustomChoice):
+        calls, functions, custom, single = "required", {}, {choice.name: custom[choice.name]}, True
     elif isinstance(choice, AllowedToolsChoice):
-        allowed = {tool.name for tool in choice.tools if tool.type == "function"}
-        calls, functions = choice.mode, {n: s for n, s in functions.items() if n in allowed}
-    if answer is None and calls == "auto" and not isinstance(choice, AllowedToolsChoice) and not _any_strict(functions):
-        return None  # free text, and calls whose arguments may be any JSON
-    if calls == "none" and answer is None and not callable_functions(request):
+        allowed = {(tool.type, tool.name) for tool in choice.tools}
+        calls = choice.mode
+        functions = {n: s for n, s in functions.items() if ("function", n) in allowed}
+        custom = {n: g for n, g in custom.items() if ("custom", n) in allowed}
+    grammars = any(tool.grammar is not None for tool in custom.values())
+    if answer is None and calls == "auto" and not isinstance(choice, AllowedToolsChoice) and not _any_strict(functions) and not grammars:
+        return None  # free text, and calls whose arguments may be any JSON (any text)
+    if calls == "none" and answer is None and not callable_functions(request) and not request.custom_tools():
         return None  # no tools in the request: nothing to forbid
-    return Plan(answer, calls, functions, single)
+    return Plan(answer, calls, functions, single, custom)
 
 
 # --- xgrammar structural-tag formats (plain dicts: the protocol does not import xgrammar) ---
@@ -212,10 +246,24 @@ def harmony_grammar(plan: Plan) -> dict[str, Any]:
             f"call_{i}: ({recipient} call_channel | call_channel {recipient}) constrain <|message|> arguments_{i} (<|call|> | <|end|>)"
         )
         rules.append(f"arguments_{i}: {_lark_json(True if _unknown_format(arguments) else arguments)}")
+    custom = plan.custom if plan.calls != "none" else {}
+    for i, (name, tool) in enumerate(custom.items()):
+        # A custom tool's input is the message as written (no `<|constrain|>json`).
+        recipient = json.dumps(f" to=functions.{name}")
+        options.append(f"custom_{i}")
+        rules.append(f"custom_{i}: ({recipient} call_channel | call_channel {recipient}) <|message|> input_{i} (<|call|> | <|end|>)")
+        if tool.grammar is None:
+            rules.append(f"input_{i}: TEXT")
+        else:
+            start, definition = grammar_rules(tool.grammar, i, tool.param)
+            rules += [f"input_{i}: {start}", *definition]
     if not options:
         raise invalid_request("tool_choice leaves no function this model may call.", param="tool_choice")
-    start = "start: analysis? " + ("preamble? " if calls else "") + "(" + " | ".join(options) + ")"
-    return {"grammar": "\n".join([start, HARMONY_GRAMMAR_HEAD.strip(), *rules]) + "\n"}
+    start = "start: analysis? " + ("preamble? " if calls or custom else "") + "(" + " | ".join(options) + ")"
+    grammar_text = "\n".join([start, HARMONY_GRAMMAR_HEAD.strip(), *rules]) + "\n"
+    if with_grammar := [tool for tool in custom.values() if tool.grammar is not None]:
+        check_grammar(grammar_text, with_grammar[0].param if len(with_grammar) == 1 else "tools")
+    return {"grammar": grammar_text}
 
 
 HERMES_CALL_BEGINS = [('<tool_call>\n{"name": "', "}\n</tool_call>"), ('<tool_call>{"name": "', "}</tool_call>")]
@@ -236,6 +284,15 @@ def chat_template_constraint(plan: Plan, *, think: tuple[str, str] | None, in_re
     the hermes tool parser. None when there is nothing to enforce."""
     options: list[dict[str, Any]] = []
     calls = plan.functions if plan.calls != "none" and tool_calls else {}
+    if plan.calls != "none" and tool_calls:
+        for name, tool in plan.custom.items():
+            if tool.grammar is not None and tool.grammar.syntax == "lark":
+                raise invalid_request(
+                    f"Custom tool '{name}': Lark grammars are supported for gpt-oss (harmony) models; "
+                    "this model's structured outputs take a 'regex' grammar.",
+                    param=tool.param,
+                )
+        calls = {**calls, **{name: custom_input_schema(tool.grammar) for name, tool in plan.custom.items()}}
     if plan.calls == "required" and not calls:
         raise invalid_request("tool_choice requires a function call, and there is no function this model can call.", param="tool_choice")
     if plan.answer is None and not tool_calls:

@@ -5,6 +5,7 @@ Responses API's items:
 
     analysis channel                      <-> reasoning item
     commentary, to=functions.NAME (json)  <-> function_call item (`NS.NAME` for namespaces)
+    commentary, to=functions.NAME (text)  <-> custom_tool_call item (a custom tool: its input)
     final channel / commentary preamble   <-> message item (output_text)
     tool message from functions.NAME      <-  function_call_output item
     call to=LABEL.TOOL, tool message      <-  items of server-side tools (families/hosted.py)
@@ -41,7 +42,7 @@ from openai_harmony import (
 from serve_app.api.errors import invalid_request
 from serve_app.api.items import FunctionCallItem, HistoryItem, MessageItem, ReasoningItem
 from serve_app.api.request import JSONSchemaFormat, ResponsesRequest
-from serve_app.api.tools import FunctionTool
+from serve_app.api.tools import CustomTool, FunctionTool
 from serve_app.core.items import ItemSink
 from serve_app.core.tokens import OutputConstraint
 from serve_app.core.utf8 import Utf8Decoder, unfinished_utf8_tail
@@ -81,6 +82,18 @@ def _tool_description(tool: FunctionTool) -> ToolDescription:
     return ToolDescription.new(tool.name, tool.description or "", parameters=tool.parameters)
 
 
+_GRAMMAR_NAMES = {"lark": "Lark grammar", "regex": "regular expression"}
+
+
+def _custom_tool_description(tool: CustomTool) -> ToolDescription:
+    """A custom tool as a function of one string (harmony renders `(_: string) => any`),
+    whose input the model writes as the whole message."""
+    lines = [tool.description or "", "Write the input as the whole message, as plain text (not JSON)."]
+    if grammar := tool.grammar:
+        lines.append(f"The input must match this {_GRAMMAR_NAMES[grammar.syntax]}:\n{grammar.definition}")
+    return ToolDescription.new(tool.name, "\n".join(line for line in lines if line), parameters={"type": "string"})
+
+
 def _response_format(request: ResponsesRequest) -> list[str]:
     """harmony's `# Response Formats` section for a json_schema answer (openai-harmony has no
     builder for it: it follows the instructions in the developer message)."""
@@ -96,9 +109,10 @@ def _developer_message(request: ResponsesRequest, leading_instructions: list[str
     content = DeveloperContent.new()
     if instructions:
         content = content.with_instructions(instructions)
-    if request.offers_tools() and (request.function_tools() or any(n.functions for n in request.namespace_tools())):
-        if functions := request.function_tools():
-            content = content.with_function_tools([_tool_description(t) for t in functions])
+    functions = [_tool_description(t) for t in request.function_tools()] + [_custom_tool_description(t) for t in request.custom_tools()]
+    if request.offers_tools() and (functions or any(n.functions for n in request.namespace_tools())):
+        if functions:
+            content = content.with_function_tools(functions)
         for namespace in request.namespace_tools():
             if namespace.functions:
                 content = content.with_tools(

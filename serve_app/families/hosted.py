@@ -21,6 +21,10 @@ as one that continues with `previous_response_id`:
                                          read (kept likewise; sent back: its logs, when
                                          included)
 
+Custom tools' calls and outputs (the client runs them) are rendered the same way: a call
+`to=functions.NAME` whose message is the input as written (harmony), or a tool call of
+`NAME` with arguments `{"input": ...}` (chat templates).
+
 gpt-oss calls its built-in tools on the analysis channel with content type `code`
 (`to=browser.search code`, `to=python code`), and their messages come back on it.
 """
@@ -32,8 +36,11 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from serve_app.api.errors import invalid_request
 from serve_app.api.items import (
     CodeInterpreterCallItem,
+    CustomToolCallItem,
+    CustomToolCallOutputItem,
     FunctionCallItem,
     FunctionCallOutputItem,
     HistoryItem,
@@ -48,6 +55,8 @@ from serve_app.api.items import (
 
 JSON_CONTENT = "<|constrain|>json"
 BUILTIN_CONTENT = "code"  # harmony renders it `<|constrain|>code`
+FUNCTIONS_PREFIX = "functions."  # harmony's namespace of the request's functions and custom tools
+CUSTOM_INPUT_KEY = "input"  # a custom tool's input, as a chat-template model writes it: {"input": "..."}
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,16 +64,21 @@ class ToolCall:
     """An assistant message calling a server-side tool."""
 
     call_id: str
-    recipient: str  # LABEL.TOOL, browser.search, python
-    arguments: str  # as the model wrote them: JSON, or code for python
+    recipient: str  # LABEL.TOOL, browser.search, python, functions.NAME (a custom tool)
+    arguments: str  # as the model wrote them: JSON, or the text of `string_key`
     channel: str = "commentary"  # harmony's channel of the call and of its output
     content_type: str | None = JSON_CONTENT
-    is_code: bool = False  # the arguments are python's code, not JSON
+    string_key: str | None = None  # the arguments are this one string argument (python's code, a custom tool's input), not JSON
+
+    @property
+    def chat_name(self) -> str:
+        """The tool's name as a chat template calls it (no harmony `functions.` namespace)."""
+        return self.recipient.removeprefix(FUNCTIONS_PREFIX)
 
     def json_arguments(self) -> Any:
         """The arguments as a chat template takes them: a JSON value ({"code": ...} for code)."""
-        if self.is_code:
-            return {"code": self.arguments}
+        if self.string_key is not None:
+            return {self.string_key: self.arguments}
         try:
             return json.loads(self.arguments)
         except ValueError:
@@ -79,6 +93,10 @@ class ToolOutput:
     author: str  # the tool: the call's recipient
     text: str
     channel: str = "commentary"
+
+    @property
+    def chat_name(self) -> str:
+        return self.author.removeprefix(FUNCTIONS_PREFIX)
 
 
 RenderedItem = MessageItem | FunctionCallItem | FunctionCallOutputItem | ReasoningItem | ToolCall | ToolOutput
@@ -119,12 +137,23 @@ def as_tool_turns(history: Iterable[HistoryItem]) -> list[tuple[int, RenderedIte
         if isinstance(item, McpApprovalResponseItem) or (isinstance(item, McpCallItem) and item.approval_request_id)
     }
     requests = {item.id: item for item in items if isinstance(item, McpApprovalRequestItem)}
+    custom_calls: dict[str, str] = {}  # call_id -> recipient
     rendered: list[tuple[int, RenderedItem]] = []
     for index, item in enumerate(items):
         turns: list[RenderedItem] = []
         if isinstance(item, McpListToolsItem):
             continue
-        if isinstance(item, McpApprovalRequestItem):
+        if isinstance(item, CustomToolCallItem):
+            recipient = f"{item.namespace}.{item.name}" if item.namespace else FUNCTIONS_PREFIX + item.name
+            custom_calls[item.call_id] = recipient
+            turns.append(ToolCall(item.call_id, recipient, item.input, content_type=None, string_key=CUSTOM_INPUT_KEY))
+        elif isinstance(item, CustomToolCallOutputItem):
+            if item.call_id not in custom_calls:
+                raise invalid_request(
+                    f"No tool call found for custom tool call output with call_id '{item.call_id}'.", param=f"input[{index}].call_id"
+                )
+            turns.append(ToolOutput(item.call_id, custom_calls[item.call_id], item.text))
+        elif isinstance(item, McpApprovalRequestItem):
             if item.id in answered:  # unanswered, it ran nothing and the model moved on
                 turns.append(ToolCall(item.id, f"{item.server_label}.{item.name}", item.arguments))
         elif isinstance(item, McpApprovalResponseItem):
@@ -156,7 +185,7 @@ def as_tool_turns(history: Iterable[HistoryItem]) -> list[tuple[int, RenderedIte
             else:
                 text = RESULT_NOT_KEPT
             turns += [
-                ToolCall(call_id, "python", item.code or "", "analysis", BUILTIN_CONTENT, is_code=True),
+                ToolCall(call_id, "python", item.code or "", "analysis", BUILTIN_CONTENT, string_key="code"),
                 ToolOutput(call_id, "python", text, "analysis"),
             ]
         else:

@@ -21,7 +21,7 @@ import itertools
 from collections.abc import Callable, Sequence
 from typing import TypeVar
 
-from serve_app.api.items import FunctionCallItem, FunctionCallOutputItem, MessageItem
+from serve_app.api.items import CustomToolCallItem, CustomToolCallOutputItem, FunctionCallItem, FunctionCallOutputItem, MessageItem
 
 Item = TypeVar("Item")
 
@@ -97,9 +97,9 @@ def cut_points(history: Sequence[object]) -> list[int]:
     split = [0] * (len(history) + 1)
     calls: dict[str, int] = {}
     for index, item in enumerate(history):
-        if isinstance(item, FunctionCallItem):
+        if isinstance(item, FunctionCallItem | CustomToolCallItem):
             calls[item.call_id] = index
-        elif isinstance(item, FunctionCallOutputItem) and (call := calls.get(item.call_id)) is not None:
+        elif isinstance(item, FunctionCallOutputItem | CustomToolCallOutputItem) and (call := calls.get(item.call_id)) is not None:
             split[call + 1] += 1
             split[index + 1] -= 1
     cuts, open_calls = [], 0
@@ -112,7 +112,7 @@ def cut_points(history: Sequence[object]) -> list[int]:
 
 def _size(item: object) -> int:
     """An item's size for the first guess: its text, and a little for its framing."""
-    text = getattr(item, "arguments", None) or getattr(item, "text", "")
+    text = getattr(item, "arguments", None) or getattr(item, "input", None) or getattr(item, "text", "")
     return len(str(text)) + 16
 
 

@@ -20,6 +20,9 @@ from typing import Any, cast
 import cachetools
 from openai.types.responses import (
     Response,
+    ResponseCustomToolCall,
+    ResponseCustomToolCallItem,
+    ResponseCustomToolCallOutputItem,
     ResponseFunctionToolCall,
     ResponseFunctionToolCallOutputItem,
     ResponseInputMessageItem,
@@ -34,6 +37,8 @@ from serve_app.api.errors import invalid_request, item_not_found
 from serve_app.api.items import (
     HOSTED_ITEM_TYPES,
     CodeInterpreterCallItem,
+    CustomToolCallItem,
+    CustomToolCallOutputItem,
     FunctionCallItem,
     FunctionCallOutputItem,
     HistoryItem,
@@ -70,6 +75,8 @@ _ID_PREFIX = {
     "message": "msg",
     "function_call": "fc",
     "function_call_output": "fco",
+    "custom_tool_call": "ctc",
+    "custom_tool_call_output": "ctco",
     "reasoning": "rs",
     "mcp_list_tools": "mcpl",
     "mcp_call": "mcp",
@@ -163,6 +170,12 @@ def output_as_input(response: Response, tool_texts: Mapping[str, str] | None = N
                     arguments=item.arguments,
                 )
             )
+        elif isinstance(item, ResponseCustomToolCall):
+            items.append(
+                CustomToolCallItem(
+                    type="custom_tool_call", id=item.id, call_id=item.call_id, name=item.name, namespace=item.namespace, input=item.input
+                )
+            )
         elif item.type in HOSTED_ITEM_TYPES:  # server-side tools' items: the same shape in and out
             items.append(with_tool_text(_INPUT_ITEM.validate_python(item.model_dump(mode="json", exclude_none=True)), tool_texts))
     return items
@@ -202,6 +215,21 @@ def as_response_item(item: HistoryItem) -> ResponseItem:
         output: Any = item.output if isinstance(item.output, str) else [{"type": "input_text", "text": item.text}]
         return ResponseFunctionToolCallOutputItem(
             id=item.id, type="function_call_output", call_id=item.call_id, output=output, status="completed"
+        )
+    if isinstance(item, CustomToolCallItem):
+        return ResponseCustomToolCallItem(
+            id=item.id or "",
+            type="custom_tool_call",
+            call_id=item.call_id,
+            name=item.name,
+            namespace=item.namespace,
+            input=item.input,
+            status="completed",
+        )
+    if isinstance(item, CustomToolCallOutputItem):
+        output = item.output if isinstance(item.output, str) else [{"type": "input_text", "text": item.text}]
+        return ResponseCustomToolCallOutputItem(
+            id=item.id or "", type="custom_tool_call_output", call_id=item.call_id, output=output, status="completed"
         )
     if not isinstance(item, ReasoningItem):
         return _hosted_response_item(item)

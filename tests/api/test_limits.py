@@ -169,7 +169,7 @@ def test_limits_are_checked_before_validation():
 def test_duplicate_tool_names_are_found_among_many():
     body = request(tools=[*tools(511), {**TOOL, "name": "f7"}])
     error = refused(body, RequestLimits())
-    assert "duplicate function tool names: ['f7']" in error.message
+    assert "duplicate function or custom tool names: ['f7']" in error.message
 
 
 @pytest.mark.slow

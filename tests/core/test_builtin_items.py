@@ -17,7 +17,7 @@ from serve_app.api.sse import encode_events
 from serve_app.core.citations import CitedPage, annotate
 from serve_app.core.stream import ResponseStream
 from serve_app.core.tokens import TokenBatch
-from serve_app.core.tool_items import WEB_SEARCH_CALL, CodeArguments, CodeInterpreterCallKind, ServerTools, ToolError, ToolOutcome
+from serve_app.core.tool_items import WEB_SEARCH_CALL, CodeInterpreterCallKind, ServerTools, StringArgument, ToolError, ToolOutcome
 from serve_app.families.harmony import HarmonyParser, render_completion
 from serve_app.families.vocab import harmony_encoding
 from tests.core.test_stream_properties import partition, texts
@@ -46,23 +46,23 @@ def test_the_code_of_a_json_call_streams_as_json_decodes_it(code, separators, en
     arguments = json.dumps({"code": code}, separators=separators, ensure_ascii=ensure_ascii)
     if separators[0] == ",\n":
         arguments = "\n " + arguments  # whitespace before the object too
-    decoded = CodeArguments(json_arguments=True)
+    decoded = StringArgument(json_arguments=True)
     streamed = "".join(decoded.feed(arguments[a:b]) for a, b in _spans(len(arguments), sizes)) + decoded.finish(arguments)
-    assert streamed == decoded.code == _no_lone_surrogates(code)
+    assert streamed == decoded.text == _no_lone_surrogates(code)
     assert decoded.error is None
 
 
 @given(st.text(max_size=40).map(lambda t: json.dumps(t)[1:-1]), st.lists(st.integers(1, 5), max_size=20))
 def test_escapes_decode_as_json_does_whatever_the_split(escaped, sizes):
     arguments = '{"code": "' + escaped + '"}'
-    decoded = CodeArguments(json_arguments=True)
+    decoded = StringArgument(json_arguments=True)
     streamed = "".join(decoded.feed(arguments[a:b]) for a, b in _spans(len(arguments), sizes)) + decoded.finish(arguments)
     assert streamed == _no_lone_surrogates(json.loads(arguments)["code"])
 
 
 def test_lone_surrogate_escapes_become_replacement_characters():
     for escaped, expected in [("\\ud83d", "\ufffd"), ("\\ud83dx", "\ufffdx"), ("\\ude00", "\ufffd"), ("\\ud83d\\ud83d", "\ufffd\ufffd")]:
-        decoded = CodeArguments(json_arguments=True)
+        decoded = StringArgument(json_arguments=True)
         arguments = '{"code": "' + escaped + '"}'
         assert decoded.feed(arguments) + decoded.finish(arguments) == expected
 
@@ -76,11 +76,11 @@ def test_calls_of_another_shape_are_decoded_at_their_end_or_refused():
         ('{"code": "x = 1', "x = 1", None),  # cut off by the token limit: what came
     ]
     for arguments, code, error in cases:
-        decoded = CodeArguments(json_arguments=True)
+        decoded = StringArgument(json_arguments=True)
         streamed = decoded.feed(arguments) + decoded.finish(arguments)
-        assert (streamed, decoded.code) == (code, code)
+        assert (streamed, decoded.text) == (code, code)
         assert (decoded.error is None) if error is None else (error in (decoded.error or ""))
-    raw = CodeArguments(json_arguments=False)  # harmony: the message is the code, JSON-looking or not
+    raw = StringArgument(json_arguments=False)  # harmony: the message is the code, JSON-looking or not
     assert raw.feed('{"code": 1}') + raw.finish('{"code": 1}') == '{"code": 1}'
     assert raw.error is None
 
@@ -190,7 +190,7 @@ def test_a_python_call_written_as_json_streams_its_code():
     (call,) = stream.unfinished_calls
     assert deltas == code
     assert call.code is not None
-    assert call.code.code == code
+    assert call.code.text == code
     events += stream.run_call(call) + stream.finish_call(call, ToolOutcome(output="a\tb\n", model_text="a\tb\n")) + stream.complete()
     terminal = check_stream(parse_sse(encode_events(events)))
     assert terminal.output[0].code == code

@@ -18,7 +18,8 @@ from serve_app.families.harmony import HarmonyParser, render_completion
 from tests.support.contract import check_stream, parse_sse
 from tests.support.sdk_scenarios import output_texts
 
-REQUEST = ResponsesRequest(model="gpt-oss-replay", input="hi")
+# A custom tool's input is the call's message as written (harmony: no content type).
+REQUEST = ResponsesRequest.model_validate({"model": "gpt-oss-replay", "input": "hi", "tools": [{"type": "custom", "name": "apply_patch"}]})
 
 # Pieces that stress the byte level: accents, CJK, emoji with skin-tone modifiers and ZWJ
 # sequences, flags, and JSON punctuation.
@@ -55,7 +56,12 @@ def completions(draw) -> tuple[list[int], list[tuple[str, str]]]:
             preamble = draw(texts)
             messages.append(_assistant(preamble, "commentary"))
             expected.append(("message", preamble))
-    if draw(st.booleans()):
+    ending = draw(st.sampled_from(["function_call", "custom_tool_call", "message"]))
+    if ending == "custom_tool_call":
+        text = draw(texts)
+        messages.append(_assistant(text, "commentary").with_recipient("functions.apply_patch"))
+        expected.append(("custom_tool_call", text))
+    elif ending == "function_call":
         args = draw(arguments)
         name = draw(st.sampled_from(["get_weather", "lookup-2", "ns.search"]))
         recipient = name if "." in name else f"functions.{name}"

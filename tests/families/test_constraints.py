@@ -358,3 +358,57 @@ def test_plain_chat_template_gets_vllms_json_constraint(smollm2):
     with pytest.raises(Exception, match="no function this model can call"):
         model.constraint(request(tools=[TIME], tool_choice="required"), [])
     assert model.constraint(request(tools=[TIME], tool_choice="none"), []) is None  # no tool parser: no call possible
+
+
+# --------------------------------------------------------------------------- custom tools
+
+
+def _custom_call(name: str, text: str, header: str = "") -> list[int]:
+    """A harmony call of custom tool `name`: free analysis, then the input as the message."""
+    return (
+        harmony_tokens(
+            f"<|channel|>analysis<|message|>Calling.<|end|><|start|>assistant<|channel|>commentary to=functions.{name}{header}<|message|>"
+        )
+        + spelled(text)
+        + harmony_tokens("<|call|>")
+    )
+
+
+def _custom_request(definition: str, syntax: str = "lark") -> ResponsesRequest:
+    tool = {"type": "custom", "name": "calc", "format": {"type": "grammar", "syntax": syntax, "definition": definition}}
+    return request(tools=[tool], tool_choice={"type": "custom", "name": "calc"})
+
+
+def test_harmony_custom_tool_input_follows_its_lark_grammar(ll_tokenizer):
+    constraint, _ = harmony_case(_custom_request('start: expr\nexpr: NUMBER ("+" NUMBER)*\nNUMBER: /[0-9]+/'))
+    assert ll_accepts(ll_tokenizer, constraint.engine, _custom_call("calc", "12+30"))
+    assert not ll_accepts(ll_tokenizer, constraint.engine, _custom_call("calc", "12+x"))
+    assert not ll_accepts(ll_tokenizer, constraint.engine, _custom_call("calc", '{"input": "12+30"}', " <|constrain|>json"))
+    # Forced: no answer instead of the call.
+    final = "<|channel|>analysis<|message|>x<|end|><|start|>assistant<|channel|>final<|message|>12<|return|>"
+    assert not ll_accepts(ll_tokenizer, constraint.engine, harmony_tokens(final))
+
+
+def test_a_clients_rule_names_never_meet_the_servers(ll_tokenizer):
+    """Its `start`, `analysis` and `TEXT` are its own: renamed, they do not redefine (or
+    loosen) the server's rules of the same names."""
+    constraint, _ = harmony_case(_custom_request('start: analysis\nanalysis: TEXT\nTEXT: "x"'))
+    assert ll_accepts(ll_tokenizer, constraint.engine, _custom_call("calc", "x"))
+    assert not ll_accepts(ll_tokenizer, constraint.engine, _custom_call("calc", "anything"))
+
+
+def test_a_regex_grammar_is_one_terminal_slashes_and_all(ll_tokenizer):
+    constraint, _ = harmony_case(_custom_request(r"[a-z]+/[0-9]{2}", syntax="regex"))
+    assert ll_accepts(ll_tokenizer, constraint.engine, _custom_call("calc", "ab/12"))
+    assert not ll_accepts(ll_tokenizer, constraint.engine, _custom_call("calc", "ab/123"))
+
+
+def test_a_custom_tools_text_never_becomes_a_control_token(ll_tokenizer):
+    """Free text: `<|call|>` spelled in the input is text; the special token ends the input."""
+    req = request(tools=[{"type": "custom", "name": "calc"}], tool_choice={"type": "custom", "name": "calc"})
+    constraint, _ = harmony_case(req)
+    assert ll_accepts(ll_tokenizer, constraint.engine, _custom_call("calc", "a <|call|> b <|end|>"))
+    inner_special = harmony_tokens(
+        "<|channel|>analysis<|message|>x<|end|><|start|>assistant<|channel|>commentary to=functions.calc<|message|>a<|call|>b<|call|>"
+    )
+    assert not ll_accepts(ll_tokenizer, constraint.engine, inner_special)

@@ -280,8 +280,3 @@ def test_compact_returns_a_compact_resource(inprocess_url):
         answer = http.post(f"{inprocess_url}/responses/compact", json=body)
     assert answer.status_code == 200, answer.text
     assert_valid(problems("CompactResource", answer.json()))
-
-
-@pytest.mark.skip(reason="custom tools: not built, and not in the spec (2026-04-24): its `Tool` is `FunctionTool` only")
-def test_custom_tools():
-    """A placeholder that keeps the gap in the report."""

@@ -16,6 +16,7 @@ _PREFIX = {
     "reasoning": "rs_",
     "message": "msg_",
     "function_call": "fc_",
+    "custom_tool_call": "ctc_",
     "mcp_list_tools": "mcpl_",
     "mcp_call": "mcp_",
     "mcp_approval_request": "mcpr_",
@@ -33,6 +34,7 @@ _ITEM_PATTERN = {
     ],
     "reasoning": ["response.reasoning_text.delta*", "response.reasoning_text.done"],
     "function_call": ["response.function_call_arguments.delta*", "response.function_call_arguments.done"],
+    "custom_tool_call": ["response.custom_tool_call_input.delta*", "response.custom_tool_call_input.done"],
     # Completed (or failed) only after the tool returned: an unfinished call has neither.
     "mcp_call": [
         "response.mcp_call.in_progress",
@@ -61,6 +63,7 @@ _DELTA = {
     "response.output_text.delta",
     "response.reasoning_text.delta",
     "response.function_call_arguments.delta",
+    "response.custom_tool_call_input.delta",
     "response.mcp_call_arguments.delta",
     "response.code_interpreter_call_code.delta",
 }
@@ -107,6 +110,8 @@ def _item_text(item: Any) -> str:
         return ""
     if item.type == "code_interpreter_call":
         return item.code or ""
+    if item.type == "custom_tool_call":
+        return item.input
     return item.arguments
 
 
@@ -206,6 +211,8 @@ def check_stream(raw_events: Iterable[Any], allow_replacement: bool = False) -> 
                 done_text = event.arguments
             elif event.type == "response.code_interpreter_call_code.done":
                 done_text = event.code
+            elif event.type == "response.custom_tool_call_input.done":
+                done_text = event.input
             elif event.type == "response.output_text.annotation.added":
                 # Sent after the text it annotates, numbered in order.
                 annotation = event.annotation
@@ -237,7 +244,7 @@ def check_stream(raw_events: Iterable[Any], allow_replacement: bool = False) -> 
             assert text == done_text == _item_text(done.item), f"{item_type} deltas, done event and item disagree (lost or changed text)"
         _check_server_item(done.item, inner)
         assert allow_replacement or "\ufffd" not in text, "U+FFFD in the text (a character split between deltas)"
-        if item_type == "function_call":
+        if item_type in ("function_call", "custom_tool_call"):
             assert done.item.call_id, "function call without call_id or name"
             assert done.item.name, "function call without call_id or name"
             assert added.item.call_id == done.item.call_id, "function call's call_id changes"

@@ -72,6 +72,8 @@ def output_texts(response) -> list[tuple[str, str]]:
             out.append(("message", item.content[0].text))
         elif item.type == "reasoning":
             out.append(("reasoning", item.content[0].text))
+        elif item.type == "custom_tool_call":
+            out.append(("custom_tool_call", item.input))
         else:  # NS.NAME for a function of namespace NS
             name = f"{item.namespace}.{item.name}" if item.namespace else item.name
             out.append(("function_call", f"{name} {item.arguments}"))

@@ -30,7 +30,7 @@ import mcp_types
 
 from serve_app.api.request import ResponsesRequest
 from serve_app.api.tools import BuiltinTool, CodeInterpreterTool
-from serve_app.core.tool_items import CodeArguments, CodeInterpreterCallKind, ServerCall, ServerTools, ToolError, ToolOutcome
+from serve_app.core.tool_items import CodeInterpreterCallKind, ServerCall, ServerTools, StringArgument, ToolError, ToolOutcome
 from serve_app.core.utf8 import cap_text
 from serve_app.state import StoreUnavailable
 from serve_app.state.store import Store
@@ -118,7 +118,7 @@ class PythonTools(NothingToPrepare):
         return TOOL_NAME
 
     async def run(self, call: ServerCall) -> ToolOutcome:
-        code = call.code or CodeArguments(call.json_arguments)
+        code = call.code or StringArgument(call.json_arguments)
         if call.code is None:
             code.finish(call.arguments)
         if code.error is not None:
@@ -132,7 +132,7 @@ class PythonTools(NothingToPrepare):
                 return _failed(not_found(self.container_id))
         meta = {META_OWNER: self.tenant, META_CONTAINER: self.container_id, META_CREATE: self.auto and not self._made}
         try:
-            reply = await self.transport.call(TOOL_NAME, {"code": code.code}, meta, self._route)
+            reply = await self.transport.call(TOOL_NAME, {"code": code.text}, meta, self._route)
         except ToolUnavailable as exc:
             return _failed(f"The python tool could not be reached: {exc}")
         result = reply.result
