@@ -31,6 +31,7 @@ from serve_app.runtime.models import served_model
 from serve_app.runtime.reasoning_keys import reasoning_keys
 from serve_app.runtime.turn import Unavailable
 from serve_app.server.app import create_app
+from serve_app.server.settings import ServerSettings
 from serve_app.state import MemoryStore, Store
 from serve_app.tools.builtin.transport import TransportFactory
 
@@ -252,25 +253,19 @@ class ResponsesIngress:
             served_model(model, HandleTokenSource(self.engines[model.name], caller), unavailable=availability.unavailable)
             for model in self.config.models
         ]
-        return create_app(
-            models,
-            store=open_store(self.config.store, self.store),
-            store_timeout_s=self.config.store.timeout_s,
-            store_ttl_s=self.config.store.ttl_s,
-            store_cache_bytes=self.config.store.cache_bytes,
-            auth=self.config.auth,
+        settings = ServerSettings.from_config(
+            self.config,
             listen_host=serve_http_host() if self.config.auth is None else None,
-            max_request_bytes=self.config.max_request_bytes,
-            request_limits=self.config.request_limits,
-            replica_limits=self.config.replica_limits,
-            background_drain_s=background_drain_s(self.config),
             # Serve's own id of this replica (its log file is named after it), not host:pid.
             replica_id=serve.get_replica_context().replica_id.unique_id,
+            background_drain_s=background_drain_s(self.config),
             reasoning_keys=reasoning_keys(fallback=self.reasoning_key),
+        )
+        return create_app(
+            models,
+            settings,
+            store=open_store(self.config.store, self.store),
             metrics=RayServeMetrics(),
-            max_stream_duration_s=self.config.max_stream_duration_s,
-            sse_keepalive_s=self.config.sse_keepalive_s,
-            tools=self.config.tools,
             builtin_tools={name: _transport_factory(handle) for name, handle in self.tools.items()},
         )
 

@@ -86,7 +86,7 @@ def inprocess_url(replay_backend) -> Iterator[str]:
     from serve_app.config import ModelConfig
     from serve_app.engines import make_backend
     from serve_app.runtime.models import served_model
-    from serve_app.server.app import ServedModel, create_app
+    from serve_app.server.app import ServedModel, ServerSettings, create_app
 
     qwen3 = ModelConfig.model_validate(QWEN3_REPLAY)
     # The same model with a template that opens <think> in the prompt.
@@ -100,7 +100,7 @@ def inprocess_url(replay_backend) -> Iterator[str]:
     models = [ServedModel("gpt-oss-replay", replay_backend)]
     models += [served_model(m, make_backend(m.backend)) for m in (qwen3, thinking)]
     # The default tools config: Codex's web_search is left out of the response, not a 400.
-    app = create_app(models, max_request_bytes=1024 * 1024)
+    app = create_app(models, ServerSettings(max_request_bytes=1024 * 1024))
     with uvicorn_server(app) as url:
         yield url
 

@@ -24,10 +24,9 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from serve_app.api.errors import APIError, model_not_found, server_error
 from serve_app.api.items import MessageItem
-from serve_app.api.limits import DEFAULT_LIMITS, RequestLimits
 from serve_app.api.request import ResponsesRequest
 from serve_app.api.sse import encode_events
-from serve_app.config import DEFAULT_SSE_KEEPALIVE_S, AuthConfig, ReplicaLimits, ToolsConfig
+from serve_app.config import ToolsConfig
 from serve_app.core.encrypted_reasoning import ReasoningCipher
 from serve_app.core.stream import ResponseStream
 from serve_app.core.tokens import TokenBatch, TokenSource
@@ -38,18 +37,20 @@ from serve_app.runtime.metrics import GuardedMetrics, Metrics, NoMetrics, report
 from serve_app.runtime.reasoning_keys import reasoning_keys as configured_reasoning_keys
 from serve_app.runtime.turn import ModelFamily, ServedModel, Unavailable
 from serve_app.server.auth import ANONYMOUS, AuthMiddleware, Keyring, warn_if_open
+from serve_app.server.context import AppContext, app_context
 from serve_app.server.rate_headers import RateLimitHeaders
 from serve_app.server.routes import background as background_routes
 from serve_app.server.routes import conversations as conversations_routes
 from serve_app.server.routes import input_tokens as input_tokens_routes
 from serve_app.server.routes import responses as responses_routes
 from serve_app.server.routes import websocket as websocket_routes
+from serve_app.server.settings import ServerSettings
 from serve_app.server.tenants import TenantState, prefix_cache_salt
 from serve_app.state import BoundedStore, MemoryStore, ResponseStore, Store
 from serve_app.state.connection import KeptBytes
 from serve_app.state.conversations import ConversationStore
 from serve_app.state.quotas import LeaseKeeper, QuotaLimits, TenantQuota
-from serve_app.state.responses import DEFAULT_CACHE_BYTES, DEFAULT_TTL_S, TurnCache
+from serve_app.state.responses import TurnCache
 from serve_app.state.runs import EVENTS_TTL_S, RunStore
 from serve_app.tools.builtin.factory import builtin_factories
 from serve_app.tools.builtin.transport import TransportFactory
@@ -58,86 +59,66 @@ from serve_app.tools.mcp_client import ConnectPolicy, McpLimits
 from serve_app.tools.remote_mcp import RemoteMcpFactory
 from serve_app.tools.server_tools import ServerToolRuntime, ToolFactory
 
-__all__ = ["ModelFamily", "ServedModel", "TokenSource", "Unavailable", "create_app"]
+__all__ = ["AppContext", "ModelFamily", "ServedModel", "ServerSettings", "TokenSource", "Unavailable", "create_app"]
 
 logger = logging.getLogger(__name__)
 
-DEFAULT_MAX_REQUEST_BYTES = 8 * 1024 * 1024
-DEFAULT_STORE_TIMEOUT_S = 2.0
 SWEEP_EVERY_S = 10.0
-DEFAULT_BACKGROUND_DRAIN_S = 15.0  # within Serve's default graceful_shutdown_timeout_s (20 s)
 
 
 def create_app(
     models: Sequence[ServedModel],
+    settings: ServerSettings | None = None,
     *,
     store: Store | None = None,
-    store_timeout_s: float = DEFAULT_STORE_TIMEOUT_S,
-    store_ttl_s: float = DEFAULT_TTL_S,
-    store_cache_bytes: int = DEFAULT_CACHE_BYTES,
-    auth: AuthConfig | None = None,
-    environ: Mapping[str, str] | None = None,
-    listen_host: str | None = None,
-    max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
-    request_limits: RequestLimits = DEFAULT_LIMITS,
-    replica_limits: ReplicaLimits | None = None,
-    replica_id: str | None = None,
-    background_drain_s: float = DEFAULT_BACKGROUND_DRAIN_S,
-    reasoning_keys: Sequence[str] | None = None,
     metrics: Metrics | None = None,
-    max_stream_duration_s: float | None = None,
-    sse_keepalive_s: float | None = DEFAULT_SSE_KEEPALIVE_S,
-    tools: ToolsConfig | None = None,
+    environ: Mapping[str, str] | None = None,
     server_tools: ServerToolRuntime | None = None,
     builtin_tools: Mapping[str, TransportFactory] | None = None,
 ) -> FastAPI:
-    """`store`: where responses are kept (default: this process's memory, for one replica);
-    `store_cache_bytes`: this replica's cache of finished turns (`TurnCache`; 0: none).
-    `reasoning_keys`: Fernet keys sealing reasoning items' `encrypted_content` (the first
-    encrypts); None: `RESPONSES_SERVE_REASONING_KEYS`, else a key of this process.
-    `max_stream_duration_s`: a response generating longer is ended with `response.failed`.
-    `sse_keepalive_s`: a stream quiet this long gets an SSE comment (None or 0: never).
-    `request_limits`: what one request may hold (api/limits.py); `replica_limits`: what this
-    replica takes on at once (config.ReplicaLimits).
-    `auth`: API keys and tenants (None: open, one anonymous tenant; a warning if `listen_host`
-    is given and is not a loopback address); keys named by `key_env` are read from `environ`
-    (default: this process's environment) now, and a missing one fails here.
-    `tools`: server-side tools (`builtin_tools`: how the embedded built-in tools are reached,
-    by name; deployments/ passes their deployments' handles)."""
+    """The app serving `models` as `settings` say (default: `ServerSettings()`, a test or
+    in-process server's), over these collaborators:
+    `store`: where responses are kept (default: this process's memory, for one replica);
+    `metrics`: where requests are reported (default: nowhere);
+    `environ`: where `settings.auth`'s `key_env` keys are read, now (default: this process's
+    environment); a missing one fails here;
+    `server_tools`: the server-side tools' runtime (default: made from `settings.tools`);
+    `builtin_tools`: how the embedded built-in tools are reached, by name (deployments/ passes
+    their deployments' handles).
+    What the routes share is one `AppContext` (server/context.py), the app's only state."""
+    settings = settings or ServerSettings()
     _warm_up()
+    auth = settings.auth
     keyring = Keyring.from_config(auth, os.environ if environ is None else environ) if auth is not None else None
-    if auth is None and listen_host is not None:
-        warn_if_open(listen_host)
+    if auth is None and settings.listen_host is not None:
+        warn_if_open(settings.listen_host)
     served = {model.name: model for model in models}
     app = FastAPI(title="responses-serve", docs_url=None, redoc_url=None, lifespan=_drain_background_runs)
-    # What the routers read (serve_app/server/routes/): every store call is time-bounded.
-    app.state.served = served
-    app.state.store = BoundedStore(store if store is not None else MemoryStore(), store_timeout_s)
-    app.state.max_request_bytes = max_request_bytes
-    app.state.request_limits = request_limits
-    app.state.replica_limits = replica_limits = replica_limits or ReplicaLimits()
-    app.state.websocket_turns = KeptBytes(replica_limits.max_websocket_kept_bytes)  # all connections' kept turns
-    app.state.request_bytes = ByteBudget(replica_limits.max_request_bytes_in_flight)  # bodies read, parsed; WebSocket requests
-    app.state.metrics = metrics = GuardedMetrics(metrics or NoMetrics())
-    app.state.leases = LeaseKeeper(app.state.store)  # this replica's quota leases, renewed while held
-    keys = list(reasoning_keys or configured_reasoning_keys())
+    bounded = BoundedStore(store if store is not None else MemoryStore(), settings.store_timeout_s)
+    guarded = GuardedMetrics(metrics or NoMetrics())
+    leases = LeaseKeeper(bounded)
+    keys = list(settings.reasoning_keys or configured_reasoning_keys())
     cipher = ReasoningCipher(keys)
     # Without tenants, one shared prefix cache (no salt): the anonymous caller is everyone.
     salt_key = keys[0] if auth is not None else None
-    tenants = _tenant_states(app.state.store, auth, store_ttl_s, store_cache_bytes, replica_id, metrics, app.state.leases, cipher, salt_key)
-    app.state.tenants = tenants
-    app.state.background_drain_s = background_drain_s
-    app.state.max_stream_duration_s = max_stream_duration_s
-    app.state.sse_keepalive_s = sse_keepalive_s
-    app.state.websockets_open = 0  # connections to /v1/responses (routes/websocket.py)
-    app.state.websockets_by_tenant = {}  # of them, each tenant's (bounded with `auth`: replica_limits.max_websockets_per_tenant)
-    app.state.tenanted = auth is not None
-    app.state.server_tools = server_tools or server_tool_runtime(tools or ToolsConfig(), metrics, app.state.store, builtin_tools)
+    tenants = _tenant_states(bounded, settings, guarded, leases, cipher, salt_key)
+    replica_limits = settings.replica_limits
+    app.state.context = AppContext(
+        settings=settings,
+        served=served,
+        store=bounded,
+        tenants=tenants,
+        metrics=guarded,
+        leases=leases,
+        server_tools=server_tools or server_tool_runtime(settings.tools, guarded, bounded, builtin_tools),
+        request_bytes=ByteBudget(replica_limits.max_request_bytes_in_flight),
+        websocket_turns=KeptBytes(replica_limits.max_websocket_kept_bytes),
+    )
 
     @app.exception_handler(APIError)
     async def _api_error(request: Request, exc: APIError) -> JSONResponse:
-        report_once(metrics, getattr(request.state, "trace", None), "rejected", exc.code)
-        report_refusal(metrics, request.scope, exc)
+        report_once(guarded, getattr(request.state, "trace", None), "rejected", exc.code)
+        report_refusal(guarded, request.scope, exc)
         return JSONResponse(exc.body(), status_code=exc.status_code, headers=exc.headers)
 
     @app.exception_handler(StarletteHTTPException)
@@ -150,7 +131,7 @@ def create_app(
     async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
         logger.exception("unexpected error")
         error = server_error("The server had an error while processing your request.")
-        report_once(metrics, getattr(request.state, "trace", None), "rejected", error.code)
+        report_once(guarded, getattr(request.state, "trace", None), "rejected", error.code)
         return JSONResponse(error.body(), status_code=500)
 
     # Pure ASGI: streams pass through untouched. The last added runs first: the auth middleware
@@ -202,10 +183,7 @@ async def model_state(model: ServedModel) -> dict[str, str]:
 
 def _tenant_states(
     store: Store,
-    auth: AuthConfig | None,
-    ttl_s: float,
-    cache_bytes: int,
-    replica_id: str | None,
+    settings: ServerSettings,
     metrics: Metrics,
     leases: LeaseKeeper,
     cipher: ReasoningCipher,
@@ -213,8 +191,9 @@ def _tenant_states(
 ) -> dict[str, TenantState]:
     """Every tenant's state, made once per replica: the configured tenants, or the anonymous one
     (`salt_key`: what the tenants' prefix-cache salts are derived from; None: no salts)."""
-    cache = TurnCache(cache_bytes) if cache_bytes else None
-    replica_id = replica_id or default_replica_id()
+    auth, ttl_s = settings.auth, settings.store_ttl_s
+    cache = TurnCache(settings.store_cache_bytes) if settings.store_cache_bytes else None
+    replica_id = settings.replica_id or default_replica_id()
     tenants: dict[str, TenantState] = {}
 
     def running(_: int) -> None:  # the replica's background runs, all tenants'
@@ -269,13 +248,15 @@ async def _drain_background_runs(app: FastAPI) -> AsyncGenerator[None, None]:
     """While up, sweep for background runs whose replica is gone; on shutdown (Serve runs the
     ASGI lifespan when it stops a replica), wait for this replica's background runs: Serve's
     drain only counts HTTP requests."""
-    runs: list[BackgroundRuns] = [state.background for state in app.state.tenants.values()]
+    context = app_context(app)
+    runs: list[BackgroundRuns] = [state.background for state in context.tenants.values()]
     sweeper = asyncio.create_task(_sweep_forever(runs, SWEEP_EVERY_S))
-    renewer = asyncio.create_task(app.state.leases.renew_forever())
+    renewer = asyncio.create_task(context.leases.renew_forever())
     yield
     sweeper.cancel()
     renewer.cancel()
-    await asyncio.gather(*(background.drain(app.state.background_drain_s) for background in runs))
+    drain_s = context.settings.background_drain_s
+    await asyncio.gather(*(background.drain(drain_s) for background in runs))
 
 
 async def _sweep_forever(runs: list[BackgroundRuns], every_s: float) -> None:

@@ -47,8 +47,10 @@ def main() -> None:
     import uvicorn
 
     from serve_app.server.app import create_app
+    from serve_app.server.settings import ServerSettings
 
-    uvicorn.run(create_app(replay_models(args.step_delay_ms), listen_host=args.host), host=args.host, port=args.port)
+    app = create_app(replay_models(args.step_delay_ms), ServerSettings(listen_host=args.host))
+    uvicorn.run(app, host=args.host, port=args.port)
 
 
 if __name__ == "__main__":

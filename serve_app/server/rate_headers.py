@@ -23,7 +23,7 @@ from starlette.requests import Request
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from serve_app.server.auth import OPEN_PATHS, route_path, tenant_of
-from serve_app.server.tenants import tenant_state
+from serve_app.server.context import tenant_state
 from serve_app.state.quotas import TenantQuota
 from serve_app.state.store import StoreUnavailable
 

@@ -1,7 +1,7 @@
 """Each tenant's state on this replica: its stored responses, conversations and background
 runs (each reaching only the tenant's keys, serve_app/state/tenancy.py) and the service
 tiers it may use. A route takes the state of the tenant the auth middleware put into its
-scope (`tenant_state`); there is no state that is not some tenant's."""
+scope (`server.context.tenant_state`); there is no state that is not some tenant's."""
 
 from __future__ import annotations
 
@@ -9,15 +9,12 @@ import base64
 import hashlib
 import hmac
 from dataclasses import dataclass
-from typing import cast
 
 from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
-from starlette.requests import HTTPConnection
 
 from serve_app.core.encrypted_reasoning import ReasoningCipher
 from serve_app.runtime.background import BackgroundRuns
-from serve_app.server.auth import tenant_of
 from serve_app.state.conversations import ConversationStore
 from serve_app.state.quotas import TenantQuota
 from serve_app.state.responses import ResponseStore
@@ -33,11 +30,6 @@ class TenantState:
     quota: TenantQuota | None  # its limits (None: it has none)
     cipher: ReasoningCipher  # its encrypted reasoning: sealed for it, opened for it only
     cache_salt: str | None = None  # its engine prefix cache's (`prefix_cache_salt`; None: shared)
-
-
-def tenant_state(connection: HTTPConnection) -> TenantState:
-    """The calling tenant's state (HTTP request or WebSocket)."""
-    return cast(TenantState, connection.app.state.tenants[tenant_of(connection.scope)])  # create_app's `app.state.tenants`
 
 
 def prefix_cache_salt(key: str, tenant: str) -> str:

@@ -16,7 +16,7 @@ from openai import OpenAI
 
 from serve_app.core.tokens import GenerationRequest
 from serve_app.families.vocab import harmony_encoding
-from serve_app.server.app import ServedModel, create_app
+from serve_app.server.app import ServedModel, ServerSettings, create_app
 from tests.api.test_bad_input import assert_openai_error
 from tests.support import sdk_scenarios
 
@@ -45,7 +45,7 @@ class Recording:
 class App:
     def __init__(self, keys: list[str], models: list[ServedModel]) -> None:
         self.models = {m.name: ServedModel(m.name, Recording(m.source), m.max_model_len, m.family) for m in models}
-        self.http = TestClient(create_app(list(self.models.values()), reasoning_keys=keys))
+        self.http = TestClient(create_app(list(self.models.values()), ServerSettings(reasoning_keys=keys)))
         self.sdk = OpenAI(base_url="http://testserver/v1", api_key="unused", http_client=self.http, max_retries=0)
 
     def prompt(self, model: str, response_id: str) -> str:

@@ -15,7 +15,8 @@ from websockets.exceptions import InvalidStatus
 
 from serve_app.config import ReplicaLimits
 from serve_app.engines.replay import ReplayBackend, ReplayConfig
-from serve_app.server.app import ServedModel, create_app
+from serve_app.server.app import ServedModel, ServerSettings, create_app
+from serve_app.server.context import app_context
 from serve_app.state import ResponseStore
 from serve_app.state.connection import ConnectionResponses, KeptBytes
 from serve_app.state.memory import MemoryStore
@@ -34,7 +35,7 @@ def engine():
 
 @pytest.fixture(scope="module")
 def url(engine):
-    with uvicorn_server(create_app([ServedModel("slow", engine)], replica_limits=LIMITS)) as url:
+    with uvicorn_server(create_app([ServedModel("slow", engine)], ServerSettings(replica_limits=LIMITS))) as url:
         yield url
 
 
@@ -129,7 +130,7 @@ def test_request_bytes_in_flight_are_bounded_for_the_replica():
     """Bodies being read and parsed, and WebSocket requests queued or running, hold the
     replica's byte budget: one that does not fit is a 503 at once; the budget comes back."""
     limits = ReplicaLimits(max_request_bytes_in_flight=64 * 1024)
-    app = create_app([ServedModel("slow", ReplayBackend(SLOW))], max_request_bytes=64 * 1024, replica_limits=limits)
+    app = create_app([ServedModel("slow", ReplayBackend(SLOW))], ServerSettings(max_request_bytes=64 * 1024, replica_limits=limits))
     with uvicorn_server(app) as url, httpx.Client(base_url=url, timeout=30) as http:
         body = json.dumps({"model": "slow", "input": "x" * (40 * 1024), "max_output_tokens": 5}).encode()  # two do not fit
 
@@ -166,7 +167,7 @@ def test_request_bytes_in_flight_are_bounded_for_the_replica():
             ends = 0
             while ends < 2:  # the admitted two complete; their bytes come back
                 ends += socket_scenarios.receive(connection)["type"] == "response.incomplete"
-        assert app.state.request_bytes.held == 0
+        assert app_context(app).request_bytes.held == 0
 
 
 # --- slow clients ------------------------------------------------------------------------
@@ -178,7 +179,7 @@ WORDS = " w" * 60_000  # an echo of ~60,000 tokens: ~15 MB of events, far more t
 @pytest.fixture(scope="module")
 def impatient():
     engine = ReplayBackend()
-    app = create_app([ServedModel("fast", engine)], replica_limits=PATIENCE)
+    app = create_app([ServedModel("fast", engine)], ServerSettings(replica_limits=PATIENCE))
     with uvicorn_server(app) as url:
         yield url, engine, app
 
@@ -218,7 +219,7 @@ def test_a_body_sent_too_slowly_is_a_408_and_gives_its_bytes_back(impatient):
     assert answer.startswith("HTTP/1.1 408")
     assert "request_timeout" in answer
     assert "body_read_timeout_s" in answer
-    assert wait_until(lambda: app.state.request_bytes.held == 0, timeout_s=5)
+    assert wait_until(lambda: app_context(app).request_bytes.held == 0, timeout_s=5)
 
 
 @pytest.mark.slow
@@ -261,8 +262,8 @@ def test_a_websocket_client_that_reads_nothing_is_dropped(impatient):
         frame = bytes([0x81, 0xFF]) + len(message).to_bytes(8, "big") + mask + bytes(b ^ mask[i % 4] for i, b in enumerate(message))
         client.sendall(frame)  # one masked text frame; then nothing is read
         assert wait_until(lambda: engine.num_running() == 1, timeout_s=10)
-        assert wait_until(lambda: engine.num_running() == 0 and app.state.websockets_open == 0, timeout_s=15)
-        assert app.state.request_bytes.held == 0
+        assert wait_until(lambda: engine.num_running() == 0 and app_context(app).websockets_open == 0, timeout_s=15)
+        assert app_context(app).request_bytes.held == 0
         sent = _rest(client)
     finally:
         client.close()

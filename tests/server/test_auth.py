@@ -14,8 +14,9 @@ from starlette._utils import get_route_path
 
 from serve_app.config import AppConfig, AuthConfig
 from serve_app.engines.replay import ReplayBackend
-from serve_app.server.app import ServedModel, create_app
+from serve_app.server.app import ServedModel, ServerSettings, create_app
 from serve_app.server.auth import OPEN_PATHS, Keyring, UnusableKey, route_path
+from serve_app.server.context import app_context
 from serve_app.state import MemoryStore
 from tests.support import tenant_scenarios
 from tests.support.servers import uvicorn_server
@@ -43,7 +44,9 @@ def store() -> MemoryStore:
 
 @pytest.fixture(scope="module")
 def app(store):
-    return create_app([ServedModel("gpt-oss-replay", ReplayBackend(), tiered=True)], store=store, auth=AUTH, environ=ENVIRON)
+    return create_app(
+        [ServedModel("gpt-oss-replay", ReplayBackend(), tiered=True)], ServerSettings(auth=AUTH), store=store, environ=ENVIRON
+    )
 
 
 @pytest.fixture(scope="module")
@@ -192,9 +195,9 @@ async def test_a_key_with_whitespace_around_it_is_the_key_and_inside_it_is_not(a
 
 def test_without_auth_everyone_is_one_open_tenant_and_a_public_address_is_warned_about(caplog):
     with caplog.at_level(logging.WARNING, logger="serve_app"):
-        create_app([ServedModel("gpt-oss-replay", ReplayBackend())], listen_host="127.0.0.1")
+        create_app([ServedModel("gpt-oss-replay", ReplayBackend())], ServerSettings(listen_host="127.0.0.1"))
         assert not [r for r in caplog.records if "no `auth` section" in r.message]
-        create_app([ServedModel("gpt-oss-replay", ReplayBackend())], listen_host="0.0.0.0")
+        create_app([ServedModel("gpt-oss-replay", ReplayBackend())], ServerSettings(listen_host="0.0.0.0"))
         assert [r for r in caplog.records if "no `auth` section" in r.message and "0.0.0.0" in r.message]
 
 
@@ -236,7 +239,7 @@ def test_keys_are_never_logged_stored_or_echoed(app, url, store, caplog):
     for key in (KEY_A, KEY_A2, KEY_B):
         assert key not in everything_logged
         assert key.encode() not in stored
-        assert key not in repr(app.state.tenants)
+        assert key not in repr(app_context(app).tenants)
         assert key not in repr(app.user_middleware)
 
 

@@ -92,12 +92,12 @@ def test_shutdown_waits_for_background_runs(replay_backend, drain_s):
     for its background runs up to `background_drain_s`, then ends the rest as failed: none
     is left in_progress."""
     from serve_app.engines.replay import ReplayBackend, ReplayConfig
-    from serve_app.server.app import ServedModel, create_app
+    from serve_app.server.app import ServedModel, ServerSettings, create_app
     from serve_app.state import MemoryStore
 
     store = MemoryStore()
     slow = ReplayBackend(ReplayConfig(step_delay_s=0.005))
-    app = create_app([ServedModel(SLOW, slow)], store=store, background_drain_s=drain_s)
+    app = create_app([ServedModel(SLOW, slow)], ServerSettings(background_drain_s=drain_s), store=store)
     with uvicorn_server(app) as url:
         created = bg_scenarios.client(url).responses.create(model=SLOW, input=bg_scenarios.LONG_TEXT, background=True)
     assert slow.num_running() == 0

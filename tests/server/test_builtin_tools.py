@@ -23,7 +23,7 @@ from serve_app.engines.replay import ReplayBackend
 from serve_app.families.hosted import RESULT_NOT_KEPT
 from serve_app.families.vocab import harmony_encoding
 from serve_app.runtime.models import served_model
-from serve_app.server.app import ServedModel, create_app
+from serve_app.server.app import ServedModel, ServerSettings, create_app
 from serve_app.state import MemoryStore
 from serve_app.state import responses as responses_state
 from serve_app.state.responses import MAX_KEPT_TOOL_TEXT_BYTES
@@ -75,7 +75,7 @@ def url(servers, store):
     )
     auth = AuthConfig.model_validate({"keys": [{"tenant": tenant, "key_env": f"KEY_{i}"} for i, tenant in enumerate(KEYS)]})
     environ = {f"KEY_{i}": key for i, key in enumerate(KEYS.values())}
-    with uvicorn_server(create_app(models(), store=store, tools=tools, auth=auth, environ=environ)) as base:
+    with uvicorn_server(create_app(models(), ServerSettings(tools=tools, auth=auth), store=store, environ=environ)) as base:
         yield base
 
 
@@ -306,7 +306,7 @@ def test_a_model_cannot_reach_another_responses_pages(url, web):
 
 def test_with_unconfigured_reject_a_builtin_tool_that_is_not_configured_is_a_400_naming_its_config():
     tools = ToolsConfig.model_validate({"builtin": {"unconfigured": "reject"}})
-    with uvicorn_server(create_app(models(), tools=tools)) as base, httpx.Client(timeout=60) as http:
+    with uvicorn_server(create_app(models(), ServerSettings(tools=tools))) as base, httpx.Client(timeout=60) as http:
         for tool, config in [(CODE_INTERPRETER, "tools.builtin.python"), ({"type": "web_search"}, "tools.builtin.browser")]:
             response = http.post(f"{base}/responses", json={"model": "gpt-oss-replay", "input": "hi", "tools": [tool]})
             error = response.json()["error"]
@@ -353,7 +353,7 @@ def test_a_builtin_tool_call_counts_in_the_tenants_quota(servers):
     tools = ToolsConfig.model_validate({"builtin": {"python": {"url": servers["python"], "timeout_s": 20}}})
     auth = AuthConfig.model_validate({"keys": [{"tenant": "t", "key_env": "T_KEY", "limits": {"requests_per_minute": 3}}]})
     key = "sk-builtin-quota-0123456789abcdef"
-    app = create_app(models(), tools=tools, auth=auth, environ={"T_KEY": key})
+    app = create_app(models(), ServerSettings(tools=tools, auth=auth), environ={"T_KEY": key})
     with uvicorn_server(app) as base, httpx.Client(timeout=120, headers={"Authorization": f"Bearer {key}"}) as http:
         ran = http.post(f"{base}/responses", json={"model": "gpt-oss-replay", "input": "call python print(7)", "tools": [CODE_INTERPRETER]})
         assert ran.status_code == 200
@@ -397,7 +397,7 @@ def recorded(servers):
     auth = AuthConfig.model_validate({"keys": [{"tenant": tenant, "key_env": f"KEY_{i}"} for i, tenant in enumerate(KEYS)]})
     environ = {f"KEY_{i}": key for i, key in enumerate(KEYS.values())}
     store = MemoryStore()
-    with uvicorn_server(create_app(list(served.values()), store=store, tools=tools, auth=auth, environ=environ)) as base:
+    with uvicorn_server(create_app(list(served.values()), ServerSettings(tools=tools, auth=auth), store=store, environ=environ)) as base:
         yield base, served, store
 
 

@@ -14,7 +14,7 @@ from serve_app.config import AuthConfig, ToolsConfig
 from serve_app.core.encrypted_reasoning import ReasoningCipher
 from serve_app.core.tokens import GenerationRequest, TokenBatch
 from serve_app.engines.replay import ReplayBackend
-from serve_app.server.app import ServedModel, create_app
+from serve_app.server.app import ServedModel, ServerSettings, create_app
 from serve_app.state import MemoryStore
 from tests.server.test_tool_loop import CALL_ECHO, LOOPBACK
 from tests.support import tenant_scenarios
@@ -43,11 +43,9 @@ class Recording:
 def _app(engine: Recording, reasoning_key: str, store: MemoryStore, auth: AuthConfig | None = AUTH):
     return create_app(
         [ServedModel(MODEL, engine)],
+        ServerSettings(auth=auth, reasoning_keys=[reasoning_key], tools=ToolsConfig.model_validate({"mcp": {"allowed_urls": LOOPBACK}})),
         store=store,
-        auth=auth,
         environ=ENVIRON,
-        reasoning_keys=[reasoning_key],
-        tools=ToolsConfig.model_validate({"mcp": {"allowed_urls": LOOPBACK}}),
     )
 
 

@@ -10,7 +10,7 @@ import pytest
 
 from serve_app.config import AppConfig
 from serve_app.engines.replay import ReplayBackend, ReplayConfig
-from serve_app.server.app import ServedModel, create_app
+from serve_app.server.app import ServedModel, ServerSettings, create_app
 from serve_app.server.routes.event_stream import KEEPALIVE, EventStreamResponse
 from tests.support.contract import check_stream, parse_sse
 from tests.support.sdk_scenarios import client
@@ -136,7 +136,7 @@ def test_keepalive_setting():
 def slow_url():
     # One token per 200 ms step: quiet for longer than the keep-alive between every token.
     engine = ReplayBackend(ReplayConfig(min_step_tokens=1, max_step_tokens=1, step_delay_s=0.2))
-    with uvicorn_server(create_app([ServedModel("slow", engine)], sse_keepalive_s=0.05)) as url:
+    with uvicorn_server(create_app([ServedModel("slow", engine)], ServerSettings(sse_keepalive_s=0.05))) as url:
         yield url
 
 

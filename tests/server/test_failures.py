@@ -14,7 +14,7 @@ from deployments.ingress import HandleTokenSource
 from serve_app.config import AuthConfig
 from serve_app.core.tokens import EngineRejected, GenerationRequest, TokenBatch
 from serve_app.engines.replay import ReplayBackend
-from serve_app.server.app import ServedModel, Unavailable, create_app
+from serve_app.server.app import ServedModel, ServerSettings, Unavailable, create_app
 from serve_app.server.auth import AuthMiddleware
 from tests.support.contract import check_stream, parse_sse
 from tests.support.servers import uvicorn_server
@@ -136,7 +136,7 @@ class _BrokenBackend(ReplayBackend):
 
 @pytest.fixture(scope="module")
 def broken_url():
-    app = create_app([ServedModel("broken", _BrokenBackend())], auth=KEYS, environ={"TEST_KEY": TEST_KEY})
+    app = create_app([ServedModel("broken", _BrokenBackend())], ServerSettings(auth=KEYS), environ={"TEST_KEY": TEST_KEY})
     with uvicorn_server(app) as url:
         yield url
 
@@ -284,7 +284,7 @@ def test_streams_pass_the_key_check_untouched(broken_url):
 def test_the_key_check_is_pure_asgi():
     from starlette.middleware.base import BaseHTTPMiddleware
 
-    with_key = create_app([ServedModel("broken", _BrokenBackend())], auth=KEYS, environ={"TEST_KEY": TEST_KEY})
+    with_key = create_app([ServedModel("broken", _BrokenBackend())], ServerSettings(auth=KEYS), environ={"TEST_KEY": TEST_KEY})
     classes = [m.cls for m in with_key.user_middleware]
     assert classes[0] is AuthMiddleware  # the outermost: nothing runs before the key is checked
     assert not any(issubclass(cls, BaseHTTPMiddleware) for cls in classes)

@@ -14,7 +14,7 @@ from serve_app.config import AuthConfig, ModelConfig
 from serve_app.engines import make_backend
 from serve_app.engines.replay import ReplayBackend
 from serve_app.runtime.models import served_model
-from serve_app.server.app import ServedModel, create_app
+from serve_app.server.app import ServedModel, ServerSettings, create_app
 from tests.conftest import QWEN3_REPLAY
 from tests.support.clients import needs_vercel_ai, vercel_ai
 from tests.support.servers import uvicorn_server
@@ -32,7 +32,7 @@ def base():
         {"keys": [{"tenant": tenant, "key_env": f"KEY_{tenant.upper().replace('-', '_')}"} for tenant in KEYS]}
     )
     environ = {f"KEY_{tenant.upper().replace('-', '_')}": key for tenant, key in KEYS.items()}
-    with uvicorn_server(create_app(models, auth=auth, environ=environ)) as url:
+    with uvicorn_server(create_app(models, ServerSettings(auth=auth), environ=environ)) as url:
         yield url
 
 

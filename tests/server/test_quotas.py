@@ -9,7 +9,7 @@ import pytest
 from serve_app.config import AuthConfig
 from serve_app.engines.replay import ReplayBackend, ReplayConfig
 from serve_app.runtime.metrics import NoMetrics
-from serve_app.server.app import ServedModel, create_app
+from serve_app.server.app import ServedModel, ServerSettings, create_app
 from serve_app.state import MemoryStore
 from tests.support import socket_scenarios, tenant_scenarios
 from tests.support.contract import parse_sse
@@ -52,8 +52,8 @@ def replica_urls(metrics):
     apps = [
         create_app(
             [ServedModel("gpt-oss-replay", ReplayBackend()), ServedModel("slow", ReplayBackend(ReplayConfig(step_delay_s=0.05)))],
+            ServerSettings(auth=AUTH),
             store=store,
-            auth=AUTH,
             environ=ENVIRON,
             metrics=metrics,
         )
@@ -133,10 +133,9 @@ def test_tokens_per_minute_counts_exactly_the_usage_of_every_generation():
     key = "sk-metered-0123456789abcdef"
     app = create_app(
         [ServedModel("gpt-oss-replay", ReplayBackend())],
+        ServerSettings(auth=auth, tools=ToolsConfig.model_validate({"mcp": {"allowed_urls": LOOPBACK}})),
         store=MemoryStore(clock=lambda: 1000.0),
-        auth=auth,
         environ={"METERED": key},
-        tools=ToolsConfig.model_validate({"mcp": {"allowed_urls": LOOPBACK}}),
     )
     with mcp_servers() as servers, uvicorn_server(app) as base, httpx.Client(timeout=60, headers=bearer(key)) as http:
         bodies = [
@@ -173,7 +172,9 @@ class TakeFails(MemoryStore):
 def test_a_read_is_answered_without_rate_headers_when_the_store_cannot_count():
     auth = AuthConfig.model_validate({"keys": [{"tenant": "metered", "key_env": "METERED", "limits": {"requests_per_minute": 60}}]})
     store = TakeFails()
-    app = create_app([ServedModel("gpt-oss-replay", ReplayBackend())], store=store, auth=auth, environ={"METERED": KEYS["metered"]})
+    app = create_app(
+        [ServedModel("gpt-oss-replay", ReplayBackend())], ServerSettings(auth=auth), store=store, environ={"METERED": KEYS["metered"]}
+    )
     with uvicorn_server(app) as base, httpx.Client(timeout=60, headers=bearer(KEYS["metered"])) as http:
         assert http.get(f"{base}/models").headers["x-ratelimit-limit-requests"] == "60"
         store.down = True
@@ -208,7 +209,13 @@ def still_urls(metrics):
     store = MemoryStore(clock=lambda: 1000.0)
     environ = {name.upper(): key for name, key in COUNTED_KEYS.items()}
     apps = [
-        create_app([ServedModel("gpt-oss-replay", ReplayBackend())], store=store, auth=COUNTED_AUTH, environ=environ, metrics=metrics)
+        create_app(
+            [ServedModel("gpt-oss-replay", ReplayBackend())],
+            ServerSettings(auth=COUNTED_AUTH),
+            store=store,
+            environ=environ,
+            metrics=metrics,
+        )
         for _ in range(2)
     ]
     with uvicorn_server(apps[0]) as first, uvicorn_server(apps[1]) as second:
@@ -308,7 +315,9 @@ def test_a_counted_route_answers_with_its_own_take_and_reads_nothing_more():
     second read could see another request's take); a read makes one, the read."""
     auth = AuthConfig.model_validate({"keys": [{"tenant": "writer", "key_env": "WRITER", "limits": {"requests_per_minute": 60}}]})
     store = CountsTakes(clock=lambda: 1000.0)
-    app = create_app([ServedModel("gpt-oss-replay", ReplayBackend())], store=store, auth=auth, environ={"WRITER": COUNTED_KEYS["writer"]})
+    app = create_app(
+        [ServedModel("gpt-oss-replay", ReplayBackend())], ServerSettings(auth=auth), store=store, environ={"WRITER": COUNTED_KEYS["writer"]}
+    )
     with uvicorn_server(app) as base, httpx.Client(timeout=60, headers=bearer(COUNTED_KEYS["writer"])) as http:
         for call, remaining in (
             (lambda: http.post(f"{base}/conversations", json={}), "59"),

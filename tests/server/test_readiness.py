@@ -9,7 +9,7 @@ import openai
 
 from serve_app.config import AuthConfig
 from serve_app.engines.replay import ReplayBackend
-from serve_app.server.app import ServedModel, Unavailable, create_app
+from serve_app.server.app import ServedModel, ServerSettings, Unavailable, create_app
 from tests.support.servers import uvicorn_server
 
 
@@ -26,7 +26,9 @@ def test_ready_only_when_every_model_is_and_health_meanwhile():
     backend = ReplayBackend()
     auth = AuthConfig(keys=[{"tenant": "t", "key_env": "KEY"}])
     app = create_app(
-        [ServedModel(name, backend, unavailable=unavailable) for name in states], auth=auth, environ={"KEY": "sk-test-0123456789"}
+        [ServedModel(name, backend, unavailable=unavailable) for name in states],
+        ServerSettings(auth=auth),
+        environ={"KEY": "sk-test-0123456789"},
     )
     with uvicorn_server(app) as url, httpx.Client(timeout=30) as http:
         root = url.removesuffix("/v1")

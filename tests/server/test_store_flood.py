@@ -11,7 +11,7 @@ import httpx
 
 from serve_app.config import AuthConfig
 from serve_app.engines.replay import ReplayBackend
-from serve_app.server.app import ServedModel, create_app
+from serve_app.server.app import ServedModel, ServerSettings, create_app
 from serve_app.state import MemoryStore
 
 KEY_A, KEY_B = "sk-team-a-0123456789abcdefghij", "sk-team-b-abcdefghij0123456789"
@@ -22,7 +22,9 @@ AUTH = AuthConfig.model_validate(
 
 def test_a_tenant_flooding_the_store_evicts_only_its_own():
     store = MemoryStore(max_bytes=4 << 20, clock=lambda: 1000.0)  # B's bucket does not refill
-    app = create_app([ServedModel("gpt-oss-replay", ReplayBackend())], auth=AUTH, environ={"A": KEY_A, "B": KEY_B}, store=store)
+    app = create_app(
+        [ServedModel("gpt-oss-replay", ReplayBackend())], ServerSettings(auth=AUTH), environ={"A": KEY_A, "B": KEY_B}, store=store
+    )
     a, b = {"Authorization": f"Bearer {KEY_A}"}, {"Authorization": f"Bearer {KEY_B}"}
 
     async def attack() -> None:

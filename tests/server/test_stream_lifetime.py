@@ -10,7 +10,7 @@ from pydantic import ValidationError
 
 from serve_app.config import DEFAULT_MAX_STREAM_DURATION_S, SHUTDOWN_MARGIN_S, AppConfig
 from serve_app.engines.replay import ReplayBackend, ReplayConfig
-from serve_app.server.app import ServedModel, create_app
+from serve_app.server.app import ServedModel, ServerSettings, create_app
 from tests.support.sdk_scenarios import raw_stream
 from tests.support.servers import uvicorn_server
 
@@ -75,7 +75,7 @@ def test_build_app_refuses_streams_longer_than_haproxy_keeps_them(monkeypatch):
 def test_a_stream_that_outlives_the_maximum_is_ended_with_response_failed():
     # One token per 50 ms step: the echo of this input takes far longer than the maximum.
     engine = ReplayBackend(ReplayConfig(min_step_tokens=1, max_step_tokens=1, step_delay_s=0.05))
-    app = create_app([ServedModel("slow", engine), ServedModel("fast", ReplayBackend())], max_stream_duration_s=0.5)
+    app = create_app([ServedModel("slow", engine), ServedModel("fast", ReplayBackend())], ServerSettings(max_stream_duration_s=0.5))
     with uvicorn_server(app) as url:
         events = raw_stream(url, {"model": "slow", "input": "a long answer " * 40})  # contract-checked
         terminal = events[-1]

@@ -15,7 +15,7 @@ import pytest
 from serve_app.config import ToolsConfig
 from serve_app.engines.replay import ReplayBackend, ReplayConfig
 from serve_app.runtime.metrics import NoMetrics
-from serve_app.server.app import ServedModel, create_app, server_tool_runtime
+from serve_app.server.app import ServedModel, ServerSettings, create_app, server_tool_runtime
 from serve_app.state import MemoryStore
 from tests.support.contract import check_stream, parse_sse
 from tests.support.mcp_servers import CONTROL_SPELLINGS, TOKEN, mcp_servers, mcp_tool
@@ -542,7 +542,7 @@ def test_each_call_is_reported_by_tool_and_outcome(servers, record):
     from tests.support.servers import free_port
 
     config = ToolsConfig.model_validate({"mcp": {"allowed_urls": LOOPBACK}})
-    app = create_app([ServedModel("gpt-oss-replay", ReplayBackend())], metrics=Recorder(), tools=config)
+    app = create_app([ServedModel("gpt-oss-replay", ReplayBackend())], ServerSettings(tools=config), metrics=Recorder())
     with uvicorn_server(app) as base:
         for command in (CALL_ECHO, 'call lab.fail {"text": "x"}'):
             post(base, {"model": "gpt-oss-replay", "input": command, "tools": [never(servers.streamable)]})
@@ -569,9 +569,8 @@ def test_a_tool_call_counts_in_the_tenants_quota(servers, record):
     key = "sk-tool-loop-0123456789abcdef"
     app = create_app(
         [ServedModel("gpt-oss-replay", ReplayBackend())],
-        auth=auth,
+        ServerSettings(auth=auth, tools=ToolsConfig.model_validate({"mcp": {"allowed_urls": LOOPBACK}})),
         environ={"T_KEY": key},
-        tools=ToolsConfig.model_validate({"mcp": {"allowed_urls": LOOPBACK}}),
     )
     headers = {"Authorization": f"Bearer {key}"}
     with uvicorn_server(app) as base, httpx.Client(timeout=60, headers=headers) as http:
@@ -729,7 +728,7 @@ def test_a_client_gone_in_the_next_round_aborts_that_rounds_engine_request(serve
     backend = EndingBackend(ReplayConfig(step_delay_s=0.005))
     config = ToolsConfig.model_validate({"mcp": {"allowed_urls": LOOPBACK}})
     body = {"model": "gpt-oss-replay", "input": 'call lab.big {"size": 4000}', "tools": [never(servers.streamable)]}
-    with uvicorn_server(create_app([ServedModel("gpt-oss-replay", backend)], tools=config)) as base:
+    with uvicorn_server(create_app([ServedModel("gpt-oss-replay", backend)], ServerSettings(tools=config))) as base:
         whole = post(base, body).json()
         assert whole["output"][-1]["content"][0]["text"] == "Tool lab.big returned: " + "x" * 4000
         assert backend.ended == {whole["id"]: "stop", f"{whole['id']}-2": "stop"}

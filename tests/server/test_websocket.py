@@ -11,7 +11,7 @@ from websockets.exceptions import InvalidStatus
 
 from serve_app.config import AuthConfig
 from serve_app.engines.replay import ReplayBackend, ReplayConfig
-from serve_app.server.app import ServedModel, create_app
+from serve_app.server.app import ServedModel, ServerSettings, create_app
 from serve_app.state import MemoryStore, ResponseStore
 from serve_app.state.connection import ConnectionResponses
 from tests.state.test_state_responses import CountingStore
@@ -36,7 +36,7 @@ def slow_engine():
 
 @pytest.fixture(scope="module")
 def slow_url(slow_engine):
-    app = create_app([ServedModel("slow", slow_engine)], max_request_bytes=64 * 1024)
+    app = create_app([ServedModel("slow", slow_engine)], ServerSettings(max_request_bytes=64 * 1024))
     with uvicorn_server(app) as url:
         yield url
 
@@ -79,7 +79,7 @@ def test_the_size_limit_counts_bytes_not_characters(slow_url):
 def test_the_api_key_is_checked_at_the_handshake():
     key = "sekret-0123456789abcdef"
     auth = AuthConfig(keys=[{"tenant": "team-a", "key_env": "KEY"}])
-    app = create_app([ServedModel("gpt-oss-replay", ReplayBackend())], auth=auth, environ={"KEY": key})
+    app = create_app([ServedModel("gpt-oss-replay", ReplayBackend())], ServerSettings(auth=auth), environ={"KEY": key})
     with uvicorn_server(app) as url:
         for headers in (None, {"Authorization": "Bearer wrong"}):
             with pytest.raises(InvalidStatus) as refused, socket_scenarios.socket(url, headers):

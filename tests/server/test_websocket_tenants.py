@@ -13,7 +13,7 @@ from websockets.exceptions import InvalidStatus
 
 from serve_app.config import AuthConfig, ReplicaLimits
 from serve_app.engines.replay import ReplayBackend
-from serve_app.server.app import ServedModel, create_app
+from serve_app.server.app import ServedModel, ServerSettings, create_app
 from tests.support import socket_scenarios
 from tests.support.servers import uvicorn_server
 
@@ -28,7 +28,9 @@ def _key(key: str) -> dict[str, str]:
 
 @pytest.fixture(scope="module")
 def url():
-    app = create_app([ServedModel("gpt-oss-replay", ReplayBackend())], auth=AUTH, environ={"A": KEY_A, "B": KEY_B}, replica_limits=LIMITS)
+    app = create_app(
+        [ServedModel("gpt-oss-replay", ReplayBackend())], ServerSettings(auth=AUTH, replica_limits=LIMITS), environ={"A": KEY_A, "B": KEY_B}
+    )
     with uvicorn_server(app) as base:
         yield base
 

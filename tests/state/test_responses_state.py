@@ -22,9 +22,9 @@ from tests.support.servers import uvicorn_server
 
 
 def _app(replay_backend, store=None, timeout_s: float = 2.0):
-    from serve_app.server.app import ServedModel, create_app
+    from serve_app.server.app import ServedModel, ServerSettings, create_app
 
-    return create_app([ServedModel("gpt-oss-replay", replay_backend)], store=store, store_timeout_s=timeout_s)
+    return create_app([ServedModel("gpt-oss-replay", replay_backend)], ServerSettings(store_timeout_s=timeout_s), store=store)
 
 
 @pytest.fixture(scope="module", params=["memory", "redis"])

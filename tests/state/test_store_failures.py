@@ -74,9 +74,9 @@ def test_every_redis_refusal_is_store_unavailable(server, kind):
 
 @pytest.mark.parametrize("kind", KINDS)
 def test_a_store_that_refuses_gives_503s_and_streams_their_terminal_event(server, replay_backend, kind):
-    from serve_app.server.app import ServedModel, create_app
+    from serve_app.server.app import ServedModel, ServerSettings, create_app
 
-    app = create_app([ServedModel("gpt-oss-replay", replay_backend)], store=failing_store(kind, *server), store_timeout_s=2)
+    app = create_app([ServedModel("gpt-oss-replay", replay_backend)], ServerSettings(store_timeout_s=2), store=failing_store(kind, *server))
     with uvicorn_server(app) as url, httpx.Client(base_url=url, timeout=30) as http:
         body = {"model": "gpt-oss-replay", "input": "keep me"}
         refused = http.post("/responses", json=body)

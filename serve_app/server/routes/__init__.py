@@ -1,2 +1,3 @@
 """The HTTP routes, one router per resource; `create_app` includes them. Each reads what it
-needs (served models, the store, limits) from `request.app.state`, set by `create_app`."""
+needs (served models, tenants' state, settings) from the app's `AppContext`, made by
+`create_app` (`server.context.app_context(request)`, `tenant_state(request)`)."""

@@ -10,7 +10,7 @@ from collections.abc import AsyncGenerator
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 from openai.types.responses import Response as APIResponse
-from starlette.datastructures import QueryParams, State
+from starlette.datastructures import QueryParams
 
 from serve_app.api.errors import invalid_request, response_not_found, server_full
 from serve_app.api.sse import response_json
@@ -18,8 +18,9 @@ from serve_app.runtime.background import BackgroundRuns
 from serve_app.runtime.metrics import report_response
 from serve_app.runtime.run import run_turn
 from serve_app.runtime.turn import Turn
+from serve_app.server.context import AppContext, app_context, tenant_state
 from serve_app.server.routes.event_stream import EventStreamResponse, wants_open_responses
-from serve_app.server.tenants import TenantState, tenant_state
+from serve_app.server.tenants import TenantState
 from serve_app.server.turn_headers import response_headers
 
 router = APIRouter()
@@ -31,11 +32,11 @@ def _headers(background: BackgroundRuns) -> dict[str, str]:
     return {REPLICA_HEADER: background.replica_id}
 
 
-def check_background_room(state: State) -> None:
+def check_background_room(context: AppContext) -> None:
     """A 503 when this replica already runs `replica_limits.max_background_runs` background
     responses (all tenants'); a tenant's own `max_background` is its quota (a 429)."""
-    limit = state.replica_limits.max_background_runs
-    if sum(tenant.background.running for tenant in state.tenants.values()) >= limit:
+    limit = context.settings.replica_limits.max_background_runs
+    if sum(tenant.background.running for tenant in context.tenants.values()) >= limit:
         raise server_full(
             f"This server runs as many background responses as it takes ({limit}, replica_limits.max_background_runs). Retry shortly.",
             code="too_many_background_runs",
@@ -43,7 +44,7 @@ def check_background_room(state: State) -> None:
         )
 
 
-async def start_background(turn: Turn, state: State, tenant: TenantState, *, open_responses: bool = False) -> Response:
+async def start_background(turn: Turn, context: AppContext, tenant: TenantState, *, open_responses: bool = False) -> Response:
     """Start `turn` as a background run of `tenant` on this replica; answer at once (the
     response, `in_progress`) or, with `stream`, follow its events (a client that goes away
     stops following, not the run)."""
@@ -52,15 +53,17 @@ async def start_background(turn: Turn, state: State, tenant: TenantState, *, ope
 
     async def finish(response: APIResponse) -> None:
         # The request is counted when its run ends, like a stream when it closes.
-        report_response(state.metrics, turn.trace, response)
+        report_response(context.metrics, turn.trace, response)
         # run_turn stored it if it is continuable (and the store answered); a background
         # response is retrievable whatever its end (failed, cancelled).
         if not turn.stream.continuable or turn.store_error is not None:
             await responses.save(response, turn.input_items, turn.stream.tool_texts)
 
     try:
-        check_background_room(state)  # again: others may have started while this one rendered
-        snapshot = await background.start(turn.stream, run_turn(turn, responses, state.max_stream_duration_s), turn.input_items, finish)
+        check_background_room(context)  # again: others may have started while this one rendered
+        snapshot = await background.start(
+            turn.stream, run_turn(turn, responses, context.settings.max_stream_duration_s), turn.input_items, finish
+        )
     except BaseException:  # no run: its place within the tenant's quotas goes back now
         if turn.admission is not None:
             await turn.admission.release()
@@ -69,21 +72,21 @@ async def start_background(turn: Turn, state: State, tenant: TenantState, *, ope
     if turn.request.stream:
         return EventStreamResponse(
             background.follow(snapshot.id, -1),
-            state.sse_keepalive_s,
+            context.settings.sse_keepalive_s,
             headers=headers,
-            send_timeout_s=state.replica_limits.client_send_timeout_s,
+            send_timeout_s=context.settings.replica_limits.client_send_timeout_s,
             open_responses=open_responses,
         )
     return Response(response_json(snapshot), media_type="application/json", headers=headers)
 
 
 def _event_stream(frames: AsyncGenerator[bytes, None], background: BackgroundRuns, request: Request) -> EventStreamResponse:
-    state = request.app.state
+    settings = app_context(request).settings
     return EventStreamResponse(
         frames,
-        state.sse_keepalive_s,
+        settings.sse_keepalive_s,
         headers=_headers(background),
-        send_timeout_s=state.replica_limits.client_send_timeout_s,
+        send_timeout_s=settings.replica_limits.client_send_timeout_s,
         open_responses=wants_open_responses(request),
     )
 

@@ -16,8 +16,8 @@ from pydantic import BaseModel, ValidationError
 from serve_app.api.conversations import ConversationCreate, ConversationUpdate, ItemsCreate, ItemsQuery
 from serve_app.api.errors import APIError, from_validation_error, invalid_request
 from serve_app.api.request import parse_body
+from serve_app.server.context import tenant_state
 from serve_app.server.rate_headers import COUNTED
-from serve_app.server.tenants import tenant_state
 from serve_app.state.conversations import ConversationStore, conversation_not_found
 
 router = APIRouter()

@@ -17,18 +17,17 @@ from openai.types.responses.input_token_count_response import InputTokenCountRes
 from serve_app.api.errors import model_not_found
 from serve_app.api.request import parse_request
 from serve_app.runtime.run import render_turn
+from serve_app.server.context import app_context, tenant_state
 from serve_app.server.rate_headers import COUNTED
 from serve_app.server.routes.responses import read_request
-from serve_app.server.tenants import tenant_state
 
 router = APIRouter()
 
 
 @router.post("/v1/responses/input_tokens", dependencies=COUNTED)
 async def count_input_tokens(http_request: Request) -> Response:
-    state = http_request.app.state
     request = await read_request(http_request, parse_request)
-    model = state.served.get(request.model)
+    model = app_context(http_request).served.get(request.model)
     if model is None:
         raise model_not_found(request.model)
     tenant = tenant_state(http_request)

@@ -14,7 +14,6 @@ from typing import TypeVar
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 from openai.types.responses import ResponseStreamEvent
-from starlette.datastructures import State
 
 from serve_app.api.errors import APIError, invalid_request, model_not_found, model_unavailable, response_not_found, server_error
 from serve_app.api.limits import RequestLimits
@@ -26,6 +25,7 @@ from serve_app.runtime.offload import parse_body_off_loop
 from serve_app.runtime.run import REFUSAL_WINDOW_S, run_turn, start_turn
 from serve_app.runtime.turn import Turn
 from serve_app.server.auth import tenant_of
+from serve_app.server.context import AppContext, app_context, tenant_state
 from serve_app.server.routes.background import (
     check_background_room,
     current_response,
@@ -34,7 +34,7 @@ from serve_app.server.routes.background import (
     wants_stream,
 )
 from serve_app.server.routes.event_stream import EventStreamResponse, wants_open_responses
-from serve_app.server.tenants import TenantState, tenant_state
+from serve_app.server.tenants import TenantState
 from serve_app.server.turn_headers import response_headers
 from serve_app.state import ResponseStore
 
@@ -51,26 +51,27 @@ def _json(data: str | bytes, status_code: int = 200, headers: dict[str, str] | N
 
 @router.post("/v1/responses")
 async def create_response(http_request: Request) -> Response:
-    state = http_request.app.state
+    context = app_context(http_request)
+    settings = context.settings
     # Reported when the request ends (metrics).
     trace = http_request.state.trace = RequestTrace(tenant=tenant_of(http_request.scope))
     request = await read_request(http_request, parse_request)
     tenant = tenant_state(http_request)
     if request.background:
-        check_background_room(state)  # before any work: the replica's bound, not the tenant's
-    turn = await begin_turn(request, state, tenant, tenant.responses, trace)
+        check_background_room(context)  # before any work: the replica's bound, not the tenant's
+    turn = await begin_turn(request, context, tenant, tenant.responses, trace)
     if request.background:
-        return await start_background(turn, state, tenant, open_responses=wants_open_responses(http_request))
-    events = run_turn(turn, tenant.responses, state.max_stream_duration_s, refusal_window_s=REFUSAL_WINDOW_S)
+        return await start_background(turn, context, tenant, open_responses=wants_open_responses(http_request))
+    events = run_turn(turn, tenant.responses, settings.max_stream_duration_s, refusal_window_s=REFUSAL_WINDOW_S)
     headers = response_headers(turn)
     if request.stream:
         # The first events before the response starts: engines at capacity are a 503, not a stream.
         first = await first_events(events)
         return EventStreamResponse(
-            _sse(prepended(first, events), turn, state.metrics),
-            state.sse_keepalive_s,
+            _sse(prepended(first, events), turn, context.metrics),
+            settings.sse_keepalive_s,
             headers=headers,
-            send_timeout_s=state.replica_limits.client_send_timeout_s,
+            send_timeout_s=settings.replica_limits.client_send_timeout_s,
             open_responses=wants_open_responses(http_request),
         )
     try:
@@ -78,9 +79,9 @@ async def create_response(http_request: Request) -> Response:
             async for _ in events:
                 pass
     except asyncio.CancelledError:  # Serve cancels the request when its client goes away
-        report_once(state.metrics, trace, "cancelled")
+        report_once(context.metrics, trace, "cancelled")
         raise
-    _finished(turn, state.metrics)
+    _finished(turn, context.metrics)
     if turn.store_error is not None:
         raise turn.store_error
     response = turn.stream.response
@@ -140,11 +141,13 @@ async def list_input_items(response_id: str, request: Request) -> Response:
     return _json(json.dumps(body, separators=(",", ":")))
 
 
-async def begin_turn(request: ResponsesRequest, state: State, tenant: TenantState, responses: ResponseStore, trace: RequestTrace) -> Turn:
+async def begin_turn(
+    request: ResponsesRequest, context: AppContext, tenant: TenantState, responses: ResponseStore, trace: RequestTrace
+) -> Turn:
     """`tenant`'s turn of the served model for `request` (history read from `responses`, the
     tenant's own or a view of them), logged; a 404 for a model not served, a 503 for one
     whose engine is down."""
-    model = state.served.get(request.model)
+    model = context.served.get(request.model)
     if model is None:
         raise model_not_found(request.model)
     trace.model = model.name
@@ -152,7 +155,7 @@ async def begin_turn(request: ResponsesRequest, state: State, tenant: TenantStat
         raise model_unavailable(model.name, why.reason)
     # Within the tenant's quotas (or a 429), then counted: the prompt's tokens now, the output's
     # as `run_turn` produces them; `run_turn` releases the admission when the turn ends.
-    request, unavailable_tools = state.server_tools.admit(request)  # before anything is read or connected to
+    request, unavailable_tools = context.server_tools.admit(request)  # before anything is read or connected to
     admission = await tenant.quota.admit(background=request.background) if tenant.quota is not None else None
     try:
         turn = await start_turn(
@@ -163,7 +166,7 @@ async def begin_turn(request: ResponsesRequest, state: State, tenant: TenantStat
             tenant.cipher,
             trace,
             tenant.service_tiers,
-            state.server_tools,
+            context.server_tools,
             tenant.name,
             tenant.cache_salt,
         )
@@ -253,21 +256,22 @@ async def read_request(http_request: Request, parse: Callable[[bytes, RequestLim
     """The request's body, read within the size limit and parsed by `parse(body, limits)`;
     a big body is parsed in a worker thread (runtime/offload.py). Its bytes count against the
     replica's budget while it is read and parsed (runtime/admission.py)."""
-    state = http_request.app.state
-    budget: ByteBudget = state.request_bytes
+    context = app_context(http_request)
+    settings = context.settings
+    budget = context.request_bytes
     held = [0]
     try:
         try:
-            async with asyncio.timeout(state.replica_limits.body_read_timeout_s):
-                body = await read_body(http_request, state.max_request_bytes, budget, held)
+            async with asyncio.timeout(settings.replica_limits.body_read_timeout_s):
+                body = await read_body(http_request, settings.max_request_bytes, budget, held)
         except TimeoutError:
             raise APIError(
-                f"The request body did not arrive whole within {state.replica_limits.body_read_timeout_s:g} s "
+                f"The request body did not arrive whole within {settings.replica_limits.body_read_timeout_s:g} s "
                 "(replica_limits.body_read_timeout_s).",
                 status_code=408,
                 code="request_timeout",
             ) from None
-        return await parse_body_off_loop(body, functools.partial(_parse, parse=parse, limits=state.request_limits))
+        return await parse_body_off_loop(body, functools.partial(_parse, parse=parse, limits=settings.request_limits))
     finally:
         budget.give(held[0])
 

@@ -30,9 +30,9 @@ from serve_app.runtime.admission import ByteBudget
 from serve_app.runtime.metrics import RequestTrace, report_once, report_refusal
 from serve_app.runtime.offload import parse_body_off_loop
 from serve_app.runtime.run import REFUSAL_WINDOW_S, PromptOnly, run_turn
+from serve_app.server.context import app_context, tenant_state
 from serve_app.server.routes.event_stream import wants_open_responses
 from serve_app.server.routes.responses import begin_turn, first_events, prepended, reported
-from serve_app.server.tenants import tenant_state
 from serve_app.state.connection import ConnectionResponses
 
 logger = logging.getLogger(__name__)
@@ -68,19 +68,20 @@ class ResponsesSocket:
     def __init__(self, websocket: WebSocket) -> None:
         self.websocket = websocket
         self.open_responses = wants_open_responses(websocket)  # the handshake's OpenResponses-Version
-        self.state = websocket.app.state
+        self.context = app_context(websocket)
+        self.settings = self.context.settings
         self.tenant = tenant_state(websocket)
-        self.limits: ReplicaLimits = self.state.replica_limits
+        self.limits: ReplicaLimits = self.settings.replica_limits
         # The connection's turns (its tenant's), within its own bounds and the replica's.
         self.responses = ConnectionResponses(
             self.tenant.responses,
             self.limits.max_lanes_per_connection,
             self.limits.max_kept_bytes_per_connection,
-            self.state.websocket_turns,
+            self.context.websocket_turns,
         )
         # Lanes with work: their requests (the running one first), each with the bytes of its message held.
         self.lanes: dict[str | None, collections.deque[tuple[CreateEvent, int]]] = {}
-        self.budget: ByteBudget = self.state.request_bytes
+        self.budget: ByteBudget = self.context.request_bytes
         self._receiver: asyncio.Task[Any] | None = None  # the task serving the connection
         self._dropped = False
         self.workers: set[asyncio.Task[None]] = set()
@@ -88,7 +89,7 @@ class ResponsesSocket:
 
     async def serve(self) -> None:
         limit = self.limits.max_websockets
-        if self.state.websockets_open >= limit:  # refused before it opens: a 503, as over HTTP
+        if self.context.websockets_open >= limit:  # refused before it opens: a 503, as over HTTP
             error = server_full(
                 f"This server holds as many WebSocket connections as it takes ({limit}, replica_limits.max_websockets). Retry shortly.",
                 code="too_many_connections",
@@ -96,7 +97,7 @@ class ResponsesSocket:
             await _deny(self.websocket, error)
             return
         per_tenant = self.limits.max_websockets_per_tenant
-        if self.state.tenanted and self.state.websockets_by_tenant.get(self.tenant.name, 0) >= per_tenant:
+        if self.context.tenanted and self.context.websockets_by_tenant.get(self.tenant.name, 0) >= per_tenant:
             error = APIError(
                 f"This API key's tenant holds as many WebSocket connections on this server as it may ({per_tenant}, "
                 "replica_limits.max_websockets_per_tenant). Close one, or retry shortly.",
@@ -128,10 +129,10 @@ class ResponsesSocket:
                 self.responses.close()
 
     def _count_open(self, change: int) -> None:
-        self.state.websockets_open += change
-        by_tenant = self.state.websockets_by_tenant
+        self.context.websockets_open += change
+        by_tenant = self.context.websockets_by_tenant
         by_tenant[self.tenant.name] = by_tenant.get(self.tenant.name, 0) + change
-        self.state.metrics.websockets_open(self.state.websockets_open)
+        self.context.metrics.websockets_open(self.context.websockets_open)
 
     async def _receive(self) -> str | bytes | None:
         message = await self.websocket.receive()
@@ -143,15 +144,15 @@ class ResponsesSocket:
         lane = None
         try:
             size = message_bytes(message)
-            if size > self.state.max_request_bytes:
+            if size > self.settings.max_request_bytes:
                 raise APIError(
-                    f"The message is larger than this server accepts ({self.state.max_request_bytes} bytes).",
+                    f"The message is larger than this server accepts ({self.settings.max_request_bytes} bytes).",
                     status_code=413,
                     code="request_too_large",
                 )
             self.budget.take(size)  # given back when its response has ended, or it was refused
             try:
-                event = await parse_body_off_loop(message, functools.partial(parse_client_event, limits=self.state.request_limits))
+                event = await parse_body_off_loop(message, functools.partial(parse_client_event, limits=self.settings.request_limits))
                 lane = event.lane
                 if isinstance(event, SteerEvent):
                     await self._send(steer_failed_message(event))
@@ -218,13 +219,13 @@ class ResponsesSocket:
                 self.budget.give(queue.popleft()[1])
 
     async def _respond(self, event: CreateEvent) -> None:
-        metrics = self.state.metrics
+        metrics = self.context.metrics
         trace = RequestTrace(tenant=self.tenant.name)
         try:
             if event.error is not None:
                 raise event.error
             assert event.request is not None  # a create without an error has its request
-            turn = await begin_turn(event.request, self.state, self.tenant, self.responses, trace)
+            turn = await begin_turn(event.request, self.context, self.tenant, self.responses, trace)
         except APIError as error:
             report_once(metrics, trace, "rejected", error.code)
             report_refusal(metrics, self.websocket.scope, error)
@@ -234,7 +235,7 @@ class ResponsesSocket:
         events = run_turn(
             turn,
             self.responses,
-            self.state.max_stream_duration_s,
+            self.settings.max_stream_duration_s,
             source=None if event.generate else PROMPT_ONLY,
             refusal_window_s=REFUSAL_WINDOW_S,
         )
