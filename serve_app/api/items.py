@@ -153,6 +153,19 @@ class ReasoningItem(Lenient):
         return "\n\n".join(part.text for part in self.summary)
 
 
+class CompactionItem(Lenient):
+    """What `POST /v1/responses/compact` (or `context_management`) made of a conversation:
+    its summary, sealed for the tenant (`encrypted_content`). Opened before rendering
+    (`runtime.compaction.open_compactions`): the last one stands for every item before it
+    but the latest user messages (families render it as the summary)."""
+
+    type: Literal["compaction"]
+    id: str | None = None
+    encrypted_content: str = Field(min_length=1)
+    _summary: str | None = PrivateAttr(default=None)  # opened
+    _keep_chars: int = PrivateAttr(default=0)  # the user messages before it that stay, in characters
+
+
 # --- items of server-side tools, sent back as history (serve_app/families/hosted.py renders them) ---
 
 
@@ -261,6 +274,7 @@ _STORED_ITEMS = (
     | Annotated[CustomToolCallItem, Tag("item:custom_tool_call")]
     | Annotated[CustomToolCallOutputItem, Tag("item:custom_tool_call_output")]
     | Annotated[ReasoningItem, Tag("item:reasoning")]
+    | Annotated[CompactionItem, Tag("item:compaction")]
     | Annotated[McpListToolsItem, Tag("item:mcp_list_tools")]
     | Annotated[McpCallItem, Tag("item:mcp_call")]
     | Annotated[McpApprovalRequestItem, Tag("item:mcp_approval_request")]
@@ -269,7 +283,7 @@ _STORED_ITEMS = (
     | Annotated[CodeInterpreterCallItem, Tag("item:code_interpreter_call")]
 )
 _ITEM_TYPES = (
-    "'message', 'function_call', 'function_call_output', 'custom_tool_call', 'custom_tool_call_output', 'reasoning', "
+    "'message', 'function_call', 'function_call_output', 'custom_tool_call', 'custom_tool_call_output', 'reasoning', 'compaction', "
     + ", ".join(f"'{kind}'" for kind in HOSTED_ITEM_TYPES)
 )
 
@@ -292,6 +306,7 @@ HistoryItem = (
     | CustomToolCallItem
     | CustomToolCallOutputItem
     | ReasoningItem
+    | CompactionItem
     | McpListToolsItem
     | McpCallItem
     | McpApprovalRequestItem

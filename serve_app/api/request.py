@@ -124,6 +124,19 @@ class ConversationRef(Lenient):
     id: str = Field(min_length=1)
 
 
+# Below this many prompt tokens compaction would hardly shorten anything (its summary and the
+# latest user messages it keeps are about this long).
+MIN_COMPACT_THRESHOLD = 1000
+
+
+class ContextManagement(Lenient):
+    """`{"type": "compaction", "compact_threshold": N}`: a response whose prompt is over N
+    tokens is compacted first, inside the response (runtime/compaction.py)."""
+
+    type: Literal["compaction"]
+    compact_threshold: int | None = Field(default=None, ge=MIN_COMPACT_THRESHOLD)
+
+
 class ResponsesRequest(Lenient):
     model: str = Field(min_length=1)
     input: str | list[InputItem]
@@ -155,6 +168,7 @@ class ResponsesRequest(Lenient):
     text: TextConfig | None = None
     # "auto": the oldest items are dropped to fit the context (families/truncation.py).
     truncation: Literal["auto", "disabled"] | None = "disabled"
+    context_management: list[ContextManagement] | None = Field(default=None, max_length=1)
 
     @field_validator("input")
     @classmethod
@@ -227,6 +241,15 @@ class ResponsesRequest(Lenient):
 
     # -- views used by rendering --
 
+    def compact_threshold(self, max_model_len: int) -> int | None:
+        """Prompt tokens above which this response compacts first (None: never): the
+        request's `compact_threshold`, else (compaction asked for without one) 80% of the
+        model's context."""
+        entry = next((entry for entry in self.context_management or [] if entry.type == "compaction"), None)
+        if entry is None:
+            return None
+        return entry.compact_threshold or max(MIN_COMPACT_THRESHOLD, max_model_len * 4 // 5)
+
     @property
     def conversation_id(self) -> str | None:
         return self.conversation.id if isinstance(self.conversation, ConversationRef) else self.conversation
@@ -269,6 +292,27 @@ class ResponsesRequest(Lenient):
         return self.tool_choice != "none" and bool(
             self.function_tools() or self.custom_tools() or any(n.functions for n in self.namespace_tools()) or self.builtin_tools()
         )
+
+
+class CompactRequest(Lenient):
+    """`POST /v1/responses/compact`: the conversation to compact (`input` and/or
+    `previous_response_id`), answered with a `response.compaction` object."""
+
+    model: str = Field(min_length=1)
+    input: str | list[InputItem] | None = None
+    instructions: str | None = None
+    previous_response_id: str | None = None
+    prompt_cache_key: str | None = None
+
+    @model_validator(mode="after")
+    def _something_to_compact(self) -> CompactRequest:
+        if not self.input and self.previous_response_id is None:
+            raise ValueError("give 'input' and/or 'previous_response_id': there is nothing to compact")
+        return self
+
+
+def parse_compact_request(body: bytes | dict[str, Any], limits: RequestLimits = DEFAULT_LIMITS) -> CompactRequest:
+    return parse_body(body, CompactRequest, limits)
 
 
 def parse_body(body: bytes | dict[str, Any], model: type[_Model], limits: RequestLimits = DEFAULT_LIMITS) -> _Model:

@@ -11,7 +11,9 @@ rotate by putting the new one first and dropping the old one once its blobs have
 Whoever holds a key can read every blob made with it: all replicas share the keys
 (`RESPONSES_SERVE_REASONING_KEYS`), and a blob from a key the server no longer has is a 400.
 A blob is sealed for one tenant (`for_tenant`) and opens for that tenant only: another
-tenant that got hold of it cannot have the model read it back to it.
+tenant that got hold of it cannot have the model read it back to it. A compaction item's
+summary (`seal_compaction`) is sealed the same way, as a kind of its own: a reasoning blob
+never opens as a compaction, nor the other way round.
 """
 
 from __future__ import annotations
@@ -60,21 +62,40 @@ class ReasoningCipher:
         return Fernet.generate_key().decode()
 
     def encrypt(self, text: str) -> str:
-        sealed = {"v": _VERSION, "reasoning": text} | ({"tenant": self.tenant} if self.tenant is not None else {})
-        payload = json.dumps(sealed, ensure_ascii=False)
-        return self._fernet.encrypt(payload.encode()).decode("ascii")
+        return self._seal({"reasoning": text})
 
     def decrypt(self, blob: str) -> str:
         """The reasoning text; `ValueError` for anything this server did not seal."""
+        payload = self._open(blob, "reasoning")
+        return cast(str, payload["reasoning"])  # a str: checked by `_open`
+
+    def seal_compaction(self, summary: str, keep_chars: int) -> str:
+        """A compaction item's `encrypted_content`: the summary, and how many characters of
+        the user messages before it stay beside it."""
+        return self._seal({"compaction": summary, "keep_chars": keep_chars})
+
+    def open_compaction(self, blob: str) -> tuple[str, int]:
+        payload = self._open(blob, "compaction")
+        keep = payload.get("keep_chars")
+        if not isinstance(keep, int) or isinstance(keep, bool) or keep < 0:
+            raise ValueError("an unknown payload version")
+        return cast(str, payload["compaction"]), keep
+
+    def _seal(self, fields: dict[str, object]) -> str:
+        sealed = {"v": _VERSION, **fields} | ({"tenant": self.tenant} if self.tenant is not None else {})
+        return self._fernet.encrypt(json.dumps(sealed, ensure_ascii=False).encode()).decode("ascii")
+
+    def _open(self, blob: str, kind: str) -> dict[str, object]:
+        """The payload sealing a `kind` text (`payload[kind]` is a str); `ValueError` else."""
         try:
             payload = json.loads(self._fernet.decrypt(blob.encode()))
         except (InvalidToken, UnicodeError, ValueError):
             raise ValueError("not sealed by this server's keys (tampered, truncated, or from another key)") from None
-        if not isinstance(payload, dict) or payload.get("v") != _VERSION or not isinstance(payload.get("reasoning"), str):
+        if not isinstance(payload, dict) or payload.get("v") != _VERSION or not isinstance(payload.get(kind), str):
             raise ValueError("an unknown payload version")
         if payload.get("tenant") != self.tenant:  # said as for any foreign blob: whose it is stays unsaid
             raise ValueError("not sealed by this server's keys (tampered, truncated, or from another key)")
-        return cast(str, payload["reasoning"])  # a str: checked above
+        return payload
 
 
 def open_reasoning_items(items: list[HistoryItem], cipher: ReasoningCipher) -> list[HistoryItem]:

@@ -35,6 +35,8 @@ from typing import Any, Literal, cast
 
 from openai.types.responses import (
     Response,
+    ResponseCompactionCompactingEvent,
+    ResponseCompactionItem,
     ResponseCompletedEvent,
     ResponseContentPartAddedEvent,
     ResponseContentPartDoneEvent,
@@ -214,10 +216,14 @@ class ResponseStream:
         logprobs: LogprobFormatter | None = None,
         encrypt_reasoning: Callable[[str], str] | None = None,
         service_tier: ServedTier = "default",
+        compaction: ResponseCompactionItem | None = None,
     ) -> None:
         """`logprobs`: report the output text's logprobs (batches must carry them);
         `encrypt_reasoning`: give reasoning items `encrypted_content` (its text, encrypted);
-        `service_tier`: the tier the request is served in (`service_tier.served_tier`)."""
+        `service_tier`: the tier the request is served in (`service_tier.served_tier`);
+        `compaction`: what the conversation was compacted into before the generation
+        (`context_management`): the first output item."""
+        self._compaction = compaction
         self._events: list[ResponseStreamEvent] = []
         self._sequence_number = 0
         self._item: _OpenItem | None = None
@@ -287,7 +293,22 @@ class ResponseStream:
         snapshot = self.response.model_copy(update={"output": []})
         self._emit(ResponseCreatedEvent(type="response.created", response=snapshot, sequence_number=0))
         self._emit(ResponseInProgressEvent(type="response.in_progress", response=snapshot, sequence_number=0))
+        if self._compaction is not None:
+            self._add_compaction(self._compaction)
         return self._drain()
+
+    def _add_compaction(self, item: ResponseCompactionItem) -> None:
+        """The compaction item, done before the model writes: added, compacting, done."""
+        self._items_opened += 1
+        output_index = len(self.response.output)
+        self.response.output.append(item)
+        self._emit(ResponseOutputItemAddedEvent(type="response.output_item.added", item=item, output_index=output_index, sequence_number=0))
+        self._emit(
+            ResponseCompactionCompactingEvent(
+                type="response.compaction.compacting", item_id=item.id, output_index=output_index, sequence_number=0
+            )
+        )
+        self._emit(ResponseOutputItemDoneEvent(type="response.output_item.done", item=item, output_index=output_index, sequence_number=0))
 
     def feed(self, batch: TokenBatch) -> list[ResponseStreamEvent]:
         """Parse every token of the batch, one at a time; finish if it is the last batch."""

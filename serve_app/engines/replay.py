@@ -18,7 +18,11 @@ and streams it in seeded engine-like steps of a few tokens:
    all the text after `call python `) -> `to=python code` with CODE as the message;
    a custom tool (offered as `type NAME = (_: string) => any;`): `call NAME TEXT` -> a call
    `to=functions.NAME` whose message is TEXT (all the text after `call NAME `);
-3. otherwise -> analysis `The user wrote N characters.`, then a final message echoing it.
+3. the last user text asks for a compaction summary (`SUMMARY_REQUEST`) or is `What should
+   you remember?` -> analysis `Keeping N facts.`, then the conversation's lines that start
+   with `Remember:` (in any message, an earlier summary's too), each once, in order (none:
+   `Nothing to remember.`): a summary whose facts can be checked, bounded by the facts;
+4. otherwise -> analysis `The user wrote N characters.`, then a final message echoing it.
 
 Prompt tokens are counted as cached (`num_cached_tokens`) as vLLM's automatic prefix caching
 would find them on this replica (`PrefixCache`: the prompts and the tokens generated after
@@ -53,6 +57,7 @@ from openai_harmony import Message, Role
 
 from serve_app.api.json_schema import instance
 from serve_app.core.tokens import FinishReason, GenerationRequest, OutputConstraint, TokenBatch
+from serve_app.families.compaction import RECALL_REQUEST, REMEMBER, SUMMARY_REQUEST
 from serve_app.families.harmony import FUNCTIONS_NAMESPACE, render_completion
 from serve_app.families.vocab import harmony_encoding
 
@@ -121,6 +126,12 @@ def _custom_tools(developer_texts: list[str]) -> set[str]:
         if namespace == FUNCTIONS_NAMESPACE
         for name in _CUSTOM_TOOL.findall(body)
     }
+
+
+def remembered(texts: list[str]) -> tuple[str, str]:
+    """(reasoning, answer) of the summary rule: every `Remember:` line of `texts`, once."""
+    facts = list(dict.fromkeys(line.strip() for text in texts for line in text.splitlines() if line.strip().startswith(REMEMBER)))
+    return f"Keeping {len(facts)} facts.", "\n".join(facts) or "Nothing to remember."
 
 
 def _assistant(text: str, channel: str) -> Message:
@@ -209,6 +220,8 @@ def script_completion(prompt_token_ids: list[int], constraint: OutputConstraint 
         user_text = user_texts[-1] if user_texts else ""
         reasoning, answer = f"The user wrote {len(user_text)} characters.", user_text
         wanted_call = _wanted_call(user_text, custom)
+        if user_text in (SUMMARY_REQUEST, RECALL_REQUEST):
+            reasoning, answer = remembered([text_of(m) for m in conversation[:-1]])
     choice = obey(constraint, offered, wanted_call=wanted_call, answer=answer)
     if isinstance(choice, Call) and choice.name in custom:  # its input as the message, no content type
         call = _assistant(choice.arguments, "commentary").with_recipient(f"{FUNCTIONS_NAMESPACE}.{choice.name}")

@@ -15,7 +15,9 @@ multi-byte characters fall across tokens as a real model's would:
    functions: `call browser.search {"query": "..."}` calls `browser.search`, and `call python
    CODE` calls `python` with `{"code": CODE}` (CODE as it is when it is a JSON object);
    a custom tool (a function of one string `input`): `call NAME TEXT` -> `{"input": TEXT}`;
-3. otherwise -> `<think>The user wrote N characters.</think>` then the user text (echo),
+3. a compaction summary or `What should you remember?` -> the `Remember:` lines, as
+   `gpt-oss-replay` writes them;
+4. otherwise -> `<think>The user wrote N characters.</think>` then the user text (echo),
    exactly: whitespace at its end is kept (the end of the output is not a tag), and a text
    that starts with whitespace is written with no think block before it (whitespace right
    after `</think>` is the template's formatting, dropped by the parser).
@@ -33,7 +35,8 @@ import re
 from typing import TYPE_CHECKING, Any
 
 from serve_app.core.tokens import OutputConstraint
-from serve_app.engines.replay import PYTHON, Call, _is_json_object, _wanted_call, obey
+from serve_app.engines.replay import PYTHON, Call, _is_json_object, _wanted_call, obey, remembered
+from serve_app.families.compaction import RECALL_REQUEST, SUMMARY_REQUEST
 from serve_app.families.control_tokens import text_tokenizer
 from serve_app.families.smollm2 import SMOLLM2, load_tokenizer
 
@@ -94,6 +97,8 @@ def _answer(turns: list[tuple[str, str]], constraint: OutputConstraint | None) -
         user_text = user_texts[-1] if user_texts else ""
         reasoning, answer = f"The user wrote {len(user_text)} characters.", user_text
         wanted_call = _wanted_call(user_text, {name for name, custom in offered.items() if custom})
+        if user_text in (SUMMARY_REQUEST, RECALL_REQUEST):
+            reasoning, answer = remembered([text for _, text in turns[:-1]])
     choice = obey(constraint, set(offered), wanted_call=wanted_call, answer=answer)
     if isinstance(choice, Call):
         # `call python CODE` and `call NAME TEXT` of a custom tool: one string argument.

@@ -39,6 +39,7 @@ from typing import Any
 from serve_app.api.errors import invalid_request
 from serve_app.api.items import (
     CodeInterpreterCallItem,
+    CompactionItem,
     CustomToolCallItem,
     CustomToolCallOutputItem,
     FunctionCallItem,
@@ -52,6 +53,7 @@ from serve_app.api.items import (
     ReasoningItem,
     WebSearchCallItem,
 )
+from serve_app.families.compaction import compacted
 
 JSON_CONTENT = "<|constrain|>json"
 BUILTIN_CONTENT = "code"  # harmony renders it `<|constrain|>code`
@@ -139,9 +141,9 @@ def as_tool_turns(history: Iterable[HistoryItem]) -> list[tuple[int, RenderedIte
     requests = {item.id: item for item in items if isinstance(item, McpApprovalRequestItem)}
     custom_calls: dict[str, str] = {}  # call_id -> recipient
     rendered: list[tuple[int, RenderedItem]] = []
-    for index, item in enumerate(items):
+    for index, item in compacted(items):  # the last compaction item and what it stands for: its summary
         turns: list[RenderedItem] = []
-        if isinstance(item, McpListToolsItem):
+        if isinstance(item, McpListToolsItem | CompactionItem):  # an earlier compaction: summarised by the last
             continue
         if isinstance(item, CustomToolCallItem):
             recipient = f"{item.namespace}.{item.name}" if item.namespace else FUNCTIONS_PREFIX + item.name

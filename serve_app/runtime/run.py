@@ -17,10 +17,10 @@ import time
 from collections.abc import AsyncGenerator, Collection
 from typing import NamedTuple
 
-from openai.types.responses import ResponseError, ResponseFailedEvent, ResponseStreamEvent
+from openai.types.responses import ResponseError, ResponseFailedEvent, ResponseStreamEvent, ResponseUsage
 
-from serve_app.api.errors import APIError, invalid_request, server_full
-from serve_app.api.items import MessageItem
+from serve_app.api.errors import APIError, invalid_request, server_error, server_full
+from serve_app.api.items import CompactionItem, MessageItem
 from serve_app.api.request import ResponsesRequest
 from serve_app.api.service_tier import engine_priority, served_tier
 from serve_app.core.encrypted_reasoning import INCLUDE as ENCRYPTED_REASONING
@@ -30,6 +30,7 @@ from serve_app.core.stream import ResponseStream, new_id
 from serve_app.core.tokens import EngineRejected, GenerationRequest, TokenBatch, TokenSource
 from serve_app.families.harmony import HistoryItem
 from serve_app.families.truncation import fit_to_context, output_reserve
+from serve_app.runtime.compaction import KEEP_USER_CHARS, as_input, open_compactions, sealed_item, summary_request
 from serve_app.runtime.metrics import RequestTrace
 from serve_app.runtime.offload import big_prompt, off_loop
 from serve_app.runtime.tool_loop import ToolRounds
@@ -70,13 +71,16 @@ async def render_turn(
     server_tools: ServerToolRuntime | None = None,
     tenant: str = "",
     response_id: str | None = None,
+    compaction: CompactionItem | None = None,
 ) -> RenderedTurn:
     """This turn's own input items and the prompt tokens: the history is rebuilt (a store
-    read only with `previous_response_id` or `conversation`), encrypted reasoning opened,
-    the oldest items left out with `truncation: "auto"` when it does not fit. With
-    `server_tools`, the request's server-side tools are made for the response and the model
-    is prompted with those known without asking anyone (an MCP server's tools listed earlier
-    in the conversation). `response_id`: the response's, whose ids its input items get."""
+    read only with `previous_response_id` or `conversation`), encrypted reasoning and
+    compaction items opened, the oldest items left out with `truncation: "auto"` when it
+    does not fit. With `server_tools`, the request's server-side tools are made for the
+    response and the model is prompted with those known without asking anyone (an MCP
+    server's tools listed earlier in the conversation). `response_id`: the response's, whose
+    ids its input items get. `compaction`: the response's own (`context_management`), read
+    after its input."""
     response_id = response_id or new_id("resp")
     items = await responses.resolve(request.input_items(), stored=request.store)  # item references: a store read each
 
@@ -92,6 +96,9 @@ async def render_turn(
         if conversations is None or await conversations.get(conversation_id) is None:
             raise conversation_not_found(conversation_id, param="conversation")
         history = await conversations.history(conversation_id) + input_items
+    if compaction is not None:
+        history = [*history, compaction]
+    history = open_compactions(history, cipher, len(input_items) + (compaction is not None))
     tools = server_tools.for_response(request, history, input_items, tenant) if server_tools is not None else None
     offered = tools.offer(request) if tools is not None else request
     cache = model.family.prompt_cache
@@ -153,6 +160,23 @@ async def start_turn(
     `cache_salt`: the tenant's, for the engine's prefix cache (`GenerationRequest.cache_salt`)."""
     response_id = new_id("resp")
     rendered = await render_turn(request, model, responses, conversations, cipher, server_tools, tenant, response_id)
+    threshold = request.compact_threshold(model.max_model_len)
+    compaction, compaction_usage = None, None
+    if threshold is not None and len(rendered.prompt) > threshold:  # `context_management`: compacted first
+        keep_chars = min(KEEP_USER_CHARS, threshold)
+        asked = summary_request(
+            request.model,
+            request.input,
+            instructions=request.instructions,
+            previous_response_id=request.previous_response_id,
+            conversation=request.conversation_id,
+            prompt_cache_key=request.prompt_cache_key,
+        )
+        summary = await summarize(asked, model, responses, conversations, cipher, tenant=tenant, cache_salt=cache_salt)
+        compaction, compaction_usage = sealed_item(summary.text, keep_chars, cipher), summary.usage
+        opened = as_input(compaction, summary.text, keep_chars)
+        rendered = await render_turn(request, model, responses, conversations, cipher, server_tools, tenant, response_id, opened)
+        logger.info("response %s: compacted a prompt of %d tokens over its threshold %d", response_id, len(rendered.prompt), threshold)
     offered = rendered.tools.offer(request) if rendered.tools is not None else request
     prompt, cost = rendered.prompt, rendered.cost
     trace = trace or RequestTrace()
@@ -184,6 +208,7 @@ async def start_turn(
         logprobs=LogprobFormatter(model.family) if request.logprobs is not None else None,
         encrypt_reasoning=cipher.encrypt if ENCRYPTED_REASONING in request.include else None,
         service_tier=tier,
+        compaction=compaction,
     )
     if rendered.tools is not None:
         stream.server_tools = rendered.tools.routing()
@@ -198,7 +223,39 @@ async def start_turn(
         trace=trace,
         history=rendered.history,
         tools=rendered.tools,
+        compaction_usage=compaction_usage,
     )
+
+
+class Summary(NamedTuple):
+    window: list[HistoryItem]  # the conversation it stands for, as the model read it (without the request for it)
+    text: str
+    usage: ResponseUsage | None
+
+
+async def summarize(
+    request: ResponsesRequest,
+    model: ServedModel,
+    responses: ResponseStore,
+    conversations: ConversationStore | None,
+    cipher: ReasoningCipher,
+    *,
+    tenant: str,
+    cache_salt: str | None,
+) -> Summary:
+    """The model's answer to a `summary_request` (runtime/compaction.py); a 503 when the
+    engine could not write it."""
+    turn = await start_turn(request, model, responses, conversations, cipher, tenant=tenant, cache_salt=cache_salt)
+    # The conversation was read; the summary is not one of its turns (`store` is off too).
+    turn.request = turn.request.model_copy(update={"conversation": None})
+    async with contextlib.aclosing(run_turn(turn, responses)) as events:
+        async for _ in events:
+            pass
+    response = turn.stream.response
+    if response.status == "failed":
+        message = response.error.message if response.error is not None else "the engine failed"
+        raise server_error(f"The conversation could not be compacted: {message}", status_code=503)
+    return Summary(turn.history[:-1], response.output_text, response.usage)
 
 
 class PromptOnly:

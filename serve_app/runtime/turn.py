@@ -8,6 +8,8 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
+from openai.types.responses import ResponseUsage
+
 from serve_app.api.request import DEFAULT_TEMPERATURE, DEFAULT_TOP_P, ResponsesRequest
 from serve_app.core.items import CompletionParser, ItemSink
 from serve_app.core.stream import ResponseStream
@@ -84,6 +86,8 @@ class Turn:
     # The request's hosted tools this server does not run, by type: left out of the request
     # the model is prompted with and of the response (`ServerToolRuntime.admit`).
     unavailable_tools: list[str] = field(default_factory=list)
+    # The usage of the summary written for `context_management` before this turn (None: none was).
+    compaction_usage: ResponseUsage | None = None
 
     def tools_offered(self) -> ResponsesRequest:
         """The request as the model is prompted with it: with its server-side tools."""

@@ -20,6 +20,7 @@ from typing import Any, cast
 import cachetools
 from openai.types.responses import (
     Response,
+    ResponseCompactionItem,
     ResponseCustomToolCall,
     ResponseCustomToolCallItem,
     ResponseCustomToolCallOutputItem,
@@ -37,6 +38,7 @@ from serve_app.api.errors import invalid_request, item_not_found
 from serve_app.api.items import (
     HOSTED_ITEM_TYPES,
     CodeInterpreterCallItem,
+    CompactionItem,
     CustomToolCallItem,
     CustomToolCallOutputItem,
     FunctionCallItem,
@@ -77,6 +79,7 @@ _ID_PREFIX = {
     "function_call_output": "fco",
     "custom_tool_call": "ctc",
     "custom_tool_call_output": "ctco",
+    "compaction": "cmp",
     "reasoning": "rs",
     "mcp_list_tools": "mcpl",
     "mcp_call": "mcp",
@@ -170,6 +173,8 @@ def output_as_input(response: Response, tool_texts: Mapping[str, str] | None = N
                     arguments=item.arguments,
                 )
             )
+        elif isinstance(item, ResponseCompactionItem):
+            items.append(CompactionItem(type="compaction", id=item.id, encrypted_content=item.encrypted_content))
         elif isinstance(item, ResponseCustomToolCall):
             items.append(
                 CustomToolCallItem(
@@ -216,6 +221,8 @@ def as_response_item(item: HistoryItem) -> ResponseItem:
         return ResponseFunctionToolCallOutputItem(
             id=item.id, type="function_call_output", call_id=item.call_id, output=output, status="completed"
         )
+    if isinstance(item, CompactionItem):
+        return ResponseCompactionItem(id=item.id or "", type="compaction", encrypted_content=item.encrypted_content)
     if isinstance(item, CustomToolCallItem):
         return ResponseCustomToolCallItem(
             id=item.id or "",

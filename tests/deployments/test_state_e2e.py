@@ -167,6 +167,25 @@ def test_an_item_reference_is_resolved_on_the_other_replica(ingress_urls, model)
 
 
 @pytest.mark.parametrize("model", ["gpt-oss-replay", "qwen3-replay"])
+def test_a_compaction_made_on_one_replica_is_read_on_the_other(ingress_urls, model):
+    """Compacted by one ingress replica (a chain it stored), sent back to the other: the
+    replicas share the keys that seal it, and the summary carries the fact."""
+    first_replica, second_replica = ingress_urls
+    with httpx.Client(timeout=60) as http:
+        first = http.post(f"{first_replica}/responses", json={"model": model, "input": "Remember: the ferry leaves at 7.\nhi"}).json()
+        compact = http.post(f"{first_replica}/responses/compact", json={"model": model, "previous_response_id": first["id"]})
+        assert compact.status_code == 200, compact.text
+        window = compact.json()["output"]
+        assert window[-1]["type"] == "compaction"
+        recall = http.post(
+            f"{second_replica}/responses",
+            json={"model": model, "input": [*window, {"role": "user", "content": "What should you remember?"}]},
+        )
+        assert recall.status_code == 200, recall.text
+        assert recall.json()["output"][-1]["content"][0]["text"] == "Remember: the ferry leaves at 7."
+
+
+@pytest.mark.parametrize("model", ["gpt-oss-replay", "qwen3-replay"])
 @pytest.mark.parametrize("scenario", ["generate-store", "stream-store", "stream-stateless"])
 def test_the_vercel_ai_sdk_through_the_proxy(serve_url, model, scenario):
     """The real Vercel AI SDK's multi-step tool loop through Serve's proxy: each step may land

@@ -17,6 +17,7 @@ _PREFIX = {
     "message": "msg_",
     "function_call": "fc_",
     "custom_tool_call": "ctc_",
+    "compaction": "cmp_",
     "mcp_list_tools": "mcpl_",
     "mcp_call": "mcp_",
     "mcp_approval_request": "mcpr_",
@@ -44,6 +45,7 @@ _ITEM_PATTERN = {
     ],
     "mcp_list_tools": ["response.mcp_list_tools.in_progress", "response.mcp_list_tools.completed|response.mcp_list_tools.failed"],
     "mcp_approval_request": [],  # no events of its own
+    "compaction": ["response.compaction.compacting"],  # made before the model writes (context_management)
     # The built-in tools: searching / interpreting when the tool is called, completed after it
     # returned (a call that failed, or that the response ended first, has no completed).
     "web_search_call": [
@@ -237,7 +239,7 @@ def check_stream(raw_events: Iterable[Any], allow_replacement: bool = False) -> 
         text = "".join(deltas)
         if item_type == "message":
             assert [a.model_dump() for a in done.item.content[0].annotations] == annotations, "streamed annotations differ from the item's"
-        if item_type in ("mcp_approval_request", "mcp_list_tools", "web_search_call"):  # nothing of them is streamed
+        if item_type in ("mcp_approval_request", "mcp_list_tools", "web_search_call", "compaction"):  # nothing of them is streamed
             assert not deltas, f"{item_type} with deltas"
             assert done_text is None, f"{item_type} with deltas"
         else:

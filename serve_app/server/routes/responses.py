@@ -1,4 +1,4 @@
-"""`/v1/responses`: create, retrieve, delete, list input items."""
+"""`/v1/responses`: create, compact, retrieve, delete, list input items."""
 
 from __future__ import annotations
 
@@ -17,13 +17,14 @@ from openai.types.responses import ResponseStreamEvent
 
 from serve_app.api.errors import APIError, invalid_request, model_not_found, model_unavailable, response_not_found, server_error
 from serve_app.api.limits import RequestLimits
-from serve_app.api.request import ResponsesRequest, parse_request
+from serve_app.api.request import ResponsesRequest, parse_compact_request, parse_request
 from serve_app.api.sse import encode_events, response_json
 from serve_app.runtime.admission import ByteBudget
+from serve_app.runtime.compaction import KEEP_USER_CHARS, compacted_window, compaction_object, sealed_item, summary_request
 from serve_app.runtime.metrics import Metrics, RequestTrace, report_once, report_response
 from serve_app.runtime.offload import parse_body_off_loop
-from serve_app.runtime.run import REFUSAL_WINDOW_S, run_turn, start_turn
-from serve_app.runtime.turn import Turn
+from serve_app.runtime.run import REFUSAL_WINDOW_S, run_turn, start_turn, summarize
+from serve_app.runtime.turn import ServedModel, Turn
 from serve_app.server.auth import tenant_of
 from serve_app.server.context import AppContext, app_context, tenant_state
 from serve_app.server.routes.background import (
@@ -94,6 +95,38 @@ async def create_response(http_request: Request) -> Response:
     return _json(response_json(response), headers=headers)
 
 
+@router.post("/v1/responses/compact")
+async def compact_response(http_request: Request) -> Response:
+    """The conversation of `input` and/or `previous_response_id` as the model summarised it:
+    the latest user messages and a `compaction` item sealing the summary for this tenant."""
+    context = app_context(http_request)
+    trace = http_request.state.trace = RequestTrace(tenant=tenant_of(http_request.scope))
+    compact = await read_request(http_request, parse_compact_request)
+    tenant = tenant_state(http_request)
+    model = await served_model(context, compact.model, trace)
+    asked = summary_request(
+        compact.model,
+        compact.input,
+        instructions=compact.instructions,
+        previous_response_id=compact.previous_response_id,
+        prompt_cache_key=compact.prompt_cache_key,
+    )
+    admission = await tenant.quota.admit(background=False) if tenant.quota is not None else None
+    try:
+        summary = await summarize(
+            asked, model, tenant.responses, tenant.conversations, tenant.cipher, tenant=tenant.name, cache_salt=tenant.cache_salt
+        )
+        if admission is not None and summary.usage is not None:
+            await admission.charge_tokens(summary.usage.total_tokens)
+    finally:
+        if admission is not None:
+            await admission.release()
+    item = sealed_item(summary.text, KEEP_USER_CHARS, tenant.cipher)
+    body = compaction_object(compacted_window(summary.window, item, KEEP_USER_CHARS), summary.usage)
+    logger.info("compaction %s: model=%s items=%d summary_chars=%d", body["id"], model.name, len(summary.window), len(summary.text))
+    return _json(json.dumps(body, separators=(",", ":")))
+
+
 @router.get("/v1/responses/{response_id}")
 async def retrieve_response(response_id: str, request: Request) -> Response:
     if wants_stream(request.query_params):  # a background response's events, live
@@ -147,12 +180,7 @@ async def begin_turn(
     """`tenant`'s turn of the served model for `request` (history read from `responses`, the
     tenant's own or a view of them), logged; a 404 for a model not served, a 503 for one
     whose engine is down."""
-    model = context.served.get(request.model)
-    if model is None:
-        raise model_not_found(request.model)
-    trace.model = model.name
-    if model.unavailable is not None and (why := await model.unavailable(model.name)):
-        raise model_unavailable(model.name, why.reason)
+    model = await served_model(context, request.model, trace)
     # Within the tenant's quotas (or a 429), then counted: the prompt's tokens now, the output's
     # as `run_turn` produces them; `run_turn` releases the admission when the turn ends.
     request, unavailable_tools = context.server_tools.admit(request)  # before anything is read or connected to
@@ -170,8 +198,8 @@ async def begin_turn(
             tenant.name,
             tenant.cache_salt,
         )
-        if admission is not None:
-            await admission.charge_tokens(len(turn.prompt))
+        if admission is not None:  # and a `context_management` summary written first
+            await admission.charge_tokens(len(turn.prompt) + (turn.compaction_usage.total_tokens if turn.compaction_usage else 0))
     except BaseException:
         if admission is not None:
             await admission.release()
@@ -191,6 +219,17 @@ async def begin_turn(
         f" truncated_items={trace.truncated_items}" if trace.truncated_items else "",
     )
     return turn
+
+
+async def served_model(context: AppContext, name: str, trace: RequestTrace) -> ServedModel:
+    """The served model `name`: a 404 for a model not served, a 503 for one whose engine is down."""
+    model = context.served.get(name)
+    if model is None:
+        raise model_not_found(name)
+    trace.model = model.name
+    if model.unavailable is not None and (why := await model.unavailable(model.name)):
+        raise model_unavailable(model.name, why.reason)
+    return model
 
 
 def _finished(turn: Turn, metrics: Metrics) -> None:
