@@ -150,3 +150,37 @@ def test_two_hundred_turns_never_fill_the_context_and_keep_the_first_turns_fact(
             codes.append(error.body["code"])
             break
     assert codes == ["context_length_exceeded"]
+
+
+def test_the_agents_sdk_compaction_session_runs_unmodified(base, tmp_path):
+    """`OpenAIResponsesCompactionSession` over a SQLite session: after each run it calls
+    `responses.compact` (told to every time here) and keeps what it returns; the agent's
+    later runs send that back, and the fact of the first run survives. (The session takes
+    model names of OpenAI's shape only, `gpt-*` or `o*`: `gpt-oss-replay` is one.)"""
+    model = "gpt-oss-replay"
+    import asyncio
+
+    from agents import Agent, OpenAIResponsesModel, Runner, SQLiteSession, set_tracing_disabled
+    from agents.memory import OpenAIResponsesCompactionSession
+    from openai import AsyncOpenAI
+
+    set_tracing_disabled(True)
+
+    async def main() -> tuple[str, list]:
+        client = AsyncOpenAI(base_url=base, api_key=KEYS["team-a"], max_retries=0)
+        agent = Agent(name="keeper", instructions="Answer.", model=OpenAIResponsesModel(model=model, openai_client=client))
+        session = OpenAIResponsesCompactionSession(
+            "compacted",
+            SQLiteSession("compacted", str(tmp_path / "session.db")),
+            client=client,
+            model=model,
+            should_trigger_compaction=lambda context: True,
+        )
+        await Runner.run(agent, FACT, session=session)
+        await Runner.run(agent, "Some chatter in between.", session=session)
+        recalled = await Runner.run(agent, RECALL, session=session)
+        return recalled.final_output, await session.get_items()
+
+    answer, items = asyncio.run(main())
+    assert answer == FACT
+    assert any(isinstance(item, dict) and item.get("type") == "compaction" for item in items)
