@@ -18,7 +18,7 @@ import functools
 import json
 import logging
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -48,6 +48,7 @@ from serve_app.core.tokens import OutputConstraint
 from serve_app.core.utf8 import Utf8Decoder, unfinished_utf8_tail
 from serve_app.families.constraints import harmony_grammar, plan
 from serve_app.families.hosted import ToolCall, ToolOutput, as_tool_turns
+from serve_app.families.long_runs import break_runs, breaker_for, has_long_run
 from serve_app.families.prompt_cache import DEFAULT_MAX_TOKENS, PromptCache
 from serve_app.families.vocab import harmony_encoding
 
@@ -199,7 +200,7 @@ def continue_prompt(prompt: list[int], completion: list[int], new_items: list[Hi
     if not completion or completion[-1] not in stops:  # an engine that leaves the stop token out
         completion = completion + encoding.encode("<|call|>", allowed_special="all")
     messages = [tool_message(turn) for _, turn in as_tool_turns(new_items) if isinstance(turn, ToolOutput)]
-    return prompt + completion + [token for message in messages for token in encoding.render(message)] + _next_assistant_turn()
+    return prompt + completion + [token for message in messages for token in render_message(message)] + _next_assistant_turn()
 
 
 def render_prompt(
@@ -225,7 +226,7 @@ def render_prompt(
         messages.append(developer)
     messages = _without_finished_analysis(messages + rest)
     try:
-        if cache is None:
+        if cache is None and not any(map(_has_long_run, messages)):
             conversation = Conversation.from_messages(messages)
             return harmony_encoding().render_conversation_for_completion(conversation, Role.ASSISTANT, _OWN_ANALYSIS_DROP)
         return _render_conversation_for_completion(messages, cache)
@@ -253,16 +254,117 @@ def _without_finished_analysis(messages: list[Message]) -> list[Message]:
     ]
 
 
-def _render_conversation_for_completion(messages: list[Message], cache: PromptCache) -> list[int]:
-    """`render_conversation_for_completion` message by message, each through `cache`: what
-    harmony does (openai-harmony's `render_conversation_into`) with the analysis already
-    dropped — every message rendered with `conversation_has_function_tools`, then
+def _render_conversation_for_completion(messages: list[Message], cache: PromptCache | None) -> list[int]:
+    """`render_conversation_for_completion` message by message, each through `cache` (if
+    any): what harmony does (openai-harmony's `render_conversation_into`) with the analysis
+    already dropped — every message rendered with `conversation_has_function_tools`, then
     `<|start|>assistant`. tests/families/test_prompt_cache.py holds it equal to harmony's
-    own for any conversation."""
-    encoding = harmony_encoding()
+    own for any conversation without a long run (`render_message`)."""
     options = RenderOptions(conversation_has_function_tools=any(_offers_functions(m) for m in messages))
+    if cache is None:
+        return [token for m in messages for token in render_message(m, options)] + _next_assistant_turn()
     pieces = [(f"{options.conversation_has_function_tools:d}{m.to_json()}", m) for m in messages]
-    return cache.concat(pieces, lambda missing: [encoding.render(m, options) for m in missing]) + _next_assistant_turn()
+    return cache.concat(pieces, lambda missing: [render_message(m, options) for m in missing]) + _next_assistant_turn()
+
+
+# harmony's special tokens (`<|start|>`, `<|message|>` ...) have the ids from here up; text
+# never becomes one of them (harmony encodes every text as ordinary tokens).
+_FIRST_SPECIAL = 199998
+
+
+def _strings(value: Any) -> Iterator[str]:
+    """Every string in a message's JSON form, keys included."""
+    if isinstance(value, str):
+        yield value
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            yield key
+            yield from _strings(item)
+    elif isinstance(value, list):
+        for item in value:
+            yield from _strings(item)
+
+
+def _broken(value: Any, breaker: str) -> Any:
+    """A message's JSON form with a breaker inside each long run of each string (long_runs)."""
+    if isinstance(value, str):
+        return break_runs(value, breaker)
+    if isinstance(value, dict):
+        return {break_runs(key, breaker): _broken(item, breaker) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_broken(item, breaker) for item in value]
+    return value
+
+
+def _has_long_run(message: Message) -> bool:
+    return any(map(has_long_run, _strings(message.to_dict())))
+
+
+def render_message(message: Message, options: RenderOptions | None = None) -> list[int]:
+    """harmony's render of `message`, in time linear in its size whatever its text.
+
+    harmony tokenizes a text in time quadratic in the length of its longest piece
+    (families/long_runs.py): a message whose strings have no long run is harmony's own
+    render, token for token. One that has is rendered with a breaker inside each long run
+    (a number character no string of the message holds), so harmony's tokenizer sees no
+    long piece; then the breakers' tokens are taken out. A breaker is a piece of its own
+    (its neighbours are never numbers), so its tokens are always the same few and nothing
+    else decodes to it: what is left decodes to harmony's text exactly, and only the tokens
+    beside a breaker differ from what harmony's BPE makes of the whole run. Text stays
+    text: nothing is encoded with a special token allowed."""
+    options = options or RenderOptions()
+    encoding = harmony_encoding()
+    data = message.to_dict()
+    strings = list(_strings(data))
+    if not any(map(has_long_run, strings)):
+        return encoding.render(message, options)
+    breaker = breaker_for(strings)
+    if breaker is None:
+        raise invalid_request("The request cannot be rendered for this model: a message holds every number character of Unicode.")
+    rendered: list[int] = encoding._inner.render(
+        message_json=json.dumps(_broken(data, breaker)),
+        render_options={"conversation_has_function_tools": options.conversation_has_function_tools},
+    )
+    tokens = _without(rendered, encoding.encode(breaker, disallowed_special=()))
+    if breaker in encoding.decode_utf8(tokens):  # a tokenizer that does not end a piece at it
+        return _recoded(rendered, breaker)
+    return tokens
+
+
+def _without(tokens: list[int], breaker: list[int]) -> list[int]:
+    """`tokens` without each occurrence of the `breaker` tokens."""
+    out: list[int] = []
+    first, size, start = breaker[0], len(breaker), 0
+    while True:
+        try:
+            found = tokens.index(first, start)
+        except ValueError:
+            return out + tokens[start:]
+        if tokens[found : found + size] == breaker:
+            out += tokens[start:found]
+            start = found + size
+        else:
+            out += tokens[start : found + 1]
+            start = found + 1
+
+
+def _recoded(rendered: list[int], breaker: str) -> list[int]:
+    """`rendered` with each stretch of text between special tokens that holds a breaker
+    decoded, cut at its breakers and encoded again part by part (no part is long)."""
+    encoding = harmony_encoding()
+    tokens: list[int] = []
+    start = 0
+    for end in [*(i for i, token in enumerate(rendered) if token >= _FIRST_SPECIAL), len(rendered)]:
+        if end > start:
+            stretch = rendered[start:end]
+            text = encoding.decode_utf8(stretch)
+            if breaker in text:
+                stretch = [token for part in text.split(breaker) for token in encoding.encode(part, disallowed_special=())]
+            tokens += stretch
+        if end < len(rendered):
+            tokens.append(rendered[end])
+        start = end + 1
+    return tokens
 
 
 def _offers_functions(message: Message) -> bool:

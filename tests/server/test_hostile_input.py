@@ -132,3 +132,36 @@ def _gaps_while_refused(url: str, bodies: list[bytes]) -> tuple[float, float]:
     assert arrivals[-1] > last, "the stream outlasted the refusals"
     during = [b - a for a, b in itertools.pairwise(arrivals) if b >= first and a <= last]
     return max(during), max(end - begin for begin, end in refusals)
+
+
+# --- text the tokenizer would take quadratic time over --------------------------------------
+
+
+@pytest.mark.parametrize("model", ["gpt-oss-replay", "qwen3-replay"])
+def test_a_long_run_of_one_character_is_counted_and_answered(http, model):
+    """`"€" * 200000` (600 KB) is one piece of harmony's pre-tokenizer split, which its BPE
+    took time quadratic in (30,000 stopped the event loop for 5.9 s): it is tokenized in
+    short pieces (families/long_runs.py), counted as the text it is, and a response to it is
+    refused for the context it exceeds; a long run within the context is echoed whole."""
+
+    def post(path: str, body: dict) -> httpx.Response:
+        content = json.dumps({"model": model, **body}, ensure_ascii=False).encode()
+        return http.post(path, content=content, headers={"content-type": "application/json"})
+
+    def count(text: str) -> int:
+        response = post("/responses/input_tokens", {"input": text})
+        assert response.status_code == 200, response.text
+        return response.json()["input_tokens"]
+
+    run = "€" * 200_000
+    per_euro = count("€€") - count("€")  # one token in harmony's vocabulary, more in SmolLM2's
+    assert count(run) == count("€") + (len(run) - 1) * per_euro
+    too_long = post("/responses", {"input": run})
+    assert too_long.status_code == 400
+    assert too_long.json()["error"]["code"] == "context_length_exceeded"
+    assert f"the input has {count(run)} tokens" in too_long.json()["error"]["message"]
+    echoed = "a" * 60_000  # 7,500 tokens of gpt-oss, 15,000 of SmolLM2
+    answer = post("/responses", {"input": echoed, "max_output_tokens": 30_000})
+    assert answer.status_code == 200, answer.text
+    assert answer.json()["status"] == "completed"
+    assert echoed in "".join(c["text"] for item in answer.json()["output"] if item["type"] == "message" for c in item["content"])
