@@ -14,7 +14,7 @@ Server-side tools (`tool_items.py`): a call the server runs stays open after its
 until the tool loop (serve_app/runtime/tool_loop.py) hands in its outcome, so its
 `*.completed` comes only after the tool returned. Items are shown one after another: the
 events of items that follow an unfinished one are held back until it is done. A response
-may span several engine generations (one per tool round): `next_turn()` starts the next
+may span several engine generations (one per tool round): `next_round()` starts the next
 one with a fresh parser; usage is counted over all of them.
 
 With the browser among the response's tools (`ServerTools.citations`), the model's citation
@@ -246,9 +246,9 @@ class ResponseStream:
         self.tool_texts: dict[str, str] = {}
         self._held: dict[int, list[ResponseStreamEvent]] = {}  # events of items after an unfinished one
         self._items_opened = 0  # output items given an id (`item_id`)
-        self._earlier_reasoning_tokens = 0  # of the turns before this one
-        self.awaiting_tools = False  # the turn ended with server-side calls to run
-        self.hands_back = False  # the turn made a call the client answers (function call, approval request)
+        self._earlier_reasoning_tokens = 0  # of the tool rounds before this one
+        self.awaiting_tools = False  # this round's generation ended with server-side calls to run
+        self.hands_back = False  # this round made a call the client answers (function call, approval request)
         self.finished = False
         self.response = Response(
             id=response_id or new_id("resp"),
@@ -377,10 +377,10 @@ class ResponseStream:
             self._finish(status)
         return self._drain()
 
-    def next_turn(self, parser_factory: Callable[[ResponseStream], CompletionParser]) -> None:
+    def next_round(self, parser_factory: Callable[[ResponseStream], CompletionParser]) -> None:
         """The tool round is over: the next generation's tokens come with a fresh parser."""
         if self.finished or self._unfinished:
-            raise RuntimeError("next_turn() with the response finished or a call still running")
+            raise RuntimeError("next_round() with the response finished or a call still running")
         self._earlier_reasoning_tokens += self._parser.reasoning_tokens
         self._parser = parser_factory(self)
         if self._logprobs is not None:

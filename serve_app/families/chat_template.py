@@ -33,7 +33,7 @@ from serve_app.core.tokens import OutputConstraint
 from serve_app.families.chat_parser import ChatCompletionParser, TaggedTextParser, Tags, Vocabulary
 from serve_app.families.constraints import chat_template_constraint, custom_input_schema, plan
 from serve_app.families.control_tokens import ESCAPE, ControlTokens, Piece
-from serve_app.families.hosted import ToolCall, ToolOutput, as_tool_turns
+from serve_app.families.hosted import ToolCall, ToolOutput, rendered_items
 from serve_app.families.prompt_cache import DEFAULT_MAX_TOKENS, PromptCache
 
 REASONING_PARSERS: dict[str, tuple[str, str]] = {
@@ -114,7 +114,7 @@ def conversation(request: ResponsesRequest, history: list[HistoryItem], *, tool_
     reasoning: list[str] = []  # reasoning waiting for its assistant turn
     turn: dict[str, Any] | None = None  # the assistant turn calls are still added to
     calls: dict[str, str] = {}  # call_id -> qualified name, for tool results
-    for index, item in as_tool_turns(history):  # server-side tools' items: calls and outputs
+    for index, item in rendered_items(history):  # server-side tools' items: calls and outputs
         if isinstance(item, ReasoningItem):
             if text := item.text:
                 reasoning.append(text)

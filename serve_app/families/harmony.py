@@ -47,7 +47,7 @@ from serve_app.core.items import ItemSink
 from serve_app.core.tokens import OutputConstraint
 from serve_app.core.utf8 import Utf8Decoder, unfinished_utf8_tail
 from serve_app.families.constraints import harmony_grammar, plan
-from serve_app.families.hosted import ToolCall, ToolOutput, as_tool_turns
+from serve_app.families.hosted import ToolCall, ToolOutput, rendered_items
 from serve_app.families.long_runs import break_runs, breaker_for, has_long_run
 from serve_app.families.prompt_cache import DEFAULT_MAX_TOKENS, PromptCache
 from serve_app.families.vocab import harmony_encoding
@@ -133,7 +133,7 @@ def _history_messages(items: Iterable[HistoryItem]) -> tuple[list[str], list[Mes
     leading: list[str] = []
     messages: list[Message] = []
     calls: dict[str, str] = {}  # call_id -> recipient, to address tool outputs
-    for index, item in as_tool_turns(items):
+    for index, item in rendered_items(items):
         if isinstance(item, ToolCall):
             message = (
                 Message.from_role_and_content(Role.ASSISTANT, item.arguments).with_channel(item.channel).with_recipient(item.recipient)
@@ -199,7 +199,7 @@ def continue_prompt(prompt: list[int], completion: list[int], new_items: list[Hi
     stops = _Specials.load().stops
     if not completion or completion[-1] not in stops:  # an engine that leaves the stop token out
         completion = completion + encoding.encode("<|call|>", allowed_special="all")
-    messages = [tool_message(turn) for _, turn in as_tool_turns(new_items) if isinstance(turn, ToolOutput)]
+    messages = [tool_message(turn) for _, turn in rendered_items(new_items) if isinstance(turn, ToolOutput)]
     return prompt + completion + [token for message in messages for token in render_message(message)] + _next_assistant_turn()
 
 

@@ -129,7 +129,7 @@ def call_result_text(output: str | None, error: str | dict[str, Any] | None) -> 
     return output or ""
 
 
-def as_tool_turns(history: Iterable[HistoryItem]) -> list[tuple[int, RenderedItem]]:
+def rendered_items(history: Iterable[HistoryItem]) -> list[tuple[int, RenderedItem]]:
     """The history with every server-side tool item as the call and output it stands for,
     each with the index of the history item it came from (for errors that name it)."""
     items = list(history)

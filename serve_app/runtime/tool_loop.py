@@ -82,7 +82,7 @@ class ToolRounds:
         # The first prompt was charged when it was rendered; the engine is sent this one instead.
         await self._charge(tokens=max(0, len(prompt) - len(turn.prompt)))
         turn.prompt = prompt
-        stream.next_turn(lambda sink: turn.model.family.parser(sink, prompt))
+        stream.next_round(lambda sink: turn.model.family.parser(sink, prompt))
 
     async def run_calls(self, deadline: float | None, timed: bool = True) -> AsyncIterator[list[ResponseStreamEvent]]:
         """Run the round's calls (the stream has them), handing in their outcomes."""
@@ -122,7 +122,7 @@ class ToolRounds:
         await self._charge(tokens=len(prompt))  # as `usage` counts it: each round's prompt is input
         turn.prompt, turn.generation, self.completion = prompt, generation, []
         self._outputs_before = len(stream.response.output)
-        stream.next_turn(lambda sink: family.parser(sink, prompt))
+        stream.next_round(lambda sink: family.parser(sink, prompt))
         return generation
 
     async def _charge(self, *, requests: int = 0, tokens: int = 0) -> None:

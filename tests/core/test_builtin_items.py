@@ -159,7 +159,7 @@ def test_builtin_calls_keep_the_contract_in_any_batching_with_any_outcome(comple
         )
         wire += encode_events(stream.run_call(call) + stream.finish_call(call, outcome))
     if not ended:
-        stream.next_turn(HarmonyParser)
+        stream.next_round(HarmonyParser)
         final = render_completion([Message.from_role_and_content(Role.ASSISTANT, answer).with_channel("final")])
         wire += encode_events(stream.feed(TokenBatch(final, finish_reason="stop")))
     terminal = check_stream(parse_sse(wire))
@@ -239,7 +239,7 @@ def test_pages_the_browser_showed_during_the_response_are_citable_in_its_answer(
     pages[0] = CitedPage(url="https://a.example/", title="A")  # what the call's result listed
     action = {"type": "open_page", "url": "https://a.example/"}
     events += stream.run_call(call) + stream.finish_call(call, ToolOutcome(output="page", model_text="page", item={"action": action}))
-    stream.next_turn(HarmonyParser)
+    stream.next_round(HarmonyParser)
     answer = render_completion([Message.from_role_and_content(Role.ASSISTANT, "A says so【0†L1】.").with_channel("final")])
     events += stream.feed(TokenBatch(answer, finish_reason="stop"))
     terminal = check_stream(parse_sse(encode_events(events)))

@@ -103,7 +103,7 @@ def drive(script, sizes, order, results, answer, listings=()) -> tuple[list[dict
         for position in sorted(range(len(opened)), key=lambda i: order[i % len(order)] if order else 0):
             listed = [] if listings[position] is not None else [McpListToolsTool(name="echo", input_schema={"type": "object"})]
             wire += encode_events(stream.finish_tool_listing(opened[position], listed, listings[position]))
-        stream.next_turn(lambda sink: ScriptParser(sink, script))
+        stream.next_round(lambda sink: ScriptParser(sink, script))
     batches = partition(list(range(len(script))), sizes)
     for index, batch in enumerate(batches):
         last = index == len(batches) - 1
@@ -121,7 +121,7 @@ def drive(script, sizes, order, results, answer, listings=()) -> tuple[list[dict
             wire += encode_events(stream.complete())
         else:
             final = render_completion([Message.from_role_and_content(Role.ASSISTANT, answer).with_channel("final")])
-            stream.next_turn(HarmonyParser)
+            stream.next_round(HarmonyParser)
             wire += encode_events(stream.feed(TokenBatch(final, finish_reason="stop", num_prompt_tokens=11, num_cached_tokens=4)))
     assert stream.finished
     return parse_sse(wire), stream
@@ -285,7 +285,7 @@ def test_a_listing_and_a_call_run_before_generation():
     wire += encode_events(stream.finish_call(call, ToolOutcome(output="1")))  # held behind the listing
     wire += encode_events(stream.finish_tool_listing(listing, [], "unreachable"))
     final = render_completion([Message.from_role_and_content(Role.ASSISTANT, "ok").with_channel("final")])
-    stream.next_turn(HarmonyParser)
+    stream.next_round(HarmonyParser)
     wire += encode_events(stream.feed(TokenBatch(final, finish_reason="stop")))
     terminal = check_stream(parse_sse(wire))
     assert [i.type for i in terminal.output] == ["mcp_list_tools", "mcp_call", "message"]
