@@ -16,6 +16,7 @@ from re import _parser as sre_parse  # type: ignore[attr-defined]
 from typing import Any
 
 import jsonschema
+import regex
 
 from serve_app.api.errors import APIError, invalid_request
 
@@ -387,9 +388,16 @@ def _regex_example(pattern: str) -> str:
         return "".join(out)
 
     example = write(sre_parse.parse(pattern))
-    if re.search(pattern, example) is None:
-        raise UnsupportedSchema(f"no example string for pattern {pattern!r}")
+    try:  # a client's pattern, backtracking (`^(a*)*a{22}$` doubles its time per character): bounded
+        found = regex.search(pattern, example, timeout=PATTERN_TIMEOUT_S)
+    except (TimeoutError, regex.error):
+        found = None
+    if found is None:
+        raise UnsupportedSchema(f"no example string for pattern {pattern!r} (or not within {PATTERN_TIMEOUT_S} s)")
     return example
+
+
+PATTERN_TIMEOUT_S = 0.05  # a client's pattern against a string: at most this long
 
 
 def _class_example(items: list[tuple[Any, Any]]) -> str:

@@ -55,7 +55,7 @@ import jsonschema
 import regex
 from openai_harmony import Message, Role
 
-from serve_app.api.json_schema import instance
+from serve_app.api.json_schema import PATTERN_TIMEOUT_S, instance
 from serve_app.core.tokens import FinishReason, GenerationRequest, OutputConstraint, TokenBatch
 from serve_app.families.compaction import RECALL_REQUEST, REMEMBER, SUMMARY_REQUEST
 from serve_app.families.harmony import FUNCTIONS_NAMESPACE, render_completion
@@ -164,9 +164,6 @@ def obey(constraint: OutputConstraint | None, offered: set[str], *, wanted_call:
     if constraint.answer_schema is not None:
         return Answer(json.dumps(instance(constraint.answer_schema)), is_json=True)
     return Answer(answer)
-
-
-PATTERN_TIMEOUT_S = 0.05  # a schema's `pattern` against the written text (both the client's)
 
 
 def _pattern(validator: Any, pattern: str, value: Any, schema: Any) -> Any:

@@ -58,6 +58,10 @@ def load_template(template: str) -> str:
     return path.read_text()
 
 
+# Where hermes-style templates (qwen3) put a tool's output: structural tags, as the parsers' are.
+TOOL_RESPONSE_TAGS = ("<tool_response>", "</tool_response>")
+
+
 def _function_schema(tool: FunctionTool, name: str) -> dict[str, Any]:
     function: dict[str, Any] = {"name": name, "parameters": tool.parameters or {"type": "object", "properties": {}}}
     if tool.description:
@@ -244,7 +248,7 @@ class ChatTemplateModel:
         self.token_bytes = self.vocabulary.bytes_of  # logprobs
         self.prompt_cache = PromptCache(prompt_cache_tokens) if prompt_cache_tokens else None
         self.piece_start = piece_starts(tokenizer) if self.prompt_cache else None  # None: whole-text encoding
-        self.control = ControlTokens(tokenizer)
+        self.control = ControlTokens(tokenizer, [*self.tags.all(), *(TOOL_RESPONSE_TAGS if self.tags.tool_call else ())])
 
     def writes_text(self, token_id: int) -> bool:
         return token_id not in self.vocabulary.skip_ids

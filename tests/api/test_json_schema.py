@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import jsonschema
 import pytest
+import regex
 
-from serve_app.api.json_schema import FORMAT_EXAMPLES, UnsupportedSchema, check_schema, instance, strict_problem
+from serve_app.api.json_schema import FORMAT_EXAMPLES, PATTERN_TIMEOUT_S, UnsupportedSchema, check_schema, instance, strict_problem
 
 SCHEMAS = [
     {"type": "object", "properties": {"a": {"type": "string", "minLength": 12}, "b": {"type": "string", "maxLength": 3}}},
@@ -91,3 +92,13 @@ def test_strict_rules():
     nested_open = {**closed, "properties": {"a": {"type": "object", "properties": {}}}}
     assert "schema.properties.a" in strict_problem(nested_open)
     assert "root" in strict_problem({"type": "array"})
+
+
+def test_a_backtracking_pattern_gets_its_example_in_bounded_time():
+    """`^(a*)*a{22}$` made `re` backtrack for 0.5 s, doubling per character: the example
+    string is checked by `regex` with a timeout (`PATTERN_TIMEOUT_S`), so any pattern costs
+    at most that, and an example it cannot confirm in time is refused, not waited for."""
+    for pattern in ["^(a*)*a{22}$", "^(a|aa)+$", "^(\\w+\\s?)*$"]:
+        example = instance({"type": "string", "pattern": pattern})
+        assert regex.fullmatch(pattern, example, timeout=1.0), (pattern, example)
+    assert PATTERN_TIMEOUT_S <= 0.1
