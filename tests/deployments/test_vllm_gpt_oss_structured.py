@@ -13,6 +13,7 @@ reasoning it writes before them is as random as ever: for harmony only what foll
 from __future__ import annotations
 
 import json
+import re
 
 import jsonschema
 import pytest
@@ -177,3 +178,35 @@ def test_tool_choice_none(engine_url):
     for response in in_parallel(ask, [(0.0,), (1.0,)]):
         assert response.output
         assert not _calls(response)  # it may talk until max_output_tokens
+
+
+ADD = {
+    "type": "custom",
+    "name": "add",
+    "format": {"type": "grammar", "syntax": "lark", "definition": 'start: "add " NUMBER " " NUMBER\nNUMBER: /[0-9]{1,3}/'},
+}
+DATE = {
+    "type": "custom",
+    "name": "date",
+    "format": {"type": "grammar", "syntax": "regex", "definition": r"20[0-9]{2}-(0[1-9]|1[0-2])-[0-3][0-9]"},
+}
+GRAMMARS = {"add": r"add [0-9]{1,3} [0-9]{1,3}", "date": DATE["format"]["definition"]}
+
+
+def test_a_custom_tools_grammar_bounds_its_input(engine_url):
+    """A forced custom tool with a Lark grammar and one with a regex: whatever the random
+    model writes first, its call's input is a sentence of the grammar (the engine's
+    llguidance mask, with the client's rules renamed inside the server's grammar)."""
+    cases = [(stream, temperature, tool) for stream in (False, True) for temperature in (0.0, 1.0) for tool in (ADD, DATE)]
+
+    def ask(stream, temperature, tool):
+        choice = {"type": "custom", "name": tool["name"]}
+        return _create(engine_url, stream, input="Go.", tools=[ADD, DATE], tool_choice=choice, temperature=temperature)
+
+    for (_, temperature, tool), response in zip(cases, in_parallel(ask, cases), strict=True):
+        assert response.status == "completed" or temperature > 0, response.output
+        if response.status != "completed":
+            continue
+        calls = [item for item in response.output if item.type == "custom_tool_call"]
+        assert [call.name for call in calls] == [tool["name"]], response.output
+        assert re.fullmatch(GRAMMARS[tool["name"]], calls[0].input), calls[0].input
