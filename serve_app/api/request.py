@@ -155,6 +155,7 @@ class ResponsesRequest(Lenient):
     # Open Responses' (and Chat Completions') penalties; OpenAI's Responses API reports them as 0.0.
     presence_penalty: float | None = Field(default=None, ge=-2, le=2)
     frequency_penalty: float | None = Field(default=None, ge=-2, le=2)
+    seed: int | None = None  # as vLLM takes it (Chat Completions has it; the Responses API does not)
     stream: bool = False
     store: bool = True
     background: bool = False

@@ -132,6 +132,7 @@ def engine_request(
         top_p=DEFAULT_TOP_P if offered.top_p is None else offered.top_p,
         presence_penalty=offered.presence_penalty or 0.0,
         frequency_penalty=offered.frequency_penalty or 0.0,
+        seed=offered.seed,
         logprobs=offered.logprobs,
         constraint=model.family.constraint(offered, prompt),
         affinity_key=affinity,

@@ -13,6 +13,7 @@ from typing import TypeVar
 
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
+from openai.types.responses import Response as OpenAIResponse
 from openai.types.responses import ResponseStreamEvent
 
 from serve_app.api.errors import APIError, invalid_request, model_not_found, model_unavailable, response_not_found, server_error
@@ -75,22 +76,7 @@ async def create_response(http_request: Request) -> Response:
             send_timeout_s=settings.replica_limits.client_send_timeout_s,
             open_responses=wants_open_responses(http_request),
         )
-    try:
-        async with contextlib.aclosing(events):
-            async for _ in events:
-                pass
-    except asyncio.CancelledError:  # Serve cancels the request when its client goes away
-        report_once(context.metrics, trace, "cancelled")
-        raise
-    _finished(turn, context.metrics)
-    if turn.store_error is not None:
-        raise turn.store_error
-    response = turn.stream.response
-    if response.status == "failed":
-        assert response.error is not None  # a failed response says why
-        if response.error.code == "invalid_prompt":  # the engine refused the request itself
-            raise invalid_request(response.error.message, code="invalid_prompt")
-        raise server_error(response.error.message, status_code=503)
+    response = await run_to_end(turn, events, context.metrics)
     # The same serialization as the terminal event of a stream: one source of truth.
     return _json(response_json(response), headers=headers)
 
@@ -230,6 +216,28 @@ async def served_model(context: AppContext, name: str, trace: RequestTrace) -> S
     if model.unavailable is not None and (why := await model.unavailable(model.name)):
         raise model_unavailable(model.name, why.reason)
     return model
+
+
+async def run_to_end(turn: Turn, events: AsyncGenerator[list[ResponseStreamEvent], None], metrics: Metrics) -> OpenAIResponse:
+    """A turn that is not streamed, run to its end: its response, or the error that ended it
+    (a 400 for a prompt the engine refused, a 503 for an engine or store failure)."""
+    try:
+        async with contextlib.aclosing(events):
+            async for _ in events:
+                pass
+    except asyncio.CancelledError:  # Serve cancels the request when its client goes away
+        report_once(metrics, turn.trace, "cancelled")
+        raise
+    _finished(turn, metrics)
+    if turn.store_error is not None:
+        raise turn.store_error
+    response = turn.stream.response
+    if response.status == "failed":
+        assert response.error is not None  # a failed response says why
+        if response.error.code == "invalid_prompt":  # the engine refused the request itself
+            raise invalid_request(response.error.message, code="invalid_prompt")
+        raise server_error(response.error.message, status_code=503)
+    return response
 
 
 def _finished(turn: Turn, metrics: Metrics) -> None:

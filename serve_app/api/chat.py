@@ -1,0 +1,384 @@
+"""`POST /v1/chat/completions`: the Chat Completions request, served as a Responses request.
+
+A chat request becomes a `ResponsesRequest` (`ChatRequest.as_responses`): its messages the
+input items they stand for (an assistant message's `reasoning_content` a reasoning item, its
+`tool_calls` function calls, a `tool` message a function call's output), `tools` function
+tools, `response_format` the text format, never stored. So it runs the Responses path
+entirely — validation limits, rendering, routing, the parsers, tenants, quotas, admission —
+and its answer is the Responses answer written the Chat Completions way: `ChatChunks` turns
+the response's events into `chat.completion.chunk`s, `chat_completion` the finished response
+into a `chat.completion`. Reasoning goes out as `reasoning_content` (vLLM's field, which
+LangChain, LiteLLM and the Vercel AI SDK read), never mixed into `content`.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any, Literal
+
+from openai.types.chat import ChatCompletion, ChatCompletionChunk
+from openai.types.completion_usage import CompletionTokensDetails, CompletionUsage, PromptTokensDetails
+from openai.types.responses import Response, ResponseStreamEvent
+from pydantic import Field, model_validator
+
+from serve_app.api.errors import invalid_request
+from serve_app.api.items import FUNCTION_NAME_PATTERN, Lenient, TextPart
+from serve_app.api.limits import DEFAULT_LIMITS, RequestLimits
+from serve_app.api.request import ResponsesRequest, parse_body, parse_request
+from serve_app.api.service_tier import ServiceTier
+
+# --- the request ----------------------------------------------------------------------------
+
+
+class ChatFunction(Lenient):
+    name: str = Field(pattern=FUNCTION_NAME_PATTERN)
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
+
+
+class ChatTool(Lenient):
+    type: Literal["function"]
+    function: ChatFunction
+
+
+class ChatFunctionCall(Lenient):
+    name: str = Field(min_length=1)
+    arguments: str
+
+
+class ChatToolCall(Lenient):
+    id: str = Field(min_length=1)
+    type: Literal["function"] = "function"
+    function: ChatFunctionCall
+
+
+class ChatContentPart(Lenient):
+    type: Literal["text", "input_text", "refusal"]
+    text: str | None = None
+    refusal: str | None = None
+
+
+class ChatMessage(Lenient):
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | list[ChatContentPart] | None = None
+    name: str | None = None
+    tool_calls: list[ChatToolCall] | None = None
+    tool_call_id: str | None = None
+    # An assistant's earlier reasoning sent back (vLLM's `reasoning_content`; `reasoning` in newer clients).
+    reasoning_content: str | None = None
+    reasoning: str | None = None
+
+    @property
+    def text(self) -> str:
+        if self.content is None or isinstance(self.content, str):
+            return self.content or ""
+        return "".join(part.text or part.refusal or "" for part in self.content)
+
+
+class JSONSchemaSpec(Lenient):
+    name: str = Field(pattern=FUNCTION_NAME_PATTERN)
+    schema_: dict[str, Any] = Field(default_factory=lambda: {"type": "object"}, alias="schema")
+    description: str | None = None
+    strict: bool | None = None
+
+
+class ResponseFormat(Lenient):
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JSONSchemaSpec | None = None
+
+    @model_validator(mode="after")
+    def _schema_given(self) -> ResponseFormat:
+        if self.type == "json_schema" and self.json_schema is None:
+            raise ValueError("response_format of type 'json_schema' needs a 'json_schema' object")
+        return self
+
+
+class NamedToolChoice(Lenient):
+    type: Literal["function"]
+    function: ChatFunctionCall | dict[str, Any]
+
+    @property
+    def name(self) -> str:
+        function = self.function
+        return function.name if isinstance(function, ChatFunctionCall) else str(function.get("name", ""))
+
+
+class StreamOptions(Lenient):
+    include_usage: bool = False
+
+
+class ChatRequest(Lenient):
+    model: str = Field(min_length=1)
+    messages: list[ChatMessage] = Field(min_length=1)
+    tools: list[ChatTool] = Field(default_factory=list)
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+    parallel_tool_calls: bool = True
+    response_format: ResponseFormat | None = None
+    max_tokens: int | None = Field(default=None, ge=1)
+    max_completion_tokens: int | None = Field(default=None, ge=1)
+    temperature: float | None = Field(default=None, ge=0, le=2)
+    top_p: float | None = Field(default=None, gt=0, le=1)
+    presence_penalty: float | None = Field(default=None, ge=-2, le=2)
+    frequency_penalty: float | None = Field(default=None, ge=-2, le=2)
+    seed: int | None = None
+    n: int = Field(default=1, ge=1)
+    stop: str | list[str] | None = None
+    logprobs: bool = False
+    top_logprobs: int | None = Field(default=None, ge=0, le=20)
+    logit_bias: dict[str, float] | None = None
+    reasoning_effort: Literal["none", "minimal", "low", "medium", "high", "xhigh"] | None = None
+    user: str | None = None
+    metadata: dict[str, str] | None = None
+    store: bool | None = None
+    service_tier: ServiceTier | None = None
+    prompt_cache_key: str | None = None
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+
+    def refuse_unsupported(self) -> None:
+        """What this server does not do, as OpenAI-shaped 400s naming the parameter."""
+        if self.n != 1:
+            raise invalid_request("Only n=1 is supported: ask again for another choice.", param="n")
+        if self.stop:
+            raise invalid_request("'stop' sequences are not supported by this server.", param="stop")
+        if self.logit_bias:
+            raise invalid_request("'logit_bias' is not supported by this server.", param="logit_bias")
+        if self.store:
+            raise invalid_request("Stored chat completions are not supported: use the Responses API to store.", param="store")
+        if self.top_logprobs and not self.logprobs:
+            raise invalid_request("'top_logprobs' needs 'logprobs': true.", param="top_logprobs")
+
+    def as_responses(self, limits: RequestLimits = DEFAULT_LIMITS) -> ResponsesRequest:
+        """The Responses request this chat request stands for (validated as any other)."""
+        fmt = self.response_format
+        text: dict[str, Any] | None = None
+        if fmt is not None and fmt.type == "json_object":
+            text = {"format": {"type": "json_object"}}
+        elif fmt is not None and fmt.json_schema is not None:
+            spec = fmt.json_schema
+            text = {"format": {"type": "json_schema", "name": spec.name, "schema": spec.schema_, "strict": spec.strict}}
+            if spec.description:
+                text["format"]["description"] = spec.description
+        choice: Any = self.tool_choice or "auto"
+        if isinstance(choice, NamedToolChoice):
+            choice = {"type": "function", "name": choice.name}
+        body: dict[str, Any] = {
+            "model": self.model,
+            "input": self._items(),
+            "tools": [{"type": "function", **tool.function.model_dump(exclude_none=True)} for tool in self.tools],
+            "tool_choice": choice,
+            "parallel_tool_calls": self.parallel_tool_calls,
+            "max_output_tokens": self.max_completion_tokens or self.max_tokens,
+            "temperature": self.temperature,
+            "top_p": self.top_p,
+            "presence_penalty": self.presence_penalty,
+            "frequency_penalty": self.frequency_penalty,
+            "seed": self.seed,
+            "include": ["message.output_text.logprobs"] if self.logprobs else [],
+            "top_logprobs": self.top_logprobs,
+            "reasoning": {"effort": self.reasoning_effort} if self.reasoning_effort else None,
+            "user": self.user,
+            "metadata": self.metadata,
+            "service_tier": self.service_tier,
+            "prompt_cache_key": self.prompt_cache_key,
+            "store": False,
+            "stream": self.stream,
+            "text": text,
+        }
+        return parse_request({key: value for key, value in body.items() if value is not None}, limits)
+
+    def _items(self) -> list[dict[str, Any]]:
+        items: list[dict[str, Any]] = []
+        for index, message in enumerate(self.messages):
+            if message.role == "tool":
+                if not message.tool_call_id:
+                    raise invalid_request("A tool message needs its 'tool_call_id'.", param=f"messages[{index}].tool_call_id")
+                items.append({"type": "function_call_output", "call_id": message.tool_call_id, "output": message.text})
+            elif message.role == "assistant":
+                if reasoning := message.reasoning_content or message.reasoning:
+                    items.append({"type": "reasoning", "summary": [], "content": [{"type": "reasoning_text", "text": reasoning}]})
+                if message.text:
+                    items.append({"role": "assistant", "content": message.text})
+                items.extend(
+                    {"type": "function_call", "call_id": call.id, "name": call.function.name, "arguments": call.function.arguments}
+                    for call in message.tool_calls or []
+                )
+            else:
+                items.append({"role": message.role, "content": [TextPart(type="input_text", text=message.text).model_dump()]})
+        return items
+
+
+def parse_chat_request(body: bytes | dict[str, Any], limits: RequestLimits = DEFAULT_LIMITS) -> tuple[ChatRequest, ResponsesRequest]:
+    """The chat request and the Responses request it is served as; a 400 for anything wrong."""
+    chat = parse_body(body, ChatRequest, limits)
+    chat.refuse_unsupported()
+    return chat, chat.as_responses(limits)
+
+
+# --- the answer -----------------------------------------------------------------------------
+
+FinishReason = Literal["stop", "length", "tool_calls"]
+
+
+def completion_id(response: Response) -> str:
+    return "chatcmpl-" + response.id.removeprefix("resp_")
+
+
+def finish_reason(response: Response) -> FinishReason:
+    """`tool_calls` when the answer ends with calls for the client, `length` when it was cut
+    by the token limit, else `stop` (never `content_filter`: nothing filters here)."""
+    if response.status == "incomplete":
+        return "length"
+    return "tool_calls" if any(item.type == "function_call" for item in response.output) else "stop"
+
+
+def chat_usage(response: Response) -> CompletionUsage | None:
+    usage = response.usage
+    if usage is None:
+        return None
+    return CompletionUsage(
+        prompt_tokens=usage.input_tokens,
+        completion_tokens=usage.output_tokens,
+        total_tokens=usage.total_tokens,
+        prompt_tokens_details=PromptTokensDetails(cached_tokens=usage.input_tokens_details.cached_tokens),
+        completion_tokens_details=CompletionTokensDetails(reasoning_tokens=usage.output_tokens_details.reasoning_tokens),
+    )
+
+
+def _token_logprob(logprob: Any) -> dict[str, Any]:
+    """A Responses logprob (of a message part, or of a delta event: without `bytes`) as Chat
+    Completions writes one."""
+    token = logprob.token
+    found = getattr(logprob, "bytes", None)
+    return {
+        "token": token,
+        "logprob": logprob.logprob,
+        "bytes": list(found) if found is not None else list(token.encode("utf-8", "surrogatepass")),
+    }
+
+
+def _logprobs(items: list[Any]) -> list[dict[str, Any]]:
+    return [{**_token_logprob(item), "top_logprobs": [_token_logprob(top) for top in item.top_logprobs or []]} for item in items]
+
+
+def chat_completion(response: Response, model: str, with_logprobs: bool) -> ChatCompletion:
+    """The finished response as a `chat.completion`."""
+    content: list[str] = []
+    reasoning: list[str] = []
+    logprobs: list[Any] = []
+    calls: list[dict[str, Any]] = []
+    for item in response.output:
+        if item.type == "message":
+            for part in item.content:
+                if part.type == "output_text":
+                    content.append(part.text)
+                    logprobs += part.logprobs or []
+        elif item.type == "reasoning":
+            reasoning.append("".join(part.text for part in item.content or []))
+        elif item.type == "function_call":
+            name = f"{item.namespace}.{item.name}" if item.namespace else item.name
+            calls.append({"id": item.call_id, "type": "function", "function": {"name": name, "arguments": item.arguments}})
+    message: dict[str, Any] = {"role": "assistant", "content": "".join(content) if content or not calls else None}
+    if calls:
+        message["tool_calls"] = calls
+    if reasoning:
+        message["reasoning_content"] = "".join(reasoning)
+    choice = {
+        "index": 0,
+        "message": message,
+        "finish_reason": finish_reason(response),
+        "logprobs": {"content": _logprobs(logprobs), "refusal": None} if with_logprobs else None,
+    }
+    return ChatCompletion.model_validate(
+        {
+            "id": completion_id(response),
+            "object": "chat.completion",
+            "created": response.created_at,
+            "model": model,
+            "choices": [choice],
+            "usage": chat_usage(response),
+            "service_tier": response.service_tier,
+        }
+    )
+
+
+class ChatChunks:
+    """A response's events as `chat.completion.chunk`s, one item kind at a time: the role
+    first, then reasoning as `reasoning_content`, text as `content`, each function call as a
+    `tool_calls` entry with a stable `index` and `id` (name first, then its arguments), and
+    last the `finish_reason` (and, asked for, a chunk with the usage and no choices)."""
+
+    def __init__(self, model: str, include_usage: bool) -> None:
+        self.model = model
+        self.include_usage = include_usage
+        self._id = ""
+        self._created = int(time.time())
+        self._calls: dict[str, int] = {}  # function call item id -> its tool_calls index
+        self._started = False
+        self.failed: dict[str, Any] | None = None  # the error of a response that failed
+
+    def chunks(self, events: list[ResponseStreamEvent]) -> list[ChatCompletionChunk]:
+        out: list[ChatCompletionChunk] = []
+        for event in events:
+            if event.type == "response.created":
+                self._id, self._created = completion_id(event.response), int(event.response.created_at)
+                out.append(self._chunk({"role": "assistant", "content": ""}))
+            elif event.type == "response.reasoning_text.delta":
+                out.append(self._chunk({"reasoning_content": event.delta}))
+            elif event.type == "response.output_text.delta":
+                logprobs = {"content": _logprobs(event.logprobs), "refusal": None} if event.logprobs else None
+                out.append(self._chunk({"content": event.delta}, logprobs=logprobs))
+            elif event.type == "response.output_item.added" and event.item.type == "function_call":
+                item = event.item
+                index = self._calls[item.id or ""] = len(self._calls)
+                name = f"{item.namespace}.{item.name}" if item.namespace else item.name
+                call = {"index": index, "id": item.call_id, "type": "function", "function": {"name": name, "arguments": ""}}
+                out.append(self._chunk({"tool_calls": [call]}))
+            elif event.type == "response.function_call_arguments.delta" and event.item_id in self._calls:
+                out.append(self._chunk({"tool_calls": [{"index": self._calls[event.item_id], "function": {"arguments": event.delta}}]}))
+            elif event.type in ("response.completed", "response.incomplete"):
+                out.append(self._chunk({}, finish=finish_reason(event.response)))
+                if self.include_usage:
+                    out.append(self._chunk(None, usage=chat_usage(event.response)))
+            elif event.type == "response.failed":
+                error = event.response.error
+                self.failed = {
+                    "message": error.message if error else "The response failed.",
+                    "type": "server_error",
+                    "code": "server_error",
+                }
+        return out
+
+    def _chunk(
+        self,
+        delta: dict[str, Any] | None,
+        *,
+        finish: FinishReason | None = None,
+        logprobs: Any = None,
+        usage: CompletionUsage | None = None,
+    ) -> ChatCompletionChunk:
+        choices = [] if delta is None else [{"index": 0, "delta": delta, "finish_reason": finish, "logprobs": logprobs}]
+        return ChatCompletionChunk.model_validate(
+            {
+                "id": self._id,
+                "object": "chat.completion.chunk",
+                "created": self._created,
+                "model": self.model,
+                "choices": choices,
+                "usage": usage,
+            }
+        )
+
+
+def encode_chunks(chunks: list[ChatCompletionChunk]) -> bytes:
+    """SSE frames of chunks, the way OpenAI writes them (`data:` lines, no event names)."""
+    return b"".join(b"data: " + chunk.model_dump_json(exclude_unset=True).encode() + b"\n\n" for chunk in chunks)
+
+
+DONE = b"data: [DONE]\n\n"
+
+
+def error_frame(error: dict[str, Any]) -> bytes:
+    return b"data: " + json.dumps({"error": error}).encode() + b"\n\n"

@@ -1,0 +1,65 @@
+"""`/v1/chat/completions`: a chat request served as the Responses request it stands for
+(api/chat.py), on the same turn machinery, written back as a chat completion or chunks."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncGenerator
+
+from fastapi import APIRouter, Request
+from fastapi.responses import Response
+from openai.types.responses import ResponseStreamEvent
+
+from serve_app.api.chat import DONE, ChatChunks, chat_completion, encode_chunks, error_frame, parse_chat_request
+from serve_app.runtime.metrics import Metrics, RequestTrace
+from serve_app.runtime.run import REFUSAL_WINDOW_S, run_turn
+from serve_app.runtime.turn import Turn
+from serve_app.server.auth import tenant_of
+from serve_app.server.context import app_context, tenant_state
+from serve_app.server.routes.event_stream import EventStreamResponse
+from serve_app.server.routes.responses import begin_turn, first_events, prepended, read_request, reported, run_to_end
+from serve_app.server.turn_headers import response_headers
+
+router = APIRouter()
+
+
+@router.post("/v1/chat/completions")
+async def create_chat_completion(http_request: Request) -> Response:
+    context = app_context(http_request)
+    settings = context.settings
+    trace = http_request.state.trace = RequestTrace(tenant=tenant_of(http_request.scope))
+    chat, request = await read_request(http_request, parse_chat_request)
+    tenant = tenant_state(http_request)
+    turn = await begin_turn(request, context, tenant, tenant.responses, trace)
+    events = run_turn(turn, tenant.responses, settings.max_stream_duration_s, refusal_window_s=REFUSAL_WINDOW_S)
+    headers = response_headers(turn)
+    if chat.stream:
+        first = await first_events(events)  # engines at capacity: a 503, not a stream
+        chunks = ChatChunks(chat.model, include_usage=chat.stream_options is not None and chat.stream_options.include_usage)
+        return EventStreamResponse(
+            _chat_sse(prepended(first, events), turn, context.metrics, chunks),
+            settings.sse_keepalive_s,
+            headers=headers,
+            send_timeout_s=settings.replica_limits.client_send_timeout_s,
+        )
+    response = await run_to_end(turn, events, context.metrics)
+    body = chat_completion(response, chat.model, with_logprobs=chat.logprobs)
+    return Response(body.model_dump_json(exclude_unset=True), media_type="application/json", headers=headers)
+
+
+async def _chat_sse(
+    events: AsyncGenerator[list[ResponseStreamEvent], None], turn: Turn, metrics: Metrics, chunks: ChatChunks
+) -> AsyncGenerator[bytes, None]:
+    """The chunks of each batch of events, then `[DONE]`; a response that failed ends with an
+    `error` object (as OpenAI's streams do) before it."""
+    async with contextlib.aclosing(reported(events, turn, metrics)) as batches:
+        async for batch in batches:
+            frames = encode_chunks(chunks.chunks(batch))
+            if chunks.failed is not None:
+                frames += error_frame(chunks.failed)
+            if frames:
+                yield frames
+    yield DONE
+
+
+__all__ = ["router"]

@@ -1,0 +1,218 @@
+"""`POST /v1/chat/completions` on the Responses path: both families, through the `openai`
+SDK (whose types check every chunk and completion) and LangChain's default `ChatOpenAI`
+(Chat Completions); streamed and not, reasoning apart from content, tool calls and their
+results, structured outputs, logprobs, the token limit, and the 400s for what is not
+supported."""
+
+from __future__ import annotations
+
+import json
+
+import httpx
+import openai
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from openai import OpenAI
+from pydantic import BaseModel
+
+from serve_app.api.chat import ChatChunks, chat_completion
+from serve_app.api.request import ResponsesRequest
+from serve_app.core.stream import ResponseStream
+from serve_app.core.tokens import TokenBatch
+from serve_app.families.harmony import HarmonyParser
+from tests.core.test_stream_properties import completions, partition
+
+FAMILIES = ["gpt-oss-replay", "qwen3-replay"]
+LOOKUP = {
+    "type": "function",
+    "function": {"name": "lookup", "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}},
+}
+
+
+@pytest.fixture
+def client(inprocess_url):
+    return OpenAI(base_url=inprocess_url, api_key="unused", max_retries=0)
+
+
+def streamed(client: OpenAI, **body) -> dict:
+    """A streamed completion put together the way clients do: content, reasoning, calls."""
+    content, reasoning, calls, finish, usage = [], [], {}, None, None
+    for chunk in client.chat.completions.create(stream=True, stream_options={"include_usage": True}, **body):
+        usage = chunk.usage or usage
+        for choice in chunk.choices:
+            delta = choice.delta
+            content.append(delta.content or "")
+            reasoning.append(getattr(delta, "reasoning_content", None) or "")
+            for call in delta.tool_calls or []:
+                entry = calls.setdefault(call.index, {"id": None, "name": "", "arguments": ""})
+                entry["id"] = entry["id"] or call.id
+                entry["name"] += call.function.name or "" if call.function else ""
+                entry["arguments"] += (call.function.arguments or "") if call.function else ""
+            finish = choice.finish_reason or finish
+    return {"content": "".join(content), "reasoning": "".join(reasoning), "calls": list(calls.values()), "finish": finish, "usage": usage}
+
+
+def collected(completion) -> dict:
+    message = completion.choices[0].message
+    calls = [{"id": c.id, "name": c.function.name, "arguments": c.function.arguments} for c in message.tool_calls or []]
+    reasoning = getattr(message, "reasoning_content", None) or ""
+    return {"content": message.content or "", "reasoning": reasoning, "calls": calls, "finish": completion.choices[0].finish_reason}
+
+
+@pytest.mark.parametrize("model", FAMILIES)
+def test_an_answer_streamed_and_not_is_the_same_with_reasoning_apart(client, model):
+    body = {"model": model, "messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "héllo 👋 there"}]}
+    completion = client.chat.completions.create(**body)
+    assert completion.object == "chat.completion"
+    assert completion.id.startswith("chatcmpl-")
+    whole = collected(completion)
+    assert whole["content"] == "héllo 👋 there"
+    assert whole["finish"] == "stop"
+    if model == "gpt-oss-replay":
+        assert whole["reasoning"] == f"The user wrote {len('héllo 👋 there')} characters."
+    assert "characters" not in whole["content"]
+    usage = completion.usage
+    assert usage.total_tokens == usage.prompt_tokens + usage.completion_tokens
+    assert usage.completion_tokens_details.reasoning_tokens > 0
+    stream = streamed(client, **body)
+    assert {key: stream[key] for key in whole} == {**whole, "calls": []}
+    assert stream["usage"].completion_tokens == usage.completion_tokens
+
+
+@pytest.mark.parametrize("model", FAMILIES)
+def test_a_tool_call_and_its_result_round_trip(client, model):
+    messages = [{"role": "user", "content": 'call lookup {"city": "Oslo"}'}]
+    first = client.chat.completions.create(model=model, messages=messages, tools=[LOOKUP])
+    assert first.choices[0].finish_reason == "tool_calls"
+    (call,) = first.choices[0].message.tool_calls
+    assert (call.function.name, json.loads(call.function.arguments)) == ("lookup", {"city": "Oslo"})
+    stream = streamed(client, model=model, messages=messages, tools=[LOOKUP])
+    assert [(c["name"], json.loads(c["arguments"])) for c in stream["calls"]] == [("lookup", {"city": "Oslo"})]
+    assert stream["calls"][0]["id"].startswith("call_")
+    assert stream["finish"] == "tool_calls"
+    back = [
+        *messages,
+        first.choices[0].message.model_dump(exclude_none=True),
+        {"role": "tool", "tool_call_id": call.id, "content": "sunny"},
+    ]
+    answer = client.chat.completions.create(model=model, messages=back, tools=[LOOKUP])
+    assert answer.choices[0].message.content == "Tool lookup returned: sunny"
+    forced = client.chat.completions.create(
+        model=model,
+        messages=[{"role": "user", "content": "hi"}],
+        tools=[LOOKUP],
+        tool_choice={"type": "function", "function": {"name": "lookup"}},
+    )
+    assert forced.choices[0].message.tool_calls[0].function.name == "lookup"
+    none = client.chat.completions.create(model=model, messages=messages, tools=[LOOKUP], tool_choice="none")
+    assert none.choices[0].message.tool_calls is None
+
+
+class Plan(BaseModel):
+    city: str
+    days: int
+
+
+@pytest.mark.parametrize("model", FAMILIES)
+def test_structured_outputs_parse_into_a_pydantic_model(client, model):
+    parsed = client.chat.completions.parse(model=model, messages=[{"role": "user", "content": "Plan a trip."}], response_format=Plan)
+    assert isinstance(parsed.choices[0].message.parsed, Plan)
+    json_object = client.chat.completions.create(
+        model=model, messages=[{"role": "user", "content": "Answer in json."}], response_format={"type": "json_object"}
+    )
+    assert isinstance(json.loads(json_object.choices[0].message.content), dict)
+
+
+@pytest.mark.parametrize("model", FAMILIES)
+def test_logprobs_cover_the_content_and_the_limit_is_a_length_finish(client, model):
+    completion = client.chat.completions.create(
+        model=model, messages=[{"role": "user", "content": "abc def"}], logprobs=True, top_logprobs=2
+    )
+    tokens = completion.choices[0].logprobs.content
+    assert "".join(t.token for t in tokens) == completion.choices[0].message.content
+    assert all(t.bytes == list(t.token.encode()) for t in tokens)
+    cut = client.chat.completions.create(
+        model=model, messages=[{"role": "user", "content": "a long answer " * 20}], max_completion_tokens=12
+    )
+    assert cut.choices[0].finish_reason == "length"
+    assert cut.usage.completion_tokens == 12
+    legacy = client.chat.completions.create(model=model, messages=[{"role": "user", "content": "a long answer " * 20}], max_tokens=12)
+    assert legacy.usage.completion_tokens == 12
+
+
+@pytest.mark.parametrize(
+    ("extra", "param"),
+    [({"n": 2}, "n"), ({"stop": ["\n"]}, "stop"), ({"logit_bias": {"50256": -100}}, "logit_bias"), ({"store": True}, "store")],
+)
+def test_what_is_not_supported_is_a_400_naming_it(client, extra, param):
+    with pytest.raises(openai.BadRequestError) as error:
+        client.chat.completions.create(model="gpt-oss-replay", messages=[{"role": "user", "content": "hi"}], **extra)
+    assert error.value.body["param"] == param
+
+
+def test_bad_requests_are_openai_shaped(inprocess_url):
+    with httpx.Client(timeout=30) as http:
+        unknown = http.post(f"{inprocess_url}/chat/completions", json={"model": "nope", "messages": [{"role": "user", "content": "x"}]})
+        assert (unknown.status_code, unknown.json()["error"]["code"]) == (404, "model_not_found")
+        empty = http.post(f"{inprocess_url}/chat/completions", json={"model": "gpt-oss-replay", "messages": []})
+        assert empty.status_code == 400
+        assert empty.json()["error"]["param"] == "messages"
+        orphan = http.post(
+            f"{inprocess_url}/chat/completions",
+            json={"model": "gpt-oss-replay", "messages": [{"role": "user", "content": "x"}, {"role": "tool", "content": "y"}]},
+        )
+        assert (orphan.status_code, orphan.json()["error"]["param"]) == (400, "messages[1].tool_call_id")
+
+
+@pytest.mark.parametrize("model", FAMILIES)
+def test_langchain_chat_openai_with_its_defaults(inprocess_url, model):
+    """LangChain's `ChatOpenAI()` speaks Chat Completions by default: invoke, stream,
+    tools, structured output, unmodified."""
+    from langchain_core.messages import HumanMessage, ToolMessage
+    from langchain_openai import ChatOpenAI
+
+    llm = ChatOpenAI(model=model, base_url=inprocess_url, api_key="unused", max_retries=0)
+    assert llm.invoke("hello from langchain").content == "hello from langchain"
+    assert "".join(chunk.content for chunk in llm.stream("streamed words")) == "streamed words"
+
+    def lookup(city: str) -> str:
+        """The weather of a city."""
+        return "sunny"
+
+    with_tools = llm.bind_tools([lookup])
+    asked = HumanMessage('call lookup {"city": "Oslo"}')
+    reply = with_tools.invoke([asked])
+    assert [(c["name"], c["args"]) for c in reply.tool_calls] == [("lookup", {"city": "Oslo"})]
+    answer = with_tools.invoke([asked, reply, ToolMessage("sunny", tool_call_id=reply.tool_calls[0]["id"])])
+    assert answer.content == "Tool lookup returned: sunny"
+    plan = llm.with_structured_output(Plan).invoke("Plan a trip.")
+    assert isinstance(plan, Plan)
+
+
+@pytest.mark.slow
+@settings(max_examples=100, suppress_health_check=[HealthCheck.too_slow])
+@given(completions(), st.lists(st.integers(1, 9), max_size=200))
+def test_the_chunks_of_any_batching_add_up_to_the_completion(completion, sizes):
+    """For any harmony completion and any batching, the chunks' content, reasoning and
+    tool-call arguments put together are the non-streamed completion's."""
+    tokens, _ = completion
+    request = ResponsesRequest.model_validate({"model": "m", "input": "hi", "tools": [{"type": "custom", "name": "apply_patch"}]})
+    for batches in ([tokens], partition(tokens, sizes)):
+        stream = ResponseStream(request, parser_factory=HarmonyParser)
+        chunks = ChatChunks("m", include_usage=True)
+        out = chunks.chunks(stream.start())
+        for index, batch in enumerate(batches):
+            last = index == len(batches) - 1
+            out += chunks.chunks(stream.feed(TokenBatch(batch, finish_reason="stop" if last else None, num_prompt_tokens=3)))
+        whole = chat_completion(stream.response, "m", with_logprobs=False).choices[0]
+        content = "".join(c.choices[0].delta.content or "" for c in out if c.choices)
+        reasoning = "".join(getattr(c.choices[0].delta, "reasoning_content", None) or "" for c in out if c.choices)
+        arguments = "".join(call.function.arguments or "" for c in out if c.choices for call in c.choices[0].delta.tool_calls or [])
+        assert content == (whole.message.content or "")
+        assert reasoning == (getattr(whole.message, "reasoning_content", None) or "")
+        assert arguments == "".join(call.function.arguments for call in whole.message.tool_calls or [])
+        finishes = [c.choices[0].finish_reason for c in out if c.choices and c.choices[0].finish_reason]
+        assert finishes == [whole.finish_reason]
+        assert out[-1].usage is not None
+        assert not out[-1].choices
