@@ -1,4 +1,5 @@
-// The Vercel AI SDK (`ai` + `@ai-sdk/openai`, whose provider speaks the Responses API), unmodified,
+// The Vercel AI SDK (`ai` + `@ai-sdk/openai`, whose provider speaks the Responses API, and Chat
+// Completions as `openai.chat(...)`: the chat-* scenarios), unmodified,
 // against a responses-serve URL. Usage: node vercel_ai.mjs BASE_URL MODEL SCENARIO [API_KEY]
 // Prints one JSON object: what the SDK returned and every request body it sent (so the test
 // sees what the SDK put on the wire, e.g. item_reference items).
@@ -51,6 +52,18 @@ async function run() {
       const previousResponseId = first.providerMetadata.openai.responseId;
       const second = await generateText({ model: openai(model), prompt: 'What was the word?', providerOptions: { openai: { previousResponseId } } });
       return { first: first.text, second: second.text, previousResponseId };
+    }
+    case 'chat-generate': {
+      // The provider's Chat Completions model (`openai.chat`): a multi-step tool loop.
+      const result = await generateText({ model: openai.chat(model), ...loop });
+      return { text: result.text, steps: result.steps.length, toolResults: result.steps.flatMap((s) => s.toolResults.map((r) => r.output)) };
+    }
+    case 'chat-stream': {
+      const result = streamText({ model: openai.chat(model), ...loop });
+      let streamed = '';
+      for await (const part of result.textStream) streamed += part;
+      const steps = await result.steps;
+      return { text: await result.text, streamed, steps: steps.length };
     }
     default:
       throw new Error(`unknown scenario ${scenario}`);

@@ -1,6 +1,7 @@
 """`POST /v1/chat/completions` on the Responses path: both families, through the `openai`
-SDK (whose types check every chunk and completion) and LangChain's default `ChatOpenAI`
-(Chat Completions); streamed and not, reasoning apart from content, tool calls and their
+SDK (whose types check every chunk and completion; LangChain's default `ChatOpenAI` and
+Pydantic AI's `OpenAIChatModel` run in tests/support/framework_scenarios.py, in-process
+and through Serve); streamed and not, reasoning apart from content, tool calls and their
 results, structured outputs, logprobs, the token limit, and the 400s for what is not
 supported."""
 
@@ -22,6 +23,7 @@ from serve_app.core.stream import ResponseStream
 from serve_app.core.tokens import TokenBatch
 from serve_app.families.harmony import HarmonyParser
 from tests.core.test_stream_properties import completions, partition
+from tests.support.clients import needs_vercel_ai, vercel_ai
 
 FAMILIES = ["gpt-oss-replay", "qwen3-replay"]
 LOOKUP = {
@@ -165,31 +167,6 @@ def test_bad_requests_are_openai_shaped(inprocess_url):
         assert (orphan.status_code, orphan.json()["error"]["param"]) == (400, "messages[1].tool_call_id")
 
 
-@pytest.mark.parametrize("model", FAMILIES)
-def test_langchain_chat_openai_with_its_defaults(inprocess_url, model):
-    """LangChain's `ChatOpenAI()` speaks Chat Completions by default: invoke, stream,
-    tools, structured output, unmodified."""
-    from langchain_core.messages import HumanMessage, ToolMessage
-    from langchain_openai import ChatOpenAI
-
-    llm = ChatOpenAI(model=model, base_url=inprocess_url, api_key="unused", max_retries=0)
-    assert llm.invoke("hello from langchain").content == "hello from langchain"
-    assert "".join(chunk.content for chunk in llm.stream("streamed words")) == "streamed words"
-
-    def lookup(city: str) -> str:
-        """The weather of a city."""
-        return "sunny"
-
-    with_tools = llm.bind_tools([lookup])
-    asked = HumanMessage('call lookup {"city": "Oslo"}')
-    reply = with_tools.invoke([asked])
-    assert [(c["name"], c["args"]) for c in reply.tool_calls] == [("lookup", {"city": "Oslo"})]
-    answer = with_tools.invoke([asked, reply, ToolMessage("sunny", tool_call_id=reply.tool_calls[0]["id"])])
-    assert answer.content == "Tool lookup returned: sunny"
-    plan = llm.with_structured_output(Plan).invoke("Plan a trip.")
-    assert isinstance(plan, Plan)
-
-
 @pytest.mark.slow
 @settings(max_examples=100, suppress_health_check=[HealthCheck.too_slow])
 @given(completions(), st.lists(st.integers(1, 9), max_size=200))
@@ -216,3 +193,16 @@ def test_the_chunks_of_any_batching_add_up_to_the_completion(completion, sizes):
         assert finishes == [whole.finish_reason]
         assert out[-1].usage is not None
         assert not out[-1].choices
+
+
+@needs_vercel_ai
+@pytest.mark.parametrize("model", FAMILIES)
+@pytest.mark.parametrize("scenario", ["chat-generate", "chat-stream"])
+def test_the_vercel_ai_sdk_chat_provider_runs_a_tool_loop(inprocess_url, model, scenario):
+    """`openai.chat(model)` of `@ai-sdk/openai`, unmodified: generateText and streamText with a
+    tool the SDK runs, over several steps."""
+    run = vercel_ai(inprocess_url, model, scenario, "sk-unused")
+    assert run["ok"], run
+    assert run["result"]["text"] == "Tool lookup returned: sunny in Paris"
+    assert run["result"]["steps"] == 2
+    assert all("messages" in body for body in run["sent"])  # Chat Completions bodies

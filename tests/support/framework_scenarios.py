@@ -1,7 +1,9 @@
 """The agent frameworks' own clients, unmodified, against a server's `/v1` URL: LangChain's
-`ChatOpenAI(use_responses_api=True)` and Pydantic AI's `OpenAIResponsesModel`. Each scenario
-asserts what the framework hands its user (the replay models echo, call a tool when asked
-`call NAME {...}`, and answer `Tool NAME returned: ...` after its output)."""
+`ChatOpenAI` and Pydantic AI, each on the Responses API (`use_responses_api=True`,
+`OpenAIResponsesModel`) and on Chat Completions (`ChatOpenAI()`'s default,
+`OpenAIChatModel`). Each scenario asserts what the framework hands its user (the replay
+models echo, call a tool when asked `call NAME {...}`, and answer `Tool NAME returned: ...`
+after its output)."""
 
 from __future__ import annotations
 
@@ -18,12 +20,12 @@ def _text(message) -> str:
     return text if isinstance(text, str) else text()
 
 
-def langchain(base_url: str, model: str) -> None:
+def langchain(base_url: str, model: str, use_responses_api: bool = True) -> None:
     from langchain_core.messages import HumanMessage, ToolMessage
     from langchain_core.tools import tool
     from langchain_openai import ChatOpenAI
 
-    llm = ChatOpenAI(model=model, base_url=base_url, api_key="unused", use_responses_api=True, max_retries=0)
+    llm = ChatOpenAI(model=model, base_url=base_url, api_key="unused", use_responses_api=use_responses_api, max_retries=0)
     assert _text(llm.invoke("hello there")) == "hello there"
     assert "".join(_text(chunk) for chunk in llm.stream("streamed words")) == "streamed words"
 
@@ -43,12 +45,13 @@ def langchain(base_url: str, model: str) -> None:
     assert isinstance(trip, Trip)
 
 
-def pydantic_ai(base_url: str, model: str) -> None:
+def pydantic_ai(base_url: str, model: str, chat: bool = False) -> None:
     from pydantic_ai import Agent
-    from pydantic_ai.models.openai import OpenAIResponsesModel
+    from pydantic_ai.models.openai import OpenAIChatModel, OpenAIResponsesModel
     from pydantic_ai.providers.openai import OpenAIProvider
 
-    responses = OpenAIResponsesModel(model, provider=OpenAIProvider(base_url=base_url, api_key="unused"))
+    provider = OpenAIProvider(base_url=base_url, api_key="unused")
+    responses = OpenAIChatModel(model, provider=provider) if chat else OpenAIResponsesModel(model, provider=provider)
     assert Agent(responses).run_sync("hello pydantic").output == "hello pydantic"
     tooled = Agent(responses)
 
@@ -61,4 +64,13 @@ def pydantic_ai(base_url: str, model: str) -> None:
     assert isinstance(Agent(responses, output_type=Trip).run_sync("Plan a trip").output, Trip)
 
 
-SCENARIOS = [langchain, pydantic_ai]
+def langchain_chat(base_url: str, model: str) -> None:
+    """LangChain's `ChatOpenAI()` with its defaults: Chat Completions."""
+    langchain(base_url, model, use_responses_api=False)
+
+
+def pydantic_ai_chat(base_url: str, model: str) -> None:
+    pydantic_ai(base_url, model, chat=True)
+
+
+SCENARIOS = [langchain, pydantic_ai, langchain_chat, pydantic_ai_chat]
