@@ -242,6 +242,10 @@ class ModelConfig(Strict):
     coalesce: CoalesceConfig = Field(default_factory=CoalesceConfig, description="how the engine batches token deltas into Ray objects")
     engine: DeploymentConfig = Field(default_factory=DeploymentConfig, description="Serve options of the model's `EngineServer` deployment")
     routing: RoutingConfig = Field(default_factory=RoutingConfig, description="how ingress replicas pick an engine replica")
+    raw_prompts: bool = Field(
+        False,
+        description="serve `POST /v1/completions`: prompts as raw text, bypassing the chat template or harmony (off: a caller could write the control structure itself)",
+    )
 
     @model_validator(mode="after")
     def _consistent(self) -> ModelConfig:

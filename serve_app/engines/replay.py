@@ -22,7 +22,8 @@ and streams it in seeded engine-like steps of a few tokens:
    you remember?` -> analysis `Keeping N facts.`, then the conversation's lines that start
    with `Remember:` (in any message, an earlier summary's too), each once, in order (none:
    `Nothing to remember.`): a summary whose facts can be checked, bounded by the facts;
-4. otherwise -> analysis `The user wrote N characters.`, then a final message echoing it.
+4. otherwise -> analysis `The user wrote N characters.`, then a final message echoing it;
+5. a raw prompt (`/v1/completions`: no conversation) -> its own tokens again.
 
 Prompt tokens are counted as cached (`num_cached_tokens`) as vLLM's automatic prefix caching
 would find them on this replica (`PrefixCache`: the prompts and the tokens generated after
@@ -191,8 +192,11 @@ def _arguments(written: str | None, schema: Any) -> str:
 
 
 def script_completion(prompt_token_ids: list[int], constraint: OutputConstraint | None = None) -> list[int]:
-    """The completion the rules above give for this prompt."""
+    """The completion the rules above give for this prompt; a raw prompt (not a conversation
+    rendered for the assistant's turn: `/v1/completions`) is continued with itself."""
     encoding = harmony_encoding()
+    if prompt_token_ids[-2:] != encoding.encode("<|start|>assistant", allowed_special="all"):
+        return [*prompt_token_ids, *encoding.encode("<|return|>", allowed_special="all")]
     # Drop the trailing `<|start|>assistant` the prompt is rendered for completion with.
     conversation = encoding.parse_messages_from_completion_tokens(prompt_token_ids[:-2], role=None)
 

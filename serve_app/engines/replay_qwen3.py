@@ -21,6 +21,7 @@ multi-byte characters fall across tokens as a real model's would:
    exactly: whitespace at its end is kept (the end of the output is not a tag), and a text
    that starts with whitespace is written with no think block before it (whitespace right
    after `</think>` is the template's formatting, dropped by the parser).
+5. a raw prompt (`/v1/completions`: no ChatML turn) -> its own tokens again.
 
 A prompt that already opened `<think>` gets the reasoning without its opening tag (an echo's
 leading whitespace then follows `</think>` and is lost, as a real model's would be); one
@@ -110,6 +111,8 @@ def _answer(turns: list[tuple[str, str]], constraint: OutputConstraint | None) -
 
 def script_qwen3_completion(prompt_token_ids: list[int], constraint: OutputConstraint | None = None) -> list[int]:
     tokenizer = load_tokenizer(SMOLLM2)
+    if tokenizer.convert_tokens_to_ids("<|im_start|>") not in prompt_token_ids:  # a raw prompt: continued with itself
+        return [*prompt_token_ids, tokenizer.eos_token_id]
     turns, opened = _turns(prompt_token_ids, tokenizer)
     reasoning, answer = _answer(turns, constraint)
     if "</think>" in opened or (answer[:1].isspace() and "<think>" not in opened):

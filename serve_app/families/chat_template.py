@@ -284,6 +284,10 @@ class ChatTemplateModel:
         # No string held a spelling: the text is what it always was, its special tokens the template's.
         return self._encode_protected(text) if protected else self.encode(text)
 
+    def encode_raw(self, text: str) -> list[int]:
+        """A raw prompt's tokens: the text, special tokens' spellings in it as text."""
+        return self.control.encode_plain(text)
+
     def continue_prompt(
         self, request: ResponsesRequest, history: list[HistoryItem], prompt: list[int], completion: list[int], new_items: list[HistoryItem]
     ) -> list[int]:

@@ -96,6 +96,10 @@ class ControlTokens:
                 return tag[:cut], tag[cut:]
         return tag[:1], tag[1:]  # every cut tokenizes as the whole: its characters are all there is
 
+    def encode_plain(self, text: str) -> list[int]:
+        """`text`'s token ids, special tokens' spellings in it read as text."""
+        return list(self._text_tokenizer.encode(text, add_special_tokens=False).ids)
+
     def encode_text(self, texts: list[str]) -> list[list[int]]:
         """The token ids of each text (a piece's, `pieces`): special tokens' spellings in it
         read as text, and a structural tag a string held tokenized in two halves."""

@@ -331,6 +331,18 @@ def render_message(message: Message, options: RenderOptions | None = None) -> li
     return tokens
 
 
+def encode_text(text: str) -> list[int]:
+    """`text`'s tokens, special tokens' spellings in it as text, in time linear in its size
+    (a long run broken as `render_message` breaks it)."""
+    encoding = harmony_encoding()
+    if not has_long_run(text):
+        return encoding.encode(text, disallowed_special=())
+    breaker = breaker_for([text])
+    if breaker is None:
+        raise invalid_request("The text cannot be tokenized for this model: it holds every number character of Unicode.")
+    return _without(encoding.encode(break_runs(text, breaker), disallowed_special=()), encoding.encode(breaker, disallowed_special=()))
+
+
 def _without(tokens: list[int], breaker: list[int]) -> list[int]:
     """`tokens` without each occurrence of the `breaker` tokens."""
     out: list[int] = []
@@ -657,6 +669,9 @@ class HarmonyModel:
             return not harmony_encoding().is_special_token(token_id)
         except HarmonyError:
             return False
+
+    def encode_raw(self, text: str) -> list[int]:
+        return encode_text(text)
 
     def constraint(self, request: ResponsesRequest, prompt: list[int]) -> OutputConstraint | None:
         """text.format / tool_choice as an llguidance grammar over harmony messages (free analysis)."""

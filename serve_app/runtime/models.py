@@ -40,4 +40,12 @@ def served_model(
     unavailable: Callable[[str], Awaitable[Unavailable | None]] | None = None,
 ) -> ServedModel:
     """`model` served from `source`; `unavailable`: why it cannot take requests now, or None."""
-    return ServedModel(model.name, source, model.max_model_len, model_family(model), unavailable=unavailable, tiered=model.tiered)
+    return ServedModel(
+        model.name,
+        source,
+        model.max_model_len,
+        model_family(model),
+        unavailable=unavailable,
+        tiered=model.tiered,
+        raw_prompts=model.raw_prompts,
+    )

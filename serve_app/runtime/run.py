@@ -27,6 +27,7 @@ from serve_app.core.encrypted_reasoning import INCLUDE as ENCRYPTED_REASONING
 from serve_app.core.encrypted_reasoning import ReasoningCipher, open_reasoning_items
 from serve_app.core.logprobs import LogprobFormatter
 from serve_app.core.stream import ResponseStream, new_id
+from serve_app.core.text_parser import TextParser
 from serve_app.core.tokens import EngineRejected, GenerationRequest, TokenBatch, TokenSource
 from serve_app.families.harmony import HistoryItem
 from serve_app.families.truncation import fit_to_context, output_reserve
@@ -152,15 +153,20 @@ async def start_turn(
     server_tools: ServerToolRuntime | None = None,
     tenant: str = "",
     cache_salt: str | None = None,
+    raw_prompt: list[int] | None = None,
 ) -> Turn:
     """The history and prompt of `render_turn`, the engine request and the event stream.
+    `raw_prompt`: the prompt itself (`/v1/completions`), read back as plain text.
     `trace`: the request's, for metrics (it learns how many items truncation left out).
     `service_tiers`: the tiers the caller may use (None: every one; others are served as `default`).
     `server_tools`: what runs the request's server-side tools (the tool loop), for `tenant`.
     `cache_salt`: the tenant's, for the engine's prefix cache (`GenerationRequest.cache_salt`)."""
     response_id = new_id("resp")
-    rendered = await render_turn(request, model, responses, conversations, cipher, server_tools, tenant, response_id)
-    threshold = request.compact_threshold(model.max_model_len)
+    if raw_prompt is not None:
+        rendered = RenderedTurn([], raw_prompt, 0, RenderCost(0.0, 0, 0), None, [], None)
+    else:
+        rendered = await render_turn(request, model, responses, conversations, cipher, server_tools, tenant, response_id)
+    threshold = request.compact_threshold(model.max_model_len) if raw_prompt is None else None
     compaction, compaction_usage = None, None
     if threshold is not None and len(rendered.prompt) > threshold:  # `context_management`: compacted first
         keep_chars = min(KEEP_USER_CHARS, threshold)
@@ -204,7 +210,11 @@ async def start_turn(
     stream = ResponseStream(
         request,
         response_id=generation.request_id,
-        parser_factory=lambda sink: model.family.parser(sink, prompt),
+        parser_factory=(
+            (lambda sink: model.family.parser(sink, prompt))
+            if raw_prompt is None
+            else (lambda sink: TextParser(sink, model.family.token_bytes, model.family.writes_text))
+        ),
         logprobs=LogprobFormatter(model.family) if request.logprobs is not None else None,
         encrypt_reasoning=cipher.encrypt if ENCRYPTED_REASONING in request.include else None,
         service_tier=tier,

@@ -37,6 +37,7 @@ class ModelFamily(Protocol):
     def token_bytes(self, token_id: int) -> bytes: ...
     def writes_text(self, token_id: int) -> bool: ...
     def constraint(self, request: ResponsesRequest, prompt: list[int]) -> OutputConstraint | None: ...
+    def encode_raw(self, text: str) -> list[int]: ...  # a raw prompt (`/v1/completions`): text only, no control token
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,6 +64,8 @@ class ServedModel:
     # Whether its requests are ordered by `service_tier` where they wait (`ModelConfig.tiered`);
     # if not, every response reports the `default` tier.
     tiered: bool = False
+    # Whether `POST /v1/completions` may send it raw prompts (`ModelConfig.raw_prompts`).
+    raw_prompts: bool = False
 
 
 @dataclass(slots=True)

@@ -41,6 +41,7 @@ from serve_app.server.context import AppContext, app_context
 from serve_app.server.rate_headers import RateLimitHeaders
 from serve_app.server.routes import background as background_routes
 from serve_app.server.routes import chat as chat_routes
+from serve_app.server.routes import completions as completions_routes
 from serve_app.server.routes import conversations as conversations_routes
 from serve_app.server.routes import input_tokens as input_tokens_routes
 from serve_app.server.routes import responses as responses_routes
@@ -174,6 +175,7 @@ def create_app(
     app.include_router(background_routes.router)
     app.include_router(conversations_routes.router)
     app.include_router(chat_routes.router)
+    app.include_router(completions_routes.router)
     return app
 
 

@@ -161,12 +161,19 @@ async def list_input_items(response_id: str, request: Request) -> Response:
 
 
 async def begin_turn(
-    request: ResponsesRequest, context: AppContext, tenant: TenantState, responses: ResponseStore, trace: RequestTrace
+    request: ResponsesRequest,
+    context: AppContext,
+    tenant: TenantState,
+    responses: ResponseStore,
+    trace: RequestTrace,
+    raw_prompt: Callable[[ServedModel], list[int]] | None = None,
 ) -> Turn:
     """`tenant`'s turn of the served model for `request` (history read from `responses`, the
     tenant's own or a view of them), logged; a 404 for a model not served, a 503 for one
-    whose engine is down."""
+    whose engine is down. `raw_prompt`: the prompt's tokens for the model, instead of a
+    rendered conversation (`/v1/completions`)."""
     model = await served_model(context, request.model, trace)
+    prompt = raw_prompt(model) if raw_prompt is not None else None
     # Within the tenant's quotas (or a 429), then counted: the prompt's tokens now, the output's
     # as `run_turn` produces them; `run_turn` releases the admission when the turn ends.
     request, unavailable_tools = context.server_tools.admit(request)  # before anything is read or connected to
@@ -183,6 +190,7 @@ async def begin_turn(
             context.server_tools,
             tenant.name,
             tenant.cache_salt,
+            prompt,
         )
         if admission is not None:  # and a `context_management` summary written first
             await admission.charge_tokens(len(turn.prompt) + (turn.compaction_usage.total_tokens if turn.compaction_usage else 0))

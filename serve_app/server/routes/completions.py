@@ -1,0 +1,76 @@
+"""`/v1/completions`: a raw prompt's continuation (api/completions.py), for models whose
+config allows raw prompts, on the same turn machinery as every response."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from collections.abc import AsyncGenerator
+
+from fastapi import APIRouter, Request
+from fastapi.responses import Response
+from openai.types.responses import ResponseStreamEvent
+
+from serve_app.api.chat import DONE, error_frame
+from serve_app.api.completions import CompletionChunks, CompletionRequest, parse_completion_request, text_completion
+from serve_app.api.errors import invalid_request
+from serve_app.runtime.metrics import Metrics, RequestTrace
+from serve_app.runtime.run import REFUSAL_WINDOW_S, run_turn
+from serve_app.runtime.turn import ServedModel, Turn
+from serve_app.server.auth import tenant_of
+from serve_app.server.context import app_context, tenant_state
+from serve_app.server.routes.event_stream import EventStreamResponse
+from serve_app.server.routes.responses import begin_turn, first_events, prepended, read_request, reported, run_to_end
+from serve_app.server.turn_headers import response_headers
+
+router = APIRouter()
+
+
+@router.post("/v1/completions")
+async def create_completion(http_request: Request) -> Response:
+    context = app_context(http_request)
+    settings = context.settings
+    trace = http_request.state.trace = RequestTrace(tenant=tenant_of(http_request.scope))
+    completion = await read_request(http_request, parse_completion_request)
+    tenant = tenant_state(http_request)
+    request = completion.settings()
+    turn = await begin_turn(request, context, tenant, tenant.responses, trace, raw_prompt=lambda model: _prompt(completion, model))
+    events = run_turn(turn, tenant.responses, settings.max_stream_duration_s, refusal_window_s=REFUSAL_WINDOW_S)
+    headers = response_headers(turn)
+    if completion.stream:
+        first = await first_events(events)
+        chunks = CompletionChunks(include_usage=completion.stream_options is not None and completion.stream_options.include_usage)
+        return EventStreamResponse(
+            _sse(prepended(first, events), turn, context.metrics, chunks),
+            settings.sse_keepalive_s,
+            headers=headers,
+            send_timeout_s=settings.replica_limits.client_send_timeout_s,
+        )
+    response = await run_to_end(turn, events, context.metrics)
+    return Response(text_completion(response).model_dump_json(exclude_unset=True), media_type="application/json", headers=headers)
+
+
+def _prompt(completion: CompletionRequest, model: ServedModel) -> list[int]:
+    """The prompt's tokens for `model`: a 400 unless its config allows raw prompts."""
+    if not model.raw_prompts:
+        raise invalid_request(
+            f"Model '{model.name}' does not take raw prompts (its config's `raw_prompts` is off): use /v1/chat/completions or /v1/responses.",
+            param="model",
+        )
+    text = completion.text
+    if text is None:
+        return completion.token_ids or []
+    return model.family.encode_raw(text)
+
+
+async def _sse(
+    events: AsyncGenerator[list[ResponseStreamEvent], None], turn: Turn, metrics: Metrics, chunks: CompletionChunks
+) -> AsyncGenerator[bytes, None]:
+    async with contextlib.aclosing(reported(events, turn, metrics)) as batches:
+        async for batch in batches:
+            frames = b"".join(b"data: " + json.dumps(chunk, separators=(",", ":")).encode() + b"\n\n" for chunk in chunks.chunks(batch))
+            if chunks.failed is not None:
+                frames += error_frame(chunks.failed)
+            if frames:
+                yield frames
+    yield DONE
