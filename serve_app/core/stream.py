@@ -294,11 +294,14 @@ class ResponseStream:
         self._emit(ResponseCreatedEvent(type="response.created", response=snapshot, sequence_number=0))
         self._emit(ResponseInProgressEvent(type="response.in_progress", response=snapshot, sequence_number=0))
         if self._compaction is not None:
-            self._add_compaction(self._compaction)
+            self.add_compaction(self._compaction)
         return self._drain()
 
-    def _add_compaction(self, item: ResponseCompactionItem) -> None:
-        """The compaction item, done before the model writes: added, compacting, done."""
+    def add_compaction(self, item: ResponseCompactionItem) -> None:
+        """A compaction item, done before the model writes again (`context_management`: before
+        the first generation, or between tool rounds): added, compacting, done."""
+        if self._item is not None or self._unfinished:
+            raise RuntimeError("add_compaction() with an item still open")
         self._items_opened += 1
         output_index = len(self.response.output)
         self.response.output.append(item)

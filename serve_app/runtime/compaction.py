@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from openai.types.responses import ResponseCompactionItem, ResponseUsage
@@ -34,10 +35,10 @@ KEEP_USER_CHARS = 8192
 
 def summary_request(
     model: str,
-    input_items: Sequence[InputItem] | str | None,
+    input_items: Sequence[InputItem | HistoryItem] | str | None,
     *,
     instructions: str | None,
-    previous_response_id: str | None,
+    previous_response_id: str | None = None,
     conversation: str | None = None,
     prompt_cache_key: str | None = None,
 ) -> ResponsesRequest:
@@ -88,11 +89,20 @@ def sealed_item(summary: str, keep_chars: int, cipher: ReasoningCipher) -> Respo
     return ResponseCompactionItem(id=new_id("cmp"), type="compaction", encrypted_content=cipher.seal_compaction(summary, keep_chars))
 
 
-def as_input(item: ResponseCompactionItem, summary: str, keep_chars: int) -> CompactionItem:
-    """The compaction output item as a history item, opened."""
+@dataclass(frozen=True, slots=True)
+class Compacted:
+    """A compaction made inside a response (`context_management`)."""
+
+    item: ResponseCompactionItem  # the output item
+    opened: CompactionItem  # the same as a history item, opened
+    usage: ResponseUsage | None  # the summary's
+
+
+def compacted_item(summary: str, keep_chars: int, usage: ResponseUsage | None, cipher: ReasoningCipher) -> Compacted:
+    item = sealed_item(summary, keep_chars, cipher)
     opened = CompactionItem(type="compaction", id=item.id, encrypted_content=item.encrypted_content)
     opened._summary, opened._keep_chars = summary, keep_chars
-    return opened
+    return Compacted(item, opened, usage)
 
 
 def compacted_window(window: list[HistoryItem], item: ResponseCompactionItem, keep_chars: int) -> list[dict[str, Any]]:

@@ -31,7 +31,7 @@ from serve_app.core.text_parser import TextParser
 from serve_app.core.tokens import EngineRejected, GenerationRequest, TokenBatch, TokenSource
 from serve_app.families.harmony import HistoryItem
 from serve_app.families.truncation import fit_to_context, output_reserve
-from serve_app.runtime.compaction import KEEP_USER_CHARS, as_input, open_compactions, sealed_item, summary_request
+from serve_app.runtime.compaction import KEEP_USER_CHARS, Compacted, compacted_item, open_compactions, summary_request
 from serve_app.runtime.metrics import RequestTrace
 from serve_app.runtime.offload import big_prompt, off_loop
 from serve_app.runtime.tool_loop import ToolRounds
@@ -167,22 +167,20 @@ async def start_turn(
     else:
         rendered = await render_turn(request, model, responses, conversations, cipher, server_tools, tenant, response_id)
     threshold = request.compact_threshold(model.max_model_len) if raw_prompt is None else None
-    compaction, compaction_usage = None, None
-    if threshold is not None and len(rendered.prompt) > threshold:  # `context_management`: compacted first
-        keep_chars = min(KEEP_USER_CHARS, threshold)
-        asked = summary_request(
-            request.model,
-            request.input,
-            instructions=request.instructions,
-            previous_response_id=request.previous_response_id,
-            conversation=request.conversation_id,
-            prompt_cache_key=request.prompt_cache_key,
-        )
-        summary = await summarize(asked, model, responses, conversations, cipher, tenant=tenant, cache_salt=cache_salt)
-        compaction, compaction_usage = sealed_item(summary.text, keep_chars, cipher), summary.usage
-        opened = as_input(compaction, summary.text, keep_chars)
-        rendered = await render_turn(request, model, responses, conversations, cipher, server_tools, tenant, response_id, opened)
-        logger.info("response %s: compacted a prompt of %d tokens over its threshold %d", response_id, len(rendered.prompt), threshold)
+    compactor = None
+    if threshold is not None:  # `context_management`
+
+        async def compactor(items: list[HistoryItem]) -> Compacted:
+            """A compaction of `items`, written by the model, sealed for the tenant."""
+            asked = summary_request(request.model, items, instructions=request.instructions, prompt_cache_key=request.prompt_cache_key)
+            summary = await summarize(asked, model, responses, conversations, cipher, tenant=tenant, cache_salt=cache_salt)
+            return compacted_item(summary.text, min(KEEP_USER_CHARS, threshold), summary.usage, cipher)
+
+    compaction = None
+    if compactor is not None and threshold is not None and len(rendered.prompt) > threshold:  # compacted first
+        compaction = await compactor(rendered.history)
+        rendered = await render_turn(request, model, responses, conversations, cipher, server_tools, tenant, response_id, compaction.opened)
+        logger.info("response %s: compacted a prompt over its threshold %d into %d tokens", response_id, threshold, len(rendered.prompt))
     offered = rendered.tools.offer(request) if rendered.tools is not None else request
     prompt, cost = rendered.prompt, rendered.cost
     trace = trace or RequestTrace()
@@ -218,7 +216,7 @@ async def start_turn(
         logprobs=LogprobFormatter(model.family) if request.logprobs is not None else None,
         encrypt_reasoning=cipher.encrypt if ENCRYPTED_REASONING in request.include else None,
         service_tier=tier,
-        compaction=compaction,
+        compaction=compaction.item if compaction is not None else None,
     )
     if rendered.tools is not None:
         stream.server_tools = rendered.tools.routing()
@@ -233,7 +231,9 @@ async def start_turn(
         trace=trace,
         history=rendered.history,
         tools=rendered.tools,
-        compaction_usage=compaction_usage,
+        compaction_usage=compaction.usage if compaction is not None else None,
+        compact=compactor,
+        compact_threshold=threshold,
     )
 
 

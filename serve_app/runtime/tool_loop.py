@@ -25,6 +25,7 @@ from collections.abc import AsyncIterator
 
 from openai.types.responses import ResponseStreamEvent
 
+from serve_app.api.items import CompactionItem, HistoryItem
 from serve_app.api.request import ResponsesRequest
 from serve_app.core.tokens import GenerationRequest, TokenBatch
 from serve_app.runtime.metrics import ToolRound
@@ -47,6 +48,7 @@ class ToolRounds:
         self.rounds = turn.trace.tool_rounds  # each round's timings, for metrics and bench.tool_loop
         self._generations = 1
         self._outputs_before = 0  # output items before this round's
+        self._compactions: dict[str, CompactionItem] = {}  # made between rounds, opened, by id
 
     def saw(self, batch: TokenBatch) -> None:
         self.completion += batch.token_ids
@@ -110,11 +112,13 @@ class ToolRounds:
         turn, stream = self.turn, self.turn.stream
         family = turn.model.family
         offered = turn.tools_offered().model_copy(update={"tool_choice": "auto"})  # a forced call is forced once
-        outputs = output_as_input(stream.response, stream.tool_texts)
+        outputs = self._outputs()
         previous = turn.prompt + self.completion
         history = turn.history + outputs
         render = functools.partial(family.continue_prompt, offered, history, turn.prompt, self.completion, outputs[self._outputs_before :])
         prompt = await off_loop(render) if big_prompt(history, len(offered.tools)) else render()
+        if turn.compact is not None and turn.compact_threshold is not None and len(prompt) > turn.compact_threshold:
+            prompt = await self._compacted(offered, outputs)
         if self.rounds:
             self.rounds[-1].new_tokens = len(prompt) - _common_prefix(previous, prompt)
         self._generations += 1
@@ -124,6 +128,28 @@ class ToolRounds:
         self._outputs_before = len(stream.response.output)
         stream.next_round(lambda sink: family.parser(sink, prompt))
         return generation
+
+    def _outputs(self) -> list[HistoryItem]:
+        """The response's output so far as history, its compactions opened."""
+        outputs = output_as_input(self.turn.stream.response, self.turn.stream.tool_texts)
+        return [self._compactions.get(item.id or "", item) if isinstance(item, CompactionItem) else item for item in outputs]
+
+    async def _compacted(self, offered: ResponsesRequest, outputs: list[HistoryItem]) -> list[int]:
+        """`context_management` between rounds: the conversation so far, this response's
+        items included, compacted (an output item of the response, read by later turns in
+        place of all of it). This response's next round reads the summary, then its own items
+        so far as they are: the model goes on from its last call."""
+        turn = self.turn
+        assert turn.compact is not None  # asked by the caller
+        compacted = await turn.compact(turn.history + outputs)
+        await self._charge(tokens=compacted.usage.total_tokens if compacted.usage else 0)
+        self._compactions[compacted.opened.id or ""] = compacted.opened
+        turn.stream.add_compaction(compacted.item)
+        history = [*turn.history, compacted.opened, *outputs]
+        render = functools.partial(turn.model.family.render_prompt, offered, history)
+        prompt = await off_loop(render) if big_prompt(history, len(offered.tools)) else render()
+        logger.info("response %s: compacted between tool rounds into %d tokens", turn.stream.response.id, len(prompt))
+        return prompt
 
     async def _charge(self, *, requests: int = 0, tokens: int = 0) -> None:
         """The tenant's quota counts what the loop does on its behalf: each call run as a

@@ -16,6 +16,7 @@ from serve_app.core.stream import ResponseStream
 from serve_app.core.tokens import GenerationRequest, OutputConstraint, TokenSource
 from serve_app.families.harmony import HarmonyModel, HistoryItem
 from serve_app.families.prompt_cache import PromptCache
+from serve_app.runtime.compaction import Compacted
 from serve_app.runtime.metrics import RequestTrace
 from serve_app.state import StoreUnavailable
 from serve_app.state.conversations import ConversationStore
@@ -91,6 +92,10 @@ class Turn:
     unavailable_tools: list[str] = field(default_factory=list)
     # The usage of the summary written for `context_management` before this turn (None: none was).
     compaction_usage: ResponseUsage | None = None
+    # `context_management`: compacts a history (the tool loop's next round when its prompt is
+    # over `compact_threshold` tokens); None: the request does not ask for compaction.
+    compact: Callable[[list[HistoryItem]], Awaitable[Compacted]] | None = None
+    compact_threshold: int | None = None
 
     def tools_offered(self) -> ResponsesRequest:
         """The request as the model is prompted with it: with its server-side tools."""

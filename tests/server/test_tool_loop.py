@@ -744,3 +744,25 @@ def test_a_client_gone_in_the_next_round_aborts_that_rounds_engine_request(serve
     cut = next(response_id for response_id in backend.ended if response_id.endswith("-2") and response_id != f"{whole['id']}-2")
     assert backend.ended[cut] is None
     assert backend.ended[cut.removesuffix("-2")] == "stop"
+
+
+@pytest.mark.parametrize("model", ["gpt-oss-replay", "qwen3-replay"])
+def test_context_management_compacts_between_tool_rounds(url, servers, record, model):
+    """A tool's output takes the next round's prompt over `compact_threshold`: the response
+    compacts there (an output item after the call), the round reads the summary and its own
+    call and output, and answers; a later turn reads the compaction (and the fact it kept)."""
+    first = post(url, {"model": model, "input": "Remember: the vault code is 0451.\n" + "word " * 150}).json()  # ~700-token prompts
+    body = {
+        "model": model,
+        "input": 'call lab.big {"size": 4000}',
+        "previous_response_id": first["id"],
+        "tools": [never(servers.streamable)],
+        "context_management": [{"type": "compaction", "compact_threshold": 1000}],
+    }
+    terminal, events = stream(url, body)
+    kinds = [item.type for item in terminal.output]
+    assert kinds.index("mcp_call") < kinds.index("compaction") < len(kinds) - 1, kinds
+    assert terminal.output[-1].content[0].text == "Tool lab.big returned: " + "x" * 4000
+    assert "response.compaction.compacting" in [e["type"] for e in events]
+    later = post(url, {"model": model, "input": "What should you remember?", "previous_response_id": terminal.id}).json()
+    assert later["output"][-1]["content"][0]["text"] == "Remember: the vault code is 0451."
