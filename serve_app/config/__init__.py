@@ -62,6 +62,13 @@ class ReplicaLimits(Strict):
         description="bytes of request bodies one replica reads and parses at once, and of its WebSocket requests queued or "
         "running (503 past it); at least max_request_bytes",
     )
+    max_request_bytes_in_flight_per_tenant: int | None = Field(
+        None,
+        ge=1024,
+        description="of them, what one tenant holds at once (429 past it), so that one tenant's slow bodies and queued "
+        "WebSocket requests cannot take the whole budget; default: a quarter of max_request_bytes_in_flight, at least "
+        "max_request_bytes; with `auth` only (without it, everyone is one tenant: max_request_bytes_in_flight applies)",
+    )
     body_read_timeout_s: float = Field(
         60.0, gt=0, description="a request body not read whole within this (a client sending it slowly) is a 408; its bytes go back"
     )
@@ -92,6 +99,14 @@ class ReplicaLimits(Strict):
     )
     max_queued_per_lane: int = Field(16, ge=0, description="response.create messages waiting behind a lane's running one (429 past it)")
     max_queued_per_connection: int = Field(64, ge=0, description="response.create messages waiting on one connection, all lanes (429)")
+
+    def tenant_request_bytes(self, max_request_bytes: int) -> int:
+        """One tenant's share of `max_request_bytes_in_flight`: as configured, else a quarter of
+        it; never below one request of `max_request_bytes` (the largest must fit), never above
+        the replica's budget."""
+        budget = self.max_request_bytes_in_flight
+        share = self.max_request_bytes_in_flight_per_tenant
+        return min(budget, max(max_request_bytes, budget // 4 if share is None else share))
 
 
 class AppConfig(Strict):
@@ -158,6 +173,12 @@ class AppConfig(Strict):
     def _one_request_fits(self) -> AppConfig:
         if self.replica_limits.max_request_bytes_in_flight < self.max_request_bytes:
             raise ValueError("replica_limits.max_request_bytes_in_flight must be at least max_request_bytes: the largest request must fit")
+        share = self.replica_limits.max_request_bytes_in_flight_per_tenant
+        if share is not None and not self.max_request_bytes <= share <= self.replica_limits.max_request_bytes_in_flight:
+            raise ValueError(
+                "replica_limits.max_request_bytes_in_flight_per_tenant must be at least max_request_bytes (the largest request "
+                "must fit) and at most replica_limits.max_request_bytes_in_flight"
+            )
         return self
 
     @model_validator(mode="after")

@@ -113,7 +113,11 @@ def create_app(
         metrics=guarded,
         leases=leases,
         server_tools=server_tools or server_tool_runtime(settings.tools, guarded, bounded, builtin_tools),
-        request_bytes=ByteBudget(replica_limits.max_request_bytes_in_flight),
+        # With tenants, each holds at most its share of the request bytes (without, the one caller has them all).
+        request_bytes=ByteBudget(
+            replica_limits.max_request_bytes_in_flight,
+            replica_limits.tenant_request_bytes(settings.max_request_bytes) if auth is not None else None,
+        ),
         websocket_turns=KeptBytes(replica_limits.max_websocket_kept_bytes),
     )
 

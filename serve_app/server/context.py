@@ -56,7 +56,9 @@ class AppContext:
 
     request_bytes: ByteBudget
     """Request bytes in flight on this replica: HTTP bodies while read and parsed, WebSocket
-    messages until their response ends (`settings.replica_limits.max_request_bytes_in_flight`)."""
+    messages until their response ends (`settings.replica_limits.max_request_bytes_in_flight`),
+    and, with `settings.auth`, each tenant's share of them
+    (`settings.replica_limits.max_request_bytes_in_flight_per_tenant`)."""
 
     websocket_turns: KeptBytes
     """The turns all WebSocket connections keep for their next turn, together

@@ -129,6 +129,18 @@ class Admission:
         """Count requests made on the tenant's behalf (a server-side tool call); never refused."""
         await self.quota.charge(requests=requests)
 
+    async def lease_background(self) -> None:
+        """Also hold a place among the tenant's background responses (`max_background`), for a
+        request admitted before its body said it runs in the background; or `RateLimited` (the
+        admission kept as it was: its holder releases it)."""
+        limit = self.quota.limits.max_background
+        if limit is not None and BACKGROUND_KEY not in self.leases:
+            try:
+                await self.quota.lease(self, BACKGROUND_KEY, limit, "max_background")
+            except RateLimited as exc:  # with the headers of the buckets the admission took from
+                exc.headers = self.headers | exc.headers
+                raise
+
     async def release(self) -> None:
         """Give the leases back (idempotent): no longer renewed from now on, and given back in
         the store by a task of its own, which the caller's cancellation (a client that went
@@ -162,14 +174,17 @@ class TenantQuota:
         self.keeper = keeper
 
     async def admit(self, *, background: bool = False) -> Admission:
-        """Take a request's place within the limits, or raise `RateLimited` (nothing taken then)."""
+        """Take a request's place within the limits, or raise `RateLimited` (nothing taken then).
+        An HTTP request is admitted from its headers, before its body is read (`background`
+        False; `Admission.lease_background` once the body says so); a WebSocket message as its
+        response starts."""
         limits = self.limits
         admission = Admission(self, uuid.uuid4().hex, [])
         try:
             if limits.max_concurrent_requests is not None:
-                await self._lease(admission, CONCURRENT_KEY, limits.max_concurrent_requests, "max_concurrent_requests")
+                await self.lease(admission, CONCURRENT_KEY, limits.max_concurrent_requests, "max_concurrent_requests")
             if background and limits.max_background is not None:
-                await self._lease(admission, BACKGROUND_KEY, limits.max_background, "max_background")
+                await self.lease(admission, BACKGROUND_KEY, limits.max_background, "max_background")
             if limits.tokens_per_minute is not None:  # any left: the request's own tokens are counted as they come
                 admission.headers |= await self._take(TOKENS_KEY, limits.tokens_per_minute, "tokens", cost=0)
             if limits.requests_per_minute is not None:
@@ -180,8 +195,9 @@ class TenantQuota:
             await admission.release()
             raise
         # An admission dropped without its release (a response whose stream never started)
-        # stops being renewed when it is collected: its leases then expire.
-        weakref.finalize(admission, self.keeper.drop_all, [(self.store.prefix + key, admission.holder) for key in admission.leases])
+        # stops being renewed when it is collected: its leases (those taken later too: the
+        # list itself) then expire.
+        weakref.finalize(admission, _stop_renewing, self.keeper, self.store.prefix, admission.holder, admission.leases)
         return admission
 
     async def take_request(self) -> dict[str, str]:
@@ -225,7 +241,8 @@ class TenantQuota:
         _, level = await self.store.take(key, capacity=per_minute, per_s=per_minute / MINUTE_S, cost=0, need=-math.inf)
         return _rate_headers(per_minute, level, unit)
 
-    async def _lease(self, admission: Admission, key: str, limit: int, name: str) -> None:
+    async def lease(self, admission: Admission, key: str, limit: int, name: str) -> None:
+        """One more lease for `admission` (`limit` of them for the tenant, `name` in the config), or `RateLimited`."""
         if await self.store.lease(key, admission.holder, limit=limit, ttl_s=self.keeper.ttl_s) < 0:
             what = "requests in progress" if name == "max_concurrent_requests" else "background responses queued or running"
             raise RateLimited(
@@ -252,6 +269,10 @@ class TenantQuota:
                 kind=unit,
             )
         return headers
+
+
+def _stop_renewing(keeper: LeaseKeeper, prefix: str, holder: str, leases: list[str]) -> None:
+    keeper.drop_all([(prefix + key, holder) for key in leases])
 
 
 def _rate_headers(per_minute: int, level: float, unit: str) -> dict[str, str]:

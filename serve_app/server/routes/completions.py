@@ -20,7 +20,7 @@ from serve_app.runtime.turn import ServedModel, Turn
 from serve_app.server.auth import tenant_of
 from serve_app.server.context import app_context, tenant_state
 from serve_app.server.routes.event_stream import EventStreamResponse
-from serve_app.server.routes.responses import begin_turn, first_events, prepended, read_request, reported, run_to_end
+from serve_app.server.routes.responses import admit, begin_turn, first_events, prepended, read_request, release, reported, run_to_end
 from serve_app.server.turn_headers import response_headers
 
 router = APIRouter()
@@ -31,10 +31,16 @@ async def create_completion(http_request: Request) -> Response:
     context = app_context(http_request)
     settings = context.settings
     trace = http_request.state.trace = RequestTrace(tenant=tenant_of(http_request.scope))
-    completion = await read_request(http_request, parse_completion_request)
     tenant = tenant_state(http_request)
-    request = completion.settings()
-    turn = await begin_turn(request, context, tenant, tenant.responses, trace, raw_prompt=lambda model: _prompt(completion, model))
+    admission = await admit(tenant)  # before the body, as a response's
+    try:
+        completion = await read_request(http_request, parse_completion_request)
+        turn = await begin_turn(
+            completion.settings(), context, tenant, tenant.responses, trace, admission, raw_prompt=lambda model: _prompt(completion, model)
+        )
+    except BaseException:
+        await release(admission)
+        raise
     events = run_turn(turn, tenant.responses, settings.max_stream_duration_s, refusal_window_s=REFUSAL_WINDOW_S)
     headers = response_headers(turn)
     if completion.stream:

@@ -39,6 +39,7 @@ from serve_app.server.routes.event_stream import EventStreamResponse, wants_open
 from serve_app.server.tenants import TenantState
 from serve_app.server.turn_headers import response_headers
 from serve_app.state import ResponseStore
+from serve_app.state.quotas import Admission
 
 logger = logging.getLogger(__name__)
 
@@ -57,11 +58,16 @@ async def create_response(http_request: Request) -> Response:
     settings = context.settings
     # Reported when the request ends (metrics).
     trace = http_request.state.trace = RequestTrace(tenant=tenant_of(http_request.scope))
-    request = await read_request(http_request, parse_request)
     tenant = tenant_state(http_request)
-    if request.background:
-        check_background_room(context)  # before any work: the replica's bound, not the tenant's
-    turn = await begin_turn(request, context, tenant, tenant.responses, trace)
+    admission = await admit(tenant)  # before the body: a tenant at its limits sends none
+    try:
+        request = await read_request(http_request, parse_request)
+        if request.background:
+            check_background_room(context)  # before any work: the replica's bound, not the tenant's
+        turn = await begin_turn(request, context, tenant, tenant.responses, trace, admission)
+    except BaseException:
+        await release(admission)
+        raise
     if request.background:
         return await start_background(turn, context, tenant, open_responses=wants_open_responses(http_request))
     events = run_turn(turn, tenant.responses, settings.max_stream_duration_s, refusal_window_s=REFUSAL_WINDOW_S)
@@ -87,26 +93,25 @@ async def compact_response(http_request: Request) -> Response:
     the latest user messages and a `compaction` item sealing the summary for this tenant."""
     context = app_context(http_request)
     trace = http_request.state.trace = RequestTrace(tenant=tenant_of(http_request.scope))
-    compact = await read_request(http_request, parse_compact_request)
     tenant = tenant_state(http_request)
-    model = await served_model(context, compact.model, trace)
-    asked = summary_request(
-        compact.model,
-        compact.input,
-        instructions=compact.instructions,
-        previous_response_id=compact.previous_response_id,
-        prompt_cache_key=compact.prompt_cache_key,
-    )
-    admission = await tenant.quota.admit(background=False) if tenant.quota is not None else None
+    admission = await admit(tenant)  # before the body, as a response's
     try:
+        compact = await read_request(http_request, parse_compact_request)
+        model = await served_model(context, compact.model, trace)
+        asked = summary_request(
+            compact.model,
+            compact.input,
+            instructions=compact.instructions,
+            previous_response_id=compact.previous_response_id,
+            prompt_cache_key=compact.prompt_cache_key,
+        )
         summary = await summarize(
             asked, model, tenant.responses, tenant.conversations, tenant.cipher, tenant=tenant.name, cache_salt=tenant.cache_salt
         )
         if admission is not None and summary.usage is not None:
             await admission.charge_tokens(summary.usage.total_tokens)
     finally:
-        if admission is not None:
-            await admission.release()
+        await release(admission)
     item = sealed_item(summary.text, KEEP_USER_CHARS, tenant.cipher)
     body = compaction_object(compacted_window(summary.window, item, KEEP_USER_CHARS), summary.usage)
     logger.info("compaction %s: model=%s items=%d summary_chars=%d", body["id"], model.name, len(summary.window), len(summary.text))
@@ -160,24 +165,47 @@ async def list_input_items(response_id: str, request: Request) -> Response:
     return _json(json.dumps(body, separators=(",", ":")))
 
 
+async def admit(tenant: TenantState, *, background: bool = False) -> Admission | None:
+    """A place for one request of `tenant` within its quotas (None: it has none), or a 429
+    `RateLimited` with its `x-ratelimit-*` headers. An HTTP request takes it from its headers,
+    before its body is read, so a tenant at its limits holds none of the replica's request
+    bytes; whoever takes it releases it (`release`) unless a turn took it over."""
+    return await tenant.quota.admit(background=background) if tenant.quota is not None else None
+
+
+async def release(admission: Admission | None) -> None:
+    if admission is not None:
+        await admission.release()
+
+
 async def begin_turn(
     request: ResponsesRequest,
     context: AppContext,
     tenant: TenantState,
     responses: ResponseStore,
     trace: RequestTrace,
+    admission: Admission | None = None,
     raw_prompt: Callable[[ServedModel], list[int]] | None = None,
 ) -> Turn:
     """`tenant`'s turn of the served model for `request` (history read from `responses`, the
     tenant's own or a view of them), logged; a 404 for a model not served, a 503 for one
-    whose engine is down. `raw_prompt`: the prompt's tokens for the model, instead of a
-    rendered conversation (`/v1/completions`)."""
-    model = await served_model(context, request.model, trace)
-    prompt = raw_prompt(model) if raw_prompt is not None else None
-    # Within the tenant's quotas (or a 429), then counted: the prompt's tokens now, the output's
-    # as `run_turn` produces them; `run_turn` releases the admission when the turn ends.
-    request, unavailable_tools = context.server_tools.admit(request)  # before anything is read or connected to
-    admission = await tenant.quota.admit(background=request.background) if tenant.quota is not None else None
+    whose engine is down. `admission`: the request's, taken before its body was read (the
+    turn takes it over; released here if the turn does not start); None: taken here (a
+    WebSocket message, as its response starts). `raw_prompt`: the prompt's tokens for the
+    model, instead of a rendered conversation (`/v1/completions`)."""
+    try:
+        model = await served_model(context, request.model, trace)
+        prompt = raw_prompt(model) if raw_prompt is not None else None
+        # Within the tenant's quotas (or a 429), then counted: the prompt's tokens now, the output's
+        # as `run_turn` produces them; `run_turn` releases the admission when the turn ends.
+        request, unavailable_tools = context.server_tools.admit(request)  # before anything is read or connected to
+        if admission is None:
+            admission = await admit(tenant, background=request.background)
+        elif request.background:
+            await admission.lease_background()
+    except BaseException:
+        await release(admission)
+        raise
     try:
         turn = await start_turn(
             request,
@@ -195,8 +223,7 @@ async def begin_turn(
         if admission is not None:  # and a `context_management` summary written first
             await admission.charge_tokens(len(turn.prompt) + (turn.compaction_usage.total_tokens if turn.compaction_usage else 0))
     except BaseException:
-        if admission is not None:
-            await admission.release()
+        await release(admission)
         raise
     turn.admission, turn.unavailable_tools = admission, unavailable_tools
     if unavailable_tools:
@@ -310,10 +337,12 @@ async def reported(
 async def read_request(http_request: Request, parse: Callable[[bytes, RequestLimits], T]) -> T:
     """The request's body, read within the size limit and parsed by `parse(body, limits)`;
     a big body is parsed in a worker thread (runtime/offload.py). Its bytes count against the
-    replica's budget while it is read and parsed (runtime/admission.py)."""
+    replica's budget, and against its tenant's share of it, while it is read and parsed
+    (runtime/admission.py)."""
     context = app_context(http_request)
     settings = context.settings
     budget = context.request_bytes
+    tenant = tenant_of(http_request.scope)
     held = [0]
     try:
         try:
@@ -328,7 +357,7 @@ async def read_request(http_request: Request, parse: Callable[[bytes, RequestLim
             ) from None
         return await parse_body_off_loop(body, functools.partial(_parse, parse=parse, limits=settings.request_limits))
     finally:
-        budget.give(held[0])
+        budget.give(held[0], tenant)
 
 
 def _parse(body: bytes, *, parse: Callable[[bytes, RequestLimits], T], limits: RequestLimits) -> T:
@@ -336,8 +365,9 @@ def _parse(body: bytes, *, parse: Callable[[bytes, RequestLimits], T], limits: R
 
 
 async def read_body(request: Request, limit: int, budget: ByteBudget | None = None, held: list[int] | None = None) -> bytes:
-    """The body, at most `limit` bytes (else a 413); each chunk taken from `budget` as it
-    comes (a 503 when it is spent), the bytes taken added to `held[0]` for the caller to give back."""
+    """The body, at most `limit` bytes (else a 413); each chunk taken from `budget` for the
+    request's tenant as it comes (a 503 when the replica's is spent, a 429 when the tenant's
+    share is), the bytes taken added to `held[0]` for the caller to give back."""
     declared = request.headers.get("content-length")
     too_large = APIError(f"The request body is larger than this server accepts ({limit} bytes).", status_code=413, code="request_too_large")
     if declared is not None and declared.isdigit() and int(declared) > limit:
@@ -348,7 +378,7 @@ async def read_body(request: Request, limit: int, budget: ByteBudget | None = No
         if size > limit:
             raise too_large
         if budget is not None and held is not None:
-            budget.take(len(chunk))
+            budget.take(len(chunk), tenant_of(request.scope))
             held[0] += len(chunk)
         chunks.append(chunk)
     return b"".join(chunks)

@@ -7,7 +7,9 @@ runs as `POST /v1/responses` with `stream: true` runs it (`start_turn`, `run_tur
 events, stored the same way. A finished response is also kept with the connection
 (`ConnectionResponses`), so the next turn continues it without a store read, with
 `store: false` too. A client that goes away ends its responses: their engine requests are
-aborted.
+aborted. A message's bytes are held, queued or running, against the replica's budget and
+its tenant's share of it (runtime/admission.py); its tenant's quotas admit it as its response
+starts (`begin_turn`).
 """
 
 from __future__ import annotations
@@ -150,17 +152,19 @@ class ResponsesSocket:
                     status_code=413,
                     code="request_too_large",
                 )
-            self.budget.take(size)  # given back when its response has ended, or it was refused
+            # Given back when its response has ended, or it was refused. Queued or running, it
+            # counts against its tenant's share (a 429 past it), not only the replica's budget.
+            self.budget.take(size, self.tenant.name)
             try:
                 event = await parse_body_off_loop(message, functools.partial(parse_client_event, limits=self.settings.request_limits))
                 lane = event.lane
                 if isinstance(event, SteerEvent):
                     await self._send(steer_failed_message(event))
-                    self.budget.give(size)
+                    self.budget.give(size, self.tenant.name)
                     return
                 self._enqueue(event, size)
             except BaseException:
-                self.budget.give(size)
+                self.budget.give(size, self.tenant.name)
                 raise
         except APIError as error:
             with contextlib.suppress(ClientGone):
@@ -209,14 +213,14 @@ class ResponsesSocket:
                 except Exception:  # a bug of ours: the client still hears of it, the lane goes on
                     logger.exception("unexpected error")
                     await self._send(error_message(server_error("The server had an error while processing your request."), event.lane))
-                self.budget.give(queue.popleft()[1])
+                self.budget.give(queue.popleft()[1], self.tenant.name)
         except ClientGone:
             pass
         finally:
             if self.lanes.get(lane) is queue:
                 del self.lanes[lane]
             while queue:  # the connection went: what waited is dropped, its bytes given back
-                self.budget.give(queue.popleft()[1])
+                self.budget.give(queue.popleft()[1], self.tenant.name)
 
     async def _respond(self, event: CreateEvent) -> None:
         metrics = self.context.metrics
