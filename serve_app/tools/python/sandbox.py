@@ -5,9 +5,11 @@ The sandbox (see docs/tools-python.md for what it does and does not protect agai
   network, IPC, UTS and cgroup namespaces: no network interface but its own loopback, no host
   process visible (a new /proc), further user namespaces disabled, a new session, no host
   environment variable (`--clearenv`), killed with its parent;
-- its file view is built from nothing: /usr, the Python runtime and the dynamic linker's cache
-  read-only, a size-capped tmpfs at /mnt/data (the working directory), /tmp and /dev/shm, a
-  minimal /dev; the root and /dev are remounted read-only;
+- its file view is built from nothing: a size-capped tmpfs at /mnt/data (the working directory),
+  /tmp and /dev/shm, a minimal /dev, then /usr, the Python runtime and the dynamic linker's
+  cache bound read-only (at their own paths, wherever they are: a runtime under /tmp is bound
+  over the fresh tmpfs, which holds nothing of the host's /tmp); the root and /dev are
+  remounted read-only;
 - a seccomp filter (seccomp.py) denies kernel interfaces code never needs;
 - rlimits (address space, CPU seconds, processes, file size, open files, no core files) are set
   by the interpreter's first code, before any code of the model runs (repl.py);
@@ -118,6 +120,8 @@ class Runtime:
 
         real = {os.path.realpath(path) for path in prefixes} | {os.path.dirname(os.path.dirname(os.path.realpath(python)))}
         binds = _outermost(path for path in real if not _inside(path, "/usr"))
+        for path in binds:
+            _check_bind(path)
         root_links, root_dirs = [], []
         for name in ("bin", "sbin", "lib", "lib32", "lib64", "libx32"):
             path = f"/{name}"
@@ -148,9 +152,11 @@ class Runtime:
             return [self.bwrap, *self._file_view(from_host=True, limits=limits), *inner]
         uid = self.sandbox_uid
         drop = f"import os, sys; os.setgroups([]); os.setresgid({uid}, {uid}, {uid}); os.setresuid({uid}, {uid}, {uid}); os.execv(sys.argv[1], sys.argv[1:])"
-        outer = [self.bwrap, "--die-with-parent", *self._parents(), *self._binds(from_host=True)]
+        # What the inner bwrap needs (/proc, /dev, an empty /tmp) comes first: a bind under /tmp
+        # (a runtime or bubblewrap installed there) then lands on the fresh tmpfs, not under it.
+        outer = [self.bwrap, "--die-with-parent", "--bind", "/proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp"]
+        outer += [*self._parents(), *self._binds(from_host=True)]
         outer += ["--ro-bind", self.bwrap_dir, self.bwrap_dir, "--ro-bind-try", self.bwrap_dir + ".libs", self.bwrap_dir + ".libs"]
-        outer += ["--bind", "/proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp"]  # what the inner bwrap needs
         return [*outer, "--", self.python, "-I", "-S", "-c", drop, self.bwrap, *self._file_view(from_host=False, limits=limits), *inner]
 
     @property
@@ -176,13 +182,15 @@ class Runtime:
 
     def _file_view(self, *, from_host: bool, limits: SandboxLimits) -> list[str]:
         size = str(limits.disk_mb * MiB)
+        # The sandbox's own mounts first, the host's files after: bwrap applies them in order, so
+        # a bind under /tmp or /mnt/data is laid over the tmpfs (a tmpfs laid after it would hide it).
         return [
-            *self._binds(from_host=from_host),
             "--proc", "/proc",
             "--dev", "/dev",
             "--size", size, "--tmpfs", "/dev/shm",
             "--size", size, "--tmpfs", "/tmp",
             "--size", size, "--tmpfs", WORKDIR,
+            *self._binds(from_host=from_host),
             "--remount-ro", "/dev",
             "--remount-ro", "/",
             "--chdir", WORKDIR,
@@ -226,6 +234,22 @@ async def self_test(runtime: Runtime, limits: SandboxLimits) -> None:
         await interpreter.kill()
     if (result.status, result.output) != ("ok", "ok\n"):
         raise SandboxError(f"the sandbox's self-test printed {result.text[:500]!r}")
+
+
+# The sandbox's own mounts: a host directory bound over one of them (or over a parent of one)
+# would put host files where the code expects its own, or be covered by them.
+OWN_MOUNTS = ("/proc", "/dev", "/tmp", WORKDIR)
+
+
+def _check_bind(path: str) -> None:
+    """Refuse a runtime directory the sandbox cannot bind without showing the code more of the
+    host than the runtime (the root itself) or without losing one of its own mounts."""
+    for mount in OWN_MOUNTS:
+        if _inside(mount, path) or (_inside(path, mount) and mount in ("/proc", "/dev")):
+            raise SandboxError(
+                f"the sandbox's Python lives in {path}, which holds or is inside {mount}, one of the sandbox's own mounts: "
+                "install it in a directory of its own (a venv or a prefix, anywhere else, /tmp included)"
+            )
 
 
 def _inside(path: str, directory: str) -> bool:
