@@ -115,8 +115,9 @@ def python(
     max_file_mb: Annotated[int, typer.Option(help="size of one written file, MiB")] = _default("max_file_mb"),
     disk_mb: Annotated[int, typer.Option(help="size of each tmpfs of a sandbox (/mnt/data, /tmp, /dev/shm), MiB")] = _default("disk_mb"),
     max_output_bytes: Annotated[int, typer.Option(help="output of one call returned; the rest is dropped")] = _default("max_output_bytes"),
-    max_containers: Annotated[int, typer.Option(help="containers of this server")] = _default("max_containers"),
-    max_containers_per_owner: Annotated[int, typer.Option(help="containers of one owner (tenant)")] = _default("max_containers_per_owner"),
+    memory_budget_mb: Annotated[
+        int, typer.Option(help="MiB the sandboxes hold together: memory_budget_mb // (memory_mb + 3 × disk_mb) containers")
+    ] = _default("memory_budget_mb"),
     ttl_s: Annotated[float, typer.Option(help="seconds after its last use a container is removed")] = _default("ttl_s"),
     python_path: Annotated[str | None, typer.Option("--python", help="the Python the sandbox runs (default: this one)")] = None,
     sandbox_uid: Annotated[int, typer.Option(help="host uid of the sandboxes when the server runs as root")] = 65534,
@@ -139,7 +140,7 @@ def python(
         disk_mb=disk_mb,
         max_output_bytes=max_output_bytes,
     )
-    container_limits = ContainerLimits(max_containers=max_containers, max_containers_per_owner=max_containers_per_owner, ttl_s=ttl_s)
+    container_limits = ContainerLimits(memory_budget_mb=memory_budget_mb, ttl_s=ttl_s)
     logging.basicConfig(level=logging.INFO)
 
     async def serve() -> None:

@@ -61,6 +61,12 @@ class SandboxLimits(BaseModel):
     interrupt_grace_s: float = Field(2.0, gt=0, description="time a timed-out cell gets to stop when interrupted")
     start_timeout_s: float = Field(30.0, gt=0, description="time an interpreter gets to start")
 
+    @property
+    def footprint_mb(self) -> int:
+        """The memory one sandbox can hold at rest: its processes' (`memory_mb`) and its three tmpfs,
+        which are RAM (`3 × disk_mb`)."""
+        return self.memory_mb + 3 * self.disk_mb
+
     def rlimits(self) -> dict[str, tuple[int, int]]:
         return {
             "RLIMIT_AS": (self.memory_mb * MiB, self.memory_mb * MiB),
@@ -72,15 +78,29 @@ class SandboxLimits(BaseModel):
         }
 
 
+# The memory of the python tool's pod (k8s/tools/python.yaml: 8 GiB) less what its server takes
+# besides the sandboxes (the Python server, bwrap's processes, the 16 MiB /tmp of the pod).
+SERVER_RESERVE_MB = 1024
+
+
 class ContainerLimits(BaseModel):
     """How many containers of the python tool, for how long (tools/python/containers.py)."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    max_containers: int = Field(16, gt=0, description="containers of the server")
-    max_containers_per_owner: int = Field(4, gt=0, description="containers of one owner")
+    memory_budget_mb: int = Field(
+        8 * 1024 - SERVER_RESERVE_MB,
+        gt=0,
+        description="memory the sandboxes of the server may hold together: it holds "
+        "memory_budget_mb // (memory_mb + 3 × disk_mb) containers (5 with the defaults); "
+        "its memory limit less 1 GiB for the server itself",
+    )
     ttl_s: float = Field(1200.0, gt=0, description="a container is removed this long after its last use")
     max_code_bytes: int = Field(1024 * 1024, gt=0, description="size of the code of one call")
+
+    def max_containers(self, sandbox: SandboxLimits) -> int:
+        """How many sandboxes of these limits the memory budget holds (0: not one)."""
+        return self.memory_budget_mb // sandbox.footprint_mb
 
 
 def _tool_url(url: str) -> str:

@@ -98,7 +98,7 @@ def builtin_tools_args(web) -> dict:
     """The session app's embedded built-in tools: two replicas each (a call must reach the one
     holding its container or browsing session), small limits."""
     deployment = {"num_replicas": 2, "max_ongoing_requests": 64, "ray_actor_options": {"num_cpus": 0}}
-    python = {"timeout_s": 20, "memory_mb": 768, "max_output_bytes": 4096, "max_containers_per_owner": 48, "max_containers": 64}
+    python = {"timeout_s": 20, "memory_mb": 768, "max_output_bytes": 4096, "memory_budget_mb": 64 * (768 + 3 * 128)}
     browser = {"search_url": web.base, "allow_hosts": ["127.0.0.1"]}
     return {"python": {"embedded": {**python, "deployment": deployment}}, "browser": {"embedded": {**browser, "deployment": deployment}}}
 

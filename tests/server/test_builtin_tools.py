@@ -162,7 +162,10 @@ def test_a_container_is_reused_by_its_tenant_and_refused_to_another(url, store):
     (refused,) = calls(other, "code_interpreter_call")
     assert refused.status == "failed"
     assert refused.outputs is None
-    assert other.output_text == f"Tool python returned: no container {container}: it expired, was deleted, or never existed"
+    assert (
+        other.output_text
+        == f"Tool python returned: no container {container}: it expired, was deleted or freed for others, or never existed"
+    )
     # Even if the ingress believed team-b had it (a forged record), the tool checks its owner.
     records = ContainerRecords(TenantStore(store, "team-b"), 60)
     asyncio.run(records.put(container, None))

@@ -16,7 +16,7 @@ from tests.tools.browser.web import Web
 
 # Small limits: attacks end quickly, through the same code paths as the defaults.
 PYTHON_OPTIONS = ["--timeout-s", "20", "--max-output-bytes", "4096", "--memory-mb", "768", "--ttl-s", "120"]
-PYTHON_OPTIONS += ["--max-containers", "64", "--max-containers-per-owner", "48"]  # each auto response makes one
+PYTHON_OPTIONS += ["--memory-budget-mb", str(64 * (768 + 3 * 128))]  # 64 containers: each auto response makes one
 
 
 @contextmanager

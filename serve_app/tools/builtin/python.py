@@ -52,7 +52,7 @@ MAX_TEXT_BYTES = 1024 * 1024  # of what the model reads of one call (the tool ca
 
 def not_found(container_id: str) -> str:
     """What a call on a container the tenant does not have reads (the tool's own words)."""
-    return f"no container {container_id}: it expired, was deleted, or never existed"
+    return f"no container {container_id}: it expired, was deleted or freed for others, or never existed"
 
 
 class ContainerRecords:

@@ -3,11 +3,13 @@
 One tool, `python`, whose input is exactly `{"code": string}`: the model writes only the code.
 The container and its owner travel out of band in the call's `_meta`:
 - request `_meta`: `responses_serve/owner` (the tenant; "" when absent) and, to continue a
-  container, `responses_serve/container_id`; without one a new container is created; with
-  `responses_serve/create: true` too, the container of that id is created if it does not
-  exist (the caller chose the id: the tool loop names a response's container before its
-  first call), and used if it exists and is the owner's;
-- result `_meta`: `responses_serve/container_id` (pass it back to keep the state) and
+  container, `responses_serve/container_id`; with `responses_serve/create: true` too, the
+  container of that id is created if it does not exist (the caller chose the id: the tool loop
+  names a response's container before its first call), and used if it exists and is the
+  owner's. Without an id (what any MCP client sends) the code runs in a one-shot container,
+  removed when the call ends: a plain client's calls hold no memory after them;
+- result `_meta`: `responses_serve/container_id` (pass it back to keep the state; absent after
+  a one-shot call) and
   `responses_serve/status`: ok, error (the code raised: the traceback is the output), timeout,
   crashed (the interpreter died and was restarted), or, when nothing ran, not_found, limit,
   busy, invalid, sandbox.
@@ -81,11 +83,8 @@ async def call_python(manager: ContainerManager, params: types.CallToolRequestPa
         return _failure(error.reason, str(error))
     content: list[types.ContentBlock] = [types.TextContent(type="text", text=result.text)]
     content += [types.ImageContent(type="image", data=image, mime_type="image/png") for image in result.images]
-    return types.CallToolResult(
-        content=content,
-        is_error=result.status in ("timeout", "crashed"),
-        _meta={META_CONTAINER: container_id, META_STATUS: result.status},
-    )
+    reply: dict[str, Any] = {META_STATUS: result.status} | ({META_CONTAINER: container_id} if container_id is not None else {})
+    return types.CallToolResult(content=content, is_error=result.status in ("timeout", "crashed"), _meta=reply)
 
 
 def mcp_server(manager: ContainerManager) -> Server:

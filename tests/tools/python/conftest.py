@@ -15,7 +15,7 @@ import psutil
 import pytest
 from mcp import Client, types
 
-from serve_app.tools.python.mcp_server import META_CONTAINER, META_OWNER, META_STATUS
+from serve_app.tools.python.mcp_server import META_CONTAINER, META_CREATE, META_OWNER, META_STATUS
 from tests.support.servers import free_port
 
 # Small limits, so that attacks end quickly: the same code paths as the defaults. The timeout
@@ -27,8 +27,7 @@ SERVER_OPTIONS = {
     "--max-output-bytes": "4096",
     "--max-processes": "24",
     "--memory-mb": "768",
-    "--max-containers": "48",
-    "--max-containers-per-owner": "48",
+    "--memory-budget-mb": str(48 * (768 + 3 * 16)),  # 48 containers of the limits above
     "--ttl-s": "30",
 }
 SECRET_NAME = "RESPONSES_SERVE_TEST_SECRET"
@@ -89,8 +88,16 @@ def impatient_server() -> Iterator[ToolServer]:
     stop_server(server)
 
 
-async def call(url: str, code: str, *, owner: str = "attacker", container: str | None = None) -> types.CallToolResult:
-    meta = {META_OWNER: owner} | ({META_CONTAINER: container} if container else {})
+async def call(
+    url: str, code: str, *, owner: str = "attacker", container: str | None = None, one_shot: bool = False
+) -> types.CallToolResult:
+    """A call on `container`; without one, on a new container (named here, as the app's tool
+    loop names a response's), or with `one_shot` in a container that ends with the call."""
+    meta: dict[str, object] = {META_OWNER: owner}
+    if container is not None:
+        meta[META_CONTAINER] = container
+    elif not one_shot:
+        meta |= {META_CONTAINER: "cntr_" + secrets.token_hex(16), META_CREATE: True}
     async with Client(url) as client:
         return await client.call_tool("python", {"code": code}, meta=meta)
 
@@ -113,5 +120,5 @@ def container_of(result: types.CallToolResult) -> str:
 
 async def assert_still_serving(url: str, container: str | None = None, owner: str = "attacker") -> None:
     """After an attack: the server answers the next call, exactly."""
-    result = await call(url, "print(6 * 7)", container=container, owner=owner)
+    result = await call(url, "print(6 * 7)", container=container, owner=owner, one_shot=container is None)
     assert (text(result), status(result), result.is_error) == ("42\n", "ok", False)

@@ -17,7 +17,9 @@ def test_the_python_command_offers_every_limit_with_the_models_default():
     for field in ("timeout_s", "memory_mb", "cpu_s", "max_processes", "disk_mb", "max_output_bytes"):
         assert f"--{field.replace('_', '-')}" in result.output
         assert f"[default: {SandboxLimits.model_fields[field].default}]" in result.output
-    assert f"[default: {ContainerLimits.model_fields['ttl_s'].default}]" in result.output
+    for field in ("ttl_s", "memory_budget_mb"):
+        assert f"--{field.replace('_', '-')}" in result.output
+        assert f"[default: {ContainerLimits.model_fields[field].default}]" in result.output
     assert "[default: 127.0.0.1]" in result.output
 
 

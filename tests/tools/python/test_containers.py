@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import itertools
+import secrets
 
 import psutil
 import pytest
@@ -15,7 +16,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from serve_app.tools.python.containers import ContainerError, ContainerLimits, ContainerManager
-from serve_app.tools.python.sandbox import Runtime, SandboxLimits, _Output
+from serve_app.tools.python.sandbox import Runtime, SandboxError, SandboxLimits, _Output
 
 pytestmark = pytest.mark.anyio
 
@@ -38,7 +39,7 @@ def sandbox_processes(pid: int) -> list[psutil.Process]:
 @pytest.mark.slow
 async def test_expiry_removes_the_interpreter_and_its_files(runtime: Runtime):
     async with ContainerManager(runtime, SandboxLimits(), ContainerLimits(ttl_s=0.5)) as manager:
-        container, result = await manager.run("tenant", None, "open('/mnt/data/kept', 'w').write('x')\nvalue = 1")
+        container, result = await manager.run("tenant", new_id(), "open('/mnt/data/kept', 'w').write('x')\nvalue = 1", create=True)
         assert result.status == "ok"
         pid = manager.interpreter_pid("tenant", container)
         assert pid is not None
@@ -60,7 +61,7 @@ async def test_expiry_removes_the_interpreter_and_its_files(runtime: Runtime):
 @pytest.mark.slow
 async def test_delete_kills_at_once_and_only_for_the_owner(runtime: Runtime):
     async with ContainerManager(runtime) as manager:
-        container, _ = await manager.run("tenant", None, "x = 1")
+        container, _ = await manager.run("tenant", new_id(), "x = 1", create=True)
         pid = manager.interpreter_pid("tenant", container)
         assert pid is not None
         assert manager.interpreter_pid("other", container) is None
@@ -73,29 +74,86 @@ async def test_delete_kills_at_once_and_only_for_the_owner(runtime: Runtime):
         assert manager.owned("tenant") == []
 
 
-async def test_container_limits_per_owner_and_per_server(runtime: Runtime):
-    limits = ContainerLimits(max_containers=3, max_containers_per_owner=2)
-    async with ContainerManager(runtime, SandboxLimits(), limits) as manager:
-        await manager.run("a", None, "1")
-        await manager.run("a", None, "1")
+def new_id() -> str:
+    return "cntr_" + secrets.token_hex(16)
+
+
+SMALL = SandboxLimits(memory_mb=256, disk_mb=16)  # 256 + 3 × 16 = 304 MiB a sandbox
+
+
+def test_the_number_of_containers_follows_from_the_memory_budget(runtime: Runtime):
+    assert SMALL.footprint_mb == 304
+    assert ContainerManager(runtime, SMALL, ContainerLimits(memory_budget_mb=3 * 304 + 303)).max_containers == 3
+    defaults = ContainerManager(runtime)
+    assert defaults.max_containers == (8 * 1024 - 1024) // (1024 + 3 * 128) == 5
+    with pytest.raises(SandboxError, match="holds no sandbox"):
+        ContainerManager(runtime, SMALL, ContainerLimits(memory_budget_mb=303))
+
+
+async def test_a_call_without_a_container_runs_in_one_that_ends_with_it(runtime: Runtime):
+    async with ContainerManager(runtime, SMALL, ContainerLimits(memory_budget_mb=304)) as manager:
+        for n in range(3):  # one container's room is enough for any number of calls in a row
+            container, result = await manager.run("tenant", None, f"x = {n}\nprint(globals().get('y'), x)\ny = 1")
+            assert (container, result.status, result.output) == (None, "ok", f"None {n}\n")
+            assert manager.owned("tenant") == []
+
+
+async def test_a_full_server_makes_room_fairly(runtime: Runtime):
+    """Three containers' room: an owner alone may take it all; a newcomer takes the least
+    recently used container of the owner that holds the most; balanced owners keep theirs."""
+    async with ContainerManager(runtime, SMALL, ContainerLimits(memory_budget_mb=3 * 304)) as manager:
+        a = [new_id() for _ in range(3)]
+        for container in a:
+            await manager.run("a", container, "x = 1", create=True)
+        await manager.run("a", a[0], "x")  # a[1] is now a's least recently used
+        assert sorted(manager.owned("a")) == sorted(a)
+        b = new_id()
+        await manager.run("b", b, "1", create=True)
+        assert sorted(manager.owned("a")) == sorted([a[0], a[2]])
+        with pytest.raises(ContainerError) as gone:
+            await manager.run("a", a[1], "x")
+        assert gone.value.reason == "not_found"
+        assert "freed for others" in str(gone.value)
+        # b (1) asks for another while a holds 2: b replaces its own rather than swap with a.
+        b2 = new_id()
+        await manager.run("b", b2, "1", create=True)
+        assert (sorted(manager.owned("a")), manager.owned("b")) == (sorted([a[0], a[2]]), [b2])
+        # c (0) against a (2): a gives its least recently used.
+        c = new_id()
+        await manager.run("c", c, "1", create=True)
+        assert (manager.owned("a"), manager.owned("b"), manager.owned("c")) == ([a[0]], [b2], [c])
+        # d (0) against three owners of one each: nothing to take fairly, and a one-shot call
+        # needs room too.
+        for container in (new_id(), None):
+            with pytest.raises(ContainerError) as refused:
+                await manager.run("d", container, "1", create=container is not None)
+            assert refused.value.reason == "limit"
+            assert "as many as its memory allows" in str(refused.value)
+        assert manager.owned("d") == []
+        assert len(manager.owned("a") + manager.owned("b") + manager.owned("c")) == 3
+
+
+@pytest.mark.slow
+async def test_a_container_in_use_is_never_taken(runtime: Runtime):
+    async with ContainerManager(runtime, SMALL, ContainerLimits(memory_budget_mb=304)) as manager:
+        running = asyncio.create_task(manager.run("a", None, "import time\ntime.sleep(2)\nprint('kept')"))
+        for _ in range(200):
+            if manager.owned("a"):
+                break
+            await asyncio.sleep(0.05)
         with pytest.raises(ContainerError) as refused:
-            await manager.run("a", None, "1")
+            await manager.run("b", None, "1")
         assert refused.value.reason == "limit"
-        assert "owner" in str(refused.value)
-        await manager.run("b", None, "1")
-        with pytest.raises(ContainerError) as refused:
-            await manager.run("c", None, "1")
-        assert refused.value.reason == "limit"
-        assert "try again later" in str(refused.value)
-        assert len(manager.owned("a")) == 2
-        assert len(manager.owned("b")) == 1
-        assert manager.owned("c") == []
+        _, result = await running
+        assert result.output == "kept\n"
+        _, result = await manager.run("b", None, "print('now')")
+        assert result.output == "now\n"
 
 
 @pytest.mark.slow
 async def test_a_cancelled_call_kills_its_cell(runtime: Runtime):
     async with ContainerManager(runtime) as manager:
-        container, _ = await manager.run("tenant", None, "x = 1")
+        container, _ = await manager.run("tenant", new_id(), "x = 1", create=True)
         pid = manager.interpreter_pid("tenant", container)
         assert pid is not None
         processes = sandbox_processes(pid)
@@ -125,7 +183,7 @@ async def test_the_event_loop_turns_while_cells_run(runtime: Runtime):
 @pytest.mark.slow
 async def test_calls_on_one_container_run_one_after_the_other(runtime: Runtime):
     async with ContainerManager(runtime) as manager:
-        container, _ = await manager.run("tenant", None, "order = []")
+        container, _ = await manager.run("tenant", new_id(), "order = []", create=True)
         first = asyncio.create_task(manager.run("tenant", container, "import time\ntime.sleep(0.5)\norder.append('first')"))
         await asyncio.sleep(0.1)
         _, second = await manager.run("tenant", container, "order.append('second')\norder")

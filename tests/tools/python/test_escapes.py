@@ -416,7 +416,7 @@ async def test_bad_arguments_are_refused_and_nothing_runs(tool_server: ToolServe
             result = await client.call_tool("python", arguments, meta={META_OWNER: "attacker"})
             assert (status(result), result.is_error) == ("invalid", True)
         result = await client.call_tool("python", {"code": "1"}, meta={META_OWNER: "attacker", META_CONTAINER: "cntr_../../etc"})
-        assert text(result) == "no container with that id: it expired, was deleted, or never existed"
+        assert text(result) == "no container with that id: it expired, was deleted or freed for others, or never existed"
         result = await client.call_tool("python", {"code": "#" * (1024 * 1024 + 1)}, meta={META_OWNER: "attacker"})
         assert (status(result), result.is_error) == ("invalid", True)
 
