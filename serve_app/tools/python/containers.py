@@ -135,7 +135,7 @@ class ContainerManager:
             container.last_used = time.monotonic()
             if container.interpreter is None or not container.interpreter.alive:
                 try:
-                    container.interpreter = await Interpreter.start(self.runtime, self.limits)
+                    container.interpreter = await Interpreter.start(self.runtime, self.limits, one_shot=one_shot)
                 except SandboxError as error:
                     logger.error("python tool: %s", error)
                     if made:  # a container that never ran does not count against the limits

@@ -267,14 +267,15 @@ def _outermost(paths: Iterable[str]) -> list[str]:
 class Interpreter:
     """A running sandbox with its REPL. One call at a time (the container serialises them)."""
 
-    def __init__(self, process: asyncio.subprocess.Process, limits: SandboxLimits):
+    def __init__(self, process: asyncio.subprocess.Process, limits: SandboxLimits, *, one_shot: bool = False):
         self._process = process
         self._limits = limits
+        self._one_shot = one_shot  # ends with its one call: its notes promise no state kept or lost
         self._pending = b""  # output written after the previous cell ended (its background work)
         self._over_memory = ""  # why the memory watchdog killed the sandbox, if it did
 
     @classmethod
-    async def start(cls, runtime: Runtime, limits: SandboxLimits) -> Interpreter:
+    async def start(cls, runtime: Runtime, limits: SandboxLimits, *, one_shot: bool = False) -> Interpreter:
         pass_fds: tuple[int, ...] = ()
         if runtime.seccomp is not None:
             read_end, write_end = os.pipe()
@@ -296,7 +297,7 @@ class Interpreter:
         finally:
             for fd in pass_fds:
                 os.close(fd)
-        interpreter = cls(process, limits)
+        interpreter = cls(process, limits, one_shot=one_shot)
         try:
             assert process.stdout is not None
             ready = await asyncio.wait_for(process.stdout.readline(), limits.start_timeout_s)
@@ -359,7 +360,7 @@ class Interpreter:
                 raise ValueError(reply)
         except (ValueError, KeyError, TypeError):  # the code wrote on the control pipe: its results are lost
             await self.kill()
-            return output.result("crashed", note=f"[The interpreter's reply was unreadable; it was restarted: {LOST}]")
+            return output.result("crashed", note=f"[The interpreter's reply was unreadable{self._restarted('it')}]")
         if len(images) > self._limits.max_images or any(len(image) > 2 * self._limits.max_image_bytes for image in images):
             images, omitted = [], omitted + len(images)
         note = (
@@ -375,19 +376,20 @@ class Interpreter:
             self._send({"op": "interrupt"})
         done, _ = await asyncio.wait({cell}, timeout=self._limits.interrupt_grace_s)
         if done:
+            kept = "" if self._one_shot else "; the interpreter's state is kept"
             result = cell.result()
             if result.status == "crashed":
                 return result
             return output.result(
                 "timeout",
                 images=result.images,
-                note=f"[Execution timed out after {timeout} and was interrupted; the interpreter's state is kept.]",
+                note=f"[Execution timed out after {timeout} and was interrupted{kept}.]",
             )
         cell.cancel()
         await self.kill()
         return output.result(
             "timeout",
-            note=f"[Execution timed out after {timeout} and did not stop when interrupted; the interpreter was restarted: {LOST}]",
+            note=f"[Execution timed out after {timeout} and did not stop when interrupted{self._restarted()}]",
         )
 
     async def _crashed(self, output: _Output) -> CellResult:
@@ -395,11 +397,16 @@ class Interpreter:
             await asyncio.wait_for(self._process.wait(), 5)
         await self.kill()
         if self._over_memory:
-            return output.result("crashed", note=f"[{self._over_memory}; the interpreter was restarted: {LOST}]")
+            return output.result("crashed", note=f"[{self._over_memory}{self._restarted()}]")
         return output.result(
             "crashed",
-            note=f"[The Python process ended ({_describe_exit(self._process.returncode, self._limits)}); the interpreter was restarted: {LOST}]",
+            note=f"[The Python process ended ({_describe_exit(self._process.returncode, self._limits)}){self._restarted()}]",
         )
+
+    def _restarted(self, subject: str = "the interpreter") -> str:
+        """How a note ends when the interpreter was killed: the next call gets a fresh one (a
+        one-shot interpreter has no next call, nor state to lose)."""
+        return "." if self._one_shot else f"; {subject} was restarted: {LOST}"
 
     async def _watch_memory(self) -> None:
         """Kill the sandbox when its processes together hold more than `memory_mb`."""

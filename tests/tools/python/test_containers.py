@@ -98,6 +98,20 @@ async def test_a_call_without_a_container_runs_in_one_that_ends_with_it(runtime:
             assert manager.owned("tenant") == []
 
 
+@pytest.mark.slow
+async def test_a_one_shot_calls_notes_promise_no_state(runtime: Runtime):
+    """A one-shot call that times out or crashes is not told its state is kept, or lost to a
+    restart: it has no next call."""
+    async with ContainerManager(runtime, SMALL.model_copy(update={"timeout_s": 1.0})) as manager:
+        _, endless = await manager.run("tenant", None, "while True:\n    pass")
+        _, died = await manager.run("tenant", None, "import os\nos._exit(3)")
+        kept = new_id()
+        _, endless_kept = await manager.run("tenant", kept, "while True:\n    pass", create=True)
+    assert (endless.status, endless.note) == ("timeout", "[Execution timed out after 1 s and was interrupted.]")
+    assert (died.status, died.note) == ("crashed", "[The Python process ended (exit status 3).]")
+    assert endless_kept.note == "[Execution timed out after 1 s and was interrupted; the interpreter's state is kept.]"
+
+
 async def test_a_full_server_makes_room_fairly(runtime: Runtime):
     """Three containers' room: an owner alone may take it all; a newcomer takes the least
     recently used container of the owner that holds the most; balanced owners keep theirs."""
