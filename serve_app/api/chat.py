@@ -109,15 +109,11 @@ class StreamOptions(Lenient):
     include_usage: bool = False
 
 
-class ChatRequest(Lenient):
+class LegacySampling(Lenient):
+    """What Chat Completions and Completions requests share: the model, sampling, and what
+    this server refuses of both (`n` > 1, `stop`, `logit_bias`)."""
+
     model: str = Field(min_length=1)
-    messages: list[ChatMessage] = Field(min_length=1)
-    tools: list[ChatTool] = Field(default_factory=list)
-    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
-    parallel_tool_calls: bool = True
-    response_format: ResponseFormat | None = None
-    max_tokens: int | None = Field(default=None, ge=1)
-    max_completion_tokens: int | None = Field(default=None, ge=1)
     temperature: float | None = Field(default=None, ge=0, le=2)
     top_p: float | None = Field(default=None, gt=0, le=1)
     presence_penalty: float | None = Field(default=None, ge=-2, le=2)
@@ -125,17 +121,27 @@ class ChatRequest(Lenient):
     seed: int | None = None
     n: int = Field(default=1, ge=1)
     stop: str | list[str] | None = None
+    logit_bias: dict[str, float] | None = None
+    user: str | None = None
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+
+
+class ChatRequest(LegacySampling):
+    messages: list[ChatMessage] = Field(min_length=1)
+    tools: list[ChatTool] = Field(default_factory=list)
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+    parallel_tool_calls: bool = True
+    response_format: ResponseFormat | None = None
+    max_tokens: int | None = Field(default=None, ge=1)
+    max_completion_tokens: int | None = Field(default=None, ge=1)
     logprobs: bool = False
     top_logprobs: int | None = Field(default=None, ge=0, le=20)
-    logit_bias: dict[str, float] | None = None
     reasoning_effort: Literal["none", "minimal", "low", "medium", "high", "xhigh"] | None = None
-    user: str | None = None
     metadata: dict[str, str] | None = None
     store: bool | None = None
     service_tier: ServiceTier | None = None
     prompt_cache_key: str | None = None
-    stream: bool = False
-    stream_options: StreamOptions | None = None
 
     def refuse_unsupported(self) -> None:
         """What this server does not do, as OpenAI-shaped 400s naming the parameter."""
@@ -343,13 +349,13 @@ class ChatChunks:
                 if self.include_usage:
                     out.append(self._chunk(None, usage=chat_usage(event.response)))
             elif event.type == "response.failed":
-                error = event.response.error
-                self.failed = {
-                    "message": error.message if error else "The response failed.",
-                    "type": "server_error",
-                    "code": "server_error",
-                }
+                self.failed = stream_error(event.response)
         return out
+
+    def frames(self, events: list[ResponseStreamEvent]) -> bytes:
+        """The SSE frames of `events`: their chunks, and the error of a response that failed."""
+        frames = encode_chunks(self.chunks(events))
+        return frames + error_frame(self.failed) if self.failed is not None else frames
 
     def _chunk(
         self,
@@ -370,6 +376,12 @@ class ChatChunks:
                 "usage": usage,
             }
         )
+
+
+def stream_error(response: Response) -> dict[str, Any]:
+    """What a Chat Completions or Completions stream sends when its response failed."""
+    error = response.error
+    return {"message": error.message if error else "The response failed.", "type": "server_error", "code": "server_error"}
 
 
 def encode_chunks(chunks: list[ChatCompletionChunk]) -> bytes:

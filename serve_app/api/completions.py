@@ -9,40 +9,28 @@ request is built as for every response; the answer is a `text_completion`.
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from openai.types import Completion
 from openai.types.responses import Response, ResponseStreamEvent
 from pydantic import Field
 
-from serve_app.api.chat import StreamOptions, chat_usage
+from serve_app.api.chat import LegacySampling, chat_usage, error_frame, stream_error
 from serve_app.api.errors import invalid_request
-from serve_app.api.items import Lenient
 from serve_app.api.limits import DEFAULT_LIMITS, RequestLimits
 from serve_app.api.request import ResponsesRequest, parse_body
 
 OPENAI_DEFAULT_MAX_TOKENS = 16  # the legacy endpoint's default, as OpenAI's
 
 
-class CompletionRequest(Lenient):
-    model: str = Field(min_length=1)
+class CompletionRequest(LegacySampling):
     prompt: str | list[str] | list[int]
     max_tokens: int | None = Field(default=OPENAI_DEFAULT_MAX_TOKENS, ge=1)
-    temperature: float | None = Field(default=None, ge=0, le=2)
-    top_p: float | None = Field(default=None, gt=0, le=1)
-    presence_penalty: float | None = Field(default=None, ge=-2, le=2)
-    frequency_penalty: float | None = Field(default=None, ge=-2, le=2)
-    seed: int | None = None
-    n: int = Field(default=1, ge=1)
     best_of: int | None = Field(default=None, ge=1)
-    stop: str | list[str] | None = None
     echo: bool = False
     suffix: str | None = None
     logprobs: int | None = Field(default=None, ge=0, le=5)
-    logit_bias: dict[str, float] | None = None
-    user: str | None = None
-    stream: bool = False
-    stream_options: StreamOptions | None = None
 
     def refuse_unsupported(self) -> None:
         for param, unsupported in [
@@ -136,12 +124,12 @@ class CompletionChunks:
                 if self.include_usage:
                     out.append(_completion(event.response, "", "usage", with_usage=True))
             elif event.type == "response.failed":
-                error = event.response.error
-                self.failed = {
-                    "message": error.message if error else "The response failed.",
-                    "type": "server_error",
-                    "code": "server_error",
-                }
+                self.failed = stream_error(event.response)
         return out
+
+    def frames(self, events: list[ResponseStreamEvent]) -> bytes:
+        """The SSE frames of `events`: their chunks, and the error of a response that failed."""
+        frames = b"".join(b"data: " + json.dumps(chunk, separators=(",", ":")).encode() + b"\n\n" for chunk in self.chunks(events))
+        return frames + error_frame(self.failed) if self.failed is not None else frames
 
     _response: Response  # as created: the id and model the chunks carry

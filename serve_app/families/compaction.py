@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from serve_app.api.errors import invalid_request
 from serve_app.api.items import CompactionItem, HistoryItem, MessageItem
+from serve_app.families.truncation import leading_instructions
 
 SUMMARY_PREFIX = "Summary of the conversation so far:\n\n"
 # The model's task, written for both families: what a later turn needs, in the model's words.
@@ -40,15 +41,6 @@ def kept_user_messages(items: list[HistoryItem], keep_chars: int) -> list[int]:
     return kept[::-1]
 
 
-def _leading_instructions(items: list[HistoryItem]) -> int:
-    count = 0
-    for item in items:
-        if not (isinstance(item, MessageItem) and item.role in ("system", "developer")):
-            break
-        count += 1
-    return count
-
-
 def compacted(items: list[HistoryItem]) -> list[tuple[int, HistoryItem]]:
     """The items the model reads, each with its index in `items` (errors name it); the last
     compaction item as an assistant message of its summary."""
@@ -61,7 +53,7 @@ def compacted(items: list[HistoryItem]) -> list[tuple[int, HistoryItem]]:
         raise invalid_request("A compaction item could not be read.", param=f"input[{last}]")
     summary = MessageItem(role="assistant", content=SUMMARY_PREFIX + compaction._summary)
     before = items[:last]
-    lead = _leading_instructions(before)
+    lead = leading_instructions(before)
     kept = kept_user_messages(before[lead:], compaction._keep_chars)
     return [
         *((index, before[index]) for index in range(lead)),

@@ -41,7 +41,7 @@ def fit_to_context(render: Callable[[list[Item]], list[int]], history: Sequence[
     cuts = cut_points(history)
     if not cuts:
         return prompt, 0
-    lead = _leading_instructions(history)
+    lead = leading_instructions(history)
     prompts: dict[int, list[int]] = {}
 
     def render_from(cut: int) -> list[int]:
@@ -92,7 +92,7 @@ def first_true(predicate: Callable[[int], bool], n: int, guess: int) -> int:
 def cut_points(history: Sequence[object]) -> list[int]:
     """Where the kept part of `history` may start, ascending: after the leading instructions
     and the first item, at or before the last item, never between a call and its output."""
-    lead = _leading_instructions(history)
+    lead = leading_instructions(history)
     # split[i] > 0: a call before i has its output at or after i.
     split = [0] * (len(history) + 1)
     calls: dict[str, int] = {}
@@ -116,7 +116,7 @@ def _size(item: object) -> int:
     return len(str(text)) + 16
 
 
-def _leading_instructions(history: Sequence[object]) -> int:
+def leading_instructions(history: Sequence[object]) -> int:
     """How many system/developer messages open `history` (both model families render them as
     the model's instructions)."""
     count = 0

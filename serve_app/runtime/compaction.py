@@ -26,6 +26,7 @@ from serve_app.api.request import ReasoningConfig, ResponsesRequest
 from serve_app.core.encrypted_reasoning import ReasoningCipher
 from serve_app.core.stream import new_id
 from serve_app.families.compaction import SUMMARY_REQUEST, kept_user_messages
+from serve_app.families.truncation import leading_instructions
 
 SUMMARY_MAX_TOKENS = 2048
 # The latest user messages that stay beside the summary, in characters (context_management:
@@ -108,7 +109,7 @@ def compacted_item(summary: str, keep_chars: int, usage: ResponseUsage | None, c
 def compacted_window(window: list[HistoryItem], item: ResponseCompactionItem, keep_chars: int) -> list[dict[str, Any]]:
     """`POST /v1/responses/compact`'s output: the latest user messages of `window` that stay
     (as input messages, the shape a client sends back), then the compaction item."""
-    lead = sum(1 for _ in _leading(window))
+    lead = leading_instructions(window)
     kept = [window[lead + index] for index in kept_user_messages(window[lead:], keep_chars)]
     messages = [
         {
@@ -122,15 +123,6 @@ def compacted_window(window: list[HistoryItem], item: ResponseCompactionItem, ke
         if isinstance(message, MessageItem)
     ]
     return [*messages, item.model_dump(mode="json", exclude_none=True)]
-
-
-def _leading(items: list[HistoryItem]) -> Sequence[HistoryItem]:
-    out = []
-    for item in items:
-        if not (isinstance(item, MessageItem) and item.role in ("system", "developer")):
-            break
-        out.append(item)
-    return out
 
 
 def compaction_object(output: list[dict[str, Any]], usage: ResponseUsage | None) -> dict[str, Any]:

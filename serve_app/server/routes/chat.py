@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import AsyncGenerator
+from typing import Protocol
 
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 from openai.types.responses import ResponseStreamEvent
 
-from serve_app.api.chat import DONE, ChatChunks, chat_completion, encode_chunks, error_frame, parse_chat_request
+from serve_app.api.chat import DONE, ChatChunks, chat_completion, parse_chat_request
 from serve_app.runtime.metrics import Metrics, RequestTrace
 from serve_app.runtime.run import REFUSAL_WINDOW_S, run_turn
 from serve_app.runtime.turn import Turn
@@ -42,7 +43,7 @@ async def create_chat_completion(http_request: Request) -> Response:
         first = await first_events(events)  # engines at capacity: a 503, not a stream
         chunks = ChatChunks(chat.model, include_usage=chat.stream_options is not None and chat.stream_options.include_usage)
         return EventStreamResponse(
-            _chat_sse(prepended(first, events), turn, context.metrics, chunks),
+            legacy_sse(prepended(first, events), turn, context.metrics, chunks),
             settings.sse_keepalive_s,
             headers=headers,
             send_timeout_s=settings.replica_limits.client_send_timeout_s,
@@ -52,19 +53,17 @@ async def create_chat_completion(http_request: Request) -> Response:
     return Response(body.model_dump_json(exclude_unset=True), media_type="application/json", headers=headers)
 
 
-async def _chat_sse(
-    events: AsyncGenerator[list[ResponseStreamEvent], None], turn: Turn, metrics: Metrics, chunks: ChatChunks
+class Frames(Protocol):
+    def frames(self, events: list[ResponseStreamEvent]) -> bytes: ...
+
+
+async def legacy_sse(
+    events: AsyncGenerator[list[ResponseStreamEvent], None], turn: Turn, metrics: Metrics, chunker: Frames
 ) -> AsyncGenerator[bytes, None]:
-    """The chunks of each batch of events, then `[DONE]`; a response that failed ends with an
-    `error` object (as OpenAI's streams do) before it."""
+    """A Chat Completions or Completions stream: the frames of each batch of events (an
+    `error` object after a response that failed, as OpenAI's streams do), then `[DONE]`."""
     async with contextlib.aclosing(reported(events, turn, metrics)) as batches:
         async for batch in batches:
-            frames = encode_chunks(chunks.chunks(batch))
-            if chunks.failed is not None:
-                frames += error_frame(chunks.failed)
-            if frames:
+            if frames := chunker.frames(batch):
                 yield frames
     yield DONE
-
-
-__all__ = ["router"]

@@ -3,24 +3,19 @@ config allows raw prompts, on the same turn machinery as every response."""
 
 from __future__ import annotations
 
-import contextlib
-import json
-from collections.abc import AsyncGenerator
-
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
-from openai.types.responses import ResponseStreamEvent
 
-from serve_app.api.chat import DONE, error_frame
 from serve_app.api.completions import CompletionChunks, CompletionRequest, parse_completion_request, text_completion
 from serve_app.api.errors import invalid_request
-from serve_app.runtime.metrics import Metrics, RequestTrace
+from serve_app.runtime.metrics import RequestTrace
 from serve_app.runtime.run import REFUSAL_WINDOW_S, run_turn
-from serve_app.runtime.turn import ServedModel, Turn
+from serve_app.runtime.turn import ServedModel
 from serve_app.server.auth import tenant_of
 from serve_app.server.context import app_context, tenant_state
+from serve_app.server.routes.chat import legacy_sse
 from serve_app.server.routes.event_stream import EventStreamResponse
-from serve_app.server.routes.responses import admit, begin_turn, first_events, prepended, read_request, release, reported, run_to_end
+from serve_app.server.routes.responses import admit, begin_turn, first_events, prepended, read_request, release, run_to_end
 from serve_app.server.turn_headers import response_headers
 
 router = APIRouter()
@@ -47,7 +42,7 @@ async def create_completion(http_request: Request) -> Response:
         first = await first_events(events)
         chunks = CompletionChunks(include_usage=completion.stream_options is not None and completion.stream_options.include_usage)
         return EventStreamResponse(
-            _sse(prepended(first, events), turn, context.metrics, chunks),
+            legacy_sse(prepended(first, events), turn, context.metrics, chunks),
             settings.sse_keepalive_s,
             headers=headers,
             send_timeout_s=settings.replica_limits.client_send_timeout_s,
@@ -67,16 +62,3 @@ def _prompt(completion: CompletionRequest, model: ServedModel) -> list[int]:
     if text is None:
         return completion.token_ids or []
     return model.family.encode_raw(text)
-
-
-async def _sse(
-    events: AsyncGenerator[list[ResponseStreamEvent], None], turn: Turn, metrics: Metrics, chunks: CompletionChunks
-) -> AsyncGenerator[bytes, None]:
-    async with contextlib.aclosing(reported(events, turn, metrics)) as batches:
-        async for batch in batches:
-            frames = b"".join(b"data: " + json.dumps(chunk, separators=(",", ":")).encode() + b"\n\n" for chunk in chunks.chunks(batch))
-            if chunks.failed is not None:
-                frames += error_frame(chunks.failed)
-            if frames:
-                yield frames
-    yield DONE
