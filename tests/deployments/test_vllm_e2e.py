@@ -262,3 +262,33 @@ def _kill_engine_core(replica_pid: int) -> None:
                 os.kill(pid, signal.SIGKILL)
                 return
     raise AssertionError(f"no EngineCore process under replica {replica_pid}: {children}")
+
+
+def test_compaction_and_chat_completions_on_the_real_smollm2(vllm_url):
+    """The real SmolLM2 writes the summary (`responses.compact`: what a 135M model keeps is
+    its own business, so only the mechanics are asserted: a sealed item, its usage, read
+    back in a later turn) and answers Chat Completions, streamed and not, alike at
+    temperature 0."""
+    sdk = sdk_scenarios.client(vllm_url)
+    model = "smollm2-135m-instruct"
+    history = [
+        {"role": "user", "content": "My name is Ada and my favourite colour is teal."},
+        {"role": "assistant", "content": "Nice to meet you, Ada."},
+    ]
+    compacted = sdk.responses.compact(model=model, input=history)
+    item = compacted.output[-1]
+    assert item.type == "compaction"
+    assert "teal" not in item.encrypted_content
+    assert compacted.usage.output_tokens > 0
+    later = [
+        *[i.model_dump(mode="json", exclude_none=True, warnings=False) for i in compacted.output],
+        {"role": "user", "content": "What is my name?"},
+    ]
+    answer = sdk.responses.create(model=model, input=later, temperature=0, max_output_tokens=30)
+    assert answer.status in ("completed", "incomplete")
+    assert answer.output_text
+    messages = [{"role": "user", "content": "Say hello."}]
+    whole = sdk.chat.completions.create(model=model, messages=messages, temperature=0, max_tokens=20)
+    pieces = sdk.chat.completions.create(model=model, messages=messages, temperature=0, max_tokens=20, stream=True)
+    assert "".join(chunk.choices[0].delta.content or "" for chunk in pieces if chunk.choices) == whole.choices[0].message.content
+    assert whole.choices[0].finish_reason in ("stop", "length")
