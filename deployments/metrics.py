@@ -69,7 +69,9 @@ class MetricSpec:
         return f"ray_{self.name}"
 
 
-REQUESTS = MetricSpec(PREFIX + "requests", "counter", "requests by model, final status and error code", ("model", "status", "code"))
+REQUESTS = MetricSpec(
+    PREFIX + "requests", "counter", "requests by model, endpoint, final status and error code", ("model", "endpoint", "status", "code")
+)
 # Latencies by the `service_tier` each request was served in, to see what the tiers buy.
 MODEL_AND_TIER = ("model", "service_tier")
 TTFT = MetricSpec(PREFIX + "time_to_first_token_seconds", "histogram", "request received -> first completion token", MODEL_AND_TIER)
@@ -184,7 +186,7 @@ class RayServeMetrics:
     def request_finished(self, outcome: RequestOutcome) -> None:
         model = {"model": outcome.model}
         model_and_tier = {**model, "service_tier": outcome.service_tier}
-        self._metrics[REQUESTS].inc(1, {**model, "status": outcome.status, "code": outcome.code})
+        self._metrics[REQUESTS].inc(1, {**model, "endpoint": outcome.endpoint, "status": outcome.status, "code": outcome.code})
         self._metrics[E2E].observe(outcome.e2e_s, model_and_tier)
         if outcome.ttft_s is not None:
             self._metrics[TTFT].observe(outcome.ttft_s, model_and_tier)

@@ -26,11 +26,13 @@ logger = logging.getLogger(__name__)
 # completed / incomplete / failed: the response's own status. cancelled: the client went
 # away mid-stream. rejected: an error answer (4xx/5xx) instead of a response.
 Status = Literal["completed", "incomplete", "failed", "cancelled", "rejected"]
+# The API a request came by: /v1/responses, /v1/responses/compact, /v1/chat/completions, /v1/completions.
+Endpoint = Literal["responses", "responses.compact", "chat.completions", "completions"]
 
 
 @dataclass(frozen=True, slots=True)
 class RequestOutcome:
-    """One `/v1/responses` request, reported once when it ends."""
+    """One request of a model (`/v1/responses` and the others), reported once when it ends."""
 
     model: str  # a served model's name; "" when the request named none we serve
     status: Status
@@ -49,6 +51,7 @@ class RequestOutcome:
     prompt_tokenized_tokens: int = 0  # ... and tokenized
     service_tier: str = "default"  # the tier it was served in (api/service_tier.py)
     tenant: str = ""  # the caller's tenant ("" before it was known)
+    endpoint: Endpoint = "responses"
 
 
 @dataclass(slots=True)
@@ -83,6 +86,7 @@ class RequestTrace:
     prompt_tokenized_tokens: int = 0
     service_tier: str = "default"
     tenant: str = ""
+    endpoint: Endpoint = "responses"  # which API the request came by
     tool_rounds: list[ToolRound] = field(default_factory=list)  # the tool loop's rounds
     reported: bool = False
 
@@ -118,6 +122,7 @@ class RequestTrace:
             accepted_tokens=self.accepted_tokens,
             truncated_items=self.truncated_items,
             render_s=self.render_s,
+            endpoint=self.endpoint,
             prompt_reused_tokens=self.prompt_reused_tokens,
             prompt_tokenized_tokens=self.prompt_tokenized_tokens,
             service_tier=self.service_tier,

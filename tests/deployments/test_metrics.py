@@ -515,3 +515,20 @@ def test_every_metric_the_dashboard_names_is_exported(serve_url, metrics_port):
         engine.stats.remote(no_such_argument=1).result(timeout_s=30)
     wanted = set(load_dashboard().SERVE_METRICS) | {REQUESTS.exported, E2E.exported, TTFT.exported, TPOT.exported, OUTPUT_TOKENS.exported}
     assert poll(metrics_port, wanted, lambda families: wanted & set(families)) == wanted
+
+
+def test_requests_are_reported_by_endpoint(replay_backend):
+    """Chat Completions, compaction and the Responses API each report under their endpoint."""
+    recorder = Recorder()
+    with _serve(replay_backend, recorder) as url, httpx.Client(base_url=url, timeout=30) as http:
+        http.post("/responses", json={"model": "gpt-oss-replay", "input": "hi"}).raise_for_status()
+        http.post("/chat/completions", json={"model": "gpt-oss-replay", "messages": [{"role": "user", "content": "hi"}]}).raise_for_status()
+        http.post("/responses/compact", json={"model": "gpt-oss-replay", "input": "hi"}).raise_for_status()
+        http.post("/chat/completions", json={"model": "gpt-oss-replay", "messages": [], "n": 2})
+    assert [(o.endpoint, o.status) for o in recorder.outcomes] == [
+        ("responses", "completed"),
+        ("chat.completions", "completed"),
+        ("responses.compact", "completed"),
+        ("chat.completions", "rejected"),
+    ]
+    assert recorder.outcomes[2].output_tokens > 0  # the summary's

@@ -25,7 +25,7 @@ router = APIRouter()
 async def create_completion(http_request: Request) -> Response:
     context = app_context(http_request)
     settings = context.settings
-    trace = http_request.state.trace = RequestTrace(tenant=tenant_of(http_request.scope))
+    trace = http_request.state.trace = RequestTrace(tenant=tenant_of(http_request.scope), endpoint="completions")
     tenant = tenant_state(http_request)
     admission = await admit(tenant)  # before the body, as a response's
     try:

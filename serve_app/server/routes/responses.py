@@ -92,7 +92,7 @@ async def compact_response(http_request: Request) -> Response:
     """The conversation of `input` and/or `previous_response_id` as the model summarised it:
     the latest user messages and a `compaction` item sealing the summary for this tenant."""
     context = app_context(http_request)
-    trace = http_request.state.trace = RequestTrace(tenant=tenant_of(http_request.scope))
+    trace = http_request.state.trace = RequestTrace(tenant=tenant_of(http_request.scope), endpoint="responses.compact")
     tenant = tenant_state(http_request)
     admission = await admit(tenant)  # before the body, as a response's
     try:
@@ -114,6 +114,9 @@ async def compact_response(http_request: Request) -> Response:
         await release(admission)
     item = sealed_item(summary.text, KEEP_USER_CHARS, tenant.cipher)
     body = compaction_object(compacted_window(summary.window, item, KEEP_USER_CHARS), summary.usage)
+    if summary.usage is not None:
+        trace.prompt_tokens, trace.output_tokens = summary.usage.input_tokens, summary.usage.output_tokens
+    report_once(context.metrics, trace, "completed")
     logger.info("compaction %s: model=%s items=%d summary_chars=%d", body["id"], model.name, len(summary.window), len(summary.text))
     return _json(json.dumps(body, separators=(",", ":")))
 
