@@ -8,6 +8,7 @@ from pydantic import Field, field_validator, model_validator
 
 from serve_app.config.base import Strict
 from serve_app.config.models import DeploymentConfig
+from serve_app.state.conversations import DEFAULT_MAX_BYTES, DEFAULT_MAX_ITEMS, ConversationLimits
 from serve_app.state.responses import DEFAULT_CACHE_BYTES
 
 
@@ -34,6 +35,17 @@ class StoreConfig(Strict):
         description="each ingress replica keeps the finished turns it wrote or read (up to these stored bytes): a "
         "previous_response_id chain is then read from the store one new turn at a time, not whole (0: off)",
     )
+    conversation_max_items: int = Field(
+        DEFAULT_MAX_ITEMS,
+        ge=1,
+        description="items one conversation may hold; an append past it (POST .../items, or a turn with `conversation`) is a 400 "
+        "(a turn let in may land its output past it: the next is refused)",
+    )
+    conversation_max_bytes: int = Field(
+        DEFAULT_MAX_BYTES,
+        ge=1024,
+        description="bytes of items (as stored) one conversation may hold; past it, as for conversation_max_items",
+    )
     deployment: DeploymentConfig = Field(
         default_factory=lambda: DeploymentConfig(num_replicas=1, max_ongoing_requests=100_000, ray_actor_options={"num_cpus": 0}),
         description="embedded: Serve options of the store deployment (always one replica)",
@@ -56,6 +68,9 @@ class StoreConfig(Strict):
         if self.deployment.num_replicas not in (None, 1) or self.deployment.autoscaling_config is not None:
             raise ValueError("the embedded store runs exactly one replica: leave store.deployment.num_replicas at 1, without autoscaling")
         return self
+
+    def conversation_limits(self) -> ConversationLimits:
+        return ConversationLimits(self.conversation_max_items, self.conversation_max_bytes)
 
     def redis_url(self) -> str | None:
         import os

@@ -31,17 +31,23 @@ def output_reserve(max_output_tokens: int | None, max_model_len: int) -> int:
     return max_output_tokens if max_output_tokens is not None else max_model_len // 4
 
 
-def fit_to_context(render: Callable[[list[Item]], list[int]], history: Sequence[Item], budget: int) -> tuple[list[int], int]:
+def fit_to_context(
+    render: Callable[[list[Item]], list[int]], history: Sequence[Item], budget: int, *, lead: int | None = None, resumed: bool = False
+) -> tuple[list[int], int]:
     """The prompt of `history`, without as few of its oldest items as make it at most
     `budget` tokens, and how many items were dropped. When no cut fits, the shortest
-    prompt there is (the caller's context check then refuses it or caps the answer)."""
+    prompt there is (the caller's context check then refuses it or caps the answer).
+
+    `resumed`: `history` is the opening instructions (`lead` items) and then only the newest
+    items of a longer conversation (the older ones were not read, runtime/run.py); an output
+    among them whose call is not is taken to have its call among those not read."""
     prompt = render(list(history))
     if len(prompt) <= budget:
         return prompt, 0
-    cuts = cut_points(history)
+    lead = leading_instructions(history) if lead is None else lead
+    cuts = cut_points(history, lead, resumed)
     if not cuts:
         return prompt, 0
-    lead = leading_instructions(history)
     prompts: dict[int, list[int]] = {}
 
     def render_from(cut: int) -> list[int]:
@@ -89,25 +95,38 @@ def first_true(predicate: Callable[[int], bool], n: int, guess: int) -> int:
     return high
 
 
-def cut_points(history: Sequence[object]) -> list[int]:
+def cut_points(history: Sequence[object], lead: int | None = None, resumed: bool = False) -> list[int]:
     """Where the kept part of `history` may start, ascending: after the leading instructions
-    and the first item, at or before the last item, never between a call and its output."""
-    lead = leading_instructions(history)
+    and the first item, at or before the last item, never between a call and its output
+    (`resumed`: an output without its call has it before every cut)."""
+    lead = leading_instructions(history) if lead is None else lead
     # split[i] > 0: a call before i has its output at or after i.
     split = [0] * (len(history) + 1)
     calls: dict[str, int] = {}
     for index, item in enumerate(history):
         if isinstance(item, FunctionCallItem | CustomToolCallItem):
             calls[item.call_id] = index
-        elif isinstance(item, FunctionCallOutputItem | CustomToolCallOutputItem) and (call := calls.get(item.call_id)) is not None:
-            split[call + 1] += 1
-            split[index + 1] -= 1
+        elif isinstance(item, FunctionCallOutputItem | CustomToolCallOutputItem):
+            call = calls.get(item.call_id)
+            if call is None and resumed:
+                call = -1
+            if call is not None:
+                split[call + 1] += 1
+                split[index + 1] -= 1
     cuts, open_calls = [], 0
     for index in range(len(history)):
         open_calls += split[index]
         if index > lead and not open_calls:
             cuts.append(index)
     return cuts
+
+
+def whole_from(items: Sequence[object]) -> int:
+    """Where the newest items of a longer history (`items`, the older ones not read) may
+    start: the first index no call's output at or after it has its call before it, or
+    among the items not read. len(items) if there is none."""
+    cuts = cut_points(items, -1, resumed=True)
+    return cuts[0] if cuts else len(items)
 
 
 def _size(item: object) -> int:

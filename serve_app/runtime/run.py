@@ -11,11 +11,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import hashlib
+import itertools
 import logging
 import time
-from collections.abc import AsyncGenerator, Collection
-from typing import NamedTuple
+from collections.abc import AsyncGenerator, Awaitable, Callable, Collection
+from typing import Any, NamedTuple
 
 from openai.types.responses import ResponseError, ResponseFailedEvent, ResponseStreamEvent, ResponseUsage
 
@@ -30,14 +32,14 @@ from serve_app.core.stream import ResponseStream, new_id
 from serve_app.core.text_parser import TextParser
 from serve_app.core.tokens import EngineRejected, GenerationRequest, TokenBatch, TokenSource
 from serve_app.families.harmony import HistoryItem
-from serve_app.families.truncation import fit_to_context, output_reserve
+from serve_app.families.truncation import fit_to_context, output_reserve, whole_from
 from serve_app.runtime.compaction import KEEP_USER_CHARS, Compacted, compacted_item, open_compactions, summary_request
 from serve_app.runtime.metrics import RequestTrace
-from serve_app.runtime.offload import big_prompt, off_loop
+from serve_app.runtime.offload import BIG_HISTORY_CHARS, BIG_HISTORY_ITEMS, big_prompt, off_loop
 from serve_app.runtime.tool_loop import ToolRounds
 from serve_app.runtime.turn import ContextFull, ServedModel, Turn, engine_request
 from serve_app.state import ResponseStore, StoreUnavailable
-from serve_app.state.conversations import ConversationStore, conversation_not_found
+from serve_app.state.conversations import ConversationStore, as_history, builtin_ids, conversation_not_found, decode_all
 from serve_app.state.responses import with_ids
 from serve_app.tools.server_tools import ResponseTools, ServerToolRuntime, StreamTooLong, until
 
@@ -73,6 +75,7 @@ async def render_turn(
     tenant: str = "",
     response_id: str | None = None,
     compaction: CompactionItem | None = None,
+    appends: bool = False,
 ) -> RenderedTurn:
     """This turn's own input items and the prompt tokens: the history is rebuilt (a store
     read only with `previous_response_id` or `conversation`), encrypted reasoning and
@@ -81,7 +84,8 @@ async def render_turn(
     response and the model is prompted with those known without asking anyone (an MCP
     server's tools listed earlier in the conversation). `response_id`: the response's, whose
     ids its input items get. `compaction`: the response's own (`context_management`), read
-    after its input."""
+    after its input. `appends`: the turn will append its input and output to its
+    `conversation`, so one at its bound (`ConversationLimits`) is a 400 before it is read."""
     response_id = response_id or new_id("resp")
     items = await responses.resolve(request.input_items(), stored=request.store)  # item references: a store read each
 
@@ -89,41 +93,149 @@ async def render_turn(
         return with_ids(open_reasoning_items(items, cipher), response_id)
 
     input_items = await off_loop(opened) if big_prompt(items, 0) else opened()
+    extra: list[HistoryItem] = [compaction] if compaction is not None else []
+    budget = model.max_model_len - output_reserve(request.max_output_tokens, model.max_model_len)
+    cache = model.family.prompt_cache
+    reused_before = cache.hit_tokens if cache is not None else 0
+    rendered = 0  # tokens of every render
+
+    def render_with(asked: ResponsesRequest, items: list[HistoryItem]) -> list[int]:
+        nonlocal rendered
+        prompt = model.family.render_prompt(asked, items)
+        rendered += len(prompt)
+        return prompt
+
+    async def too_long(window: list[HistoryItem]) -> bool:
+        """Whether `window` (the newest items read so far) with this turn's input is already
+        over the budget: rendered without the tools (fewer tokens than the prompt will have)."""
+        items = open_compactions([*window, *input_items, *extra], cipher, len(input_items) + len(extra))
+        bare = request.model_copy(update={"tools": []})
+        size = functools.partial(render_with, bare, items)
+        return len(await off_loop(size) if big_prompt(items, 0) else size()) > budget
+
     history = input_items
+    lead, skipped, summarised = None, 0, False
     if request.previous_response_id is not None:
         history = await responses.history(request.previous_response_id) + input_items
     conversation_id = request.conversation_id
     if conversation_id is not None:
         if conversations is None or await conversations.get(conversation_id) is None:
             raise conversation_not_found(conversation_id, param="conversation")
-        history = await conversations.history(conversation_id) + input_items
-    if compaction is not None:
-        history = [*history, compaction]
-    history = open_compactions(history, cipher, len(input_items) + (compaction is not None))
+        if appends:
+            await conversations.check_room(conversation_id, input_items)
+        if request.truncation == "auto":  # only the newest items that can fit are read
+            window = await recent_history(conversations, conversation_id, too_long)
+            history, lead, skipped, summarised = window.items + input_items, window.lead, window.skipped, window.summarised
+        else:  # whole: a prompt longer than the context is refused, so every item counts
+            history = await whole_history(conversations, conversation_id) + input_items
+    history = open_compactions([*history, *extra], cipher, len(input_items) + len(extra))
     tools = server_tools.for_response(request, history, input_items, tenant) if server_tools is not None else None
     offered = tools.offer(request) if tools is not None else request
-    cache = model.family.prompt_cache
-    reused_before = cache.hit_tokens if cache is not None else 0
-    rendered = 0  # tokens of every render
+
     started = time.perf_counter()
 
     def render(items: list[HistoryItem]) -> list[int]:
-        nonlocal rendered
-        prompt = model.family.render_prompt(offered, items)
-        rendered += len(prompt)
-        return prompt
+        return render_with(offered, items)
 
     def render_fitting() -> tuple[list[int], int]:
         if request.truncation != "auto":
             return render(history), 0
-        budget = model.max_model_len - output_reserve(request.max_output_tokens, model.max_model_len)
-        return fit_to_context(render, history, budget)
+        if not skipped:
+            return fit_to_context(render, history, budget)
+        prompt, dropped = fit_to_context(render, history, budget, lead=lead, resumed=True)
+        # Nothing cut from a window that fits behind its compaction item: neither would be
+        # from the whole conversation, whose older items the compaction stands for.
+        return prompt, 0 if summarised and not dropped else skipped + dropped
 
     # A long conversation renders in a worker thread: the replica's other streams go on.
     prompt, truncated_items = await off_loop(render_fitting) if big_prompt(history, len(request.tools)) else render_fitting()
     reused = cache.hit_tokens - reused_before if cache is not None else 0
     cost = RenderCost(time.perf_counter() - started, reused, rendered - reused)
     return RenderedTurn(input_items, prompt, truncated_items, cost, affinity_key(request, history), history, tools)
+
+
+# The newest items of a conversation a `truncation: "auto"` turn reads first; each further
+# slice (older) is twice the last, until what was read passes the model's context.
+FIRST_SLICE = 64
+
+
+class Window(NamedTuple):
+    items: list[HistoryItem]  # the conversation's opening instructions, then its newest items
+    lead: int  # how many of `items` are the opening instructions
+    skipped: int  # items between the two, not read (or read and left out: they cannot start a prompt)
+    summarised: bool = False  # the read ended at a compaction item that stands for the items not read
+
+    @property
+    def resumed(self) -> bool:
+        return self.skipped > 0
+
+
+def _is_instruction(item: dict[str, Any]) -> bool:
+    return item.get("type") == "message" and item.get("role") in ("system", "developer")
+
+
+def _summarised(items: list[HistoryItem]) -> bool:
+    """Whether the newest compaction item among `items` has before it more user messages'
+    text than it keeps (`KEEP_USER_CHARS`): the model reads nothing older."""
+    last = next((index for index in range(len(items) - 1, -1, -1) if isinstance(items[index], CompactionItem)), None)
+    if last is None:
+        return False
+    chars = 0
+    for item in reversed(items[:last]):
+        if isinstance(item, MessageItem) and item.role == "user":
+            chars += len(item.text)
+            if chars > KEEP_USER_CHARS:
+                return True
+    return False
+
+
+async def _as_history(conversations: ConversationStore, conversation_id: str, records: list[bytes]) -> list[HistoryItem]:
+    """Stored records as history items (with their tool texts), decoded in a worker thread
+    when they are many or big."""
+    big = len(records) > BIG_HISTORY_ITEMS or sum(map(len, records)) > BIG_HISTORY_CHARS
+    decoded = await off_loop(decode_all, records) if big else decode_all(records)
+    texts = await conversations.tool_texts(conversation_id, builtin_ids(decoded))
+    return await off_loop(as_history, decoded, texts) if big else as_history(decoded, texts)
+
+
+async def whole_history(conversations: ConversationStore, conversation_id: str) -> list[HistoryItem]:
+    """Every item of the conversation (bounded by `ConversationLimits`), decoded off the loop
+    when they are many."""
+    return await _as_history(conversations, conversation_id, await conversations.records(conversation_id))
+
+
+async def recent_history(
+    conversations: ConversationStore, conversation_id: str, too_long: Callable[[list[HistoryItem]], Awaitable[bool]]
+) -> Window:
+    """The conversation's opening instructions (kept by truncation whatever its length) and
+    its newest items, read newest first in slices (`FIRST_SLICE`, doubling) until
+    `too_long` says they pass the context, or all were read. Each item renders at least a
+    token, so what is read is of the order of the context, whatever the conversation holds."""
+    length = await conversations.length(conversation_id)
+    head: list[HistoryItem] = []
+    lead_end = 0  # the first item that is not an opening instruction
+    while lead_end < length:
+        records = await conversations.records(conversation_id, lead_end, min(length, lead_end + FIRST_SLICE))
+        opening = list(itertools.takewhile(lambda record: _is_instruction(decode_all([record])[0]), records))
+        head += await _as_history(conversations, conversation_id, opening)
+        lead_end += len(opening)
+        if not records or len(opening) < len(records) or await too_long(head):
+            break
+    read: list[HistoryItem] = []
+    tail: list[HistoryItem] = []
+    stop, size = length, FIRST_SLICE
+    while stop > lead_end:
+        start = max(lead_end, stop - size)
+        read = await _as_history(conversations, conversation_id, await conversations.records(conversation_id, start, stop)) + read
+        stop, size = start, size * 2
+        # A function call's output whose call was not read starts no prompt, nor what follows
+        # it up to the next item that may.
+        tail = read[whole_from(read) :] if start > lead_end else read
+        if _summarised(tail):
+            return Window(head + tail, len(head), length - len(tail) - lead_end, summarised=True)
+        if await too_long(head + tail):
+            break
+    return Window(head + tail, len(head), length - len(tail) - lead_end)
 
 
 def affinity_key(request: ResponsesRequest, history: list[HistoryItem]) -> str | None:
@@ -154,18 +266,20 @@ async def start_turn(
     tenant: str = "",
     cache_salt: str | None = None,
     raw_prompt: list[int] | None = None,
+    appends: bool = True,
 ) -> Turn:
     """The history and prompt of `render_turn`, the engine request and the event stream.
     `raw_prompt`: the prompt itself (`/v1/completions`), read back as plain text.
     `trace`: the request's, for metrics (it learns how many items truncation left out).
     `service_tiers`: the tiers the caller may use (None: every one; others are served as `default`).
     `server_tools`: what runs the request's server-side tools (the tool loop), for `tenant`.
-    `cache_salt`: the tenant's, for the engine's prefix cache (`GenerationRequest.cache_salt`)."""
+    `cache_salt`: the tenant's, for the engine's prefix cache (`GenerationRequest.cache_salt`).
+    `appends`: whether the turn appends to its `conversation` (a summary written for one does not)."""
     response_id = new_id("resp")
     if raw_prompt is not None:
         rendered = RenderedTurn([], raw_prompt, 0, RenderCost(0.0, 0, 0), None, [], None)
     else:
-        rendered = await render_turn(request, model, responses, conversations, cipher, server_tools, tenant, response_id)
+        rendered = await render_turn(request, model, responses, conversations, cipher, server_tools, tenant, response_id, appends=appends)
     threshold = request.compact_threshold(model.max_model_len) if raw_prompt is None else None
     compactor = None
     if threshold is not None:  # `context_management`
@@ -179,7 +293,9 @@ async def start_turn(
     compaction = None
     if compactor is not None and threshold is not None and len(rendered.prompt) > threshold:  # compacted first
         compaction = await compactor(rendered.history)
-        rendered = await render_turn(request, model, responses, conversations, cipher, server_tools, tenant, response_id, compaction.opened)
+        rendered = await render_turn(
+            request, model, responses, conversations, cipher, server_tools, tenant, response_id, compaction.opened, appends=appends
+        )
         logger.info("response %s: compacted a prompt over its threshold %d into %d tokens", response_id, threshold, len(rendered.prompt))
     offered = rendered.tools.offer(request) if rendered.tools is not None else request
     prompt, cost = rendered.prompt, rendered.cost
@@ -255,7 +371,7 @@ async def summarize(
 ) -> Summary:
     """The model's answer to a `summary_request` (runtime/compaction.py); a 503 when the
     engine could not write it."""
-    turn = await start_turn(request, model, responses, conversations, cipher, tenant=tenant, cache_salt=cache_salt)
+    turn = await start_turn(request, model, responses, conversations, cipher, tenant=tenant, cache_salt=cache_salt, appends=False)
     # The conversation was read; the summary is not one of its turns (`store` is off too).
     turn.request = turn.request.model_copy(update={"conversation": None})
     async with contextlib.aclosing(run_turn(turn, responses)) as events:
@@ -305,8 +421,11 @@ async def run_turn(
                             saved = True
                         if turn.request.conversation_id is not None:  # the turn's input and output, in one append
                             assert turn.conversations is not None  # start_turn checked the conversation
-                            await turn.conversations.append(
-                                turn.request.conversation_id, turn.input_items + list(stream.response.output), stream.tool_texts
+                            await turn.conversations.append(  # let in by start_turn: counted, not refused
+                                turn.request.conversation_id,
+                                turn.input_items + list(stream.response.output),
+                                stream.tool_texts,
+                                enforce=False,
                             )
                     except StoreUnavailable as exc:
                         logger.warning("response %s: not stored: %s", stream.response.id, exc.message)

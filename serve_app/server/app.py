@@ -219,7 +219,7 @@ def _tenant_states(
         tenants[name] = TenantState(
             name,
             responses,
-            ConversationStore(store, name, ttl_s),
+            ConversationStore(store, name, ttl_s, settings.conversation_limits),
             background,
             tiers,
             quota,

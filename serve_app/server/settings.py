@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 from serve_app.api.limits import DEFAULT_LIMITS, RequestLimits
 from serve_app.config import DEFAULT_SSE_KEEPALIVE_S, AppConfig, AuthConfig, ReplicaLimits, ToolsConfig
+from serve_app.state.conversations import ConversationLimits
 from serve_app.state.responses import DEFAULT_CACHE_BYTES, DEFAULT_TTL_S
 
 __all__ = [
@@ -42,6 +43,10 @@ class ServerSettings:
 
     store_cache_bytes: int = DEFAULT_CACHE_BYTES
     """This replica's cache of finished turns (`TurnCache`), shared by its tenants; 0: none."""
+
+    conversation_limits: ConversationLimits = field(default_factory=ConversationLimits)
+    """What one conversation may hold (`store.conversation_max_items`, `..._max_bytes`): an
+    append past it is a 400."""
 
     auth: AuthConfig | None = None
     """API keys and their tenants. None: open, one anonymous tenant (and a warning if
@@ -105,6 +110,7 @@ class ServerSettings:
             store_timeout_s=config.store.timeout_s,
             store_ttl_s=config.store.ttl_s,
             store_cache_bytes=config.store.cache_bytes,
+            conversation_limits=config.store.conversation_limits(),
             auth=config.auth,
             listen_host=listen_host,
             max_request_bytes=config.max_request_bytes,

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from serve_app.api.items import FunctionCallItem, FunctionCallOutputItem, MessageItem, ReasoningItem
 from serve_app.api.request import ResponsesRequest
 from serve_app.families.harmony import render_prompt
-from serve_app.families.truncation import cut_points, first_true, fit_to_context, output_reserve
+from serve_app.families.truncation import cut_points, first_true, fit_to_context, output_reserve, whole_from
 from tests.support import sdk_scenarios
 
 REQUEST = ResponsesRequest(model="gpt-oss-replay", input="hi")
@@ -69,6 +69,31 @@ def test_cut_points_are_exactly_the_renderable_tails(history):
     assert cuts == expected
     for cut in cuts:
         render_prompt(REQUEST, history[:lead] + history[cut:])  # an orphaned output would be a 400
+
+
+@pytest.mark.slow
+@settings(max_examples=150)
+@given(conversations(), st.floats(0.0, 1.0), st.data())
+def test_a_window_of_the_newest_items_fits_as_the_whole_history_does(history, fraction, data):
+    """A conversation read newest first (runtime/run.py `recent_history`): its opening
+    instructions and the items from a window start on, read until they were over the budget.
+    With the window's front trimmed to where a prompt may start (`whole_from`) and its
+    outputs of unread calls taken as such (`resumed`), the prompt is the whole history's."""
+    lead = _lead(history)
+    if len(history) - lead < 2:
+        return
+    start = data.draw(st.integers(lead + 1, len(history) - 1))
+    read = history[start:]
+    window = history[:lead] + read[whole_from(read) :]
+    budget = int(len(render_prompt(REQUEST, history)) * fraction)
+    if whole_from(read) == len(read) or len(render_prompt(REQUEST, window)) <= budget:
+        return  # a window is only ever left unfinished once it is over the budget
+    expected, _ = fit_to_context(lambda items: render_prompt(REQUEST, items), history, budget)
+    prompt, _ = fit_to_context(lambda items: render_prompt(REQUEST, items), window, budget, lead=lead, resumed=True)
+    if len(expected) <= budget:
+        assert prompt == expected
+    else:  # nothing fits: both are over the budget, the caller refuses or caps either
+        assert len(prompt) > budget
 
 
 @pytest.mark.slow
