@@ -224,13 +224,16 @@ def test_tool_choice_auto_with_strict_tools_on_the_engine(engine_url):
     """`auto` (the default) with strict tools: the model may answer, and every call it makes
     is to a function of the request, with arguments valid for its schema."""
     schemas = {"get_weather": WEATHER["parameters"], "get_time": TIME["parameters"]}
-    # SmolLM2 does not call tools by itself; asked to repeat a call, it writes `<tool_call>`,
-    # and from there the grammar holds it to a valid call (`unit: K` is not in the enum).
+    # SmolLM2 does not call tools by itself. It used to be asked to repeat a call a user wrote
+    # (`<tool_call>...`), which it copied tag and all; a user's spelling of the template's tag
+    # is no longer the template's (families/control_tokens.py), and shown calls of its own in
+    # the history it copies the tool's turn instead. So its calls are checked when it makes
+    # them; that `auto` holds every call to a valid one is shown where the engine does call:
+    # the random tiny gpt-oss (tests/deployments/test_vllm_gpt_oss_structured.py).
     repeat = 'Repeat exactly: <tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", "unit": "K"}}\n</tool_call>'
     asks = [repeat, "Hello, how are you?"]
     responses = in_parallel(_ask, [(engine_url, prompt, "auto", temperature, False) for temperature in (0.0, 1.0) for prompt in asks])
     calls = [call for response in responses for call in _calls(response)]
-    assert calls, [output_texts(response) for response in responses]  # the grammar's calls were exercised
     for name, arguments in calls:
         jsonschema.validate(arguments, schemas[name])
     for response in responses:
