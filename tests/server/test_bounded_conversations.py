@@ -34,6 +34,8 @@ from serve_app.state import conversations as conversation_state
 from serve_app.state.conversations import ConversationLimits, ConversationStore
 from serve_app.state.redis import RedisStore
 
+pytestmark = pytest.mark.slow  # seconds each (slow uploads, large conversations): make test runs them, test-fast not
+
 MODEL = "gpt-oss-replay"
 CONTEXT = 4096
 LARGE = 4001  # items of the large conversation (a developer message, 1000 turns): ~10x what fits in CONTEXT

@@ -137,6 +137,7 @@ def _gaps_while_refused(url: str, bodies: list[bytes]) -> tuple[float, float]:
 # --- text the tokenizer would take quadratic time over --------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("model", ["gpt-oss-replay", "qwen3-replay"])
 def test_a_long_run_of_one_character_is_counted_and_answered(http, model):
     """`"€" * 200000` (600 KB) is one piece of harmony's pre-tokenizer split, which its BPE

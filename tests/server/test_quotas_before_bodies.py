@@ -29,6 +29,8 @@ from tests.support import socket_scenarios
 from tests.support.servers import uvicorn_server, wait_until
 from tests.support.tenant_scenarios import bearer
 
+pytestmark = pytest.mark.slow  # seconds each (slow uploads, large conversations): make test runs them, test-fast not
+
 KIB = 1024
 MAX_REQUEST_BYTES = 64 * KIB
 LIMITS = ReplicaLimits(max_request_bytes_in_flight=256 * KIB, body_read_timeout_s=20)  # a tenant's share: 64 KiB
