@@ -126,6 +126,11 @@ class LegacySampling(Lenient):
     stream: bool = False
     stream_options: StreamOptions | None = None
 
+    @property
+    def include_usage(self) -> bool:
+        """A stream's last chunk is the usage (`stream_options.include_usage`)."""
+        return self.stream_options is not None and self.stream_options.include_usage
+
 
 class ChatRequest(LegacySampling):
     messages: list[ChatMessage] = Field(min_length=1)

@@ -16,7 +16,7 @@ from serve_app.runtime.metrics import Metrics, RequestTrace
 from serve_app.runtime.run import REFUSAL_WINDOW_S, run_turn
 from serve_app.runtime.turn import Turn
 from serve_app.server.auth import tenant_of
-from serve_app.server.context import app_context, tenant_state
+from serve_app.server.context import AppContext, app_context, tenant_state
 from serve_app.server.routes.event_stream import EventStreamResponse
 from serve_app.server.routes.responses import admit, begin_turn, first_events, prepended, read_request, release, reported, run_to_end
 from serve_app.server.turn_headers import response_headers
@@ -40,17 +40,25 @@ async def create_chat_completion(http_request: Request) -> Response:
     events = run_turn(turn, tenant.responses, settings.max_stream_duration_s, refusal_window_s=REFUSAL_WINDOW_S)
     headers = response_headers(turn)
     if chat.stream:
-        first = await first_events(events)  # engines at capacity: a 503, not a stream
-        chunks = ChatChunks(chat.model, include_usage=chat.stream_options is not None and chat.stream_options.include_usage)
-        return EventStreamResponse(
-            legacy_sse(prepended(first, events), turn, context.metrics, chunks),
-            settings.sse_keepalive_s,
-            headers=headers,
-            send_timeout_s=settings.replica_limits.client_send_timeout_s,
-        )
+        return await legacy_stream(events, turn, context, ChatChunks(chat.model, include_usage=chat.include_usage), headers)
     response = await run_to_end(turn, events, context.metrics)
     body = chat_completion(response, chat.model, with_logprobs=chat.logprobs)
     return Response(body.model_dump_json(exclude_unset=True), media_type="application/json", headers=headers)
+
+
+async def legacy_stream(
+    events: AsyncGenerator[list[ResponseStreamEvent], None], turn: Turn, context: AppContext, chunker: Frames, headers: dict[str, str]
+) -> EventStreamResponse:
+    """The streamed answer of a Chat Completions or Completions request; engines at capacity
+    are a 503 before it starts, not a stream."""
+    first = await first_events(events)
+    settings = context.settings
+    return EventStreamResponse(
+        legacy_sse(prepended(first, events), turn, context.metrics, chunker),
+        settings.sse_keepalive_s,
+        headers=headers,
+        send_timeout_s=settings.replica_limits.client_send_timeout_s,
+    )
 
 
 class Frames(Protocol):

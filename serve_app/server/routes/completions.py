@@ -13,9 +13,8 @@ from serve_app.runtime.run import REFUSAL_WINDOW_S, run_turn
 from serve_app.runtime.turn import ServedModel
 from serve_app.server.auth import tenant_of
 from serve_app.server.context import app_context, tenant_state
-from serve_app.server.routes.chat import legacy_sse
-from serve_app.server.routes.event_stream import EventStreamResponse
-from serve_app.server.routes.responses import admit, begin_turn, first_events, prepended, read_request, release, run_to_end
+from serve_app.server.routes.chat import legacy_stream
+from serve_app.server.routes.responses import admit, begin_turn, read_request, release, run_to_end
 from serve_app.server.turn_headers import response_headers
 
 router = APIRouter()
@@ -39,14 +38,7 @@ async def create_completion(http_request: Request) -> Response:
     events = run_turn(turn, tenant.responses, settings.max_stream_duration_s, refusal_window_s=REFUSAL_WINDOW_S)
     headers = response_headers(turn)
     if completion.stream:
-        first = await first_events(events)
-        chunks = CompletionChunks(include_usage=completion.stream_options is not None and completion.stream_options.include_usage)
-        return EventStreamResponse(
-            legacy_sse(prepended(first, events), turn, context.metrics, chunks),
-            settings.sse_keepalive_s,
-            headers=headers,
-            send_timeout_s=settings.replica_limits.client_send_timeout_s,
-        )
+        return await legacy_stream(events, turn, context, CompletionChunks(include_usage=completion.include_usage), headers)
     response = await run_to_end(turn, events, context.metrics)
     return Response(text_completion(response).model_dump_json(exclude_unset=True), media_type="application/json", headers=headers)
 
