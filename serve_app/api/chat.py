@@ -15,12 +15,12 @@ from __future__ import annotations
 
 import json
 import time
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
 from openai.types.completion_usage import CompletionTokensDetails, CompletionUsage, PromptTokensDetails
 from openai.types.responses import Response, ResponseStreamEvent
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from serve_app.api.errors import invalid_request
 from serve_app.api.items import FUNCTION_NAME_PATTERN, Lenient, TextPart
@@ -109,9 +109,14 @@ class StreamOptions(Lenient):
     include_usage: bool = False
 
 
+MAX_STOP_SEQUENCES = 4  # OpenAI's
+MAX_STOP_CHARS = 1024  # a stream holds back at most this less one character (serve_app/core/stop.py)
+StopSequence = Annotated[str, Field(min_length=1, max_length=MAX_STOP_CHARS)]
+
+
 class LegacySampling(Lenient):
-    """What Chat Completions and Completions requests share: the model, sampling, and what
-    this server refuses of both (`n` > 1, `stop`, `logit_bias`)."""
+    """What Chat Completions and Completions requests share: the model, sampling, stop
+    sequences, and what this server refuses of both (`n` > 1, `logit_bias`)."""
 
     model: str = Field(min_length=1)
     temperature: float | None = Field(default=None, ge=0, le=2)
@@ -120,11 +125,23 @@ class LegacySampling(Lenient):
     frequency_penalty: float | None = Field(default=None, ge=-2, le=2)
     seed: int | None = None
     n: int = Field(default=1, ge=1)
-    stop: str | list[str] | None = None
+    stop: StopSequence | Annotated[list[StopSequence], Field(max_length=MAX_STOP_SEQUENCES)] | None = None
     logit_bias: dict[str, float] | None = None
     user: str | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
+
+    @field_validator("stop", mode="before")
+    @classmethod
+    def _few_stops(cls, stop: Any) -> Any:
+        if isinstance(stop, list) and len(stop) > MAX_STOP_SEQUENCES:
+            raise ValueError(f"at most {MAX_STOP_SEQUENCES} stop sequences, not {len(stop)}")
+        return stop
+
+    @property
+    def stop_sequences(self) -> tuple[str, ...]:
+        """`stop` as a tuple (empty: none)."""
+        return (self.stop,) if isinstance(self.stop, str) else tuple(self.stop or ())
 
     @property
     def include_usage(self) -> bool:
@@ -152,8 +169,6 @@ class ChatRequest(LegacySampling):
         """What this server does not do, as OpenAI-shaped 400s naming the parameter."""
         if self.n != 1:
             raise invalid_request("Only n=1 is supported: ask again for another choice.", param="n")
-        if self.stop:
-            raise invalid_request("'stop' sequences are not supported by this server.", param="stop")
         if self.logit_bias:
             raise invalid_request("'logit_bias' is not supported by this server.", param="logit_bias")
         if self.store:

@@ -36,7 +36,6 @@ class CompletionRequest(LegacySampling):
         for param, unsupported in [
             ("n", self.n != 1),
             ("best_of", self.best_of not in (None, 1)),
-            ("stop", bool(self.stop)),
             ("echo", self.echo),
             ("suffix", self.suffix is not None),
             ("logprobs", self.logprobs is not None),

@@ -112,7 +112,7 @@ def _param_path(loc: tuple[Any, ...]) -> str:
     return path
 
 
-_TYPE_LABELS = {"str", "int", "float", "bool", "dict", "list", "none"}
+_TYPE_LABELS = {"str", "constrained-str", "int", "float", "bool", "dict", "list", "none"}
 
 
 def from_validation_error(exc: ValidationError, at: tuple[str | int, ...] = ()) -> APIError:

@@ -29,7 +29,7 @@ import logging
 import re
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, cast
 
@@ -79,6 +79,7 @@ from serve_app.core.citations import CitationStream
 from serve_app.core.construct import trusted_constructor as _trusted_constructor
 from serve_app.core.items import CompletionParser, Phase
 from serve_app.core.logprobs import LogprobFormatter, for_delta, for_done
+from serve_app.core.stop import StopMatcher
 from serve_app.core.tokens import TokenBatch
 from serve_app.core.tool_items import (
     NOT_FINISHED,
@@ -199,6 +200,7 @@ class _OpenItem:
     logprobs: list[Logprob] = field(default_factory=list)  # messages, when asked for: every token's
     unsent_logprobs: list[Logprob] = field(default_factory=list)  # those of `unsent`
     citations: CitationStream | None = None  # messages of a response that browsed: markers -> annotations
+    stop: StopMatcher | None = None  # messages of a request with stop sequences
     annotations: list[AnnotationURLCitation] = field(default_factory=list)
 
 
@@ -217,13 +219,18 @@ class ResponseStream:
         encrypt_reasoning: Callable[[str], str] | None = None,
         service_tier: ServedTier = "default",
         compaction: ResponseCompactionItem | None = None,
+        stop: Sequence[str] = (),
     ) -> None:
         """`logprobs`: report the output text's logprobs (batches must carry them);
         `encrypt_reasoning`: give reasoning items `encrypted_content` (its text, encrypted);
         `service_tier`: the tier the request is served in (`service_tier.served_tier`);
         `compaction`: what the conversation was compacted into before the generation
-        (`context_management`): the first output item."""
+        (`context_management`): the first output item; `stop`: stop sequences (Chat
+        Completions and Completions): each message's text ends before the first one the
+        model writes in it, and the response with it (`stopped`)."""
         self._compaction = compaction
+        self._stop = tuple(stop)
+        self.stopped = False  # a stop sequence ended the response: the engine request can go
         self._events: list[ResponseStreamEvent] = []
         self._sequence_number = 0
         self._item: _OpenItem | None = None
@@ -329,7 +336,7 @@ class ResponseStream:
                 self._feed_with_logprobs(batch)
             else:
                 self._parser.feed(batch.token_ids)
-            if finish_reason in ("length", "stop"):
+            if finish_reason in ("length", "stop") and not self.stopped:
                 # Text the parser still held is part of the output.
                 self._parser.end(truncated=finish_reason == "length")
                 if with_logprobs:
@@ -338,7 +345,9 @@ class ResponseStream:
             # The details (the parser's view of the model's output) go to the log, not the client.
             logger.exception("response %s: the completion could not be parsed", self.response.id)
             return self.fail(f"The model produced output that could not be parsed (response {self.response.id}).")
-        if finish_reason is not None:
+        if self.stopped:  # at a stop sequence, whatever the engine would have gone on with
+            self._finish("completed")
+        elif finish_reason is not None:
             if finish_reason == "abort":
                 return self.fail("The generation was aborted by the engine.")
             if finish_reason == "stop" and self._unfinished:  # the tool loop runs them, then goes on
@@ -358,12 +367,16 @@ class ResponseStream:
         for token, logprobs in zip(batch.token_ids, engine_logprobs):
             attribution.wrote(token, logprobs)
             self._parser.feed([token])
+            if self.stopped:
+                return
             self._attribute_settled()
 
     def _attribute_settled(self) -> None:
         """Between tokens: the parser holds only an unfinished character and its `held_text`."""
         assert self._logprobs is not None
-        self._logprobs.attribute(settled=True, held_text=getattr(self._parser, "held_text", ""))
+        # Before the parser's held text, a message's possible start of a stop sequence.
+        held = self._item.stop.held_text if self._item is not None and self._item.stop is not None else ""
+        self._logprobs.attribute(settled=True, held_text=held + getattr(self._parser, "held_text", ""))
 
     def fail(self, message: str, code: Literal["server_error", "invalid_prompt"] = "server_error") -> list[ResponseStreamEvent]:
         """End with `response.failed`: open items are closed first, so none is left dangling.
@@ -400,14 +413,20 @@ class ResponseStream:
     # -- item operations (called by the completion parser) --------------------------------
 
     def open_reasoning(self) -> None:
+        if self.stopped:
+            return
         item = self._open("reasoning")
         self._emit_added(ResponseReasoningItem(id=item.id, type="reasoning", summary=[], content=[], status="in_progress"))
 
     def open_message(self, phase: Phase | None) -> None:
+        if self.stopped:
+            return
         self._open_message(phase)
 
     def _open_message(self, phase: Phase | None) -> _OpenItem:
         item = self._open("message", phase=phase)
+        if self._stop:
+            item.stop = StopMatcher(self._stop)
         if self.server_tools.citations is not None:
             item.citations = CitationStream(self.server_tools.citations)
         self._emit_added(ResponseOutputMessage(id=item.id, type="message", role="assistant", status="in_progress", content=[], phase=phase))
@@ -426,6 +445,8 @@ class ResponseStream:
     def open_function_call(self, name: str, namespace: str | None, json_arguments: bool = True) -> None:
         """A call the model makes: run by the server if `server_tools` says so, else by the client.
         `json_arguments`: the model writes the arguments as JSON (harmony's python code: as they are)."""
+        if self.stopped:
+            return
         kind = self.server_tools.kind_of(namespace, name)
         if kind is not None:
             self._open_server_call(kind, namespace, name, json_arguments=json_arguments)
@@ -536,9 +557,21 @@ class ResponseStream:
         return any(index < output_index for index in self._unfinished)
 
     def add_text(self, text: str) -> None:
+        if self.stopped:
+            return
         item = self._item
         if item is None:  # text outside any message cannot happen with harmony; keep it anyway
             item = self._open_message("final_answer")
+        if item.stop is None:
+            self._write(item, text)
+            return
+        if shown := item.stop.feed(text):  # the logprobs go with the text shown
+            self._write(item, shown)
+        if item.stop.stopped:
+            self.stopped = True
+            self.close_item("completed")
+
+    def _write(self, item: _OpenItem, text: str) -> None:
         if self._logprobs is not None:
             self._logprobs.released(item, text)  # as written: markers too
         if item.call is not None:  # a server-side call: its arguments, shown as its kind streams them
@@ -580,6 +613,8 @@ class ResponseStream:
         item = self._item
         if item is None:
             return
+        if item.stop is not None and (held := item.stop.finish()):  # no stop sequence after all
+            self._write(item, held)
         if item.citations is not None:  # a partial marker held back is text after all
             self._add_annotations(item, *item.citations.finish())
         if self._logprobs is not None:

@@ -16,7 +16,7 @@ import hashlib
 import itertools
 import logging
 import time
-from collections.abc import AsyncGenerator, Awaitable, Callable, Collection
+from collections.abc import AsyncGenerator, Awaitable, Callable, Collection, Sequence
 from typing import Any, NamedTuple
 
 from openai.types.responses import ResponseError, ResponseFailedEvent, ResponseStreamEvent, ResponseUsage
@@ -267,6 +267,7 @@ async def start_turn(
     cache_salt: str | None = None,
     raw_prompt: list[int] | None = None,
     appends: bool = True,
+    stop: Sequence[str] = (),
 ) -> Turn:
     """The history and prompt of `render_turn`, the engine request and the event stream.
     `raw_prompt`: the prompt itself (`/v1/completions`), read back as plain text.
@@ -274,7 +275,8 @@ async def start_turn(
     `service_tiers`: the tiers the caller may use (None: every one; others are served as `default`).
     `server_tools`: what runs the request's server-side tools (the tool loop), for `tenant`.
     `cache_salt`: the tenant's, for the engine's prefix cache (`GenerationRequest.cache_salt`).
-    `appends`: whether the turn appends to its `conversation` (a summary written for one does not)."""
+    `appends`: whether the turn appends to its `conversation` (a summary written for one does not).
+    `stop`: stop sequences (Chat Completions and Completions; `ResponseStream`)."""
     response_id = new_id("resp")
     if raw_prompt is not None:
         rendered = RenderedTurn([], raw_prompt, 0, RenderCost(0.0, 0, 0), None, [], None)
@@ -333,6 +335,7 @@ async def start_turn(
         encrypt_reasoning=cipher.encrypt if ENCRYPTED_REASONING in request.include else None,
         service_tier=tier,
         compaction=compaction.item if compaction is not None else None,
+        stop=stop,
     )
     if rendered.tools is not None:
         stream.server_tools = rendered.tools.routing()
@@ -569,6 +572,8 @@ async def _rounds(
                     rounds.saw(batch)
                 if events := stream.feed(batch):
                     yield events
+                if stream.stopped:  # at a stop sequence: closing the batches aborts the engine request
+                    break
         if not stream.finished and not stream.awaiting_tools:  # the source ended without a finish reason: a normal stop
             yield stream.feed(TokenBatch([], finish_reason="stop"))
         if stream.finished or rounds is None:

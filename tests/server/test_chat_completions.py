@@ -145,9 +145,40 @@ def test_logprobs_cover_the_content_and_the_limit_is_a_length_finish(client, mod
     assert legacy.usage.completion_tokens == 12
 
 
+@pytest.mark.parametrize("model", FAMILIES)
+def test_a_stop_sequence_ends_the_content_and_the_generation(client, model, replay_backend):
+    """The content ends before the first stop sequence (the reasoning never does), the
+    finish is `stop`, streamed and not, and the engine request ends there: usage counts the
+    tokens generated up to the stop, far fewer than the whole answer's."""
+    text = "Once upon a time STOP " + "and then more words " * 40
+    body = {"model": model, "messages": [{"role": "user", "content": text}]}
+    full = client.chat.completions.create(**body)
+    steps = replay_backend.num_steps
+    stopped = client.chat.completions.create(**body, stop=["STOP", "never"])
+    assert collected(stopped) == {**collected(full), "content": "Once upon a time ", "finish": "stop"}
+    assert stopped.usage.completion_tokens < full.usage.completion_tokens / 2
+    if model == "gpt-oss-replay":  # the engine was not asked for the rest
+        assert replay_backend.num_steps - steps < stopped.usage.completion_tokens
+    stream = streamed(client, **body, stop="STOP")
+    assert {key: stream[key] for key in ("content", "reasoning", "finish")} == {
+        key: collected(stopped)[key] for key in ("content", "reasoning", "finish")
+    }
+    assert stream["usage"].completion_tokens < full.usage.completion_tokens / 2
+    split = client.chat.completions.create(**body, stop=[" a t"], logprobs=True)  # a stop spanning tokens
+    assert split.choices[0].message.content == "Once upon"
+    assert "".join(entry.token for entry in split.choices[0].logprobs.content) == "Once upon"  # the tokens of the text shown
+
+
+@pytest.mark.parametrize(("stop", "param"), [([""], "stop[0]"), (["a", "b", "c", "d", "e"], "stop"), ("x" * 1025, "stop"), (7, "stop")])
+def test_bad_stop_sequences_are_a_400_naming_them(client, stop, param):
+    with pytest.raises(openai.BadRequestError) as error:
+        client.chat.completions.create(model="gpt-oss-replay", messages=[{"role": "user", "content": "hi"}], stop=stop)
+    assert error.value.body["param"] == param
+
+
 @pytest.mark.parametrize(
     ("extra", "param"),
-    [({"n": 2}, "n"), ({"stop": ["\n"]}, "stop"), ({"logit_bias": {"50256": -100}}, "logit_bias"), ({"store": True}, "store")],
+    [({"n": 2}, "n"), ({"logit_bias": {"50256": -100}}, "logit_bias"), ({"store": True}, "store")],
 )
 def test_what_is_not_supported_is_a_400_naming_it(client, extra, param):
     with pytest.raises(openai.BadRequestError) as error:

@@ -33,7 +33,7 @@ async def create_chat_completion(http_request: Request) -> Response:
     admission = await admit(tenant)  # before the body, as a response's
     try:
         chat, request = await read_request(http_request, parse_chat_request)
-        turn = await begin_turn(request, context, tenant, tenant.responses, trace, admission)
+        turn = await begin_turn(request, context, tenant, tenant.responses, trace, admission, stop=chat.stop_sequences)
     except BaseException:
         await release(admission)
         raise

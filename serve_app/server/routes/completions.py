@@ -30,7 +30,14 @@ async def create_completion(http_request: Request) -> Response:
     try:
         completion = await read_request(http_request, parse_completion_request)
         turn = await begin_turn(
-            completion.settings(), context, tenant, tenant.responses, trace, admission, raw_prompt=lambda model: _prompt(completion, model)
+            completion.settings(),
+            context,
+            tenant,
+            tenant.responses,
+            trace,
+            admission,
+            raw_prompt=lambda model: _prompt(completion, model),
+            stop=completion.stop_sequences,
         )
     except BaseException:
         await release(admission)

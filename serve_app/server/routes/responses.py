@@ -8,7 +8,7 @@ import functools
 import json
 import logging
 import time
-from collections.abc import AsyncGenerator, Callable
+from collections.abc import AsyncGenerator, Callable, Sequence
 from typing import TypeVar
 
 from fastapi import APIRouter, Request
@@ -189,13 +189,15 @@ async def begin_turn(
     trace: RequestTrace,
     admission: Admission | None = None,
     raw_prompt: Callable[[ServedModel], list[int]] | None = None,
+    stop: Sequence[str] = (),
 ) -> Turn:
     """`tenant`'s turn of the served model for `request` (history read from `responses`, the
     tenant's own or a view of them), logged; a 404 for a model not served, a 503 for one
     whose engine is down. `admission`: the request's, taken before its body was read (the
     turn takes it over; released here if the turn does not start); None: taken here (a
     WebSocket message, as its response starts). `raw_prompt`: the prompt's tokens for the
-    model, instead of a rendered conversation (`/v1/completions`)."""
+    model, instead of a rendered conversation (`/v1/completions`). `stop`: stop sequences
+    (Chat Completions and Completions)."""
     try:
         model = await served_model(context, request.model, trace)
         prompt = raw_prompt(model) if raw_prompt is not None else None
@@ -222,6 +224,7 @@ async def begin_turn(
             tenant.name,
             tenant.cache_salt,
             prompt,
+            stop=stop,
         )
         if admission is not None:  # and a `context_management` summary written first
             await admission.charge_tokens(len(turn.prompt) + (turn.compaction_usage.total_tokens if turn.compaction_usage else 0))
