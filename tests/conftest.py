@@ -21,6 +21,10 @@ settings.register_profile("untimed", deadline=None)
 settings.register_profile("ci", parent=settings.get_profile("untimed"), derandomize=True)
 settings.load_profile("ci" if os.environ.get("CI") else "untimed")
 
+# LiteLLM (a client the framework scenarios run) fetches its model cost map from GitHub at
+# import unless told to read the copy it ships: tests never reach the internet.
+os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+
 
 # The slow tests, marked by what they need, so that `make test-fast` (-m "not cluster and not
 # engine") is a quick inner loop: `cluster`, the session's Ray Serve app (`serve_url`);

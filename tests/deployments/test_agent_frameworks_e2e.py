@@ -1,4 +1,4 @@
-"""LangChain and Pydantic AI, unmodified, through Serve's proxy and its two ingress replicas
+"""LangChain, Pydantic AI and LiteLLM, unmodified, through Serve's proxy and its two ingress replicas
 (tests/support/framework_scenarios.py), on both families."""
 
 from __future__ import annotations

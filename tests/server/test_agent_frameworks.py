@@ -1,4 +1,4 @@
-"""LangChain and Pydantic AI, unmodified, on both families (tests/support/framework_scenarios.py);
+"""LangChain, Pydantic AI and LiteLLM, unmodified, on both families (tests/support/framework_scenarios.py);
 the same scenarios run through Serve in tests/deployments/test_agent_frameworks_e2e.py."""
 
 from __future__ import annotations
