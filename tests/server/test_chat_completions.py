@@ -15,7 +15,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from openai import OpenAI
-from openai.types.chat import ChatCompletion
+from openai.types.chat import ChatCompletion, ChatCompletionChunk
 from pydantic import BaseModel
 
 from serve_app.api.chat import ChatChunks, chat_completion
@@ -26,6 +26,7 @@ from serve_app.families.harmony import HarmonyParser
 from tests.core.test_stream_properties import completions, partition
 from tests.support.chat_contract import check_chat_stream
 from tests.support.clients import needs_vercel_ai, vercel_ai
+from tests.support.slow_reader import read_slowly, sse_data
 
 FAMILIES = ["gpt-oss-replay", "qwen3-replay"]
 LOOKUP = {
@@ -260,3 +261,57 @@ def test_the_vercel_ai_sdk_chat_provider_runs_a_tool_loop(inprocess_url, model, 
     assert run["result"]["text"] == "Tool lookup returned: sunny in Paris"
     assert run["result"]["steps"] == 2
     assert all("messages" in body for body in run["sent"])  # Chat Completions bodies
+
+
+def _answer_of(chunks: list[ChatCompletionChunk]) -> dict:
+    """A streamed completion put together: content, reasoning, calls (name and arguments), finish, usage."""
+    content, reasoning, calls, finish, usage = "", "", {}, None, None
+    for chunk in chunks:
+        usage = chunk.usage or usage
+        for choice in chunk.choices:
+            content += choice.delta.content or ""
+            reasoning += getattr(choice.delta, "reasoning_content", None) or ""
+            for call in choice.delta.tool_calls or []:
+                entry = calls.setdefault(call.index, {"id": call.id, "name": "", "arguments": ""})
+                assert call.id in (None, entry["id"])  # a stable id
+                entry["name"] += (call.function.name or "") if call.function else ""
+                entry["arguments"] += (call.function.arguments or "") if call.function else ""
+            finish = choice.finish_reason or finish
+    return {"content": content, "reasoning": reasoning, "calls": list(calls.values()), "finish": finish, "usage": usage}
+
+
+@pytest.mark.slow
+@settings(max_examples=12, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@given(
+    model=st.sampled_from(FAMILIES),
+    ask=st.one_of(
+        st.tuples(st.text(st.sampled_from('ab é👍\n{}"'), min_size=1, max_size=80), st.integers(1, 12)).map(lambda pair: pair[0] * pair[1]),
+        st.text(st.sampled_from("ab é👍"), min_size=1, max_size=20).map(lambda city: "call lookup " + json.dumps({"city": city})),
+    ),
+    seed=st.integers(0, 2**16),
+    sizes=st.lists(st.integers(1, 48), min_size=1, max_size=16),
+    pauses=st.lists(st.sampled_from([0.0, 0.0, 0.0005, 0.002]), min_size=1, max_size=8),
+    stop=st.none() | st.lists(st.sampled_from(["b", "é👍", " a", "\n\n"]), min_size=1, max_size=2),
+)
+def test_a_slow_reader_gets_the_non_streamed_answer(inprocess_url, model, ask, seed, sizes, pauses, stop):
+    """For random batchings (the replay engine's steps, drawn from the request's `seed`) and a
+    client that reads its stream a few bytes at a time with pauses (the server's writes
+    block), the stream put together is the non-streamed answer: content, reasoning, the
+    tool calls, the finish and the usage; with stop sequences too."""
+    body = {"model": model, "messages": [{"role": "user", "content": ask}], "tools": [LOOKUP], "seed": seed, "stop": stop}
+    with httpx.Client(timeout=60) as http:
+        whole = ChatCompletion.model_validate(http.post(f"{inprocess_url}/chat/completions", json=body).json())
+    stream = read_slowly(
+        f"{inprocess_url}/chat/completions", {**body, "stream": True, "stream_options": {"include_usage": True}}, sizes, pauses
+    )
+    data = sse_data(stream)
+    assert data[-1] == "[DONE]"
+    got = _answer_of([ChatCompletionChunk.model_validate_json(frame) for frame in data[:-1]])
+    message = whole.choices[0].message
+    assert got["content"] == (message.content or "")
+    assert got["reasoning"] == (getattr(message, "reasoning_content", None) or "")
+    assert [(c["name"], c["arguments"]) for c in got["calls"]] == [
+        (c.function.name, c.function.arguments) for c in message.tool_calls or []
+    ]
+    assert got["finish"] == whole.choices[0].finish_reason
+    assert got["usage"].completion_tokens == whole.usage.completion_tokens
