@@ -80,7 +80,7 @@ from serve_app.core.construct import trusted_constructor as _trusted_constructor
 from serve_app.core.items import CompletionParser, Phase
 from serve_app.core.logprobs import LogprobFormatter, for_delta, for_done
 from serve_app.core.stop import StopMatcher
-from serve_app.core.tokens import TokenBatch
+from serve_app.core.tokens import TokenBatch, TokenLogprobs
 from serve_app.core.tool_items import (
     NOT_FINISHED,
     CallKind,
@@ -231,6 +231,7 @@ class ResponseStream:
         self._compaction = compaction
         self._stop = tuple(stop)
         self.stopped = False  # a stop sequence ended the response: the engine request can go
+        self.prompt_logprobs: list[TokenLogprobs | None] | None = None  # the engine's, when asked for (`echo`)
         self._events: list[ResponseStreamEvent] = []
         self._sequence_number = 0
         self._item: _OpenItem | None = None
@@ -328,6 +329,8 @@ class ResponseStream:
             self._prompt_tokens += batch.num_prompt_tokens
         if batch.num_cached_tokens is not None:
             self._cached_tokens += batch.num_cached_tokens
+        if batch.prompt_logprobs is not None:
+            self.prompt_logprobs = batch.prompt_logprobs
         self._output_tokens += len(batch.token_ids)
         finish_reason = batch.finish_reason
         try:

@@ -51,6 +51,7 @@ class GenerationRequest:
     frequency_penalty: float = 0.0
     seed: int | None = None
     logprobs: int | None = None  # report logprobs with this many alternatives per token (0: none)
+    prompt_logprobs: int | None = None  # the same for the prompt's tokens (`/v1/completions` with `echo`)
     constraint: OutputConstraint | None = None  # structured outputs / enforced tool_choice
     # Who consumes the stream (inside Ray: the ingress replica's actor name), so the engine
     # can abort requests whose consumer died; None: not watched.
@@ -84,6 +85,9 @@ class TokenBatch:
     num_accepted_tokens: int = 0
     logprobs: list[TokenLogprobs] | None = None  # aligned with token_ids, when requested
     replica: str | None = None  # first batch: the engine replica generating it (`GenerationRequest.replica`)
+    # First batch, when asked for (`GenerationRequest.prompt_logprobs`): per prompt token, as
+    # `logprobs` (None for the first token, which nothing predicts).
+    prompt_logprobs: list[TokenLogprobs | None] | None = None
 
     def __reduce__(self) -> tuple[type[TokenBatch], tuple[Any, ...]]:
         # One per Ray object: the constructor and a tuple pickle in 49 bytes instead of 204
@@ -102,6 +106,8 @@ class TokenBatch:
             self.num_cached_tokens = later.num_cached_tokens
         if self.replica is None:
             self.replica = later.replica
+        if self.prompt_logprobs is None:
+            self.prompt_logprobs = later.prompt_logprobs
         self.num_draft_tokens += later.num_draft_tokens
         self.num_accepted_tokens += later.num_accepted_tokens
 

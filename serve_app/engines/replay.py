@@ -57,7 +57,7 @@ import regex
 from openai_harmony import Message, Role
 
 from serve_app.api.json_schema import PATTERN_TIMEOUT_S, instance
-from serve_app.core.tokens import FinishReason, GenerationRequest, OutputConstraint, TokenBatch
+from serve_app.core.tokens import FinishReason, GenerationRequest, OutputConstraint, TokenBatch, TokenLogprobs
 from serve_app.families.compaction import RECALL_REQUEST, REMEMBER, SUMMARY_REQUEST
 from serve_app.families.harmony import FUNCTIONS_NAMESPACE, render_completion
 from serve_app.families.vocab import harmony_encoding
@@ -319,6 +319,7 @@ class ReplayBackend:
                     num_prompt_tokens=len(request.prompt_token_ids) if first else None,
                     num_cached_tokens=cached if first else None,
                     logprobs=None if request.logprobs is None else [(0.0, [(t, 0.0)] if request.logprobs else []) for t in step],
+                    prompt_logprobs=_prompt_logprobs(request) if first else None,
                 )
                 first = False
         finally:
@@ -328,3 +329,11 @@ class ReplayBackend:
             self.prefix_cache.cached_tokens(request.prompt_token_ids + tokens[: max(0, position - 1)], request.cache_salt)
             self._running.discard(request.request_id)
             self._aborted.discard(request.request_id)
+
+
+def _prompt_logprobs(request: GenerationRequest) -> list[TokenLogprobs | None] | None:
+    """The script's certainty of the prompt, when asked for: 0.0 for every token but the first."""
+    if request.prompt_logprobs is None:
+        return None
+    top = request.prompt_logprobs
+    return [None] + [(0.0, [(t, 0.0)] if top else []) for t in request.prompt_token_ids[1:]]

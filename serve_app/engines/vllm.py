@@ -360,6 +360,8 @@ class VLLMBackend:
             sampling["presence_penalty"], sampling["frequency_penalty"] = request.presence_penalty, request.frequency_penalty
         if request.logprobs is not None:  # the sampled token's logprob and the top-k
             sampling["logprobs"] = request.logprobs
+        if request.prompt_logprobs is not None:  # the same for each prompt token (vLLM: with the first output)
+            sampling["prompt_logprobs"] = request.prompt_logprobs
         if request.constraint is not None:  # text.format / tool_choice: xgrammar masks the logits
             from vllm.sampling_params import StructuredOutputsParams
 
@@ -385,6 +387,8 @@ class VLLMBackend:
                     batch.logprobs = token_logprobs(completion, request.logprobs)
                 if first:
                     first = False
+                    if request.prompt_logprobs is not None:
+                        batch.prompt_logprobs = prompt_logprobs(out.prompt_logprobs, request.prompt_token_ids, request.prompt_logprobs)
                     batch.num_prompt_tokens = len(out.prompt_token_ids or request.prompt_token_ids)
                     batch.num_cached_tokens = out.num_cached_tokens or 0
                 if out.finished:
@@ -446,12 +450,17 @@ class VLLMBackend:
 def token_logprobs(completion: Any, top: int) -> list[TokenLogprobs]:
     """vLLM's logprobs of a delta's tokens: per position a dict {token id: Logprob(logprob,
     rank)} holding the sampled token (at its own rank) and ranks 1..top."""
-    positions = completion.logprobs or []
-    out: list[TokenLogprobs] = []
-    for token_id, position in zip(completion.token_ids, positions):
-        ranked = sorted(position.items(), key=lambda entry: entry[1].rank or 0)
-        out.append((position[token_id].logprob, [(t, lp.logprob) for t, lp in ranked if lp.rank is not None and lp.rank <= top]))
-    return out
+    return [_ranked(position, token_id, top) for token_id, position in zip(completion.token_ids, completion.logprobs or [])]
+
+
+def prompt_logprobs(positions: Any, prompt: list[int], top: int) -> list[TokenLogprobs | None]:
+    """vLLM's prompt logprobs (a dict per prompt token as `token_logprobs`'; None for the first)."""
+    return [None if position is None else _ranked(position, token_id, top) for token_id, position in zip(prompt, positions or [])]
+
+
+def _ranked(position: Any, token_id: int, top: int) -> TokenLogprobs:
+    ranked = sorted(position.items(), key=lambda entry: entry[1].rank or 0)
+    return position[token_id].logprob, [(t, lp.logprob) for t, lp in ranked if lp.rank is not None and lp.rank <= top]
 
 
 async def _shielded(awaitable: Any) -> None:

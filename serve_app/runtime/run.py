@@ -268,6 +268,7 @@ async def start_turn(
     raw_prompt: list[int] | None = None,
     appends: bool = True,
     stop: Sequence[str] = (),
+    prompt_logprobs: int | None = None,
 ) -> Turn:
     """The history and prompt of `render_turn`, the engine request and the event stream.
     `raw_prompt`: the prompt itself (`/v1/completions`), read back as plain text.
@@ -276,7 +277,9 @@ async def start_turn(
     `server_tools`: what runs the request's server-side tools (the tool loop), for `tenant`.
     `cache_salt`: the tenant's, for the engine's prefix cache (`GenerationRequest.cache_salt`).
     `appends`: whether the turn appends to its `conversation` (a summary written for one does not).
-    `stop`: stop sequences (Chat Completions and Completions; `ResponseStream`)."""
+    `stop`: stop sequences (Chat Completions and Completions; `ResponseStream`).
+    `prompt_logprobs`: the engine reports the prompt's logprobs with this many alternatives
+    (`/v1/completions` with `echo`; `ResponseStream.prompt_logprobs`)."""
     response_id = new_id("resp")
     if raw_prompt is not None:
         rendered = RenderedTurn([], raw_prompt, 0, RenderCost(0.0, 0, 0), None, [], None)
@@ -316,6 +319,7 @@ async def start_turn(
             priority=engine_priority(tier),
             cache_salt=cache_salt,
         )
+        generation.prompt_logprobs = prompt_logprobs
     except ContextFull as exc:
         raise invalid_request(
             f"This model's maximum context length is {exc.max_model_len} tokens, but the input has {exc.prompt_tokens} tokens. "

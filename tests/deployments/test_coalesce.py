@@ -93,9 +93,18 @@ def test_a_token_batch_pickles_every_field_and_stays_a_token_batch():
 
     import ray.cloudpickle
 
-    batch = TokenBatch([5, 6], "length", 7, 3, 4, 2, [(-0.1, [(5, -0.1)]), (-0.2, [(6, -0.2), (9, -1.5)])])
+    batch = TokenBatch(
+        [5, 6], "length", 7, 3, 4, 2, [(-0.1, [(5, -0.1)]), (-0.2, [(6, -0.2), (9, -1.5)])], prompt_logprobs=[None, (-0.3, [(8, -0.3)])]
+    )
     for dumps in (pickle.dumps, ray.cloudpickle.dumps):
         copy = pickle.loads(dumps(batch, protocol=5))
         assert type(copy) is TokenBatch
         assert copy == batch
         assert copy is not batch
+
+
+def test_a_merged_batch_keeps_the_first_batchs_prompt_logprobs():
+    first = TokenBatch([1], num_prompt_tokens=2, prompt_logprobs=[None, (-0.5, [])])
+    first.merge(TokenBatch([2]))
+    first.merge(TokenBatch([3], finish_reason="stop"))
+    assert (first.token_ids, first.prompt_logprobs, first.finish_reason) == ([1, 2, 3], [None, (-0.5, [])], "stop")

@@ -437,6 +437,26 @@ class EngineSuite:
         for (_, (a, _)), (_, (b, _)) in zip(runs["spec"], runs["plain"]):
             assert a == pytest.approx(b, abs=1e-3)
 
+    def test_prompt_logprobs_come_with_the_first_batch(self, engines: dict[str, Any]) -> None:
+        """`echo` with `logprobs` on /v1/completions: vLLM's prompt logprobs, one per prompt
+        token (none for the first), each with its top alternatives, in the first batch only."""
+        loop, plain = engines["loop"], engines["plain"]
+        prompt = _chat_prompt(engines["checkpoint"], "Repeat this text exactly: " + REPEAT_TEXT)
+        request = _request("prompt-lp", prompt, max_tokens=4)
+        request.prompt_logprobs = 2
+        batches = loop.run(_collect(plain.generate(request)))
+        first = batches[0].prompt_logprobs
+        assert first is not None
+        assert all(batch.prompt_logprobs is None for batch in batches[1:])
+        assert len(first) == len(prompt)
+        assert first[0] is None
+        for entry in first[1:]:
+            assert entry is not None
+            sampled, top = entry
+            assert sampled <= 0
+            assert len(top) == 2
+            assert [lp for _, lp in top] == sorted((lp for _, lp in top), reverse=True)
+
     def test_masked_candidates_never_reach_json(self, engines: dict[str, Any]) -> None:
         """Structured outputs mask candidates; vLLM reports them at -inf."""
         import json

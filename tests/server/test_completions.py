@@ -75,6 +75,66 @@ def test_a_stop_sequence_ends_the_text_streamed_and_not(client, model):
     assert "".join(pieces) == cut.choices[0].text
 
 
+def _streamed(client: OpenAI, **body) -> tuple[str, dict[str, list]]:
+    """A streamed completion's text and its chunks' logprobs put together."""
+    text, logprobs = "", {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
+    for chunk in client.completions.create(stream=True, **body):
+        for choice in chunk.choices:
+            text += choice.text
+            for key, values in logprobs.items():
+                values += getattr(choice.logprobs, key) if choice.logprobs else []
+    return text, logprobs
+
+
+def _check_offsets(text: str, logprobs) -> None:
+    """Each token at its `text_offset` in the text (tokens of whole characters)."""
+    assert "".join(logprobs["tokens"]) == text
+    assert len(logprobs["text_offset"]) == len(logprobs["tokens"])
+    for token, offset in zip(logprobs["tokens"], logprobs["text_offset"]):
+        assert text[offset : offset + len(token)] == token
+
+
+@pytest.mark.parametrize("model", FAMILIES)
+def test_logprobs_are_written_the_legacy_way(client, model):
+    """`logprobs: N`: a token, its logprob, its top N alternatives and its offset in the text,
+    per token of the text, streamed and not; with `stop`, of the text shown only."""
+    whole = client.completions.create(model=model, prompt=PROMPT, max_tokens=200, logprobs=2)
+    text, logprobs = whole.choices[0].text, whole.choices[0].logprobs.model_dump()
+    assert text == PROMPT
+    _check_offsets(text, logprobs)
+    assert logprobs["token_logprobs"] == [0.0] * len(logprobs["tokens"])  # the replay engine is sure
+    assert all(top == {token: 0.0} for token, top in zip(logprobs["tokens"], logprobs["top_logprobs"]))
+    assert _streamed(client, model=model, prompt=PROMPT, max_tokens=200, logprobs=2) == (text, logprobs)
+    stopped = client.completions.create(model=model, prompt=PROMPT, max_tokens=200, logprobs=0, stop=" in")
+    assert stopped.choices[0].text == "Once upon a time <|im_end|><|end|>"
+    _check_offsets(stopped.choices[0].text, stopped.choices[0].logprobs.model_dump())
+    assert stopped.choices[0].logprobs.top_logprobs == [{}] * len(stopped.choices[0].logprobs.tokens)  # none asked for
+
+
+@pytest.mark.parametrize("model", FAMILIES)
+def test_echo_returns_the_prompt_and_its_logprobs(client, model):
+    """`echo`: the prompt before the completion; with `logprobs`, the prompt's tokens first,
+    the first with no logprob (nothing predicts it), streamed and not."""
+    plain = client.completions.create(model=model, prompt=PROMPT, max_tokens=200, echo=True)
+    assert plain.choices[0].text == PROMPT + PROMPT
+    assert plain.choices[0].logprobs is None
+    whole = client.completions.create(model=model, prompt=PROMPT, max_tokens=200, echo=True, logprobs=1)
+    text, logprobs = whole.choices[0].text, whole.choices[0].logprobs.model_dump()
+    assert text == PROMPT + PROMPT
+    _check_offsets(text, logprobs)
+    prompt_tokens = whole.usage.prompt_tokens
+    assert len(logprobs["tokens"]) == prompt_tokens + whole.usage.completion_tokens - 1  # the completion's end token writes nothing
+    assert logprobs["token_logprobs"][0] is None
+    assert logprobs["top_logprobs"][0] is None
+    assert logprobs["token_logprobs"][1:] == [0.0] * (len(logprobs["tokens"]) - 1)
+    assert "".join(logprobs["tokens"][:prompt_tokens]) == PROMPT
+    assert _streamed(client, model=model, prompt=PROMPT, max_tokens=200, echo=True, logprobs=1) == (text, logprobs)
+    ids = client.completions.create(model="gpt-oss-replay", prompt=[12194, 13, 2375], max_tokens=10, echo=True)
+    assert ids.choices[0].text.startswith(
+        client.completions.create(model="gpt-oss-replay", prompt=[12194, 13, 2375], max_tokens=10).choices[0].text
+    )
+
+
 def test_token_ids_are_a_prompt_too(client):
     ids = client.completions.create(model="gpt-oss-replay", prompt=[12194, 13, 2375], max_tokens=10)
     assert ids.usage.prompt_tokens == 3
@@ -83,7 +143,7 @@ def test_token_ids_are_a_prompt_too(client):
 
 @pytest.mark.parametrize(
     ("extra", "param"),
-    [({"n": 2}, "n"), ({"echo": True}, "echo"), ({"suffix": "x"}, "suffix"), ({"logprobs": 2}, "logprobs")],
+    [({"n": 2}, "n"), ({"suffix": "x"}, "suffix"), ({"logprobs": 6}, "logprobs"), ({"best_of": 2}, "best_of")],
 )
 def test_what_is_not_supported_is_a_400_naming_it(client, extra, param):
     with pytest.raises(openai.BadRequestError) as error:

@@ -3,14 +3,17 @@ config allows raw prompts, on the same turn machinery as every response."""
 
 from __future__ import annotations
 
+import json
+
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
-from serve_app.api.completions import CompletionChunks, CompletionRequest, parse_completion_request, text_completion
+from serve_app.api.completions import CompletionChunks, CompletionRequest, Echo, LegacyToken, parse_completion_request, text_completion
 from serve_app.api.errors import invalid_request
+from serve_app.core.logprobs import LogprobFormatter, token_string
 from serve_app.runtime.metrics import RequestTrace
 from serve_app.runtime.run import REFUSAL_WINDOW_S, run_turn
-from serve_app.runtime.turn import ServedModel
+from serve_app.runtime.turn import ServedModel, Turn
 from serve_app.server.auth import tenant_of
 from serve_app.server.context import app_context, tenant_state
 from serve_app.server.routes.chat import legacy_stream
@@ -38,16 +41,24 @@ async def create_completion(http_request: Request) -> Response:
             admission,
             raw_prompt=lambda model: _prompt(completion, model),
             stop=completion.stop_sequences,
+            prompt_logprobs=completion.logprobs if completion.echo else None,
         )
     except BaseException:
         await release(admission)
         raise
     events = run_turn(turn, tenant.responses, settings.max_stream_duration_s, refusal_window_s=REFUSAL_WINDOW_S)
     headers = response_headers(turn)
+    with_logprobs = completion.logprobs is not None
+
+    def echo() -> Echo:
+        return _echo(completion, turn, with_logprobs)
+
     if completion.stream:
-        return await legacy_stream(events, turn, context, CompletionChunks(include_usage=completion.include_usage), headers)
+        chunker = CompletionChunks(completion.include_usage, with_logprobs, echo if completion.echo else None)
+        return await legacy_stream(events, turn, context, chunker, headers)
     response = await run_to_end(turn, events, context.metrics)
-    return Response(text_completion(response).model_dump_json(exclude_unset=True), media_type="application/json", headers=headers)
+    body = text_completion(response, with_logprobs, echo() if completion.echo else None)
+    return Response(json.dumps(body, separators=(",", ":")), media_type="application/json", headers=headers)
 
 
 def _prompt(completion: CompletionRequest, model: ServedModel) -> list[int]:
@@ -61,3 +72,24 @@ def _prompt(completion: CompletionRequest, model: ServedModel) -> list[int]:
     if text is None:
         return completion.token_ids or []
     return model.family.encode_raw(text)
+
+
+def _echo(completion: CompletionRequest, turn: Turn, with_logprobs: bool) -> Echo:
+    """The prompt as `echo` returns it: its text (token ids: the text they write), and with
+    logprobs, its tokens' as the engine reported them (once its first tokens are in)."""
+    family = turn.model.family
+    text = completion.text
+    if text is None:
+        text = b"".join(family.token_bytes(token) for token in turn.prompt if family.writes_text(token)).decode("utf-8", "replace")
+    if not with_logprobs:
+        return Echo(text)
+    reported = turn.stream.prompt_logprobs or [None] * len(turn.prompt)
+    formatter = LogprobFormatter(family)
+    tokens: list[LegacyToken] = []
+    for token, logprobs in zip(turn.prompt, reported):
+        if logprobs is None:  # the first token: nothing predicts it
+            tokens.append((token_string(family.token_bytes(token)), None, None))
+        else:
+            entry = formatter.logprob(token, logprobs)
+            tokens.append((entry.token, entry.logprob, {top.token: top.logprob for top in entry.top_logprobs}))
+    return Echo(text, tokens)

@@ -190,6 +190,7 @@ async def begin_turn(
     admission: Admission | None = None,
     raw_prompt: Callable[[ServedModel], list[int]] | None = None,
     stop: Sequence[str] = (),
+    prompt_logprobs: int | None = None,
 ) -> Turn:
     """`tenant`'s turn of the served model for `request` (history read from `responses`, the
     tenant's own or a view of them), logged; a 404 for a model not served, a 503 for one
@@ -197,7 +198,8 @@ async def begin_turn(
     turn takes it over; released here if the turn does not start); None: taken here (a
     WebSocket message, as its response starts). `raw_prompt`: the prompt's tokens for the
     model, instead of a rendered conversation (`/v1/completions`). `stop`: stop sequences
-    (Chat Completions and Completions)."""
+    (Chat Completions and Completions). `prompt_logprobs`: the prompt's logprobs asked of
+    the engine (`/v1/completions` with `echo`)."""
     try:
         model = await served_model(context, request.model, trace)
         prompt = raw_prompt(model) if raw_prompt is not None else None
@@ -225,6 +227,7 @@ async def begin_turn(
             tenant.cache_salt,
             prompt,
             stop=stop,
+            prompt_logprobs=prompt_logprobs,
         )
         if admission is not None:  # and a `context_management` summary written first
             await admission.charge_tokens(len(turn.prompt) + (turn.compaction_usage.total_tokens if turn.compaction_usage else 0))
