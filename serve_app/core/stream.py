@@ -21,6 +21,11 @@ With the browser among the response's tools (`ServerTools.citations`), the model
 markers (`【3†L10-L15】`) are taken out of its messages' text as they stream and become
 `url_citation` annotations (`response.output_text.annotation.added`, after the delta that
 holds the text they annotate); logprobs, when asked for, still cover every token written.
+
+Stop sequences (`stop` of Chat Completions and Completions, `core/stop.py`): each message's
+text is shown up to the first one; what may still become one is held back. At a stop the
+message is closed, the rest of the batch ignored and the response completed (`stopped`:
+the caller ends the engine request); logprobs cover the tokens of the text shown.
 """
 
 from __future__ import annotations
