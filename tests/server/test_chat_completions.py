@@ -210,7 +210,9 @@ def test_the_raw_stream_keeps_the_chunk_contract_and_adds_up_to_the_completion(i
     body = {"model": model, "messages": [{"role": "user", "content": text}]} | ({"tools": [LOOKUP]} if tools else {})
     with httpx.Client(timeout=30) as http:
         whole = ChatCompletion.model_validate(http.post(f"{inprocess_url}/chat/completions", json=body).json())
-        raw = http.post(f"{inprocess_url}/chat/completions", json=body | {"stream": True, "stream_options": {"include_usage": True}}).content
+        raw = http.post(
+            f"{inprocess_url}/chat/completions", json=body | {"stream": True, "stream_options": {"include_usage": True}}
+        ).content
     answer = check_chat_stream(raw, include_usage=True)
     assert answer.same_as(whole)
     assert answer.finish_reason == ("tool_calls" if tools else "stop")
