@@ -20,10 +20,11 @@ from typing import Annotated, Any, Literal
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
 from openai.types.completion_usage import CompletionTokensDetails, CompletionUsage, PromptTokensDetails
 from openai.types.responses import Response, ResponseStreamEvent
-from pydantic import Field, field_validator, model_validator
+from pydantic import ConfigDict, Field, field_validator, model_validator
 
 from serve_app.api.errors import invalid_request
 from serve_app.api.items import FUNCTION_NAME_PATTERN, Lenient, TextPart
+from serve_app.api.json_schema import OBJECT_SCHEMA_FIELD, SCHEMA_FIELD
 from serve_app.api.limits import DEFAULT_LIMITS, RequestLimits
 from serve_app.api.request import ResponsesRequest, parse_body, parse_request
 from serve_app.api.service_tier import ServiceTier
@@ -34,7 +35,7 @@ from serve_app.api.service_tier import ServiceTier
 class ChatFunction(Lenient):
     name: str = Field(pattern=FUNCTION_NAME_PATTERN)
     description: str | None = None
-    parameters: dict[str, Any] | None = None
+    parameters: dict[str, Any] | None = Field(default=None, json_schema_extra=OBJECT_SCHEMA_FIELD)
     strict: bool | None = None
 
 
@@ -61,6 +62,16 @@ class ChatContentPart(Lenient):
 
 
 class ChatMessage(Lenient):
+    # The schema says what `ChatRequest._items` checks: a tool message names its call.
+    model_config = ConfigDict(
+        extra="ignore",
+        json_schema_extra={
+            "anyOf": [
+                {"properties": {"role": {"not": {"const": "tool"}}}},
+                {"required": ["tool_call_id"], "properties": {"tool_call_id": {"type": "string", "minLength": 1}}},
+            ]
+        },
+    )
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[ChatContentPart] | None = None
     name: str | None = None
@@ -79,12 +90,21 @@ class ChatMessage(Lenient):
 
 class JSONSchemaSpec(Lenient):
     name: str = Field(pattern=FUNCTION_NAME_PATTERN)
-    schema_: dict[str, Any] = Field(default_factory=lambda: {"type": "object"}, alias="schema")
+    schema_: dict[str, Any] = Field(default_factory=lambda: {"type": "object"}, alias="schema", json_schema_extra=SCHEMA_FIELD)
     description: str | None = None
     strict: bool | None = None
 
 
 class ResponseFormat(Lenient):
+    model_config = ConfigDict(  # the schema says what `_schema_given` checks
+        extra="ignore",
+        json_schema_extra={
+            "anyOf": [
+                {"properties": {"type": {"not": {"const": "json_schema"}}}},
+                {"required": ["json_schema"], "properties": {"json_schema": {"type": "object"}}},
+            ]
+        },
+    )
     type: Literal["text", "json_object", "json_schema"]
     json_schema: JSONSchemaSpec | None = None
 

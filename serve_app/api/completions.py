@@ -17,7 +17,7 @@ import codecs
 import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Annotated, Any
 
 from openai.types.responses import Response, ResponseStreamEvent
 from pydantic import Field
@@ -30,8 +30,12 @@ from serve_app.api.request import ResponsesRequest, parse_body
 OPENAI_DEFAULT_MAX_TOKENS = 16  # the legacy endpoint's default, as OpenAI's
 
 
+# A token id: what engines take (vLLM refuses ids past the model's vocabulary with a 400).
+TokenId = Annotated[int, Field(ge=0, lt=2**31)]
+
+
 class CompletionRequest(LegacySampling):
-    prompt: str | list[str] | list[int]
+    prompt: str | list[str] | list[TokenId]
     max_tokens: int | None = Field(default=OPENAI_DEFAULT_MAX_TOKENS, ge=1)
     best_of: int | None = Field(default=None, ge=1)
     echo: bool = False

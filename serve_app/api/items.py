@@ -16,6 +16,10 @@ from pydantic import (
 )
 
 FUNCTION_NAME_PATTERN = r"^[a-zA-Z0-9_\-]{1,64}$"
+# The name of what an earlier call called (a function, a namespace, an MCP server or tool):
+# rendered into a harmony header (`to=NAMESPACE.NAME`), where a space or other punctuation
+# would break it. What a tool may be named (OpenAI's function names, MCP's tool names).
+CalledName = Annotated[str, Field(pattern=r"^[a-zA-Z0-9_.\-]{1,128}$")]
 
 
 class Lenient(BaseModel):
@@ -67,6 +71,11 @@ def parts_text(content: str | list[ContentPart]) -> str:
 
 
 class MessageItem(Lenient):
+    # The schema says what `_phase_is_the_assistants` checks.
+    model_config = ConfigDict(
+        extra="ignore",
+        json_schema_extra={"anyOf": [{"not": {"required": ["phase"]}}, {"properties": {"phase": {"type": "null"}}}, {"properties": {"role": {"const": "assistant"}}}]},
+    )
     type: Literal["message"] = "message"
     id: str | None = None
     role: Literal["user", "system", "developer", "assistant"]
@@ -90,8 +99,8 @@ class FunctionCallItem(Lenient):
     type: Literal["function_call"]
     id: str | None = None
     call_id: str = Field(min_length=1)
-    name: str = Field(min_length=1)
-    namespace: str | None = None
+    name: CalledName
+    namespace: CalledName | None = None
     arguments: str
 
 
@@ -112,8 +121,8 @@ class CustomToolCallItem(Lenient):
     type: Literal["custom_tool_call"]
     id: str | None = None
     call_id: str = Field(min_length=1)
-    name: str = Field(min_length=1)
-    namespace: str | None = None
+    name: CalledName
+    namespace: CalledName | None = None
     input: str
 
 
@@ -182,7 +191,7 @@ class McpListToolsItem(Lenient):
 
     type: Literal["mcp_list_tools"]
     id: str | None = None
-    server_label: str
+    server_label: CalledName
     tools: list[McpListedTool] = Field(default_factory=list)
     error: str | None = None
 
@@ -190,8 +199,8 @@ class McpListToolsItem(Lenient):
 class McpCallItem(Lenient):
     type: Literal["mcp_call"]
     id: str | None = None
-    server_label: str
-    name: str
+    server_label: CalledName
+    name: CalledName
     arguments: str
     output: str | None = None
     # The SDK's tagged union (openai 3.x) or a plain message (2.x): the model reads its text.
@@ -203,8 +212,8 @@ class McpCallItem(Lenient):
 class McpApprovalRequestItem(Lenient):
     type: Literal["mcp_approval_request"]
     id: str = Field(min_length=1)
-    server_label: str
-    name: str
+    server_label: CalledName
+    name: CalledName
     arguments: str
 
 
@@ -254,6 +263,8 @@ class ItemReference(Lenient):
     """An earlier item by its id (the Vercel AI SDK sends reasoning back so when `store` is on):
     resolved from the caller's stored responses before anything is rendered."""
 
+    # Without a `type`, an object with a `role` is a message (`_item_tag`), never a reference.
+    model_config = ConfigDict(extra="ignore", json_schema_extra={"anyOf": [{"required": ["type"]}, {"not": {"required": ["role"]}}]})
     type: Literal["item_reference"] = "item_reference"
     id: str = Field(min_length=1, max_length=256)
 

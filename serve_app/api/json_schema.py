@@ -68,6 +68,12 @@ FORMAT_EXAMPLES = {
 _SCHEMA_TYPES = {"object", "array", "string", "integer", "number", "boolean", "null"}
 
 
+# `json_schema_extra` of a field whose value is a JSON Schema: /openapi.json (server/openapi.py)
+# describes it as one (any, or of type `object`: a function's `parameters`).
+SCHEMA_FIELD: dict[str, Any] = {"x-json-schema": "any"}
+OBJECT_SCHEMA_FIELD: dict[str, Any] = {"x-json-schema": "object"}
+
+
 class UnsupportedSchema(ValueError):
     """A valid JSON Schema this server cannot enforce (or strict mode does not allow)."""
 

@@ -10,7 +10,8 @@ limit (`RequestLimits`, the config's `request_limits`):
 - nesting of arrays and objects anywhere (`max_json_depth`) and inside a schema
   (`max_schema_depth`); JSON values in the request's schemas together (`max_schema_nodes`);
 - input items, tools (namespaces and their functions count), any other array;
-- strings: every text (`max_text_chars`), ids and names (`max_id_chars`), `metadata`;
+- strings: every text (`max_text_chars`), ids and names (`max_id_chars`: the request's, and
+  its input items' or a conversation's new items'), `metadata`;
 - a lone UTF-16 surrogate in any string (`"\\ud800"` decodes to one): not text, it could
   not be stored or sent back.
 
@@ -33,8 +34,8 @@ from serve_app.api.errors import APIError, invalid_request
 MAX_NUMBER_CHARS = 100  # digits, sign, point and exponent of one number
 _SURROGATE = re.compile("[\ud800-\udfff]")
 # Identifiers and names: at most `max_id_chars` each (item and tool fields below, and these).
-_ID_FIELDS = ("model", "previous_response_id", "user", "prompt_cache_key", "safety_identifier", "service_tier", "truncation")
-_ITEM_ID_FIELDS = ("id", "call_id", "name", "namespace", "role", "type", "status")
+ID_FIELDS = ("model", "previous_response_id", "user", "prompt_cache_key", "safety_identifier", "service_tier", "truncation")
+ITEM_ID_FIELDS = ("id", "call_id", "name", "namespace", "role", "type", "status")
 
 
 class RequestLimits(BaseModel):
@@ -148,16 +149,17 @@ def check_shape(data: dict[str, Any], limits: RequestLimits = DEFAULT_LIMITS) ->
         raise _too_many("input", len(items), limits.max_input_items, "max_input_items")
     _check_tools(data.get("tools"), limits)
     _check_metadata(data.get("metadata"), limits)
-    for name in _ID_FIELDS:
+    for name in ID_FIELDS:
         check_id(data.get(name), name, limits)
     conversation = data.get("conversation")
     check_id(conversation.get("id") if isinstance(conversation, dict) else conversation, "conversation", limits)
     counted = {id(items), *_tool_lists(data.get("tools"))}  # arrays with limits of their own
-    if isinstance(items, list):
-        for index, item in enumerate(items):
+    for key in ("input", "items"):  # a response's input, a conversation's new items
+        listed = data.get(key)
+        for index, item in enumerate(listed if isinstance(listed, list) else []):
             if isinstance(item, dict):
-                for name in _ITEM_ID_FIELDS:
-                    check_id(item.get(name), f"input[{index}].{name}", limits)
+                for name in ITEM_ID_FIELDS:
+                    check_id(item.get(name), f"{key}[{index}].{name}", limits)
     schemas = list(_schemas(data))
     _check_schemas(schemas, limits)
     _walk(data, limits, counted)

@@ -30,7 +30,7 @@ from pydantic import (
 
 from serve_app.api.errors import from_validation_error, invalid_request
 from serve_app.api.items import FUNCTION_NAME_PATTERN, HistoryItem, InputItem, ItemReference, Lenient, MessageItem
-from serve_app.api.json_schema import check_schema, strict_problem
+from serve_app.api.json_schema import SCHEMA_FIELD, check_schema, strict_problem
 from serve_app.api.limits import DEFAULT_LIMITS, RequestLimits, check_shape, decode_json
 from serve_app.api.service_tier import ServiceTier
 from serve_app.api.tools import (
@@ -58,6 +58,8 @@ class ReasoningConfig(Lenient):
 
 
 class TextFormat(Lenient):
+    # `_format_tag` needs the `type` (a format without one is a 400): the schema says so.
+    model_config = ConfigDict(extra="ignore", json_schema_extra={"required": ["type"]})
     type: Literal["text"] = "text"
 
 
@@ -68,7 +70,7 @@ class JSONSchemaFormat(Lenient):
     model_config = ConfigDict(extra="ignore", populate_by_name=True)
     type: Literal["json_schema"]
     name: str = Field(pattern=FUNCTION_NAME_PATTERN)
-    schema_: dict[str, Any] = Field(alias="schema")
+    schema_: dict[str, Any] = Field(alias="schema", json_schema_extra=SCHEMA_FIELD)
     description: str | None = None
     strict: bool | None = None
 
@@ -137,9 +139,32 @@ class ContextManagement(Lenient):
     compact_threshold: int | None = Field(default=None, ge=MIN_COMPACT_THRESHOLD)
 
 
+def _not_empty(schema: dict[str, Any]) -> None:
+    """The schema of `_not_empty`'s check: a string or an array, neither empty."""
+    for branch in schema.get("anyOf", []):
+        if branch.get("type") == "string":
+            branch["minLength"] = 1
+        elif branch.get("type") == "array":
+            branch["minItems"] = 1
+
+
+def _set(name: str) -> dict[str, Any]:
+    return {"required": [name], "properties": {name: {"not": {"type": "null"}}}}
+
+
 class ResponsesRequest(Lenient):
+    # The schema says what `_check_combinations` checks (OpenAI's rules).
+    model_config = ConfigDict(
+        extra="ignore",
+        json_schema_extra={
+            "allOf": [
+                {"not": {"required": ["background", "store"], "properties": {"background": {"const": True}, "store": {"const": False}}}},
+                {"not": {"allOf": [_set("conversation"), _set("previous_response_id")]}},
+            ]
+        },
+    )
     model: str = Field(min_length=1)
-    input: str | list[InputItem]
+    input: str | list[InputItem] = Field(json_schema_extra=_not_empty)
     instructions: str | None = None
     tools: list[Tool] = Field(default_factory=list)
     tool_choice: Literal["auto", "none", "required"] | ToolChoiceObject = "auto"
@@ -178,35 +203,33 @@ class ResponsesRequest(Lenient):
             raise ValueError("input must not be empty")
         return value
 
-    @model_validator(mode="after")
-    def _consistent_tools(self) -> ResponsesRequest:
+    @field_validator("tools")
+    @classmethod
+    def _consistent_tools(cls, tools: list[Tool]) -> list[Tool]:
+        """Tools the model could not tell apart (a 400 naming `tools`)."""
+        functions = [t for t in tools if isinstance(t, FunctionTool)]
+        customs = [t for t in tools if isinstance(t, CustomTool)]
+        namespaces = [t for t in tools if isinstance(t, NamespaceTool)]
         # Functions and custom tools are both called by name (harmony: `functions.NAME`).
-        names = collections.Counter([f.name for f in self.function_tools()] + [c.name for c in self.custom_tools()])
-        names.update(f"{ns.name}.{f.name}" for ns in self.namespace_tools() for f in ns.functions)
+        names = collections.Counter([f.name for f in functions] + [c.name for c in customs])
+        names.update(f"{ns.name}.{f.name}" for ns in namespaces for f in ns.functions)
         duplicates = [name for name, count in names.items() if count > 1]
         if duplicates:
             raise ValueError(f"duplicate function or custom tool names: {sorted(duplicates)}")
         # An MCP server's tools are offered as a namespace named by its label.
-        labels = collections.Counter(tool.server_label for tool in self.mcp_tools())
-        taken = {namespace.name for namespace in self.namespace_tools()} | {"functions"}
+        labels = collections.Counter(tool.server_label for tool in tools if isinstance(tool, McpTool))
+        taken = {namespace.name for namespace in namespaces} | {"functions"}
         if clash := sorted(label for label, count in labels.items() if count > 1 or label in taken):
             raise ValueError(f"MCP server_label must be unique and differ from namespace tool names and 'functions': {clash}")
         # The built-in tools are called as `browser.FUNCTION` and `python`: those names are theirs.
-        builtin = collections.Counter(
-            tool.type.startswith("web_search") for tool in self.tools if isinstance(tool, WebSearchTool | CodeInterpreterTool)
-        )
+        builtin = collections.Counter(tool.type.startswith("web_search") for tool in tools if isinstance(tool, WebSearchTool | CodeInterpreterTool))
         if any(count > 1 for count in builtin.values()):
             raise ValueError("at most one web_search tool and one code_interpreter tool")
-        reserved = ({"browser"} if self.web_search_tool() else set()) | ({"python"} if self.code_interpreter_tool() else set())
-        names_used = (
-            {f.name for f in self.function_tools()}
-            | {c.name for c in self.custom_tools()}
-            | set(labels)
-            | {namespace.name for namespace in self.namespace_tools()}
-        )
+        reserved = ({"browser"} if builtin[True] else set()) | ({"python"} if builtin[False] else set())
+        names_used = {f.name for f in functions} | {c.name for c in customs} | set(labels) | {namespace.name for namespace in namespaces}
         if clash := sorted(reserved & names_used):
             raise ValueError(f"the built-in tools web_search and code_interpreter are called as 'browser' and 'python': {clash} is taken")
-        return self
+        return tools
 
     def check_consistency(self) -> None:
         """What the fields only mean together (400s that name the field)."""
@@ -299,6 +322,16 @@ class CompactRequest(Lenient):
     """`POST /v1/responses/compact`: the conversation to compact (`input` and/or
     `previous_response_id`), answered with a `response.compaction` object."""
 
+    # The schema says what `_something_to_compact` checks.
+    model_config = ConfigDict(
+        extra="ignore",
+        json_schema_extra={
+            "anyOf": [
+                {"required": ["input"], "properties": {"input": {"type": ["string", "array"], "minLength": 1, "minItems": 1}}},
+                _set("previous_response_id"),
+            ]
+        },
+    )
     model: str = Field(min_length=1)
     input: str | list[InputItem] | None = None
     instructions: str | None = None

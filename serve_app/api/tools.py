@@ -5,9 +5,10 @@ types this server does not run."""
 from __future__ import annotations
 
 import re
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, get_args
 
 import jsonschema
+from openai.types.responses import Response as OpenAIResponse
 from pydantic import (
     BaseModel,
     ConfigDict,
@@ -18,8 +19,10 @@ from pydantic import (
     field_validator,
     model_validator,
 )
+from pydantic.json_schema import SkipJsonSchema
 
 from serve_app.api.items import FUNCTION_NAME_PATTERN, Lenient
+from serve_app.api.json_schema import OBJECT_SCHEMA_FIELD
 
 # --- tools ---------------------------------------------------------------------------------
 
@@ -28,7 +31,7 @@ class FunctionTool(Lenient):
     type: Literal["function"]
     name: str = Field(pattern=FUNCTION_NAME_PATTERN)
     description: str | None = None
-    parameters: dict[str, Any] | None = None
+    parameters: dict[str, Any] | None = Field(default=None, json_schema_extra=OBJECT_SCHEMA_FIELD)
     strict: bool | None = None
 
     @field_validator("parameters")
@@ -84,7 +87,33 @@ class HostedTool(BaseModel):
     OpenAI's types are), never arbitrary text."""
 
     model_config = ConfigDict(extra="allow")
-    type: str = Field(pattern=r"^[a-z][a-z0-9_.-]{0,63}$")
+    # The schema leaves out the types of the other tools (`_tool_tag` sends them there).
+    type: str = Field(pattern=r"^[a-z][a-z0-9_.-]{0,63}$", json_schema_extra=lambda schema: schema.update(not_types(TOOL_TYPES)))
+
+
+def _hosted_choice_types() -> tuple[str, ...]:
+    """The hosted tool types a `tool_choice` may name: those the SDK's `Response` can echo
+    (a choice of another type could not be written into the response: a 400, not a 500)."""
+    kinds: list[str] = []
+    for member in get_args(OpenAIResponse.model_fields["tool_choice"].annotation):
+        if isinstance(member, type) and issubclass(member, BaseModel):
+            fields = member.model_fields
+            if {name for name, field in fields.items() if field.is_required()} == {"type"}:
+                kinds += get_args(fields["type"].annotation)
+    return tuple(kind for kind in kinds if kind not in CHOICE_TYPES)
+
+
+class HostedChoice(HostedTool):
+    """A `tool_choice` of a hosted tool type (`{"type": "web_search_preview"}`): accepted, never enforced."""
+
+    type: str = Field(json_schema_extra=lambda schema: schema.update(enum=list(HOSTED_CHOICE_TYPES)))
+
+    @field_validator("type")
+    @classmethod
+    def _known(cls, kind: str) -> str:
+        if kind not in HOSTED_CHOICE_TYPES:
+            raise ValueError(f"a tool_choice type must be one of {', '.join(repr(kind) for kind in (*CHOICE_TYPES, *HOSTED_CHOICE_TYPES))}")
+        return kind
 
 
 class McpToolFilter(Lenient):
@@ -139,12 +168,43 @@ _CONNECTION_HEADERS = frozenset(
 )
 
 
+def _any_case(name: str) -> str:
+    return "".join(f"[{char.lower()}{char.upper()}]" if char.isalpha() else char for char in name)
+
+
+# What `_served_by_url` checks, as JSON Schema (/openapi.json).
+_HEADER_VALUE_SCHEMA = {"type": "string", "pattern": "^[ -~]{0,8192}$"}
+_MCP_SCHEMA = {
+    "required": ["server_url"],
+    "properties": {
+        "server_url": {"type": "string", "minLength": 1},
+        "connector_id": {"type": "null"},
+        "tunnel_id": {"type": "null"},
+        "headers": {
+            "anyOf": [
+                {"type": "null"},
+                {
+                    "type": "object",
+                    "propertyNames": {
+                        "pattern": "^" + _HEADER_NAME.pattern + "$",
+                        "not": {"pattern": "^(" + "|".join(_any_case(name) for name in sorted(_CONNECTION_HEADERS)) + "|" + _any_case("mcp-") + ".*)$"},
+                    },
+                    "additionalProperties": _HEADER_VALUE_SCHEMA,
+                },
+            ]
+        },
+        "authorization": {"anyOf": [{"type": "null"}, _HEADER_VALUE_SCHEMA]},
+    },
+}
+
+
 class McpTool(Lenient):
     """A remote MCP server whose tools the server runs inside the response
     (serve_app/tools/mcp_client.py). `headers` and `authorization` are secrets: sent to
     that server only, never stored, logged or echoed (pydantic's `SecretStr` hides them from
     every dump and repr)."""
 
+    model_config = ConfigDict(extra="ignore", json_schema_extra={"allOf": [_MCP_SCHEMA]})
     type: Literal["mcp"]
     server_label: str = Field(pattern=FUNCTION_NAME_PATTERN)
     server_url: str | None = None
@@ -236,6 +296,10 @@ CONTAINER_ID_MAX_CHARS = 256
 class AutoContainer(Lenient):
     """`container: {"type": "auto"}`: a new container for the response, made at its first call."""
 
+    model_config = ConfigDict(
+        extra="ignore", json_schema_extra={"allOf": [{"properties": {"file_ids": {"anyOf": [{"type": "null"}, {"type": "array", "maxItems": 0}]}}}]}
+    )
+
     type: Literal["auto"]
     file_ids: list[str] | None = None
     memory_limit: str | None = None  # accepted; the server's limits apply
@@ -274,6 +338,16 @@ class BuiltinTool(Lenient):
     parameters: dict[str, Any] | None = None
 
 
+# The tool types `_tool_tag` and `_choice_tag` send to a model of their own (not `HostedTool`).
+TOOL_TYPES = ("function", "custom", "namespace", "mcp", "code_interpreter", *WEB_SEARCH_TYPES)
+CHOICE_TYPES = ("function", "custom", "allowed_tools", "mcp")
+HOSTED_CHOICE_TYPES = _hosted_choice_types()
+
+
+def not_types(types: tuple[str, ...]) -> dict[str, Any]:
+    return {"not": {"enum": list(types)}}
+
+
 def _tool_tag(value: Any) -> str | None:
     kind = value.get("type") if isinstance(value, dict) else getattr(value, "type", None)
     if kind in ("function", "custom", "namespace", "mcp", "code_interpreter"):
@@ -310,7 +384,7 @@ Tool = Annotated[
     | Annotated[McpTool, Tag("tool:mcp")]
     | Annotated[WebSearchTool, Tag("tool:web_search")]
     | Annotated[CodeInterpreterTool, Tag("tool:code_interpreter")]
-    | Annotated[BuiltinTool, Tag("tool:builtin")]
+    | SkipJsonSchema[Annotated[BuiltinTool, Tag("tool:builtin")]]  # the tool loop's, never a client's
     | Annotated[HostedTool, Tag("tool:hosted")],
     _TOOL_TAG,
 ]
@@ -337,6 +411,15 @@ class McpToolChoice(Lenient):
 
 
 class AllowedToolRef(Lenient):
+    model_config = ConfigDict(
+        extra="ignore",
+        json_schema_extra={
+            "anyOf": [
+                {"properties": {"type": {"not": {"enum": ["function", "custom"]}}}},
+                {"required": ["name"], "properties": {"name": {"type": "string", "minLength": 1}}},
+            ]
+        },
+    )
     type: str
     name: str | None = None
 
@@ -368,6 +451,6 @@ ToolChoiceObject = Annotated[
     | Annotated[NamedCustomChoice, Tag("choice:custom")]
     | Annotated[AllowedToolsChoice, Tag("choice:allowed_tools")]
     | Annotated[McpToolChoice, Tag("choice:mcp")]
-    | Annotated[HostedTool, Tag("choice:hosted")],
+    | Annotated[HostedChoice, Tag("choice:hosted")],
     Discriminator(_choice_tag, custom_error_type="invalid_value", custom_error_message="a tool_choice object needs a string 'type'"),
 ]

@@ -38,6 +38,7 @@ from serve_app.runtime.reasoning_keys import reasoning_keys as configured_reason
 from serve_app.runtime.turn import ModelFamily, ServedModel, Unavailable
 from serve_app.server.auth import ANONYMOUS, AuthMiddleware, Keyring, warn_if_open
 from serve_app.server.context import AppContext, app_context
+from serve_app.server.openapi import install_openapi
 from serve_app.server.rate_headers import RateLimitHeaders
 from serve_app.server.routes import background as background_routes
 from serve_app.server.routes import chat as chat_routes
@@ -180,6 +181,7 @@ def create_app(
     app.include_router(conversations_routes.router)
     app.include_router(chat_routes.router)
     app.include_router(completions_routes.router)
+    install_openapi(app, served, settings.request_limits)
     return app
 
 

@@ -34,6 +34,8 @@ CASES = [
         "input[0].content[0]",
         "invalid_value",
     ),
+    # A hosted tool type the SDK's Response cannot echo (was a 500 writing the response).
+    ("tool_choice_unknown_type", {"model": MODEL, "input": "hi", "tool_choice": {"type": "teleport"}}, 400, "tool_choice.type", "invalid_value"),
     ("content_wrong_type", {"model": MODEL, "input": [{"role": "user", "content": 42}]}, 400, "input[0].content", "invalid_type"),
     ("max_output_tokens_zero", {"model": MODEL, "input": "hi", "max_output_tokens": 0}, 400, "max_output_tokens", "invalid_value"),
     ("max_output_tokens_negative", {"model": MODEL, "input": "hi", "max_output_tokens": -5}, 400, "max_output_tokens", "invalid_value"),

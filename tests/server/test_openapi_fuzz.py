@@ -1,0 +1,106 @@
+"""The schema-driven fuzzer: schemathesis generates requests from the app's own `/openapi.json`
+and sends them to the app in-process (ASGI, no Ray), for every POST operation the schema
+describes: (a) no generated request, valid or not, gets a 5xx; (b) every request the schema
+allows is accepted, unless it breaks one of the operation's `x-unstated-rules` (a rule the
+schema cannot state: its 4xx must name a parameter the rule names). The app's request limits
+are small, so the fuzzer reaches them.
+
+Bounded for the fast suite; the `slow` run explores ten times as many requests.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import schemathesis
+from hypothesis import HealthCheck, given, settings
+from schemathesis import GenerationMode
+
+from serve_app.api.limits import RequestLimits
+from serve_app.config import ModelConfig
+from serve_app.engines import make_backend
+from serve_app.engines.replay import ReplayBackend
+from serve_app.runtime.models import served_model
+from serve_app.server.app import ServedModel, ServerSettings, create_app
+from serve_app.server.openapi import OPERATIONS
+from tests.conftest import QWEN3_REPLAY
+
+# Small, so that generated requests reach them (each at the least its setting allows).
+LIMITS = RequestLimits(
+    max_input_items=6,
+    max_tools=5,
+    max_array_items=6,
+    max_text_chars=1024,
+    max_id_chars=64,
+    max_metadata_pairs=3,
+    max_metadata_key_chars=8,
+    max_metadata_value_chars=16,
+)
+POSTS = sorted(path for path, method in OPERATIONS if method == "post")
+FAST, SLOW = 30, 300
+
+
+@pytest.fixture(scope="module")
+def app():
+    """Both families (the qwen3 one from its config, as a Serve replica builds it), both
+    taking raw prompts, one that does not: an anonymous caller without quotas (no 429s)."""
+    qwen3 = ModelConfig.model_validate({**QWEN3_REPLAY, "raw_prompts": True})
+    models = [
+        ServedModel("gpt-oss-replay", ReplayBackend(), raw_prompts=True),
+        served_model(qwen3, make_backend(qwen3.backend)),
+        ServedModel("templated-only", ReplayBackend()),
+    ]
+    return create_app(models, ServerSettings(request_limits=LIMITS, max_request_bytes=256 * 1024))
+
+
+@pytest.fixture(scope="module")
+def schema(app):
+    return schemathesis.openapi.from_asgi("/openapi.json", app)
+
+
+@pytest.fixture(scope="module")
+def stored(app):
+    """A conversation and a finished background response, for the operations on one."""
+    from fastapi.testclient import TestClient
+
+    with TestClient(app) as http:
+        conversation = http.post("/v1/conversations", json={}).json()["id"]
+        response = http.post("/v1/responses", json={"model": "gpt-oss-replay", "input": "hi", "background": True}).json()["id"]
+    return {"conversation_id": conversation, "response_id": response}
+
+
+def _explain(case, response) -> str:
+    return f"{case.method} {case.path} {json.dumps(case.body)[:2000]}\n-> {response.status_code} {response.text[:1000]}"
+
+
+def fuzz(schema, stored, path: str, mode: GenerationMode, examples: int) -> None:
+    operation = schema[path]["POST"]
+    rules = OPERATIONS[(path, "post")].rules
+    params = {name: value for name, value in stored.items() if "{" + name + "}" in path}
+
+    @given(case=operation.as_strategy(generation_mode=mode, path_parameters=params))
+    @settings(max_examples=examples, suppress_health_check=list(HealthCheck), deadline=None)
+    def run(case) -> None:
+        response = case.call()
+        assert response.status_code < 500, _explain(case, response)
+        if response.status_code >= 400:
+            error = response.json()["error"]  # OpenAI's shape, whatever went wrong
+            assert set(error) >= {"message", "type", "param", "code"}, _explain(case, response)
+            if mode == GenerationMode.POSITIVE:
+                assert any(rule.matches(response.status_code, error["param"]) for rule in rules), _explain(case, response)
+
+    run()
+
+
+@pytest.mark.parametrize("path", POSTS)
+@pytest.mark.parametrize("mode", [GenerationMode.POSITIVE, GenerationMode.NEGATIVE], ids=["allowed", "refused"])
+def test_the_schema_and_the_server_agree(schema, stored, path, mode):
+    fuzz(schema, stored, path, mode, FAST)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("path", POSTS)
+@pytest.mark.parametrize("mode", [GenerationMode.POSITIVE, GenerationMode.NEGATIVE], ids=["allowed", "refused"])
+def test_the_schema_and_the_server_agree_longer(schema, stored, path, mode):
+    fuzz(schema, stored, path, mode, SLOW)
