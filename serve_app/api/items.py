@@ -3,8 +3,10 @@ holds them); `item_reference`s are resolved by the state layer before anything i
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, cast
 
+from openai.types.responses import ResponseCodeInterpreterToolCall, ResponseFunctionWebSearch
+from openai.types.responses.response_output_item import McpCall
 from pydantic import (
     BaseModel,
     ConfigDict,
@@ -12,6 +14,9 @@ from pydantic import (
     Field,
     PrivateAttr,
     Tag,
+    TypeAdapter,
+    ValidationError,
+    field_validator,
     model_validator,
 )
 
@@ -74,7 +79,13 @@ class MessageItem(Lenient):
     # The schema says what `_phase_is_the_assistants` checks.
     model_config = ConfigDict(
         extra="ignore",
-        json_schema_extra={"anyOf": [{"not": {"required": ["phase"]}}, {"properties": {"phase": {"type": "null"}}}, {"properties": {"role": {"const": "assistant"}}}]},
+        json_schema_extra={
+            "anyOf": [
+                {"not": {"required": ["phase"]}},
+                {"properties": {"phase": {"type": "null"}}},
+                {"properties": {"role": {"const": "assistant"}}},
+            ]
+        },
     )
     type: Literal["message"] = "message"
     id: str | None = None
@@ -176,6 +187,22 @@ class CompactionItem(Lenient):
 
 
 # --- items of server-side tools, sent back as history (serve_app/families/hosted.py renders them) ---
+# Their parts are kept and shown again as the SDK types them (state/responses.py), so they
+# must be what the SDK's types take: a 400 naming the part, never a 500 when it is shown.
+
+_WEB_SEARCH_ACTION: TypeAdapter[Any] = TypeAdapter(cast(Any, ResponseFunctionWebSearch.model_fields["action"].annotation))
+_CODE_OUTPUT: TypeAdapter[Any] = TypeAdapter(cast(Any, ResponseCodeInterpreterToolCall.model_fields["outputs"].annotation))
+_MCP_ERROR: TypeAdapter[Any] = TypeAdapter(cast(Any, McpCall.model_fields["error"].annotation))
+
+
+def _as_the_sdk_types_it(adapter: TypeAdapter[Any], value: Any) -> Any:
+    if value is not None:
+        try:
+            adapter.validate_python(value)
+        except ValidationError as exc:
+            error = exc.errors(include_url=False)[0]
+            raise ValueError(f"not as the API returned it ({error['msg']} at {'.'.join(map(str, error['loc']))})") from None
+    return value
 
 
 class McpListedTool(Lenient):
@@ -206,7 +233,12 @@ class McpCallItem(Lenient):
     # The SDK's tagged union (openai 3.x) or a plain message (2.x): the model reads its text.
     error: str | dict[str, Any] | None = None
     approval_request_id: str | None = None
-    status: str | None = None
+    status: Literal["in_progress", "completed", "incomplete", "calling", "failed"] | None = None
+
+    @field_validator("error")
+    @classmethod
+    def _typed_error(cls, error: str | dict[str, Any] | None) -> str | dict[str, Any] | None:
+        return error if isinstance(error, str) else _as_the_sdk_types_it(_MCP_ERROR, error)
 
 
 class McpApprovalRequestItem(Lenient):
@@ -230,8 +262,14 @@ class WebSearchCallItem(Lenient):
 
     type: Literal["web_search_call"]
     id: str | None = None
-    status: str | None = None
+    status: Literal["in_progress", "searching", "completed", "failed", "incomplete"] | None = None
     action: dict[str, Any] | None = None
+
+    @field_validator("action")
+    @classmethod
+    def _typed_action(cls, action: dict[str, Any] | None) -> dict[str, Any] | None:
+        return _as_the_sdk_types_it(_WEB_SEARCH_ACTION, action)  # type: ignore[no-any-return]
+
     # What the model read of the call, within the response that made it (the item does not
     # carry it; no client can set it): the tool loop's next prompt shows it.
     _model_text: str | None = PrivateAttr(default=None)
@@ -245,7 +283,13 @@ class CodeInterpreterCallItem(Lenient):
     code: str | None = None
     container_id: str | None = None
     outputs: list[dict[str, Any]] | None = None
-    status: str | None = None
+    status: Literal["in_progress", "completed", "incomplete", "interpreting", "failed"] | None = None
+
+    @field_validator("outputs")
+    @classmethod
+    def _typed_outputs(cls, outputs: list[dict[str, Any]] | None) -> list[dict[str, Any]] | None:
+        return _as_the_sdk_types_it(_CODE_OUTPUT, outputs)  # type: ignore[no-any-return]
+
     _model_text: str | None = PrivateAttr(default=None)  # as for WebSearchCallItem
 
 

@@ -222,7 +222,9 @@ class ResponsesRequest(Lenient):
         if clash := sorted(label for label, count in labels.items() if count > 1 or label in taken):
             raise ValueError(f"MCP server_label must be unique and differ from namespace tool names and 'functions': {clash}")
         # The built-in tools are called as `browser.FUNCTION` and `python`: those names are theirs.
-        builtin = collections.Counter(tool.type.startswith("web_search") for tool in tools if isinstance(tool, WebSearchTool | CodeInterpreterTool))
+        builtin = collections.Counter(
+            tool.type.startswith("web_search") for tool in tools if isinstance(tool, WebSearchTool | CodeInterpreterTool)
+        )
         if any(count > 1 for count in builtin.values()):
             raise ValueError("at most one web_search tool and one code_interpreter tool")
         reserved = ({"browser"} if builtin[True] else set()) | ({"python"} if builtin[False] else set())

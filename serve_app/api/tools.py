@@ -173,8 +173,8 @@ def _any_case(name: str) -> str:
 
 
 # What `_served_by_url` checks, as JSON Schema (/openapi.json).
-_HEADER_VALUE_SCHEMA = {"type": "string", "pattern": "^[ -~]{0,8192}$"}
-_MCP_SCHEMA = {
+_HEADER_VALUE_SCHEMA: Any = {"type": "string", "pattern": "^[ -~]{0,8192}$"}
+_MCP_SCHEMA: Any = {
     "required": ["server_url"],
     "properties": {
         "server_url": {"type": "string", "minLength": 1},
@@ -187,7 +187,13 @@ _MCP_SCHEMA = {
                     "type": "object",
                     "propertyNames": {
                         "pattern": "^" + _HEADER_NAME.pattern + "$",
-                        "not": {"pattern": "^(" + "|".join(_any_case(name) for name in sorted(_CONNECTION_HEADERS)) + "|" + _any_case("mcp-") + ".*)$"},
+                        "not": {
+                            "pattern": "^("
+                            + "|".join(_any_case(name) for name in sorted(_CONNECTION_HEADERS))
+                            + "|"
+                            + _any_case("mcp-")
+                            + ".*)$"
+                        },
                     },
                     "additionalProperties": _HEADER_VALUE_SCHEMA,
                 },
@@ -297,7 +303,8 @@ class AutoContainer(Lenient):
     """`container: {"type": "auto"}`: a new container for the response, made at its first call."""
 
     model_config = ConfigDict(
-        extra="ignore", json_schema_extra={"allOf": [{"properties": {"file_ids": {"anyOf": [{"type": "null"}, {"type": "array", "maxItems": 0}]}}}]}
+        extra="ignore",
+        json_schema_extra={"allOf": [{"properties": {"file_ids": {"anyOf": [{"type": "null"}, {"type": "array", "maxItems": 0}]}}}]},
     )
 
     type: Literal["auto"]
@@ -339,9 +346,9 @@ class BuiltinTool(Lenient):
 
 
 # The tool types `_tool_tag` and `_choice_tag` send to a model of their own (not `HostedTool`).
-TOOL_TYPES = ("function", "custom", "namespace", "mcp", "code_interpreter", *WEB_SEARCH_TYPES)
+TOOL_TYPES: tuple[str, ...] = ("function", "custom", "namespace", "mcp", "code_interpreter", *WEB_SEARCH_TYPES)
 CHOICE_TYPES = ("function", "custom", "allowed_tools", "mcp")
-HOSTED_CHOICE_TYPES = _hosted_choice_types()
+HOSTED_CHOICE_TYPES: tuple[str, ...] = _hosted_choice_types()
 
 
 def not_types(types: tuple[str, ...]) -> dict[str, Any]:

@@ -68,24 +68,36 @@ _SHAPE_RULES = (
     Rule(r".*", 400, "a lone UTF-16 surrogate (`\\ud800`) in a string: JSON can spell it, but it is not text"),
 )
 _TOOL_RULES = (
-    Rule(r"tools", 400, "function and custom tool names (and `namespace.function`) unique; MCP `server_label`s unique and none "
-         "a namespace's name or `functions`; at most one web_search and one code_interpreter tool, whose names "
-         "(`browser`, `python`) no other tool takes"),
+    Rule(
+        r"tools",
+        400,
+        "function and custom tool names (and `namespace.function`) unique; MCP `server_label`s unique and none "
+        "a namespace's name or `functions`; at most one web_search and one code_interpreter tool, whose names "
+        "(`browser`, `python`) no other tool takes",
+    ),
     Rule(r"tools", 400, "`request_limits.max_tools` counts each namespace's functions too"),
     Rule(r"tools\[\d+\](\.tools\[\d+\])?\.parameters", 400, "a function's `parameters` must be a valid JSON Schema of type `object`"),
     Rule(r"tools(\[\d+\].*)?", 400, "an MCP tool's `server_url` must be one the server's `tools.mcp.allowed_urls` allow"),
     Rule(r"tool_choice.*", 400, "a named `tool_choice` (and `allowed_tools`) must name a tool in `tools`; `required` needs one"),
     Rule(r"input", 400, "`text.format` `json_object` needs the word 'json' in the input or instructions"),
-    Rule(r"text\.format.*", 400, "a `json_schema` format's schema must be valid and use only what the engine's grammar enforces "
-         "(strict mode: OpenAI's strict rules)"),
+    Rule(
+        r"text\.format.*",
+        400,
+        "a `json_schema` format's schema must be valid and use only what the engine's grammar enforces "
+        "(strict mode: OpenAI's strict rules)",
+    ),
 )
 _REFERENCE_RULES = (
     Rule(r"previous_response_id", 400, "`previous_response_id` names a response of the caller's that is stored"),
     Rule(r"conversation", 404, "`conversation` names a conversation of the caller's"),
     Rule(r"input\[\d+\]", 404, "an `item_reference` names an item of the caller's stored responses"),
     Rule(r"input\[\d+\].*", 400, "`encrypted_content` (reasoning, compaction) is what this server sealed for the caller"),
-    Rule(r"input(\[\d+\].*)?", 400, "the history (input, previous response, conversation) renders to a prompt within the model's "
-         "context, and tool outputs answer calls in it"),
+    Rule(
+        r"input(\[\d+\].*)?",
+        400,
+        "the history (input, previous response, conversation) renders to a prompt within the model's "
+        "context, and tool outputs answer calls in it",
+    ),
 )
 _RESPONSES_RULES = (
     *_SHAPE_RULES,
@@ -94,9 +106,7 @@ _RESPONSES_RULES = (
     Rule(r"background", 400, "`background: true` needs `store: true`"),
     Rule(r"conversation", 400, "at most one of `previous_response_id` and `conversation`"),
 )
-_LEGACY_RULES = (
-    Rule(r"n|best_of|stop|logit_bias|echo|suffix|logprobs|store", 400, "what this server does not do (see the API page)"),
-)
+_LEGACY_RULES = (Rule(r"n|best_of|stop|logit_bias|echo|suffix|logprobs|store", 400, "what this server does not do (see the API page)"),)
 
 
 @dataclass(frozen=True, slots=True)
@@ -134,8 +144,11 @@ OPERATIONS: dict[tuple[str, str], Operation] = {
             *_SHAPE_RULES,
             *_TOOL_RULES,
             *_LEGACY_RULES,
-            Rule(r"messages(\[\d+\].*)?|input(\[\d+\].*)?", 400, "the messages render to a prompt within the model's context "
-                 "(and to at most `request_limits.max_input_items` items)"),
+            Rule(
+                r"messages(\[\d+\].*)?|input(\[\d+\].*)?",
+                400,
+                "the messages render to a prompt within the model's context (and to at most `request_limits.max_input_items` items)",
+            ),
             Rule(r"top_logprobs", 400, "`top_logprobs` needs `logprobs: true`"),
         ),
     ),
@@ -229,7 +242,9 @@ def openapi_schema(generated: dict[str, Any], served: Mapping[str, ServedModel],
         if operation.body is not None:
             body = copy.deepcopy(keys[(operation.body, "validation")])
             root = components[_ref_name(body)]
-            root = components[_ref_name(body)] = tightener.root(root, names if operation.models == "all" else raw if operation.models else None)
+            root = components[_ref_name(body)] = tightener.root(
+                root, names if operation.models == "all" else raw if operation.models else None
+            )
             entry["requestBody"] = {"required": operation.body_required, "content": {"application/json": {"schema": body}}}
         entry["responses"] = _responses(operation, keys)
         if operation.rules:
@@ -241,7 +256,7 @@ def openapi_schema(generated: dict[str, Any], served: Mapping[str, ServedModel],
     return schema
 
 
-def _responses(operation: Operation, keys: Mapping[tuple[type[BaseModel], JsonSchemaMode], Any]) -> dict[str, Any]:
+def _responses(operation: Operation, keys: Mapping[tuple[Any, JsonSchemaMode], Any]) -> dict[str, Any]:
     error = {"content": {"application/json": {"schema": {"$ref": REF.format(model=ERROR)}}}}
     ok: dict[str, Any] = {"description": "Successful Response"}
     if operation.answer is not None:
@@ -460,4 +475,3 @@ class _Tightener:
 
     def _refs(self, node: dict[str, Any]) -> Iterator[str]:
         return (_ref_name(branch) for branch in self._branches(node) if "$ref" in branch)
-

@@ -262,6 +262,8 @@ def _hosted_response_item(item: HistoryItem) -> ResponseItem:
         record.setdefault("container_id", "")
     if item.type in ("mcp_list_tools", "mcp_approval_request", "mcp_approval_response"):
         record.pop("status")
+    for tool in record.get("tools", []) if item.type == "mcp_list_tools" else []:
+        tool.setdefault("input_schema", {})  # the SDK's is required; a listed tool without one takes anything
     return _RESPONSE_ITEM.validate_python(record)
 
 

@@ -34,8 +34,31 @@ CASES = [
         "input[0].content[0]",
         "invalid_value",
     ),
-    # A hosted tool type the SDK's Response cannot echo (was a 500 writing the response).
-    ("tool_choice_unknown_type", {"model": MODEL, "input": "hi", "tool_choice": {"type": "teleport"}}, 400, "tool_choice.type", "invalid_value"),
+    # Found by the schema fuzzer (tests/server/test_openapi_fuzz.py), each a 5xx before:
+    # a call's name goes into a harmony header (`to=functions.NAME`), where a space broke it;
+    (
+        "call_name_not_a_name",
+        {"model": MODEL, "input": [{"type": "function_call", "call_id": "c", "name": "f x", "arguments": "{}"}]},
+        400,
+        "input[0].name",
+        "invalid_value",
+    ),
+    # a server-side tool's item sent back is shown as the SDK types it;
+    (
+        "hosted_item_not_as_returned",
+        {"model": MODEL, "input": [{"type": "code_interpreter_call", "outputs": [{"type": "logs"}]}]},
+        400,
+        "input[0].outputs",
+        "invalid_value",
+    ),
+    # a hosted tool type the SDK's Response cannot echo.
+    (
+        "tool_choice_unknown_type",
+        {"model": MODEL, "input": "hi", "tool_choice": {"type": "teleport"}},
+        400,
+        "tool_choice.type",
+        "invalid_value",
+    ),
     ("content_wrong_type", {"model": MODEL, "input": [{"role": "user", "content": 42}]}, 400, "input[0].content", "invalid_type"),
     ("max_output_tokens_zero", {"model": MODEL, "input": "hi", "max_output_tokens": 0}, 400, "max_output_tokens", "invalid_value"),
     ("max_output_tokens_negative", {"model": MODEL, "input": "hi", "max_output_tokens": -5}, 400, "max_output_tokens", "invalid_value"),
@@ -79,7 +102,7 @@ CASES = [
         "tools[0].parameters",
         "invalid_type",
     ),
-    ("duplicate_tools", {"model": MODEL, "input": "hi", "tools": [TOOL, TOOL]}, 400, None, "invalid_value"),
+    ("duplicate_tools", {"model": MODEL, "input": "hi", "tools": [TOOL, TOOL]}, 400, "tools", "invalid_value"),
     (
         "tool_choice_unknown_function",
         {"model": MODEL, "input": "hi", "tools": [TOOL], "tool_choice": {"type": "function", "name": "nope"}},

@@ -141,6 +141,14 @@ def test_token_ids_are_a_prompt_too(client):
     assert ids.choices[0].text
 
 
+@pytest.mark.parametrize("prompt", [[-1], [2**40], [5, 2**31]])
+def test_a_token_id_no_engine_takes_is_a_400(client, prompt):
+    """Found by the schema fuzzer: a negative or 64-bit id failed in the parser (a 503)."""
+    with pytest.raises(openai.BadRequestError) as error:
+        client.completions.create(model="gpt-oss-replay", prompt=prompt)
+    assert error.value.body["param"].startswith("prompt")
+
+
 @pytest.mark.parametrize(
     ("extra", "param"),
     [({"n": 2}, "n"), ({"suffix": "x"}, "suffix"), ({"logprobs": 6}, "logprobs"), ({"best_of": 2}, "best_of")],

@@ -38,7 +38,9 @@ LIMITS = RequestLimits(
     max_metadata_value_chars=16,
 )
 POSTS = sorted(path for path, method in OPERATIONS if method == "post")
-FAST, SLOW = 30, 300
+# Refused requests of an operation without a body: only its path, which is fixed here.
+REFUSABLE = [path for path in POSTS if OPERATIONS[(path, "post")].body is not None]
+FAST, SLOW = 8, 200
 
 
 @pytest.fixture(scope="module")
@@ -71,7 +73,8 @@ def stored(app):
 
 
 def _explain(case, response) -> str:
-    return f"{case.method} {case.path} {json.dumps(case.body)[:2000]}\n-> {response.status_code} {response.text[:1000]}"
+    body = json.dumps(case.body)[:2000] if isinstance(case.body, (dict, list, str, int, float, bool)) else ""
+    return f"{case.method} {case.path} {body}\n-> {response.status_code} {response.text[:1000]}"
 
 
 def fuzz(schema, stored, path: str, mode: GenerationMode, examples: int) -> None:
@@ -93,14 +96,16 @@ def fuzz(schema, stored, path: str, mode: GenerationMode, examples: int) -> None
     run()
 
 
-@pytest.mark.parametrize("path", POSTS)
-@pytest.mark.parametrize("mode", [GenerationMode.POSITIVE, GenerationMode.NEGATIVE], ids=["allowed", "refused"])
+CASES = [pytest.param(path, GenerationMode.POSITIVE, id=f"allowed-{path}") for path in POSTS]
+CASES += [pytest.param(path, GenerationMode.NEGATIVE, id=f"refused-{path}") for path in REFUSABLE]
+
+
+@pytest.mark.parametrize(("path", "mode"), CASES)
 def test_the_schema_and_the_server_agree(schema, stored, path, mode):
     fuzz(schema, stored, path, mode, FAST)
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("path", POSTS)
-@pytest.mark.parametrize("mode", [GenerationMode.POSITIVE, GenerationMode.NEGATIVE], ids=["allowed", "refused"])
+@pytest.mark.parametrize(("path", "mode"), CASES)
 def test_the_schema_and_the_server_agree_longer(schema, stored, path, mode):
     fuzz(schema, stored, path, mode, SLOW)

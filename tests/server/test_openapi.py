@@ -1,0 +1,134 @@
+"""`/openapi.json`: every POST route's body, from the models the routes validate with,
+within the app's `request_limits` and naming the models it serves; what the schema allows
+and refuses, checked against the server's own answers (the fuzzer, test_openapi_fuzz.py,
+does the same with generated requests)."""
+
+from __future__ import annotations
+
+import jsonschema
+import pytest
+from fastapi.routing import APIRoute
+from fastapi.testclient import TestClient
+
+from serve_app.api.limits import RequestLimits
+from serve_app.engines.replay import ReplayBackend
+from serve_app.server.app import ServedModel, ServerSettings, create_app
+from serve_app.server.openapi import OPERATIONS
+
+LIMITS = RequestLimits(max_input_items=7, max_tools=5, max_array_items=9, max_id_chars=80, max_metadata_pairs=3, max_text_chars=2000)
+
+
+@pytest.fixture(scope="module")
+def http():
+    models = [ServedModel("chat-only", ReplayBackend()), ServedModel("raw-too", ReplayBackend(), raw_prompts=True)]
+    with TestClient(create_app(models, ServerSettings(request_limits=LIMITS))) as client:
+        yield client
+
+
+@pytest.fixture(scope="module")
+def document(http):
+    response = http.get("/openapi.json")
+    assert response.status_code == 200
+    return response.json()
+
+
+def body_schema(document: dict, path: str) -> dict:
+    return document["paths"][path]["post"]["requestBody"]["content"]["application/json"]["schema"]
+
+
+def validator(document: dict, path: str) -> jsonschema.Draft202012Validator:
+    """The body schema of `path`, its references resolved in the document."""
+    return jsonschema.Draft202012Validator({**document, **body_schema(document, path)})
+
+
+def component(document: dict, path: str) -> dict:
+    return document["components"]["schemas"][body_schema(document, path)["$ref"].rsplit("/", 1)[-1]]
+
+
+def test_every_post_route_is_described(http, document):
+    posts = {route.path for route in http.app.routes if isinstance(route, APIRoute) and "POST" in route.methods}
+    assert posts == {path for path, method in OPERATIONS if method == "post"}
+    for path in posts:
+        operation = document["paths"][path]["post"]
+        assert set(operation["responses"]) >= {"200", "400", "404", "429", "503"}
+        if OPERATIONS[(path, "post")].body is not None:
+            assert "$ref" in body_schema(document, path)
+
+
+def test_the_limits_and_the_models_are_the_apps(document):
+    responses = component(document, "/v1/responses")["properties"]
+    assert responses["model"]["enum"] == ["chat-only", "raw-too"]
+    assert component(document, "/v1/completions")["properties"]["model"]["enum"] == ["raw-too"]
+    (items,) = [branch for branch in responses["input"]["anyOf"] if branch.get("type") == "array"]
+    assert items["maxItems"] == LIMITS.max_input_items
+    assert responses["tools"]["maxItems"] == LIMITS.max_tools
+    (metadata,) = [branch for branch in responses["metadata"]["anyOf"] if branch.get("type") == "object"]
+    assert metadata["maxProperties"] == LIMITS.max_metadata_pairs
+    (user,) = [branch for branch in responses["user"]["anyOf"] if branch.get("type") == "string"]
+    assert user["maxLength"] == LIMITS.max_id_chars
+    (instructions,) = [branch for branch in responses["instructions"]["anyOf"] if branch.get("type") == "string"]
+    assert instructions["maxLength"] == LIMITS.max_text_chars
+
+
+OK = {"model": "chat-only", "input": "hi"}
+TOOL = {"type": "function", "name": "f", "parameters": {"type": "object", "properties": {"a": {"type": "string"}}}}
+# Bodies the server refuses and the schema states why (each: the body, the server's param).
+REFUSED = [
+    ({"model": "nobody", "input": "hi"}, "model"),
+    ({**OK, "input": ""}, "input"),
+    ({**OK, "input": [{"role": "user", "content": "x"}] * 8}, "input"),
+    ({**OK, "user": "u" * 81}, "user"),
+    ({**OK, "instructions": "i" * 2001}, "instructions"),
+    ({**OK, "metadata": {"a": "1", "b": "2", "c": "3", "d": "4"}}, "metadata"),
+    ({**OK, "tools": [TOOL] * 6}, "tools"),
+    ({**OK, "include": ["message.output_text.logprobs"] * 10}, "include"),
+    ({**OK, "background": True, "store": False}, "background"),
+    ({**OK, "conversation": "conv_1", "previous_response_id": "resp_1"}, "conversation"),
+    ({**OK, "tool_choice": {"type": "teleport"}}, "tool_choice.type"),
+    ({**OK, "tools": [{"type": "function", "name": "f", "parameters": {"type": "string"}}]}, "tools[0].parameters"),
+    ({**OK, "input": [{"role": "user", "content": "x", "phase": "final_answer"}]}, "input[0]"),
+    ({**OK, "input": [{"type": "function_call", "call_id": "c", "name": "f x", "arguments": "{}"}]}, "input[0].name"),
+    ({**OK, "text": {"format": {}}}, "text.format"),
+]
+
+
+@pytest.mark.parametrize(("body", "param"), REFUSED, ids=[param for _, param in REFUSED])
+def test_what_the_server_refuses_the_schema_refuses(http, document, body, param):
+    response = http.post("/v1/responses", json=body)
+    assert response.status_code in (400, 404), response.text
+    assert response.json()["error"]["param"] == param
+    assert not validator(document, "/v1/responses").is_valid(body)
+
+
+ACCEPTED = [
+    ("/v1/responses", OK),
+    ("/v1/responses", {**OK, "tools": [TOOL], "tool_choice": {"type": "web_search_preview"}, "metadata": {"k": "v"}}),
+    ("/v1/responses", {**OK, "input": [{"id": "msg_1", "role": "user", "content": "x"}]}),
+    ("/v1/responses", {**OK, "text": {"format": {"type": "json_schema", "name": "n", "schema": {"type": "object"}}}}),
+    ("/v1/responses/input_tokens", OK),
+    ("/v1/responses/compact", {"model": "raw-too", "input": "hello"}),
+    (
+        "/v1/chat/completions",
+        {"model": "chat-only", "messages": [{"role": "user", "content": "hi"}], "tools": [{"type": "function", "function": TOOL}]},
+    ),
+    ("/v1/completions", {"model": "raw-too", "prompt": "Once", "max_tokens": 3}),
+    ("/v1/conversations", {"metadata": {"a": "b"}, "items": [{"role": "user", "content": "hi"}]}),
+]
+
+
+@pytest.mark.parametrize(("path", "body"), ACCEPTED, ids=[path for path, _ in ACCEPTED])
+def test_what_the_schema_allows_the_server_takes(http, document, path, body):
+    validator(document, path).validate(body)
+    response = http.post(path, json=body)
+    assert response.status_code == 200, response.text
+
+
+def test_a_hosted_item_not_as_returned_is_a_400_in_a_conversation_too(http, document):
+    """Found by the fuzzer: the item was stored, then failed to be shown as the SDK's (a 500)."""
+    conversation = http.post("/v1/conversations", json={}).json()["id"]
+    item = {"type": "code_interpreter_call", "status": "", "outputs": [{}]}
+    response = http.post(f"/v1/conversations/{conversation}/items", json={"items": [item]})
+    assert response.status_code == 400, response.text
+    assert response.json()["error"]["param"].startswith("items[0]")
+    assert not validator(document, "/v1/conversations/{conversation_id}/items").is_valid({"items": [item]})
+    assert http.get(f"/v1/conversations/{conversation}/items").json()["data"] == []
