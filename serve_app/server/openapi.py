@@ -241,10 +241,8 @@ def openapi_schema(generated: dict[str, Any], served: Mapping[str, ServedModel],
         entry["summary"] = operation.summary
         if operation.body is not None:
             body = copy.deepcopy(keys[(operation.body, "validation")])
-            root = components[_ref_name(body)]
-            root = components[_ref_name(body)] = tightener.root(
-                root, names if operation.models == "all" else raw if operation.models else None
-            )
+            served_names = names if operation.models == "all" else raw if operation.models else None
+            tightener.root(components[_ref_name(body)], served_names)
             entry["requestBody"] = {"required": operation.body_required, "content": {"application/json": {"schema": body}}}
         entry["responses"] = _responses(operation, keys)
         if operation.rules:
@@ -252,7 +250,6 @@ def openapi_schema(generated: dict[str, Any], served: Mapping[str, ServedModel],
             entry["description"] = "Rules the schema cannot state (a 4xx names the parameter):\n" + "\n".join(
                 f"- {rule.text} ({rule.status})" for rule in dict.fromkeys(operation.rules)
             )
-    tightener.finish()
     return schema
 
 
@@ -349,8 +346,10 @@ class _Tightener:
 
     # -- the bodies --
 
-    def root(self, node: dict[str, Any], model_names: list[str] | None) -> dict[str, Any]:
-        """A request body's schema (its own definition), tightened, with `model` one of `model_names`."""
+    def root(self, node: dict[str, Any], model_names: list[str] | None) -> None:
+        """A request body's schema (its own definition), tightened, with `model` one of
+        `model_names` (None: left as it is). Definitions no body reaches (the answers') stay
+        as pydantic wrote them."""
         limits = self.limits
         properties = node.get("properties", {})
         for name in ID_FIELDS:
@@ -376,10 +375,6 @@ class _Tightener:
                 mapping["propertyNames"] = {"type": "string", "maxLength": limits.max_metadata_key_chars}
                 mapping["additionalProperties"] = {"type": "string", "maxLength": limits.max_metadata_value_chars}
         self._walk(node)
-        return node
-
-    def finish(self) -> None:
-        """Definitions no body reaches stay as pydantic wrote them (answers)."""
 
     def _id(self, node: dict[str, Any]) -> None:
         for string in self._strings(node):

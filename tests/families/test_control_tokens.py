@@ -102,10 +102,6 @@ def _raw_call_arguments(text):  # not JSON: templates print it as it is
     return _tool_turn(arguments=text)
 
 
-def _call_name(text):
-    return _tool_turn(name=text)
-
-
 def _call_output(text):
     return _tool_turn(output=text)
 
@@ -119,6 +115,7 @@ def _schema_text(text):
     return _tool_turn(tools=[{**WEATHER, "parameters": {"type": "object", "properties": properties}}])
 
 
+# Where a client's text lands in a prompt (a call's name is not text: a name, api/items.py CalledName).
 POSITIONS: dict[str, list[Callable[[str], ResponsesRequest]]] = {
     "smollm2": [_user, _user_parts, _instructions, _developer, _later_system, _assistant],
     "qwen3": [
@@ -131,7 +128,6 @@ POSITIONS: dict[str, list[Callable[[str], ResponsesRequest]]] = {
         _reasoning,
         _call_arguments,
         _raw_call_arguments,
-        _call_name,
         _call_output,
         _tool_description,
         _schema_text,
