@@ -20,6 +20,7 @@ from pydantic import ConfigDict, Field, field_validator, model_validator
 from serve_app.api.limits import RequestLimits
 from serve_app.config.auth import APIKeyConfig, AuthConfig, TenantLimits
 from serve_app.config.base import ConfigError, Strict, config_problems
+from serve_app.config.files import BlobConfig, FileInputConfig, FilesConfig
 from serve_app.config.models import (
     ChatTemplateConfig,
     CoalesceConfig,
@@ -147,6 +148,10 @@ class AppConfig(Strict):
         default_factory=ToolsConfig,
         description="server-side tools the tool loop runs inside a response: remote MCP servers named by requests",
     )
+    files: FilesConfig = Field(
+        default_factory=FilesConfig,
+        description="the Files API (/v1/files) and `input_file`: where contents are kept, a tenant's bounds, what a model reads",
+    )
 
     @field_validator("api_key")
     @classmethod
@@ -218,6 +223,7 @@ __all__ = [
     "APIKeyConfig",
     "AppConfig",
     "AuthConfig",
+    "BlobConfig",
     "BrowserToolConfig",
     "BuiltinToolsConfig",
     "ChatTemplateConfig",
@@ -228,6 +234,8 @@ __all__ = [
     "EmbeddedBrowserConfig",
     "EmbeddedPythonConfig",
     "EnginePlacement",
+    "FileInputConfig",
+    "FilesConfig",
     "McpConfig",
     "MiB",
     "ModelConfig",

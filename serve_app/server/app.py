@@ -26,13 +26,14 @@ from serve_app.api.errors import APIError, model_not_found, server_error
 from serve_app.api.items import MessageItem
 from serve_app.api.request import ResponsesRequest
 from serve_app.api.sse import encode_events
-from serve_app.config import ToolsConfig
+from serve_app.config import FilesConfig, ToolsConfig
 from serve_app.core.encrypted_reasoning import ReasoningCipher
 from serve_app.core.stream import ResponseStream
 from serve_app.core.tokens import TokenBatch, TokenSource
 from serve_app.families.harmony import HarmonyParser, render_completion, render_prompt
 from serve_app.runtime.admission import ByteBudget
 from serve_app.runtime.background import BackgroundRuns, default_replica_id
+from serve_app.runtime.files import FileInputs, TextCache
 from serve_app.runtime.metrics import GuardedMetrics, Metrics, NoMetrics, report_once, report_refusal
 from serve_app.runtime.reasoning_keys import reasoning_keys as configured_reasoning_keys
 from serve_app.runtime.turn import ModelFamily, ServedModel, Unavailable
@@ -44,19 +45,25 @@ from serve_app.server.routes import background as background_routes
 from serve_app.server.routes import chat as chat_routes
 from serve_app.server.routes import completions as completions_routes
 from serve_app.server.routes import conversations as conversations_routes
+from serve_app.server.routes import files as files_routes
 from serve_app.server.routes import input_tokens as input_tokens_routes
 from serve_app.server.routes import responses as responses_routes
 from serve_app.server.routes import websocket as websocket_routes
 from serve_app.server.settings import ServerSettings
 from serve_app.server.tenants import TenantState, prefix_cache_salt
 from serve_app.state import BoundedStore, MemoryStore, ResponseStore, Store
+from serve_app.state.blobs import BlobStore
 from serve_app.state.connection import KeptBytes
 from serve_app.state.conversations import ConversationStore
+from serve_app.state.files import FileStore
 from serve_app.state.quotas import LeaseKeeper, QuotaLimits, TenantQuota
 from serve_app.state.responses import TurnCache
 from serve_app.state.runs import EVENTS_TTL_S, RunStore
+from serve_app.tools.browser.fetch import Fetcher, FetchLimits
+from serve_app.tools.browser.policy import FetchPolicy, HostRules
 from serve_app.tools.builtin.factory import builtin_factories
 from serve_app.tools.builtin.transport import TransportFactory
+from serve_app.tools.documents import DocumentLimits
 from serve_app.tools.egress import Resolver
 from serve_app.tools.mcp_client import ConnectPolicy, McpLimits
 from serve_app.tools.remote_mcp import RemoteMcpFactory
@@ -78,6 +85,8 @@ def create_app(
     environ: Mapping[str, str] | None = None,
     server_tools: ServerToolRuntime | None = None,
     builtin_tools: Mapping[str, TransportFactory] | None = None,
+    blobs: BlobStore | None = None,
+    resolver: Resolver | None = None,
 ) -> FastAPI:
     """The app serving `models` as `settings` say (default: `ServerSettings()`, a test or
     in-process server's), over these collaborators:
@@ -87,7 +96,9 @@ def create_app(
     environment); a missing one fails here;
     `server_tools`: the server-side tools' runtime (default: made from `settings.tools`);
     `builtin_tools`: how the embedded built-in tools are reached, by name (deployments/ passes
-    their deployments' handles).
+    their deployments' handles);
+    `blobs`: where uploaded files' contents are kept (default: `settings.files.blob`'s store);
+    `resolver`: host names to addresses for `input_file` URLs (default: the machine's; tests).
     What the routes share is one `AppContext` (server/context.py), the app's only state."""
     settings = settings or ServerSettings()
     _warm_up()
@@ -104,7 +115,8 @@ def create_app(
     cipher = ReasoningCipher(keys)
     # Without tenants, one shared prefix cache (no salt): the anonymous caller is everyone.
     salt_key = keys[0] if auth is not None else None
-    tenants = _tenant_states(bounded, settings, guarded, leases, cipher, salt_key)
+    files = _FileServices(blobs if blobs is not None else settings.files.blob.blob_store(environ), settings.files, resolver)
+    tenants = _tenant_states(bounded, settings, guarded, leases, cipher, salt_key, files)
     replica_limits = settings.replica_limits
     app.state.context = AppContext(
         settings=settings,
@@ -179,6 +191,7 @@ def create_app(
     app.include_router(websocket_routes.router)
     app.include_router(background_routes.router)
     app.include_router(conversations_routes.router)
+    app.include_router(files_routes.router)
     app.include_router(chat_routes.router)
     app.include_router(completions_routes.router)
     install_openapi(app, served, settings.request_limits)
@@ -198,6 +211,7 @@ def _tenant_states(
     leases: LeaseKeeper,
     cipher: ReasoningCipher,
     salt_key: str | None,
+    files: _FileServices,
 ) -> dict[str, TenantState]:
     """Every tenant's state, made once per replica: the configured tenants, or the anonymous one
     (`salt_key`: what the tenants' prefix-cache salts are derived from; None: no salts)."""
@@ -218,6 +232,7 @@ def _tenant_states(
         if limits is not None and any(value is not None for value in limits.model_dump().values()):
             quota = TenantQuota(store, name, QuotaLimits(**limits.model_dump()), leases)
         sealed_for = name if auth is not None else None  # without tenants, blobs are as they always were
+        file_store = FileStore(store, name, files.blobs, limits=settings.files.limits(), ttl_s=settings.files.ttl_s)
         tenants[name] = TenantState(
             name,
             responses,
@@ -227,8 +242,29 @@ def _tenant_states(
             quota,
             cipher.for_tenant(sealed_for),
             prefix_cache_salt(salt_key, name) if salt_key is not None else None,
+            file_store,
+            FileInputs(file_store, files.fetcher, files.limits, files.cache, tenant=name),
         )
     return tenants
+
+
+class _FileServices:
+    """What every tenant's files share on this replica: the blob store, the fetcher of
+    `file_url`s (the browser's egress policy, the config's own allow-list), the bounds of a
+    file a model reads, and the cache of extracted texts."""
+
+    def __init__(self, blobs: BlobStore, config: FilesConfig, resolver: Resolver | None) -> None:
+        given = config.input
+        self.blobs = blobs
+        self.limits = DocumentLimits(given.max_bytes, given.max_pages, given.max_chars, given.max_inflated_bytes, given.timeout_s)
+        self.fetcher = (
+            Fetcher(
+                FetchPolicy(HostRules(given.allow_hosts), resolver), FetchLimits(max_bytes=given.max_bytes, timeout_s=given.fetch_timeout_s)
+            )
+            if given.fetch_urls
+            else None
+        )
+        self.cache = TextCache()
 
 
 def server_tool_runtime(
