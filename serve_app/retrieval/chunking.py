@@ -1,0 +1,132 @@
+"""Chunking as OpenAI's vector stores document it, by tokens.
+
+`chunking_strategy`: `auto` is `static` with 800-token chunks that overlap by 400; `static`
+takes `max_chunk_size_tokens` (100-4096) and `chunk_overlap_tokens` (at most half of it).
+Chunk k holds tokens [k*(max-overlap), k*(max-overlap)+max) of the text's tokenization: each
+chunk has at most `max` tokens, consecutive chunks share exactly `overlap` tokens, the last
+ends at the text's end, and the chunks cover every token. A chunk's text is the exact
+substring of the text its tokens span (a token that splits a multi-byte character counts
+the whole character in both neighbours), so nothing is lost or altered at a boundary.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Literal, Protocol
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+AUTO_MAX_TOKENS = 800
+AUTO_OVERLAP_TOKENS = 400
+MIN_CHUNK_TOKENS = 100
+MAX_CHUNK_TOKENS = 4096
+
+
+class StaticChunking(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    max_chunk_size_tokens: int = Field(ge=MIN_CHUNK_TOKENS, le=MAX_CHUNK_TOKENS)
+    chunk_overlap_tokens: int = Field(ge=0)
+
+    @model_validator(mode="after")
+    def _overlap_at_most_half(self) -> StaticChunking:
+        if self.chunk_overlap_tokens > self.max_chunk_size_tokens // 2:
+            raise ValueError("chunk_overlap_tokens must not exceed half of max_chunk_size_tokens")
+        return self
+
+
+class ChunkingStrategy(BaseModel):
+    """`{"type": "auto"}` or `{"type": "static", "static": {...}}` as a request gives it."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    type: Literal["auto", "static"]
+    static: StaticChunking | None = None
+
+    @model_validator(mode="after")
+    def _static_needs_sizes(self) -> ChunkingStrategy:
+        if self.type == "static" and self.static is None:
+            raise ValueError("a static chunking_strategy needs 'static': {max_chunk_size_tokens, chunk_overlap_tokens}")
+        if self.type == "auto" and self.static is not None:
+            raise ValueError("an auto chunking_strategy takes no 'static'")
+        return self
+
+    @property
+    def sizes(self) -> StaticChunking:
+        return self.static or StaticChunking(max_chunk_size_tokens=AUTO_MAX_TOKENS, chunk_overlap_tokens=AUTO_OVERLAP_TOKENS)
+
+    def as_file_strategy(self) -> dict[str, Any]:
+        """The strategy a vector store file reports (OpenAI reports `auto` as the static sizes it stands for)."""
+        return {"type": "static", "static": self.sizes.model_dump()}
+
+
+AUTO = ChunkingStrategy(type="auto")
+
+
+class TokenOffsets(Protocol):
+    """A tokenizer as chunking needs it: each token's (start, end) character offsets in `text`."""
+
+    def offsets(self, text: str) -> Sequence[tuple[int, int]]: ...
+
+
+@dataclass(frozen=True, slots=True)
+class Chunk:
+    index: int  # its place in the file
+    text: str
+    start: int  # character offsets in the file's text
+    end: int
+    tokens: int
+
+
+def chunk_spans(num_tokens: int, max_tokens: int, overlap: int) -> list[tuple[int, int]]:
+    """Token ranges [start, end) of the chunks of a text of `num_tokens` tokens."""
+    if not 0 <= overlap < max_tokens:
+        raise ValueError("need 0 <= overlap < max_tokens")
+    stride = max_tokens - overlap
+    spans: list[tuple[int, int]] = []
+    start = 0
+    while start < num_tokens:
+        end = min(start + max_tokens, num_tokens)
+        spans.append((start, end))
+        if end == num_tokens:
+            break
+        start += stride
+    return spans
+
+
+def chunk_text(text: str, tokenizer: TokenOffsets, strategy: ChunkingStrategy = AUTO) -> list[Chunk]:
+    """The chunks of `text` by `strategy` (none for a text without tokens)."""
+    offsets = list(tokenizer.offsets(text))
+    sizes = strategy.sizes
+    chunks: list[Chunk] = []
+    for index, (first, last) in enumerate(chunk_spans(len(offsets), sizes.max_chunk_size_tokens, sizes.chunk_overlap_tokens)):
+        start = 0 if first == 0 else offsets[first][0]
+        # Up to where the next token starts: the text between tokens (a normalizer's gap) is kept.
+        end = len(text) if last == len(offsets) else max(offsets[last - 1][1], offsets[last][0], start)
+        chunks.append(Chunk(index, text[start:end], start, end, last - first))
+    return chunks
+
+
+HARMONY_TOKENIZER = "o200k_harmony"
+
+
+def load_token_offsets(name: str) -> HFTokenOffsets:
+    """The tokenizer the config names: `o200k_harmony` (gpt-oss's, built from local files),
+    the built-in SmolLM2, or a hub id or folder."""
+    from serve_app.families.control_tokens import text_tokenizer
+    from serve_app.families.smollm2 import load_tokenizer
+    from serve_app.families.vocab import ensure_harmony_tokenizer
+
+    return HFTokenOffsets(text_tokenizer(load_tokenizer(str(ensure_harmony_tokenizer()) if name == HARMONY_TOKENIZER else name)))
+
+
+class HFTokenOffsets:
+    """`TokenOffsets` of a `tokenizers.Tokenizer` (the served model's, or o200k_harmony's),
+    special tokens' spellings read as text."""
+
+    def __init__(self, tokenizer: Any) -> None:
+        self.tokenizer = tokenizer
+
+    def offsets(self, text: str) -> Sequence[tuple[int, int]]:
+        return list(self.tokenizer.encode(text, add_special_tokens=False).offsets)
