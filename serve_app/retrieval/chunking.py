@@ -112,13 +112,20 @@ HARMONY_TOKENIZER = "o200k_harmony"
 
 
 def load_token_offsets(name: str) -> HFTokenOffsets:
-    """The tokenizer the config names: `o200k_harmony` (gpt-oss's, built from local files),
-    the built-in SmolLM2, or a hub id or folder."""
+    """The tokenizer the config names: `o200k_harmony` (gpt-oss's, built from local files and
+    read by `tokenizers` alone: seconds, not the half minute `transformers` takes), the
+    built-in SmolLM2, or a hub id or folder."""
     from serve_app.families.control_tokens import text_tokenizer
     from serve_app.families.smollm2 import load_tokenizer
     from serve_app.families.vocab import ensure_harmony_tokenizer
 
-    return HFTokenOffsets(text_tokenizer(load_tokenizer(str(ensure_harmony_tokenizer()) if name == HARMONY_TOKENIZER else name)))
+    if name == HARMONY_TOKENIZER:
+        from tokenizers import Tokenizer
+
+        tokenizer = Tokenizer.from_file(str(ensure_harmony_tokenizer() / "tokenizer.json"))
+        tokenizer.encode_special_tokens = True
+        return HFTokenOffsets(tokenizer)
+    return HFTokenOffsets(text_tokenizer(load_tokenizer(name)))
 
 
 class HFTokenOffsets:

@@ -41,6 +41,7 @@ def test_spans_cover_every_token_with_the_overlap(n: int, max_tokens: int, data:
 _TEXT = st.text(st.characters(codec="utf-8", exclude_categories=("Cs",)), max_size=1500)
 
 
+@pytest.mark.slow  # the tokenizer loads in seconds
 @settings(max_examples=60, deadline=None)
 @given(text=_TEXT, max_tokens=st.integers(100, 300), data=st.data())
 def test_chunks_are_exact_substrings_that_cover_the_text(tokenizer, text: str, max_tokens: int, data: st.DataObject) -> None:
@@ -59,6 +60,7 @@ def test_chunks_are_exact_substrings_that_cover_the_text(tokenizer, text: str, m
         assert a.start < b.start
 
 
+@pytest.mark.slow
 def test_auto_is_800_tokens_overlapping_by_400(tokenizer) -> None:
     text = " ".join(f"word{i}" for i in range(3000))
     chunks = chunk_text(text, tokenizer, AUTO)
