@@ -32,15 +32,35 @@ RESULTS = Path(__file__).parent / "results"
 _SYLLABLES = ["ka", "zu", "mor", "vel", "tri", "qua", "ron", "bex", "lio", "nar", "dex", "pho", "gri", "sul", "wen", "yot"]
 # (document's verb, question's form of it), (document's noun, question's form)
 _VERBS = [
-    ("migrates", "migrating"), ("fermented", "fermenting"), ("calibrated", "calibration"), ("harvested", "harvesting"),
-    ("navigates", "navigation"), ("insulated", "insulating"), ("purified", "purification"), ("excavated", "excavation"),
-    ("irrigated", "irrigation"), ("sculpted", "sculpting"), ("distilled", "distilling"), ("forecasts", "forecasting"),
+    ("migrates", "migrating"),
+    ("fermented", "fermenting"),
+    ("calibrated", "calibration"),
+    ("harvested", "harvesting"),
+    ("navigates", "navigation"),
+    ("insulated", "insulating"),
+    ("purified", "purification"),
+    ("excavated", "excavation"),
+    ("irrigated", "irrigation"),
+    ("sculpted", "sculpting"),
+    ("distilled", "distilling"),
+    ("forecasts", "forecasting"),
 ]
 _NOUNS = [
-    ("glaciers", "glacier"), ("orchards", "orchard"), ("telescopes", "telescope"), ("lanterns", "lantern"),
-    ("bridges", "bridge"), ("turbines", "turbine"), ("vineyards", "vineyard"), ("reservoirs", "reservoir"),
-    ("satellites", "satellite"), ("caverns", "cavern"), ("harbors", "harbor"), ("meadows", "meadow"),
+    ("glaciers", "glacier"),
+    ("orchards", "orchard"),
+    ("telescopes", "telescope"),
+    ("lanterns", "lantern"),
+    ("bridges", "bridge"),
+    ("turbines", "turbine"),
+    ("vineyards", "vineyard"),
+    ("reservoirs", "reservoir"),
+    ("satellites", "satellite"),
+    ("caverns", "cavern"),
+    ("harbors", "harbor"),
+    ("meadows", "meadow"),
 ]
+
+
 @dataclass(frozen=True)
 class Question:
     text: str
@@ -134,7 +154,9 @@ def main() -> None:
     print(f"{'ranking':<10} recall@5 ({len(questions)} questions, {len(documents)} documents)")
     for name, value in recall.items():
         print(f"{name:<10} {value:.3f}")
-    print(f"ingest: {figures['ingest_chunks_per_s']:.0f} chunks/s; search at {args.chunks} chunks: p50 {figures['search_ms_p50']:.2f} ms, p99 {figures['search_ms_p99']:.2f} ms")
+    print(
+        f"ingest: {figures['ingest_chunks_per_s']:.0f} chunks/s; search at {args.chunks} chunks: p50 {figures['search_ms_p50']:.2f} ms, p99 {figures['search_ms_p99']:.2f} ms"
+    )
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / "file_search.json").write_text(json.dumps({"recall_at_5": recall, **figures}, indent=2) + "\n")
     print(

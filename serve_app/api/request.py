@@ -38,6 +38,7 @@ from serve_app.api.tools import (
     BuiltinTool,
     CodeInterpreterTool,
     CustomTool,
+    FileSearchTool,
     FunctionTool,
     McpTool,
     McpToolChoice,
@@ -197,7 +198,10 @@ class ResponsesRequest(Lenient):
         )
         if any(count > 1 for count in builtin.values()):
             raise ValueError("at most one web_search tool and one code_interpreter tool")
+        if sum(isinstance(tool, FileSearchTool) for tool in self.tools) > 1:
+            raise ValueError("at most one file_search tool (it may name several vector_store_ids)")
         reserved = ({"browser"} if self.web_search_tool() else set()) | ({"python"} if self.code_interpreter_tool() else set())
+        reserved |= {"file_search"} if self.file_search_tool() else set()
         names_used = (
             {f.name for f in self.function_tools()}
             | {c.name for c in self.custom_tools()}
@@ -205,7 +209,10 @@ class ResponsesRequest(Lenient):
             | {namespace.name for namespace in self.namespace_tools()}
         )
         if clash := sorted(reserved & names_used):
-            raise ValueError(f"the built-in tools web_search and code_interpreter are called as 'browser' and 'python': {clash} is taken")
+            raise ValueError(
+                f"the built-in tools web_search, code_interpreter and file_search are called as 'browser', 'python' and "
+                f"'file_search': {clash} is taken"
+            )
         return self
 
     def check_consistency(self) -> None:
@@ -275,6 +282,9 @@ class ResponsesRequest(Lenient):
 
     def web_search_tool(self) -> WebSearchTool | None:
         return next((t for t in self.tools if isinstance(t, WebSearchTool)), None)
+
+    def file_search_tool(self) -> FileSearchTool | None:
+        return next((t for t in self.tools if isinstance(t, FileSearchTool)), None)
 
     def code_interpreter_tool(self) -> CodeInterpreterTool | None:
         return next((t for t in self.tools if isinstance(t, CodeInterpreterTool)), None)

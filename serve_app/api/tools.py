@@ -19,6 +19,7 @@ from pydantic import (
     model_validator,
 )
 
+from serve_app.api.filters import ComparisonFilter, CompoundFilter, check_filter
 from serve_app.api.items import FUNCTION_NAME_PATTERN, Lenient
 
 # --- tools ---------------------------------------------------------------------------------
@@ -230,6 +231,46 @@ class WebSearchTool(Lenient):
         return self.filters.allowed_domains if self.filters is not None else None
 
 
+class HybridSearch(Lenient):
+    embedding_weight: float = Field(ge=0)
+    text_weight: float = Field(ge=0)
+
+
+class FileSearchRanking(Lenient):
+    """`ranking_options`: `ranker` (`auto`, `default-2024-11-15`, `none`: all one hybrid
+    ranking here), `score_threshold` (0-1), `hybrid_search` weights of the two rankings."""
+
+    ranker: Literal["auto", "default-2024-11-15", "none"] | None = None
+    score_threshold: float | None = Field(None, ge=0, le=1)
+    hybrid_search: HybridSearch | None = None
+
+    @model_validator(mode="after")
+    def _weights(self) -> FileSearchRanking:
+        if self.hybrid_search is not None and self.hybrid_search.embedding_weight + self.hybrid_search.text_weight <= 0:
+            raise ValueError("hybrid_search weights must not both be 0")
+        return self
+
+
+MAX_VECTOR_STORES_PER_SEARCH = 16
+
+
+class FileSearchTool(Lenient):
+    """`file_search`: a search of the caller's vector stores (docs/file-search.md)."""
+
+    type: Literal["file_search"]
+    vector_store_ids: list[Annotated[str, Field(min_length=1, max_length=256)]] = Field(
+        min_length=1, max_length=MAX_VECTOR_STORES_PER_SEARCH
+    )
+    max_num_results: int | None = Field(None, ge=1, le=50)
+    ranking_options: FileSearchRanking | None = None
+    filters: ComparisonFilter | CompoundFilter | None = None
+
+    @field_validator("filters")
+    @classmethod
+    def _bounded(cls, value: ComparisonFilter | CompoundFilter | None) -> ComparisonFilter | CompoundFilter | None:
+        return check_filter(value) if value is not None else None
+
+
 CONTAINER_ID_MAX_CHARS = 256
 
 
@@ -276,7 +317,7 @@ class BuiltinTool(Lenient):
 
 def _tool_tag(value: Any) -> str | None:
     kind = value.get("type") if isinstance(value, dict) else getattr(value, "type", None)
-    if kind in ("function", "custom", "namespace", "mcp", "code_interpreter"):
+    if kind in ("function", "custom", "namespace", "mcp", "code_interpreter", "file_search"):
         return f"tool:{kind}"
     if kind in WEB_SEARCH_TYPES:
         return "tool:web_search"
@@ -310,6 +351,7 @@ Tool = Annotated[
     | Annotated[McpTool, Tag("tool:mcp")]
     | Annotated[WebSearchTool, Tag("tool:web_search")]
     | Annotated[CodeInterpreterTool, Tag("tool:code_interpreter")]
+    | Annotated[FileSearchTool, Tag("tool:file_search")]
     | Annotated[BuiltinTool, Tag("tool:builtin")]
     | Annotated[HostedTool, Tag("tool:hosted")],
     _TOOL_TAG,

@@ -44,6 +44,7 @@ from serve_app.config.tools import (
     SandboxLimits,
     ToolsConfig,
 )
+from serve_app.config.vector_stores import EmbeddingConfig, VectorStoresConfig
 
 DEFAULT_MAX_STREAM_DURATION_S = 900.0
 DEFAULT_SSE_KEEPALIVE_S = 15.0  # below the 60 s idle timeout of common load balancers
@@ -147,6 +148,9 @@ class AppConfig(Strict):
         default_factory=ToolsConfig,
         description="server-side tools the tool loop runs inside a response: remote MCP servers named by requests",
     )
+    vector_stores: VectorStoresConfig | None = Field(
+        None, description="the Vector Stores API and the file_search tool (none: both off, file_search left out of responses)"
+    )
 
     @field_validator("api_key")
     @classmethod
@@ -227,6 +231,7 @@ __all__ = [
     "DeploymentConfig",
     "EmbeddedBrowserConfig",
     "EmbeddedPythonConfig",
+    "EmbeddingConfig",
     "EnginePlacement",
     "McpConfig",
     "MiB",
@@ -242,5 +247,6 @@ __all__ = [
     "TenantLimits",
     "ToolsConfig",
     "VLLMBackendConfig",
+    "VectorStoresConfig",
     "config_problems",
 ]

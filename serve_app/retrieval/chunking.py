@@ -13,53 +13,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Literal, Protocol
+from typing import Any, Protocol
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
-
-AUTO_MAX_TOKENS = 800
-AUTO_OVERLAP_TOKENS = 400
-MIN_CHUNK_TOKENS = 100
-MAX_CHUNK_TOKENS = 4096
-
-
-class StaticChunking(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    max_chunk_size_tokens: int = Field(ge=MIN_CHUNK_TOKENS, le=MAX_CHUNK_TOKENS)
-    chunk_overlap_tokens: int = Field(ge=0)
-
-    @model_validator(mode="after")
-    def _overlap_at_most_half(self) -> StaticChunking:
-        if self.chunk_overlap_tokens > self.max_chunk_size_tokens // 2:
-            raise ValueError("chunk_overlap_tokens must not exceed half of max_chunk_size_tokens")
-        return self
-
-
-class ChunkingStrategy(BaseModel):
-    """`{"type": "auto"}` or `{"type": "static", "static": {...}}` as a request gives it."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    type: Literal["auto", "static"]
-    static: StaticChunking | None = None
-
-    @model_validator(mode="after")
-    def _static_needs_sizes(self) -> ChunkingStrategy:
-        if self.type == "static" and self.static is None:
-            raise ValueError("a static chunking_strategy needs 'static': {max_chunk_size_tokens, chunk_overlap_tokens}")
-        if self.type == "auto" and self.static is not None:
-            raise ValueError("an auto chunking_strategy takes no 'static'")
-        return self
-
-    @property
-    def sizes(self) -> StaticChunking:
-        return self.static or StaticChunking(max_chunk_size_tokens=AUTO_MAX_TOKENS, chunk_overlap_tokens=AUTO_OVERLAP_TOKENS)
-
-    def as_file_strategy(self) -> dict[str, Any]:
-        """The strategy a vector store file reports (OpenAI reports `auto` as the static sizes it stands for)."""
-        return {"type": "static", "static": self.sizes.model_dump()}
-
+from serve_app.api.vector_stores import ChunkingStrategy
 
 AUTO = ChunkingStrategy(type="auto")
 

@@ -17,7 +17,7 @@ score is `(we / (60 + rank_e) + wt / (60 + rank_t)) / ((we + wt) / 61)`, in (0, 
 chunk first in both (OpenAI's `hybrid_search.embedding_weight` / `text_weight`; a weight of
 0 turns a ranker off, and the score is then that ranker's own: the cosine similarity, or the
 BM25 score over the best's). `score_threshold` drops results below it. Filters
-(retrieval/filters.py) apply before ranking: the semantic ranking is then exact over the
+(api/filters.py) apply before ranking: the semantic ranking is then exact over the
 chunks they keep.
 """
 
@@ -41,15 +41,59 @@ import bm25s
 import numpy as np
 from usearch.index import Index
 
+from serve_app.api.filters import Filter
 from serve_app.retrieval.embeddings import Vectors
-from serve_app.retrieval.filters import Filter
 
 RRF_K = 60
 _WORD = re.compile(r"\w+", re.UNICODE)
 # Words too common to tell chunks apart (a short English list: BM25's IDF does the rest).
 _STOPWORDS = frozenset(
-    "a an and are as at be but by for from has have he her his i in is it its of on or she that the their them they this to was were "
-    "what when where which who why will with you your".split()
+    [
+        "a",
+        "an",
+        "and",
+        "are",
+        "as",
+        "at",
+        "be",
+        "but",
+        "by",
+        "for",
+        "from",
+        "has",
+        "have",
+        "he",
+        "her",
+        "his",
+        "i",
+        "in",
+        "is",
+        "it",
+        "its",
+        "of",
+        "on",
+        "or",
+        "she",
+        "that",
+        "the",
+        "their",
+        "them",
+        "they",
+        "this",
+        "to",
+        "was",
+        "were",
+        "what",
+        "when",
+        "where",
+        "which",
+        "who",
+        "why",
+        "will",
+        "with",
+        "you",
+        "your",
+    ]
 )
 
 
@@ -113,9 +157,7 @@ class VectorIndex(Protocol):
         ...
 
 
-def fuse(
-    semantic: Sequence[tuple[int, float]], keyword: Sequence[tuple[int, float]], ranking: Ranking
-) -> list[tuple[int, float]]:
+def fuse(semantic: Sequence[tuple[int, float]], keyword: Sequence[tuple[int, float]], ranking: Ranking) -> list[tuple[int, float]]:
     """Reciprocal rank fusion of two rankings (best first) of (key, score): (key, fused score), best first."""
     we, wt = ranking.embedding_weight, ranking.text_weight
     if wt == 0:

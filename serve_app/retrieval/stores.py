@@ -44,7 +44,9 @@ def store_not_found(vector_store_id: str, param: str = "vector_store_id") -> API
 
 
 def file_not_in_store(file_id: str, vector_store_id: str) -> APIError:
-    return APIError(f"No file found with id '{file_id}' in vector store '{vector_store_id}'.", status_code=404, param="file_id", code="not_found")
+    return APIError(
+        f"No file found with id '{file_id}' in vector store '{vector_store_id}'.", status_code=404, param="file_id", code="not_found"
+    )
 
 
 def batch_not_found(batch_id: str) -> APIError:
@@ -87,7 +89,11 @@ class VectorStoreRecords:
         return vector_store
 
     async def _put_store(self, vector_store: VectorStore) -> None:
-        await self.store.put(f"vs:{vector_store.id}", vector_store.model_dump_json(exclude={"file_counts", "usage_bytes"}).encode(), ttl_s=self._ttl(vector_store))
+        await self.store.put(
+            f"vs:{vector_store.id}",
+            vector_store.model_dump_json(exclude={"file_counts", "usage_bytes"}).encode(),
+            ttl_s=self._ttl(vector_store),
+        )
 
     async def get(self, vector_store_id: str) -> VectorStore | None:
         """The store with its file counts and usage (`status: expired` past `expires_at`)."""
@@ -131,7 +137,7 @@ class VectorStoreRecords:
     async def ids(self) -> list[str]:
         return [raw.decode() for raw in await self.store.range(STORES_KEY)]
 
-    async def list(self) -> list[VectorStore]:
+    async def all(self) -> list[VectorStore]:
         stores = []
         for vector_store_id in await self.ids():
             vector_store = await self.get(vector_store_id)
@@ -171,7 +177,10 @@ class VectorStoreRecords:
         started = data.pop("_started_at", None)
         file = VectorStoreFile.model_validate(data)
         if file.status == "in_progress" and started is not None and time.time() - started > self.stale_after_s:
-            stale = {"status": "failed", "last_error": {"code": "server_error", "message": "The file's ingestion did not finish; attach it again."}}
+            stale = {
+                "status": "failed",
+                "last_error": {"code": "server_error", "message": "The file's ingestion did not finish; attach it again."},
+            }
             return VectorStoreFile.model_validate(file.model_dump() | stale)
         return file
 
@@ -209,7 +218,11 @@ class VectorStoreRecords:
         if counts["failed"] == len(files) and files:
             status = "failed"
         batch = VectorStoreFileBatch.model_validate(
-            {**{k: v for k, v in data["batch"].items() if not k.startswith("_")}, "status": status, "file_counts": {**counts, "total": len(files)}}
+            {
+                **{k: v for k, v in data["batch"].items() if not k.startswith("_")},
+                "status": status,
+                "file_counts": {**counts, "total": len(files)},
+            }
         )
         return batch, files
 

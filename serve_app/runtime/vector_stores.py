@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
@@ -25,10 +26,12 @@ from openai.types import VectorStore
 from openai.types.vector_stores import VectorStoreFile, VectorStoreFileBatch
 
 from serve_app.api.errors import APIError, invalid_request, server_error, server_full
-from serve_app.retrieval.chunking import AUTO, ChunkingStrategy, TokenOffsets, chunk_text
-from serve_app.retrieval.embeddings import Embedder, EmbeddingUnavailable
-from serve_app.retrieval.filters import Filter
-from serve_app.retrieval.index import Hit, IndexedChunk, Ranking, VectorIndex
+from serve_app.api.filters import Filter
+from serve_app.api.vector_stores import AUTO, ChunkingStrategy
+from serve_app.config import VectorStoresConfig
+from serve_app.retrieval.chunking import TokenOffsets, chunk_text, load_token_offsets
+from serve_app.retrieval.embeddings import Embedder, EmbeddingUnavailable, HashingEmbedder
+from serve_app.retrieval.index import EmbeddedIndex, Hit, IndexedChunk, Ranking, VectorIndex
 from serve_app.retrieval.stores import VectorStoreRecords, batch_not_found, file_not_in_store, new_id
 from serve_app.state import StoreUnavailable
 
@@ -215,7 +218,7 @@ class TenantVectorStores:
         chunking: ChunkingStrategy = AUTO,
     ) -> VectorStore:
         if len(await self.records.ids()) >= self.service.limits.max_stores_per_tenant:
-            await self.records.list()  # prunes deleted and expired ids
+            await self.records.all()  # prunes deleted and expired ids
             if len(await self.records.ids()) >= self.service.limits.max_stores_per_tenant:
                 raise invalid_request(
                     f"This tenant holds {self.service.limits.max_stores_per_tenant} vector stores, the most this server keeps "
@@ -373,3 +376,24 @@ class TenantVectorStores:
             )
         hits.sort(key=lambda hit: -hit.score)
         return hits[:max_results]
+
+
+def vector_store_service(config: VectorStoresConfig) -> VectorStores:
+    """The app's vector stores as `vector_stores:` config says (the tokenizer loads at the first ingestion)."""
+    embedder = HashingEmbedder(config.embedding.dimensions)
+    index = EmbeddedIndex(config.directory, embedder.dimensions)
+    limits = VectorStoreLimits(
+        max_stores_per_tenant=config.max_stores_per_tenant,
+        max_files_per_store=config.max_files_per_store,
+        max_file_chars=config.max_file_chars,
+        max_tenant_chunks=config.max_tenant_chunks,
+        ingest_timeout_s=config.ingest_timeout_s,
+        max_search_results=config.max_search_results,
+    )
+    tokenizer = functools.partial(load_token_offsets, config.tokenizer)
+    return VectorStores(index, embedder, tokenizer, limits, workers=config.ingest_workers, queue=config.ingest_queue)
+
+
+async def no_files(file_id: str) -> tuple[str, str]:
+    """The `FileReader` of a server without the Files API: no file is there."""
+    raise APIError(f"No such File object: {file_id}", status_code=404, param="file_id", code="not_found")

@@ -23,6 +23,7 @@ from openai_harmony import Message, Role
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from serve_app.api.errors import APIError, model_not_found, server_error
+from serve_app.api.filters import Filter
 from serve_app.api.items import MessageItem
 from serve_app.api.request import ResponsesRequest
 from serve_app.api.sse import encode_events
@@ -31,11 +32,14 @@ from serve_app.core.encrypted_reasoning import ReasoningCipher
 from serve_app.core.stream import ResponseStream
 from serve_app.core.tokens import TokenBatch, TokenSource
 from serve_app.families.harmony import HarmonyParser, render_completion, render_prompt
+from serve_app.retrieval.index import Hit, Ranking
+from serve_app.retrieval.stores import VectorStoreRecords
 from serve_app.runtime.admission import ByteBudget
 from serve_app.runtime.background import BackgroundRuns, default_replica_id
 from serve_app.runtime.metrics import GuardedMetrics, Metrics, NoMetrics, report_once, report_refusal
 from serve_app.runtime.reasoning_keys import reasoning_keys as configured_reasoning_keys
 from serve_app.runtime.turn import ModelFamily, ServedModel, Unavailable
+from serve_app.runtime.vector_stores import TenantVectorStores, VectorStores, no_files, vector_store_service
 from serve_app.server.auth import ANONYMOUS, AuthMiddleware, Keyring, warn_if_open
 from serve_app.server.context import AppContext, app_context
 from serve_app.server.rate_headers import RateLimitHeaders
@@ -45,6 +49,7 @@ from serve_app.server.routes import completions as completions_routes
 from serve_app.server.routes import conversations as conversations_routes
 from serve_app.server.routes import input_tokens as input_tokens_routes
 from serve_app.server.routes import responses as responses_routes
+from serve_app.server.routes import vector_stores as vector_stores_routes
 from serve_app.server.routes import websocket as websocket_routes
 from serve_app.server.settings import ServerSettings
 from serve_app.server.tenants import TenantState, prefix_cache_salt
@@ -54,9 +59,11 @@ from serve_app.state.conversations import ConversationStore
 from serve_app.state.quotas import LeaseKeeper, QuotaLimits, TenantQuota
 from serve_app.state.responses import TurnCache
 from serve_app.state.runs import EVENTS_TTL_S, RunStore
+from serve_app.state.tenancy import TenantStore
 from serve_app.tools.builtin.factory import builtin_factories
 from serve_app.tools.builtin.transport import TransportFactory
 from serve_app.tools.egress import Resolver
+from serve_app.tools.file_search import FileSearchFactory, Searcher
 from serve_app.tools.mcp_client import ConnectPolicy, McpLimits
 from serve_app.tools.remote_mcp import RemoteMcpFactory
 from serve_app.tools.server_tools import ServerToolRuntime, ToolFactory
@@ -103,7 +110,8 @@ def create_app(
     cipher = ReasoningCipher(keys)
     # Without tenants, one shared prefix cache (no salt): the anonymous caller is everyone.
     salt_key = keys[0] if auth is not None else None
-    tenants = _tenant_states(bounded, settings, guarded, leases, cipher, salt_key)
+    vector_stores = vector_store_service(settings.vector_stores) if settings.vector_stores is not None else None
+    tenants = _tenant_states(bounded, settings, guarded, leases, cipher, salt_key, vector_stores)
     replica_limits = settings.replica_limits
     app.state.context = AppContext(
         settings=settings,
@@ -112,7 +120,9 @@ def create_app(
         tenants=tenants,
         metrics=guarded,
         leases=leases,
-        server_tools=server_tools or server_tool_runtime(settings.tools, guarded, bounded, builtin_tools),
+        server_tools=server_tools
+        or server_tool_runtime(settings.tools, guarded, bounded, builtin_tools, file_search=_file_search(tenants)),
+        vector_stores=vector_stores,
         # With tenants, each holds at most its share of the request bytes (without, the one caller has them all).
         request_bytes=ByteBudget(
             replica_limits.max_request_bytes_in_flight,
@@ -178,6 +188,7 @@ def create_app(
     app.include_router(websocket_routes.router)
     app.include_router(background_routes.router)
     app.include_router(conversations_routes.router)
+    app.include_router(vector_stores_routes.router)
     app.include_router(chat_routes.router)
     app.include_router(completions_routes.router)
     return app
@@ -196,6 +207,7 @@ def _tenant_states(
     leases: LeaseKeeper,
     cipher: ReasoningCipher,
     salt_key: str | None,
+    vector_stores: VectorStores | None = None,
 ) -> dict[str, TenantState]:
     """Every tenant's state, made once per replica: the configured tenants, or the anonymous one
     (`salt_key`: what the tenants' prefix-cache salts are derived from; None: no salts)."""
@@ -225,8 +237,43 @@ def _tenant_states(
             quota,
             cipher.for_tenant(sealed_for),
             prefix_cache_salt(salt_key, name) if salt_key is not None else None,
+            vector_stores=_tenant_vector_stores(vector_stores, store, name, quota, settings),
         )
     return tenants
+
+
+def _tenant_vector_stores(
+    service: VectorStores | None, store: Store, tenant: str, quota: TenantQuota | None, settings: ServerSettings
+) -> TenantVectorStores | None:
+    """The tenant's vector stores: its files read as the Files API reads them, embedding counted in its quota."""
+    if service is None or settings.vector_stores is None:
+        return None
+    records = VectorStoreRecords(TenantStore(store, tenant), stale_after_s=settings.vector_stores.ingest_timeout_s * 2)
+
+    async def charge(tokens: int) -> None:
+        if quota is not None:
+            await quota.charge(tokens_=tokens)
+
+    return service.for_tenant(records, no_files, charge)
+
+
+def _file_search(tenants: Mapping[str, TenantState]) -> FileSearchFactory:
+    """`file_search` searches the calling tenant's vector stores."""
+
+    def searcher(tenant: str) -> Searcher | None:
+        state = tenants.get(tenant)
+        stores = state.vector_stores if state is not None else None
+        if stores is None:
+            return None
+
+        async def search(ids: Sequence[str], query: str, max_results: int, ranking: Ranking, filters: Filter | None) -> list[Hit]:
+            return await stores.search(
+                ids, query, max_results=max_results, ranking=ranking, filters=filters, param="tools.vector_store_ids"
+            )
+
+        return search
+
+    return FileSearchFactory(searcher, enabled=any(state.vector_stores is not None for state in tenants.values()))
 
 
 def server_tool_runtime(
@@ -235,6 +282,7 @@ def server_tool_runtime(
     store: Store | None = None,
     builtin: Mapping[str, TransportFactory] | None = None,
     resolver: Resolver | None = None,
+    file_search: FileSearchFactory | None = None,
 ) -> ServerToolRuntime:
     """The server-side tools of `tools:` config: the request's remote MCP servers and the
     built-in tools (`builtin`: the embedded ones' transports, by name: python, browser).
@@ -248,6 +296,7 @@ def server_tool_runtime(
         report=metrics.tool_call_finished,
     )
     factories: list[ToolFactory] = [remote, *builtin_factories(config.builtin, store or MemoryStore(), builtin, resolver)]
+    factories.append(file_search or FileSearchFactory(lambda tenant: None, enabled=False))
     return ServerToolRuntime(factories, max_calls=config.max_calls_per_response, report=metrics.tool_call_finished)
 
 

@@ -2,19 +2,15 @@
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
-from serve_app.retrieval.chunking import (
-    AUTO,
-    ChunkingStrategy,
-    StaticChunking,
-    chunk_spans,
-    chunk_text,
-    load_token_offsets,
-)
+from serve_app.api.vector_stores import AUTO, ChunkingStrategy, StaticChunking
+from serve_app.retrieval.chunking import chunk_spans, chunk_text, load_token_offsets
 
 
 @pytest.fixture(scope="module")
@@ -29,10 +25,11 @@ def test_spans_cover_every_token_with_the_overlap(n: int, max_tokens: int, data:
     if n == 0:
         assert spans == []
         return
-    assert spans[0][0] == 0 and spans[-1][1] == n
+    assert spans[0][0] == 0
+    assert spans[-1][1] == n
     for start, end in spans:
         assert 0 < end - start <= max_tokens
-    for (s1, e1), (s2, _) in zip(spans, spans[1:], strict=False):
+    for (s1, e1), (s2, _) in itertools.pairwise(spans):
         assert e1 - s2 == overlap  # consecutive chunks share exactly the overlap
         assert e1 - s1 == max_tokens  # only the last may be shorter
         assert s2 > s1
@@ -51,11 +48,12 @@ def test_chunks_are_exact_substrings_that_cover_the_text(tokenizer, text: str, m
     if not text:
         assert chunks == []
         return
-    assert chunks[0].start == 0 and chunks[-1].end == len(text)
+    assert chunks[0].start == 0
+    assert chunks[-1].end == len(text)
     for chunk in chunks:
         assert chunk.text == text[chunk.start : chunk.end]
         assert 0 < chunk.tokens <= max_tokens
-    for a, b in zip(chunks, chunks[1:], strict=False):
+    for a, b in itertools.pairwise(chunks):
         assert b.start <= a.end  # no gap: every character is in some chunk
         assert a.start < b.start
 

@@ -10,8 +10,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from serve_app.api.filters import ComparisonFilter, CompoundFilter
 from serve_app.retrieval.embeddings import HashingEmbedder
-from serve_app.retrieval.filters import ComparisonFilter, CompoundFilter
 from serve_app.retrieval.index import EmbeddedIndex, IndexedChunk, Ranking, fuse
 
 EMBEDDER = HashingEmbedder(128)
@@ -20,7 +20,11 @@ DOCS = {
     "file-b": ["Quarterly revenue grew by twelve percent.", "The board approved the new budget for marketing."],
     "file-c": ["Kubernetes pods restart when the liveness probe fails.", "A deployment scales replicas horizontally."],
 }
-ATTRS = {"file-a": {"topic": "nature", "year": 2021}, "file-b": {"topic": "finance", "year": 2023}, "file-c": {"topic": "tech", "year": 2024}}
+ATTRS = {
+    "file-a": {"topic": "nature", "year": 2021},
+    "file-b": {"topic": "finance", "year": 2023},
+    "file-c": {"topic": "tech", "year": 2024},
+}
 
 
 async def _fill(index: EmbeddedIndex, ns: str = "t/vs_1") -> None:
@@ -40,11 +44,15 @@ def test_hybrid_search_finds_the_chunk_and_filters_apply(tmp_path: Path) -> None
         await _fill(index)
         assert await index.count("t/vs_1") == 6
         hits = await _search(index, "when do zebras cross the river?")
-        assert hits[0].file_id == "file-a" and "zebra" in hits[0].text
+        assert hits[0].file_id == "file-a"
+        assert "zebra" in hits[0].text
         assert 0 < hits[-1].score <= hits[0].score <= 1
         only_tech = await _search(index, "river", filters=ComparisonFilter(key="topic", type="eq", value="tech"))
         assert {h.file_id for h in only_tech} == {"file-c"}
-        newer = CompoundFilter(type="and", filters=[ComparisonFilter(key="year", type="gte", value=2023), ComparisonFilter(key="topic", type="ne", value="tech")])
+        newer = CompoundFilter(
+            type="and",
+            filters=[ComparisonFilter(key="year", type="gte", value=2023), ComparisonFilter(key="topic", type="ne", value="tech")],
+        )
         assert {h.file_id for h in await _search(index, "budget revenue", k=10, filters=newer)} == {"file-b"}
         assert await _search(index, "river", filters=ComparisonFilter(key="missing", type="eq", value="x")) == []
         high = await _search(index, "zebra", ranking=Ranking(score_threshold=0.99))
@@ -63,7 +71,8 @@ def test_removal_drop_and_a_second_instance_on_the_directory(tmp_path: Path) -> 
         await writer.set_attributes("t/vs_1", "file-b", {"topic": "money"})
         hits = await _search(reader, "revenue", filters=ComparisonFilter(key="topic", type="eq", value="money"))
         assert {h.file_id for h in hits} == {"file-b"}
-        assert await reader.count("t/vs_2") == 0 and await _search(reader, "revenue", ns="t/vs_2") == []
+        assert await reader.count("t/vs_2") == 0
+        assert await _search(reader, "revenue", ns="t/vs_2") == []
         await writer.drop("t/vs_1")
         assert await EmbeddedIndex(tmp_path, EMBEDDER.dimensions).count("t/vs_1") == 0
 
@@ -106,4 +115,6 @@ def test_filters_follow_openai_semantics() -> None:
     assert not ComparisonFilter(key="a", type="gt", value=2).matches(attrs)  # a string against a number
     assert ComparisonFilter(key="b", type="eq", value=True).matches(attrs)
     assert not ComparisonFilter(key="n", type="eq", value=True).matches({"n": 1})  # 1 is not True
-    assert CompoundFilter(type="or", filters=[ComparisonFilter(key="z", type="eq", value=1), ComparisonFilter(key="n", type="lte", value=3)]).matches(attrs)
+    assert CompoundFilter(
+        type="or", filters=[ComparisonFilter(key="z", type="eq", value=1), ComparisonFilter(key="n", type="lte", value=3)]
+    ).matches(attrs)

@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 
 from serve_app.api.errors import APIError
-from serve_app.retrieval.chunking import ChunkingStrategy, StaticChunking
+from serve_app.api.filters import ComparisonFilter
+from serve_app.api.vector_stores import ChunkingStrategy, StaticChunking
 from serve_app.retrieval.embeddings import HashingEmbedder
-from serve_app.retrieval.filters import ComparisonFilter
 from serve_app.retrieval.index import EmbeddedIndex
 from serve_app.retrieval.stores import VectorStoreRecords
 from serve_app.runtime.vector_stores import FileUnreadable, VectorStores
@@ -64,16 +64,22 @@ def test_files_are_ingested_searched_and_deleted(tmp_path: Path, tokenizer) -> N
         alice = service.for_tenant(VectorStoreRecords(TenantStore(store, "alice")), _read, charge)
         bob = service.for_tenant(VectorStoreRecords(TenantStore(store, "bob")), _read)
         small = ChunkingStrategy(type="static", static=StaticChunking(max_chunk_size_tokens=100, chunk_overlap_tokens=20))
-        vs = await alice.create(name="docs", file_ids=["file-zebra", "file-budget", "file-empty", "file-missing", "file-pdf-broken"], chunking=small)
+        vs = await alice.create(
+            name="docs", file_ids=["file-zebra", "file-budget", "file-empty", "file-missing", "file-pdf-broken"], chunking=small
+        )
         assert vs.file_counts.total == 5
         await service.ingestion.drained()
         vs = await alice.records.existing(vs.id)
         assert (vs.file_counts.completed, vs.file_counts.failed, vs.status) == (2, 3, "completed")
-        assert vs.usage_bytes > 0 and sum(charged) > 0
+        assert vs.usage_bytes > 0
+        assert sum(charged) > 0
         failed = {f.id: f.last_error for f in await alice.records.files(vs.id) if f.status == "failed"}
-        assert failed["file-missing"].code == "invalid_file" and failed["file-pdf-broken"].message == "The PDF cannot be read."
+        assert failed["file-missing"].code == "invalid_file"
+        assert failed["file-pdf-broken"].message == "The PDF cannot be read."
         hits = await alice.search([vs.id], "When do zebras migrate?", max_results=3)
-        assert hits and hits[0].file_id == "file-zebra" and hits[0].filename == "zebras.txt"
+        assert hits
+        assert hits[0].file_id == "file-zebra"
+        assert hits[0].filename == "zebras.txt"
         # another tenant's store is a 404, whatever it asks
         for call in (bob.search([vs.id], "zebras"), bob.file(vs.id, "file-zebra"), bob.attach(vs.id, "file-zebra")):
             with pytest.raises(APIError) as refused:
@@ -102,18 +108,22 @@ def test_an_expired_store_is_refused_and_batches_report_their_files(tmp_path: Pa
         service = _service(tmp_path, tokenizer)
         alice = service.for_tenant(VectorStoreRecords(TenantStore(MemoryStore(), "alice")), _read)
         vs = await alice.create(name="short", expires_after={"anchor": "last_active_at", "days": 1})
-        assert vs.expires_at is not None and vs.expires_at >= time.time() + 86_000
-        batch = await alice.create_batch(vs.id, [("file-zebra", {"k": 1}, ChunkingStrategy(type="auto")), ("file-missing", None, ChunkingStrategy(type="auto"))])
+        assert vs.expires_at is not None
+        assert vs.expires_at >= time.time() + 86_000
+        batch = await alice.create_batch(
+            vs.id, [("file-zebra", {"k": 1}, ChunkingStrategy(type="auto")), ("file-missing", None, ChunkingStrategy(type="auto"))]
+        )
         assert batch.file_counts.total == 2
         await service.ingestion.drained()
-        batch, files = await alice.batch_files(vs.id, batch.id)
+        batch, _files = await alice.batch_files(vs.id, batch.id)
         assert (batch.status, batch.file_counts.completed, batch.file_counts.failed) == ("completed", 1, 1)
         expired = (await alice.records.existing(vs.id)).model_copy(update={"expires_at": int(time.time()) - 1})
         await alice.records._put_store(expired)
         assert (await alice.records.existing(vs.id)).status == "expired"
         with pytest.raises(APIError) as refused:
             await alice.search([vs.id], "zebras")
-        assert refused.value.status_code == 400 and refused.value.param == "vector_store_id"
+        assert refused.value.status_code == 400
+        assert refused.value.param == "vector_store_id"
         await service.ingestion.aclose()
 
     asyncio.run(main())
