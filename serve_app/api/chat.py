@@ -54,10 +54,26 @@ class ChatToolCall(Lenient):
     function: ChatFunctionCall
 
 
+class ChatFile(Lenient):
+    """A `file` part's file: by `file_id` (the Files API) or `file_data` (base64)."""
+
+    file_id: str | None = None
+    file_data: str | None = None
+    filename: str | None = None
+
+
 class ChatContentPart(Lenient):
-    type: Literal["text", "input_text", "refusal"]
+    type: Literal["text", "input_text", "refusal", "file"]
     text: str | None = None
     refusal: str | None = None
+    file: ChatFile | None = None
+
+    def as_input_part(self) -> dict[str, Any]:
+        """This part as a Responses content part (`input_text`, or `input_file` for a file)."""
+        if self.type == "file":
+            given = self.file.model_dump(exclude_none=True) if self.file is not None else {}
+            return {"type": "input_file", **given}
+        return TextPart(type="input_text", text=self.text or self.refusal or "").model_dump()
 
 
 class ChatMessage(Lenient):
@@ -216,6 +232,8 @@ class ChatRequest(LegacySampling):
                     {"type": "function_call", "call_id": call.id, "name": call.function.name, "arguments": call.function.arguments}
                     for call in message.tool_calls or []
                 )
+            elif isinstance(message.content, list) and any(part.type == "file" for part in message.content):
+                items.append({"role": message.role, "content": [part.as_input_part() for part in message.content]})
             else:
                 items.append({"role": message.role, "content": [TextPart(type="input_text", text=message.text).model_dump()]})
         return items

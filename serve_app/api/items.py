@@ -37,30 +37,80 @@ class RefusalPart(Lenient):
     refusal: str
 
 
+class FilePart(Lenient):
+    """`input_file`: a document for the model, by exactly one of `file_id` (the Files API),
+    `file_data` (base64, a data URL or bare) or `file_url` (fetched under the egress policy).
+    The runtime reads it into text before anything is rendered (runtime/files.py sets
+    `_text`); the families render that text as the user's own words."""
+
+    type: Literal["input_file"]
+    file_id: str | None = None
+    file_data: str | None = None
+    file_url: str | None = None
+    filename: str | None = None
+    _text: str | None = PrivateAttr(default=None)
+    _name: str | None = PrivateAttr(default=None)  # an uploaded file's own name, when read
+
+    @model_validator(mode="after")
+    def _one_source(self) -> FilePart:
+        given = [name for name in ("file_id", "file_data", "file_url") if getattr(self, name) is not None]
+        if len(given) != 1:
+            raise ValueError(
+                "an 'input_file' part needs exactly one of 'file_id', 'file_data' or 'file_url'"
+                + (f" (it has {', '.join(given)})" if given else "")
+            )
+        return self
+
+    @property
+    def name(self) -> str:
+        return self._name or self.filename or self.file_id or (self.file_url or "").rsplit("/", 1)[-1] or "file"
+
+    @property
+    def text(self) -> str:
+        """The file as the model reads it: its name, then its text (read by the runtime)."""
+        body = self._text if self._text is not None else "(not read)"
+        return f"[file: {self.name}]\n{body}\n[end of file: {self.name}]"
+
+
 def _part_tag(value: Any) -> str | None:
     kind = value.get("type") if isinstance(value, dict) else getattr(value, "type", None)
     if kind in ("input_text", "output_text"):
         return "part:text"
+    if kind == "input_file":
+        return "part:file"
     return "part:refusal" if kind == "refusal" else None
 
 
 ContentPart = Annotated[
-    Annotated[TextPart, Tag("part:text")] | Annotated[RefusalPart, Tag("part:refusal")],
+    Annotated[TextPart, Tag("part:text")] | Annotated[RefusalPart, Tag("part:refusal")] | Annotated[FilePart, Tag("part:file")],
     Discriminator(
         _part_tag,
         custom_error_type="invalid_value",
         custom_error_message=(
-            "content parts must be of type 'input_text', 'output_text' or 'refusal' "
-            "(images, files and audio are not supported by this server)"
+            "content parts must be of type 'input_text', 'output_text', 'refusal' or 'input_file' "
+            "(images and audio are not supported by this server)"
         ),
     ),
 ]
 
 
 def parts_text(content: str | list[ContentPart]) -> str:
+    """The parts as one text; a file stands apart from the text around it (a blank line)."""
     if isinstance(content, str):
         return content
-    return "".join(p.text if isinstance(p, TextPart) else p.refusal for p in content)
+    pieces: list[str] = []
+    after_file = False
+    for part in content:
+        is_file = isinstance(part, FilePart)
+        if pieces and (is_file or after_file):
+            pieces.append("\n\n")
+        pieces.append(part.text if isinstance(part, TextPart | FilePart) else part.refusal)
+        after_file = is_file
+    return "".join(pieces)
+
+
+def file_parts(content: str | list[ContentPart]) -> list[FilePart]:
+    return [] if isinstance(content, str) else [part for part in content if isinstance(part, FilePart)]
 
 
 # --- input items -------------------------------------------------------------------------
@@ -79,6 +129,8 @@ class MessageItem(Lenient):
     def _phase_is_the_assistants(self) -> MessageItem:
         if self.phase is not None and self.role != "assistant":
             raise ValueError(f"'phase' is for assistant messages; this message's role is '{self.role}'")
+        if self.role == "assistant" and file_parts(self.content):
+            raise ValueError("'input_file' parts are for user, system and developer messages, not the assistant's")
         return self
 
     @property

@@ -268,6 +268,8 @@ def _walk(data: dict[str, Any], limits: RequestLimits, counted: set[int]) -> Non
             if depth > max_depth:
                 raise _nesting(max_depth, _where(data, value))
             for key, child in value.items():
+                if key == "file_data" and isinstance(child, str):  # an `input_file`'s base64: bounded by the body's size, decoded later
+                    continue
                 if len(key) > max_chars:
                     raise _too_long(_where(data, value) or "body", len(key), max_chars, "max_text_chars")
                 if surrogate(key):

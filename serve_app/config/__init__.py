@@ -20,6 +20,7 @@ from pydantic import ConfigDict, Field, field_validator, model_validator
 from serve_app.api.limits import RequestLimits
 from serve_app.config.auth import APIKeyConfig, AuthConfig, TenantLimits
 from serve_app.config.base import ConfigError, Strict, config_problems
+from serve_app.config.files import BlobConfig, FileInputConfig, FilesConfig
 from serve_app.config.models import (
     ChatTemplateConfig,
     CoalesceConfig,
@@ -148,6 +149,10 @@ class AppConfig(Strict):
         default_factory=ToolsConfig,
         description="server-side tools the tool loop runs inside a response: remote MCP servers named by requests",
     )
+    files: FilesConfig = Field(
+        default_factory=FilesConfig,
+        description="the Files API (/v1/files) and `input_file`: where contents are kept, a tenant's bounds, what a model reads",
+    )
     vector_stores: VectorStoresConfig | None = Field(
         None, description="the Vector Stores API and the file_search tool (none: both off, file_search left out of responses)"
     )
@@ -222,6 +227,7 @@ __all__ = [
     "APIKeyConfig",
     "AppConfig",
     "AuthConfig",
+    "BlobConfig",
     "BrowserToolConfig",
     "BuiltinToolsConfig",
     "ChatTemplateConfig",
@@ -233,6 +239,8 @@ __all__ = [
     "EmbeddedPythonConfig",
     "EmbeddingConfig",
     "EnginePlacement",
+    "FileInputConfig",
+    "FilesConfig",
     "McpConfig",
     "MiB",
     "ModelConfig",

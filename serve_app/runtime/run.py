@@ -34,6 +34,7 @@ from serve_app.core.tokens import EngineRejected, GenerationRequest, TokenBatch,
 from serve_app.families.harmony import HistoryItem
 from serve_app.families.truncation import fit_to_context, output_reserve, whole_from
 from serve_app.runtime.compaction import KEEP_USER_CHARS, Compacted, compacted_item, open_compactions, summary_request
+from serve_app.runtime.files import FileInputs
 from serve_app.runtime.metrics import RequestTrace
 from serve_app.runtime.offload import BIG_HISTORY_CHARS, BIG_HISTORY_ITEMS, big_prompt, off_loop
 from serve_app.runtime.tool_loop import ToolRounds
@@ -76,6 +77,7 @@ async def render_turn(
     response_id: str | None = None,
     compaction: CompactionItem | None = None,
     appends: bool = False,
+    files: FileInputs | None = None,
 ) -> RenderedTurn:
     """This turn's own input items and the prompt tokens: the history is rebuilt (a store
     read only with `previous_response_id` or `conversation`), encrypted reasoning and
@@ -85,14 +87,18 @@ async def render_turn(
     server's tools listed earlier in the conversation). `response_id`: the response's, whose
     ids its input items get. `compaction`: the response's own (`context_management`), read
     after its input. `appends`: the turn will append its input and output to its
-    `conversation`, so one at its bound (`ConversationLimits`) is a 400 before it is read."""
+    `conversation`, so one at its bound (`ConversationLimits`) is a 400 before it is read.
+    `files`: the tenant's reader of `input_file` parts (runtime/files.py; None: only
+    `file_data` is read), which reads every part of the history into text before rendering."""
     response_id = response_id or new_id("resp")
+    files = files or FileInputs(None, None)
     items = await responses.resolve(request.input_items(), stored=request.store)  # item references: a store read each
 
     def opened() -> list[HistoryItem]:  # the same ids in input_items and a conversation
         return with_ids(open_reasoning_items(items, cipher), response_id)
 
     input_items = await off_loop(opened) if big_prompt(items, 0) else opened()
+    await files.resolve(input_items)
     extra: list[HistoryItem] = [compaction] if compaction is not None else []
     budget = model.max_model_len - output_reserve(request.max_output_tokens, model.max_model_len)
     cache = model.family.prompt_cache
@@ -128,6 +134,8 @@ async def render_turn(
             history, lead, skipped, summarised = window.items + input_items, window.lead, window.skipped, window.summarised
         else:  # whole: a prompt longer than the context is refused, so every item counts
             history = await whole_history(conversations, conversation_id) + input_items
+    earlier = history[: len(history) - len(input_items)]
+    await files.resolve_history(earlier)
     history = open_compactions([*history, *extra], cipher, len(input_items) + len(extra))
     tools = server_tools.for_response(request, history, input_items, tenant) if server_tools is not None else None
     offered = tools.offer(request) if tools is not None else request
@@ -267,6 +275,7 @@ async def start_turn(
     cache_salt: str | None = None,
     raw_prompt: list[int] | None = None,
     appends: bool = True,
+    files: FileInputs | None = None,
 ) -> Turn:
     """The history and prompt of `render_turn`, the engine request and the event stream.
     `raw_prompt`: the prompt itself (`/v1/completions`), read back as plain text.
@@ -274,12 +283,15 @@ async def start_turn(
     `service_tiers`: the tiers the caller may use (None: every one; others are served as `default`).
     `server_tools`: what runs the request's server-side tools (the tool loop), for `tenant`.
     `cache_salt`: the tenant's, for the engine's prefix cache (`GenerationRequest.cache_salt`).
-    `appends`: whether the turn appends to its `conversation` (a summary written for one does not)."""
+    `appends`: whether the turn appends to its `conversation` (a summary written for one does not).
+    `files`: the tenant's reader of `input_file` parts (`render_turn`)."""
     response_id = new_id("resp")
     if raw_prompt is not None:
         rendered = RenderedTurn([], raw_prompt, 0, RenderCost(0.0, 0, 0), None, [], None)
     else:
-        rendered = await render_turn(request, model, responses, conversations, cipher, server_tools, tenant, response_id, appends=appends)
+        rendered = await render_turn(
+            request, model, responses, conversations, cipher, server_tools, tenant, response_id, appends=appends, files=files
+        )
     threshold = request.compact_threshold(model.max_model_len) if raw_prompt is None else None
     compactor = None
     if threshold is not None:  # `context_management`
@@ -287,14 +299,24 @@ async def start_turn(
         async def compactor(items: list[HistoryItem]) -> Compacted:
             """A compaction of `items`, written by the model, sealed for the tenant."""
             asked = summary_request(request.model, items, instructions=request.instructions, prompt_cache_key=request.prompt_cache_key)
-            summary = await summarize(asked, model, responses, conversations, cipher, tenant=tenant, cache_salt=cache_salt)
+            summary = await summarize(asked, model, responses, conversations, cipher, tenant=tenant, cache_salt=cache_salt, files=files)
             return compacted_item(summary.text, min(KEEP_USER_CHARS, threshold), summary.usage, cipher)
 
     compaction = None
     if compactor is not None and threshold is not None and len(rendered.prompt) > threshold:  # compacted first
         compaction = await compactor(rendered.history)
         rendered = await render_turn(
-            request, model, responses, conversations, cipher, server_tools, tenant, response_id, compaction.opened, appends=appends
+            request,
+            model,
+            responses,
+            conversations,
+            cipher,
+            server_tools,
+            tenant,
+            response_id,
+            compaction.opened,
+            appends=appends,
+            files=files,
         )
         logger.info("response %s: compacted a prompt over its threshold %d into %d tokens", response_id, threshold, len(rendered.prompt))
     offered = rendered.tools.offer(request) if rendered.tools is not None else request
@@ -368,10 +390,13 @@ async def summarize(
     *,
     tenant: str,
     cache_salt: str | None,
+    files: FileInputs | None = None,
 ) -> Summary:
     """The model's answer to a `summary_request` (runtime/compaction.py); a 503 when the
     engine could not write it."""
-    turn = await start_turn(request, model, responses, conversations, cipher, tenant=tenant, cache_salt=cache_salt, appends=False)
+    turn = await start_turn(
+        request, model, responses, conversations, cipher, tenant=tenant, cache_salt=cache_salt, appends=False, files=files
+    )
     # The conversation was read; the summary is not one of its turns (`store` is off too).
     turn.request = turn.request.model_copy(update={"conversation": None})
     async with contextlib.aclosing(run_turn(turn, responses)) as events:

@@ -393,7 +393,3 @@ def vector_store_service(config: VectorStoresConfig) -> VectorStores:
     tokenizer = functools.partial(load_token_offsets, config.tokenizer)
     return VectorStores(index, embedder, tokenizer, limits, workers=config.ingest_workers, queue=config.ingest_queue)
 
-
-async def no_files(file_id: str) -> tuple[str, str]:
-    """The `FileReader` of a server without the Files API: no file is there."""
-    raise APIError(f"No such File object: {file_id}", status_code=404, param="file_id", code="not_found")

@@ -27,7 +27,7 @@ from serve_app.api.filters import Filter
 from serve_app.api.items import MessageItem
 from serve_app.api.request import ResponsesRequest
 from serve_app.api.sse import encode_events
-from serve_app.config import ToolsConfig
+from serve_app.config import FilesConfig, ToolsConfig
 from serve_app.core.encrypted_reasoning import ReasoningCipher
 from serve_app.core.stream import ResponseStream
 from serve_app.core.tokens import TokenBatch, TokenSource
@@ -36,10 +36,11 @@ from serve_app.retrieval.index import Hit, Ranking
 from serve_app.retrieval.stores import VectorStoreRecords
 from serve_app.runtime.admission import ByteBudget
 from serve_app.runtime.background import BackgroundRuns, default_replica_id
+from serve_app.runtime.files import FileInputs, TextCache
 from serve_app.runtime.metrics import GuardedMetrics, Metrics, NoMetrics, report_once, report_refusal
 from serve_app.runtime.reasoning_keys import reasoning_keys as configured_reasoning_keys
 from serve_app.runtime.turn import ModelFamily, ServedModel, Unavailable
-from serve_app.runtime.vector_stores import TenantVectorStores, VectorStores, no_files, vector_store_service
+from serve_app.runtime.vector_stores import TenantVectorStores, VectorStores, vector_store_service
 from serve_app.server.auth import ANONYMOUS, AuthMiddleware, Keyring, warn_if_open
 from serve_app.server.context import AppContext, app_context
 from serve_app.server.rate_headers import RateLimitHeaders
@@ -47,6 +48,7 @@ from serve_app.server.routes import background as background_routes
 from serve_app.server.routes import chat as chat_routes
 from serve_app.server.routes import completions as completions_routes
 from serve_app.server.routes import conversations as conversations_routes
+from serve_app.server.routes import files as files_routes
 from serve_app.server.routes import input_tokens as input_tokens_routes
 from serve_app.server.routes import responses as responses_routes
 from serve_app.server.routes import vector_stores as vector_stores_routes
@@ -54,14 +56,19 @@ from serve_app.server.routes import websocket as websocket_routes
 from serve_app.server.settings import ServerSettings
 from serve_app.server.tenants import TenantState, prefix_cache_salt
 from serve_app.state import BoundedStore, MemoryStore, ResponseStore, Store
+from serve_app.state.blobs import BlobStore
 from serve_app.state.connection import KeptBytes
 from serve_app.state.conversations import ConversationStore
+from serve_app.state.files import FileStore, file_not_found
 from serve_app.state.quotas import LeaseKeeper, QuotaLimits, TenantQuota
 from serve_app.state.responses import TurnCache
 from serve_app.state.runs import EVENTS_TTL_S, RunStore
 from serve_app.state.tenancy import TenantStore
+from serve_app.tools.browser.fetch import Fetcher, FetchLimits
+from serve_app.tools.browser.policy import FetchPolicy, HostRules
 from serve_app.tools.builtin.factory import builtin_factories
 from serve_app.tools.builtin.transport import TransportFactory
+from serve_app.tools.documents import DocumentLimits
 from serve_app.tools.egress import Resolver
 from serve_app.tools.file_search import FileSearchFactory, Searcher
 from serve_app.tools.mcp_client import ConnectPolicy, McpLimits
@@ -84,6 +91,8 @@ def create_app(
     environ: Mapping[str, str] | None = None,
     server_tools: ServerToolRuntime | None = None,
     builtin_tools: Mapping[str, TransportFactory] | None = None,
+    blobs: BlobStore | None = None,
+    resolver: Resolver | None = None,
 ) -> FastAPI:
     """The app serving `models` as `settings` say (default: `ServerSettings()`, a test or
     in-process server's), over these collaborators:
@@ -93,7 +102,9 @@ def create_app(
     environment); a missing one fails here;
     `server_tools`: the server-side tools' runtime (default: made from `settings.tools`);
     `builtin_tools`: how the embedded built-in tools are reached, by name (deployments/ passes
-    their deployments' handles).
+    their deployments' handles);
+    `blobs`: where uploaded files' contents are kept (default: `settings.files.blob`'s store);
+    `resolver`: host names to addresses for `input_file` URLs (default: the machine's; tests).
     What the routes share is one `AppContext` (server/context.py), the app's only state."""
     settings = settings or ServerSettings()
     _warm_up()
@@ -110,8 +121,9 @@ def create_app(
     cipher = ReasoningCipher(keys)
     # Without tenants, one shared prefix cache (no salt): the anonymous caller is everyone.
     salt_key = keys[0] if auth is not None else None
+    files = _FileServices(blobs if blobs is not None else settings.files.blob.blob_store(environ), settings.files, resolver)
     vector_stores = vector_store_service(settings.vector_stores) if settings.vector_stores is not None else None
-    tenants = _tenant_states(bounded, settings, guarded, leases, cipher, salt_key, vector_stores)
+    tenants = _tenant_states(bounded, settings, guarded, leases, cipher, salt_key, files, vector_stores)
     replica_limits = settings.replica_limits
     app.state.context = AppContext(
         settings=settings,
@@ -188,6 +200,7 @@ def create_app(
     app.include_router(websocket_routes.router)
     app.include_router(background_routes.router)
     app.include_router(conversations_routes.router)
+    app.include_router(files_routes.router)
     app.include_router(vector_stores_routes.router)
     app.include_router(chat_routes.router)
     app.include_router(completions_routes.router)
@@ -207,6 +220,7 @@ def _tenant_states(
     leases: LeaseKeeper,
     cipher: ReasoningCipher,
     salt_key: str | None,
+    files: _FileServices,
     vector_stores: VectorStores | None = None,
 ) -> dict[str, TenantState]:
     """Every tenant's state, made once per replica: the configured tenants, or the anonymous one
@@ -228,6 +242,8 @@ def _tenant_states(
         if limits is not None and any(value is not None for value in limits.model_dump().values()):
             quota = TenantQuota(store, name, QuotaLimits(**limits.model_dump()), leases)
         sealed_for = name if auth is not None else None  # without tenants, blobs are as they always were
+        file_store = FileStore(store, name, files.blobs, limits=settings.files.limits(), ttl_s=settings.files.ttl_s)
+        file_inputs = FileInputs(file_store, files.fetcher, files.limits, files.cache, tenant=name)
         tenants[name] = TenantState(
             name,
             responses,
@@ -237,24 +253,40 @@ def _tenant_states(
             quota,
             cipher.for_tenant(sealed_for),
             prefix_cache_salt(salt_key, name) if salt_key is not None else None,
-            vector_stores=_tenant_vector_stores(vector_stores, store, name, quota, settings),
+            vector_stores=_tenant_vector_stores(vector_stores, store, name, quota, settings, file_store, file_inputs),
+            files=file_store,
+            file_inputs=file_inputs,
         )
     return tenants
 
 
 def _tenant_vector_stores(
-    service: VectorStores | None, store: Store, tenant: str, quota: TenantQuota | None, settings: ServerSettings
+    service: VectorStores | None,
+    store: Store,
+    tenant: str,
+    quota: TenantQuota | None,
+    settings: ServerSettings,
+    file_store: FileStore,
+    file_inputs: FileInputs,
 ) -> TenantVectorStores | None:
-    """The tenant's vector stores: its files read as the Files API reads them, embedding counted in its quota."""
+    """The tenant's vector stores: its files read as the Files API reads them (`input_file`'s
+    extraction and bounds), embedding counted in its quota."""
     if service is None or settings.vector_stores is None:
         return None
     records = VectorStoreRecords(TenantStore(store, tenant), stale_after_s=settings.vector_stores.ingest_timeout_s * 2)
+
+    async def read(file_id: str) -> tuple[str, str]:
+        file = await file_store.get(file_id)
+        if file is None:
+            raise file_not_found(file_id)
+        extracted = await file_inputs.file_text(file_id, param="file_id")
+        return file.filename, extracted.text
 
     async def charge(tokens: int) -> None:
         if quota is not None:
             await quota.charge(tokens_=tokens)
 
-    return service.for_tenant(records, no_files, charge)
+    return service.for_tenant(records, read, charge)
 
 
 def _file_search(tenants: Mapping[str, TenantState]) -> FileSearchFactory:
@@ -274,6 +306,25 @@ def _file_search(tenants: Mapping[str, TenantState]) -> FileSearchFactory:
         return search
 
     return FileSearchFactory(searcher, enabled=any(state.vector_stores is not None for state in tenants.values()))
+
+
+class _FileServices:
+    """What every tenant's files share on this replica: the blob store, the fetcher of
+    `file_url`s (the browser's egress policy, the config's own allow-list), the bounds of a
+    file a model reads, and the cache of extracted texts."""
+
+    def __init__(self, blobs: BlobStore, config: FilesConfig, resolver: Resolver | None) -> None:
+        given = config.input
+        self.blobs = blobs
+        self.limits = DocumentLimits(given.max_bytes, given.max_pages, given.max_chars, given.max_inflated_bytes, given.timeout_s)
+        self.fetcher = (
+            Fetcher(
+                FetchPolicy(HostRules(given.allow_hosts), resolver), FetchLimits(max_bytes=given.max_bytes, timeout_s=given.fetch_timeout_s)
+            )
+            if given.fetch_urls
+            else None
+        )
+        self.cache = TextCache()
 
 
 def server_tool_runtime(

@@ -1,4 +1,4 @@
-"""Each tenant's state on this replica: its stored responses, conversations and background
+"""Each tenant's state on this replica: its stored responses, conversations, files and background
 runs (each reaching only the tenant's keys, serve_app/state/tenancy.py) and the service
 tiers it may use. A route takes the state of the tenant the auth middleware put into its
 scope (`server.context.tenant_state`); there is no state that is not some tenant's."""
@@ -15,8 +15,10 @@ from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
 from serve_app.core.encrypted_reasoning import ReasoningCipher
 from serve_app.runtime.background import BackgroundRuns
+from serve_app.runtime.files import FileInputs
 from serve_app.runtime.vector_stores import TenantVectorStores
 from serve_app.state.conversations import ConversationStore
+from serve_app.state.files import FileStore
 from serve_app.state.quotas import TenantQuota
 from serve_app.state.responses import ResponseStore
 
@@ -32,6 +34,8 @@ class TenantState:
     cipher: ReasoningCipher  # its encrypted reasoning: sealed for it, opened for it only
     cache_salt: str | None = None  # its engine prefix cache's (`prefix_cache_salt`; None: shared)
     vector_stores: TenantVectorStores | None = None  # its vector stores (None: no Vector Stores API)
+    files: FileStore | None = None  # its uploads (the Files API; None: no Files API)
+    file_inputs: FileInputs | None = None  # what reads its `input_file` parts (None: `file_data` only)
 
 
 def prefix_cache_salt(key: str, tenant: str) -> str:

@@ -39,8 +39,10 @@ from serve_app.api.items import (
     HOSTED_ITEM_TYPES,
     CodeInterpreterCallItem,
     CompactionItem,
+    ContentPart,
     CustomToolCallItem,
     CustomToolCallOutputItem,
+    FilePart,
     FileSearchCallItem,
     FunctionCallItem,
     FunctionCallOutputItem,
@@ -200,6 +202,13 @@ def with_tool_text(item: HistoryItem, tool_texts: Mapping[str, str] | None) -> H
     return item
 
 
+def _input_part(part: ContentPart) -> dict[str, Any]:
+    """A content part of an input item as the API lists it: a file as it was sent."""
+    if isinstance(part, FilePart):
+        return part.model_dump(exclude_none=True)
+    return {"type": "input_text", "text": part.text if isinstance(part, TextPart) else part.refusal}
+
+
 def as_response_item(item: HistoryItem) -> ResponseItem:
     """A stored input item as the API lists it (`ResponseItemList.data`)."""
     if isinstance(item, MessageItem):
@@ -211,7 +220,7 @@ def as_response_item(item: HistoryItem) -> ResponseItem:
             return ResponseOutputMessage(
                 id=item.id, type="message", role="assistant", status="completed", content=content, phase=item.phase
             )
-        content = [{"type": "input_text", "text": p.text if isinstance(p, TextPart) else p.refusal} for p in parts]
+        content = [_input_part(p) for p in parts]
         return ResponseInputMessageItem(id=item.id, type="message", role=item.role, status="completed", content=content)
     if isinstance(item, FunctionCallItem):
         return ResponseFunctionToolCallItem(
@@ -224,7 +233,7 @@ def as_response_item(item: HistoryItem) -> ResponseItem:
             status="completed",
         )
     if isinstance(item, FunctionCallOutputItem):
-        output: Any = item.output if isinstance(item.output, str) else [{"type": "input_text", "text": item.text}]
+        output: Any = item.output if isinstance(item.output, str) else [_input_part(p) for p in item.output]
         return ResponseFunctionToolCallOutputItem(
             id=item.id, type="function_call_output", call_id=item.call_id, output=output, status="completed"
         )
@@ -241,7 +250,7 @@ def as_response_item(item: HistoryItem) -> ResponseItem:
             status="completed",
         )
     if isinstance(item, CustomToolCallOutputItem):
-        output = item.output if isinstance(item.output, str) else [{"type": "input_text", "text": item.text}]
+        output = item.output if isinstance(item.output, str) else [_input_part(p) for p in item.output]
         return ResponseCustomToolCallOutputItem(
             id=item.id or "", type="custom_tool_call_output", call_id=item.call_id, output=output, status="completed"
         )

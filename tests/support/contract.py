@@ -253,7 +253,13 @@ def check_stream(raw_events: Iterable[Any], allow_replacement: bool = False) -> 
         text = "".join(deltas)
         if item_type == "message":
             assert [a.model_dump() for a in done.item.content[0].annotations] == annotations, "streamed annotations differ from the item's"
-        if item_type in ("mcp_approval_request", "mcp_list_tools", "web_search_call", "file_search_call", "compaction"):  # nothing of them is streamed
+        if item_type in (
+            "mcp_approval_request",
+            "mcp_list_tools",
+            "web_search_call",
+            "file_search_call",
+            "compaction",
+        ):  # nothing of them is streamed
             assert not deltas, f"{item_type} with deltas"
             assert done_text is None, f"{item_type} with deltas"
         else:

@@ -106,7 +106,14 @@ async def compact_response(http_request: Request) -> Response:
             prompt_cache_key=compact.prompt_cache_key,
         )
         summary = await summarize(
-            asked, model, tenant.responses, tenant.conversations, tenant.cipher, tenant=tenant.name, cache_salt=tenant.cache_salt
+            asked,
+            model,
+            tenant.responses,
+            tenant.conversations,
+            tenant.cipher,
+            tenant=tenant.name,
+            cache_salt=tenant.cache_salt,
+            files=tenant.file_inputs,
         )
         if admission is not None and summary.usage is not None:
             await admission.charge_tokens(summary.usage.total_tokens)
@@ -222,6 +229,7 @@ async def begin_turn(
             tenant.name,
             tenant.cache_salt,
             prompt,
+            files=tenant.file_inputs,
         )
         if admission is not None:  # and a `context_management` summary written first
             await admission.charge_tokens(len(turn.prompt) + (turn.compaction_usage.total_tokens if turn.compaction_usage else 0))

@@ -16,7 +16,9 @@ import codecs
 import re
 import ssl
 import zlib
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from typing import TypeVar
 from urllib.parse import urljoin
 
 import certifi
@@ -25,7 +27,10 @@ import httpx
 from serve_app.tools.browser.extract import HTML_TYPES, PAGE_TYPES
 from serve_app.tools.browser.policy import FetchPolicy, Target, parse_url
 
+T = TypeVar("T")
+
 USER_AGENT = "responses-serve-browser/0.1 (+https://github.com/openai/gpt-oss)"
+_PAGE_ACCEPT = "text/html,application/xhtml+xml,text/plain;q=0.9,*/*;q=0.1"
 _REDIRECTS = {301, 302, 303, 307, 308}
 # zlib window bits per Content-Encoding (0: not compressed).
 _WBITS = {"identity": 0, "": 0, "gzip": 16 + zlib.MAX_WBITS, "x-gzip": 16 + zlib.MAX_WBITS, "deflate": zlib.MAX_WBITS}
@@ -42,6 +47,13 @@ class FetchLimits:
     timeout_s: float = 15.0
     connect_timeout_s: float = 5.0
     max_redirects: int = 5
+
+
+@dataclass(frozen=True)
+class RawDocument:
+    url: str  # after redirects
+    content_type: str  # the Content-Type header as sent
+    data: bytes
 
 
 @dataclass(frozen=True)
@@ -85,19 +97,45 @@ class Fetcher:
 
     async def fetch(self, url: str, allowed_domains: tuple[str, ...] | None = None, *, any_text: bool = False) -> Document:
         """The document at `url`; `FetchRefused` or `FetchError` otherwise. `any_text`: any text/* type (view source)."""
+
+        async def read(target: Target, response: httpx.Response) -> Document:
+            return await self._read(target, response, any_text)
+
+        return await self._bounded(self._follow(url, allowed_domains, read, _PAGE_ACCEPT))
+
+    async def fetch_bytes(self, url: str) -> RawDocument:
+        """The bytes at `url` whatever their type (a file for a model: `input_file`'s
+        `file_url`), under the same policy, redirects, time bound and decoding as a page; more
+        than `max_bytes` is a `FetchError` (a file is read whole or not at all)."""
+
+        async def read(target: Target, response: httpx.Response) -> RawDocument:
+            body, truncated = await self._body(response)
+            if truncated:
+                raise FetchError(f"the file is larger than {self.limits.max_bytes} bytes")
+            return RawDocument(url=target.url, content_type=response.headers.get("content-type", ""), data=body)
+
+        return await self._bounded(self._follow(url, None, read, "*/*"))
+
+    async def _bounded(self, fetching: Awaitable[T]) -> T:
         try:
             async with asyncio.timeout(self.limits.timeout_s):
-                return await self._follow(url, allowed_domains, any_text)
+                return await fetching
         except TimeoutError:
             raise FetchError(f"timed out after {self.limits.timeout_s:g} s") from None
         except httpx.HTTPError as exc:  # connection refused or reset, TLS verification, bad HTTP
             raise FetchError(f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__) from None
 
-    async def _follow(self, url: str, allowed_domains: tuple[str, ...] | None, any_text: bool) -> Document:
+    async def _follow(
+        self,
+        url: str,
+        allowed_domains: tuple[str, ...] | None,
+        read: Callable[[Target, httpx.Response], Awaitable[T]],
+        accept: str,
+    ) -> T:
         for _hop in range(self.limits.max_redirects + 1):
             target = await self.policy.check(url, allowed_domains)
             async with self._client() as client:
-                response = await client.send(self._request(client, target), stream=True)
+                response = await client.send(self._request(client, target, accept), stream=True)
                 try:
                     location = response.headers.get("location")
                     if response.status_code in _REDIRECTS and location:
@@ -105,7 +143,7 @@ class Fetcher:
                         continue
                     if response.status_code >= 400:
                         raise FetchError(f"HTTP {response.status_code} {response.reason_phrase}".rstrip())
-                    return await self._read(target, response, any_text)
+                    return await read(target, response)
                 finally:
                     await response.aclose()
         raise FetchError(f"more than {self.limits.max_redirects} redirects")
@@ -115,13 +153,13 @@ class Fetcher:
         transport = httpx.AsyncHTTPTransport(verify=self._ssl, retries=0)
         return httpx.AsyncClient(transport=transport, timeout=timeout, trust_env=False, follow_redirects=False)
 
-    def _request(self, client: httpx.AsyncClient, target: Target) -> httpx.Request:
+    def _request(self, client: httpx.AsyncClient, target: Target, accept: str) -> httpx.Request:
         parsed = parse_url(target.url)
         pinned = httpx.URL(scheme=target.scheme, host=str(target.address), port=target.port, raw_path=parsed.raw_path)
         headers = {
             "Host": target.host_header,
             "User-Agent": self.user_agent,
-            "Accept": "text/html,application/xhtml+xml,text/plain;q=0.9,*/*;q=0.1",
+            "Accept": accept,
             "Accept-Encoding": "identity",
         }
         extensions = {"sni_hostname": target.host} if target.scheme == "https" else {}
