@@ -163,3 +163,29 @@ def test_deleting_a_file_and_a_store_removes_their_index_entries(server) -> None
     assert client.vector_stores.delete(vector_store.id).deleted
     with pytest.raises(openai.NotFoundError):
         client.vector_stores.search(vector_store.id, query="quokkas")
+
+
+@pytest.mark.parametrize("model", MODELS)
+def test_the_agents_sdk_file_search_tool_unmodified(server, store, model: str) -> None:
+    """The Agents SDK's own `FileSearchTool` (with `include_search_results`): its run sees the
+    search item and the cited answer, and a second turn resends the history (a
+    `file_search_call` input item) as the SDK does."""
+    import asyncio
+
+    from agents import Agent, FileSearchTool, OpenAIResponsesModel, Runner, set_tracing_disabled
+
+    set_tracing_disabled(True)
+
+    async def main() -> None:
+        client = openai.AsyncOpenAI(base_url=server, api_key=KEYS["alice"], max_retries=0, timeout=60)
+        tool = FileSearchTool(vector_store_ids=[store["id"]], max_num_results=3, include_search_results=True)
+        agent = Agent(name="librarian", instructions="Answer from the files.", model=OpenAIResponsesModel(model=model, openai_client=client), tools=[tool])
+        first = await Runner.run(agent, 'call file_search {"query": "marketing budget 2025"}')
+        calls = [item.raw_item for item in first.new_items if getattr(item.raw_item, "type", None) == "file_search_call"]
+        assert calls and calls[0].status == "completed" and calls[0].results and calls[0].results[0].filename == "budget.md"
+        assert "four million euros" in first.final_output
+        second = await Runner.run(agent, first.to_input_list() + [{"role": "user", "content": "Thanks!"}])
+        assert second.final_output == "Thanks!"
+        await client.close()
+
+    asyncio.run(main())
