@@ -12,6 +12,7 @@ end to end and the demo answers from documents on a machine without a model.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import math
 import re
@@ -77,4 +78,7 @@ class HashingEmbedder:
         return np.stack([hashing_vector(text, self.dimensions) for text in texts])
 
     async def embed(self, texts: Sequence[str]) -> Vectors:
-        return self.embed_now(texts)
+        """In a worker thread when there is more than a query: hashing a file's chunks takes milliseconds each."""
+        if len(texts) <= 1:
+            return self.embed_now(texts)
+        return await asyncio.to_thread(self.embed_now, texts)

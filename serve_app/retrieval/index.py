@@ -5,7 +5,9 @@ fused by reciprocal rank fusion.
 `EmbeddedIndex`, the default: one index per vector store (a `namespace`: the tenant and the
 store id) in a directory of its own under the configured root:
 - `chunks.sqlite`: the chunks (file, text, attributes) and their vectors, the source of truth;
-- `vectors-N.usearch`: the usearch HNSW index of version N, written atomically after a change;
+- `vectors-N.usearch`: the usearch HNSW index of version N, written atomically after a change
+  (for a store of more than 2000 chunks, when it grew or shrank by a tenth since the last
+  one; a process that finds no file of the current version builds it from the database);
 - the BM25 index (bm25s) is built in memory from the chunks when first searched after a change.
 Writes take an exclusive file lock, so several processes on one node (ingress replicas)
 share a directory safely; each process notices another's change by the version and reloads.
@@ -197,6 +199,7 @@ class _Shard:
         self.rows: dict[int, tuple[str, str, int, str, dict[str, Any]]] = {}
         self.vector_index: Index | None = None
         self.bm25: bm25s.BM25 | None = None
+        self._saved_rows = 0  # rows in the last vectors file written
 
     @contextlib.contextmanager
     def _db(self) -> Iterator[sqlite3.Connection]:
@@ -210,7 +213,9 @@ class _Shard:
 
     @contextlib.contextmanager
     def _writing(self) -> Iterator[sqlite3.Connection]:
-        """An exclusive write across processes; the version goes up and the indexes are written."""
+        """An exclusive write across processes, on a copy brought up to date first; the caller
+        applies its change to the database and to this copy (`_apply`), then the version goes
+        up and the vectors are written under it."""
         self.directory.mkdir(parents=True, exist_ok=True)
         with open(self.directory / "lock", "a+") as lock_file:
             fcntl.flock(lock_file, fcntl.LOCK_EX)
@@ -219,10 +224,25 @@ class _Shard:
                 yield db
                 db.execute("UPDATE meta SET value = value + 1 WHERE name = 'version'")
                 db.commit()
-                self.version = -1
-                self._refresh(db, save=True)
+                self.version = int(db.execute("SELECT value FROM meta WHERE name = 'version'").fetchone()[0])
+                self._save()
 
-    def _refresh(self, db: sqlite3.Connection, save: bool = False) -> None:
+    def _save(self) -> None:
+        """The vectors of this version, written whole when the store is small or has changed by
+        a tenth since the last write; other processes build the rest from the database."""
+        assert self.vector_index is not None
+        if len(self.keys) > 2000 and abs(len(self.keys) - self._saved_rows) < max(1, len(self.keys) // 10):
+            return
+        path = self.directory / f"vectors-{self.version}.usearch"
+        partial = path.with_suffix(".part")
+        self.vector_index.save(str(partial))
+        partial.replace(path)
+        self._saved_rows = len(self.keys)
+        for old in self.directory.glob("vectors-*.usearch"):
+            if old != path:
+                old.unlink(missing_ok=True)
+
+    def _refresh(self, db: sqlite3.Connection) -> None:
         version = int(db.execute("SELECT value FROM meta WHERE name = 'version'").fetchone()[0])
         if version == self.version:
             return
@@ -236,23 +256,34 @@ class _Shard:
         self.rows = {row[0]: (row[1], row[2], row[3], row[4], json.loads(row[5])) for row in rows}
         path = self.directory / f"vectors-{version}.usearch"
         index: Index | None = None
-        if path.exists() and not save:
+        if path.exists():
             with contextlib.suppress(Exception):
                 index = Index.restore(str(path))
         if index is None or len(index) != len(rows):
             index = Index(ndim=self.dimensions, metric="cos", dtype="f32")
             if rows:
                 index.add(self.keys.astype(np.uint64), self.vectors)
-            if save:
-                partial = path.with_suffix(".part")
-                index.save(str(partial))
-                partial.replace(path)
-                for old in self.directory.glob("vectors-*.usearch"):
-                    if old != path:
-                        old.unlink(missing_ok=True)
         self.vector_index = index
         self.bm25 = None  # built when searched
         self.version = version
+
+    def _apply(self, removed: Sequence[int], added: dict[int, tuple[str, str, int, str, dict[str, Any]]], vectors: np.ndarray) -> None:
+        """This copy, changed as the database was: rows removed and added."""
+        assert self.vector_index is not None
+        if removed:
+            gone = set(removed)
+            keep = np.array([int(key) not in gone for key in self.keys], dtype=bool)
+            self.keys, self.vectors = self.keys[keep], self.vectors[keep]
+            for key in removed:
+                self.rows.pop(key, None)
+            self.vector_index.remove(np.array(removed, dtype=np.uint64))
+        if added:
+            new_keys = np.array(list(added), dtype=np.int64)
+            self.keys = np.concatenate([self.keys, new_keys])
+            self.vectors = np.concatenate([self.vectors, vectors.astype(np.float32)]) if len(self.vectors) else vectors.astype(np.float32)
+            self.rows.update(added)
+            self.vector_index.add(new_keys.astype(np.uint64), vectors.astype(np.float32))
+        self.bm25 = None
 
     def refresh(self) -> None:
         with self._db() as db:
@@ -262,23 +293,40 @@ class _Shard:
         if vectors.shape != (len(chunks), self.dimensions):
             raise ValueError(f"{len(chunks)} chunks need {len(chunks)} vectors of {self.dimensions} dimensions, not {vectors.shape}")
         with self._writing() as db:
+            removed: list[int] = []
             for file_id in {chunk.file_id for chunk in chunks}:
+                removed += [row[0] for row in db.execute("SELECT key FROM chunks WHERE file_id = ?", (file_id,))]
                 db.execute("DELETE FROM chunks WHERE file_id = ?", (file_id,))
-            db.executemany(
-                "INSERT INTO chunks (file_id, filename, chunk_index, text, attributes, vector) VALUES (?, ?, ?, ?, ?, ?)",
-                [
-                    (c.file_id, c.filename, c.chunk_index, c.text, json.dumps(c.attributes), np.asarray(v, dtype=np.float32).tobytes())
-                    for c, v in zip(chunks, vectors, strict=True)
-                ],
-            )
+            added: dict[int, tuple[str, str, int, str, dict[str, Any]]] = {}
+            for chunk, vector in zip(chunks, vectors, strict=True):
+                cursor = db.execute(
+                    "INSERT INTO chunks (file_id, filename, chunk_index, text, attributes, vector) VALUES (?, ?, ?, ?, ?, ?)",
+                    (
+                        chunk.file_id,
+                        chunk.filename,
+                        chunk.chunk_index,
+                        chunk.text,
+                        json.dumps(chunk.attributes),
+                        np.asarray(vector, dtype=np.float32).tobytes(),
+                    ),
+                )
+                assert cursor.lastrowid is not None
+                added[cursor.lastrowid] = (chunk.file_id, chunk.filename, chunk.chunk_index, chunk.text, dict(chunk.attributes))
+            self._apply(removed, added, np.asarray(vectors, dtype=np.float32))
 
     def remove_file(self, file_id: str) -> int:
         with self._writing() as db:
-            return int(db.execute("DELETE FROM chunks WHERE file_id = ?", (file_id,)).rowcount)
+            removed = [row[0] for row in db.execute("SELECT key FROM chunks WHERE file_id = ?", (file_id,))]
+            db.execute("DELETE FROM chunks WHERE file_id = ?", (file_id,))
+            self._apply(removed, {}, np.zeros((0, self.dimensions), dtype=np.float32))
+            return len(removed)
 
     def set_attributes(self, file_id: str, attributes: dict[str, Any]) -> None:
         with self._writing() as db:
             db.execute("UPDATE chunks SET attributes = ? WHERE file_id = ?", (json.dumps(attributes), file_id))
+            for key, row in self.rows.items():
+                if row[0] == file_id:
+                    self.rows[key] = (*row[:4], dict(attributes))
 
     def count(self) -> int:
         self.refresh()
