@@ -297,6 +297,15 @@ class TenantVectorStores:
         await self.service.index.remove_file(self._namespace(vector_store_id), file_id)
         return True
 
+    async def forget_file(self, file_id: str) -> int:
+        """The tenant deleted the file: detached from each of its stores (its chunks removed);
+        how many held it."""
+        held = 0
+        for vector_store_id in await self.records.ids():
+            if await self.records.get_file(vector_store_id, file_id) is not None:
+                held += await self.detach(vector_store_id, file_id)
+        return held
+
     async def file(self, vector_store_id: str, file_id: str) -> VectorStoreFile:
         await self.records.existing(vector_store_id)
         file = await self.records.get_file(vector_store_id, file_id)
@@ -392,4 +401,3 @@ def vector_store_service(config: VectorStoresConfig) -> VectorStores:
     )
     tokenizer = functools.partial(load_token_offsets, config.tokenizer)
     return VectorStores(index, embedder, tokenizer, limits, workers=config.ingest_workers, queue=config.ingest_queue)
-

@@ -72,7 +72,9 @@ def store(server):
     files = [client.files.create(file=(name, io.BytesIO(data)), purpose="assistants") for name, data in DOCUMENTS.items()]
     pdf = client.files.create(file=("probes.pdf", io.BytesIO(text_pdf([PDF_TEXT]))), purpose="assistants")
     vector_store = client.vector_stores.create(name="docs", file_ids=[f.id for f in files])
-    batch = client.vector_stores.file_batches.create(vector_store.id, files=[{"file_id": pdf.id, "attributes": {"kind": "pdf", "year": 2024}}])
+    batch = client.vector_stores.file_batches.create(
+        vector_store.id, files=[{"file_id": pdf.id, "attributes": {"kind": "pdf", "year": 2024}}]
+    )
     _ready(client, vector_store.id)
     assert client.vector_stores.file_batches.retrieve(batch.id, vector_store_id=vector_store.id).status == "completed"
     return {"id": vector_store.id, "files": {f.filename: f.id for f in [*files, pdf]}}
@@ -93,7 +95,9 @@ def test_a_store_built_from_several_files_is_searched(server, store) -> None:
     pdf_only = client.vector_stores.search(store["id"], query="zebras", filters={"key": "kind", "type": "eq", "value": "pdf"})
     assert [r.filename for r in pdf_only.data] == ["probes.pdf"]
     semantic = client.vector_stores.search(
-        store["id"], query="liveness probe", ranking_options={"score_threshold": 0.0, "hybrid_search": {"embedding_weight": 1, "text_weight": 0}}
+        store["id"],
+        query="liveness probe",
+        ranking_options={"score_threshold": 0.0, "hybrid_search": {"embedding_weight": 1, "text_weight": 0}},
     )
     assert semantic.data[0].filename == "probes.pdf"
 
@@ -160,6 +164,13 @@ def test_deleting_a_file_and_a_store_removes_their_index_entries(server) -> None
     assert client.vector_stores.search(vector_store.id, query="quokkas").data
     assert client.vector_stores.files.delete(file.id, vector_store_id=vector_store.id).deleted
     assert client.vector_stores.search(vector_store.id, query="quokkas").data == []
+    # deleting the uploaded file takes it out of every store that held it
+    client.vector_stores.files.create(vector_store.id, file_id=file.id)
+    _ready(client, vector_store.id)
+    assert client.vector_stores.search(vector_store.id, query="quokkas").data
+    assert client.files.delete(file.id).deleted
+    assert client.vector_stores.search(vector_store.id, query="quokkas").data == []
+    assert client.vector_stores.files.list(vector_store.id).data == []
     assert client.vector_stores.delete(vector_store.id).deleted
     with pytest.raises(openai.NotFoundError):
         client.vector_stores.search(vector_store.id, query="quokkas")
@@ -179,7 +190,12 @@ def test_the_agents_sdk_file_search_tool_unmodified(server, store, model: str) -
     async def main() -> None:
         client = openai.AsyncOpenAI(base_url=server, api_key=KEYS["alice"], max_retries=0, timeout=60)
         tool = FileSearchTool(vector_store_ids=[store["id"]], max_num_results=3, include_search_results=True)
-        agent = Agent(name="librarian", instructions="Answer from the files.", model=OpenAIResponsesModel(model=model, openai_client=client), tools=[tool])
+        agent = Agent(
+            name="librarian",
+            instructions="Answer from the files.",
+            model=OpenAIResponsesModel(model=model, openai_client=client),
+            tools=[tool],
+        )
         first = await Runner.run(agent, 'call file_search {"query": "marketing budget 2025"}')
         calls = [item.raw_item for item in first.new_items if getattr(item.raw_item, "type", None) == "file_search_call"]
         assert calls and calls[0].status == "completed" and calls[0].results and calls[0].results[0].filename == "budget.md"
