@@ -140,14 +140,18 @@ def test_a_response_answers_with_file_search_and_cites_the_files(server, store, 
     assert call.id.startswith("fs_")
     assert call.status == "completed"
     assert call.queries == ["When do zebras migrate?"]
-    assert call.results is not None and 1 <= len(call.results) <= 2
+    assert call.results is not None
+    assert 1 <= len(call.results) <= 2
     assert call.results[0].filename == "zebras.txt"
     answer = terminal.output[-1]
     assert answer.type == "message"
     text = answer.content[0]
-    assert "Serengeti" in text.text and "【" not in text.text  # the markers became annotations
+    assert "Serengeti" in text.text
+    assert "【" not in text.text
     citations = [a for a in text.annotations if a.type == "file_citation"]
-    assert citations and citations[0].file_id == store["files"]["zebras.txt"] and citations[0].filename == "zebras.txt"
+    assert citations
+    assert citations[0].file_id == store["files"]["zebras.txt"]
+    assert citations[0].filename == "zebras.txt"
     assert 0 <= citations[0].index <= len(text.text)
     # the same request, not streamed, answers the same; results only when included
     plain = sdk(server).responses.create(**{k: v for k, v in body.items() if k not in ("stream", "include")})
@@ -198,9 +202,12 @@ def test_the_agents_sdk_file_search_tool_unmodified(server, store, model: str) -
         )
         first = await Runner.run(agent, 'call file_search {"query": "marketing budget 2025"}')
         calls = [item.raw_item for item in first.new_items if getattr(item.raw_item, "type", None) == "file_search_call"]
-        assert calls and calls[0].status == "completed" and calls[0].results and calls[0].results[0].filename == "budget.md"
+        assert calls
+        assert calls[0].status == "completed"
+        assert calls[0].results
+        assert calls[0].results[0].filename == "budget.md"
         assert "four million euros" in first.final_output
-        second = await Runner.run(agent, first.to_input_list() + [{"role": "user", "content": "Thanks!"}])
+        second = await Runner.run(agent, [*first.to_input_list(), {"role": "user", "content": "Thanks!"}])
         assert second.final_output == "Thanks!"
         await client.close()
 
