@@ -38,7 +38,7 @@ class VectorStoresConfig(Strict):
     max_stores_per_tenant: int = Field(100, ge=1, description="vector stores one tenant may hold (400 past it)")
     max_files_per_store: int = Field(10_000, ge=1, description="files one vector store may hold (400 past it)")
     max_file_chars: int = Field(4_000_000, ge=1000, description="characters of one file's text indexed (a longer file fails)")
-    max_tenant_chunks: int = Field(1_000_000, ge=1, description="chunks one tenant's stores may hold together (a file past it fails)")
+    max_chunks_per_store: int = Field(1_000_000, ge=1, description="chunks one vector store may hold (a file past it fails)")
     ingest_workers: int = Field(2, ge=1, le=64, description="files each ingress replica ingests at once (off its event loop)")
     ingest_queue: int = Field(1000, ge=1, description="files waiting for ingestion on one replica (past it: 503 with Retry-After)")
     ingest_timeout_s: float = Field(600.0, gt=0, description="one file's ingestion; a file still in_progress after it reads as failed")

@@ -57,7 +57,7 @@ class VectorStoreLimits:
     max_stores_per_tenant: int = 100
     max_files_per_store: int = 10_000
     max_file_chars: int = 4_000_000
-    max_tenant_chunks: int = 1_000_000
+    max_chunks_per_store: int = 1_000_000
     ingest_timeout_s: float = 600.0
     max_search_results: int = 50
 
@@ -175,8 +175,8 @@ class VectorStores:
                 logger.warning("vector store %s: embedding not counted in the quota: %s", job.vector_store.id, exc.message)
         attributes = dict(job.file.attributes or {})
         indexed = [IndexedChunk(job.file.id, filename, chunk.index, chunk.text, attributes) for chunk in chunks]
-        if await self.index.count(job.namespace) + len(indexed) > self.limits.max_tenant_chunks:
-            await self.finish(job, error=("invalid_file", f"The vector store would hold more than {self.limits.max_tenant_chunks} chunks."))
+        if await self.index.count(job.namespace) + len(indexed) > self.limits.max_chunks_per_store:
+            await self.finish(job, error=("invalid_file", f"The vector store would hold more than {self.limits.max_chunks_per_store} chunks."))
             return
         if await job.records.get_file(job.vector_store.id, job.file.id) is None:  # detached meanwhile
             return
@@ -395,7 +395,7 @@ def vector_store_service(config: VectorStoresConfig) -> VectorStores:
         max_stores_per_tenant=config.max_stores_per_tenant,
         max_files_per_store=config.max_files_per_store,
         max_file_chars=config.max_file_chars,
-        max_tenant_chunks=config.max_tenant_chunks,
+        max_chunks_per_store=config.max_chunks_per_store,
         ingest_timeout_s=config.ingest_timeout_s,
         max_search_results=config.max_search_results,
     )
