@@ -118,6 +118,8 @@ def serve_url(tmp_path_factory, metrics_port, session_web) -> Iterator[str]:
 
     args = {**E2E_ARGS, "models": list(E2E_ARGS["models"])}
     args["tools"] = {**E2E_ARGS["tools"], "builtin": builtin_tools_args(session_web)}
+    # Vector stores: one index directory the two ingress replicas share (one machine).
+    args["vector_stores"] = {"directory": str(tmp_path_factory.mktemp("vector-stores"))}
     if have_vllm():
         from tests.support.tiny_gpt_oss import build_tiny_gpt_oss
         from tests.support.tiny_llama import build_tiny_llama
