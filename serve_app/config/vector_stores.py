@@ -5,9 +5,10 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from serve_app.config.base import Strict
+from serve_app.config.models import DeploymentConfig
 
 
 class EmbeddingConfig(Strict):
@@ -15,10 +16,25 @@ class EmbeddingConfig(Strict):
 
     hashing: the deterministic hashing model (words and character trigrams hashed into
       `dimensions` buckets): no weights, any machine; for tests and the demo, not a language model.
+    vllm: `model` on vLLM's pooling runner (pooled into one vector per text), served by an
+      `EmbeddingServer` deployment of its own (`deployment`); `dimensions` is its hidden size.
     """
 
-    type: Literal["hashing"] = Field("hashing", description="the model, see above")
-    dimensions: int = Field(384, ge=8, le=4096, description="the vectors' dimensions")
+    type: Literal["hashing", "vllm"] = Field("hashing", description="the model, see above")
+    dimensions: int = Field(384, ge=8, le=16384, description="the vectors' dimensions (vllm: the model's hidden size; checked at start)")
+    model: str | None = Field(None, description="vllm: a hub id or folder, or smollm2-135m-instruct (the built-in SmolLM2)")
+    max_model_len: int = Field(2048, ge=16, description="vllm: tokens of a text the model reads (longer texts are truncated)")
+    dtype: str = Field("auto", description="vllm: the weights' dtype")
+    deployment: DeploymentConfig = Field(
+        default_factory=lambda: DeploymentConfig(num_replicas=1, max_ongoing_requests=64),
+        description="vllm: Serve options of the EmbeddingServer deployment (ray_actor_options: num_gpus for a GPU)",
+    )
+
+    @model_validator(mode="after")
+    def _model_for_vllm(self) -> EmbeddingConfig:
+        if self.type == "vllm" and not self.model:
+            raise ValueError("an embedding of type vllm needs a 'model'")
+        return self
 
 
 class VectorStoresConfig(Strict):

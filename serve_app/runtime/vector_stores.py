@@ -176,7 +176,9 @@ class VectorStores:
         attributes = dict(job.file.attributes or {})
         indexed = [IndexedChunk(job.file.id, filename, chunk.index, chunk.text, attributes) for chunk in chunks]
         if await self.index.count(job.namespace) + len(indexed) > self.limits.max_chunks_per_store:
-            await self.finish(job, error=("invalid_file", f"The vector store would hold more than {self.limits.max_chunks_per_store} chunks."))
+            await self.finish(
+                job, error=("invalid_file", f"The vector store would hold more than {self.limits.max_chunks_per_store} chunks.")
+            )
             return
         if await job.records.get_file(job.vector_store.id, job.file.id) is None:  # detached meanwhile
             return
@@ -387,9 +389,12 @@ class TenantVectorStores:
         return hits[:max_results]
 
 
-def vector_store_service(config: VectorStoresConfig) -> VectorStores:
-    """The app's vector stores as `vector_stores:` config says (the tokenizer loads at the first ingestion)."""
-    embedder = HashingEmbedder(config.embedding.dimensions)
+def vector_store_service(config: VectorStoresConfig, embedder: Embedder | None = None) -> VectorStores:
+    """The app's vector stores as `vector_stores:` config says (the tokenizer loads at the
+    first ingestion); `embedder`: the served embedding model's (`embedding.type: vllm`)."""
+    if config.embedding.type == "vllm" and embedder is None:
+        raise ValueError("vector_stores.embedding.type vllm is served by its EmbeddingServer deployment: build the app with build_app")
+    embedder = embedder or HashingEmbedder(config.embedding.dimensions)
     index = EmbeddedIndex(config.directory, embedder.dimensions)
     limits = VectorStoreLimits(
         max_stores_per_tenant=config.max_stores_per_tenant,

@@ -32,6 +32,7 @@ from serve_app.core.encrypted_reasoning import ReasoningCipher
 from serve_app.core.stream import ResponseStream
 from serve_app.core.tokens import TokenBatch, TokenSource
 from serve_app.families.harmony import HarmonyParser, render_completion, render_prompt
+from serve_app.retrieval.embeddings import Embedder
 from serve_app.retrieval.index import Hit, Ranking
 from serve_app.retrieval.stores import VectorStoreRecords
 from serve_app.runtime.admission import ByteBudget
@@ -93,6 +94,7 @@ def create_app(
     builtin_tools: Mapping[str, TransportFactory] | None = None,
     blobs: BlobStore | None = None,
     resolver: Resolver | None = None,
+    embedder: Embedder | None = None,
 ) -> FastAPI:
     """The app serving `models` as `settings` say (default: `ServerSettings()`, a test or
     in-process server's), over these collaborators:
@@ -105,6 +107,8 @@ def create_app(
     their deployments' handles);
     `blobs`: where uploaded files' contents are kept (default: `settings.files.blob`'s store);
     `resolver`: host names to addresses for `input_file` URLs (default: the machine's; tests).
+    `embedder`: the embedding model of vector stores when it is served (deployments/ passes
+    its `EmbeddingServer` deployment; default: as `settings.vector_stores` names it).
     What the routes share is one `AppContext` (server/context.py), the app's only state."""
     settings = settings or ServerSettings()
     _warm_up()
@@ -122,7 +126,7 @@ def create_app(
     # Without tenants, one shared prefix cache (no salt): the anonymous caller is everyone.
     salt_key = keys[0] if auth is not None else None
     files = _FileServices(blobs if blobs is not None else settings.files.blob.blob_store(environ), settings.files, resolver)
-    vector_stores = vector_store_service(settings.vector_stores) if settings.vector_stores is not None else None
+    vector_stores = vector_store_service(settings.vector_stores, embedder) if settings.vector_stores is not None else None
     tenants = _tenant_states(bounded, settings, guarded, leases, cipher, salt_key, files, vector_stores)
     replica_limits = settings.replica_limits
     app.state.context = AppContext(
