@@ -129,3 +129,16 @@ def smollm2_engine() -> Iterator[tuple]:
     finally:
         host.stop(backend)
         host.close()
+
+
+@pytest.fixture(scope="session")
+def s3_server():
+    """An S3-compatible server (moto's, its own process on loopback) for the session."""
+    from tests.support.s3_server import S3Server
+
+    server = S3Server()
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()

@@ -101,6 +101,7 @@ class LocalBlobStore(_Threaded):
         path = self._path(key)
 
         def write() -> None:
+            _check_size(data, size)
             path.parent.mkdir(parents=True, exist_ok=True)
             handle, temporary = tempfile.mkstemp(prefix=".upload-", dir=path.parent)
             try:
@@ -118,10 +119,14 @@ class LocalBlobStore(_Threaded):
 
     async def chunks(self, key: str) -> AsyncGenerator[bytes, None]:
         path = self._path(key)
-        try:
-            handle = await self._run(lambda: cast(IO[bytes], open(path, "rb")))  # noqa: SIM115  (closed below)
-        except FileNotFoundError:
-            raise BlobNotFound(key) from None
+
+        def opened() -> IO[bytes]:
+            try:
+                return open(path, "rb")
+            except FileNotFoundError:
+                raise BlobNotFound(key) from None
+
+        handle = await self._run(opened)
         try:
             while chunk := await self._run(functools.partial(handle.read, CHUNK_BYTES)):
                 yield chunk
@@ -157,6 +162,15 @@ class LocalBlobStore(_Threaded):
 
     async def close(self) -> None:
         pass
+
+
+def _check_size(data: IO[bytes], size: int) -> None:
+    """`data` holds exactly `size` bytes from its position on (a blob is stored whole or not at all)."""
+    start = data.tell()
+    end = data.seek(0, os.SEEK_END)
+    data.seek(start)
+    if end - start != size:
+        raise ValueError(f"the upload has {end - start} bytes, not {size}")
 
 
 def _copy(source: IO[bytes], target: IO[bytes], size: int) -> int:
@@ -221,6 +235,7 @@ class S3BlobStore(_Threaded):
         name = self._name(key)
 
         def put() -> None:
+            _check_size(data, size)
             self._ensure_bucket()
             self.client.put_object(
                 bucket_name=self.bucket, object_name=name, data=cast(BinaryIO, data), length=size, part_size=16 * 1024 * 1024

@@ -193,10 +193,10 @@ def _pdf_text(data: bytes, limits: DocumentLimits, deadline: float | None) -> tu
                 raise DocumentError("the PDF is encrypted with a password")
             pages = len(reader.pages)
             if pages > limits.max_pages:
-                raise DocumentError(f"the PDF has {pages} pages, more than this server reads ({limits.max_pages}, files.input.max_pages)")
+                raise DocumentError(f"the PDF has more than {limits.max_pages} pages (it has {pages}; files.input.max_pages)")
             for number, page in enumerate(reader.pages, 1):
                 if deadline is not None and time.monotonic() > deadline:
-                    raise DocumentError(f"reading the PDF took too long (stopped at page {number} of {pages})")
+                    raise DocumentError(f"reading the PDF took longer than files.input.timeout_s (stopped at page {number} of {pages})")
                 text = page.extract_text().replace("\x00", "")
                 chars += len(text) + 2
                 if chars > limits.max_chars:

@@ -245,7 +245,7 @@ def test_a_websocket_failure_is_a_websocket_error_event(inprocess_url, message):
 
 
 PNG = "data:image/png;base64,iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNk+M9QDwADhgGAWjR9awAAAABJRU5ErkJggg=="
-NOT_BUILT = {
+MEDIA_PARTS = {
     "input_image": {"type": "input_image", "image_url": PNG},
     "input_file": {"type": "input_file", "filename": "note.txt", "file_data": "data:text/plain;base64,aGVsbG8="},
 }
@@ -258,12 +258,12 @@ def not_built(feature: str) -> pytest.MarkDecorator:
 @pytest.mark.parametrize(
     "part",
     [
-        pytest.param("input_image", marks=not_built("input_image content (400 invalid_value: only text content parts are read)")),
-        pytest.param("input_file", marks=not_built("input_file content (400 invalid_value: only text content parts are read)")),
+        pytest.param("input_image", marks=not_built("input_image content (400 invalid_value: images are not read)")),
+        pytest.param("input_file"),  # read into the prompt as text (runtime/files.py)
     ],
 )
 def test_a_user_message_with_media_content(inprocess_url, part):
-    content = [{"type": "input_text", "text": "what is this?"}, NOT_BUILT[part]]
+    content = [{"type": "input_text", "text": "what is this?"}, MEDIA_PARTS[part]]
     body = {"model": "gpt-oss-replay", "input": [{"type": "message", "role": "user", "content": content}]}
     assert_valid(problems("CreateResponseBody", body))
     with httpx.Client(timeout=60) as http:
