@@ -7,8 +7,10 @@ from __future__ import annotations
 import base64
 import http.server
 import io
+import socket
 import threading
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import httpx
 import openai
@@ -27,8 +29,15 @@ from tests.support.servers import uvicorn_server
 pytestmark = pytest.mark.slow  # a second or more each on a loaded 2-core machine (the unit tests: tests/state, tests/tools)
 
 MODELS = ["gpt-oss-replay", "qwen3-replay"]
-KEYS = {"alice": "sk-alice-0123456789abcdef", "bob": "sk-bob-0123456789abcdef", "small": "sk-small-0123456789abcdef"}
-AUTH = AuthConfig.model_validate({"keys": [{"tenant": name, "key_env": name.upper()} for name in KEYS]})
+KEYS = {name: f"sk-{name}-0123456789abcdef" for name in ("alice", "bob", "small", "metered")}
+AUTH = AuthConfig.model_validate(
+    {
+        "keys": [
+            {"tenant": name, "key_env": name.upper(), **({"limits": {"requests_per_minute": 1}} if name == "metered" else {})}
+            for name in KEYS
+        ]
+    }
+)
 MAX_FILE_BYTES = 512 * 1024
 MAX_TENANT_BYTES = 800 * 1024
 FILES = FilesConfig(
@@ -51,7 +60,7 @@ def server(blob_dir):
     app = create_app(
         models,
         ServerSettings(auth=AUTH, files=FILES.model_copy(update={"blob": BlobConfig(path=str(blob_dir))})),
-        store=MemoryStore(),
+        store=MemoryStore(clock=lambda: 1000.0),  # the store's clock stands still: a spent bucket stays spent
         environ={name.upper(): key for name, key in KEYS.items()},
     )
     with uvicorn_server(app) as url:
@@ -144,6 +153,20 @@ def test_sizes_are_bounded_per_file_and_per_tenant(server):
     assert error.value.body["code"] == "storage_limit_exceeded"
     sdk(server, "bob").files.delete(first.id)  # room again
     sdk(server, "bob").files.delete(upload(server, b"z" * (400 * 1024), "b.txt", "bob").id)
+
+
+def test_an_upload_is_admitted_before_its_body_is_read(server):
+    upload(server, b"the one upload a minute", "a.txt", "metered")
+    address = urlsplit(server)
+    with socket.create_connection((address.hostname, address.port), timeout=30) as client:
+        head = (
+            f"POST /v1/files HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {KEYS['metered']}\r\n"
+            "Content-Type: multipart/form-data; boundary=b\r\nContent-Length: 100000\r\n\r\n"
+        )
+        client.sendall(head.encode() + b"--b\r\n")  # the rest of the body never comes
+        answer = client.recv(65536).decode("latin-1")
+    assert answer.startswith("HTTP/1.1 429"), answer[:200]
+    assert "x-ratelimit-limit-requests: 1" in answer.lower()
 
 
 def test_a_bad_upload_is_an_openai_shaped_400(server):
