@@ -153,7 +153,12 @@ class FileInputs:
     async def _uploaded(self, file_id: str, param: str) -> tuple[FileObject, Extracted]:
         if self.files is None:
             raise file_not_found(file_id, param)
-        found = await self.files.content(file_id, self.limits.max_bytes)
+        try:
+            found = await self.files.content(file_id, self.limits.max_bytes)
+        except ValueError:
+            raise unreadable(
+                param, f"it has more than {self.limits.max_bytes} bytes (files.input.max_bytes)", code="file_too_large"
+            ) from None
         if found is None:
             raise file_not_found(file_id, param)
         file, data = found

@@ -206,18 +206,13 @@ class FileStore:
         return None if data is None else FileObject.model_validate_json(data)
 
     async def content(self, file_id: str, max_bytes: int) -> tuple[FileObject, bytes] | None:
-        """The file and its whole content (a 413-style `APIError` past `max_bytes`); None if
-        the tenant has no such file (or its content was lost)."""
+        """The file and its whole content; None if the tenant has no such file (or its content
+        was lost); `ValueError` if it has more than `max_bytes`."""
         file = await self.get(file_id)
         if file is None:
             return None
         if file.bytes > max_bytes:
-            raise APIError(
-                f"File '{file_id}' has {file.bytes} bytes, more than this server reads for a model ({max_bytes}, files.input.max_bytes).",
-                status_code=400,
-                param="file_id",
-                code="file_too_large",
-            )
+            raise ValueError(f"it has {file.bytes} bytes, more than {max_bytes}")
         try:
             return file, await self.blobs.read(self.blob_key(file_id), max_bytes)
         except BlobNotFound:

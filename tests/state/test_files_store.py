@@ -121,6 +121,8 @@ async def test_bounds_per_file_and_per_tenant(store, tmp_path):
         await _create(files, b"x" * 101)
     assert (error.value.status_code, error.value.code) == (413, "file_too_large")
     first = await _create(files, b"x" * 100)
+    with pytest.raises(ValueError, match="more than 99"):  # what a model may read of it is bounded too
+        await files.content(first.id, 99)
     with pytest.raises(APIError) as error:
         await _create(files, b"y" * 60)  # 160 bytes together
     assert (error.value.status_code, error.value.code, error.value.param) == (400, "storage_limit_exceeded", "file")
