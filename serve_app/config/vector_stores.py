@@ -40,9 +40,13 @@ class EmbeddingConfig(Strict):
 class VectorStoresConfig(Strict):
     """The Vector Stores API (`/v1/vector_stores`) and the `file_search` tool."""
 
-    index: Literal["embedded"] = Field(
-        "embedded", description="embedded: usearch (vectors) and bm25s (keywords) in `directory`, one index per vector store"
+    index: Literal["embedded", "pgvector"] = Field(
+        "embedded",
+        description="embedded: usearch (vectors) and bm25s (keywords) in `directory`, one index per vector store; "
+        "pgvector: a PostgreSQL server with pgvector at `url` (clusters)",
     )
+    url: str | None = Field(None, description="pgvector: postgresql://user@host:5432/db (no password in it)")
+    password_env: str = Field("PGVECTOR_PASSWORD", description="pgvector: the environment variable holding the password, if any")
     directory: str = Field(
         "/tmp/responses-serve/vector-stores",
         description="embedded: where the indexes are kept (replicas on several nodes need it on shared storage)",
@@ -59,3 +63,15 @@ class VectorStoresConfig(Strict):
     ingest_queue: int = Field(1000, ge=1, description="files waiting for ingestion on one replica (past it: 503 with Retry-After)")
     ingest_timeout_s: float = Field(600.0, gt=0, description="one file's ingestion; a file still in_progress after it reads as failed")
     max_search_results: int = Field(50, ge=1, le=50, description="results one search returns at most (OpenAI: 50)")
+
+    @model_validator(mode="after")
+    def _url_for_pgvector(self) -> VectorStoresConfig:
+        if self.index == "pgvector" and not self.url:
+            raise ValueError("a pgvector index needs a 'url'")
+        if (
+            self.url is not None
+            and "@" in self.url.split("//", 1)[-1].split("/", 1)[0]
+            and ":" in self.url.split("//", 1)[-1].split("@", 1)[0]
+        ):
+            raise ValueError("the url holds a password: put it in the environment variable password_env names")
+        return self

@@ -17,6 +17,7 @@ import asyncio
 import contextlib
 import functools
 import logging
+import os
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
@@ -395,7 +396,14 @@ def vector_store_service(config: VectorStoresConfig, embedder: Embedder | None =
     if config.embedding.type == "vllm" and embedder is None:
         raise ValueError("vector_stores.embedding.type vllm is served by its EmbeddingServer deployment: build the app with build_app")
     embedder = embedder or HashingEmbedder(config.embedding.dimensions)
-    index = EmbeddedIndex(config.directory, embedder.dimensions)
+    index: VectorIndex
+    if config.index == "pgvector":
+        from serve_app.retrieval.pgvector import PgVectorIndex
+
+        assert config.url is not None  # the config requires it
+        index = PgVectorIndex(config.url, embedder.dimensions, password=os.environ.get(config.password_env))
+    else:
+        index = EmbeddedIndex(config.directory, embedder.dimensions)
     limits = VectorStoreLimits(
         max_stores_per_tenant=config.max_stores_per_tenant,
         max_files_per_store=config.max_files_per_store,

@@ -19,6 +19,7 @@ from serve_app.retrieval.stores import VectorStoreRecords
 from serve_app.runtime.vector_stores import FileUnreadable, VectorStores
 from serve_app.state.memory import MemoryStore
 from serve_app.state.tenancy import TenantStore
+from tests.support.postgres_server import postgres
 
 FILES = {
     "file-zebra": ("zebras.txt", "Zebras migrate across the Serengeti every July. " * 40),
@@ -47,14 +48,28 @@ def tokenizer() -> WordTokens:
     return WordTokens()
 
 
-def _service(tmp_path: Path, tokenizer) -> VectorStores:
-    embedder = HashingEmbedder(128)
-    return VectorStores(EmbeddedIndex(tmp_path, embedder.dimensions), embedder, lambda: tokenizer)
+@pytest.fixture(scope="module")
+def pg_url():
+    with postgres() as url:
+        yield url
 
 
-def test_files_are_ingested_searched_and_deleted(tmp_path: Path, tokenizer) -> None:
+@pytest.fixture(params=["embedded", "pgvector"])
+def backend(request, tmp_path: Path):
+    if request.param == "embedded":
+        return EmbeddedIndex(tmp_path, 128)
+    from serve_app.retrieval.pgvector import PgVectorIndex
+
+    return PgVectorIndex(request.getfixturevalue("pg_url"), 128, table=f"service_{abs(hash(tmp_path)) % 10**8}")
+
+
+def _service(index, tokenizer) -> VectorStores:
+    return VectorStores(index, HashingEmbedder(128), lambda: tokenizer)
+
+
+def test_files_are_ingested_searched_and_deleted(backend, tokenizer) -> None:
     async def main() -> None:
-        service = _service(tmp_path, tokenizer)
+        service = _service(backend, tokenizer)
         store = MemoryStore()
         charged: list[int] = []
 
@@ -103,9 +118,9 @@ def test_files_are_ingested_searched_and_deleted(tmp_path: Path, tokenizer) -> N
     asyncio.run(main())
 
 
-def test_an_expired_store_is_refused_and_batches_report_their_files(tmp_path: Path, tokenizer) -> None:
+def test_an_expired_store_is_refused_and_batches_report_their_files(backend, tokenizer) -> None:
     async def main() -> None:
-        service = _service(tmp_path, tokenizer)
+        service = _service(backend, tokenizer)
         alice = service.for_tenant(VectorStoreRecords(TenantStore(MemoryStore(), "alice")), _read)
         vs = await alice.create(name="short", expires_after={"anchor": "last_active_at", "days": 1})
         assert vs.expires_at is not None
