@@ -103,7 +103,28 @@ def build_app(args: dict[str, Any] | None = None) -> Application:
     ingress = _deployment(ResponsesIngress).options(name="ResponsesIngress", **_with_replica_env(config.ingress.serve_options()))
     # Encrypted reasoning without configured keys: one key for all ingress replicas of this
     # deployment (serve_app/runtime/reasoning_keys.py).
-    return ingress.bind(config.model_dump(), engines, _store_deployment(config), ReasoningCipher.generate_key(), _tool_deployments(config))
+    return ingress.bind(
+        config.model_dump(),
+        engines,
+        _store_deployment(config),
+        ReasoningCipher.generate_key(),
+        _tool_deployments(config),
+        _embedding_deployment(config),
+    )
+
+
+def _embedding_deployment(config: AppConfig) -> Application | None:
+    """The vector stores' embedding model, when it is served (`embedding.type: vllm`)."""
+    if config.vector_stores is None or config.vector_stores.embedding.type != "vllm":
+        return None
+    from deployments.embeddings import EmbeddingServer
+
+    embedding = config.vector_stores.embedding
+    return (
+        _deployment(EmbeddingServer)
+        .options(name="EmbeddingServer", **_with_replica_env(embedding.deployment.serve_options()))
+        .bind(embedding.model_dump(exclude={"deployment"}))
+    )
 
 
 def _deployment(cls: type) -> Deployment:

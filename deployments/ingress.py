@@ -21,6 +21,7 @@ from ray.serve.exceptions import BackPressureError
 from ray.serve.handle import DeploymentHandle
 
 from deployments import use_serve_logging
+from deployments.embeddings import EmbeddingServer, HandleEmbedder
 from deployments.memory import memory_report
 from deployments.metrics import RayServeMetrics
 from deployments.tools import HandleToolTransport
@@ -233,11 +234,13 @@ class ResponsesIngress:
         store: DeploymentHandle[StoreServer] | None = None,
         reasoning_key: str | None = None,
         tools: dict[str, DeploymentHandle[PythonToolServer | BrowserToolServer]] | None = None,
+        embedding: DeploymentHandle[EmbeddingServer] | None = None,
     ) -> None:
         """`store`: the embedded store deployment, if configured. `reasoning_key`: the
         application's own key for encrypted reasoning, made by `build_app` so that all
         replicas share it; used only without configured keys. `tools`: the embedded
-        built-in tools' deployments, by name (python, browser)."""
+        built-in tools' deployments, by name (python, browser). `embedding`: the vector stores'
+        served embedding model, if configured."""
         use_serve_logging()
         leave_batch_policy()  # on the request path
         self.config = AppConfig.model_validate(app_config)
@@ -245,6 +248,7 @@ class ResponsesIngress:
         self.store = store
         self.reasoning_key = reasoning_key
         self.tools = tools or {}
+        self.embedding = embedding
 
     def __serve_build_asgi_app__(self) -> FastAPI:
         caller = ray.get_runtime_context().get_actor_name()
@@ -267,7 +271,14 @@ class ResponsesIngress:
             store=open_store(self.config.store, self.store),
             metrics=RayServeMetrics(),
             builtin_tools={name: _transport_factory(handle) for name, handle in self.tools.items()},
+            embedder=self._embedder(),
         )
+
+    def _embedder(self) -> HandleEmbedder | None:
+        stores = self.config.vector_stores
+        if self.embedding is None or stores is None:
+            return None
+        return HandleEmbedder(self.embedding, stores.embedding.model or "", stores.embedding.dimensions)
 
     async def memory(self, top: int = 8, trace_frames: int = 0, trim: bool = False) -> dict[str, Any]:
         """This replica's memory (deployments/memory.py; a measuring tool: not cheap)."""

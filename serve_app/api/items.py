@@ -345,6 +345,17 @@ class CodeInterpreterCallItem(Lenient):
     _model_text: str | None = PrivateAttr(default=None)  # as for WebSearchCallItem
 
 
+class FileSearchCallItem(Lenient):
+    """A `file_search_call` (the file_search tool): its queries and, when included, its results."""
+
+    type: Literal["file_search_call"]
+    id: str | None = None
+    queries: list[str] | None = None
+    status: str | None = None
+    results: list[dict[str, Any]] | None = None
+    _model_text: str | None = PrivateAttr(default=None)  # as for WebSearchCallItem
+
+
 HOSTED_ITEM_TYPES = (
     "mcp_list_tools",
     "mcp_call",
@@ -352,6 +363,7 @@ HOSTED_ITEM_TYPES = (
     "mcp_approval_response",
     "web_search_call",
     "code_interpreter_call",
+    "file_search_call",
 )
 
 
@@ -388,6 +400,7 @@ _STORED_ITEMS = (
     | Annotated[McpApprovalResponseItem, Tag("item:mcp_approval_response")]
     | Annotated[WebSearchCallItem, Tag("item:web_search_call")]
     | Annotated[CodeInterpreterCallItem, Tag("item:code_interpreter_call")]
+    | Annotated[FileSearchCallItem, Tag("item:file_search_call")]
 )
 _ITEM_TYPES = (
     "'message', 'function_call', 'function_call_output', 'custom_tool_call', 'custom_tool_call_output', 'reasoning', 'compaction', "
@@ -420,4 +433,5 @@ HistoryItem = (
     | McpApprovalResponseItem
     | WebSearchCallItem
     | CodeInterpreterCallItem
+    | FileSearchCallItem
 )

@@ -38,6 +38,7 @@ from serve_app.api.tools import (
     BuiltinTool,
     CodeInterpreterTool,
     CustomTool,
+    FileSearchTool,
     FunctionTool,
     McpTool,
     McpToolChoice,
@@ -227,10 +228,16 @@ class ResponsesRequest(Lenient):
         )
         if any(count > 1 for count in builtin.values()):
             raise ValueError("at most one web_search tool and one code_interpreter tool")
+        if sum(isinstance(tool, FileSearchTool) for tool in tools) > 1:
+            raise ValueError("at most one file_search tool (it may name several vector_store_ids)")
         reserved = ({"browser"} if builtin[True] else set()) | ({"python"} if builtin[False] else set())
+        reserved |= {"file_search"} if any(isinstance(tool, FileSearchTool) for tool in tools) else set()
         names_used = {f.name for f in functions} | {c.name for c in customs} | set(labels) | {namespace.name for namespace in namespaces}
         if clash := sorted(reserved & names_used):
-            raise ValueError(f"the built-in tools web_search and code_interpreter are called as 'browser' and 'python': {clash} is taken")
+            raise ValueError(
+                f"the built-in tools web_search, code_interpreter and file_search are called as 'browser', 'python' and "
+                f"'file_search': {clash} is taken"
+            )
         return tools
 
     def check_consistency(self) -> None:
@@ -300,6 +307,9 @@ class ResponsesRequest(Lenient):
 
     def web_search_tool(self) -> WebSearchTool | None:
         return next((t for t in self.tools if isinstance(t, WebSearchTool)), None)
+
+    def file_search_tool(self) -> FileSearchTool | None:
+        return next((t for t in self.tools if isinstance(t, FileSearchTool)), None)
 
     def code_interpreter_tool(self) -> CodeInterpreterTool | None:
         return next((t for t in self.tools if isinstance(t, CodeInterpreterTool)), None)

@@ -1,5 +1,5 @@
 """Tools and tool choice as clients send them: functions, custom (free-text) tools,
-namespaces, remote MCP servers, the built-in web_search and code_interpreter, and hosted
+namespaces, remote MCP servers, the built-in web_search, code_interpreter and file_search, and hosted
 types this server does not run."""
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from pydantic import (
 )
 from pydantic.json_schema import SkipJsonSchema
 
+from serve_app.api.filters import ComparisonFilter, CompoundFilter, check_filter
 from serve_app.api.items import FUNCTION_NAME_PATTERN, Lenient
 from serve_app.api.json_schema import OBJECT_SCHEMA_FIELD
 
@@ -82,7 +83,7 @@ class CustomTool(Lenient):
 
 
 class HostedTool(BaseModel):
-    """A tool type this server does not execute (file_search, image_generation, ...): left out
+    """A tool type this server does not execute (image_generation, computer_use_preview, ...): left out
     of the response and named in its `x-unavailable-tools` header, so a type is a name (what
     OpenAI's types are), never arbitrary text."""
 
@@ -296,6 +297,46 @@ class WebSearchTool(Lenient):
         return self.filters.allowed_domains if self.filters is not None else None
 
 
+class HybridSearch(Lenient):
+    embedding_weight: float = Field(ge=0)
+    text_weight: float = Field(ge=0)
+
+
+class FileSearchRanking(Lenient):
+    """`ranking_options`: `ranker` (`auto`, `default-2024-11-15`, `none`: all one hybrid
+    ranking here), `score_threshold` (0-1), `hybrid_search` weights of the two rankings."""
+
+    ranker: Literal["auto", "default-2024-11-15", "none"] | None = None
+    score_threshold: float | None = Field(None, ge=0, le=1)
+    hybrid_search: HybridSearch | None = None
+
+    @model_validator(mode="after")
+    def _weights(self) -> FileSearchRanking:
+        if self.hybrid_search is not None and self.hybrid_search.embedding_weight + self.hybrid_search.text_weight <= 0:
+            raise ValueError("hybrid_search weights must not both be 0")
+        return self
+
+
+MAX_VECTOR_STORES_PER_SEARCH = 16
+
+
+class FileSearchTool(Lenient):
+    """`file_search`: a search of the caller's vector stores (docs/file-search.md)."""
+
+    type: Literal["file_search"]
+    vector_store_ids: list[Annotated[str, Field(min_length=1, max_length=256)]] = Field(
+        min_length=1, max_length=MAX_VECTOR_STORES_PER_SEARCH
+    )
+    max_num_results: int | None = Field(None, ge=1, le=50)
+    ranking_options: FileSearchRanking | None = None
+    filters: ComparisonFilter | CompoundFilter | None = None
+
+    @field_validator("filters")
+    @classmethod
+    def _bounded(cls, value: ComparisonFilter | CompoundFilter | None) -> ComparisonFilter | CompoundFilter | None:
+        return check_filter(value) if value is not None else None
+
+
 CONTAINER_ID_MAX_CHARS = 256
 
 
@@ -346,7 +387,7 @@ class BuiltinTool(Lenient):
 
 
 # The tool types `_tool_tag` and `_choice_tag` send to a model of their own (not `HostedTool`).
-TOOL_TYPES: tuple[str, ...] = ("function", "custom", "namespace", "mcp", "code_interpreter", *WEB_SEARCH_TYPES)
+TOOL_TYPES: tuple[str, ...] = ("function", "custom", "namespace", "mcp", "code_interpreter", "file_search", *WEB_SEARCH_TYPES)
 CHOICE_TYPES = ("function", "custom", "allowed_tools", "mcp")
 HOSTED_CHOICE_TYPES: tuple[str, ...] = _hosted_choice_types()
 
@@ -357,7 +398,7 @@ def not_types(types: tuple[str, ...]) -> dict[str, Any]:
 
 def _tool_tag(value: Any) -> str | None:
     kind = value.get("type") if isinstance(value, dict) else getattr(value, "type", None)
-    if kind in ("function", "custom", "namespace", "mcp", "code_interpreter"):
+    if kind in TOOL_TYPES and kind not in WEB_SEARCH_TYPES:
         return f"tool:{kind}"
     if kind in WEB_SEARCH_TYPES:
         return "tool:web_search"
@@ -391,6 +432,7 @@ Tool = Annotated[
     | Annotated[McpTool, Tag("tool:mcp")]
     | Annotated[WebSearchTool, Tag("tool:web_search")]
     | Annotated[CodeInterpreterTool, Tag("tool:code_interpreter")]
+    | Annotated[FileSearchTool, Tag("tool:file_search")]
     | SkipJsonSchema[Annotated[BuiltinTool, Tag("tool:builtin")]]  # the tool loop's, never a client's
     | Annotated[HostedTool, Tag("tool:hosted")],
     _TOOL_TAG,

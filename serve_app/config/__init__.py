@@ -45,6 +45,7 @@ from serve_app.config.tools import (
     SandboxLimits,
     ToolsConfig,
 )
+from serve_app.config.vector_stores import EmbeddingConfig, VectorStoresConfig
 
 DEFAULT_MAX_STREAM_DURATION_S = 900.0
 DEFAULT_SSE_KEEPALIVE_S = 15.0  # below the 60 s idle timeout of common load balancers
@@ -152,6 +153,9 @@ class AppConfig(Strict):
         default_factory=FilesConfig,
         description="the Files API (/v1/files) and `input_file`: where contents are kept, a tenant's bounds, what a model reads",
     )
+    vector_stores: VectorStoresConfig | None = Field(
+        None, description="the Vector Stores API and the file_search tool (none: both off, file_search left out of responses)"
+    )
 
     @field_validator("api_key")
     @classmethod
@@ -233,6 +237,7 @@ __all__ = [
     "DeploymentConfig",
     "EmbeddedBrowserConfig",
     "EmbeddedPythonConfig",
+    "EmbeddingConfig",
     "EnginePlacement",
     "FileInputConfig",
     "FilesConfig",
@@ -250,5 +255,6 @@ __all__ = [
     "TenantLimits",
     "ToolsConfig",
     "VLLMBackendConfig",
+    "VectorStoresConfig",
     "config_problems",
 ]

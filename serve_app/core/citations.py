@@ -1,12 +1,14 @@
-"""gpt-oss's citation markers → `url_citation` annotations.
+"""gpt-oss's citation markers → `url_citation` (and `file_citation`) annotations.
 
 The browser tool tells gpt-oss to cite what it read as `【{cursor}†L{start}(-L{end})?】`,
 where the cursor numbers a page the browser showed. In the answer the client sees, each
 marker is removed (as OpenAI's answers carry no such markers) and becomes a `url_citation`
 annotation whose `start_index`/`end_index` are exact in the text *after* removal. The span an
 annotation covers is the cited sentence: from the start of the sentence (or line) the marker
-ends, to the marker, without surrounding whitespace. Markers whose cursor names no citable
-page are removed without an annotation; text that is not a well-formed marker stays as it is.
+ends, to the marker, without surrounding whitespace. A cursor may also name a file that
+`file_search` showed (`CitedFile`): its marker becomes a `file_citation` annotation whose
+`index` is where the marker stood. Markers whose cursor names nothing citable are removed
+without an annotation; text that is not a well-formed marker stays as it is.
 
 `CitationStream` does this on a stream of text deltas, in which a marker may be split across
 deltas: it holds back a possible partial marker (at most `MARKER_MAX_CHARS` characters) and
@@ -20,7 +22,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from openai.types.responses.response_output_text import AnnotationURLCitation
+from openai.types.responses.response_output_text import AnnotationFileCitation, AnnotationURLCitation
 
 # A marker longer than this is not one: holding back never delays text by more.
 MARKER_MAX_CHARS = 96
@@ -39,6 +41,17 @@ class CitedPage:
     title: str
 
 
+@dataclass(frozen=True)
+class CitedFile:
+    """What a cursor points at: a file (a chunk of it) that file_search showed."""
+
+    file_id: str
+    filename: str
+
+
+Annotation = AnnotationURLCitation | AnnotationFileCitation
+
+
 class CitationStream:
     """Removes citation markers from streamed text and yields their annotations.
 
@@ -46,7 +59,7 @@ class CitationStream:
     keep adding the pages of later tool calls to the same mapping.
     """
 
-    def __init__(self, pages: Mapping[int, CitedPage]) -> None:
+    def __init__(self, pages: Mapping[int, CitedPage | CitedFile]) -> None:
         self._pages = pages
         self._held = ""  # text from a `【` that may still become a marker
         self._length = 0  # characters emitted so far
@@ -59,11 +72,11 @@ class CitationStream:
         """Text held back as a possible partial marker (emitted by `finish` if it stays one)."""
         return self._held
 
-    def feed(self, delta: str) -> tuple[str, list[AnnotationURLCitation]]:
+    def feed(self, delta: str) -> tuple[str, list[Annotation]]:
         """Text safe to emit now, and the annotations completed by it (indices into the whole output)."""
         text = self._held + delta
         out: list[str] = []
-        annotations: list[AnnotationURLCitation] = []
+        annotations: list[Annotation] = []
         position = 0
         while True:
             bracket = text.find("【", position)
@@ -86,7 +99,7 @@ class CitationStream:
             position = bracket + 1
         return "".join(out), annotations
 
-    def finish(self) -> tuple[str, list[AnnotationURLCitation]]:
+    def finish(self) -> tuple[str, list[Annotation]]:
         """The end of the text: a partial marker still held is plain text after all."""
         held, self._held = self._held, ""
         out: list[str] = []
@@ -108,10 +121,12 @@ class CitationStream:
             self._previous = char
         self._length += len(text)
 
-    def _annotation(self, cursor: int) -> AnnotationURLCitation | None:
+    def _annotation(self, cursor: int) -> Annotation | None:
         page = self._pages.get(cursor)
         if page is None:
             return None
+        if isinstance(page, CitedFile):
+            return AnnotationFileCitation(type="file_citation", file_id=page.file_id, filename=page.filename, index=self._length)
         if self._content_start is None:  # nothing written in this sentence yet: mark the position
             start = end = self._length
         else:
@@ -119,7 +134,7 @@ class CitationStream:
         return AnnotationURLCitation(type="url_citation", start_index=start, end_index=end, url=page.url, title=page.title)
 
 
-def annotate(text: str, pages: Mapping[int, CitedPage]) -> tuple[str, list[AnnotationURLCitation]]:
+def annotate(text: str, pages: Mapping[int, CitedPage | CitedFile]) -> tuple[str, list[Annotation]]:
     """The text without its citation markers, and their annotations."""
     stream = CitationStream(pages)
     body, annotations = stream.feed(text)

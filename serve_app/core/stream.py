@@ -71,7 +71,7 @@ from openai.types.responses import (
 )
 from openai.types.responses.response import IncompleteDetails
 from openai.types.responses.response_error import ResponseError
-from openai.types.responses.response_output_text import AnnotationURLCitation, Logprob
+from openai.types.responses.response_output_text import Logprob
 from openai.types.responses.response_reasoning_item import Content as ReasoningContent
 from openai.types.responses.response_usage import InputTokensDetails, OutputTokensDetails, ResponseUsage
 from pydantic import BaseModel, TypeAdapter, ValidationError
@@ -80,7 +80,7 @@ from serve_app.api.request import DEFAULT_TEMPERATURE, DEFAULT_TOP_P, ResponsesR
 from serve_app.api.service_tier import ServedTier
 from serve_app.api.tools import McpTool
 from serve_app.core.attribution import LogprobAttribution
-from serve_app.core.citations import CitationStream
+from serve_app.core.citations import Annotation, CitationStream
 from serve_app.core.construct import trusted_constructor as _trusted_constructor
 from serve_app.core.items import CompletionParser, Phase
 from serve_app.core.logprobs import LogprobFormatter, for_delta, for_done
@@ -206,7 +206,7 @@ class _OpenItem:
     unsent_logprobs: list[Logprob] = field(default_factory=list)  # those of `unsent`
     citations: CitationStream | None = None  # messages of a response that browsed: markers -> annotations
     stop: StopMatcher | None = None  # messages of a request with stop sequences
-    annotations: list[AnnotationURLCitation] = field(default_factory=list)
+    annotations: list[Annotation] = field(default_factory=list)
 
 
 class ResponseStream:
@@ -597,7 +597,7 @@ class ResponseStream:
         item.parts.append(text)
         item.unsent += text
 
-    def _add_annotations(self, item: _OpenItem, text: str, annotations: list[AnnotationURLCitation]) -> None:
+    def _add_annotations(self, item: _OpenItem, text: str, annotations: list[Annotation]) -> None:
         """A message's text without its citation markers, and the annotations the markers made:
         each is sent after the text it annotates."""
         item.parts.append(text)

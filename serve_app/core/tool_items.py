@@ -32,6 +32,10 @@ from openai.types.responses import (
     ResponseCodeInterpreterCallInProgressEvent,
     ResponseCodeInterpreterCallInterpretingEvent,
     ResponseCodeInterpreterToolCall,
+    ResponseFileSearchCallCompletedEvent,
+    ResponseFileSearchCallInProgressEvent,
+    ResponseFileSearchCallSearchingEvent,
+    ResponseFileSearchToolCall,
     ResponseFunctionWebSearch,
     ResponseMcpCallArgumentsDeltaEvent,
     ResponseMcpCallArgumentsDoneEvent,
@@ -363,6 +367,60 @@ class CodeInterpreterCallKind:
 
 
 WEB_SEARCH_CALL = WebSearchCallKind()
+
+
+def file_search_query(arguments: str) -> str | None:
+    """The query of a file_search call's arguments (`{"query": "..."}`), or None."""
+    try:
+        given = json.loads(arguments) if arguments.strip() else None
+    except ValueError:
+        return None
+    query = given.get("query") if isinstance(given, dict) else None
+    return query if isinstance(query, str) else None
+
+
+class FileSearchCallKind:
+    """`file_search_call` (a search of the request's vector stores): added →
+    file_search_call.in_progress → (the stores are searched) file_search_call.searching →
+    .completed → output_item.done with its queries and, with `include:
+    ["file_search_call.results"]`, its results. A search that could not run ends `failed`
+    (the SDK has no event for it); the model reads why."""
+
+    item_type = "file_search_call"
+    id_prefix = "fs"
+    runs = True
+    delta_event: type[BaseModel] | None = None
+
+    def _item(self, call: ServerCall, status: str, **fields: Any) -> ResponseFileSearchToolCall:
+        query = file_search_query(call.arguments)
+        record = {"id": call.item_id, "type": "file_search_call", "status": status, "queries": [query] if query is not None else []}
+        return ResponseFileSearchToolCall.model_validate({**record, **fields})
+
+    def added(self, call: ServerCall) -> ResponseFileSearchToolCall:
+        return self._item(call, "in_progress")
+
+    def streamed(self, call: ServerCall, arguments: str) -> str:
+        return ""
+
+    def opened(self, call: ServerCall) -> list[ResponseStreamEvent]:
+        return [ResponseFileSearchCallInProgressEvent(type="response.file_search_call.in_progress", **_at(call))]
+
+    def arguments_done(self, call: ServerCall) -> list[ResponseStreamEvent]:
+        return []
+
+    def running(self, call: ServerCall) -> list[ResponseStreamEvent]:
+        return [ResponseFileSearchCallSearchingEvent(type="response.file_search_call.searching", **_at(call))]
+
+    def finished(self, call: ServerCall, outcome: ToolOutcome) -> tuple[list[ResponseStreamEvent], ResponseFileSearchToolCall]:
+        if outcome.error is not None:
+            return [], self._item(call, "failed", **outcome.item)
+        if outcome.output is None:
+            return [], self._item(call, "incomplete")
+        item = self._item(call, "completed", **outcome.item)
+        return [ResponseFileSearchCallCompletedEvent(type="response.file_search_call.completed", **_at(call))], item
+
+
+FILE_SEARCH_CALL = FileSearchCallKind()
 
 _ESCAPES = {'"': '"', "\\": "\\", "/": "/", "b": "\b", "f": "\f", "n": "\n", "r": "\r", "t": "\t"}
 _SURROGATE = regex.compile(r"[\ud800-\udfff]")

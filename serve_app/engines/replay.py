@@ -14,7 +14,8 @@ and streams it in seeded engine-like steps of a few tokens:
    back as a tool message from `LABEL.TOOL` (rule 1: `Tool LABEL.TOOL returned: O`);
    the built-in tools (offered in the system message) are called as gpt-oss calls them, on
    the analysis channel: `call browser.search {"query": "..."}` (also `browser.open`,
-   `browser.find`) -> `to=browser.search code` with the JSON, and `call python CODE` (CODE:
+   `browser.find`) -> `to=browser.search code` with the JSON, `call file_search {"query":
+   "..."}` -> `to=file_search code` with the JSON, and `call python CODE` (CODE:
    all the text after `call python `) -> `to=python code` with CODE as the message;
    a custom tool (offered as `type NAME = (_: string) => any;`): `call NAME TEXT` -> a call
    `to=functions.NAME` whose message is TEXT (all the text after `call NAME `);
@@ -67,7 +68,9 @@ _FUNCTION = re.compile(r"^type ([a-zA-Z0-9_\-]+) = ", re.M)
 _CUSTOM_TOOL = re.compile(r"^type ([a-zA-Z0-9_\-]+) = \(_: string\) => any;$", re.M)  # how harmony shows a custom tool
 _CALL = re.compile(r"call (\S+)(?: (.*))?", re.S)
 _SYSTEM_PYTHON = re.compile(r"^## python$", re.M)  # the python tool's section of the system message
+_SYSTEM_FILE_SEARCH = re.compile(r"^## file_search$", re.M)  # file_search's section (a tool of one JSON argument)
 PYTHON = "python"
+FILE_SEARCH = "file_search"
 
 
 @dataclass(frozen=True)
@@ -211,6 +214,8 @@ def script_completion(prompt_token_ids: list[int], constraint: OutputConstraint 
     builtin = _offered_functions(system)  # the system message's tools: gpt-oss's own
     if any(_SYSTEM_PYTHON.search(text) for text in system):
         builtin.add(PYTHON)
+    if any(_SYSTEM_FILE_SEARCH.search(text) for text in system):
+        builtin.add(FILE_SEARCH)
     offered |= builtin
     wanted_call = None
     if last is not None and last.author.role == Role.TOOL:

@@ -12,7 +12,8 @@ multi-byte characters fall across tokens as a real model's would:
    `<think>Calling NAME.</think>` then `<tool_call>{"name": NAME, "arguments": JSON}</tool_call>`
    (JSON as written, default `{}`); an MCP server's tool is offered as `LABEL.TOOL`, and its
    output comes back as the template's tool turn (rule 1); the built-in tools are offered as
-   functions: `call browser.search {"query": "..."}` calls `browser.search`, and `call python
+   functions: `call browser.search {"query": "..."}` calls `browser.search`, `call file_search
+   {"query": "..."}` calls `file_search`, and `call python
    CODE` calls `python` with `{"code": CODE}` (CODE as it is when it is a JSON object);
    a custom tool (a function of one string `input`): `call NAME TEXT` -> `{"input": TEXT}`;
 3. a compaction summary or `What should you remember?` -> the `Remember:` lines, as

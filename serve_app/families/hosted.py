@@ -20,6 +20,9 @@ as one that continues with `previous_response_id`:
     code_interpreter_call             -> a call of python (its code), then what the model
                                          read (kept likewise; sent back: its logs, when
                                          included)
+    file_search_call                  -> a call of file_search (its query), then what the
+                                         model read (kept likewise; sent back: its results,
+                                         when included)
 
 Custom tools' calls and outputs (the client runs them) are rendered the same way: a call
 `to=functions.NAME` whose message is the input as written (harmony), or a tool call of
@@ -42,6 +45,7 @@ from serve_app.api.items import (
     CompactionItem,
     CustomToolCallItem,
     CustomToolCallOutputItem,
+    FileSearchCallItem,
     FunctionCallItem,
     FunctionCallOutputItem,
     HistoryItem,
@@ -58,6 +62,7 @@ from serve_app.families.compaction import compacted
 JSON_CONTENT = "<|constrain|>json"
 BUILTIN_CONTENT = "code"  # harmony renders it `<|constrain|>code`
 FUNCTIONS_PREFIX = "functions."  # harmony's namespace of the request's functions and custom tools
+FILE_SEARCH = "file_search"  # the file_search tool's name, as both families call it
 CUSTOM_INPUT_KEY = "input"  # a custom tool's input, as a chat-template model writes it: {"input": "..."}
 
 
@@ -189,6 +194,19 @@ def rendered_items(history: Iterable[HistoryItem]) -> list[tuple[int, RenderedIt
             turns += [
                 ToolCall(call_id, "python", item.code or "", "analysis", BUILTIN_CONTENT, string_key="code"),
                 ToolOutput(call_id, "python", text, "analysis"),
+            ]
+        elif isinstance(item, FileSearchCallItem):
+            call_id = item.id or f"fs_{index}"
+            query = (item.queries or [""])[0]
+            if item._model_text is not None:
+                text = item._model_text
+            elif item.results is not None:
+                text = "\n\n".join(f"{result.get('filename', '')}: {result.get('text', '')}" for result in item.results)
+            else:
+                text = RESULT_NOT_KEPT
+            turns += [
+                ToolCall(call_id, FILE_SEARCH, json.dumps({"query": query}), "analysis", BUILTIN_CONTENT),
+                ToolOutput(call_id, FILE_SEARCH, text, "analysis"),
             ]
         else:
             turns.append(item)

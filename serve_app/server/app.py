@@ -23,6 +23,7 @@ from openai_harmony import Message, Role
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from serve_app.api.errors import APIError, model_not_found, server_error
+from serve_app.api.filters import Filter
 from serve_app.api.items import MessageItem
 from serve_app.api.request import ResponsesRequest
 from serve_app.api.sse import encode_events
@@ -31,12 +32,16 @@ from serve_app.core.encrypted_reasoning import ReasoningCipher
 from serve_app.core.stream import ResponseStream
 from serve_app.core.tokens import TokenBatch, TokenSource
 from serve_app.families.harmony import HarmonyParser, render_completion, render_prompt
+from serve_app.retrieval.embeddings import Embedder
+from serve_app.retrieval.index import Hit, Ranking
+from serve_app.retrieval.stores import VectorStoreRecords
 from serve_app.runtime.admission import ByteBudget
 from serve_app.runtime.background import BackgroundRuns, default_replica_id
 from serve_app.runtime.files import FileInputs, TextCache
 from serve_app.runtime.metrics import GuardedMetrics, Metrics, NoMetrics, report_once, report_refusal
 from serve_app.runtime.reasoning_keys import reasoning_keys as configured_reasoning_keys
 from serve_app.runtime.turn import ModelFamily, ServedModel, Unavailable
+from serve_app.runtime.vector_stores import TenantVectorStores, VectorStores, vector_store_service
 from serve_app.server.auth import ANONYMOUS, AuthMiddleware, Keyring, warn_if_open
 from serve_app.server.context import AppContext, app_context
 from serve_app.server.openapi import install_openapi
@@ -48,6 +53,7 @@ from serve_app.server.routes import conversations as conversations_routes
 from serve_app.server.routes import files as files_routes
 from serve_app.server.routes import input_tokens as input_tokens_routes
 from serve_app.server.routes import responses as responses_routes
+from serve_app.server.routes import vector_stores as vector_stores_routes
 from serve_app.server.routes import websocket as websocket_routes
 from serve_app.server.settings import ServerSettings
 from serve_app.server.tenants import TenantState, prefix_cache_salt
@@ -55,16 +61,18 @@ from serve_app.state import BoundedStore, MemoryStore, ResponseStore, Store
 from serve_app.state.blobs import BlobStore
 from serve_app.state.connection import KeptBytes
 from serve_app.state.conversations import ConversationStore
-from serve_app.state.files import FileStore
+from serve_app.state.files import FileStore, file_not_found
 from serve_app.state.quotas import LeaseKeeper, QuotaLimits, TenantQuota
 from serve_app.state.responses import TurnCache
 from serve_app.state.runs import EVENTS_TTL_S, RunStore
+from serve_app.state.tenancy import TenantStore
 from serve_app.tools.browser.fetch import Fetcher, FetchLimits
 from serve_app.tools.browser.policy import FetchPolicy, HostRules
 from serve_app.tools.builtin.factory import builtin_factories
 from serve_app.tools.builtin.transport import TransportFactory
 from serve_app.tools.documents import DocumentLimits
 from serve_app.tools.egress import Resolver
+from serve_app.tools.file_search import FileSearchFactory, Searcher
 from serve_app.tools.mcp_client import ConnectPolicy, McpLimits
 from serve_app.tools.remote_mcp import RemoteMcpFactory
 from serve_app.tools.server_tools import ServerToolRuntime, ToolFactory
@@ -87,6 +95,7 @@ def create_app(
     builtin_tools: Mapping[str, TransportFactory] | None = None,
     blobs: BlobStore | None = None,
     resolver: Resolver | None = None,
+    embedder: Embedder | None = None,
 ) -> FastAPI:
     """The app serving `models` as `settings` say (default: `ServerSettings()`, a test or
     in-process server's), over these collaborators:
@@ -99,6 +108,8 @@ def create_app(
     their deployments' handles);
     `blobs`: where uploaded files' contents are kept (default: `settings.files.blob`'s store);
     `resolver`: host names to addresses for `input_file` URLs (default: the machine's; tests).
+    `embedder`: the embedding model of vector stores when it is served (deployments/ passes
+    its `EmbeddingServer` deployment; default: as `settings.vector_stores` names it).
     What the routes share is one `AppContext` (server/context.py), the app's only state."""
     settings = settings or ServerSettings()
     _warm_up()
@@ -116,7 +127,8 @@ def create_app(
     # Without tenants, one shared prefix cache (no salt): the anonymous caller is everyone.
     salt_key = keys[0] if auth is not None else None
     files = _FileServices(blobs if blobs is not None else settings.files.blob.blob_store(environ), settings.files, resolver)
-    tenants = _tenant_states(bounded, settings, guarded, leases, cipher, salt_key, files)
+    vector_stores = vector_store_service(settings.vector_stores, embedder) if settings.vector_stores is not None else None
+    tenants = _tenant_states(bounded, settings, guarded, leases, cipher, salt_key, files, vector_stores)
     replica_limits = settings.replica_limits
     app.state.context = AppContext(
         settings=settings,
@@ -125,7 +137,9 @@ def create_app(
         tenants=tenants,
         metrics=guarded,
         leases=leases,
-        server_tools=server_tools or server_tool_runtime(settings.tools, guarded, bounded, builtin_tools),
+        server_tools=server_tools
+        or server_tool_runtime(settings.tools, guarded, bounded, builtin_tools, file_search=_file_search(tenants)),
+        vector_stores=vector_stores,
         # With tenants, each holds at most its share of the request bytes (without, the one caller has them all).
         request_bytes=ByteBudget(
             replica_limits.max_request_bytes_in_flight,
@@ -192,6 +206,7 @@ def create_app(
     app.include_router(background_routes.router)
     app.include_router(conversations_routes.router)
     app.include_router(files_routes.router)
+    app.include_router(vector_stores_routes.router)
     app.include_router(chat_routes.router)
     app.include_router(completions_routes.router)
     install_openapi(app, served, settings.request_limits)
@@ -212,6 +227,7 @@ def _tenant_states(
     cipher: ReasoningCipher,
     salt_key: str | None,
     files: _FileServices,
+    vector_stores: VectorStores | None = None,
 ) -> dict[str, TenantState]:
     """Every tenant's state, made once per replica: the configured tenants, or the anonymous one
     (`salt_key`: what the tenants' prefix-cache salts are derived from; None: no salts)."""
@@ -233,6 +249,7 @@ def _tenant_states(
             quota = TenantQuota(store, name, QuotaLimits(**limits.model_dump()), leases)
         sealed_for = name if auth is not None else None  # without tenants, blobs are as they always were
         file_store = FileStore(store, name, files.blobs, limits=settings.files.limits(), ttl_s=settings.files.ttl_s)
+        file_inputs = FileInputs(file_store, files.fetcher, files.limits, files.cache, tenant=name)
         tenants[name] = TenantState(
             name,
             responses,
@@ -242,10 +259,59 @@ def _tenant_states(
             quota,
             cipher.for_tenant(sealed_for),
             prefix_cache_salt(salt_key, name) if salt_key is not None else None,
-            file_store,
-            FileInputs(file_store, files.fetcher, files.limits, files.cache, tenant=name),
+            vector_stores=_tenant_vector_stores(vector_stores, store, name, quota, settings, file_store, file_inputs),
+            files=file_store,
+            file_inputs=file_inputs,
         )
     return tenants
+
+
+def _tenant_vector_stores(
+    service: VectorStores | None,
+    store: Store,
+    tenant: str,
+    quota: TenantQuota | None,
+    settings: ServerSettings,
+    file_store: FileStore,
+    file_inputs: FileInputs,
+) -> TenantVectorStores | None:
+    """The tenant's vector stores: its files read as the Files API reads them (`input_file`'s
+    extraction and bounds), embedding counted in its quota."""
+    if service is None or settings.vector_stores is None:
+        return None
+    records = VectorStoreRecords(TenantStore(store, tenant), stale_after_s=settings.vector_stores.ingest_timeout_s * 2)
+
+    async def read(file_id: str) -> tuple[str, str]:
+        file = await file_store.get(file_id)
+        if file is None:
+            raise file_not_found(file_id)
+        extracted = await file_inputs.file_text(file_id, param="file_id")
+        return file.filename, extracted.text
+
+    async def charge(tokens: int) -> None:
+        if quota is not None:
+            await quota.charge(tokens_=tokens)
+
+    return service.for_tenant(records, read, charge)
+
+
+def _file_search(tenants: Mapping[str, TenantState]) -> FileSearchFactory:
+    """`file_search` searches the calling tenant's vector stores."""
+
+    def searcher(tenant: str) -> Searcher | None:
+        state = tenants.get(tenant)
+        stores = state.vector_stores if state is not None else None
+        if stores is None:
+            return None
+
+        async def search(ids: Sequence[str], query: str, max_results: int, ranking: Ranking, filters: Filter | None) -> list[Hit]:
+            return await stores.search(
+                ids, query, max_results=max_results, ranking=ranking, filters=filters, param="tools.vector_store_ids"
+            )
+
+        return search
+
+    return FileSearchFactory(searcher, enabled=any(state.vector_stores is not None for state in tenants.values()))
 
 
 class _FileServices:
@@ -273,6 +339,7 @@ def server_tool_runtime(
     store: Store | None = None,
     builtin: Mapping[str, TransportFactory] | None = None,
     resolver: Resolver | None = None,
+    file_search: FileSearchFactory | None = None,
 ) -> ServerToolRuntime:
     """The server-side tools of `tools:` config: the request's remote MCP servers and the
     built-in tools (`builtin`: the embedded ones' transports, by name: python, browser).
@@ -286,6 +353,7 @@ def server_tool_runtime(
         report=metrics.tool_call_finished,
     )
     factories: list[ToolFactory] = [remote, *builtin_factories(config.builtin, store or MemoryStore(), builtin, resolver)]
+    factories.append(file_search or FileSearchFactory(lambda tenant: None, enabled=False))
     return ServerToolRuntime(factories, max_calls=config.max_calls_per_response, report=metrics.tool_call_finished)
 
 
@@ -303,6 +371,8 @@ async def _drain_background_runs(app: FastAPI) -> AsyncGenerator[None, None]:
     renewer.cancel()
     drain_s = context.settings.background_drain_s
     await asyncio.gather(*(background.drain(drain_s) for background in runs))
+    if context.vector_stores is not None:  # files still queued stay in_progress until they read as failed
+        await context.vector_stores.ingestion.aclose()
 
 
 async def _sweep_forever(runs: list[BackgroundRuns], every_s: float) -> None:

@@ -12,6 +12,7 @@ from starlette.requests import HTTPConnection
 from serve_app.runtime.admission import ByteBudget
 from serve_app.runtime.metrics import GuardedMetrics
 from serve_app.runtime.turn import ServedModel
+from serve_app.runtime.vector_stores import VectorStores
 from serve_app.server.auth import tenant_of
 from serve_app.server.settings import ServerSettings
 from serve_app.server.tenants import TenantState
@@ -63,6 +64,10 @@ class AppContext:
     websocket_turns: KeptBytes
     """The turns all WebSocket connections keep for their next turn, together
     (`settings.replica_limits.max_websocket_kept_bytes`)."""
+
+    vector_stores: VectorStores | None = None
+    """The vector stores' index, embedding model and ingestion workers (None: no Vector
+    Stores API); each tenant's view is its `TenantState.vector_stores`."""
 
     websockets_open: int = 0
     """WebSocket connections to `/v1/responses` open now (routes/websocket.py), at most

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from serve_app.api.limits import DEFAULT_LIMITS, RequestLimits
-from serve_app.config import DEFAULT_SSE_KEEPALIVE_S, AppConfig, AuthConfig, FilesConfig, ReplicaLimits, ToolsConfig
+from serve_app.config import DEFAULT_SSE_KEEPALIVE_S, AppConfig, AuthConfig, FilesConfig, ReplicaLimits, ToolsConfig, VectorStoresConfig
 from serve_app.state.conversations import ConversationLimits
 from serve_app.state.responses import DEFAULT_CACHE_BYTES, DEFAULT_TTL_S
 
@@ -93,6 +93,8 @@ class ServerSettings:
     built-in tools (how the embedded ones are reached: `create_app`'s `builtin_tools`).
     Unused when `create_app` is given a ready `server_tools` runtime."""
 
+    vector_stores: VectorStoresConfig | None = None
+    """The Vector Stores API and `file_search` (None: off)."""
     files: FilesConfig = field(default_factory=FilesConfig)
     """The Files API and `input_file`: where contents are kept (unused when `create_app` is
     given a ready `blobs` store), a tenant's bounds, how much of a file a model reads."""
@@ -126,5 +128,6 @@ class ServerSettings:
             max_stream_duration_s=config.max_stream_duration_s,
             sse_keepalive_s=config.sse_keepalive_s,
             tools=config.tools,
+            vector_stores=config.vector_stores,
             files=config.files,
         )

@@ -16,6 +16,7 @@ from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 from serve_app.core.encrypted_reasoning import ReasoningCipher
 from serve_app.runtime.background import BackgroundRuns
 from serve_app.runtime.files import FileInputs
+from serve_app.runtime.vector_stores import TenantVectorStores
 from serve_app.state.conversations import ConversationStore
 from serve_app.state.files import FileStore
 from serve_app.state.quotas import TenantQuota
@@ -32,6 +33,7 @@ class TenantState:
     quota: TenantQuota | None  # its limits (None: it has none)
     cipher: ReasoningCipher  # its encrypted reasoning: sealed for it, opened for it only
     cache_salt: str | None = None  # its engine prefix cache's (`prefix_cache_salt`; None: shared)
+    vector_stores: TenantVectorStores | None = None  # its vector stores (None: no Vector Stores API)
     files: FileStore | None = None  # its uploads (the Files API; None: no Files API)
     file_inputs: FileInputs | None = None  # what reads its `input_file` parts (None: `file_data` only)
 

@@ -43,6 +43,7 @@ from serve_app.api.items import (
     CustomToolCallItem,
     CustomToolCallOutputItem,
     FilePart,
+    FileSearchCallItem,
     FunctionCallItem,
     FunctionCallOutputItem,
     HistoryItem,
@@ -71,7 +72,7 @@ FINISHED = ("completed", "incomplete", "failed", "cancelled")  # a response's fi
 # stored item is up to `max_text_chars` and a request may name thousands (a request that
 # sent them inline would be over its body limit first).
 MAX_REFERENCED_CHARS = 4 * 1024 * 1024
-BUILTIN_ITEM_TYPES = ("web_search_call", "code_interpreter_call")  # the items whose tool text is kept
+BUILTIN_ITEM_TYPES = ("web_search_call", "code_interpreter_call", "file_search_call")  # the items whose tool text is kept
 
 _INPUT_ITEM = TypeAdapter(StoredInputItem)
 _RESPONSE_ITEM: TypeAdapter[ResponseItem] = TypeAdapter(ResponseItem)
@@ -89,6 +90,7 @@ _ID_PREFIX = {
     "mcp_approval_response": "mcpa",
     "web_search_call": "ws",
     "code_interpreter_call": "ci",
+    "file_search_call": "fs",
 }
 
 
@@ -190,7 +192,12 @@ def output_as_input(response: Response, tool_texts: Mapping[str, str] | None = N
 
 def with_tool_text(item: HistoryItem, tool_texts: Mapping[str, str] | None) -> HistoryItem:
     """A built-in tool's item with what the model read of it, if `tool_texts` has it."""
-    if isinstance(item, WebSearchCallItem | CodeInterpreterCallItem) and tool_texts and item.id and item.id in tool_texts:
+    if (
+        isinstance(item, WebSearchCallItem | CodeInterpreterCallItem | FileSearchCallItem)
+        and tool_texts
+        and item.id
+        and item.id in tool_texts
+    ):
         item._model_text = tool_texts[item.id]
     return item
 
@@ -267,6 +274,8 @@ def _hosted_response_item(item: HistoryItem) -> ResponseItem:
     if isinstance(item, WebSearchCallItem) and item.action is None:
         record["action"] = {"type": "search", "query": ""}
     record.setdefault("status", "completed")
+    if item.type == "file_search_call":
+        record.setdefault("queries", [])
     if item.type == "code_interpreter_call":
         record.setdefault("container_id", "")
     if item.type in ("mcp_list_tools", "mcp_approval_request", "mcp_approval_response"):

@@ -14,10 +14,18 @@ from openai_harmony import Message, Role
 
 from serve_app.api.request import ResponsesRequest
 from serve_app.api.sse import encode_events
-from serve_app.core.citations import CitedPage, annotate
+from serve_app.core.citations import CitedFile, CitedPage, annotate
 from serve_app.core.stream import ResponseStream
 from serve_app.core.tokens import TokenBatch
-from serve_app.core.tool_items import WEB_SEARCH_CALL, CodeInterpreterCallKind, ServerTools, StringArgument, ToolError, ToolOutcome
+from serve_app.core.tool_items import (
+    FILE_SEARCH_CALL,
+    WEB_SEARCH_CALL,
+    CodeInterpreterCallKind,
+    ServerTools,
+    StringArgument,
+    ToolError,
+    ToolOutcome,
+)
 from serve_app.families.harmony import HarmonyParser, render_completion
 from serve_app.families.vocab import harmony_encoding
 from tests.core.test_stream_properties import partition, texts
@@ -114,7 +122,12 @@ def builtin_completions(draw) -> tuple[list[int], list[tuple[str, str]]]:
     tokens = render_completion([Message.from_role_and_content(Role.ASSISTANT, draw(texts)).with_channel("analysis")])
     calls = []
     for _ in range(draw(st.integers(1, 3))):
-        if draw(st.booleans()):
+        choice = draw(st.integers(0, 2))
+        if choice == 2:
+            query = draw(texts)
+            tokens += _builtin_call("file_search", json.dumps({"query": query}))
+            calls.append(("file_search_call", query))
+        elif choice == 1:
             code = draw(code_texts)
             tokens += _builtin_call("python", code)
             calls.append(("code_interpreter_call", code))
@@ -136,7 +149,7 @@ def test_builtin_calls_keep_the_contract_in_any_batching_with_any_outcome(comple
     tokens, calls = completion
     kind = CodeInterpreterCallKind(CONTAINER)
     stream = ResponseStream(REQUEST, parser_factory=HarmonyParser)
-    stream.server_tools = ServerTools(namespaces={"browser": WEB_SEARCH_CALL}, names={"python": kind})
+    stream.server_tools = ServerTools(namespaces={"browser": WEB_SEARCH_CALL}, names={"python": kind, "file_search": FILE_SEARCH_CALL})
     wire = encode_events(stream.start())
     batches = partition(tokens, sizes)
     for index, batch in enumerate(batches):
@@ -151,7 +164,13 @@ def test_builtin_calls_keep_the_contract_in_any_batching_with_any_outcome(comple
             ended = True
             break
         action = {"type": "search", "query": "q", "sources": [{"type": "url", "url": "https://a.example/"}]}
-        item = {"action": action} if call.kind is WEB_SEARCH_CALL else {"outputs": [{"type": "logs", "logs": "out"}]}
+        item = (
+            {"action": action}
+            if call.kind is WEB_SEARCH_CALL
+            else {"results": [{"file_id": "file-1", "filename": "a.txt", "score": 0.5, "text": "out"}]}
+            if call.kind is FILE_SEARCH_CALL
+            else {"outputs": [{"type": "logs", "logs": "out"}]}
+        )
         outcome = (
             ToolOutcome(output="out", model_text="out", item=item)
             if result == "ok"
@@ -163,12 +182,16 @@ def test_builtin_calls_keep_the_contract_in_any_batching_with_any_outcome(comple
         final = render_completion([Message.from_role_and_content(Role.ASSISTANT, answer).with_channel("final")])
         wire += encode_events(stream.feed(TokenBatch(final, finish_reason="stop")))
     terminal = check_stream(parse_sse(wire))
-    made = [item for item in terminal.output if item.type in ("web_search_call", "code_interpreter_call")]
+    made = [item for item in terminal.output if item.type in ("web_search_call", "code_interpreter_call", "file_search_call")]
     assert [item.type for item in made] == [item for item, _ in calls]
     for item, (_, expected) in zip(made, calls, strict=True):
         if item.type == "code_interpreter_call":  # the code exactly as the model wrote it, in the container named at the start
             assert item.code == expected
             assert item.container_id == CONTAINER
+        elif item.type == "file_search_call":  # the query exactly as the model wrote it; results only of a completed search
+            assert item.queries == [expected]
+            assert item.id.startswith("fs_")
+            assert (item.results is not None) == (item.status == "completed")
         else:
             assert (
                 item.action.type == {"search": "search", "open": "open_page", "find": "find_in_page"}[expected]
@@ -248,3 +271,30 @@ def test_pages_the_browser_showed_during_the_response_are_citable_in_its_answer(
     assert [(a.url, part.text[a.start_index : a.end_index]) for a in part.annotations] == [("https://a.example/", "A says so")]
     assert terminal.output[0].action.url == "https://a.example/"
     assert terminal.output[0].status == "completed"
+
+
+FILES = {0: CitedFile(file_id="file-a", filename="a.txt"), 1000: CitedFile(file_id="file-b", filename="b.pdf")}
+file_markers = st.sampled_from(["【0†a.txt】", "【1000†b.pdf】", "【7†c.txt】", "【0†", "】"])
+file_answers = st.lists(st.one_of(texts, file_markers, st.sampled_from([". ", "\n"])), min_size=1, max_size=12).map("".join)
+
+
+@pytest.mark.slow
+@settings(max_examples=150, suppress_health_check=[HealthCheck.too_slow])
+@given(file_answers, st.lists(st.integers(1, 5), max_size=80))
+def test_file_markers_become_file_citations_in_any_batching(answer, sizes):
+    completion = render_completion([Message.from_role_and_content(Role.ASSISTANT, answer).with_channel("final")])
+    expected_text, expected_annotations = annotate(answer, FILES)
+    stream = ResponseStream(REQUEST, parser_factory=HarmonyParser)
+    stream.server_tools = ServerTools(citations=FILES)
+    wire = encode_events(stream.start())
+    batches = partition(completion, sizes)
+    for index, batch in enumerate(batches):
+        wire += encode_events(stream.feed(TokenBatch(batch, finish_reason="stop" if index == len(batches) - 1 else None)))
+    terminal = check_stream(parse_sse(wire))
+    part = terminal.output[0].content[0]
+    assert part.text == expected_text
+    assert [a.model_dump() for a in part.annotations] == [a.model_dump() for a in expected_annotations]
+    for annotation in part.annotations:
+        assert annotation.type == "file_citation"
+        assert 0 <= annotation.index <= len(part.text)
+        assert FILES[{"file-a": 0, "file-b": 1000}[annotation.file_id]].filename == annotation.filename

@@ -122,6 +122,8 @@ def serve_url(tmp_path_factory, metrics_port, session_web, s3_server) -> Iterato
 
     args = {**E2E_ARGS, "models": list(E2E_ARGS["models"])}
     args["tools"] = {**E2E_ARGS["tools"], "builtin": builtin_tools_args(session_web)}
+    # Vector stores: one index directory the two ingress replicas share (one machine).
+    args["vector_stores"] = {"directory": str(tmp_path_factory.mktemp("vector-stores"))}
     blob = {"type": "s3", "endpoint": s3_server.endpoint, "secure": False, "region": "us-east-1", **S3_KEY_ENV}
     args["files"] = {**E2E_ARGS["files"], "blob": blob}
     # The S3 keys reach the replicas as a Secret would: in the environment every process of the cluster inherits.

@@ -338,3 +338,19 @@ def test_embedded_builtin_tools_are_deployments_of_the_app_routed_to_their_state
         check_app_config({"models": [{"name": "a"}], "tools": {"builtin": {"python": {}}}}, autoscaling_schema=None)
     with pytest.raises(ValueError, match="search_url"):
         check_app_config({"models": [{"name": "a"}], "tools": {"builtin": {"browser": {"embedded": {}}}}}, autoscaling_schema=None)
+
+
+def test_a_served_embedding_model_is_a_deployment_of_its_own():
+    """`vector_stores.embedding.type: vllm` binds an `EmbeddingServer` for the ingress; the hashing model binds none."""
+    from deployments.builder import build_app
+
+    served = {"type": "vllm", "model": "smollm2-135m-instruct", "dimensions": 576, "deployment": {"num_replicas": 1}}
+    bound = build_app({"models": [{"name": "a"}], "vector_stores": {"embedding": served}})._bound_deployment
+    embedding = bound.init_args[5]._bound_deployment
+    assert embedding.name == "EmbeddingServer"
+    assert embedding.init_args[0]["model"] == "smollm2-135m-instruct"
+    assert "deployment" not in embedding.init_args[0]
+    hashing = build_app({"models": [{"name": "a"}], "vector_stores": {}})._bound_deployment
+    assert hashing.init_args[5] is None
+    with pytest.raises(Exception, match="needs a 'model'"):
+        build_app({"models": [{"name": "a"}], "vector_stores": {"embedding": {"type": "vllm"}}})

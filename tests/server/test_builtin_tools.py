@@ -322,7 +322,7 @@ def test_by_default_tools_the_server_does_not_run_are_left_out_and_named():
     """Codex sends web_search with every request: a server without the browser (the default
     config) answers, the model is not offered it, and the client can tell: the response's
     tools leave it out and the x-unavailable-tools header names it, streamed or not. A hosted
-    tool no config runs (file_search) is treated the same; function tools stay."""
+    tool this config does not run (file_search without vector_stores) is treated the same; function tools stay."""
     function = {"type": "function", "name": "lookup", "parameters": {"type": "object", "properties": {}}}
     hosted = [{"type": "web_search", "external_web_access": False}, CODE_INTERPRETER, {"type": "file_search", "vector_store_ids": ["vs_1"]}]
     body = {"model": "gpt-oss-replay", "input": "call python print(1)", "tools": [*hosted, function]}

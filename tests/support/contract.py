@@ -23,6 +23,7 @@ _PREFIX = {
     "mcp_approval_request": "mcpr_",
     "web_search_call": "ws_",
     "code_interpreter_call": "ci_",
+    "file_search_call": "fs_",
 }
 # For each item type: the events between its `output_item.added` and `.done`, as a pattern
 # (`*`: any number of, `?`: optional, `a|b`: one of).
@@ -53,6 +54,11 @@ _ITEM_PATTERN = {
         "response.web_search_call.searching?",
         "response.web_search_call.completed?",
     ],
+    "file_search_call": [
+        "response.file_search_call.in_progress",
+        "response.file_search_call.searching?",
+        "response.file_search_call.completed?",
+    ],
     "code_interpreter_call": [
         "response.code_interpreter_call.in_progress",
         "response.code_interpreter_call_code.delta*",
@@ -70,8 +76,16 @@ _DELTA = {
     "response.code_interpreter_call_code.delta",
 }
 _ARGUMENTS_DONE = {"response.function_call_arguments.done", "response.mcp_call_arguments.done"}
-_RUNNING = {"web_search_call": "response.web_search_call.searching", "code_interpreter_call": "response.code_interpreter_call.interpreting"}
-_COMPLETED = {"web_search_call": "response.web_search_call.completed", "code_interpreter_call": "response.code_interpreter_call.completed"}
+_RUNNING = {
+    "web_search_call": "response.web_search_call.searching",
+    "code_interpreter_call": "response.code_interpreter_call.interpreting",
+    "file_search_call": "response.file_search_call.searching",
+}
+_COMPLETED = {
+    "web_search_call": "response.web_search_call.completed",
+    "code_interpreter_call": "response.code_interpreter_call.completed",
+    "file_search_call": "response.file_search_call.completed",
+}
 
 
 def _pattern(steps: list[str]) -> str:
@@ -108,7 +122,7 @@ def _item_text(item: Any) -> str:
         return item.content[0].text
     if item.type == "reasoning":
         return "".join(part.text for part in item.content or [])
-    if item.type in ("mcp_list_tools", "web_search_call"):
+    if item.type in ("mcp_list_tools", "web_search_call", "file_search_call"):
         return ""
     if item.type == "code_interpreter_call":
         return item.code or ""
@@ -219,9 +233,12 @@ def check_stream(raw_events: Iterable[Any], allow_replacement: bool = False) -> 
                 # Sent after the text it annotates, numbered in order.
                 annotation = event.annotation
                 assert event.annotation_index == len(annotations), f"annotation {event.annotation_index} after {len(annotations)}"
-                assert 0 <= annotation.start_index <= annotation.end_index <= len("".join(deltas)), (
-                    f"annotation before its text: {annotation}"
-                )
+                if annotation.type == "file_citation":  # a position: where the marker stood
+                    assert 0 <= annotation.index <= len("".join(deltas)), f"annotation before its text: {annotation}"
+                else:
+                    assert 0 <= annotation.start_index <= annotation.end_index <= len("".join(deltas)), (
+                        f"annotation before its text: {annotation}"
+                    )
                 annotations.append(annotation.model_dump())
             elif event.type.endswith("text.done"):
                 done_text = event.text
@@ -239,7 +256,13 @@ def check_stream(raw_events: Iterable[Any], allow_replacement: bool = False) -> 
         text = "".join(deltas)
         if item_type == "message":
             assert [a.model_dump() for a in done.item.content[0].annotations] == annotations, "streamed annotations differ from the item's"
-        if item_type in ("mcp_approval_request", "mcp_list_tools", "web_search_call", "compaction"):  # nothing of them is streamed
+        if item_type in (
+            "mcp_approval_request",
+            "mcp_list_tools",
+            "web_search_call",
+            "file_search_call",
+            "compaction",
+        ):  # nothing of them is streamed
             assert not deltas, f"{item_type} with deltas"
             assert done_text is None, f"{item_type} with deltas"
         else:
@@ -256,7 +279,7 @@ def check_stream(raw_events: Iterable[Any], allow_replacement: bool = False) -> 
     assert [i.model_dump() for i in terminal.output] == [i.model_dump() for i in items], "the final output differs from the streamed items"
     if expected_status == "completed":
         finished = {"completed", "failed"}  # a server-side call may have failed, and the model went on
-        server_calls = ("mcp_call", "web_search_call", "code_interpreter_call")
+        server_calls = ("mcp_call", "web_search_call", "code_interpreter_call", "file_search_call")
         assert all(getattr(i, "status", "completed") in (finished if i.type in server_calls else {"completed"}) for i in items), (
             "a completed response with an unfinished item"
         )

@@ -261,6 +261,8 @@ async def retrieve_file(file_id: str, request: Request) -> Response:
 async def delete_file(file_id: str, request: Request) -> Response:
     if not await _files(request).delete(file_id):
         raise file_not_found(file_id)
+    if (vector_stores := tenant_state(request).vector_stores) is not None:  # its chunks go too
+        await vector_stores.forget_file(file_id)
     return _json(FileDeleted(id=file_id, object="file", deleted=True).model_dump_json())
 
 

@@ -1,0 +1,416 @@
+"""Vector stores for one app: their metadata (retrieval/stores.py), their files' ingestion,
+and search (hybrid, filtered: retrieval/index.py) — what the Vector Stores API's routes and
+the `file_search` tool both use.
+
+Ingestion runs off the event loop: attaching a file records it `in_progress` and queues it
+(`Ingestion`: a bounded queue per replica, `ingest_workers` tasks; a full queue is a 503
+with `Retry-After`); a worker reads the file's text (the Files API's `file_text`), chunks it
+in a thread, embeds the chunks (in a thread, or on the model's replicas), adds them to the
+index and records the file `completed` with its `usage_bytes` (or `failed` with
+`last_error`). Embedding counts the chunks' tokens in the tenant's `tokens_per_minute`.
+Deleting a file from a store, or a store, removes its index entries.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import logging
+import os
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from openai.types import VectorStore
+from openai.types.vector_stores import VectorStoreFile, VectorStoreFileBatch
+
+from serve_app.api.errors import APIError, invalid_request, server_error, server_full
+from serve_app.api.filters import Filter
+from serve_app.api.vector_stores import AUTO, ChunkingStrategy
+from serve_app.config import VectorStoresConfig
+from serve_app.retrieval.chunking import TokenOffsets, chunk_text, load_token_offsets
+from serve_app.retrieval.embeddings import Embedder, EmbeddingUnavailable, HashingEmbedder
+from serve_app.retrieval.index import EmbeddedIndex, Hit, IndexedChunk, Ranking, VectorIndex
+from serve_app.retrieval.stores import VectorStoreRecords, batch_not_found, file_not_in_store, new_id
+from serve_app.state import StoreUnavailable
+
+logger = logging.getLogger(__name__)
+
+
+class FileUnreadable(Exception):
+    """A file's text cannot be had: `code` is `invalid_file` / `unsupported_file` / `server_error`."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code, self.message = code, message
+
+
+# A tenant's file, read: (filename, text). Raises `APIError` 404 for a file the tenant does
+# not have, `FileUnreadable` for one that is no text.
+FileReader = Callable[[str], Awaitable[tuple[str, str]]]
+Charge = Callable[[int], Awaitable[None]]  # embedding tokens, into the tenant's quota
+
+
+@dataclass(frozen=True, slots=True)
+class VectorStoreLimits:
+    max_stores_per_tenant: int = 100
+    max_files_per_store: int = 10_000
+    max_file_chars: int = 4_000_000
+    max_chunks_per_store: int = 1_000_000
+    ingest_timeout_s: float = 600.0
+    max_search_results: int = 50
+
+
+@dataclass(slots=True)
+class _Job:
+    records: VectorStoreRecords
+    namespace: str
+    vector_store: VectorStore
+    file: VectorStoreFile
+    read: FileReader
+    charge: Charge | None
+    chunking: ChunkingStrategy
+    done: asyncio.Event = field(default_factory=asyncio.Event)
+
+
+class Ingestion:
+    """The replica's ingestion workers and their bounded queue (see the module's docstring)."""
+
+    def __init__(self, service: VectorStores, workers: int, queue: int) -> None:
+        self.service = service
+        self.workers = workers
+        self.queue: asyncio.Queue[_Job] = asyncio.Queue(queue)
+        self._tasks: list[asyncio.Task[None]] = []
+
+    def submit(self, job: _Job) -> None:
+        if not self._tasks:
+            self._tasks = [asyncio.create_task(self._work()) for _ in range(self.workers)]
+        try:
+            self.queue.put_nowait(job)
+        except asyncio.QueueFull:
+            raise server_full("This server is ingesting too many files; retry later.", code="server_busy", retry_after_s=5) from None
+
+    async def _work(self) -> None:
+        while True:
+            job = await self.queue.get()
+            try:
+                await asyncio.wait_for(self.service.ingest(job), self.service.limits.ingest_timeout_s)
+            except TimeoutError:
+                await self.service.finish(job, error=("server_error", "The file's ingestion took too long."))
+            except Exception:  # a worker survives any one file
+                logger.exception("vector store %s: ingesting %s failed", job.vector_store.id, job.file.id)
+                with contextlib.suppress(Exception):
+                    await self.service.finish(job, error=("server_error", "The file could not be ingested."))
+            finally:
+                job.done.set()
+                self.queue.task_done()
+
+    async def drained(self) -> None:
+        """Wait until every queued file is ingested (tests, shutdown)."""
+        await self.queue.join()
+
+    async def aclose(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        self._tasks = []
+
+
+class VectorStores:
+    """The app's vector stores: one index, one embedding model, one chunking tokenizer."""
+
+    def __init__(
+        self,
+        index: VectorIndex,
+        embedder: Embedder,
+        tokenizer: Callable[[], TokenOffsets],
+        limits: VectorStoreLimits | None = None,
+        *,
+        workers: int = 2,
+        queue: int = 1000,
+    ) -> None:
+        self.index, self.embedder, self._tokenizer = index, embedder, tokenizer
+        self.limits = limits or VectorStoreLimits()
+        self.ingestion = Ingestion(self, workers, queue)
+        self._token_offsets: TokenOffsets | None = None
+
+    def tokenizer(self) -> TokenOffsets:
+        if self._token_offsets is None:
+            self._token_offsets = self._tokenizer()
+        return self._token_offsets
+
+    @staticmethod
+    def namespace(records: VectorStoreRecords, vector_store_id: str) -> str:
+        return f"{getattr(records.store, 'tenant', '')}/{vector_store_id}"
+
+    # -- ingestion --
+    async def ingest(self, job: _Job) -> None:
+        try:
+            filename, text = await job.read(job.file.id)
+        except FileUnreadable as exc:
+            await self.finish(job, error=(exc.code, exc.message))
+            return
+        except APIError as exc:
+            await self.finish(job, error=("invalid_file", exc.message))
+            return
+        if len(text) > self.limits.max_file_chars:
+            await self.finish(job, error=("invalid_file", f"The file's text has more than {self.limits.max_file_chars} characters."))
+            return
+        chunks = await asyncio.to_thread(chunk_text, text, self.tokenizer(), job.chunking) if text.strip() else []
+        if not chunks:
+            await self.finish(job, error=("invalid_file", "The file holds no text to search."))
+            return
+        try:
+            vectors = await self.embedder.embed([chunk.text for chunk in chunks])
+        except EmbeddingUnavailable as exc:
+            await self.finish(job, error=("server_error", f"The embedding model could not be reached: {exc}"))
+            return
+        if job.charge is not None:
+            try:
+                await job.charge(sum(chunk.tokens for chunk in chunks))
+            except StoreUnavailable as exc:
+                logger.warning("vector store %s: embedding not counted in the quota: %s", job.vector_store.id, exc.message)
+        attributes = dict(job.file.attributes or {})
+        indexed = [IndexedChunk(job.file.id, filename, chunk.index, chunk.text, attributes) for chunk in chunks]
+        if await self.index.count(job.namespace) + len(indexed) > self.limits.max_chunks_per_store:
+            await self.finish(
+                job, error=("invalid_file", f"The vector store would hold more than {self.limits.max_chunks_per_store} chunks.")
+            )
+            return
+        if await job.records.get_file(job.vector_store.id, job.file.id) is None:  # detached meanwhile
+            return
+        await self.index.add(job.namespace, indexed, vectors)
+        usage = sum(len(chunk.text.encode()) for chunk in chunks) + vectors.nbytes
+        await self.finish(job, usage_bytes=usage)
+
+    async def finish(self, job: _Job, *, usage_bytes: int = 0, error: tuple[str, str] | None = None) -> None:
+        current = await job.records.get_file(job.vector_store.id, job.file.id)
+        if current is None:  # the file was removed while it was ingested: so are its chunks
+            await self.index.remove_file(job.namespace, job.file.id)
+            return
+        update: dict[str, Any] = {"status": "completed", "usage_bytes": usage_bytes, "last_error": None}
+        if error is not None:
+            update = {"status": "failed", "usage_bytes": 0, "last_error": {"code": error[0], "message": error[1]}}
+        await job.records.put_file(job.vector_store, VectorStoreFile.model_validate(current.model_dump() | update))
+
+    # -- one tenant's view --
+    def for_tenant(self, records: VectorStoreRecords, read: FileReader, charge: Charge | None = None) -> TenantVectorStores:
+        return TenantVectorStores(self, records, read, charge)
+
+
+class TenantVectorStores:
+    """One tenant's vector stores: what the routes and the `file_search` tool call."""
+
+    def __init__(self, service: VectorStores, records: VectorStoreRecords, read: FileReader, charge: Charge | None) -> None:
+        self.service, self.records, self.read, self.charge = service, records, read, charge
+
+    def _namespace(self, vector_store_id: str) -> str:
+        return VectorStores.namespace(self.records, vector_store_id)
+
+    async def create(
+        self,
+        *,
+        name: str | None = None,
+        metadata: dict[str, str] | None = None,
+        expires_after: dict[str, Any] | None = None,
+        file_ids: Sequence[str] = (),
+        chunking: ChunkingStrategy = AUTO,
+    ) -> VectorStore:
+        if len(await self.records.ids()) >= self.service.limits.max_stores_per_tenant:
+            await self.records.all()  # prunes deleted and expired ids
+            if len(await self.records.ids()) >= self.service.limits.max_stores_per_tenant:
+                raise invalid_request(
+                    f"This tenant holds {self.service.limits.max_stores_per_tenant} vector stores, the most this server keeps "
+                    "(vector_stores.max_stores_per_tenant): delete one first.",
+                    param="name",
+                )
+        vector_store = await self.records.create(name, metadata, expires_after)
+        for file_id in file_ids:
+            await self.attach(vector_store.id, file_id, chunking=chunking)
+        return await self.records.existing(vector_store.id)
+
+    async def attach(
+        self,
+        vector_store_id: str,
+        file_id: str,
+        *,
+        attributes: dict[str, Any] | None = None,
+        chunking: ChunkingStrategy = AUTO,
+        vector_store: VectorStore | None = None,
+    ) -> VectorStoreFile:
+        """Attach one of the tenant's files: recorded `in_progress`, queued for ingestion."""
+        vector_store = vector_store or await self.active(vector_store_id)
+        existing = await self.records.get_file(vector_store.id, file_id)
+        if existing is None and len(await self.records.file_ids(vector_store.id)) >= self.service.limits.max_files_per_store:
+            raise invalid_request(
+                f"The vector store holds {self.service.limits.max_files_per_store} files, the most this server keeps "
+                "(vector_stores.max_files_per_store).",
+                param="file_id",
+            )
+        file = VectorStoreFile.model_validate(
+            {
+                "id": file_id,
+                "object": "vector_store.file",
+                "created_at": int(time.time()),
+                "vector_store_id": vector_store.id,
+                "status": "in_progress",
+                "usage_bytes": 0,
+                "last_error": None,
+                "attributes": attributes,
+                "chunking_strategy": chunking.as_file_strategy(),
+            }
+        )
+        await self.records.put_file(vector_store, file, new=existing is None)
+        job = _Job(self.records, self._namespace(vector_store.id), vector_store, file, self.read, self.charge, chunking)
+        try:
+            self.service.ingestion.submit(job)
+        except APIError:
+            busy = {"status": "failed", "last_error": {"code": "server_error", "message": "The server was too busy to ingest the file."}}
+            await self.records.put_file(vector_store, VectorStoreFile.model_validate(file.model_dump() | busy))
+            raise
+        return file
+
+    async def active(self, vector_store_id: str, param: str = "vector_store_id") -> VectorStore:
+        """The store, if the tenant has it and it has not expired (a 400 then), marked as used."""
+        vector_store = await self.records.existing(vector_store_id, param)
+        if vector_store.status == "expired":
+            raise invalid_request(f"Vector store '{vector_store_id}' has expired.", param=param, code="vector_store_expired")
+        return await self.records.touch(vector_store)
+
+    async def update(self, vector_store_id: str, changes: dict[str, Any]) -> VectorStore:
+        vector_store = await self.records.existing(vector_store_id)
+        await self.records.touch(vector_store, **changes)
+        return await self.records.existing(vector_store_id)
+
+    async def delete(self, vector_store_id: str) -> bool:
+        if await self.records.get(vector_store_id) is None:
+            return False
+        await self.records.delete(vector_store_id)
+        await self.service.index.drop(self._namespace(vector_store_id))
+        return True
+
+    async def detach(self, vector_store_id: str, file_id: str) -> bool:
+        await self.records.existing(vector_store_id)
+        if not await self.records.delete_file(vector_store_id, file_id):
+            return False
+        await self.service.index.remove_file(self._namespace(vector_store_id), file_id)
+        return True
+
+    async def forget_file(self, file_id: str) -> int:
+        """The tenant deleted the file: detached from each of its stores (its chunks removed);
+        how many held it."""
+        held = 0
+        for vector_store_id in await self.records.ids():
+            if await self.records.get_file(vector_store_id, file_id) is not None:
+                held += await self.detach(vector_store_id, file_id)
+        return held
+
+    async def file(self, vector_store_id: str, file_id: str) -> VectorStoreFile:
+        await self.records.existing(vector_store_id)
+        file = await self.records.get_file(vector_store_id, file_id)
+        if file is None:
+            raise file_not_in_store(file_id, vector_store_id)
+        return file
+
+    async def update_file(self, vector_store_id: str, file_id: str, attributes: dict[str, Any] | None) -> VectorStoreFile:
+        file = await self.file(vector_store_id, file_id)
+        vector_store = await self.records.existing(vector_store_id)
+        updated = file.model_copy(update={"attributes": attributes})
+        await self.records.put_file(vector_store, updated)
+        await self.service.index.set_attributes(self._namespace(vector_store_id), file_id, dict(attributes or {}))
+        return updated
+
+    async def create_batch(
+        self, vector_store_id: str, files: Sequence[tuple[str, dict[str, Any] | None, ChunkingStrategy]]
+    ) -> VectorStoreFileBatch:
+        vector_store = await self.active(vector_store_id)
+        batch = VectorStoreFileBatch.model_validate(
+            {
+                "id": new_id("vsfb"),
+                "object": "vector_store.files_batch",
+                "created_at": int(time.time()),
+                "vector_store_id": vector_store.id,
+                "status": "in_progress",
+                "file_counts": {"in_progress": len(files), "completed": 0, "failed": 0, "cancelled": 0, "total": len(files)},
+            }
+        )
+        await self.records.put_batch(vector_store, batch, [file_id for file_id, _, _ in files])
+        for file_id, attributes, chunking in files:
+            await self.attach(vector_store.id, file_id, attributes=attributes, chunking=chunking, vector_store=vector_store)
+        return await self.batch(vector_store_id, batch.id)
+
+    async def batch(self, vector_store_id: str, batch_id: str) -> VectorStoreFileBatch:
+        return (await self.batch_files(vector_store_id, batch_id))[0]
+
+    async def batch_files(self, vector_store_id: str, batch_id: str) -> tuple[VectorStoreFileBatch, list[VectorStoreFile]]:
+        await self.records.existing(vector_store_id)
+        found = await self.records.get_batch(vector_store_id, batch_id)
+        if found is None:
+            raise batch_not_found(batch_id)
+        return found
+
+    async def cancel_batch(self, vector_store_id: str, batch_id: str) -> VectorStoreFileBatch:
+        """Files of the batch still in progress are cancelled (their chunks are not kept)."""
+        vector_store = await self.records.existing(vector_store_id)
+        _, files = await self.batch_files(vector_store_id, batch_id)
+        await self.records.cancel_batch(vector_store, batch_id)
+        for file in files:
+            if file.status == "in_progress":
+                await self.records.put_file(vector_store, file.model_copy(update={"status": "cancelled"}))
+                await self.service.index.remove_file(self._namespace(vector_store_id), file.id)
+        return await self.batch(vector_store_id, batch_id)
+
+    async def search(
+        self,
+        vector_store_ids: Sequence[str],
+        query: str,
+        *,
+        max_results: int = 10,
+        ranking: Ranking | None = None,
+        filters: Filter | None = None,
+        param: str = "vector_store_id",
+    ) -> list[Hit]:
+        """The best chunks of these stores for `query`, best first (404 for a store the tenant
+        does not have, 400 for an expired one)."""
+        stores = [await self.active(vector_store_id, param) for vector_store_id in vector_store_ids]
+        try:
+            vector = await self.service.embedder.embed([query])
+        except EmbeddingUnavailable as exc:
+            raise server_error(f"The embedding model could not be reached: {exc}", status_code=503) from None
+        hits: list[Hit] = []
+        for vector_store in stores:
+            hits += await self.service.index.search(
+                self._namespace(vector_store.id), query, vector, max_results=max_results, ranking=ranking or Ranking(), filters=filters
+            )
+        hits.sort(key=lambda hit: -hit.score)
+        return hits[:max_results]
+
+
+def vector_store_service(config: VectorStoresConfig, embedder: Embedder | None = None) -> VectorStores:
+    """The app's vector stores as `vector_stores:` config says (the tokenizer loads at the
+    first ingestion); `embedder`: the served embedding model's (`embedding.type: vllm`)."""
+    if config.embedding.type == "vllm" and embedder is None:
+        raise ValueError("vector_stores.embedding.type vllm is served by its EmbeddingServer deployment: build the app with build_app")
+    embedder = embedder or HashingEmbedder(config.embedding.dimensions)
+    index: VectorIndex
+    if config.index == "pgvector":
+        from serve_app.retrieval.pgvector import PgVectorIndex
+
+        assert config.url is not None  # the config requires it
+        index = PgVectorIndex(config.url, embedder.dimensions, password=os.environ.get(config.password_env))
+    else:
+        index = EmbeddedIndex(config.directory, embedder.dimensions)
+    limits = VectorStoreLimits(
+        max_stores_per_tenant=config.max_stores_per_tenant,
+        max_files_per_store=config.max_files_per_store,
+        max_file_chars=config.max_file_chars,
+        max_chunks_per_store=config.max_chunks_per_store,
+        ingest_timeout_s=config.ingest_timeout_s,
+        max_search_results=config.max_search_results,
+    )
+    tokenizer = functools.partial(load_token_offsets, config.tokenizer)
+    return VectorStores(index, embedder, tokenizer, limits, workers=config.ingest_workers, queue=config.ingest_queue)

@@ -1,0 +1,214 @@
+"""Vector stores and `file_search` through HTTP in one process (no Ray), with the `openai`
+SDK: files uploaded, a vector store built from them, searched (hybrid, filters, ranking
+options), and responses that answer with `file_search` and `file_citation` annotations on
+both replay models; tenancy (another tenant's store is a 404) and deletes."""
+
+from __future__ import annotations
+
+import io
+import time
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+from openai.types.responses import ResponseFileSearchToolCall
+
+from serve_app.config import AuthConfig, FilesConfig, ModelConfig, VectorStoresConfig
+from serve_app.config.files import BlobConfig
+from serve_app.engines import make_backend
+from serve_app.engines.replay import ReplayBackend
+from serve_app.runtime.models import served_model
+from serve_app.server.app import ServedModel, ServerSettings, create_app
+from serve_app.state import MemoryStore
+from tests.conftest import QWEN3_REPLAY
+from tests.support.contract import check_stream, parse_sse
+from tests.support.pdfs import text_pdf
+from tests.support.servers import uvicorn_server
+
+pytestmark = pytest.mark.slow  # a server, a tokenizer and several files: seconds
+
+MODELS = ["gpt-oss-replay", "qwen3-replay"]
+KEYS = {"alice": "sk-alice-0123456789abcdef", "bob": "sk-bob-0123456789abcdef"}
+AUTH = AuthConfig.model_validate({"keys": [{"tenant": name, "key_env": name.upper()} for name in KEYS]})
+DOCUMENTS = {
+    "zebras.txt": b"Plains zebras migrate across the Serengeti in July, following the rains and fresh grass.",
+    "budget.md": b"# Budget\n\nThe marketing budget for 2025 is four million euros, approved by the board in March.",
+}
+PDF_TEXT = "The Kubernetes liveness probe restarts a pod after three failed checks."
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    root: Path = tmp_path_factory.mktemp("vs")
+    qwen3 = ModelConfig.model_validate(QWEN3_REPLAY)
+    models = [ServedModel("gpt-oss-replay", ReplayBackend()), served_model(qwen3, make_backend(qwen3.backend))]
+    settings = ServerSettings(
+        auth=AUTH,
+        files=FilesConfig(blob=BlobConfig(path=str(root / "blobs"))),
+        vector_stores=VectorStoresConfig(directory=str(root / "index")),
+    )
+    app = create_app(models, settings, store=MemoryStore(), environ={name.upper(): key for name, key in KEYS.items()})
+    with uvicorn_server(app) as url:
+        yield url
+
+
+def sdk(url: str, tenant: str = "alice") -> openai.OpenAI:
+    return openai.OpenAI(base_url=url, api_key=KEYS[tenant], max_retries=0, timeout=60)
+
+
+def _ready(client: openai.OpenAI, vector_store_id: str) -> None:
+    for _ in range(600):  # polled as clients poll (the SDK's create_and_poll), at most a minute
+        vector_store = client.vector_stores.retrieve(vector_store_id)
+        if vector_store.file_counts.in_progress == 0:
+            return
+        time.sleep(0.1)
+    raise AssertionError("ingestion did not finish")
+
+
+@pytest.fixture(scope="module")
+def store(server):
+    client = sdk(server)
+    files = [client.files.create(file=(name, io.BytesIO(data)), purpose="assistants") for name, data in DOCUMENTS.items()]
+    pdf = client.files.create(file=("probes.pdf", io.BytesIO(text_pdf([PDF_TEXT]))), purpose="assistants")
+    vector_store = client.vector_stores.create(name="docs", file_ids=[f.id for f in files])
+    batch = client.vector_stores.file_batches.create(
+        vector_store.id, files=[{"file_id": pdf.id, "attributes": {"kind": "pdf", "year": 2024}}]
+    )
+    _ready(client, vector_store.id)
+    assert client.vector_stores.file_batches.retrieve(batch.id, vector_store_id=vector_store.id).status == "completed"
+    return {"id": vector_store.id, "files": {f.filename: f.id for f in [*files, pdf]}}
+
+
+def test_a_store_built_from_several_files_is_searched(server, store) -> None:
+    client = sdk(server)
+    vector_store = client.vector_stores.retrieve(store["id"])
+    assert (vector_store.file_counts.completed, vector_store.file_counts.total, vector_store.status) == (3, 3, "completed")
+    assert vector_store.usage_bytes > 0
+    listed = client.vector_stores.files.list(store["id"])
+    assert {f.id for f in listed.data} == set(store["files"].values())
+    assert all(f.status == "completed" and f.chunking_strategy.type == "static" for f in listed.data)
+    page = client.vector_stores.search(store["id"], query="When do zebras migrate?")
+    assert page.data[0].filename == "zebras.txt"
+    assert "Serengeti" in page.data[0].content[0].text
+    assert 0 < page.data[0].score <= 1
+    pdf_only = client.vector_stores.search(store["id"], query="zebras", filters={"key": "kind", "type": "eq", "value": "pdf"})
+    assert [r.filename for r in pdf_only.data] == ["probes.pdf"]
+    semantic = client.vector_stores.search(
+        store["id"],
+        query="liveness probe",
+        ranking_options={"score_threshold": 0.0, "hybrid_search": {"embedding_weight": 1, "text_weight": 0}},
+    )
+    assert semantic.data[0].filename == "probes.pdf"
+
+
+def test_another_tenant_sees_no_store_of_alice(server, store) -> None:
+    bob = sdk(server, "bob")
+    for call in (
+        lambda: bob.vector_stores.retrieve(store["id"]),
+        lambda: bob.vector_stores.search(store["id"], query="zebras"),
+        lambda: bob.vector_stores.files.list(store["id"]),
+        lambda: bob.vector_stores.delete(store["id"]),
+    ):
+        with pytest.raises(openai.NotFoundError):
+            call()
+    assert bob.vector_stores.list().data == []
+    # a file_search of alice's store by bob finds nothing and says why
+    response = bob.responses.create(
+        model="gpt-oss-replay",
+        input='call file_search {"query": "zebras"}',
+        tools=[{"type": "file_search", "vector_store_ids": [store["id"]]}],
+    )
+    call = next(item for item in response.output if item.type == "file_search_call")
+    assert call.status == "failed"
+    assert "zebras.txt" not in response.output_text
+
+
+@pytest.mark.parametrize("model", MODELS)
+def test_a_response_answers_with_file_search_and_cites_the_files(server, store, model: str) -> None:
+    body = {
+        "model": model,
+        "input": 'call file_search {"query": "When do zebras migrate?"}',
+        "tools": [{"type": "file_search", "vector_store_ids": [store["id"]], "max_num_results": 2}],
+        "include": ["file_search_call.results"],
+        "stream": True,
+    }
+    raw = httpx.post(f"{server}/responses", json=body, headers={"Authorization": f"Bearer {KEYS['alice']}"}, timeout=60).content
+    terminal = check_stream(parse_sse(raw))
+    call = next(item for item in terminal.output if item.type == "file_search_call")
+    assert isinstance(call, ResponseFileSearchToolCall)
+    assert call.id.startswith("fs_")
+    assert call.status == "completed"
+    assert call.queries == ["When do zebras migrate?"]
+    assert call.results is not None
+    assert 1 <= len(call.results) <= 2
+    assert call.results[0].filename == "zebras.txt"
+    answer = terminal.output[-1]
+    assert answer.type == "message"
+    text = answer.content[0]
+    assert "Serengeti" in text.text
+    assert "【" not in text.text
+    citations = [a for a in text.annotations if a.type == "file_citation"]
+    assert citations
+    assert citations[0].file_id == store["files"]["zebras.txt"]
+    assert citations[0].filename == "zebras.txt"
+    assert 0 <= citations[0].index <= len(text.text)
+    # the same request, not streamed, answers the same; results only when included
+    plain = sdk(server).responses.create(**{k: v for k, v in body.items() if k not in ("stream", "include")})
+    plain_call = next(item for item in plain.output if item.type == "file_search_call")
+    assert plain_call.results is None
+    assert plain.output_text == text.text
+
+
+def test_deleting_a_file_and_a_store_removes_their_index_entries(server) -> None:
+    client = sdk(server)
+    file = client.files.create(file=("tmp.txt", io.BytesIO(b"Quokkas live on Rottnest Island.")), purpose="assistants")
+    vector_store = client.vector_stores.create(name="tmp", file_ids=[file.id])
+    _ready(client, vector_store.id)
+    assert client.vector_stores.search(vector_store.id, query="quokkas").data
+    assert client.vector_stores.files.delete(file.id, vector_store_id=vector_store.id).deleted
+    assert client.vector_stores.search(vector_store.id, query="quokkas").data == []
+    # deleting the uploaded file takes it out of every store that held it
+    client.vector_stores.files.create(vector_store.id, file_id=file.id)
+    _ready(client, vector_store.id)
+    assert client.vector_stores.search(vector_store.id, query="quokkas").data
+    assert client.files.delete(file.id).deleted
+    assert client.vector_stores.search(vector_store.id, query="quokkas").data == []
+    assert client.vector_stores.files.list(vector_store.id).data == []
+    assert client.vector_stores.delete(vector_store.id).deleted
+    with pytest.raises(openai.NotFoundError):
+        client.vector_stores.search(vector_store.id, query="quokkas")
+
+
+@pytest.mark.parametrize("model", MODELS)
+def test_the_agents_sdk_file_search_tool_unmodified(server, store, model: str) -> None:
+    """The Agents SDK's own `FileSearchTool` (with `include_search_results`): its run sees the
+    search item and the cited answer, and a second turn resends the history (a
+    `file_search_call` input item) as the SDK does."""
+    import asyncio
+
+    from agents import Agent, FileSearchTool, OpenAIResponsesModel, Runner, set_tracing_disabled
+
+    set_tracing_disabled(True)
+
+    async def main() -> None:
+        client = openai.AsyncOpenAI(base_url=server, api_key=KEYS["alice"], max_retries=0, timeout=60)
+        tool = FileSearchTool(vector_store_ids=[store["id"]], max_num_results=3, include_search_results=True)
+        agent = Agent(
+            name="librarian",
+            instructions="Answer from the files.",
+            model=OpenAIResponsesModel(model=model, openai_client=client),
+            tools=[tool],
+        )
+        first = await Runner.run(agent, 'call file_search {"query": "marketing budget 2025"}')
+        calls = [item.raw_item for item in first.new_items if getattr(item.raw_item, "type", None) == "file_search_call"]
+        assert calls
+        assert calls[0].status == "completed"
+        assert calls[0].results
+        assert calls[0].results[0].filename == "budget.md"
+        assert "four million euros" in first.final_output
+        second = await Runner.run(agent, [*first.to_input_list(), {"role": "user", "content": "Thanks!"}])
+        assert second.final_output == "Thanks!"
+        await client.close()
+
+    asyncio.run(main())
