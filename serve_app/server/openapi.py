@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from fastapi import FastAPI
-from openai.types import Completion
+from openai.types import Completion, FileObject
 from openai.types.chat import ChatCompletion
 from openai.types.conversations import Conversation, ConversationItemList
 from openai.types.responses import CompactedResponse, InputTokenCountResponse
@@ -38,6 +38,7 @@ from serve_app.api.json_schema import UNSUPPORTED_KEYWORDS
 from serve_app.api.limits import ID_FIELDS, ITEM_ID_FIELDS, RequestLimits
 from serve_app.api.request import CompactRequest, ResponsesRequest
 from serve_app.runtime.turn import ServedModel
+from serve_app.server.routes.files import MAX_EXPIRES_S, MIN_EXPIRES_S, PURPOSES
 
 __all__ = ["OPERATIONS", "Operation", "Rule", "install_openapi", "openapi_schema"]
 
@@ -106,7 +107,7 @@ _RESPONSES_RULES = (
     Rule(r"background", 400, "`background: true` needs `store: true`"),
     Rule(r"conversation", 400, "at most one of `previous_response_id` and `conversation`"),
 )
-_LEGACY_RULES = (Rule(r"n|best_of|stop|logit_bias|echo|suffix|logprobs|store", 400, "what this server does not do (see the API page)"),)
+_LEGACY_RULES = (Rule(r"n|best_of|logit_bias|suffix|store", 400, "what this server does not do (see the API page)"),)
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,6 +123,7 @@ class Operation:
     body_required: bool = True
     models: Literal["all", "raw_prompts"] | None = "all"
     rules: tuple[Rule, ...] = ()
+    form: Mapping[str, Any] | None = None  # a multipart/form-data body's schema (`body` is None)
 
 
 OPERATIONS: dict[tuple[str, str], Operation] = {
@@ -185,6 +187,28 @@ OPERATIONS: dict[tuple[str, str], Operation] = {
             Rule(r"items.*", 400, "the conversation stays within `store.conversation_max_items` and `..._max_bytes`"),
         ),
     ),
+    ("/v1/files", "post"): Operation(
+        None,
+        FileObject,
+        "Upload a file",
+        models=None,
+        form={
+            "type": "object",
+            "properties": {
+                "file": {"type": "string", "format": "binary"},
+                "purpose": {"enum": list(PURPOSES)},
+                "expires_after[anchor]": {"const": "created_at"},
+                "expires_after[seconds]": {"type": "integer", "minimum": MIN_EXPIRES_S, "maximum": MAX_EXPIRES_S},
+            },
+            "required": ["file", "purpose"],
+            "dependentRequired": {"expires_after[anchor]": ["expires_after[seconds]"], "expires_after[seconds]": ["expires_after[anchor]"]},
+            "additionalProperties": False,
+        },
+        rules=(
+            Rule(r"file", 413, "the file is within files.max_file_bytes"),
+            Rule(r"file", 400, "the tenant's files stay within files.max_bytes_per_tenant and files.max_files_per_tenant"),
+        ),
+    ),
     ("/v1/responses/{response_id}/cancel", "post"): Operation(
         None,
         OpenAIResponse,
@@ -244,6 +268,8 @@ def openapi_schema(generated: dict[str, Any], served: Mapping[str, ServedModel],
             served_names = names if operation.models == "all" else raw if operation.models else None
             tightener.root(components[_ref_name(body)], served_names)
             entry["requestBody"] = {"required": operation.body_required, "content": {"application/json": {"schema": body}}}
+        elif operation.form is not None:
+            entry["requestBody"] = {"required": True, "content": {"multipart/form-data": {"schema": dict(operation.form)}}}
         entry["responses"] = _responses(operation, keys)
         if operation.rules:
             entry["x-unstated-rules"] = [{"param": rule.param, "status": rule.status, "rule": rule.text} for rule in operation.rules]

@@ -177,6 +177,9 @@ def test_a_bad_upload_is_an_openai_shaped_400(server):
     bad_purpose = httpx.post(f"{server}/files", files={"file": ("a.txt", b"hi")}, data={"purpose": "nope"}, headers=headers)
     assert bad_purpose.status_code == 400
     assert bad_purpose.json()["error"]["param"] == "purpose"
+    # A purpose the SDK sends but its FileObject cannot hold: a 400, not the 500 it was.
+    evals = httpx.post(f"{server}/files", files={"file": ("a.txt", b"hi")}, data={"purpose": "evals"}, headers=headers)
+    assert (evals.status_code, evals.json()["error"]["param"]) == (400, "purpose")
     no_file = httpx.post(f"{server}/files", data={"purpose": "user_data"}, headers=headers)
     assert no_file.status_code == 400
     assert no_file.json()["error"]["param"] == "file"

@@ -16,11 +16,11 @@ import contextlib
 import json
 import tempfile
 import unicodedata
-from typing import IO, Any, cast
+from typing import IO, Any, cast, get_args
 
 from fastapi import APIRouter, Request
 from fastapi.responses import Response, StreamingResponse
-from openai.types import FileDeleted
+from openai.types import FileDeleted, FileObject, FilePurpose
 from python_multipart.exceptions import MultipartParseError
 from python_multipart.multipart import MultipartParser, parse_options_header
 
@@ -33,8 +33,9 @@ from serve_app.state.files import FileStore, file_not_found, file_too_large
 
 router = APIRouter()
 
-# What an upload's purpose may be (the SDK's `FilePurpose`).
-PURPOSES = ("assistants", "batch", "fine-tune", "vision", "user_data", "evals")
+# What an upload's purpose may be: the SDK's `FilePurpose` that its `FileObject` can hold
+# ("evals" is a purpose to send but not one a FileObject has: refused, not a 500).
+PURPOSES = tuple(purpose for purpose in get_args(FilePurpose) if purpose in get_args(FileObject.model_fields["purpose"].annotation))
 MAX_FIELD_BYTES = 64 * 1024  # of a form field other than the file
 MAX_PARTS = 16
 MAX_FILENAME_CHARS = 255
