@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal, cast
 
-from openai.types.responses import ResponseCodeInterpreterToolCall, ResponseFunctionWebSearch
+from openai.types.responses import ResponseCodeInterpreterToolCall, ResponseFileSearchToolCall, ResponseFunctionWebSearch
+from openai.types.responses.response_file_search_tool_call import Result as FileSearchResult
 from openai.types.responses.response_output_item import McpCall
 from pydantic import (
     BaseModel,
@@ -245,6 +246,8 @@ class CompactionItem(Lenient):
 _WEB_SEARCH_ACTION: TypeAdapter[Any] = TypeAdapter(cast(Any, ResponseFunctionWebSearch.model_fields["action"].annotation))
 _CODE_OUTPUT: TypeAdapter[Any] = TypeAdapter(cast(Any, ResponseCodeInterpreterToolCall.model_fields["outputs"].annotation))
 _MCP_ERROR: TypeAdapter[Any] = TypeAdapter(cast(Any, McpCall.model_fields["error"].annotation))
+_FILE_SEARCH_RESULTS: TypeAdapter[Any] = TypeAdapter(cast(Any, ResponseFileSearchToolCall.model_fields["results"].annotation))
+_FILE_SEARCH_RESULT_SCHEMA: dict[str, Any] = FileSearchResult.model_json_schema()
 
 
 def _as_the_sdk_types_it(adapter: TypeAdapter[Any], value: Any) -> Any:
@@ -351,8 +354,17 @@ class FileSearchCallItem(Lenient):
     type: Literal["file_search_call"]
     id: str | None = None
     queries: list[str] | None = None
-    status: str | None = None
-    results: list[dict[str, Any]] | None = None
+    status: Literal["in_progress", "searching", "completed", "incomplete", "failed"] | None = None
+    # The SDK's result type, in /openapi.json too.
+    results: list[dict[str, Any]] | None = Field(
+        None, json_schema_extra={"anyOf": [{"type": "array", "items": _FILE_SEARCH_RESULT_SCHEMA}, {"type": "null"}]}
+    )
+
+    @field_validator("results")
+    @classmethod
+    def _typed_results(cls, results: list[dict[str, Any]] | None) -> list[dict[str, Any]] | None:
+        return _as_the_sdk_types_it(_FILE_SEARCH_RESULTS, results)  # type: ignore[no-any-return]
+
     _model_text: str | None = PrivateAttr(default=None)  # as for WebSearchCallItem
 
 

@@ -81,6 +81,7 @@ class Ingestion:
     def __init__(self, service: VectorStores, workers: int, queue: int) -> None:
         self.service = service
         self.workers = workers
+        self.size = queue
         self.queue: asyncio.Queue[_Job] = asyncio.Queue(queue)
         self._tasks: list[asyncio.Task[None]] = []
 
@@ -112,12 +113,16 @@ class Ingestion:
         await self.queue.join()
 
     async def aclose(self) -> None:
+        """End the workers (the app's lifespan ends). Files still queued are left `in_progress`
+        (they read as failed later); an app started again (its next lifespan, maybe on another
+        event loop) starts with an empty queue of its own."""
         for task in self._tasks:
             task.cancel()
         for task in self._tasks:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         self._tasks = []
+        self.queue = asyncio.Queue(self.size)
 
 
 class VectorStores:
@@ -282,7 +287,10 @@ class TenantVectorStores:
         return await self.records.touch(vector_store)
 
     async def update(self, vector_store_id: str, changes: dict[str, Any]) -> VectorStore:
+        """`changes`: the fields an update gave; a null `name` is no name (`""`, as a store created without one)."""
         vector_store = await self.records.existing(vector_store_id)
+        if "name" in changes and changes["name"] is None:
+            changes = {**changes, "name": ""}
         await self.records.touch(vector_store, **changes)
         return await self.records.existing(vector_store_id)
 

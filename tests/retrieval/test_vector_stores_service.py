@@ -142,3 +142,20 @@ def test_an_expired_store_is_refused_and_batches_report_their_files(backend, tok
         await service.ingestion.aclose()
 
     asyncio.run(main())
+
+
+def test_the_service_ingests_again_after_it_was_closed_on_another_event_loop(tmp_path: Path, tokenizer) -> None:
+    """An app's lifespan ends (`aclose`) and a new one starts on another event loop (an app
+    started twice in one process, as in-process tests do): files are ingested there too."""
+    service = _service(EmbeddedIndex(tmp_path, 128), tokenizer)
+    alice = service.for_tenant(VectorStoreRecords(TenantStore(MemoryStore(), "alice")), _read)
+
+    async def ingest_one() -> str:
+        vs = await alice.create(name="docs", file_ids=["file-zebra"])
+        await service.ingestion.drained()
+        status = (await alice.records.existing(vs.id)).status
+        await service.ingestion.aclose()
+        return status
+
+    assert asyncio.run(ingest_one()) == "completed"
+    assert asyncio.run(ingest_one()) == "completed"
