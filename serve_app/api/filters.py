@@ -18,6 +18,21 @@ MAX_FILTER_NODES = 256
 MAX_ATTRIBUTES = 16  # as OpenAI: up to 16 key-value pairs on a file
 MAX_ATTRIBUTE_KEY_CHARS = 64
 MAX_ATTRIBUTE_VALUE_CHARS = 512
+# What `check_attributes` checks, as JSON Schema (/openapi.json): `json_schema_extra` of an
+# `attributes: dict[str, Any] | None` field.
+ATTRIBUTES_FIELD: dict[str, Any] = {
+    "anyOf": [
+        {"type": "null"},
+        {
+            "type": "object",
+            "maxProperties": MAX_ATTRIBUTES,
+            "propertyNames": {"type": "string", "minLength": 1, "maxLength": MAX_ATTRIBUTE_KEY_CHARS},
+            "additionalProperties": {
+                "anyOf": [{"type": "string", "maxLength": MAX_ATTRIBUTE_VALUE_CHARS}, {"type": "number"}, {"type": "boolean"}]
+            },
+        },
+    ]
+}
 
 
 class ComparisonFilter(BaseModel):

@@ -298,6 +298,10 @@ class WebSearchTool(Lenient):
 
 
 class HybridSearch(Lenient):
+    # The schema says what `FileSearchRanking._weights` checks: not both 0.
+    model_config = ConfigDict(
+        extra="ignore", json_schema_extra={"not": {"properties": {"embedding_weight": {"const": 0}, "text_weight": {"const": 0}}}}
+    )
     embedding_weight: float = Field(ge=0)
     text_weight: float = Field(ge=0)
 

@@ -6,9 +6,10 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from openai.types import VectorStoreSearchResponse
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
-from serve_app.api.filters import ComparisonFilter, CompoundFilter, check_attributes, check_filter
+from serve_app.api.filters import ATTRIBUTES_FIELD, ComparisonFilter, CompoundFilter, check_attributes, check_filter
 from serve_app.api.tools import FileSearchRanking
 
 AUTO_MAX_TOKENS = 800
@@ -17,7 +18,18 @@ MIN_CHUNK_TOKENS = 100
 MAX_CHUNK_TOKENS = 4096
 MAX_FILE_IDS = 500  # in one create or batch request (OpenAI: 500)
 MAX_METADATA_KEYS = 16
+MAX_METADATA_KEY_CHARS = 64
+MAX_METADATA_VALUE_CHARS = 512
+MAX_QUERIES = 8
 FileId = Annotated[str, Field(min_length=1, max_length=256)]
+Query = Annotated[str, Field(min_length=1, max_length=4096)]
+# OpenAI's bounds of a vector store's `metadata`, stated in the type (and so in /openapi.json).
+Metadata = dict[Annotated[str, Field(max_length=MAX_METADATA_KEY_CHARS)], Annotated[str, Field(max_length=MAX_METADATA_VALUE_CHARS)]]
+
+
+def _set(name: str) -> dict[str, Any]:
+    """JSON Schema: `name` is given and not null."""
+    return {"required": [name], "properties": {name: {"not": {"type": "null"}}}}
 
 
 class StaticChunking(BaseModel):
@@ -36,7 +48,16 @@ class StaticChunking(BaseModel):
 class ChunkingStrategy(BaseModel):
     """`{"type": "auto"}` or `{"type": "static", "static": {...}}` as a request gives it."""
 
-    model_config = ConfigDict(extra="forbid")
+    # The schema says what `_static_needs_sizes` checks.
+    model_config = ConfigDict(
+        extra="forbid",
+        json_schema_extra={
+            "anyOf": [
+                {"properties": {"type": {"const": "auto"}, "static": {"type": "null"}}},
+                {**_set("static"), "properties": {"type": {"const": "static"}, "static": {"not": {"type": "null"}}}},
+            ]
+        },
+    )
 
     type: Literal["auto", "static"]
     static: StaticChunking | None = None
@@ -70,14 +91,6 @@ class ExpiresAfter(Strict):
     days: int = Field(ge=1, le=365)
 
 
-def _metadata(value: dict[str, str] | None) -> dict[str, str] | None:
-    if value is None:
-        return None
-    if len(value) > MAX_METADATA_KEYS or any(len(k) > 64 or not isinstance(v, str) or len(v) > 512 for k, v in value.items()):
-        raise ValueError("metadata holds at most 16 keys of 64 characters, with string values of 512")
-    return value
-
-
 def _attributes(value: dict[str, Any] | None) -> dict[str, Any] | None:
     return check_attributes(value) if value is not None else None
 
@@ -85,39 +98,35 @@ def _attributes(value: dict[str, Any] | None) -> dict[str, Any] | None:
 class VectorStoreCreate(Strict):
     name: str | None = Field(None, max_length=256)
     description: str | None = Field(None, max_length=512)
-    metadata: dict[str, str] | None = None
+    metadata: Metadata | None = Field(None, max_length=MAX_METADATA_KEYS)
     expires_after: ExpiresAfter | None = None
     file_ids: list[FileId] = Field(default_factory=list, max_length=MAX_FILE_IDS)
     chunking_strategy: ChunkingStrategy | None = None
 
-    _check_metadata = field_validator("metadata")(classmethod(lambda cls, v: _metadata(v)))
-
 
 class VectorStoreUpdate(Strict):
     name: str | None = Field(None, max_length=256)
-    metadata: dict[str, str] | None = None
+    metadata: Metadata | None = Field(None, max_length=MAX_METADATA_KEYS)
     expires_after: ExpiresAfter | None = None
-
-    _check_metadata = field_validator("metadata")(classmethod(lambda cls, v: _metadata(v)))
 
 
 class FileAttach(Strict):
     file_id: FileId
-    attributes: dict[str, Any] | None = None
+    attributes: dict[str, Any] | None = Field(None, json_schema_extra=ATTRIBUTES_FIELD)
     chunking_strategy: ChunkingStrategy | None = None
 
     _check_attributes = field_validator("attributes")(classmethod(lambda cls, v: _attributes(v)))
 
 
 class FileUpdate(Strict):
-    attributes: dict[str, Any] | None
+    attributes: dict[str, Any] | None = Field(json_schema_extra=ATTRIBUTES_FIELD)
 
     _check_attributes = field_validator("attributes")(classmethod(lambda cls, v: _attributes(v)))
 
 
 class BatchFile(Strict):
     file_id: FileId
-    attributes: dict[str, Any] | None = None
+    attributes: dict[str, Any] | None = Field(None, json_schema_extra=ATTRIBUTES_FIELD)
     chunking_strategy: ChunkingStrategy | None = None
 
     _check_attributes = field_validator("attributes")(classmethod(lambda cls, v: _attributes(v)))
@@ -126,18 +135,25 @@ class BatchFile(Strict):
 class BatchCreate(Strict):
     """`file_ids` (with one `attributes` and `chunking_strategy` for all) or `files` (each its own)."""
 
+    # The schema says what `_one_of` checks.
+    model_config = ConfigDict(
+        extra="ignore", json_schema_extra={"anyOf": [_set("file_ids"), _set("files")], "not": {"allOf": [_set("file_ids"), _set("files")]}}
+    )
+
     file_ids: list[FileId] | None = Field(None, min_length=1, max_length=MAX_FILE_IDS)
-    files: list[BatchFile] | None = Field(None, min_length=1, max_length=MAX_FILE_IDS)
-    attributes: dict[str, Any] | None = None
+    files: list[BatchFile] | None = Field(None, min_length=1, max_length=MAX_FILE_IDS, validate_default=True)
+    attributes: dict[str, Any] | None = Field(None, json_schema_extra=ATTRIBUTES_FIELD)
     chunking_strategy: ChunkingStrategy | None = None
 
     _check_attributes = field_validator("attributes")(classmethod(lambda cls, v: _attributes(v)))
 
-    @model_validator(mode="after")
-    def _one_of(self) -> BatchCreate:
-        if (self.file_ids is None) == (self.files is None):
+    @field_validator("files")
+    @classmethod
+    def _one_of(cls, files: list[BatchFile] | None, info: ValidationInfo) -> list[BatchFile] | None:
+        """Exactly one of `file_ids` and `files` (a 400 naming `files`; an invalid `file_ids` is its own 400)."""
+        if "file_ids" in info.data and (info.data["file_ids"] is None) == (files is None):
             raise ValueError("give exactly one of 'file_ids' and 'files'")
-        return self
+        return files
 
     def entries(self) -> list[BatchFile]:
         if self.files is not None:
@@ -146,18 +162,11 @@ class BatchCreate(Strict):
 
 
 class SearchRequest(Strict):
-    query: Annotated[str, Field(min_length=1, max_length=4096)] | list[Annotated[str, Field(min_length=1, max_length=4096)]]
+    query: Query | Annotated[list[Query], Field(min_length=1, max_length=MAX_QUERIES)]
     filters: ComparisonFilter | CompoundFilter | None = None
     max_num_results: int = Field(10, ge=1, le=50)
     ranking_options: FileSearchRanking | None = None
     rewrite_query: bool = False  # accepted; queries are searched as written
-
-    @field_validator("query")
-    @classmethod
-    def _queries(cls, value: str | list[str]) -> str | list[str]:
-        if isinstance(value, list) and not 1 <= len(value) <= 8:
-            raise ValueError("a list of queries holds 1 to 8")
-        return value
 
     @field_validator("filters")
     @classmethod
@@ -167,3 +176,13 @@ class SearchRequest(Strict):
     @property
     def text(self) -> str:
         return self.query if isinstance(self.query, str) else " ".join(self.query)
+
+
+class SearchPage(BaseModel):
+    """A search's answer (`vector_store.search_results.page`: one page, the best results)."""
+
+    object: Literal["vector_store.search_results.page"] = "vector_store.search_results.page"
+    search_query: list[str]
+    data: list[VectorStoreSearchResponse]
+    has_more: bool = False
+    next_page: str | None = None

@@ -22,21 +22,32 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from fastapi import FastAPI
-from openai.types import Completion, FileObject
+from openai.types import Completion, FileObject, VectorStore
 from openai.types.chat import ChatCompletion
 from openai.types.conversations import Conversation, ConversationItemList
 from openai.types.responses import CompactedResponse, InputTokenCountResponse
 from openai.types.responses import Response as OpenAIResponse
 from openai.types.shared import ErrorObject
+from openai.types.vector_stores import VectorStoreFile, VectorStoreFileBatch
 from pydantic import BaseModel
 from pydantic.json_schema import JsonSchemaMode, models_json_schema
 
 from serve_app.api.chat import ChatRequest
 from serve_app.api.completions import CompletionRequest
 from serve_app.api.conversations import ConversationCreate, ConversationUpdate, ItemsCreate
+from serve_app.api.filters import MAX_FILTER_DEPTH, MAX_FILTER_NODES
 from serve_app.api.json_schema import UNSUPPORTED_KEYWORDS
 from serve_app.api.limits import ID_FIELDS, ITEM_ID_FIELDS, RequestLimits
 from serve_app.api.request import CompactRequest, ResponsesRequest
+from serve_app.api.vector_stores import (
+    BatchCreate,
+    FileAttach,
+    FileUpdate,
+    SearchPage,
+    SearchRequest,
+    VectorStoreCreate,
+    VectorStoreUpdate,
+)
 from serve_app.runtime.turn import ServedModel
 from serve_app.server.routes.files import MAX_EXPIRES_S, MIN_EXPIRES_S, PURPOSES
 
@@ -73,8 +84,13 @@ _TOOL_RULES = (
         r"tools",
         400,
         "function and custom tool names (and `namespace.function`) unique; MCP `server_label`s unique and none "
-        "a namespace's name or `functions`; at most one web_search and one code_interpreter tool, whose names "
-        "(`browser`, `python`) no other tool takes",
+        "a namespace's name or `functions`; at most one web_search, one code_interpreter and one file_search "
+        "tool, whose names (`browser`, `python`, `file_search`) no other tool takes",
+    ),
+    Rule(
+        r"tools(\[\d+\].*)?",
+        400,
+        f"a file_search tool's `filters` nest at most {MAX_FILTER_DEPTH} levels and hold at most {MAX_FILTER_NODES} conditions",
     ),
     Rule(r"tools", 400, "`request_limits.max_tools` counts each namespace's functions too"),
     Rule(r"tools\[\d+\](\.tools\[\d+\])?\.parameters", 400, "a function's `parameters` must be a valid JSON Schema of type `object`"),
@@ -106,6 +122,20 @@ _RESPONSES_RULES = (
     *_REFERENCE_RULES,
     Rule(r"background", 400, "`background: true` needs `store: true`"),
     Rule(r"conversation", 400, "at most one of `previous_response_id` and `conversation`"),
+)
+# The Vector Stores API's (server/routes/vector_stores.py).
+_VECTOR_STORES_ON = Rule(r"", 404, "the server's config has `vector_stores` (else every Vector Stores route is a 404)")
+_STORE_RULES = (
+    *_SHAPE_RULES,
+    _VECTOR_STORES_ON,
+    Rule(r"vector_store_id", 404, "`vector_store_id` names a vector store of the caller's"),
+    Rule(r"vector_store_id", 400, "the vector store has not expired"),
+)
+_CHUNKING_RULE = Rule(r"(files\[\d+\]\.)?chunking_strategy.*", 400, "a static `chunking_strategy`'s overlap is at most half its chunk size")
+_ATTACH_RULES = (
+    *_STORE_RULES,
+    _CHUNKING_RULE,
+    Rule(r"file_id", 400, "a vector store holds at most `vector_stores.max_files_per_store` files"),
 )
 _LEGACY_RULES = (Rule(r"n|best_of|logit_bias|suffix|store", 400, "what this server does not do (see the API page)"),)
 
@@ -208,6 +238,53 @@ OPERATIONS: dict[tuple[str, str], Operation] = {
             Rule(r"file", 413, "the file is within files.max_file_bytes"),
             Rule(r"file", 400, "the tenant's files stay within files.max_bytes_per_tenant and files.max_files_per_tenant"),
         ),
+    ),
+    ("/v1/vector_stores", "post"): Operation(
+        VectorStoreCreate,
+        VectorStore,
+        "Create a vector store",
+        body_required=False,
+        models=None,
+        rules=(
+            *_SHAPE_RULES,
+            _VECTOR_STORES_ON,
+            _CHUNKING_RULE,
+            Rule(r"name", 400, "a tenant holds at most `vector_stores.max_stores_per_tenant` vector stores"),
+            Rule(r"file_id", 400, "a vector store holds at most `vector_stores.max_files_per_store` files"),
+        ),
+    ),
+    ("/v1/vector_stores/{vector_store_id}", "post"): Operation(
+        VectorStoreUpdate, VectorStore, "Update a vector store", body_required=False, models=None, rules=_STORE_RULES
+    ),
+    ("/v1/vector_stores/{vector_store_id}/search", "post"): Operation(
+        SearchRequest,
+        SearchPage,
+        "Search a vector store",
+        models=None,
+        rules=(
+            *_STORE_RULES,
+            Rule(r"filters.*", 400, f"`filters` nest at most {MAX_FILTER_DEPTH} levels and hold at most {MAX_FILTER_NODES} conditions"),
+        ),
+    ),
+    ("/v1/vector_stores/{vector_store_id}/files", "post"): Operation(
+        FileAttach, VectorStoreFile, "Attach a file to a vector store", models=None, rules=_ATTACH_RULES
+    ),
+    ("/v1/vector_stores/{vector_store_id}/files/{file_id}", "post"): Operation(
+        FileUpdate,
+        VectorStoreFile,
+        "Update a vector store file's attributes",
+        models=None,
+        rules=(*_STORE_RULES, Rule(r"file_id", 404, "the file is in the vector store")),
+    ),
+    ("/v1/vector_stores/{vector_store_id}/file_batches", "post"): Operation(
+        BatchCreate, VectorStoreFileBatch, "Attach a batch of files to a vector store", models=None, rules=_ATTACH_RULES
+    ),
+    ("/v1/vector_stores/{vector_store_id}/file_batches/{batch_id}/cancel", "post"): Operation(
+        None,
+        VectorStoreFileBatch,
+        "Cancel a file batch",
+        models=None,
+        rules=(_VECTOR_STORES_ON, Rule(r"vector_store_id", 404, "the vector store exists"), Rule(r"batch_id", 404, "the batch exists")),
     ),
     ("/v1/responses/{response_id}/cancel", "post"): Operation(
         None,
@@ -396,10 +473,15 @@ class _Tightener:
                     if name == "tools":
                         self._tool_names(array["items"])
         if "metadata" in properties:
-            for mapping in self._objects(properties["metadata"]):
-                mapping["maxProperties"] = limits.max_metadata_pairs
-                mapping["propertyNames"] = {"type": "string", "maxLength": limits.max_metadata_key_chars}
-                mapping["additionalProperties"] = {"type": "string", "maxLength": limits.max_metadata_value_chars}
+            for mapping in self._objects(properties["metadata"]):  # within the limits and the model's own bounds
+                mapping["maxProperties"] = min(mapping.get("maxProperties", limits.max_metadata_pairs), limits.max_metadata_pairs)
+                for key, limit in [
+                    ("propertyNames", limits.max_metadata_key_chars),
+                    ("additionalProperties", limits.max_metadata_value_chars),
+                ]:
+                    own = mapping.get(key)
+                    bound = own.get("maxLength", limit) if isinstance(own, dict) else limit
+                    mapping[key] = {"type": "string", "maxLength": min(bound, limit)}
         self._walk(node)
 
     def _id(self, node: dict[str, Any]) -> None:

@@ -11,6 +11,8 @@ from fastapi.routing import APIRoute
 from fastapi.testclient import TestClient
 
 from serve_app.api.limits import RequestLimits
+from serve_app.config import FilesConfig, VectorStoresConfig
+from serve_app.config.files import BlobConfig
 from serve_app.engines.replay import ReplayBackend
 from serve_app.server.app import ServedModel, ServerSettings, create_app
 from serve_app.server.openapi import OPERATIONS
@@ -89,6 +91,24 @@ REFUSED = [
     ({**OK, "input": [{"role": "user", "content": "x", "phase": "final_answer"}]}, "input[0]"),
     ({**OK, "input": [{"type": "function_call", "call_id": "c", "name": "f x", "arguments": "{}"}]}, "input[0].name"),
     ({**OK, "text": {"format": {}}}, "text.format"),
+    ({**OK, "tools": [{"type": "file_search", "vector_store_ids": []}]}, "tools[0].vector_store_ids"),
+    (
+        {**OK, "tools": [{"type": "file_search", "vector_store_ids": ["vs_1"], "filters": {"type": "eq", "key": "", "value": 1}}]},
+        "tools[0].filters.key",
+    ),
+    (
+        {
+            **OK,
+            "tools": [
+                {
+                    "type": "file_search",
+                    "vector_store_ids": ["vs_1"],
+                    "ranking_options": {"hybrid_search": {"embedding_weight": 0, "text_weight": 0}},
+                }
+            ],
+        },
+        "tools[0].ranking_options",
+    ),
 ]
 
 
@@ -105,6 +125,14 @@ ACCEPTED = [
     ("/v1/responses", {**OK, "tools": [TOOL], "tool_choice": {"type": "web_search_preview"}, "metadata": {"k": "v"}}),
     ("/v1/responses", {**OK, "input": [{"id": "msg_1", "role": "user", "content": "x"}]}),
     ("/v1/responses", {**OK, "text": {"format": {"type": "json_schema", "name": "n", "schema": {"type": "object"}}}}),
+    (
+        "/v1/responses",
+        {
+            **OK,
+            "tools": [{"type": "file_search", "vector_store_ids": ["vs_1"], "filters": {"type": "in", "key": "k", "value": ["a", 1]}}],
+            "tool_choice": {"type": "file_search"},
+        },
+    ),
     ("/v1/responses/input_tokens", OK),
     ("/v1/responses/compact", {"model": "raw-too", "input": "hello"}),
     (
@@ -123,12 +151,85 @@ def test_what_the_schema_allows_the_server_takes(http, document, path, body):
     assert response.status_code == 200, response.text
 
 
-def test_a_hosted_item_not_as_returned_is_a_400_in_a_conversation_too(http, document):
+NOT_AS_RETURNED = [
+    {"type": "code_interpreter_call", "status": "", "outputs": [{}]},
+    {"type": "file_search_call", "status": "", "queries": []},
+    {"type": "file_search_call", "status": "completed", "queries": ["q"], "results": [{"score": "high"}]},
+]
+
+
+@pytest.mark.parametrize("item", NOT_AS_RETURNED, ids=lambda item: item["type"])
+def test_a_hosted_item_not_as_returned_is_a_400_in_a_conversation_too(http, document, item):
     """Found by the fuzzer: the item was stored, then failed to be shown as the SDK's (a 500)."""
     conversation = http.post("/v1/conversations", json={}).json()["id"]
-    item = {"type": "code_interpreter_call", "status": "", "outputs": [{}]}
     response = http.post(f"/v1/conversations/{conversation}/items", json={"items": [item]})
     assert response.status_code == 400, response.text
     assert response.json()["error"]["param"].startswith("items[0]")
     assert not validator(document, "/v1/conversations/{conversation_id}/items").is_valid({"items": [item]})
     assert http.get(f"/v1/conversations/{conversation}/items").json()["data"] == []
+
+
+@pytest.fixture(scope="module")
+def stores_http(tmp_path_factory):
+    """An app with the Files API in a directory and vector stores."""
+    root = tmp_path_factory.mktemp("openapi-stores")
+    settings = ServerSettings(
+        request_limits=LIMITS,
+        files=FilesConfig(blob=BlobConfig(path=str(root / "blobs"))),
+        vector_stores=VectorStoresConfig(directory=str(root / "index")),
+    )
+    with TestClient(create_app([ServedModel("chat-only", ReplayBackend())], settings)) as client:
+        yield client
+
+
+@pytest.fixture(scope="module")
+def vector_store(stores_http) -> str:
+    return stores_http.post("/v1/vector_stores", json={"name": "docs"}).json()["id"]
+
+
+STATIC = {"type": "static", "static": {"max_chunk_size_tokens": 200, "chunk_overlap_tokens": 50}}
+# Vector Stores bodies the server refuses and the schema states why: (path, body, the server's param).
+STORE_REFUSED = [
+    ("/v1/vector_stores", {"chunking_strategy": {"type": "static"}}, "chunking_strategy"),
+    ("/v1/vector_stores", {"chunking_strategy": {**STATIC, "type": "auto"}}, "chunking_strategy"),
+    ("/v1/vector_stores", {"metadata": {"a": "1", "b": "2", "c": "3", "d": "4"}}, "metadata"),
+    ("/v1/vector_stores/{id}/file_batches", {"file_ids": ["file-1"], "files": [{"file_id": "file-1"}]}, "files"),
+    ("/v1/vector_stores/{id}/file_batches", {}, "files"),
+    ("/v1/vector_stores/{id}/files", {"file_id": "file-1", "attributes": {"k": {"nested": 1}}}, "attributes"),
+    ("/v1/vector_stores/{id}/files", {"file_id": "file-1", "attributes": {"k" * 65: 1}}, "attributes"),
+    ("/v1/vector_stores/{id}/search", {"query": ["q"] * 9}, "query"),
+    ("/v1/vector_stores/{id}/search", {"query": []}, "query"),
+]
+
+
+@pytest.mark.parametrize(("path", "body", "param"), STORE_REFUSED, ids=[f"{path}-{param}" for path, _, param in STORE_REFUSED])
+def test_what_the_vector_stores_api_refuses_the_schema_refuses(stores_http, document, vector_store, path, body, param):
+    response = stores_http.post(path.replace("{id}", vector_store), json=body)
+    assert response.status_code == 400, response.text
+    assert response.json()["error"]["param"] == param
+    assert not validator(document, path.replace("{id}", "{vector_store_id}")).is_valid(body)
+
+
+STORE_ACCEPTED = [
+    ("/v1/vector_stores", {"name": "n", "metadata": {"k": "v"}, "chunking_strategy": STATIC}),
+    ("/v1/vector_stores/{id}", {"name": None, "metadata": None, "expires_after": None}),  # found by the fuzzer: a 500
+    ("/v1/vector_stores/{id}/files", {"file_id": "file-1", "attributes": {"dept": "x", "year": 2025, "draft": False}}),
+    ("/v1/vector_stores/{id}/file_batches", {"files": [{"file_id": "file-2", "chunking_strategy": {"type": "auto"}}]}),
+    (
+        "/v1/vector_stores/{id}/search",
+        {"query": ["zebras", "july"], "filters": {"type": "and", "filters": [{"type": "gte", "key": "year", "value": 2024}]}},
+    ),
+]
+
+
+@pytest.mark.parametrize(("path", "body"), STORE_ACCEPTED, ids=[path for path, _ in STORE_ACCEPTED])
+def test_what_the_vector_stores_schema_allows_the_server_takes(stores_http, document, vector_store, path, body):
+    validator(document, path.replace("{id}", "{vector_store_id}")).validate(body)
+    response = stores_http.post(path.replace("{id}", vector_store), json=body)
+    assert response.status_code == 200, response.text
+
+
+def test_a_vector_store_updated_with_a_null_name_has_none(stores_http, vector_store):
+    updated = stores_http.post(f"/v1/vector_stores/{vector_store}", json={"name": None})
+    assert updated.status_code == 200, updated.text
+    assert updated.json()["name"] == ""

@@ -5,7 +5,7 @@ allows is accepted, unless it breaks one of the operation's `x-unstated-rules` (
 schema cannot state: its 4xx must name a parameter the rule names). The app's request limits
 are small, so the fuzzer reaches them.
 
-Bounded for the fast suite; the `slow` run explores ten times as many requests.
+200 examples of each operation and mode: seconds each, so the test is marked slow.
 """
 
 from __future__ import annotations
@@ -18,7 +18,8 @@ from hypothesis import HealthCheck, given, settings
 from schemathesis import GenerationMode
 
 from serve_app.api.limits import RequestLimits
-from serve_app.config import ModelConfig
+from serve_app.config import FilesConfig, ModelConfig, VectorStoresConfig
+from serve_app.config.files import BlobConfig
 from serve_app.engines import make_backend
 from serve_app.engines.replay import ReplayBackend
 from serve_app.runtime.models import served_model
@@ -44,16 +45,24 @@ EXAMPLES = 200
 
 
 @pytest.fixture(scope="module")
-def app():
+def app(tmp_path_factory):
     """Both families (the qwen3 one from its config, as a Serve replica builds it), both
-    taking raw prompts, one that does not: an anonymous caller without quotas (no 429s)."""
+    taking raw prompts, one that does not: an anonymous caller without quotas (no 429s);
+    files and vector stores in directories of the test's."""
+    root = tmp_path_factory.mktemp("fuzz")
     qwen3 = ModelConfig.model_validate({**QWEN3_REPLAY, "raw_prompts": True})
     models = [
         ServedModel("gpt-oss-replay", ReplayBackend(), raw_prompts=True),
         served_model(qwen3, make_backend(qwen3.backend)),
         ServedModel("templated-only", ReplayBackend()),
     ]
-    return create_app(models, ServerSettings(request_limits=LIMITS, max_request_bytes=256 * 1024))
+    settings = ServerSettings(
+        request_limits=LIMITS,
+        max_request_bytes=256 * 1024,
+        files=FilesConfig(blob=BlobConfig(path=str(root / "blobs"))),
+        vector_stores=VectorStoresConfig(directory=str(root / "index")),
+    )
+    return create_app(models, settings)
 
 
 @pytest.fixture(scope="module")
@@ -63,13 +72,24 @@ def schema(app):
 
 @pytest.fixture(scope="module")
 def stored(app):
-    """A conversation and a finished background response, for the operations on one."""
+    """A conversation, a finished background response, a vector store with a file and a file
+    batch, for the operations on one."""
     from fastapi.testclient import TestClient
 
     with TestClient(app) as http:
         conversation = http.post("/v1/conversations", json={}).json()["id"]
         response = http.post("/v1/responses", json={"model": "gpt-oss-replay", "input": "hi", "background": True}).json()["id"]
-    return {"conversation_id": conversation, "response_id": response}
+        upload = http.post("/v1/files", files={"file": ("notes.txt", b"Zebras migrate in July.")}, data={"purpose": "assistants"})
+        file_id = upload.json()["id"]
+        vector_store = http.post("/v1/vector_stores", json={"name": "notes", "file_ids": [file_id]}).json()["id"]
+        batch = http.post(f"/v1/vector_stores/{vector_store}/file_batches", json={"file_ids": [file_id]}).json()["id"]
+    return {
+        "conversation_id": conversation,
+        "response_id": response,
+        "vector_store_id": vector_store,
+        "file_id": file_id,
+        "batch_id": batch,
+    }
 
 
 def _explain(case, response) -> str:

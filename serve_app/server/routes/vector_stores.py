@@ -12,11 +12,22 @@ from typing import Any, Literal, TypeVar
 
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import Response
+from openai.types import VectorStoreSearchResponse
+from openai.types.vector_store_search_response import Content
 from pydantic import BaseModel
 
 from serve_app.api.errors import APIError
 from serve_app.api.request import parse_body
-from serve_app.api.vector_stores import AUTO, BatchCreate, FileAttach, FileUpdate, SearchRequest, VectorStoreCreate, VectorStoreUpdate
+from serve_app.api.vector_stores import (
+    AUTO,
+    BatchCreate,
+    FileAttach,
+    FileUpdate,
+    SearchPage,
+    SearchRequest,
+    VectorStoreCreate,
+    VectorStoreUpdate,
+)
 from serve_app.runtime.vector_stores import TenantVectorStores
 from serve_app.server.context import tenant_state
 from serve_app.server.rate_headers import COUNTED
@@ -121,17 +132,17 @@ async def search_vector_store(vector_store_id: str, request: Request) -> Respons
         [vector_store_id], body.text, max_results=max_results, ranking=ranking_of_options(body.ranking_options), filters=body.filters
     )
     data = [
-        {
-            "file_id": hit.file_id,
-            "filename": hit.filename,
-            "score": hit.score,
-            "attributes": hit.attributes or None,
-            "content": [{"type": "text", "text": hit.text}],
-        }
+        VectorStoreSearchResponse(
+            file_id=hit.file_id,
+            filename=hit.filename,
+            score=hit.score,
+            attributes=hit.attributes or None,
+            content=[Content(type="text", text=hit.text)],
+        )
         for hit in hits
     ]
     query = body.query if isinstance(body.query, list) else [body.query]
-    return _json({"object": "vector_store.search_results.page", "search_query": query, "data": data, "has_more": False, "next_page": None})
+    return _json(SearchPage(search_query=query, data=data).model_dump_json())
 
 
 # -- files --
