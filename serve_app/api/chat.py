@@ -63,17 +63,32 @@ class ChatFile(Lenient):
     filename: str | None = None
 
 
+class ChatImageURL(Lenient):
+    url: str
+    detail: Literal["low", "high", "auto"] = "auto"
+
+
 class ChatContentPart(Lenient):
-    type: Literal["text", "input_text", "refusal", "file"]
+    type: Literal["text", "input_text", "refusal", "file", "image_url"]
     text: str | None = None
     refusal: str | None = None
     file: ChatFile | None = None
+    image_url: ChatImageURL | None = None
+
+    @model_validator(mode="after")
+    def _image_has_url(self) -> ChatContentPart:
+        if self.type == "image_url" and self.image_url is None:
+            raise ValueError("a content part of type 'image_url' needs its 'image_url' object ({'url': ...})")
+        return self
 
     def as_input_part(self) -> dict[str, Any]:
-        """This part as a Responses content part (`input_text`, or `input_file` for a file)."""
+        """This part as a Responses content part (`input_text`; `input_file` for a file,
+        `input_image` for an image)."""
         if self.type == "file":
             given = self.file.model_dump(exclude_none=True) if self.file is not None else {}
             return {"type": "input_file", **given}
+        if self.type == "image_url" and self.image_url is not None:
+            return {"type": "input_image", "image_url": self.image_url.url, "detail": self.image_url.detail}
         return TextPart(type="input_text", text=self.text or self.refusal or "").model_dump()
 
 
@@ -267,7 +282,7 @@ class ChatRequest(LegacySampling):
                     {"type": "function_call", "call_id": call.id, "name": call.function.name, "arguments": call.function.arguments}
                     for call in message.tool_calls or []
                 )
-            elif isinstance(message.content, list) and any(part.type == "file" for part in message.content):
+            elif isinstance(message.content, list) and any(part.type in ("file", "image_url") for part in message.content):
                 items.append({"role": message.role, "content": [part.as_input_part() for part in message.content]})
             else:
                 items.append({"role": message.role, "content": [TextPart(type="input_text", text=message.text).model_dump()]})

@@ -81,35 +81,60 @@ class FilePart(Lenient):
         return f"[file: {self.name}]\n{body}\n[end of file: {self.name}]"
 
 
+class ImagePart(Lenient):
+    """`input_image`: an image by URL (https, or a base64 `data:` URL) or by `file_id`, kept as
+    the client sent it; read (fetched, decoded, bounded) by `serve_app/runtime/images.py` for
+    vision models only."""
+
+    type: Literal["input_image"]
+    image_url: str | None = None
+    file_id: str | None = None
+    detail: Literal["low", "high", "auto"] = "auto"
+
+    @model_validator(mode="after")
+    def _one_source(self) -> ImagePart:
+        if (self.image_url is None) == (self.file_id is None):
+            raise ValueError("an input_image needs exactly one of 'image_url' and 'file_id'")
+        return self
+
+
 def _part_tag(value: Any) -> str | None:
     kind = value.get("type") if isinstance(value, dict) else getattr(value, "type", None)
     if kind in ("input_text", "output_text"):
         return "part:text"
     if kind == "input_file":
         return "part:file"
+    if kind == "input_image":
+        return "part:image"
     return "part:refusal" if kind == "refusal" else None
 
 
 ContentPart = Annotated[
-    Annotated[TextPart, Tag("part:text")] | Annotated[RefusalPart, Tag("part:refusal")] | Annotated[FilePart, Tag("part:file")],
+    Annotated[TextPart, Tag("part:text")]
+    | Annotated[RefusalPart, Tag("part:refusal")]
+    | Annotated[FilePart, Tag("part:file")]
+    | Annotated[ImagePart, Tag("part:image")],
     Discriminator(
         _part_tag,
         custom_error_type="invalid_value",
         custom_error_message=(
-            "content parts must be of type 'input_text', 'output_text', 'refusal' or 'input_file' "
-            "(images and audio are not supported by this server)"
+            "content parts must be of type 'input_text', 'output_text', 'input_image', 'input_file' or 'refusal' "
+            "(audio is not supported by this server)"
         ),
     ),
 ]
 
 
 def parts_text(content: str | list[ContentPart]) -> str:
-    """The parts as one text; a file stands apart from the text around it (a blank line)."""
+    """The parts as one text (an image has none); a file stands apart from the text around it
+    (a blank line)."""
     if isinstance(content, str):
         return content
     pieces: list[str] = []
     after_file = False
     for part in content:
+        if isinstance(part, ImagePart):
+            continue
         is_file = isinstance(part, FilePart)
         if pieces and (is_file or after_file):
             pieces.append("\n\n")
@@ -120,6 +145,13 @@ def parts_text(content: str | list[ContentPart]) -> str:
 
 def file_parts(content: str | list[ContentPart]) -> list[FilePart]:
     return [] if isinstance(content, str) else [part for part in content if isinstance(part, FilePart)]
+
+
+def image_parts(content: str | list[ContentPart]) -> list[tuple[int, ImagePart]]:
+    """The image parts of a content, with their index in it."""
+    if isinstance(content, str):
+        return []
+    return [(index, part) for index, part in enumerate(content) if isinstance(part, ImagePart)]
 
 
 # --- input items -------------------------------------------------------------------------

@@ -30,6 +30,7 @@ from serve_app.config.models import (
     ReplayBackendConfig,
     RoutingConfig,
     SpeculativeConfig,
+    VisionConfig,
     VLLMBackendConfig,
 )
 from serve_app.config.store import StoreConfig
@@ -250,5 +251,6 @@ __all__ = [
     "TenantLimits",
     "ToolsConfig",
     "VLLMBackendConfig",
+    "VisionConfig",
     "config_problems",
 ]

@@ -32,5 +32,5 @@ async def count_input_tokens(http_request: Request) -> Response:
         raise model_not_found(request.model)
     tenant = tenant_state(http_request)
     rendered = await render_turn(request, model, tenant.responses, tenant.conversations, tenant.cipher, files=tenant.file_inputs)
-    count = InputTokenCountResponse(object="response.input_tokens", input_tokens=len(rendered.prompt))
+    count = InputTokenCountResponse(object="response.input_tokens", input_tokens=rendered.input_tokens)
     return Response(count.model_dump_json(), media_type="application/json")

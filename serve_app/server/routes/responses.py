@@ -238,7 +238,9 @@ async def begin_turn(
             files=tenant.file_inputs,
         )
         if admission is not None:  # and a `context_management` summary written first
-            await admission.charge_tokens(len(turn.prompt) + (turn.compaction_usage.total_tokens if turn.compaction_usage else 0))
+            await admission.charge_tokens(
+                len(turn.prompt) + turn.generation.image_tokens + (turn.compaction_usage.total_tokens if turn.compaction_usage else 0)
+            )
     except BaseException:
         await release(admission)
         raise
