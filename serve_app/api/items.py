@@ -3,6 +3,7 @@ holds them); `item_reference`s are resolved by the state layer before anything i
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Annotated, Any, Literal, cast
 
 from openai.types.responses import ResponseCodeInterpreterToolCall, ResponseFunctionWebSearch
@@ -125,7 +126,21 @@ ContentPart = Annotated[
 ]
 
 
-def parts_text(content: str | list[ContentPart]) -> str:
+# A tool's output (`function_call_output`, `custom_tool_call_output`): text and files, no images.
+ToolOutputPart = Annotated[
+    Annotated[TextPart, Tag("part:text")] | Annotated[RefusalPart, Tag("part:refusal")] | Annotated[FilePart, Tag("part:file")],
+    Discriminator(
+        _part_tag,
+        custom_error_type="invalid_value",
+        custom_error_message=(
+            "tool output parts must be of type 'input_text', 'output_text', 'input_file' or 'refusal' "
+            "(images and audio in tool outputs are not supported by this server)"
+        ),
+    ),
+]
+
+
+def parts_text(content: str | Sequence[ContentPart | ToolOutputPart]) -> str:
     """The parts as one text (an image has none); a file stands apart from the text around it
     (a blank line)."""
     if isinstance(content, str):
@@ -143,11 +158,11 @@ def parts_text(content: str | list[ContentPart]) -> str:
     return "".join(pieces)
 
 
-def file_parts(content: str | list[ContentPart]) -> list[FilePart]:
+def file_parts(content: str | Sequence[ContentPart | ToolOutputPart]) -> list[FilePart]:
     return [] if isinstance(content, str) else [part for part in content if isinstance(part, FilePart)]
 
 
-def image_parts(content: str | list[ContentPart]) -> list[tuple[int, ImagePart]]:
+def image_parts(content: str | Sequence[ContentPart]) -> list[tuple[int, ImagePart]]:
     """The image parts of a content, with their index in it."""
     if isinstance(content, str):
         return []
@@ -203,7 +218,7 @@ class FunctionCallOutputItem(Lenient):
     type: Literal["function_call_output"]
     id: str | None = None
     call_id: str = Field(min_length=1)
-    output: str | list[ContentPart]
+    output: str | list[ToolOutputPart]
 
     @property
     def text(self) -> str:
@@ -225,7 +240,7 @@ class CustomToolCallOutputItem(Lenient):
     type: Literal["custom_tool_call_output"]
     id: str | None = None
     call_id: str = Field(min_length=1)
-    output: str | list[ContentPart]
+    output: str | list[ToolOutputPart]
 
     @property
     def text(self) -> str:

@@ -149,8 +149,16 @@ def test_images_that_cannot_be_read_are_400s_naming_the_part(inprocess_url, part
         (ask(*[image_part(png(4, 4))] * 9), "input[0].content[9]", "at most 8"),
         ([{"role": "system", "content": [image_part(png(4, 4))]}, *ask()], "input[0].content[0]", "user messages only"),
         (ask({"type": "input_image"}), "input[0].content[1]", "exactly one of"),
+        (
+            [
+                {"type": "function_call", "call_id": "c1", "name": "look", "arguments": "{}"},
+                {"type": "function_call_output", "call_id": "c1", "output": [image_part(png(4, 4))]},
+            ],
+            "input[1].output[0]",
+            "images and audio in tool outputs are not supported",
+        ),
     ],
-    ids=["file-id", "too-many", "system-role", "no-source"],
+    ids=["file-id", "too-many", "system-role", "no-source", "tool-output"],
 )
 def test_what_is_not_read_is_a_400_naming_it(inprocess_url, input_, param, says):
     answer = httpx.post(f"{inprocess_url}/responses", json={"model": VISION, "input": input_}, timeout=60)
