@@ -23,7 +23,8 @@ def test_the_seen_size_is_within_the_details_bound_and_keeps_the_aspect(width, h
     seen_width, seen_height = SPEC.seen_size(width, height, detail)
     assert seen_width * seen_height <= max(SPEC.pixel_bound(detail), 1)
     assert (seen_width, seen_height) == (width, height) or width * height > SPEC.pixel_bound(detail)
-    assert seen_width <= width and seen_height <= height  # never scaled up
+    assert seen_width <= width
+    assert seen_height <= height
     if min(seen_width, seen_height) > 1:  # one pixel of rounding on either side
         assert (seen_width - 1) / (seen_height + 1) <= width / height <= (seen_width + 1) / (seen_height - 1)
 
