@@ -14,13 +14,14 @@ LangChain, LiteLLM and the Vercel AI SDK read), never mixed into `content`.
 from __future__ import annotations
 
 import json
+import re
 import time
 from typing import Annotated, Any, Literal
 
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
 from openai.types.completion_usage import CompletionTokensDetails, CompletionUsage, PromptTokensDetails
 from openai.types.responses import Response, ResponseStreamEvent
-from pydantic import ConfigDict, Field, field_validator, model_validator
+from pydantic import ConfigDict, Field, PrivateAttr, field_validator, model_validator
 
 from serve_app.api.errors import invalid_request
 from serve_app.api.items import FUNCTION_NAME_PATTERN, Lenient, TextPart
@@ -215,6 +216,7 @@ class ChatRequest(LegacySampling):
     store: bool | None = None
     service_tier: ServiceTier | None = None
     prompt_cache_key: str | None = None
+    _item_messages: list[int] = PrivateAttr(default_factory=list)  # the message each input item comes from
 
     def refuse_unsupported(self) -> None:
         """What this server does not do, as OpenAI-shaped 400s naming the parameter."""
@@ -266,9 +268,19 @@ class ChatRequest(LegacySampling):
         }
         return parse_request({key: value for key, value in body.items() if value is not None}, limits)
 
+    def message_param(self, param: str | None) -> str | None:
+        """An error's `param` in the Responses request this stands for (`input[k]...`) as the
+        chat request's own (`messages[i]...`): a 400 about an image part names the message's part."""
+        match = re.match(r"input\[(\d+)\]", param or "")
+        if match is None or int(match.group(1)) >= len(self._item_messages):
+            return param
+        return f"messages[{self._item_messages[int(match.group(1))]}]" + (param or "")[match.end() :]
+
     def _items(self) -> list[dict[str, Any]]:
         items: list[dict[str, Any]] = []
+        self._item_messages.clear()
         for index, message in enumerate(self.messages):
+            self._item_messages.extend([index - 1] * (len(items) - len(self._item_messages)))  # the previous message's
             if message.role == "tool":
                 if not message.tool_call_id:
                     raise invalid_request("A tool message needs its 'tool_call_id'.", param=f"messages[{index}].tool_call_id")
@@ -286,6 +298,7 @@ class ChatRequest(LegacySampling):
                 items.append({"role": message.role, "content": [part.as_input_part() for part in message.content]})
             else:
                 items.append({"role": message.role, "content": [TextPart(type="input_text", text=message.text).model_dump()]})
+        self._item_messages.extend([len(self.messages) - 1] * (len(items) - len(self._item_messages)))
         return items
 
 

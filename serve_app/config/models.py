@@ -38,8 +38,8 @@ class EnginePlacement(Strict):
 
 class ReplayBackendConfig(EnginePlacement):
     """A scripted model: `gpt-oss` writes real harmony tokens (`gpt-oss-replay`), `qwen3`
-    writes `<think>`/`<tool_call>` text through SmolLM2's tokenizer (`qwen3-replay`).
-    Placed like a vLLM engine of the same shape (`EnginePlacement`); CPU by default."""
+    writes `<think>`/`<tool_call>` text through SmolLM2's tokenizer (`qwen3-replay`), `qwen3-vl`
+    also sees images and says what it was shown (`qwen3-vl-replay`). Placed like a vLLM engine of the same shape (`EnginePlacement`); CPU by default."""
 
     type: Literal["replay"] = Field("replay", description="selects this backend")
     device: Literal["gpu", "cpu"] = Field("cpu", description="gpu: reserve GPUs like a vLLM engine of this TP x PP (none are used)")

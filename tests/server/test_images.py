@@ -85,8 +85,11 @@ def test_a_text_only_model_refuses_an_image_naming_itself_and_the_part(client, m
     assert f"Model '{model}' does not read images" in error["message"]
     content = [{"type": "text", "text": "x"}, {"type": "image_url", "image_url": {"url": data_url(png(8, 8))}}]
     with pytest.raises(openai.BadRequestError) as chat_refused:
-        client.chat.completions.create(model=model, messages=[{"role": "user", "content": content}])
+        client.chat.completions.create(
+            model=model, messages=[{"role": "system", "content": "be brief"}, {"role": "user", "content": content}]
+        )
     assert f"Model '{model}' does not read images" in chat_refused.value.body["message"]
+    assert chat_refused.value.body["param"] == "messages[1].content[1]"
 
 
 def test_stored_responses_keep_the_image_parts_and_chains_show_them_again(client):
