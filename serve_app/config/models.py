@@ -178,7 +178,10 @@ class VisionConfig(Strict):
     )
     low_detail_pixels: int = Field(512 * 512, ge=1024, description="detail low: the pixel bound (at most max_pixels)")
     max_decode_pixels: int = Field(
-        50_000_000, ge=1024, description="an image whose header claims more pixels is refused before it is decoded (decompression bombs)"
+        25_000_000,
+        ge=1024,
+        description="an image whose header claims more pixels is refused before it is decoded (decompression bombs; "
+        "decoding takes 3 bytes a pixel)",
     )
     token_pixels: int = Field(
         32,

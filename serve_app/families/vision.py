@@ -48,7 +48,7 @@ class VisionSpec:
     max_image_bytes: int = 10 * 1024 * 1024
     max_pixels: int = 1024 * 1024  # detail high/auto: larger images are scaled down to this
     low_detail_pixels: int = 512 * 512  # detail low
-    max_decode_pixels: int = 50_000_000  # a header claiming more is refused before decoding
+    max_decode_pixels: int = 25_000_000  # a header claiming more is refused before decoding
     token_pixels: int = 32
 
     def pixel_bound(self, detail: Detail) -> int:

@@ -113,9 +113,9 @@ def _truncated_png() -> bytes:
     return data[: len(data) // 2]
 
 
-def _bomb_png() -> bytes:
-    """A valid PNG header that claims 100,000 x 100,000 pixels (10 Gpixels), with a tiny body."""
-    header = struct.pack(">IIBBBBB", 100_000, 100_000, 8, 2, 0, 0, 0)
+def _bomb_png(width: int = 100_000, height: int = 100_000) -> bytes:
+    """A valid PNG header that claims `width` x `height` pixels (10 Gpixels), with a tiny body."""
+    header = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
     chunk = b"IHDR" + header
     ihdr = struct.pack(">I", len(header)) + chunk + struct.pack(">I", zlib.crc32(chunk))
     body = zlib.compress(b"\0" * 1024)
@@ -130,12 +130,13 @@ def _bomb_png() -> bytes:
         ({"type": "input_image", "image_url": data_url(b"GIF89a not really")}, "not an image"),
         ({"type": "input_image", "image_url": data_url(b"plain text, no image")}, "not an image"),
         ({"type": "input_image", "image_url": data_url(_bomb_png())}, "too large to decode"),
+        ({"type": "input_image", "image_url": data_url(_bomb_png(6000, 5000))}, "vision.max_decode_pixels"),
         ({"type": "input_image", "image_url": data_url(png(8, 8), "text/plain")}, "data URL of type 'text/plain'"),
         ({"type": "input_image", "image_url": "data:image/png;base64,@@not base64@@"}, "not valid base64"),
         ({"type": "input_image", "image_url": "data:image/png," + "x" * 10}, "base64"),
         ({"type": "input_image", "image_url": "ftp://example.com/cat.png"}, "only http and https"),
     ],
-    ids=["truncated", "wrong-type", "not-an-image", "bomb", "media-type", "bad-base64", "not-base64", "scheme"],
+    ids=["truncated", "wrong-type", "not-an-image", "bomb", "big-header", "media-type", "bad-base64", "not-base64", "scheme"],
 )
 def test_images_that_cannot_be_read_are_400s_naming_the_part(inprocess_url, part, says):
     answer = httpx.post(f"{inprocess_url}/responses", json={"model": VISION, "input": ask(part)}, timeout=60)
