@@ -4,7 +4,8 @@ Every `input_image` part of the conversation (this request's input, and the hist
 `previous_response_id` or `conversation`, which keep the parts as the client sent them) is
 read again for each turn: a base64 `data:` URL decoded, an http(s) URL fetched under the
 egress policy (`Fetcher.fetch_bytes`: public addresses only, every redirect checked, bounded
-in time and bytes), then decoded by Pillow in a worker thread, bounded in time. The model
+in time and bytes), a `file_id` read from the tenant's uploads (the Files API:
+runtime/files.py, bounded in bytes the same), then decoded by Pillow in a worker thread, bounded in time. The model
 sees each image at the size its `detail` allows (`VisionSpec.seen_size`). A text-only model
 answers any image part with a 400 naming the model and the part; so does a part that cannot
 be read, naming why. Images are read in user messages only, `max_images` per request.
@@ -25,6 +26,7 @@ from serve_app.api.items import HistoryItem, ImagePart, MessageItem, image_parts
 from serve_app.api.request import ResponsesRequest
 from serve_app.core.tokens import EngineImage
 from serve_app.families.vision import MEDIA_TYPES, ImageError, VisionSpec, data_url_bytes, decode_image
+from serve_app.runtime.files import FileInputs
 from serve_app.tools.browser.fetch import Fetcher, FetchError, FetchLimits
 from serve_app.tools.browser.policy import FetchPolicy, FetchRefused, HostRules
 from serve_app.tools.egress import Resolver
@@ -61,35 +63,35 @@ class ImageReader:
         limits = FetchLimits(max_bytes=spec.max_image_bytes, timeout_s=fetch_timeout_s, max_redirects=max_redirects)
         return cls(spec, Fetcher(FetchPolicy(HostRules(allow_hosts), resolver), limits), decode_timeout_s)
 
-    async def read(self, part: ImagePart, param: str) -> EngineImage:
-        """The image of `part` as the engine gets it; a 400 naming `param` when it cannot be read."""
-        if part.image_url is None:
-            raise invalid_request(
-                "Images by 'file_id' need the Files API, which this server does not offer yet: send the image as 'image_url' "
-                "(an https URL, or a base64 data URL).",
-                param=f"{param}.file_id",
-                code="unsupported_value",
-            )
-        url = part.image_url
+    async def read(self, part: ImagePart, param: str, files: FileInputs | None = None) -> EngineImage:
+        """The image of `part` as the engine gets it; a 400 naming `param` when it cannot be
+        read. `files`: the tenant's uploads, for an image by `file_id` (None: it has none)."""
         spec = self.spec
+        url = part.image_url
+        where = f"{param}.image_url" if url is not None else f"{param}.file_id"
         try:
-            data = None if url.startswith("data:") else (await self.fetcher.fetch_bytes(url, MEDIA_TYPES)).data
+            if url is None:  # an uploaded file: the same bounds as a URL's bytes
+                assert part.file_id is not None  # ImagePart has exactly one source
+                files = files or FileInputs(None, None)
+                data: bytes | None = await files.uploaded_bytes(part.file_id, spec.max_image_bytes, where, "vision.max_image_bytes")
+            elif url.startswith("data:"):
+                data = None
+            else:
+                data = (await self.fetcher.fetch_bytes(url, MEDIA_TYPES)).data
 
             def decoded() -> tuple[bytes, int, int]:
-                raw = data_url_bytes(url, spec.max_image_bytes) if data is None else data
+                raw = data_url_bytes(url or "", spec.max_image_bytes) if data is None else data
                 image = decode_image(raw, spec)
                 return raw, image.width, image.height
 
             async with asyncio.timeout(self.decode_timeout_s):
                 raw, width, height = await asyncio.to_thread(decoded)
         except (FetchRefused, FetchError) as exc:
-            raise invalid_request(f"The image at {param}.image_url could not be fetched: {exc}", param=f"{param}.image_url") from None
+            raise invalid_request(f"The image at {where} could not be fetched: {exc}", param=where) from None
         except ImageError as exc:
-            raise invalid_request(f"The image at {param}.image_url could not be read: {exc}", param=f"{param}.image_url") from None
+            raise invalid_request(f"The image at {where} could not be read: {exc}", param=where) from None
         except TimeoutError:
-            raise invalid_request(
-                f"The image at {param}.image_url took longer than {self.decode_timeout_s:g} s to decode.", param=f"{param}.image_url"
-            ) from None
+            raise invalid_request(f"The image at {where} took longer than {self.decode_timeout_s:g} s to decode.", param=where) from None
         width, height = spec.seen_size(width, height, part.detail)
         return EngineImage(raw, width, height, spec.image_tokens(width, height))
 
@@ -126,10 +128,17 @@ def _text_only(model_name: str, param: str) -> APIError:
 
 
 async def read_images(
-    request: ResponsesRequest, history: list[HistoryItem], first_input: int, input_count: int, model_name: str, reader: ImageReader | None
+    request: ResponsesRequest,
+    history: list[HistoryItem],
+    first_input: int,
+    input_count: int,
+    model_name: str,
+    reader: ImageReader | None,
+    files: FileInputs | None = None,
 ) -> list[EngineImage]:
     """The images of `history` (the conversation as it will be rendered; this request's input
-    is its `input_count` items from `first_input`), read concurrently, in order."""
+    is its `input_count` items from `first_input`), read concurrently, in order; `files`: the
+    tenant's uploads, which images by `file_id` name."""
     origin = "previous_response_id" if request.previous_response_id is not None else "conversation"
     parts = _image_parts(history, first_input, input_count, origin)
     if not parts:
@@ -146,7 +155,7 @@ async def read_images(
             param=parts[reader.spec.max_images][0],
             code="too_many_images",
         )
-    return list(await asyncio.gather(*(reader.read(part, param) for param, _, part in parts)))
+    return list(await asyncio.gather(*(reader.read(part, param, files) for param, _, part in parts)))
 
 
 def prompt_images(family: object, prompt: list[int], images: list[EngineImage]) -> list[EngineImage]:

@@ -146,7 +146,7 @@ async def render_turn(
     await files.resolve_history(earlier)
     history = open_compactions([*history, *extra], cipher, len(input_items) + len(extra))
     first_input = len(history) - len(extra) - len(input_items)
-    images = await read_images(request, history, first_input, len(input_items), model.name, model.images)
+    images = await read_images(request, history, first_input, len(input_items), model.name, model.images, files)
     tools = server_tools.for_response(request, history, input_items, tenant) if server_tools is not None else None
     offered = tools.offer(request) if tools is not None else request
 

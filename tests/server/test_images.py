@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import base64
 import io
+import random
 import struct
 import zlib
 
@@ -15,6 +16,13 @@ import openai
 import pytest
 from openai import OpenAI
 from PIL import Image
+
+from serve_app.config import BlobConfig, FilesConfig, ModelConfig
+from serve_app.engines import make_backend
+from serve_app.runtime.models import served_model
+from serve_app.server.app import ServerSettings, create_app
+from tests.conftest import QWEN3_VL_REPLAY
+from tests.support.servers import uvicorn_server
 
 VISION = "qwen3-vl-replay"
 
@@ -149,7 +157,6 @@ def test_images_that_cannot_be_read_are_400s_naming_the_part(inprocess_url, part
 @pytest.mark.parametrize(
     ("input_", "param", "says"),
     [
-        (ask({"type": "input_image", "file_id": "file-123"}), "input[0].content[1].file_id", "Files API"),
         (ask(*[image_part(png(4, 4))] * 9), "input[0].content[9]", "at most 8"),
         ([{"role": "system", "content": [image_part(png(4, 4))]}, *ask()], "input[0].content[0]", "user messages only"),
         (ask({"type": "input_image"}), "input[0].content[1]", "exactly one of"),
@@ -162,7 +169,7 @@ def test_images_that_cannot_be_read_are_400s_naming_the_part(inprocess_url, part
             "images and audio in tool outputs are not supported",
         ),
     ],
-    ids=["file-id", "too-many", "system-role", "no-source", "tool-output"],
+    ids=["too-many", "system-role", "no-source", "tool-output"],
 )
 def test_what_is_not_read_is_a_400_naming_it(inprocess_url, input_, param, says):
     answer = httpx.post(f"{inprocess_url}/responses", json={"model": VISION, "input": input_}, timeout=60)
@@ -175,3 +182,51 @@ def test_what_is_not_read_is_a_400_naming_it(inprocess_url, input_, param, says)
 def test_a_user_spelling_the_placeholder_writes_no_image(client):
     response = client.responses.create(model=VISION, input="<|vision_start|><|image_pad|><|vision_end|>")
     assert response.output_text == "<|vision_start|><|image_pad|><|vision_end|>"  # an echo: the prompt holds no placeholder
+
+
+# --- images uploaded through the Files API ---
+
+SMALL_IMAGES = 64 * 1024  # vision.max_image_bytes of the app below
+
+
+@pytest.fixture(scope="module")
+def files_url(tmp_path_factory):
+    """A vision model with small image bounds, and the Files API on a blob directory."""
+    vision = ModelConfig.model_validate({**QWEN3_VL_REPLAY, "vision": {**QWEN3_VL_REPLAY["vision"], "max_image_bytes": SMALL_IMAGES}})
+    blob = BlobConfig(path=str(tmp_path_factory.mktemp("blobs")))
+    app = create_app([served_model(vision, make_backend(vision.backend))], ServerSettings(files=FilesConfig(blob=blob)))
+    with uvicorn_server(app) as url:
+        yield url
+
+
+def test_an_uploaded_image_is_read_by_file_id_under_the_same_bounds(files_url):
+    client = OpenAI(base_url=files_url, api_key="unused", max_retries=0)
+    cat = client.files.create(file=("cat.png", io.BytesIO(png(40, 30))), purpose="vision")
+    response = client.responses.create(model=VISION, input=ask({"type": "input_image", "file_id": cat.id}))
+    assert response.output_text == "I see 1 image: 40x30."
+    mixed = ask({"type": "input_image", "file_id": cat.id, "detail": "low"}, image_part(png(8, 6)))
+    again = client.responses.create(model=VISION, input=mixed, previous_response_id=response.id)  # the stored one is read again
+    assert again.output_text == "I see 2 images: 40x30, 8x6."  # the replay describes the last message's
+
+    noise = Image.frombytes("RGB", (160, 160), random.Random(7).randbytes(160 * 160 * 3))
+    out = io.BytesIO()
+    noise.save(out, "PNG")
+    assert len(out.getvalue()) > SMALL_IMAGES  # an image, but over the model's bound
+    uploads = {
+        "big": client.files.create(file=("noise.png", io.BytesIO(out.getvalue())), purpose="vision").id,
+        "text": client.files.create(file=("notes.txt", io.BytesIO(b"no image here")), purpose="user_data").id,
+        "bomb": client.files.create(file=("bomb.png", io.BytesIO(_bomb_png())), purpose="vision").id,
+    }
+    for name, says, code in [
+        ("big", f"more than {SMALL_IMAGES} bytes (vision.max_image_bytes)", "file_too_large"),
+        ("text", "not an image", "invalid_value"),
+        ("bomb", "too large to decode", "invalid_value"),
+    ]:
+        with pytest.raises(openai.BadRequestError) as error:
+            client.responses.create(model=VISION, input=ask({"type": "input_image", "file_id": uploads[name]}))
+        assert error.value.body["param"] == "input[0].content[1].file_id", name
+        assert says in error.value.body["message"], name
+        assert error.value.body["code"] == code, name
+    with pytest.raises(openai.NotFoundError) as missing:
+        client.responses.create(model=VISION, input=ask({"type": "input_image", "file_id": "file-nope"}))
+    assert missing.value.body["param"] == "input[0].content[1].file_id"
