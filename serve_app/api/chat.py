@@ -26,7 +26,7 @@ from pydantic import ConfigDict, Field, PrivateAttr, field_validator, model_vali
 from serve_app.api.errors import invalid_request
 from serve_app.api.items import FUNCTION_NAME_PATTERN, Lenient, TextPart
 from serve_app.api.json_schema import OBJECT_SCHEMA_FIELD, SCHEMA_FIELD
-from serve_app.api.limits import DEFAULT_LIMITS, RequestLimits
+from serve_app.api.limits import DEFAULT_LIMITS, IMAGE_URL_FIELD, RequestLimits
 from serve_app.api.request import ResponsesRequest, parse_body, parse_request
 from serve_app.api.service_tier import ServiceTier
 
@@ -65,7 +65,7 @@ class ChatFile(Lenient):
 
 
 class ChatImageURL(Lenient):
-    url: str
+    url: str = Field(json_schema_extra=IMAGE_URL_FIELD)
     detail: Literal["low", "high", "auto"] = "auto"
 
 

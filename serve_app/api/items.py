@@ -21,6 +21,8 @@ from pydantic import (
     model_validator,
 )
 
+from serve_app.api.limits import IMAGE_URL_FIELD
+
 FUNCTION_NAME_PATTERN = r"^[a-zA-Z0-9_\-]{1,64}$"
 # The name of what an earlier call called (a function, a namespace, an MCP server or tool):
 # rendered into a harmony header (`to=NAMESPACE.NAME`), where a space or other punctuation
@@ -47,12 +49,19 @@ class RefusalPart(Lenient):
     refusal: str
 
 
+def _given(field: str) -> dict[str, Any]:
+    """A JSON Schema saying that an object has `field`, not null (one branch of a `oneOf`)."""
+    return {"type": "object", "required": [field], "properties": {field: {"not": {"type": "null"}}}}
+
+
 class FilePart(Lenient):
     """`input_file`: a document for the model, by exactly one of `file_id` (the Files API),
     `file_data` (base64, a data URL or bare) or `file_url` (fetched under the egress policy).
     The runtime reads it into text before anything is rendered (runtime/files.py sets
     `_text`); the families render that text as the user's own words."""
 
+    # The schema says what `_one_source` checks.
+    model_config = ConfigDict(extra="ignore", json_schema_extra={"oneOf": [_given("file_id"), _given("file_data"), _given("file_url")]})
     type: Literal["input_file"]
     file_id: str | None = None
     file_data: str | None = None
@@ -87,8 +96,10 @@ class ImagePart(Lenient):
     the client sent it; read (fetched, decoded, bounded) by `serve_app/runtime/images.py` for
     vision models only."""
 
+    # The schema says what `_one_source` checks.
+    model_config = ConfigDict(extra="ignore", json_schema_extra={"oneOf": [_given("image_url"), _given("file_id")]})
     type: Literal["input_image"]
-    image_url: str | None = None
+    image_url: str | None = Field(default=None, json_schema_extra=IMAGE_URL_FIELD)
     file_id: str | None = None
     detail: Literal["low", "high", "auto"] = "auto"
 

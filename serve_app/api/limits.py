@@ -69,6 +69,10 @@ class RequestLimits(BaseModel):
 
 DEFAULT_LIMITS = RequestLimits()
 
+# The schema of a field holding an image's URL (`input_image.image_url`, Chat Completions'
+# `image_url.url`): bounded by `max_image_url_chars`, not `max_text_chars` (server/openapi.py).
+IMAGE_URL_FIELD: dict[str, Any] = {"x-image-url": True}
+
 
 # --- decoding ------------------------------------------------------------------------------
 
