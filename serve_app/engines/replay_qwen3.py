@@ -56,7 +56,7 @@ def _offered_functions(system: str) -> dict[str, bool]:
     block = _TOOLS.search(system)
     if block is None:
         return {}
-    functions = [json.loads(line)["function"] for line in block.group(1).splitlines() if line.strip()]
+    functions = [json.loads(line)["function"] for line in block.group(1).split("\n") if line.strip()]
     return {function["name"]: _is_custom(function.get("parameters") or {}) for function in functions}
 
 
