@@ -16,7 +16,7 @@ from tests.support.contract import parse_sse
 from tests.support.servers import uvicorn_server
 from tests.support.tenant_scenarios import bearer
 
-KEYS = {name: f"sk-{name}-0123456789abcdef" for name in ("burst", "busy", "tokens", "free", "socket", "metered")}
+KEYS = {name: f"sk-{name}-0123456789abcdef" for name in ("burst", "busy", "tokens", "free", "socket", "metered", "single", "pair")}
 AUTH = AuthConfig.model_validate(
     {
         "keys": [
@@ -26,6 +26,8 @@ AUTH = AuthConfig.model_validate(
             {"tenant": "free", "key_env": "FREE"},
             {"tenant": "socket", "key_env": "SOCKET", "limits": {"requests_per_minute": 1}},
             {"tenant": "metered", "key_env": "METERED", "limits": {"requests_per_minute": 3, "tokens_per_minute": 1_000_000}},
+            {"tenant": "single", "key_env": "SINGLE", "limits": {"max_concurrent_requests": 1}},
+            {"tenant": "pair", "key_env": "PAIR", "limits": {"max_concurrent_requests": 2}},
         ]
     }
 )
@@ -72,6 +74,10 @@ def test_requests_per_minute_holds_across_replicas_and_the_sdk_retries(replica_u
 
 def test_max_concurrent_requests_holds_across_replicas(replica_urls):
     tenant_scenarios.max_concurrent_requests_refuses_the_next(replica_urls[0], KEYS["busy"], "slow", limit=2)
+
+
+def test_followers_of_background_responses_hold_concurrent_places(replica_urls):
+    tenant_scenarios.followers_hold_concurrent_places(replica_urls[0], replica_urls[1], KEYS["single"], KEYS["pair"], "slow")
 
 
 def test_max_background_refuses_the_next(replica_urls):
