@@ -284,6 +284,7 @@ class _Subscriber:
         self._pubsub: Any = None  # redis.asyncio.client.PubSub, made on the first wait
         self._reader: asyncio.Task[None] | None = None
         self._waiters: dict[bytes, set[asyncio.Queue[int]]] = {}
+        self._commands = asyncio.Lock()  # one (un)subscribe at a time on the connection: concurrent writes broke it
 
     @contextlib.asynccontextmanager
     async def waiting(self, channel: bytes) -> AsyncIterator[asyncio.Queue[int]]:
@@ -306,7 +307,8 @@ class _Subscriber:
         try:
             if self._pubsub is None:
                 self._pubsub = self._client.pubsub()
-            await self._pubsub.subscribe(channel)
+            async with self._commands:
+                await self._pubsub.subscribe(channel)
             if self._reader is None or self._reader.done():
                 self._reader = asyncio.create_task(self._read(), name="redis store notifications")
         except (redis_errors.RedisError, OSError) as exc:
@@ -315,7 +317,8 @@ class _Subscriber:
     async def _unsubscribe(self, channel: bytes) -> None:
         if self._pubsub is not None:
             with contextlib.suppress(redis_errors.RedisError, OSError):
-                await self._pubsub.unsubscribe(channel)
+                async with self._commands:
+                    await self._pubsub.unsubscribe(channel)
 
     async def _read(self) -> None:
         while True:

@@ -198,3 +198,14 @@ async def test_an_append_wakes_every_waiter_of_its_key_and_no_other(store: Store
     await asyncio.sleep(0.2)
     await store.append("log", [b"d"], ttl_s=60)
     assert await asyncio.wait_for(again, DEADLINE_S) == 4
+
+
+async def test_waiters_of_many_keys_at_once_are_each_woken_by_their_own_append(store: Store):
+    """Fifty keys subscribed at the same moment (one subscriber connection for all, on Redis)."""
+    keys = [f"log{n}" for n in range(50)]
+    waiters = [asyncio.create_task(store.wait_length(key, 0, NEVER_S)) for key in keys]
+    await asyncio.sleep(0.2)
+    assert not any(waiter.done() for waiter in waiters)
+    for n, key in enumerate(keys):
+        await store.append(key, [b"x"] * (n + 1), ttl_s=60)
+    assert await asyncio.wait_for(asyncio.gather(*waiters), DEADLINE_S) == [n + 1 for n in range(50)]
