@@ -39,7 +39,8 @@ the same honest traffic for `--seconds` while the attacker, at once: counts the 
 pathological strings (long runs of one multi-byte character, digits, whitespace) at
 `/v1/responses/input_tokens` and asks responses of them; sends bodies slowly (headers, then a
 few bytes every half second); and floods WebSocket connections with `response.create`
-messages of 30 KB. Each honest stream is checked whole, as above. Meanwhile a probe in the
+messages of 30 KB (the attacker's clients run in a process of their own). Each honest stream
+is checked whole, as above. Meanwhile a probe in the
 ingress replica measures its event loop (`ResponsesIngress.loop_lag`: the longest late
 wake-up of a 5 ms timer). The last line:
 
@@ -54,9 +55,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 import collections
+import concurrent.futures
 import contextlib
 import hashlib
 import json
+import multiprocessing
 import sys
 import tempfile
 import time
@@ -313,23 +316,41 @@ async def _websocket_flood(url: str, deadline: float, seen: collections.Counter[
                 await asyncio.sleep(0.2)
 
 
-async def attack(url: str, seconds: float) -> collections.Counter[str]:
-    """The attacker's whole mix for `seconds`; what it was answered, counted."""
+ATTACKS = ("strings", "slow", "websocket")
+
+
+async def attack(url: str, seconds: float, attacks: tuple[str, ...] = ATTACKS) -> collections.Counter[str]:
+    """The attacker's mix (`attacks`: all of `ATTACKS` by default) for `seconds`; what it was answered, counted."""
     seen: collections.Counter[str] = collections.Counter()
     deadline = time.monotonic() + seconds
     host, port = url.removeprefix("http://").split("/")[0].split(":")
     async with aiohttp.ClientSession(headers=bearer(ATTACKER_KEY), timeout=aiohttp.ClientTimeout(total=120)) as session:
-        await asyncio.gather(
-            *(_pathological(session, url, deadline, seen, "responses/input_tokens") for _ in range(2)),
-            _pathological(session, url, deadline, seen, "responses"),
-            *(_slow_body(host, int(port), deadline, seen) for _ in range(8)),
-            *(_websocket_flood(url, deadline, seen) for _ in range(2)),
-        )
+        clients = []
+        if "strings" in attacks:
+            clients += [_pathological(session, url, deadline, seen, "responses/input_tokens") for _ in range(2)]
+            clients.append(_pathological(session, url, deadline, seen, "responses"))
+        if "slow" in attacks:
+            clients += [_slow_body(host, int(port), deadline, seen) for _ in range(8)]
+        if "websocket" in attacks:
+            clients += [_websocket_flood(url, deadline, seen) for _ in range(2)]
+        await asyncio.gather(*clients)
     return seen
 
 
-async def under_attack(url: str, concurrency: int, seconds: float) -> tuple[Phase, collections.Counter[str]]:
-    phase, seen = await asyncio.gather(honest(url, concurrency, seconds), attack(url, seconds))
+def _attack_in_process(url: str, seconds: float, attacks: tuple[str, ...]) -> collections.Counter[str]:
+    return asyncio.run(attack(url, seconds, attacks))
+
+
+async def under_attack(
+    url: str, concurrency: int, seconds: float, attacks: tuple[str, ...] = ATTACKS
+) -> tuple[Phase, collections.Counter[str]]:
+    """The honest traffic here, the attack in a process of its own: its clients' work (tens of
+    thousands of answers to read) must not delay the honest tenant's own event loop, whose
+    clock measures the honest streams."""
+    loop = asyncio.get_running_loop()
+    with concurrent.futures.ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
+        attacked = loop.run_in_executor(pool, _attack_in_process, url, seconds, attacks)
+        phase, seen = await asyncio.gather(honest(url, concurrency, seconds), attacked)
     return phase, seen
 
 
@@ -374,7 +395,7 @@ def run_hostile(args: argparse.Namespace) -> None:
         base = asyncio.run(honest(url, concurrency, args.seconds / 2))
         lag["unloaded"] = probe.loop_lag.remote().result(timeout_s=60)
         print(f"unloaded: {len(base.outcomes)} honest streams; now under attack for {args.seconds:g} s", file=sys.stderr)
-        loaded, seen = asyncio.run(under_attack(url, concurrency, args.seconds))
+        loaded, seen = asyncio.run(under_attack(url, concurrency, args.seconds, tuple(args.attacks.split(","))))
         lag["attacked"] = probe.loop_lag.remote().result(timeout_s=60)
     finally:
         if replicas is not None:
@@ -419,6 +440,7 @@ def main() -> None:
     parser.add_argument("--step-ms", type=float, default=20.0, help="the replay engine's time per token")
     parser.add_argument("--port", type=int, default=8767)
     parser.add_argument("--hostile", action="store_true", help="one tenant attacking beside another's honest traffic")
+    parser.add_argument("--attacks", default=",".join(ATTACKS), help="with --hostile: the attacks, of " + ", ".join(ATTACKS))
     args = parser.parse_args()
     if args.hostile:
         run_hostile(args)
