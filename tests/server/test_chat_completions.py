@@ -91,7 +91,9 @@ def test_a_tool_described_with_a_line_separator_is_still_offered(client, model, 
     """Unicode line separators inside a tool's JSON are text, not the template's lines (the
     qwen3 replay split them as lines: a 503, found by the schema fuzzer)."""
     tool = {"type": "function", "function": {**LOOKUP["function"], "description": f"a{separator}b"}}
-    answer = client.chat.completions.create(model=model, messages=[{"role": "user", "content": 'call lookup {"city": "Oslo"}'}], tools=[tool])
+    answer = client.chat.completions.create(
+        model=model, messages=[{"role": "user", "content": 'call lookup {"city": "Oslo"}'}], tools=[tool]
+    )
     assert answer.choices[0].finish_reason == "tool_calls"
 
 
