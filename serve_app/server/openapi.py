@@ -113,7 +113,7 @@ _MEDIA_RULES = (
         400,
         "an `input_file` must be a readable document (PDF or text) within `files.input`, fetched under the egress policy by URL",
     ),
-    Rule(r"input\[\d+\]\.content\[\d+\]\.file_id", 404, "an `input_image` or `input_file` `file_id` names a file of the caller's"),
+    Rule(r"input\[\d+\]\.(content|output)\[\d+\]\.file_id", 404, "an `input_image` or `input_file` `file_id` names a file of the caller's"),
 )
 _RESPONSES_RULES = (
     *_SHAPE_RULES,
