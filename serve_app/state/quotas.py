@@ -201,13 +201,18 @@ class TenantQuota:
         weakref.finalize(admission, _stop_renewing, self.keeper, self.store.prefix, admission.holder, admission.leases)
         return admission
 
-    async def take_request(self) -> dict[str, str]:
+    async def take_request(self, *, tokens: bool = False) -> dict[str, str]:
         """One request of a route that writes or computes but holds no place (conversation
         writes, `input_tokens`): taken from `requests_per_minute` (none: nothing taken), or
-        `RateLimited`; the `x-ratelimit-*` headers of its take (and of the tokens bucket as it is)."""
+        `RateLimited`; the `x-ratelimit-*` headers of its take (and of the tokens bucket as it is).
+        `tokens`: the route's work is tokens (`input_tokens` renders a prompt, `charge`d after),
+        so it also needs some left of `tokens_per_minute`, as a response does."""
         headers: dict[str, str] = {}
         if self.limits.tokens_per_minute is not None:
-            headers |= await self._level(TOKENS_KEY, self.limits.tokens_per_minute, "tokens")
+            if tokens:
+                headers |= await self._take(TOKENS_KEY, self.limits.tokens_per_minute, "tokens", cost=0)
+            else:
+                headers |= await self._level(TOKENS_KEY, self.limits.tokens_per_minute, "tokens")
         if self.limits.requests_per_minute is not None:
             try:
                 headers |= await self._take(REQUESTS_KEY, self.limits.requests_per_minute, "requests", cost=1)
