@@ -7,8 +7,7 @@ template or harmony rendering included). Nothing is generated or stored. A promp
 than the model's context is still counted: telling that is what the endpoint is for. The
 rendering is work: each call counts a request of the tenant's `requests_per_minute`, and the
 tokens it counted against its `tokens_per_minute` as a response's prompt would be (a 429,
-before the body is read, when none are left); the rendering's CPU is its tenant's share
-(runtime/render_share.py).
+before the body is read, when none are left).
 """
 
 from __future__ import annotations
