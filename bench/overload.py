@@ -1,6 +1,8 @@
-"""Overload: four times what the engines can serve, for a fixed time, through Serve.
+"""Overload: four times what the engines can serve, for a fixed time, through Serve; or,
+with `--hostile`, one tenant attacking beside another tenant's honest traffic.
 
     python -m bench.overload [--seconds 20] [--factor 4] [--capacity 8] [--step-ms 20]
+    python -m bench.overload --hostile [--seconds 20]
 
 Starts its own Serve app (`serve run`, HTTP through Serve's HAProxy ingress, as `make serve`):
 one ingress replica and one `gpt-oss-replay` engine replica whose capacity is known: it runs
@@ -28,14 +30,36 @@ lost: admitted streams that completed with text or tokens missing; cut: admitted
 that ended without their terminal event (or failed); refused: 429/503 answers (`bad_refusals`
 counts refusals of any other kind, or without Retry-After); admitted_tpot_ratio: the overload's
 median TPOT over the unloaded one. Writes bench/results/overload.json.
+
+`--hostile`: the app with two tenants (API keys): `honest`, without limits, and `attacker`,
+with `max_concurrent_requests: 4` and `requests_per_minute: 1200`; the engine runs
+`--capacity` + 4 streams (room for the attacker's too). First the honest tenant
+alone, `--capacity / 2` streams at a time for `--seconds / 2` (the unloaded figures); then
+the same honest traffic for `--seconds` while the attacker, at once: counts the tokens of
+pathological strings (long runs of one multi-byte character, digits, whitespace) at
+`/v1/responses/input_tokens` and asks responses of them; sends bodies slowly (headers, then a
+few bytes every half second); and floods WebSocket connections with `response.create`
+messages of 30 KB (the attacker's clients run in a process of their own). Each honest stream
+is checked whole, as above. Meanwhile a probe in the
+ingress replica measures its event loop (`ResponsesIngress.loop_lag`: the longest late
+wake-up of a 5 ms timer). The last line:
+
+    lost=N cut=N ttft_p99_ratio=X tpot_ratio=Y loop_pause_max_ms=Z (unloaded U ms)
+
+ttft_p99_ratio: the honest tenant's first-token p99 under attack over unloaded; tpot_ratio:
+its median TPOT under attack over unloaded. Writes bench/results/overload-hostile.json.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import collections
+import concurrent.futures
 import contextlib
+import hashlib
 import json
+import multiprocessing
 import sys
 import tempfile
 import time
@@ -62,6 +86,7 @@ class Outcome:
     status: int = 0
     latency_s: float = 0.0  # to the answer (a refusal) or to the end of the stream
     tpot_s: float | None = None  # an admitted stream's time per output token after its first
+    ttft_s: float | None = None  # an admitted stream's time to its first text delta
     lost: bool = False
     cut: bool = False
     detail: str = ""
@@ -95,7 +120,7 @@ async def one_request(session: aiohttp.ClientSession, url: str) -> Outcome:
                     first_delta = first_delta or last_delta
     except Exception as exc:  # the connection dropped: cut
         return Outcome("admitted", 200, time.perf_counter() - start, cut=True, detail=f"{type(exc).__name__}: {exc}"[:200])
-    outcome = Outcome("admitted", 200, time.perf_counter() - start)
+    outcome = Outcome("admitted", 200, time.perf_counter() - start, ttft_s=None if first_delta is None else first_delta - start)
     try:
         events = parse_sse(bytes(raw))
         terminal = check_stream(events)
@@ -171,6 +196,239 @@ def summary(base: Phase, loaded: Phase, rss_growth_mb: float) -> dict:
     }
 
 
+# -- the hostile mix -----------------------------------------------------------------------------
+
+HONEST_KEY = "sk-bench-honest-0123456789abcdef"
+ATTACKER_KEY = "sk-bench-attacker-0123456789abcdef"
+ATTACKER_LIMITS = {"max_concurrent_requests": 4, "requests_per_minute": 1200}
+# Pathological strings: long runs of one character of 1-4 UTF-8 bytes, digits, whitespace.
+PATHOLOGICAL = ["€" * 30_000, "😀" * 20_000, "é" * 40_000, "a" * 100_000, "7" * 60_000, " " * 60_000, "\n" * 60_000, "กา" * 15_000]
+SLOW_BODY_BYTES = 60_000
+FLOOD_MESSAGES = 64  # response.create messages sent at once on one WebSocket connection
+
+
+def hostile_config(port: int, capacity: int, engine_queue: int, step_ms: float) -> dict:
+    """`serve_config` with the two tenants (keys by their SHA-256: nothing to set in the
+    environment), the engine with room for the attacker's concurrent requests besides
+    `capacity`: what is measured is what the attacker does to the honest tenant's streams
+    through the ingress, not the engine's fairness between them (docs/security.md)."""
+    config = serve_config(port, capacity + ATTACKER_LIMITS["max_concurrent_requests"], engine_queue, step_ms)
+    keys = [
+        {"tenant": "honest", "key_sha256": hashlib.sha256(HONEST_KEY.encode()).hexdigest()},
+        {"tenant": "attacker", "key_sha256": hashlib.sha256(ATTACKER_KEY.encode()).hexdigest(), "limits": ATTACKER_LIMITS},
+    ]
+    config["applications"][0]["args"]["auth"] = {"keys": keys}
+    return config
+
+
+def bearer(key: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {key}"}
+
+
+async def honest(url: str, concurrency: int, seconds: float) -> Phase:
+    """The honest tenant: `concurrency` clients streaming one request after the other."""
+    phase = Phase()
+    deadline = time.monotonic() + seconds
+    async with aiohttp.ClientSession(headers=bearer(HONEST_KEY), timeout=aiohttp.ClientTimeout(total=300)) as session:
+
+        async def client() -> None:
+            while time.monotonic() < deadline:
+                phase.outcomes.append(await one_request(session, url))
+
+        await asyncio.gather(*(client() for _ in range(concurrency)))
+    return phase
+
+
+async def _pathological(session: aiohttp.ClientSession, url: str, deadline: float, seen: collections.Counter[str], path: str) -> None:
+    """Pathological strings, one after the other: token counts (`input_tokens`) or short responses."""
+    index = 0
+    while time.monotonic() < deadline:
+        body = {"model": MODEL, "input": PATHOLOGICAL[index % len(PATHOLOGICAL)]}
+        if path == "responses":
+            body |= {"max_output_tokens": 16, "store": False}
+        index += 1
+        try:
+            async with session.post(f"{url}/{path}", json=body) as response:
+                await response.read()
+                seen[f"{path} {response.status}"] += 1
+                if response.status == 429:  # the client backs off as told, as the SDKs do
+                    await asyncio.sleep(min(float(response.headers.get("retry-after", "1")), 1.0))
+        except aiohttp.ClientError as exc:
+            seen[f"{path} {type(exc).__name__}"] += 1
+
+
+async def _slow_body(host: str, port: int, deadline: float, seen: collections.Counter[str]) -> None:
+    """A `POST /v1/responses` whose body comes 64 bytes every half second, until the server
+    answers (a 429 before the body, a 408 when it gave up waiting) or the attack ends."""
+    while time.monotonic() < deadline:
+        reader, writer = await asyncio.open_connection(host, port)
+        try:
+            writer.write(
+                (
+                    f"POST /v1/responses HTTP/1.1\r\nHost: {host}:{port}\r\nAuthorization: Bearer {ATTACKER_KEY}\r\n"
+                    f"Content-Type: application/json\r\nContent-Length: {SLOW_BODY_BYTES}\r\n\r\n"
+                ).encode()
+            )
+            sent, status = 0, None
+            while time.monotonic() < deadline and sent < SLOW_BODY_BYTES:
+                writer.write(b" " * 64)
+                sent += 64
+                with contextlib.suppress(TimeoutError):
+                    line = await asyncio.wait_for(reader.readline(), 0.5)
+                    status = line.split(b" ")[1].decode() if line.startswith(b"HTTP/") else "closed"
+                    break
+            seen[f"slow body {status or 'held to the end'}"] += 1
+        except (ConnectionError, OSError) as exc:
+            seen[f"slow body {type(exc).__name__}"] += 1
+        finally:
+            writer.close()
+            with contextlib.suppress(Exception):
+                await writer.wait_closed()
+        await asyncio.sleep(0.2)
+
+
+async def _websocket_flood(url: str, deadline: float, seen: collections.Counter[str]) -> None:
+    """`FLOOD_MESSAGES` `response.create` messages of 30 KB at once on a connection, the
+    answers read as they come; again on a new connection until the attack ends."""
+    message = json.dumps({"type": "response.create", "model": MODEL, "input": "€" * 10_000, "max_output_tokens": 16, "store": False})
+    socket_url = url.replace("http://", "ws://", 1) + "/responses"
+    async with aiohttp.ClientSession(headers=bearer(ATTACKER_KEY)) as session:
+        while time.monotonic() < deadline:
+            try:
+                async with session.ws_connect(socket_url, max_msg_size=0) as socket:
+                    for _ in range(FLOOD_MESSAGES):
+                        await socket.send_str(message)
+                    answered = 0
+                    while answered < FLOOD_MESSAGES and time.monotonic() < deadline:
+                        with contextlib.suppress(TimeoutError):
+                            received = await asyncio.wait_for(socket.receive(), max(0.1, deadline - time.monotonic()))
+                            if received.type != aiohttp.WSMsgType.TEXT:
+                                break
+                            event = json.loads(received.data)
+                            if event["type"] == "error":
+                                seen[f"websocket error {event.get('error', {}).get('code') or event.get('code')}"] += 1
+                                answered += 1
+                            elif event["type"] in ("response.completed", "response.incomplete", "response.failed"):
+                                seen[f"websocket {event['type']}"] += 1
+                                answered += 1
+            except (aiohttp.ClientError, aiohttp.WSServerHandshakeError) as exc:
+                seen[f"websocket {type(exc).__name__}"] += 1
+                await asyncio.sleep(0.2)
+
+
+ATTACKS = ("strings", "slow", "websocket")
+
+
+async def attack(url: str, seconds: float, attacks: tuple[str, ...] = ATTACKS) -> collections.Counter[str]:
+    """The attacker's mix (`attacks`: all of `ATTACKS` by default) for `seconds`; what it was answered, counted."""
+    seen: collections.Counter[str] = collections.Counter()
+    deadline = time.monotonic() + seconds
+    host, port = url.removeprefix("http://").split("/")[0].split(":")
+    async with aiohttp.ClientSession(headers=bearer(ATTACKER_KEY), timeout=aiohttp.ClientTimeout(total=120)) as session:
+        clients = []
+        if "strings" in attacks:
+            clients += [_pathological(session, url, deadline, seen, "responses/input_tokens") for _ in range(2)]
+            clients.append(_pathological(session, url, deadline, seen, "responses"))
+        if "slow" in attacks:
+            clients += [_slow_body(host, int(port), deadline, seen) for _ in range(8)]
+        if "websocket" in attacks:
+            clients += [_websocket_flood(url, deadline, seen) for _ in range(2)]
+        await asyncio.gather(*clients)
+    return seen
+
+
+def _attack_in_process(url: str, seconds: float, attacks: tuple[str, ...]) -> collections.Counter[str]:
+    return asyncio.run(attack(url, seconds, attacks))
+
+
+async def under_attack(
+    url: str, concurrency: int, seconds: float, attacks: tuple[str, ...] = ATTACKS
+) -> tuple[Phase, collections.Counter[str]]:
+    """The honest traffic here, the attack in a process of its own: its clients' work (tens of
+    thousands of answers to read) must not delay the honest tenant's own event loop, whose
+    clock measures the honest streams."""
+    loop = asyncio.get_running_loop()
+    with concurrent.futures.ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
+        attacked = loop.run_in_executor(pool, _attack_in_process, url, seconds, attacks)
+        phase, seen = await asyncio.gather(honest(url, concurrency, seconds), attacked)
+    return phase, seen
+
+
+def hostile_summary(base: Phase, loaded: Phase, seen: collections.Counter[str], lag: dict[str, dict]) -> dict:
+    """The honest tenant's figures under attack as ratios to its unloaded ones (one run)."""
+
+    def ttft(phase: Phase, q: float) -> float:
+        return percentile([o.ttft_s for o in phase.of("admitted") if o.ttft_s is not None], q)
+
+    honest_outcomes = base.outcomes + loaded.outcomes
+    return {
+        "lost": sum(o.lost for o in honest_outcomes),
+        "cut": sum(o.cut for o in honest_outcomes),
+        "honest_refused": sum(o.kind != "admitted" for o in honest_outcomes),
+        "honest_streams": len(loaded.outcomes),
+        "unloaded_streams": len(base.outcomes),
+        "ttft_p99_ms": {"unloaded": ttft(base, 0.99) * 1e3, "attacked": ttft(loaded, 0.99) * 1e3},
+        "ttft_p50_ms": {"unloaded": ttft(base, 0.5) * 1e3, "attacked": ttft(loaded, 0.5) * 1e3},
+        "tpot_ms": {"unloaded": base.median_tpot() * 1e3, "attacked": loaded.median_tpot() * 1e3},
+        "ttft_p99_ratio": ttft(loaded, 0.99) / ttft(base, 0.99),
+        "tpot_ratio": loaded.median_tpot() / base.median_tpot(),
+        "loop_pause_max_ms": {"unloaded": lag["unloaded"]["longest_pause_ms"], "attacked": lag["attacked"]["longest_pause_ms"]},
+        "loop_pauses_over_50ms": {"unloaded": lag["unloaded"]["pauses_over_50ms"], "attacked": lag["attacked"]["pauses_over_50ms"]},
+        "attacker_answers": dict(sorted(seen.items())),
+    }
+
+
+def run_hostile(args: argparse.Namespace) -> None:
+    with tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False) as written:
+        yaml.safe_dump(hostile_config(args.port, args.capacity, args.engine_queue, args.step_ms), written)
+    process = start_server(Path(written.name), args.port)
+    url = f"http://127.0.0.1:{args.port}/v1"
+    replicas = None
+    try:
+        wait_ready(url.removesuffix("/v1"), process)
+        replicas = ReplicaMemory(cluster_address(process), "responses", ["ResponsesIngress"], trace_frames=0, trim=False)
+        probe = replicas.handles["ResponsesIngress"]
+        asyncio.run(honest(url, 1, 0.1))  # the handle learns of the engine replica
+        concurrency = max(1, args.capacity // 2)
+        lag: dict[str, dict] = {}
+        probe.loop_lag.remote().result(timeout_s=60)  # started, and counted from now
+        base = asyncio.run(honest(url, concurrency, args.seconds / 2))
+        lag["unloaded"] = probe.loop_lag.remote().result(timeout_s=60)
+        print(f"unloaded: {len(base.outcomes)} honest streams; now under attack for {args.seconds:g} s", file=sys.stderr)
+        loaded, seen = asyncio.run(under_attack(url, concurrency, args.seconds, tuple(args.attacks.split(","))))
+        lag["attacked"] = probe.loop_lag.remote().result(timeout_s=60)
+    finally:
+        if replicas is not None:
+            with contextlib.suppress(Exception):
+                replicas.close()
+        stop(process)
+
+    result = hostile_summary(base, loaded, seen, lag)
+    RESULTS.mkdir(exist_ok=True)
+    details = {
+        "args": vars(args),
+        "summary": result,
+        "unloaded": [asdict(o) for o in base.outcomes],
+        "attacked": [asdict(o) for o in loaded.outcomes],
+    }
+    (RESULTS / "overload-hostile.json").write_text(json.dumps(details, indent=2))
+    print("| honest tenant | streams | TTFT p50 ms | TTFT p99 ms | TPOT ms | loop's longest pause ms | pauses > 50 ms |")
+    print("|---|---|---|---|---|---|---|")
+    for phase, streams in (("unloaded", result["unloaded_streams"]), ("attacked", result["honest_streams"])):
+        print(
+            f"| {phase} | {streams} | {result['ttft_p50_ms'][phase]:.1f} | {result['ttft_p99_ms'][phase]:.1f} | {result['tpot_ms'][phase]:.1f} "
+            f"| {result['loop_pause_max_ms'][phase]:.1f} | {result['loop_pauses_over_50ms'][phase]} |"
+        )
+    print("attacker answered: " + ", ".join(f"{kind}: {count}" for kind, count in result["attacker_answers"].items()))
+    for outcome in loaded.outcomes + base.outcomes:
+        if outcome.lost or outcome.cut or outcome.kind != "admitted":
+            print(f"  honest {outcome.kind} {outcome.status}: {outcome.detail}")
+    print(
+        f"lost={result['lost']} cut={result['cut']} ttft_p99_ratio={result['ttft_p99_ratio']:.2f} tpot_ratio={result['tpot_ratio']:.2f} "
+        f"loop_pause_max_ms={result['loop_pause_max_ms']['attacked']:.1f} (unloaded {result['loop_pause_max_ms']['unloaded']:.1f} ms)"
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seconds", type=float, default=20.0, help="how long the overload lasts")
@@ -181,7 +439,12 @@ def main() -> None:
     )
     parser.add_argument("--step-ms", type=float, default=20.0, help="the replay engine's time per token")
     parser.add_argument("--port", type=int, default=8767)
+    parser.add_argument("--hostile", action="store_true", help="one tenant attacking beside another's honest traffic")
+    parser.add_argument("--attacks", default=",".join(ATTACKS), help="with --hostile: the attacks, of " + ", ".join(ATTACKS))
     args = parser.parse_args()
+    if args.hostile:
+        run_hostile(args)
+        return
 
     with tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False) as written:
         yaml.safe_dump(serve_config(args.port, args.capacity, args.engine_queue, args.step_ms), written)

@@ -11,6 +11,7 @@ import logging
 import os
 import time
 from collections.abc import AsyncGenerator, AsyncIterator
+from dataclasses import asdict
 from typing import TYPE_CHECKING, Any, Protocol, cast
 
 import ray
@@ -28,6 +29,7 @@ from deployments.tools import HandleToolTransport
 from serve_app.config import AppConfig, StoreConfig
 from serve_app.core.tokens import EngineRejected, GenerationRequest, TokenBatch
 from serve_app.engines.cpu_cores import leave_batch_policy
+from serve_app.runtime.loop_lag import LoopLagProbe
 from serve_app.runtime.models import served_model
 from serve_app.runtime.reasoning_keys import reasoning_keys
 from serve_app.runtime.turn import Unavailable
@@ -249,6 +251,7 @@ class ResponsesIngress:
         self.reasoning_key = reasoning_key
         self.tools = tools or {}
         self.embedding = embedding
+        self._loop_lag: LoopLagProbe | None = None
 
     def __serve_build_asgi_app__(self) -> FastAPI:
         caller = ray.get_runtime_context().get_actor_name()
@@ -279,6 +282,14 @@ class ResponsesIngress:
         if self.embedding is None or stores is None:
             return None
         return HandleEmbedder(self.embedding, stores.embedding.model or "", stores.embedding.dimensions)
+
+    async def loop_lag(self) -> dict[str, Any]:
+        """The event loop's longest pause since the last call (the first call starts the probe,
+        serve_app/runtime/loop_lag.py; for benchmarks)."""
+        if self._loop_lag is None:
+            self._loop_lag = LoopLagProbe()
+        self._loop_lag.start()
+        return asdict(self._loop_lag.take())
 
     async def memory(self, top: int = 8, trace_frames: int = 0, trim: bool = False) -> dict[str, Any]:
         """This replica's memory (deployments/memory.py; a measuring tool: not cheap)."""

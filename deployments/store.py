@@ -8,12 +8,13 @@ the replica restarts (use Redis to keep them).
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Sequence
 from typing import Any, cast
 
 import ray
 from ray.exceptions import RayError
-from ray.serve.exceptions import RayServeException
+from ray.serve.exceptions import RayServeException, RequestCancelledError
 from ray.serve.handle import DeploymentHandle
 
 from deployments.metrics import export_store_size
@@ -71,6 +72,11 @@ class StoreServer:
     async def release(self, key: str, holder: str) -> None:
         await self.store.release(key, holder)
 
+    async def wait_length(self, key: str, beyond: int, timeout_s: float) -> int:
+        """A long poll: held in this replica until the list grows past `beyond` (its own
+        in-process notification) or `timeout_s` passes."""
+        return await self.store.wait_length(key, beyond, timeout_s)
+
     async def stats(self) -> dict[str, Any]:
         return {**self.store.stats(), "actor_name": ray.get_runtime_context().get_actor_name()}
 
@@ -85,6 +91,8 @@ class HandleStore:
         """`StoreServer.<method>(*args)` on the replica; its result (each caller casts it to that method's type)."""
         try:
             return await getattr(self._handle, method).remote(*args)
+        except RequestCancelledError:  # the caller's own cancellation (a waiter that left), not the store's failure
+            raise asyncio.CancelledError from None
         except _GONE as exc:
             raise StoreUnavailable(f"The embedded response store is unavailable: {type(exc).__name__}; retry later.") from exc
 
@@ -126,6 +134,9 @@ class HandleStore:
 
     async def release(self, key: str, holder: str) -> None:
         await self._call("release", key, holder)
+
+    async def wait_length(self, key: str, beyond: int, timeout_s: float) -> int:
+        return cast(int, await self._call("wait_length", key, beyond, timeout_s))
 
     async def close(self) -> None:
         pass

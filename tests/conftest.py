@@ -12,6 +12,7 @@ import pytest
 from hypothesis import settings
 
 from serve_app.server.local import QWEN3_REPLAY as LOCAL_QWEN3_REPLAY
+from serve_app.server.local import QWEN3_VL_REPLAY as LOCAL_QWEN3_VL_REPLAY
 from tests.support.servers import uvicorn_server
 from tests.support.vllm_models import VLLM_NGRAM, have_vllm, in_process_engine_config
 
@@ -81,12 +82,14 @@ def k8s_valkey(tmp_path_factory):
 
 
 QWEN3_REPLAY = {**LOCAL_QWEN3_REPLAY, "engine": {"num_replicas": 1, "ray_actor_options": {"num_cpus": 0}}}
+QWEN3_VL_REPLAY = {**LOCAL_QWEN3_VL_REPLAY, "engine": {"num_replicas": 1, "ray_actor_options": {"num_cpus": 0}}}
 
 
 @pytest.fixture(scope="session")
 def inprocess_url(replay_backend) -> Iterator[str]:
-    """The FastAPI app with both replay backends, served by uvicorn without Ray; the qwen3
-    one built from its config as a Serve replica would build it."""
+    """The FastAPI app with the replay backends, served by uvicorn without Ray; the qwen3
+    ones (and the vision one, `qwen3-vl-replay`) built from their configs as a Serve replica
+    would build them."""
     from serve_app.config import ModelConfig
     from serve_app.engines import make_backend
     from serve_app.runtime.models import served_model
@@ -101,8 +104,9 @@ def inprocess_url(replay_backend) -> Iterator[str]:
             "chat_template": {**QWEN3_REPLAY["chat_template"], "template_kwargs": {"enable_thinking": True}},
         }
     )
+    vision = ModelConfig.model_validate(QWEN3_VL_REPLAY)
     models = [ServedModel("gpt-oss-replay", replay_backend)]
-    models += [served_model(m, make_backend(m.backend)) for m in (qwen3, thinking)]
+    models += [served_model(m, make_backend(m.backend)) for m in (qwen3, thinking, vision)]
     # The default tools config: Codex's web_search is left out of the response, not a 400.
     app = create_app(models, ServerSettings(max_request_bytes=1024 * 1024))
     with uvicorn_server(app) as url:

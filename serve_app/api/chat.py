@@ -14,18 +14,19 @@ LangChain, LiteLLM and the Vercel AI SDK read), never mixed into `content`.
 from __future__ import annotations
 
 import json
+import re
 import time
 from typing import Annotated, Any, Literal
 
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
 from openai.types.completion_usage import CompletionTokensDetails, CompletionUsage, PromptTokensDetails
 from openai.types.responses import Response, ResponseStreamEvent
-from pydantic import ConfigDict, Field, field_validator, model_validator
+from pydantic import ConfigDict, Field, PrivateAttr, field_validator, model_validator
 
 from serve_app.api.errors import invalid_request
 from serve_app.api.items import FUNCTION_NAME_PATTERN, Lenient, TextPart
 from serve_app.api.json_schema import OBJECT_SCHEMA_FIELD, SCHEMA_FIELD
-from serve_app.api.limits import DEFAULT_LIMITS, RequestLimits
+from serve_app.api.limits import DEFAULT_LIMITS, IMAGE_URL_FIELD, RequestLimits
 from serve_app.api.request import ResponsesRequest, parse_body, parse_request
 from serve_app.api.service_tier import ServiceTier
 
@@ -63,17 +64,32 @@ class ChatFile(Lenient):
     filename: str | None = None
 
 
+class ChatImageURL(Lenient):
+    url: str = Field(json_schema_extra=IMAGE_URL_FIELD)
+    detail: Literal["low", "high", "auto"] = "auto"
+
+
 class ChatContentPart(Lenient):
-    type: Literal["text", "input_text", "refusal", "file"]
+    type: Literal["text", "input_text", "refusal", "file", "image_url"]
     text: str | None = None
     refusal: str | None = None
     file: ChatFile | None = None
+    image_url: ChatImageURL | None = None
+
+    @model_validator(mode="after")
+    def _image_has_url(self) -> ChatContentPart:
+        if self.type == "image_url" and self.image_url is None:
+            raise ValueError("a content part of type 'image_url' needs its 'image_url' object ({'url': ...})")
+        return self
 
     def as_input_part(self) -> dict[str, Any]:
-        """This part as a Responses content part (`input_text`, or `input_file` for a file)."""
+        """This part as a Responses content part (`input_text`; `input_file` for a file,
+        `input_image` for an image)."""
         if self.type == "file":
             given = self.file.model_dump(exclude_none=True) if self.file is not None else {}
             return {"type": "input_file", **given}
+        if self.type == "image_url" and self.image_url is not None:
+            return {"type": "input_image", "image_url": self.image_url.url, "detail": self.image_url.detail}
         return TextPart(type="input_text", text=self.text or self.refusal or "").model_dump()
 
 
@@ -200,6 +216,7 @@ class ChatRequest(LegacySampling):
     store: bool | None = None
     service_tier: ServiceTier | None = None
     prompt_cache_key: str | None = None
+    _item_messages: list[int] = PrivateAttr(default_factory=list)  # the message each input item comes from
 
     def refuse_unsupported(self) -> None:
         """What this server does not do, as OpenAI-shaped 400s naming the parameter."""
@@ -251,9 +268,19 @@ class ChatRequest(LegacySampling):
         }
         return parse_request({key: value for key, value in body.items() if value is not None}, limits)
 
+    def message_param(self, param: str | None) -> str | None:
+        """An error's `param` in the Responses request this stands for (`input[k]...`) as the
+        chat request's own (`messages[i]...`): a 400 about an image part names the message's part."""
+        match = re.match(r"input\[(\d+)\]", param or "")
+        if match is None or int(match.group(1)) >= len(self._item_messages):
+            return param
+        return f"messages[{self._item_messages[int(match.group(1))]}]" + (param or "")[match.end() :]
+
     def _items(self) -> list[dict[str, Any]]:
         items: list[dict[str, Any]] = []
+        self._item_messages.clear()
         for index, message in enumerate(self.messages):
+            self._item_messages.extend([index - 1] * (len(items) - len(self._item_messages)))  # the previous message's
             if message.role == "tool":
                 if not message.tool_call_id:
                     raise invalid_request("A tool message needs its 'tool_call_id'.", param=f"messages[{index}].tool_call_id")
@@ -267,10 +294,11 @@ class ChatRequest(LegacySampling):
                     {"type": "function_call", "call_id": call.id, "name": call.function.name, "arguments": call.function.arguments}
                     for call in message.tool_calls or []
                 )
-            elif isinstance(message.content, list) and any(part.type == "file" for part in message.content):
+            elif isinstance(message.content, list) and any(part.type in ("file", "image_url") for part in message.content):
                 items.append({"role": message.role, "content": [part.as_input_part() for part in message.content]})
             else:
                 items.append({"role": message.role, "content": [TextPart(type="input_text", text=message.text).model_dump()]})
+        self._item_messages.extend([len(self.messages) - 1] * (len(items) - len(self._item_messages)))
         return items
 
 

@@ -3,6 +3,7 @@ holds them); `item_reference`s are resolved by the state layer before anything i
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Annotated, Any, Literal, cast
 
 from openai.types.responses import ResponseCodeInterpreterToolCall, ResponseFileSearchToolCall, ResponseFunctionWebSearch
@@ -20,6 +21,8 @@ from pydantic import (
     field_validator,
     model_validator,
 )
+
+from serve_app.api.limits import IMAGE_URL_FIELD
 
 FUNCTION_NAME_PATTERN = r"^[a-zA-Z0-9_\-]{1,64}$"
 # The name of what an earlier call called (a function, a namespace, an MCP server or tool):
@@ -47,12 +50,19 @@ class RefusalPart(Lenient):
     refusal: str
 
 
+def _given(field: str) -> dict[str, Any]:
+    """A JSON Schema saying that an object has `field`, not null (one branch of a `oneOf`)."""
+    return {"type": "object", "required": [field], "properties": {field: {"not": {"type": "null"}}}}
+
+
 class FilePart(Lenient):
     """`input_file`: a document for the model, by exactly one of `file_id` (the Files API),
     `file_data` (base64, a data URL or bare) or `file_url` (fetched under the egress policy).
     The runtime reads it into text before anything is rendered (runtime/files.py sets
     `_text`); the families render that text as the user's own words."""
 
+    # The schema says what `_one_source` checks.
+    model_config = ConfigDict(extra="ignore", json_schema_extra={"oneOf": [_given("file_id"), _given("file_data"), _given("file_url")]})
     type: Literal["input_file"]
     file_id: str | None = None
     file_data: str | None = None
@@ -82,35 +92,76 @@ class FilePart(Lenient):
         return f"[file: {self.name}]\n{body}\n[end of file: {self.name}]"
 
 
+class ImagePart(Lenient):
+    """`input_image`: an image by URL (https, or a base64 `data:` URL) or by `file_id`, kept as
+    the client sent it; read (fetched, decoded, bounded) by `serve_app/runtime/images.py` for
+    vision models only."""
+
+    # The schema says what `_one_source` checks.
+    model_config = ConfigDict(extra="ignore", json_schema_extra={"oneOf": [_given("image_url"), _given("file_id")]})
+    type: Literal["input_image"]
+    image_url: str | None = Field(default=None, json_schema_extra=IMAGE_URL_FIELD)
+    file_id: str | None = None
+    detail: Literal["low", "high", "auto"] = "auto"
+
+    @model_validator(mode="after")
+    def _one_source(self) -> ImagePart:
+        if (self.image_url is None) == (self.file_id is None):
+            raise ValueError("an input_image needs exactly one of 'image_url' and 'file_id'")
+        return self
+
+
 def _part_tag(value: Any) -> str | None:
     kind = value.get("type") if isinstance(value, dict) else getattr(value, "type", None)
     if kind in ("input_text", "output_text"):
         return "part:text"
     if kind == "input_file":
         return "part:file"
+    if kind == "input_image":
+        return "part:image"
     return "part:refusal" if kind == "refusal" else None
 
 
 ContentPart = Annotated[
-    Annotated[TextPart, Tag("part:text")] | Annotated[RefusalPart, Tag("part:refusal")] | Annotated[FilePart, Tag("part:file")],
+    Annotated[TextPart, Tag("part:text")]
+    | Annotated[RefusalPart, Tag("part:refusal")]
+    | Annotated[FilePart, Tag("part:file")]
+    | Annotated[ImagePart, Tag("part:image")],
     Discriminator(
         _part_tag,
         custom_error_type="invalid_value",
         custom_error_message=(
-            "content parts must be of type 'input_text', 'output_text', 'refusal' or 'input_file' "
-            "(images and audio are not supported by this server)"
+            "content parts must be of type 'input_text', 'output_text', 'input_image', 'input_file' or 'refusal' "
+            "(audio is not supported by this server)"
         ),
     ),
 ]
 
 
-def parts_text(content: str | list[ContentPart]) -> str:
-    """The parts as one text; a file stands apart from the text around it (a blank line)."""
+# A tool's output (`function_call_output`, `custom_tool_call_output`): text and files, no images.
+ToolOutputPart = Annotated[
+    Annotated[TextPart, Tag("part:text")] | Annotated[RefusalPart, Tag("part:refusal")] | Annotated[FilePart, Tag("part:file")],
+    Discriminator(
+        _part_tag,
+        custom_error_type="invalid_value",
+        custom_error_message=(
+            "tool output parts must be of type 'input_text', 'output_text', 'input_file' or 'refusal' "
+            "(images and audio in tool outputs are not supported by this server)"
+        ),
+    ),
+]
+
+
+def parts_text(content: str | Sequence[ContentPart | ToolOutputPart]) -> str:
+    """The parts as one text (an image has none); a file stands apart from the text around it
+    (a blank line)."""
     if isinstance(content, str):
         return content
     pieces: list[str] = []
     after_file = False
     for part in content:
+        if isinstance(part, ImagePart):
+            continue
         is_file = isinstance(part, FilePart)
         if pieces and (is_file or after_file):
             pieces.append("\n\n")
@@ -119,8 +170,15 @@ def parts_text(content: str | list[ContentPart]) -> str:
     return "".join(pieces)
 
 
-def file_parts(content: str | list[ContentPart]) -> list[FilePart]:
+def file_parts(content: str | Sequence[ContentPart | ToolOutputPart]) -> list[FilePart]:
     return [] if isinstance(content, str) else [part for part in content if isinstance(part, FilePart)]
+
+
+def image_parts(content: str | Sequence[ContentPart]) -> list[tuple[int, ImagePart]]:
+    """The image parts of a content, with their index in it."""
+    if isinstance(content, str):
+        return []
+    return [(index, part) for index, part in enumerate(content) if isinstance(part, ImagePart)]
 
 
 # --- input items -------------------------------------------------------------------------
@@ -172,7 +230,7 @@ class FunctionCallOutputItem(Lenient):
     type: Literal["function_call_output"]
     id: str | None = None
     call_id: str = Field(min_length=1)
-    output: str | list[ContentPart]
+    output: str | list[ToolOutputPart]
 
     @property
     def text(self) -> str:
@@ -194,7 +252,7 @@ class CustomToolCallOutputItem(Lenient):
     type: Literal["custom_tool_call_output"]
     id: str | None = None
     call_id: str = Field(min_length=1)
-    output: str | list[ContentPart]
+    output: str | list[ToolOutputPart]
 
     @property
     def text(self) -> str:

@@ -56,12 +56,22 @@ class RequestLimits(BaseModel):
     max_id_chars: int = Field(
         512, ge=64, description="characters of an id or a name (`model`, `previous_response_id`, `user`, call ids ...)"
     )
+    max_image_url_chars: int = Field(
+        16 * 1024 * 1024,
+        ge=1024,
+        description="characters of an image's URL (`input_image.image_url`, Chat Completions' `image_url.url`): a base64 `data:` URL "
+        "holds the image; bounded apart from `max_text_chars` (and by the model's `vision.max_image_bytes` when read)",
+    )
     max_metadata_pairs: int = Field(16, ge=0, description="pairs in `metadata` (the OpenAI API's 16)")
     max_metadata_key_chars: int = Field(64, ge=1, description="characters of a `metadata` key (the OpenAI API's 64)")
     max_metadata_value_chars: int = Field(512, ge=1, description="characters of a `metadata` value (the OpenAI API's 512)")
 
 
 DEFAULT_LIMITS = RequestLimits()
+
+# The schema of a field holding an image's URL (`input_image.image_url`, Chat Completions'
+# `image_url.url`): bounded by `max_image_url_chars`, not `max_text_chars` (server/openapi.py).
+IMAGE_URL_FIELD: dict[str, Any] = {"x-image-url": True}
 
 
 # --- decoding ------------------------------------------------------------------------------
@@ -258,6 +268,7 @@ def _walk(data: dict[str, Any], limits: RequestLimits, counted: set[int]) -> Non
     a fault is found again only when there is one (`_where`)."""
     max_depth, max_array, max_chars = limits.max_json_depth, limits.max_array_items, limits.max_text_chars
     surrogate = _SURROGATE.search
+    chat_images: set[int] = set()
     stack: list[tuple[Any, int]] = [(data, 1)]
     while stack:
         value, depth = stack.pop()
@@ -269,8 +280,15 @@ def _walk(data: dict[str, Any], limits: RequestLimits, counted: set[int]) -> Non
         elif isinstance(value, dict):
             if depth > max_depth:
                 raise _nesting(max_depth, _where(data, value))
+            image = _image_url(value, chat_images)
             for key, child in value.items():
                 if key == "file_data" and isinstance(child, str):  # an `input_file`'s base64: bounded by the body's size, decoded later
+                    continue
+                if image is not None and child is image:  # a data URL is the image itself: bounded on its own
+                    if len(image) > limits.max_image_url_chars:
+                        raise _too_long(_where(data, value) or "body", len(image), limits.max_image_url_chars, "max_image_url_chars")
+                    if surrogate(image):
+                        raise _surrogate(_where(data, value), image)
                     continue
                 if len(key) > max_chars:
                     raise _too_long(_where(data, value) or "body", len(key), max_chars, "max_text_chars")
@@ -284,6 +302,17 @@ def _walk(data: dict[str, Any], limits: RequestLimits, counted: set[int]) -> Non
             if len(value) > max_array and id(value) not in counted:
                 raise _too_many(_where(data, value) or "body", len(value), max_array, "max_array_items")
             stack.extend((child, depth + 1) for child in value if isinstance(child, (str, dict, list)))
+
+
+def _image_url(value: dict[str, Any], chat_images: set[int]) -> str | None:
+    """The URL string of an image part (`input_image.image_url`), or of a Chat Completions
+    image part's `image_url` object (its `url`; such objects' ids are gathered in `chat_images`
+    as their parts are seen), if `value` is one."""
+    kind = value.get("type")
+    if kind == "image_url" and isinstance(value.get("image_url"), dict):
+        chat_images.add(id(value["image_url"]))
+    url = value.get("image_url") if kind == "input_image" else value.get("url") if id(value) in chat_images else None
+    return url if isinstance(url, str) else None
 
 
 def _surrogate(param: str | None, text: str) -> APIError:

@@ -50,9 +50,14 @@ def browser(
     max_search_results: Annotated[int, typer.Option(help="Results one search shows at most.")] = 20,
     view_tokens: Annotated[int, typer.Option(help="Tokens of page text in one view (gpt-oss's browser: 1024).")] = 1024,
     max_pages: Annotated[int, typer.Option(help="Pages (cursors) one browsing session may open.")] = 100,
-    max_session_bytes: Annotated[int, typer.Option(help="Page text one session keeps (the oldest pages go first).")] = 32 * 1024 * 1024,
+    max_session_bytes: Annotated[int, typer.Option(help="Memory the pages one session keeps may hold (the oldest pages go first).")] = 32
+    * 1024
+    * 1024,
     max_sessions: Annotated[int, typer.Option(help="Browsing sessions kept (the least recently used go first).")] = 1024,
     session_ttl_s: Annotated[float, typer.Option(help="A session is dropped this long after its last call.")] = 1800.0,
+    memory_budget_mb: Annotated[
+        int, typer.Option(help="Memory the pages of all sessions may hold together: the server's memory limit less 1 GiB.")
+    ] = 3072,
 ) -> None:
     """gpt-oss's browser (`web_search`): search, open and find, under the fetch policy."""
     import uvicorn
@@ -77,6 +82,7 @@ def browser(
         "max_session_bytes": max_session_bytes,
         "max_sessions": max_sessions,
         "session_ttl_s": session_ttl_s,
+        "memory_budget_mb": memory_budget_mb,
     }
     try:
         config = EmbeddedBrowserConfig.model_validate(options)
@@ -88,7 +94,13 @@ def browser(
         ) from None
     except ValueError as exc:
         raise typer.BadParameter(str(exc)) from None
-    app = create_app(embedded.browser, host=host, max_sessions=max_sessions, session_ttl_s=session_ttl_s)
+    app = create_app(
+        embedded.browser,
+        host=host,
+        max_sessions=max_sessions,
+        session_ttl_s=session_ttl_s,
+        memory_budget_bytes=config.memory_budget_bytes,
+    )
     logging.basicConfig(level=logging.INFO)
     server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="info"))
     try:

@@ -30,6 +30,7 @@ from serve_app.config.models import (
     ReplayBackendConfig,
     RoutingConfig,
     SpeculativeConfig,
+    VisionConfig,
     VLLMBackendConfig,
 )
 from serve_app.config.store import StoreConfig
@@ -256,5 +257,6 @@ __all__ = [
     "ToolsConfig",
     "VLLMBackendConfig",
     "VectorStoresConfig",
+    "VisionConfig",
     "config_problems",
 ]

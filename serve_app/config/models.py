@@ -10,6 +10,9 @@ from pydantic import Field, field_validator, model_validator
 from serve_app.config.base import Strict
 from serve_app.families.prompt_cache import DEFAULT_MAX_TOKENS as DEFAULT_PROMPT_CACHE_TOKENS
 from serve_app.families.smollm2 import SMOLLM2
+from serve_app.families.vision import VisionSpec
+
+MiB = 1024 * 1024
 
 
 class EnginePlacement(Strict):
@@ -35,12 +38,16 @@ class EnginePlacement(Strict):
 
 class ReplayBackendConfig(EnginePlacement):
     """A scripted model: `gpt-oss` writes real harmony tokens (`gpt-oss-replay`), `qwen3`
-    writes `<think>`/`<tool_call>` text through SmolLM2's tokenizer (`qwen3-replay`).
-    Placed like a vLLM engine of the same shape (`EnginePlacement`); CPU by default."""
+    writes `<think>`/`<tool_call>` text through SmolLM2's tokenizer (`qwen3-replay`), `qwen3-vl`
+    also sees images and says what it was shown (`qwen3-vl-replay`). Placed like a vLLM engine of the same shape (`EnginePlacement`); CPU by default."""
 
     type: Literal["replay"] = Field("replay", description="selects this backend")
     device: Literal["gpu", "cpu"] = Field("cpu", description="gpu: reserve GPUs like a vLLM engine of this TP x PP (none are used)")
-    script: Literal["gpt-oss", "qwen3"] = Field("gpt-oss", description="gpt-oss: family harmony; qwen3: family chat_template")
+    script: Literal["gpt-oss", "qwen3", "qwen3-vl"] = Field(
+        "gpt-oss",
+        description="gpt-oss: family harmony; qwen3: family chat_template; qwen3-vl: qwen3 that also sees images (needs `vision`) "
+        "and says what it was shown",
+    )
     min_step_tokens: int = Field(1, ge=1, description="smallest engine step, in tokens")
     max_step_tokens: int = Field(4, ge=1, description="largest engine step (1..4 is like an Eagle draft of 3)")
     step_delay_ms: float = Field(0.0, ge=0, description="delay before each engine step")
@@ -153,6 +160,52 @@ class ChatTemplateConfig(Strict):
         return template
 
 
+class VisionConfig(Strict):
+    """A vision model: it reads `input_image` parts (Responses) and `image_url` parts (Chat
+    Completions); a model without this section answers them with a 400. Images come as a
+    base64 `data:` URL or an http(s) URL fetched under the egress policy (public addresses
+    only, every redirect checked); each is decoded and bounded at the ingress, scaled down to
+    the pixel bound of its `detail`, and sent to the engine with the prompt (docs/api.md#images)."""
+
+    max_images: int = Field(
+        8, ge=1, le=256, description="images one request may hold, its history's (previous_response_id, conversation) included"
+    )
+    max_image_bytes: int = Field(
+        10 * MiB, ge=1024, le=64 * MiB, description="bytes of one image, encoded (a data URL's decoded data, a fetched body)"
+    )
+    max_pixels: int = Field(
+        1024 * 1024, ge=1024, description="detail high or auto: an image with more pixels is scaled down (aspect kept) to this many"
+    )
+    low_detail_pixels: int = Field(512 * 512, ge=1024, description="detail low: the pixel bound (at most max_pixels)")
+    max_decode_pixels: int = Field(
+        25_000_000,
+        ge=1024,
+        description="an image whose header claims more pixels is refused before it is decoded (decompression bombs; "
+        "decoding takes 3 bytes a pixel)",
+    )
+    token_pixels: int = Field(
+        32,
+        ge=1,
+        description="side in pixels of the square one image token stands for: 32 for Qwen3-VL (16-pixel patches, 2x2 merge), 28 for Qwen2.5-VL",
+    )
+    fetch_timeout_s: float = Field(10.0, gt=0, le=120, description="time to fetch one image URL: DNS, every redirect and the body")
+    max_redirects: int = Field(3, ge=0, le=10, description="redirects followed for one image URL, each checked like the first URL")
+    decode_timeout_s: float = Field(10.0, gt=0, le=120, description="time to decode one image (in a worker thread)")
+    allow_hosts: list[str] = Field(
+        default_factory=list, description="host names, IP addresses and networks (CIDR) image URLs may reach although not public"
+    )
+
+    def spec(self) -> VisionSpec:
+        return VisionSpec(
+            max_images=self.max_images,
+            max_image_bytes=self.max_image_bytes,
+            max_pixels=self.max_pixels,
+            low_detail_pixels=self.low_detail_pixels,
+            max_decode_pixels=self.max_decode_pixels,
+            token_pixels=self.token_pixels,
+        )
+
+
 class CoalesceConfig(Strict):
     """Engine-side batching of token deltas into fewer Ray objects.
 
@@ -242,6 +295,9 @@ class ModelConfig(Strict):
     coalesce: CoalesceConfig = Field(default_factory=CoalesceConfig, description="how the engine batches token deltas into Ray objects")
     engine: DeploymentConfig = Field(default_factory=DeploymentConfig, description="Serve options of the model's `EngineServer` deployment")
     routing: RoutingConfig = Field(default_factory=RoutingConfig, description="how ingress replicas pick an engine replica")
+    vision: VisionConfig | None = Field(
+        None, description="a vision model (family chat_template): the images it reads and their bounds; none: text only, images are a 400"
+    )
     raw_prompts: bool = Field(
         False,
         description="serve `POST /v1/completions`: prompts as raw text, bypassing the chat template or harmony (off: a caller could write the control structure itself)",
@@ -251,6 +307,8 @@ class ModelConfig(Strict):
     def _consistent(self) -> ModelConfig:
         replay = self.backend if isinstance(self.backend, ReplayBackendConfig) else None
         if self.family == "harmony":
+            if self.vision is not None:
+                raise ValueError("vision models are chat-template models (Qwen2.5-VL, Qwen3-VL): set family: chat_template")
             if self.chat_template is not None:
                 raise ValueError("chat_template settings need family: chat_template")
             if replay and replay.script != "gpt-oss":
@@ -262,8 +320,13 @@ class ModelConfig(Strict):
                 self.backend.engine_kwargs.setdefault("structured_outputs_config", {"backend": "guidance"})
         else:
             self.chat_template = self.chat_template or ChatTemplateConfig()
-            if replay and replay.script != "qwen3":
-                raise ValueError("family 'chat_template' on a replay backend needs script: qwen3")
+            if replay and replay.script == "gpt-oss":
+                raise ValueError("family 'chat_template' on a replay backend needs script: qwen3 (or qwen3-vl)")
+            if replay and replay.script == "qwen3-vl" and self.vision is None:
+                raise ValueError("replay script 'qwen3-vl' reads images: give the model a `vision` section")
+            if isinstance(self.backend, VLLMBackendConfig) and self.vision is not None:
+                # vLLM refuses a prompt with more images than it was started for.
+                self.backend.engine_kwargs.setdefault("limit_mm_per_prompt", {"image": self.vision.max_images})
             if replay and self.chat_template.tokenizer not in (None, SMOLLM2):
                 raise ValueError(f"the qwen3 replay script writes through SmolLM2's tokenizer: tokenizer must be '{SMOLLM2}'")
         if isinstance(self.backend, VLLMBackendConfig):

@@ -161,6 +161,12 @@ class PythonToolConfig(Strict):
         return self.ttl_s if self.ttl_s is not None else ContainerLimits.model_fields["ttl_s"].default
 
 
+# The memory of the browser's pod (k8s/tools/browser.yaml: 4 GiB) less what its server takes
+# besides the sessions' pages: ~200 MiB at rest (the view's tokenizer), ~10 MiB at the peak of
+# parsing a 1 MiB page (about 80 such at once).
+BROWSER_RESERVE_MB = 1024
+
+
 class EmbeddedBrowserConfig(Strict):
     """The browser run by the app, as a Serve deployment of its own (CPU); the options of
     `responses-serve tool browser` (docs/tools-browser.md)."""
@@ -180,16 +186,33 @@ class EmbeddedBrowserConfig(Strict):
     max_search_results: int = Field(20, ge=1, description="results one search shows at most")
     view_tokens: int = Field(1024, ge=16, description="tokens of page text in one view (gpt-oss's browser: 1024)")
     max_pages: int = Field(100, ge=1, description="pages (cursors) one response may open")
-    max_session_bytes: int = Field(32 * MiB, ge=MiB, description="page text one response's browsing keeps (the oldest pages go first)")
+    max_session_bytes: int = Field(
+        32 * MiB, ge=MiB, description="memory the pages one response's browsing keeps may hold (the oldest pages go first)"
+    )
     max_sessions: int = Field(1024, ge=1, description="browsing sessions (one per response) a replica keeps")
+    memory_budget_mb: int = Field(
+        4 * 1024 - BROWSER_RESERVE_MB,
+        gt=0,
+        description="memory the pages of all sessions may hold together: its memory limit less 1 GiB for the server "
+        "itself and the pages being fetched (k8s/tools/browser.yaml: 4 GiB); past it a new session, or a page that "
+        "does not fit, is a tool error the model reads",
+    )
     session_ttl_s: float = Field(1800.0, gt=0, description="a session is dropped this long after its last call")
     deployment: DeploymentConfig = Field(
         default_factory=lambda: DeploymentConfig(num_replicas=1, max_ongoing_requests=256),
         description="Serve options of its deployment; a response's calls reach the replica that holds its pages",
     )
 
+    @property
+    def memory_budget_bytes(self) -> int:
+        return self.memory_budget_mb * MiB
+
     @model_validator(mode="after")
     def _backend(self) -> EmbeddedBrowserConfig:
+        if self.memory_budget_bytes < self.max_session_bytes:
+            raise ValueError(
+                f"memory_budget_mb ({self.memory_budget_mb}) must hold at least one full session (max_session_bytes: {self.max_session_bytes})"
+            )
         if self.search_backend == "searxng" and not self.search_url:
             raise ValueError("the searxng backend needs search_url (http://searxng:8080)")
         if self.search_url is not None:

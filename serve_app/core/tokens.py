@@ -37,6 +37,19 @@ class OutputConstraint:
     functions: dict[str, Any] = field(default_factory=dict)  # may be called: name -> argument schema
 
 
+@dataclass(frozen=True, slots=True)
+class EngineImage:
+    """An image of a vision model's prompt, in the order of its placeholders: the bytes as the
+    client sent them (decoded and checked by the ingress), the size the model sees it at
+    (the engine scales it to that), and the prompt tokens it stands for (its pad token's
+    place widened: the family's cost)."""
+
+    data: bytes
+    width: int
+    height: int
+    tokens: int
+
+
 @dataclass(slots=True)
 class GenerationRequest:
     """Prompt tokens rendered by the ingress plus sampling settings for the engine."""
@@ -67,6 +80,13 @@ class GenerationRequest:
     # The tenant's: the engine's prefix cache reuses only blocks made with the same salt, so one
     # tenant's requests never hit (or time) another's cached prefixes; None: shared (no tenants).
     cache_salt: str | None = None
+    # A vision model's images, one per placeholder of the prompt, in order (vLLM's `multi_modal_data`).
+    images: list[EngineImage] = field(default_factory=list)
+
+    @property
+    def image_tokens(self) -> int:
+        """What the images add to the prompt's length once the engine widens their pad tokens."""
+        return sum(image.tokens - 1 for image in self.images)
 
 
 @dataclass(slots=True)

@@ -31,11 +31,18 @@ def make_backend(config: ReplayBackendConfig | VLLMBackendConfig) -> Backend:
     if config.type == "replay":
         from serve_app.engines.replay import ReplayBackend, ReplayConfig, script_completion
 
-        if config.script == "qwen3":
+        vision_script = None
+        if config.script in ("qwen3", "qwen3-vl"):
             from serve_app.engines.replay_qwen3 import script_qwen3_completion as script
+            from serve_app.engines.replay_qwen3 import script_qwen3_vl_completion
             from serve_app.families.smollm2 import SMOLLM2, load_tokenizer
 
             load_tokenizer(SMOLLM2)  # now, not on the first request
+            if config.script == "qwen3-vl":
+                from serve_app.families.vision import smollm2_vision_tokenizer
+
+                smollm2_vision_tokenizer()
+                vision_script = script_qwen3_vl_completion
         else:
             script = script_completion
         return ReplayBackend(
@@ -46,6 +53,7 @@ def make_backend(config: ReplayBackendConfig | VLLMBackendConfig) -> Backend:
                 seed=config.seed,
             ),
             script,
+            vision_script=vision_script,
         )
     if config.type == "vllm":
         from serve_app.engines.vllm import VLLMBackend

@@ -48,7 +48,7 @@ import hashlib
 import json
 import random
 import re
-from collections.abc import AsyncGenerator, Callable
+from collections.abc import AsyncGenerator, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -58,7 +58,7 @@ import regex
 from openai_harmony import Message, Role
 
 from serve_app.api.json_schema import PATTERN_TIMEOUT_S, instance
-from serve_app.core.tokens import FinishReason, GenerationRequest, OutputConstraint, TokenBatch, TokenLogprobs
+from serve_app.core.tokens import EngineImage, FinishReason, GenerationRequest, OutputConstraint, TokenBatch, TokenLogprobs
 from serve_app.families.compaction import RECALL_REQUEST, REMEMBER, SUMMARY_REQUEST
 from serve_app.families.harmony import FUNCTIONS_NAMESPACE, render_completion
 from serve_app.families.vocab import harmony_encoding
@@ -280,9 +280,13 @@ class ReplayBackend:
         self,
         config: ReplayConfig | None = None,
         script: Callable[[list[int], OutputConstraint | None], list[int]] = script_completion,
+        vision_script: Callable[[list[int], OutputConstraint | None, Sequence[EngineImage]], list[int]] | None = None,
     ) -> None:
+        """`vision_script`: a model that sees images (`qwen3-vl`) is scripted by this one, which
+        is also given the request's images."""
         self.config = config or ReplayConfig()
         self._script = script  # (prompt token ids, constraint) -> completion token ids
+        self._vision_script = vision_script
         self._running: set[str] = set()
         self._aborted: set[str] = set()
         self.num_steps = 0  # engine steps produced, over all requests (for tests and benchmarks)
@@ -300,7 +304,10 @@ class ReplayBackend:
 
     async def generate(self, request: GenerationRequest) -> AsyncGenerator[TokenBatch, None]:
         config = self.config
-        tokens = self._script(request.prompt_token_ids, request.constraint)
+        if self._vision_script is not None:
+            tokens = self._vision_script(request.prompt_token_ids, request.constraint, request.images)
+        else:
+            tokens = self._script(request.prompt_token_ids, request.constraint)
         finish_reason: FinishReason = "stop"
         if request.max_tokens is not None and len(tokens) > request.max_tokens:
             tokens, finish_reason = tokens[: request.max_tokens], "length"
@@ -321,7 +328,8 @@ class ReplayBackend:
                 yield TokenBatch(
                     step,
                     finish_reason=finish_reason if position >= len(tokens) else None,
-                    num_prompt_tokens=len(request.prompt_token_ids) if first else None,
+                    # As vLLM counts a multi-modal prompt: each image's pad token widened into its tokens.
+                    num_prompt_tokens=len(request.prompt_token_ids) + request.image_tokens if first else None,
                     num_cached_tokens=cached if first else None,
                     logprobs=None if request.logprobs is None else [(0.0, [(t, 0.0)] if request.logprobs else []) for t in step],
                     prompt_logprobs=_prompt_logprobs(request) if first else None,

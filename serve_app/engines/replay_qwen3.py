@@ -34,13 +34,15 @@ from __future__ import annotations
 import functools
 import json
 import re
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from serve_app.core.tokens import OutputConstraint
+from serve_app.core.tokens import EngineImage, OutputConstraint
 from serve_app.engines.replay import PYTHON, Call, _is_json_object, _wanted_call, obey, remembered
 from serve_app.families.compaction import RECALL_REQUEST, SUMMARY_REQUEST
 from serve_app.families.control_tokens import text_tokenizer
 from serve_app.families.smollm2 import SMOLLM2, load_tokenizer
+from serve_app.families.vision import IMAGE_PAD, smollm2_vision_tokenizer
 
 if TYPE_CHECKING:
     from tokenizers import Tokenizer
@@ -55,7 +57,7 @@ def _offered_functions(system: str) -> dict[str, bool]:
     block = _TOOLS.search(system)
     if block is None:
         return {}
-    functions = [json.loads(line)["function"] for line in block.group(1).splitlines() if line.strip()]
+    functions = [json.loads(line)["function"] for line in block.group(1).split("\n") if line.strip()]
     return {function["name"]: _is_custom(function.get("parameters") or {}) for function in functions}
 
 
@@ -115,7 +117,41 @@ def script_qwen3_completion(prompt_token_ids: list[int], constraint: OutputConst
     if tokenizer.convert_tokens_to_ids("<|im_start|>") not in prompt_token_ids:  # a raw prompt: continued with itself
         return [*prompt_token_ids, tokenizer.eos_token_id]
     turns, opened = _turns(prompt_token_ids, tokenizer)
-    reasoning, answer = _answer(turns, constraint)
+    return _written(*_answer(turns, constraint), opened, tokenizer.eos_token_id)
+
+
+def script_qwen3_vl_completion(
+    prompt_token_ids: list[int], constraint: OutputConstraint | None = None, images: Sequence[EngineImage] = ()
+) -> list[int]:
+    """`qwen3-vl-replay`: the qwen3 rules, and one more before the echo (rule 4): when the
+    last user turn holds images (their placeholders' pad tokens; the prompt holds one per
+    image of the request, in order) -> `<think>The user showed N images.</think>` then
+    `I see N images: WxH, WxH.`, each image at the size the model sees it. A prompt whose
+    placeholders are not as many as the request's images gets an answer that says so."""
+    tokenizer = smollm2_vision_tokenizer()
+    start, pad = tokenizer.convert_tokens_to_ids(["<|im_start|>", IMAGE_PAD])
+    if start not in prompt_token_ids:
+        return [*prompt_token_ids, tokenizer.eos_token_id]
+    turns, opened = _turns(prompt_token_ids, tokenizer)
+    starts = [index for index, token in enumerate(prompt_token_ids) if token == start]
+    last_closed = prompt_token_ids[starts[-2] : starts[-1]] if len(starts) >= 2 else []  # before the generation prompt
+    asked = bool(turns) and turns[-1][0] == "user" and not _TOOL_RESPONSE.search(turns[-1][1])
+    shown = last_closed.count(pad) if asked else 0
+    placeholders = prompt_token_ids.count(pad)
+    if placeholders != len(images):
+        reasoning = "The prompt and the images disagree."
+        answer = f"The prompt holds {placeholders} image placeholders for {len(images)} images."
+    elif shown and constraint is None:
+        noun = "image" if shown == 1 else "images"
+        sizes = ", ".join(f"{image.width}x{image.height}" for image in images[len(images) - shown :])
+        reasoning, answer = f"The user showed {shown} {noun}.", f"I see {shown} {noun}: {sizes}."
+    else:  # a constrained answer (tools, a format) follows the qwen3 rules
+        reasoning, answer = _answer(turns, constraint)
+    return _written(reasoning, answer, opened, tokenizer.eos_token_id)
+
+
+def _written(reasoning: str, answer: str, opened: str, eos_token_id: int) -> list[int]:
+    """The completion's tokens: the think block (as the prompt left it) and the answer."""
     if "</think>" in opened or (answer[:1].isspace() and "<think>" not in opened):
         text = answer  # thinking off, or an answer whose leading whitespace must survive
     elif "<think>" in opened:  # the template opened the think block
@@ -123,7 +159,7 @@ def script_qwen3_completion(prompt_token_ids: list[int], constraint: OutputConst
     else:
         text = f"<think>\n{reasoning}\n</think>\n\n{answer}"
     # A text that spells a special token is written as text, as a model writes it.
-    return [*_text_tokenizer().encode(text, add_special_tokens=False).ids, tokenizer.eos_token_id]
+    return [*_text_tokenizer().encode(text, add_special_tokens=False).ids, eos_token_id]
 
 
 @functools.cache

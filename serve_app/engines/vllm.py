@@ -28,6 +28,7 @@ from serve_app.config import EnginePlacement, VLLMBackendConfig
 from serve_app.core.tokens import EngineRejected, FinishReason, GenerationRequest, TokenBatch, TokenLogprobs
 from serve_app.engines.allocator import drop_allocator_env
 from serve_app.engines.cpu_cores import cores_for_cpu_engine, format_cores
+from serve_app.families.vision import rgb_image
 
 if TYPE_CHECKING:  # only for annotations: vLLM is optional at import time
     from vllm.engine.arg_utils import AsyncEngineArgs
@@ -368,13 +369,18 @@ class VLLMBackend:
             sampling["structured_outputs"] = StructuredOutputsParams(**request.constraint.engine)
 
         request_id = request.request_id
+        engine_input: Any
+        if request.images:
+            engine_input = await _multimodal_input(engine, request)
+        else:
+            # An already-rendered engine input: vLLM neither re-tokenizes nor re-renders
+            # (a plain `TokensPrompt` goes through its deprecated raw-prompt path).
+            engine_input = tokens_input(list(request.prompt_token_ids), cache_salt=request.cache_salt)
         self._running.add(request_id)
         first = True
         finished = False
         outputs = engine.generate(
-            # An already-rendered engine input: vLLM neither re-tokenizes nor re-renders
-            # (a plain `TokensPrompt` goes through its deprecated raw-prompt path).
-            tokens_input(list(request.prompt_token_ids), cache_salt=request.cache_salt),
+            engine_input,
             SamplingParams(**sampling),
             request_id,
             priority=request.priority,  # ignored by an fcfs engine
@@ -445,6 +451,40 @@ class VLLMBackend:
         if self.engine is not None:
             self.engine.shutdown()
             self.engine = None
+
+
+def multimodal_prompt(request: GenerationRequest) -> dict[str, Any]:
+    """A vision model's prompt as vLLM's `TokensPrompt`: the prompt's token ids, one image
+    placeholder each (`<|vision_start|><|image_pad|><|vision_end|>`, written by the template),
+    and the images in their order as `multi_modal_data`, RGB at the size the ingress chose.
+    vLLM's multi-modal processor (Qwen2.5-VL, Qwen3-VL) widens each pad token into the image's
+    tokens. Blocking (decodes the images): call it in a worker thread."""
+    images = [rgb_image(image.data, image.width, image.height) for image in request.images]
+    prompt: dict[str, Any] = {"prompt_token_ids": list(request.prompt_token_ids), "multi_modal_data": {"image": images}}
+    if request.cache_salt is not None:
+        prompt["cache_salt"] = request.cache_salt
+    return prompt
+
+
+async def _multimodal_input(engine: AsyncLLM, request: GenerationRequest) -> Any:
+    """The engine input of a request with images, rendered by vLLM's renderer (its
+    multi-modal processor, off the event loop), as `Renderer.render_cmpl` makes one: what
+    `AsyncLLM.generate` takes without its deprecated raw-prompt path. A prompt or image the
+    processor refuses is the request's fault (`EngineRejected`, a 400)."""
+    from vllm.exceptions import GracefulHTTPError, VLLMClientError
+    from vllm.renderers.inputs.preprocess import parse_model_prompt
+
+    prompt = await asyncio.to_thread(multimodal_prompt, request)
+    renderer = engine.renderer
+    try:
+        (engine_input,) = await renderer.render_cmpl_async(
+            [parse_model_prompt(engine.model_config, prompt)], renderer.default_cmpl_tok_params
+        )
+    except (VLLMClientError, GracefulHTTPError) as exc:
+        raise _rejection(exc) from None
+    except ValueError as exc:  # the processor's: placeholders and images that disagree, an image it cannot take
+        raise EngineRejected(str(exc), client_error=True) from None
+    return engine_input
 
 
 def token_logprobs(completion: Any, top: int) -> list[TokenLogprobs]:

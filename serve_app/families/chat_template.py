@@ -25,7 +25,16 @@ from typing import Any, Protocol
 from jinja2 import TemplateError
 
 from serve_app.api.errors import invalid_request
-from serve_app.api.items import FunctionCallItem, FunctionCallOutputItem, HistoryItem, MessageItem, ReasoningItem
+from serve_app.api.items import (
+    FunctionCallItem,
+    FunctionCallOutputItem,
+    HistoryItem,
+    ImagePart,
+    MessageItem,
+    ReasoningItem,
+    image_parts,
+    parts_text,
+)
 from serve_app.api.request import ResponsesRequest
 from serve_app.api.tools import BuiltinTool, CustomTool, FunctionTool, NamespaceTool
 from serve_app.core.items import ItemSink
@@ -35,6 +44,7 @@ from serve_app.families.constraints import chat_template_constraint, custom_inpu
 from serve_app.families.control_tokens import ESCAPE, ControlTokens, Piece
 from serve_app.families.hosted import ToolCall, ToolOutput, rendered_items
 from serve_app.families.prompt_cache import DEFAULT_MAX_TOKENS, PromptCache
+from serve_app.families.vision import IMAGE_PAD, VisionSpec
 
 REASONING_PARSERS: dict[str, tuple[str, str]] = {
     "qwen3": ("<think>", "</think>"),
@@ -109,10 +119,20 @@ def _qualified(name: str, namespace: str | None) -> str:
     return f"{namespace}.{name}" if namespace else name
 
 
-def conversation(request: ResponsesRequest, history: list[HistoryItem], *, tool_calls: bool) -> list[dict[str, Any]]:
+def _user_content(item: MessageItem, images: bool) -> str | list[dict[str, Any]]:
+    """A message's content as the template takes it: its text, or, for a vision model and a
+    message with images, its parts in order (`{"type": "image"}` where an image was: the
+    template writes the image's placeholder there, as Qwen-VL's templates do)."""
+    if not images or not image_parts(item.content) or isinstance(item.content, str):
+        return item.text
+    return [{"type": "image"} if isinstance(part, ImagePart) else {"type": "text", "text": parts_text([part])} for part in item.content]
+
+
+def conversation(request: ResponsesRequest, history: list[HistoryItem], *, tool_calls: bool, images: bool = False) -> list[dict[str, Any]]:
     """The request as chat messages: instructions and leading system/developer messages merged
     into one system message (many templates take only one, first); reasoning attached to the
-    assistant turn it preceded; consecutive calls of one turn in one assistant message."""
+    assistant turn it preceded; consecutive calls of one turn in one assistant message.
+    `images`: a vision model's, whose user messages hold their images (`_user_content`)."""
     system = [request.instructions] if request.instructions else []
     messages: list[dict[str, Any]] = []
     reasoning: list[str] = []  # reasoning waiting for its assistant turn
@@ -134,7 +154,8 @@ def conversation(request: ResponsesRequest, history: list[HistoryItem], *, tool_
             if item.role in ("system", "developer") and not messages:
                 system.append(item.text)
             else:
-                messages.append({"role": "user" if item.role == "user" else "system", "content": item.text})
+                role = "user" if item.role == "user" else "system"
+                messages.append({"role": role, "content": _user_content(item, images and role == "user")})
         elif isinstance(item, ToolOutput):
             turn = None
             messages.append({"role": "tool", "tool_call_id": item.call_id, "name": item.chat_name, "content": item.text})
@@ -229,7 +250,10 @@ class ChatTemplateModel:
         tool_parser: str | None = None,
         template_kwargs: Mapping[str, Any] | None = None,
         prompt_cache_tokens: int = DEFAULT_MAX_TOKENS,
+        vision: VisionSpec | None = None,
     ) -> None:
+        """`vision`: a vision model's (its tokenizer has Qwen-VL's `<|image_pad|>` token: the
+        template writes one per image, `count_images` counts them)."""
         if getattr(tokenizer, "backend_tokenizer", None) is None:
             raise ValueError("chat-template models need a fast tokenizer (a tokenizer.json): it decodes the stream")
         self.tokenizer: Tokenizer = tokenizer
@@ -237,6 +261,13 @@ class ChatTemplateModel:
         if not (self.template or getattr(tokenizer, "chat_template", None)):
             raise ValueError("the tokenizer has no chat template: name one in the model's config")
         self.template_kwargs = dict(template_kwargs or {})
+        self.vision = vision
+        self.image_pad_id: int | None = None
+        if vision is not None:
+            pad = tokenizer.convert_tokens_to_ids(IMAGE_PAD)
+            if pad is None or pad == tokenizer.unk_token_id or IMAGE_PAD not in tokenizer.get_vocab():
+                raise ValueError(f"a vision model's tokenizer needs Qwen-VL's {IMAGE_PAD} token (its image placeholder)")
+            self.image_pad_id = pad
         self.tags = Tags(
             think=REASONING_PARSERS[reasoning_parser] if reasoning_parser else None,
             tool_call=TOOL_PARSERS[tool_parser] if tool_parser else None,
@@ -255,7 +286,7 @@ class ChatTemplateModel:
 
     def render_prompt(self, request: ResponsesRequest, history: list[HistoryItem]) -> list[int]:
         tool_calls = self.tags.tool_call is not None
-        messages = conversation(request, history, tool_calls=tool_calls)
+        messages = conversation(request, history, tool_calls=tool_calls, images=self.vision is not None)
         if not messages:  # only reasoning, which templates attach to an assistant turn
             raise invalid_request("The input has no message for the model's chat template to render.", param="input")
         # Tools are offered only when calls can be parsed back out of the completion.
@@ -283,6 +314,11 @@ class ChatTemplateModel:
             ) from exc
         # No string held a spelling: the text is what it always was, its special tokens the template's.
         return self._encode_protected(text) if protected else self.encode(text)
+
+    def count_images(self, prompt: list[int]) -> int:
+        """The images a prompt holds: its placeholders' pad tokens (only the template writes
+        one: a client's spelling of it is text)."""
+        return prompt.count(self.image_pad_id) if self.image_pad_id is not None else 0
 
     def encode_raw(self, text: str) -> list[int]:
         """A raw prompt's tokens: the text, special tokens' spellings in it as text."""

@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import contextvars
+import functools
 import json
 import logging
 import os
@@ -39,6 +40,8 @@ logger = logging.getLogger(__name__)
 Finish = Callable[[Response], Awaitable[None]]
 _ACTIVE = ("queued", "in_progress")
 TERMINAL_EVENTS = ("response.completed", "response.incomplete", "response.failed")
+_TERMINAL_FRAMES = tuple(f"event: {kind}\n".encode() for kind in TERMINAL_EVENTS)
+FOLLOW_WAIT_S = 5.0  # a follower reads the store at least this often when no notification comes
 
 
 def default_replica_id() -> str:
@@ -84,15 +87,21 @@ class BackgroundRuns:
         replica_id: str | None = None,
         renew_s: float = 0.5,
         poll_s: float = 0.1,
+        follow_wait_s: float = FOLLOW_WAIT_S,
         on_running: Callable[[int], None] = lambda running: None,
     ) -> None:
-        """`on_running` is told how many runs this replica has whenever that changes (metrics)."""
+        """`on_running` is told how many runs this replica has whenever that changes (metrics).
+        `poll_s`: how often a cancel looks whether the run has stopped, and a store that
+        failed an append is retried; `follow_wait_s`: the longest a follower waits for a
+        notification before it reads the store anyway."""
         self.responses = responses
         self.runs = runs
         self.replica_id = replica_id or default_replica_id()
         logger.info("background runs: replica id %s is %s pid %d", self.replica_id, socket.gethostname(), os.getpid())
         self.renew_s = renew_s
         self.poll_s = poll_s
+        self.follow_wait_s = follow_wait_s
+        self._waits: dict[tuple[str, int], asyncio.Task[int]] = {}  # followers' store waits, shared
         self._local: dict[str, _LocalRun] = {}
         self._on_running = on_running
 
@@ -356,8 +365,14 @@ class BackgroundRuns:
 
     async def follow(self, response_id: str, starting_after: int) -> AsyncGenerator[bytes, None]:
         """The SSE frames of a run's events after `starting_after`, live until the run ends.
-        A store that fails on the way ends the stream with an `error` event (numbered as the
-        next event would be: resume with `starting_after` of the last one received)."""
+        A run of another replica is read from the store's log as it grows: the follower waits
+        on the store's notification (`RunStore.wait_events`; one wait per position for every
+        follower of the run on this replica), at most `follow_wait_s`, then reads what it
+        must (a lost notification costs that long, never a hang; a dead owner's run is
+        failed on such a read). So a follower costs store calls per batch of events, not per
+        unit of time. A store that fails on the way ends the stream with an `error` event
+        (numbered as the next event would be: resume with `starting_after` of the last one
+        received)."""
         position = starting_after + 1
         while True:
             local = self._local.get(response_id)
@@ -372,25 +387,52 @@ class BackgroundRuns:
                 else:
                     await changed.wait()
                 continue
+            record: RunRecord | None = None
             try:
                 frames = await self.runs.events(response_id, position)
                 if not frames:
-                    record: RunRecord | None = await self.runs.get(response_id)
+                    record = await self.runs.get(response_id)
                     if record is not None and not record.closed and record.expired(self.runs.clock()):
                         await self._expire(response_id)
                         continue
             except StoreUnavailable as exc:
-                logger.warning("background response %s: following it stopped: %s", response_id, exc.message)
-                yield frame(ResponseErrorEvent(type="error", code=exc.code, message=exc.message, param=None, sequence_number=position))
+                yield self._follow_failed(response_id, position, exc)
                 return
             if frames:
                 position += len(frames)
                 yield b"".join(frames)
-                continue
-            if record is None:
+                if frames[-1].startswith(_TERMINAL_FRAMES):  # nothing follows a terminal event
+                    return
+            elif record is None:
                 return
-            if record.closed:
+            elif record.closed:
                 if record.length is None or position >= record.length:
                     return
                 continue
-            await asyncio.sleep(self.poll_s)
+            try:
+                await self._wait_events(response_id, position)
+            except StoreUnavailable as exc:
+                yield self._follow_failed(response_id, position, exc)
+                return
+
+    @staticmethod
+    def _follow_failed(response_id: str, position: int, exc: StoreUnavailable) -> bytes:
+        logger.warning("background response %s: following it stopped: %s", response_id, exc.message)
+        return frame(ResponseErrorEvent(type="error", code=exc.code, message=exc.message, param=None, sequence_number=position))
+
+    async def _wait_events(self, response_id: str, beyond: int) -> None:
+        """Until the run's log holds more than `beyond` events (or `follow_wait_s` passed): one
+        store wait shared by this replica's followers at that position."""
+        key = (response_id, beyond)
+        wait = self._waits.get(key)
+        if wait is None:
+            wait = asyncio.create_task(self.runs.wait_events(response_id, beyond, self.follow_wait_s))
+            self._waits[key] = wait
+            wait.add_done_callback(functools.partial(self._wait_done, key))
+        await asyncio.shield(wait)  # a follower that leaves does not end the others' wait
+
+    def _wait_done(self, key: tuple[str, int], wait: asyncio.Task[int]) -> None:
+        if self._waits.get(key) is wait:
+            del self._waits[key]
+        if not wait.cancelled():
+            wait.exception()  # retrieved (its followers, if any are left, get it too)

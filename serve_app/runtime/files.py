@@ -150,18 +150,25 @@ class FileInputs:
         tenant has none by that id, a 400 if it cannot be read)."""
         return (await self._uploaded(file_id, param))[1]
 
-    async def _uploaded(self, file_id: str, param: str) -> tuple[FileObject, Extracted]:
+    async def uploaded_bytes(self, file_id: str, max_bytes: int, param: str, bound: str = "files.input.max_bytes") -> bytes:
+        """The bytes of the tenant's uploaded file `file_id` (an image by `file_id` too): a 404
+        if the tenant has none by that id, a 400 `file_too_large` past `max_bytes` (the
+        setting `bound`), both naming `param`."""
+        return (await self._bytes(file_id, max_bytes, param, bound))[1]
+
+    async def _bytes(self, file_id: str, max_bytes: int, param: str, bound: str) -> tuple[FileObject, bytes]:
         if self.files is None:
             raise file_not_found(file_id, param)
         try:
-            found = await self.files.content(file_id, self.limits.max_bytes)
+            found = await self.files.content(file_id, max_bytes)
         except ValueError:
-            raise unreadable(
-                param, f"it has more than {self.limits.max_bytes} bytes (files.input.max_bytes)", code="file_too_large"
-            ) from None
+            raise unreadable(param, f"it has more than {max_bytes} bytes ({bound})", code="file_too_large") from None
         if found is None:
             raise file_not_found(file_id, param)
-        file, data = found
+        return found
+
+    async def _uploaded(self, file_id: str, param: str) -> tuple[FileObject, Extracted]:
+        file, data = await self._bytes(file_id, self.limits.max_bytes, param, "files.input.max_bytes")
         return file, await self._extract(data, file.filename, None, param)
 
     async def _extract(self, data: bytes, filename: str | None, media_type: str | None, param: str) -> Extracted:

@@ -30,11 +30,12 @@ from serve_app.core.encrypted_reasoning import ReasoningCipher, open_reasoning_i
 from serve_app.core.logprobs import LogprobFormatter
 from serve_app.core.stream import ResponseStream, new_id
 from serve_app.core.text_parser import TextParser
-from serve_app.core.tokens import EngineRejected, GenerationRequest, TokenBatch, TokenSource
+from serve_app.core.tokens import EngineImage, EngineRejected, GenerationRequest, TokenBatch, TokenSource
 from serve_app.families.harmony import HistoryItem
 from serve_app.families.truncation import fit_to_context, output_reserve, whole_from
 from serve_app.runtime.compaction import KEEP_USER_CHARS, Compacted, compacted_item, open_compactions, summary_request
 from serve_app.runtime.files import FileInputs
+from serve_app.runtime.images import prompt_images, read_images, refuse_text_only
 from serve_app.runtime.metrics import RequestTrace
 from serve_app.runtime.offload import BIG_HISTORY_CHARS, BIG_HISTORY_ITEMS, big_prompt, off_loop
 from serve_app.runtime.tool_loop import ToolRounds
@@ -64,6 +65,12 @@ class RenderedTurn(NamedTuple):
     affinity_key: str | None  # the conversation's, for the engine's router (`affinity_key`)
     history: list[HistoryItem]
     tools: ResponseTools | None  # the response's server-side tools
+    images: tuple[EngineImage, ...] = ()  # a vision model's: one per placeholder of the prompt, in order
+
+    @property
+    def input_tokens(self) -> int:
+        """The prompt's size as the engine counts it: each image's pad token widened."""
+        return len(self.prompt) + sum(image.tokens - 1 for image in self.images)
 
 
 async def render_turn(
@@ -91,6 +98,7 @@ async def render_turn(
     `files`: the tenant's reader of `input_file` parts (runtime/files.py; None: only
     `file_data` is read), which reads every part of the history into text before rendering."""
     response_id = response_id or new_id("resp")
+    refuse_text_only(request, model.name, model.images)  # before any store read
     files = files or FileInputs(None, None)
     items = await responses.resolve(request.input_items(), stored=request.store)  # item references: a store read each
 
@@ -137,6 +145,8 @@ async def render_turn(
     earlier = history[: len(history) - len(input_items)]
     await files.resolve_history(earlier)
     history = open_compactions([*history, *extra], cipher, len(input_items) + len(extra))
+    first_input = len(history) - len(extra) - len(input_items)
+    images = await read_images(request, history, first_input, len(input_items), model.name, model.images, files)
     tools = server_tools.for_response(request, history, input_items, tenant) if server_tools is not None else None
     offered = tools.offer(request) if tools is not None else request
 
@@ -159,7 +169,8 @@ async def render_turn(
     prompt, truncated_items = await off_loop(render_fitting) if big_prompt(history, len(request.tools)) else render_fitting()
     reused = cache.hit_tokens - reused_before if cache is not None else 0
     cost = RenderCost(time.perf_counter() - started, reused, rendered - reused)
-    return RenderedTurn(input_items, prompt, truncated_items, cost, affinity_key(request, history), history, tools)
+    kept = prompt_images(model.family, prompt, images)
+    return RenderedTurn(input_items, prompt, truncated_items, cost, affinity_key(request, history), history, tools, tuple(kept))
 
 
 # The newest items of a conversation a `truncation: "auto"` turn reads first; each further
@@ -340,6 +351,7 @@ async def start_turn(
             affinity=rendered.affinity_key,
             priority=engine_priority(tier),
             cache_salt=cache_salt,
+            images=list(rendered.images),
         )
         generation.prompt_logprobs = prompt_logprobs
     except ContextFull as exc:

@@ -28,6 +28,7 @@ from openai.types.responses import ResponseStreamEvent
 from serve_app.api.items import CompactionItem, HistoryItem
 from serve_app.api.request import ResponsesRequest
 from serve_app.core.tokens import GenerationRequest, TokenBatch
+from serve_app.runtime.images import prompt_images
 from serve_app.runtime.metrics import ToolRound
 from serve_app.runtime.offload import big_prompt, off_loop
 from serve_app.runtime.turn import Turn, engine_request
@@ -177,6 +178,7 @@ class ToolRounds:
             cache_salt=previous.cache_salt,  # the tenant's cached prefix: this round's prompt starts with it
             output_tokens=self.turn.stream.output_tokens,
             replica=self.replica if pinned else None,
+            images=prompt_images(self.turn.model.family, prompt, previous.images),  # a round adds tool outputs, never an image
         )
 
 

@@ -13,10 +13,11 @@ from openai.types.responses import ResponseUsage
 from serve_app.api.request import DEFAULT_TEMPERATURE, DEFAULT_TOP_P, ResponsesRequest
 from serve_app.core.items import CompletionParser, ItemSink
 from serve_app.core.stream import ResponseStream
-from serve_app.core.tokens import GenerationRequest, OutputConstraint, TokenSource
+from serve_app.core.tokens import EngineImage, GenerationRequest, OutputConstraint, TokenSource
 from serve_app.families.harmony import HarmonyModel, HistoryItem
 from serve_app.families.prompt_cache import PromptCache
 from serve_app.runtime.compaction import Compacted
+from serve_app.runtime.images import ImageReader
 from serve_app.runtime.metrics import RequestTrace
 from serve_app.state import StoreUnavailable
 from serve_app.state.conversations import ConversationStore
@@ -67,6 +68,8 @@ class ServedModel:
     tiered: bool = False
     # Whether `POST /v1/completions` may send it raw prompts (`ModelConfig.raw_prompts`).
     raw_prompts: bool = False
+    # A vision model's image reader (`ModelConfig.vision`); None: a text-only model (images are a 400).
+    images: ImageReader | None = None
 
 
 @dataclass(slots=True)
@@ -121,15 +124,19 @@ def engine_request(
     cache_salt: str | None,
     output_tokens: int = 0,
     replica: str | None = None,
+    images: list[EngineImage] | None = None,
 ) -> GenerationRequest:
     """The engine request for `prompt`: sampling as the request asks, output bounded by the
     context left and by what `max_output_tokens` leaves after `output_tokens` (written by
     earlier rounds), its structured-output constraint for `offered` (the request with the
     tools the model is offered). `replica`: the engine replica to pin (the previous round's).
-    Raises `ContextFull` when the prompt fills the context."""
-    room = model.max_model_len - len(prompt)
+    `images`: a vision model's, one per placeholder of `prompt`, in order; the tokens they
+    stand for count in the context. Raises `ContextFull` when the prompt fills the context."""
+    images = images or []
+    size = len(prompt) + sum(image.tokens - 1 for image in images)
+    room = model.max_model_len - size
     if room < 1:
-        raise ContextFull(len(prompt), model.max_model_len)
+        raise ContextFull(size, model.max_model_len)
     budget = offered.max_output_tokens
     return GenerationRequest(
         request_id=request_id,
@@ -147,4 +154,5 @@ def engine_request(
         priority=priority,
         replica=replica,
         cache_salt=cache_salt,
+        images=images,
     )

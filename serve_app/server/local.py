@@ -1,8 +1,8 @@
 """Serve the app in-process with uvicorn and no Ray: `python -m serve_app.server.local`.
 
 For debugging and as the no-Ray baseline of the benchmarks; production runs under Ray Serve.
-Serves both scripted models, `gpt-oss-replay` and `qwen3-replay`, built from their configs
-as Serve replicas build them.
+Serves the scripted models, `gpt-oss-replay`, `qwen3-replay` and `qwen3-vl-replay`, built
+from their configs as Serve replicas build them.
 """
 
 from __future__ import annotations
@@ -24,6 +24,16 @@ QWEN3_REPLAY: dict[str, Any] = {
 }
 
 
+# The scripted vision model, as in demo.yaml: it says what images it was shown.
+QWEN3_VL_REPLAY: dict[str, Any] = {
+    "name": "qwen3-vl-replay",
+    "family": "chat_template",
+    "chat_template": {"template": "qwen3-vl", "reasoning_parser": "qwen3", "tool_parser": "hermes"},
+    "backend": {"type": "replay", "script": "qwen3-vl"},
+    "vision": {"max_images": 8, "max_image_bytes": 4 * 1024 * 1024},
+}
+
+
 def replay_models(step_delay_ms: float = 0.0) -> list[ServedModel]:
     # Imported here: the tests read QWEN3_REPLAY without loading the backends.
     from serve_app.config import ModelConfig
@@ -32,7 +42,10 @@ def replay_models(step_delay_ms: float = 0.0) -> list[ServedModel]:
 
     configs = [
         ModelConfig(name="gpt-oss-replay", backend={"type": "replay", "step_delay_ms": step_delay_ms}),
-        ModelConfig.model_validate({**QWEN3_REPLAY, "backend": {**QWEN3_REPLAY["backend"], "step_delay_ms": step_delay_ms}}),
+        *(
+            ModelConfig.model_validate({**config, "backend": {**config["backend"], "step_delay_ms": step_delay_ms}})
+            for config in (QWEN3_REPLAY, QWEN3_VL_REPLAY)
+        ),
     ]
     return [served_model(m, make_backend(m.backend)) for m in configs]
 

@@ -6,7 +6,7 @@ before its body is read: server/routes/responses.py `admit`), so FastAPI knows n
 them. This module writes them into the app's schema from the very pydantic models the routes
 validate with (`OPERATIONS`), so the two cannot drift, then tightens them with what this
 app's settings enforce (`_Tightener`): `request_limits` (api/limits.py: strings, ids and
-names, arrays, input items, tools, metadata), the names of the served models (for
+names, arrays, input items, tools, metadata, image URLs), the names of the served models (for
 `/v1/completions`, of those that take raw prompts), the tag rules of the item and tool
 unions. What JSON Schema cannot say (rules across fields, references to stored objects,
 nesting and schema sizes) is listed in each operation's `x-unstated-rules` and description:
@@ -116,10 +116,26 @@ _REFERENCE_RULES = (
         "context, and tool outputs answer calls in it",
     ),
 )
+_MEDIA_RULES = (
+    Rule(
+        r"(input\[\d+\]\.content\[\d+\].*)|previous_response_id|conversation",
+        400,
+        "an `input_image` is read by a vision model only (the model's `vision` config), in user messages, at most "
+        "`vision.max_images` per conversation; it must be a readable image (a data URL, an http(s) URL the egress "
+        "policy allows, or an uploaded file) within the model's `vision` bounds",
+    ),
+    Rule(
+        r"input\[\d+\]\.(content|output)\[\d+\].*",
+        400,
+        "an `input_file` must be a readable document (PDF or text) within `files.input`, fetched under the egress policy by URL",
+    ),
+    Rule(r"input\[\d+\]\.(content|output)\[\d+\]\.file_id", 404, "an `input_image` or `input_file` `file_id` names a file of the caller's"),
+)
 _RESPONSES_RULES = (
     *_SHAPE_RULES,
     *_TOOL_RULES,
     *_REFERENCE_RULES,
+    *_MEDIA_RULES,
     Rule(r"background", 400, "`background: true` needs `store: true`"),
     Rule(r"conversation", 400, "at most one of `previous_response_id` and `conversation`"),
 )
@@ -162,7 +178,7 @@ OPERATIONS: dict[tuple[str, str], Operation] = {
         CompactRequest,
         CompactedResponse,
         "Compact a conversation",
-        rules=(*_SHAPE_RULES, *_REFERENCE_RULES),
+        rules=(*_SHAPE_RULES, *_REFERENCE_RULES, *_MEDIA_RULES),
     ),
     ("/v1/responses/input_tokens", "post"): Operation(
         ResponsesRequest, InputTokenCountResponse, "Count a response's input tokens", rules=_RESPONSES_RULES
@@ -182,6 +198,13 @@ OPERATIONS: dict[tuple[str, str], Operation] = {
                 "the messages render to a prompt within the model's context (and to at most `request_limits.max_input_items` items)",
             ),
             Rule(r"top_logprobs", 400, "`top_logprobs` needs `logprobs: true`"),
+            Rule(
+                r"messages\[\d+\]\.content\[\d+\].*",
+                400,
+                "an `image_url` part is read by a vision model only, in user messages, within its `vision` bounds; a "
+                "`file` part must be a readable document within `files.input`",
+            ),
+            Rule(r"messages\[\d+\]\.content\[\d+\]\.file_id", 404, "a `file` part's `file_id` names a file of the caller's"),
         ),
     ),
     ("/v1/completions", "post"): Operation(
@@ -516,6 +539,10 @@ class _Tightener:
                 self.done.add(name)
                 self._walk(self.components[name])
             return
+        if node.pop("x-image-url", None):  # api/limits.py IMAGE_URL_FIELD: an image's URL, a data URL holding the image
+            for string in self._strings(node):
+                string["maxLength"] = min(string.get("maxLength", self.limits.max_image_url_chars), self.limits.max_image_url_chars)
+            return
         marker = node.pop("x-json-schema", None)  # api/json_schema.py SCHEMA_FIELD
         if marker is not None:
             target = REF.format(model=JSON_SCHEMA_OBJECT if marker == "object" else JSON_SCHEMA)
@@ -554,8 +581,11 @@ class _Tightener:
 
     @staticmethod
     def _replace_any(node: dict[str, Any]) -> None:
-        """`Any` (a schema without a type, a reference or a union) -> a bounded `JsonValue`."""
-        if isinstance(node, dict) and not any(key in node for key in ("type", "$ref", "anyOf", "oneOf", "allOf", "enum", "const", "not")):
+        """`Any` (a schema without a type, a reference or a union) -> a bounded `JsonValue`. A
+        schema of properties alone (a branch of a rule across fields: `MessageItem`'s) is a
+        constraint beside its object's own schema, not `Any`."""
+        keys = ("type", "$ref", "anyOf", "oneOf", "allOf", "enum", "const", "not", "properties", "required")
+        if isinstance(node, dict) and not any(key in node for key in keys):
             node["$ref"] = REF.format(model=JSON_VALUE)
 
     # -- finding the parts of a property's schema --

@@ -3,9 +3,10 @@ one place where a route that writes or computes counts a request (`counted`).
 
 `POST /v1/responses` carries the headers of its own admission, and a 429 those of its
 refusal. The other routes that write or compute (conversation create, update and items
-create, `input_tokens`) depend on `counted` (`COUNTED`): one request from the tenant's
+create) depend on `counted` (`COUNTED`): one request from the tenant's
 `requests_per_minute` bucket before any of their work (a 429 when it is empty), whose
-headers their answer carries. Every other response of the tenant (reads, deletes, cancel, a
+headers their answer carries; `input_tokens` on `counted_tokens` (`COUNTED_TOKENS`), which
+also needs `tokens_per_minute` left, the tokens it counts then charged to it. Every other response of the tenant (reads, deletes, cancel, a
 404) gets the tenant's buckets as they are, read here without taking anything. Only `/health`
 and `/ready` (no tenant needed) never get them. A pure ASGI middleware inside `AuthMiddleware`
 (which names the tenant): it only adds to the headers of the response's start, and a tenant
@@ -42,7 +43,17 @@ async def counted(request: Request) -> None:
         setattr(request.state, TAKEN, await quota.take_request())
 
 
+async def counted_tokens(request: Request) -> None:
+    """`counted`, for a route whose work is a prompt's tokens (`input_tokens`): it also needs
+    some of the tenant's `tokens_per_minute` left (a 429 before the body is read), and charges
+    the tokens it rendered after (`TenantQuota.charge`)."""
+    quota = tenant_state(request).quota
+    if quota is not None and (quota.limits.requests_per_minute is not None or quota.limits.tokens_per_minute is not None):
+        setattr(request.state, TAKEN, await quota.take_request(tokens=True))
+
+
 COUNTED = [Depends(counted)]  # the `dependencies` of a route that counts a request
+COUNTED_TOKENS = [Depends(counted_tokens)]  # of one that counts a request and the tokens it renders
 
 
 class RateLimitHeaders:

@@ -13,10 +13,15 @@ tenant filling the store evicts its own keys, not the others'. Quota counters an
 tenant's limits (they are a few small keys per tenant). A key given a new expiry leaves its
 old heap entry behind, skipped when it comes up; the heap is rebuilt once those outnumber
 the keys. (A scan of every key on each write cost 14 ms a write at 100,000 keys.)
+
+`wait_length` waits on this process's own notification: every write to a key wakes the
+waiters of that key (a future each), which then look at the key again.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import heapq
 import itertools
 import json
@@ -64,6 +69,7 @@ class MemoryStore:
         self._evictable_bytes: dict[str, int] = {}
         self._expiries: list[tuple[float, int, str]] = []  # (expires_at, stamp, key), a heap
         self._stamps = itertools.count()
+        self._waiters: dict[str, set[asyncio.Future[None]]] = {}  # `wait_length` callers, by key
 
     def stats(self) -> dict[str, int]:
         return {"entries": len(self._entries), "bytes": self._bytes}
@@ -97,7 +103,14 @@ class MemoryStore:
             self._evictable[owner].move_to_end(key)
             self._evictable_bytes[owner] = self._evictable_bytes.get(owner, 0) + size
 
+    def _wake(self, key: str) -> None:
+        """`key` changed: its waiters look again."""
+        for waiter in self._waiters.pop(key, ()):
+            if not waiter.done():
+                waiter.set_result(None)
+
     def _set(self, key: str, value: bytes | list[bytes], ttl_s: float) -> None:
+        self._wake(key)
         if key in self._entries:
             self._drop(key)
         entry = _Entry(value, 0.0, _size(key, value), 0)
@@ -155,6 +168,7 @@ class MemoryStore:
         if self._live(key) is None:
             return False
         self._drop(key)
+        self._wake(key)
         return True
 
     async def expire(self, keys: Sequence[str], ttl_s: float) -> int:
@@ -184,6 +198,7 @@ class MemoryStore:
         entry.size += sum(len(v) for v in added)
         self._expire_at(key, entry, self._clock() + ttl_s)
         self._grow(key, sum(len(v) for v in added))
+        self._wake(key)
         length = len(entry.value)
         self._evict(keep=key)
         return length
@@ -207,6 +222,25 @@ class MemoryStore:
         expires_at = entry.expires_at
         self._set(key, remaining, max(expires_at - self._clock(), 0.0))
         return True
+
+    # -- notification --
+
+    async def wait_length(self, key: str, beyond: int, timeout_s: float) -> int:
+        length = await self.length(key)
+        if length > beyond or timeout_s <= 0:
+            return length
+        waiter = asyncio.get_running_loop().create_future()
+        self._waiters.setdefault(key, set()).add(waiter)
+        try:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(waiter, timeout_s)
+        finally:
+            waiters = self._waiters.get(key)
+            if waiters is not None:
+                waiters.discard(waiter)
+                if not waiters:
+                    del self._waiters[key]
+        return await self.length(key)
 
     # -- quotas --
 

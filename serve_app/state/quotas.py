@@ -173,11 +173,12 @@ class TenantQuota:
         self.limits = limits
         self.keeper = keeper
 
-    async def admit(self, *, background: bool = False) -> Admission:
+    async def admit(self, *, background: bool = False, follower: bool = False) -> Admission:
         """Take a request's place within the limits, or raise `RateLimited` (nothing taken then).
         An HTTP request is admitted from its headers, before its body is read (`background`
         False; `Admission.lease_background` once the body says so); a WebSocket message as its
-        response starts."""
+        response starts. A `follower` (a stream of a background response's events, a read that
+        generates nothing) takes its place among the concurrent requests and nothing else."""
         limits = self.limits
         admission = Admission(self, uuid.uuid4().hex, [])
         try:
@@ -185,9 +186,9 @@ class TenantQuota:
                 await self.lease(admission, CONCURRENT_KEY, limits.max_concurrent_requests, "max_concurrent_requests")
             if background and limits.max_background is not None:
                 await self.lease(admission, BACKGROUND_KEY, limits.max_background, "max_background")
-            if limits.tokens_per_minute is not None:  # any left: the request's own tokens are counted as they come
+            if limits.tokens_per_minute is not None and not follower:  # any left: the request's own tokens are counted as they come
                 admission.headers |= await self._take(TOKENS_KEY, limits.tokens_per_minute, "tokens", cost=0)
-            if limits.requests_per_minute is not None:
+            if limits.requests_per_minute is not None and not follower:
                 admission.headers |= await self._take(REQUESTS_KEY, limits.requests_per_minute, "requests", cost=1)
         except BaseException as exc:
             if isinstance(exc, RateLimited):  # its headers with those of the buckets already read
@@ -200,13 +201,18 @@ class TenantQuota:
         weakref.finalize(admission, _stop_renewing, self.keeper, self.store.prefix, admission.holder, admission.leases)
         return admission
 
-    async def take_request(self) -> dict[str, str]:
+    async def take_request(self, *, tokens: bool = False) -> dict[str, str]:
         """One request of a route that writes or computes but holds no place (conversation
         writes, `input_tokens`): taken from `requests_per_minute` (none: nothing taken), or
-        `RateLimited`; the `x-ratelimit-*` headers of its take (and of the tokens bucket as it is)."""
+        `RateLimited`; the `x-ratelimit-*` headers of its take (and of the tokens bucket as it is).
+        `tokens`: the route's work is tokens (`input_tokens` renders a prompt, `charge`d after),
+        so it also needs some left of `tokens_per_minute`, as a response does."""
         headers: dict[str, str] = {}
         if self.limits.tokens_per_minute is not None:
-            headers |= await self._level(TOKENS_KEY, self.limits.tokens_per_minute, "tokens")
+            if tokens:
+                headers |= await self._take(TOKENS_KEY, self.limits.tokens_per_minute, "tokens", cost=0)
+            else:
+                headers |= await self._level(TOKENS_KEY, self.limits.tokens_per_minute, "tokens")
         if self.limits.requests_per_minute is not None:
             try:
                 headers |= await self._take(REQUESTS_KEY, self.limits.requests_per_minute, "requests", cost=1)

@@ -4,13 +4,21 @@ Survives Serve restarts and redeploys, and several Serve applications can share 
 (each under its own key prefix). Only commands Valkey has too: GET/SET PX/DEL/PEXPIRE,
 RPUSH/LRANGE/LLEN/LREM, TYPE, HMGET/HSET and ZADD/ZREM/ZCARD/ZSCORE/ZREMRANGEBYSCORE
 (quotas), and EVAL for the read-modify-write primitives, so each is atomic on the server. Every key gets a TTL when written.
+
+Notification (`wait_length`) is Redis pub/sub, which needs no server configuration (keyspace
+notifications would): `append` publishes the list's new length on a channel named as the
+key, and each `RedisStore` holds one subscriber connection, subscribed to the keys its
+waiters wait on (one subscription per key, however many wait on it). A message lost while
+that connection is down costs a waiter its timeout; it then reads the length.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import functools
 import logging
-from collections.abc import Awaitable, Callable, Coroutine, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Sequence
 from typing import Any, Concatenate, ParamSpec, TypeVar, cast
 
 import redis.asyncio as aioredis
@@ -42,6 +50,7 @@ local length = redis.call('LLEN', KEYS[1])
 if ARGV[2] ~= '' and length ~= tonumber(ARGV[2]) then return -1 end
 for i = 3, #ARGV do length = redis.call('RPUSH', KEYS[1], ARGV[i]) end
 if length > 0 then redis.call('PEXPIRE', KEYS[1], ARGV[1]) end
+if #ARGV > 2 then redis.call('PUBLISH', KEYS[1], length) end
 return length
 """
 
@@ -159,6 +168,7 @@ class RedisStore:
         self._take = self.client.register_script(_TAKE)
         self._lease = self.client.register_script(_LEASE)
         self._renew = self.client.register_script(_RENEW)
+        self._subscriber = _Subscriber(self.client)
 
     def _key(self, key: str) -> str:
         return self.prefix + key
@@ -246,8 +256,92 @@ class RedisStore:
     async def release(self, key: str, holder: str) -> None:
         await self.client.zrem(self._key(key), holder)
 
+    async def wait_length(self, key: str, beyond: int, timeout_s: float) -> int:
+        channel = self._key(key).encode()
+        async with self._subscriber.waiting(channel) as published:
+            length = await self.length(key)  # after subscribing: no append falls between the two
+            if length > beyond or timeout_s <= 0:
+                return length
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(timeout_s):
+                    while (length := await published.get()) <= beyond:
+                        pass
+                    return length
+        return await self.length(key)
+
     async def close(self) -> None:
+        await self._subscriber.close()
         await self.client.aclose()
+
+
+class _Subscriber:
+    """One pub/sub connection for a `RedisStore`'s waiters: a key is subscribed while anyone
+    waits on it, and every message (a list's new length) goes to each of its waiters' queues.
+    The connection's failures are logged and retried by its reader; waiters meanwhile time out."""
+
+    def __init__(self, client: aioredis.Redis) -> None:
+        self._client = client
+        self._pubsub: Any = None  # redis.asyncio.client.PubSub, made on the first wait
+        self._reader: asyncio.Task[None] | None = None
+        self._waiters: dict[bytes, set[asyncio.Queue[int]]] = {}
+        self._commands = asyncio.Lock()  # one (un)subscribe at a time on the connection: concurrent writes broke it
+
+    @contextlib.asynccontextmanager
+    async def waiting(self, channel: bytes) -> AsyncIterator[asyncio.Queue[int]]:
+        queue: asyncio.Queue[int] = asyncio.Queue(maxsize=64)
+        waiters = self._waiters.setdefault(channel, set())
+        first = not waiters
+        waiters.add(queue)
+        try:
+            if first:
+                await self._subscribe(channel)
+            yield queue
+        finally:
+            waiters.discard(queue)
+            if not waiters and self._waiters.get(channel) is waiters:
+                del self._waiters[channel]
+                await self._unsubscribe(channel)
+
+    async def _subscribe(self, channel: bytes) -> None:
+        """Subscribed when this returns, or logged: its waiters then wait out their timeout."""
+        try:
+            if self._pubsub is None:
+                self._pubsub = self._client.pubsub()
+            async with self._commands:
+                await self._pubsub.subscribe(channel)
+            if self._reader is None or self._reader.done():
+                self._reader = asyncio.create_task(self._read(), name="redis store notifications")
+        except (redis_errors.RedisError, OSError) as exc:
+            logger.warning("the response store (Redis): no notifications for now (%s); waiters fall back to reads", exc)
+
+    async def _unsubscribe(self, channel: bytes) -> None:
+        if self._pubsub is not None:
+            with contextlib.suppress(redis_errors.RedisError, OSError):
+                async with self._commands:
+                    await self._pubsub.unsubscribe(channel)
+
+    async def _read(self) -> None:
+        while True:
+            try:
+                message = await self._pubsub.get_message(ignore_subscribe_messages=True, timeout=1.0)
+            except (redis_errors.RedisError, OSError) as exc:  # reconnected (and resubscribed) by the next read
+                logger.warning("the response store (Redis): notifications interrupted (%s); retrying", exc)
+                await asyncio.sleep(1.0)
+                continue
+            if message is None or message.get("type") != "message":
+                continue
+            for queue in self._waiters.get(message["channel"], ()):
+                with contextlib.suppress(asyncio.QueueFull):  # a waiter that far behind reads the length itself
+                    queue.put_nowait(int(message["data"]))
+
+    async def close(self) -> None:
+        if self._reader is not None:
+            self._reader.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._reader
+        if self._pubsub is not None:
+            with contextlib.suppress(redis_errors.RedisError, OSError):
+                await self._pubsub.aclose()
 
 
 async def server_version(url: str, password: str | None = None, timeout_s: float = 2.0) -> str:

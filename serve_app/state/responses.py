@@ -47,6 +47,7 @@ from serve_app.api.items import (
     FunctionCallItem,
     FunctionCallOutputItem,
     HistoryItem,
+    ImagePart,
     ItemReference,
     McpCallItem,
     MessageItem,
@@ -203,9 +204,11 @@ def with_tool_text(item: HistoryItem, tool_texts: Mapping[str, str] | None) -> H
 
 
 def _input_part(part: ContentPart) -> dict[str, Any]:
-    """A content part of an input item as the API lists it: a file as it was sent."""
+    """A content part of an input item as the API lists it: a file or an image as it was sent."""
     if isinstance(part, FilePart):
         return part.model_dump(exclude_none=True)
+    if isinstance(part, ImagePart):
+        return part.model_dump()
     return {"type": "input_text", "text": part.text if isinstance(part, TextPart) else part.refusal}
 
 

@@ -140,6 +140,11 @@ class RunStore:
     async def length(self, response_id: str) -> int:
         return await self.store.length(events_key(response_id))
 
+    async def wait_events(self, response_id: str, beyond: int, timeout_s: float) -> int:
+        """Wait (at most `timeout_s`) until the log holds more than `beyond` events: its length
+        then (`beyond` or less when the time ran out). The store's notification, not reads."""
+        return await self.store.wait_length(events_key(response_id), beyond, timeout_s)
+
     async def delete(self, response_id: str) -> None:
         """A run and all trace of it: record, event log, place among the open runs."""
         await self.store.delete(run_key(response_id))

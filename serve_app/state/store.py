@@ -8,7 +8,12 @@ contract test suite (tests/state/test_store_contract.py) covers them all and eve
 - lists, append-only (event logs, conversation items): `append` (all values or none,
   optionally only at an expected length), `range`, `length`, `remove`;
 - quotas (serve_app/state/quotas.py): token buckets (`take`) and expiring leases
-  (`lease`, `renew`, `release`), timed by the store's own clock so that every replica agrees.
+  (`lease`, `renew`, `release`), timed by the store's own clock so that every replica agrees;
+- a notification: `wait_length` returns as soon as a list grows past a length (a follower of
+  a background run waits on it instead of reading the log over and over). Each backend
+  notifies its own way: `MemoryStore` in its process (the embedded store in its replica, which
+  every ingress replica calls), `RedisStore` by pub/sub; the wait is bounded, and a
+  notification lost (a dropped connection) costs a waiter only its timeout, never a hang.
 
 Every write carries a TTL (seconds): nothing stays forever. Values and lists share one key
 space; `delete` and `expire` work on both. Keys are plain strings; a backend may prefix
@@ -93,6 +98,12 @@ class Store(Protocol):
     async def release(self, key: str, holder: str) -> None:
         """Give a lease up (absent: nothing happens)."""
 
+    # -- notification --
+    async def wait_length(self, key: str, beyond: int, timeout_s: float) -> int:
+        """Wait until the list at `key` holds more than `beyond` elements, at most `timeout_s`
+        seconds: its length then (at most `beyond` when the time ran out or the list is gone).
+        Returns at once when it already does."""
+
     async def close(self) -> None:
         """Release connections (idempotent)."""
 
@@ -116,9 +127,10 @@ class BoundedStore:
         self.inner = store
         self.timeout_s = timeout_s
 
-    async def _bounded(self, call: Awaitable[T]) -> T:
+    async def _bounded(self, call: Awaitable[T], wait_s: float = 0.0) -> T:
+        """`call`, within the timeout (plus `wait_s`, a wait the call is asked to make)."""
         try:
-            return await asyncio.wait_for(call, self.timeout_s)
+            return await asyncio.wait_for(call, self.timeout_s + wait_s)
         except TimeoutError:
             raise StoreUnavailable(f"The response store did not answer within {self.timeout_s:g} s; retry later.") from None
         except StoreUnavailable:
@@ -165,6 +177,10 @@ class BoundedStore:
 
     async def release(self, key: str, holder: str) -> None:
         return await self._bounded(self.inner.release(key, holder))
+
+    async def wait_length(self, key: str, beyond: int, timeout_s: float) -> int:
+        # The wait is the caller's; the store's answer after it is bounded as any other.
+        return await self._bounded(self.inner.wait_length(key, beyond, timeout_s), wait_s=timeout_s)
 
     async def close(self) -> None:
         await self.inner.close()

@@ -73,5 +73,8 @@ class TenantStore:
     async def release(self, key: str, holder: str) -> None:
         await self.inner.release(self._key(key), holder)
 
+    async def wait_length(self, key: str, beyond: int, timeout_s: float) -> int:
+        return await self.inner.wait_length(self._key(key), beyond, timeout_s)
+
     async def close(self) -> None:
         pass  # the shared store is closed by its owner

@@ -1,8 +1,8 @@
 """The egress policy's address rules, one place for every outbound connection the server
-makes for a request (the browser's fetches, MCP servers, the built-in tools at a URL): which
-addresses are not public, and the machine's resolver bounded in time. Each caller checks
-every address a name resolves to and connects to the address it checked (no second lookup
-for a rebinding attacker to answer differently)."""
+makes for a request (the browser's fetches, MCP servers, the built-in tools at a URL, files'
+and a vision model's images' URLs): which addresses are not public, and the machine's
+resolver bounded in time. Each caller checks every address a name resolves to and connects to the
+address it checked (no second lookup for a rebinding attacker to answer differently)."""
 
 from __future__ import annotations
 

@@ -264,3 +264,34 @@ def test_any_value_anywhere_is_a_request_or_a_400(field, value):
     except APIError as error:
         refusal = error
     assert refusal is None or refusal.status_code == 400
+
+
+def test_an_image_url_is_bounded_by_its_own_limit_not_the_texts():
+    """A data URL is the image itself: longer than any text may be, bounded by `max_image_url_chars`."""
+    limits = SMALL.model_copy(update={"max_image_url_chars": 4096})
+    url = "data:image/png;base64," + "A" * 3000  # longer than max_text_chars (1024)
+    image = {"type": "input_image", "image_url": url, "file_id": None}
+    ok = parse_request(json.dumps(request(input=[{"role": "user", "content": [image]}])).encode(), limits)
+    assert ok.input_items()[0].content[0].image_url == url
+    too_long = {**image, "image_url": url + "A" * 2000}
+    error = refused(request(input=[{"role": "user", "content": [too_long]}]), limits)
+    assert (error.param, error.code) == ("input[0].content[0]", "string_above_max_length")
+    assert "request_limits.max_image_url_chars" in error.message
+    # Any other string that long is still a text over its limit.
+    assert refused(request(input=[{"role": "user", "content": [{"type": "input_text", "text": url}]}]), limits).code == (
+        "string_above_max_length"
+    )
+
+
+def test_a_chat_image_url_is_bounded_by_the_image_limit():
+    from serve_app.api.chat import parse_chat_request
+
+    limits = SMALL.model_copy(update={"max_image_url_chars": 4096})
+    url = "data:image/png;base64," + "A" * 3000
+    part = {"type": "image_url", "image_url": {"url": url, "detail": "low"}}
+    _, responses = parse_chat_request(json.dumps({"model": "m", "messages": [{"role": "user", "content": [part]}]}).encode(), limits)
+    assert responses.input_items()[0].content[0].model_dump() == {"type": "input_image", "image_url": url, "file_id": None, "detail": "low"}
+    part["image_url"]["url"] += "A" * 2000
+    with pytest.raises(APIError) as error:
+        parse_chat_request(json.dumps({"model": "m", "messages": [{"role": "user", "content": [part]}]}).encode(), limits)
+    assert error.value.param == "messages[0].content[0].image_url"

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 import tests.support.cluster_env  # noqa: F401  (the cluster's environment, before Ray starts)
-from tests.conftest import QWEN3_REPLAY
+from tests.conftest import QWEN3_REPLAY, QWEN3_VL_REPLAY
 from tests.support.servers import free_port, wait_until
 from tests.support.vllm_models import TINY_MAX_LOGPROBS, VLLM_NGRAM, have_vllm, vllm_harmony_model, vllm_model
 
@@ -25,6 +25,7 @@ E2E_ARGS = {
     "models": [
         {"name": "gpt-oss-replay", "engine": {"num_replicas": 1, "ray_actor_options": {"num_cpus": 0}}},
         QWEN3_REPLAY,
+        QWEN3_VL_REPLAY,
         {
             "name": "gpt-oss-replay-slow",
             "backend": {"type": "replay", "step_delay_ms": SLOW_STEP_MS},

@@ -34,6 +34,10 @@ def test_background_stream_resumed_on_the_other_replica(serve_url):
     bg_scenarios.background_stream_resume(serve_url, SLOW, other_replica=True)
 
 
+def test_background_followed_live_on_the_other_replica(serve_url):
+    bg_scenarios.background_followed_live_on_the_other_replica(serve_url, SLOW)
+
+
 def test_background_errors(serve_url):
     bg_scenarios.background_errors(serve_url, MODEL)
 

@@ -30,7 +30,7 @@ def test_16_concurrent_streams(inprocess_url, replay_backend):
 
 def test_models_and_retrieve(inprocess_url):
     sdk = sdk_scenarios.client(inprocess_url)
-    assert [m.id for m in sdk.models.list()] == ["gpt-oss-replay", "qwen3-replay", "qwen3-replay-thinking"]
+    assert [m.id for m in sdk.models.list()] == ["gpt-oss-replay", "qwen3-replay", "qwen3-replay-thinking", "qwen3-vl-replay"]
     assert sdk.models.retrieve("qwen3-replay") == next(m for m in sdk.models.list() if m.id == "qwen3-replay")
     for missing in ("nope", "org/nope"):
         with pytest.raises(openai.NotFoundError) as error:

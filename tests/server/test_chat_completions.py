@@ -86,6 +86,18 @@ def test_an_answer_streamed_and_not_is_the_same_with_reasoning_apart(client, mod
 
 
 @pytest.mark.parametrize("model", FAMILIES)
+@pytest.mark.parametrize("separator", ["\u0085", "\u2028", "\x1c", "\r"])
+def test_a_tool_described_with_a_line_separator_is_still_offered(client, model, separator):
+    """Unicode line separators inside a tool's JSON are text, not the template's lines (the
+    qwen3 replay split them as lines: a 503, found by the schema fuzzer)."""
+    tool = {"type": "function", "function": {**LOOKUP["function"], "description": f"a{separator}b"}}
+    answer = client.chat.completions.create(
+        model=model, messages=[{"role": "user", "content": 'call lookup {"city": "Oslo"}'}], tools=[tool]
+    )
+    assert answer.choices[0].finish_reason == "tool_calls"
+
+
+@pytest.mark.parametrize("model", FAMILIES)
 def test_a_tool_call_and_its_result_round_trip(client, model):
     messages = [{"role": "user", "content": 'call lookup {"city": "Oslo"}'}]
     first = client.chat.completions.create(model=model, messages=messages, tools=[LOOKUP])

@@ -315,13 +315,14 @@ def test_hostile_files_are_clear_400s(server, data, why):
         sdk(server).files.delete(file.id)
 
 
-def test_a_part_names_exactly_one_source_and_images_stay_refused(server):
+def test_a_part_names_exactly_one_source_and_a_text_model_refuses_images(server):
     for part in ({"type": "input_file"}, {"type": "input_file", "file_id": "file-x", "file_data": "aGk="}):
         with pytest.raises(openai.BadRequestError):
             ask(server, "gpt-oss-replay", [part])
     with pytest.raises(openai.BadRequestError) as error:
         ask(server, "gpt-oss-replay", [{"type": "input_image", "image_url": "data:image/png;base64,aGk="}])
-    assert "images and audio are not supported" in error.value.body["message"]
+    assert "does not read images" in error.value.body["message"]  # a vision model's: tests/server/test_images.py
+    assert error.value.body["param"] == "input[0].content[1]"
     with pytest.raises(openai.BadRequestError) as error:
         ask(server, "gpt-oss-replay", [{"type": "input_file", "file_data": "data:text/plain;base64,!!!"}])
     assert error.value.body["param"] == "input[0].content[1].file_data"

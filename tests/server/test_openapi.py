@@ -17,7 +17,9 @@ from serve_app.engines.replay import ReplayBackend
 from serve_app.server.app import ServedModel, ServerSettings, create_app
 from serve_app.server.openapi import OPERATIONS
 
-LIMITS = RequestLimits(max_input_items=7, max_tools=5, max_array_items=9, max_id_chars=80, max_metadata_pairs=3, max_text_chars=2000)
+LIMITS = RequestLimits(
+    max_input_items=7, max_tools=5, max_array_items=9, max_id_chars=80, max_metadata_pairs=3, max_text_chars=2000, max_image_url_chars=4096
+)
 
 
 @pytest.fixture(scope="module")
@@ -109,7 +111,21 @@ REFUSED = [
         },
         "tools[0].ranking_options",
     ),
+    ({**OK, "input": [{"role": "user", "content": [{"type": "input_image", "image_url": "u", "file_id": "f"}]}]}, "input[0].content[0]"),
+    ({**OK, "input": [{"role": "user", "content": [{"type": "input_file"}]}]}, "input[0].content[0]"),
+    ({**OK, "input": [{"role": "user", "content": [{"type": "input_image", "image_url": "d" * 4097}]}]}, "input[0].content[0]"),
 ]
+
+
+def test_an_image_url_is_bounded_by_its_own_limit(document):
+    """`max_image_url_chars`, not `max_text_chars`: a data URL holds the image."""
+    image = {"type": "input_image", "image_url": "data:image/png;base64," + "A" * 3000}
+    assert validator(document, "/v1/responses").is_valid({**OK, "input": [{"role": "user", "content": [image]}]})
+    chat = {"type": "image_url", "image_url": {"url": image["image_url"]}}
+    body = {"model": "chat-only", "messages": [{"role": "user", "content": [chat]}]}
+    assert validator(document, "/v1/chat/completions").is_valid(body)
+    chat["image_url"]["url"] = "d" * 4097
+    assert not validator(document, "/v1/chat/completions").is_valid(body)
 
 
 @pytest.mark.parametrize(("body", "param"), REFUSED, ids=[param for _, param in REFUSED])

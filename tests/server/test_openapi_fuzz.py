@@ -25,7 +25,7 @@ from serve_app.engines.replay import ReplayBackend
 from serve_app.runtime.models import served_model
 from serve_app.server.app import ServedModel, ServerSettings, create_app
 from serve_app.server.openapi import OPERATIONS
-from tests.conftest import QWEN3_REPLAY
+from tests.conftest import QWEN3_REPLAY, QWEN3_VL_REPLAY
 
 # Small, so that generated requests reach them (each at the least its setting allows).
 LIMITS = RequestLimits(
@@ -37,6 +37,7 @@ LIMITS = RequestLimits(
     max_metadata_pairs=3,
     max_metadata_key_chars=8,
     max_metadata_value_chars=16,
+    max_image_url_chars=2048,
 )
 POSTS = sorted(path for path, method in OPERATIONS if method == "post")
 # Refused requests of an operation without a body: only its path, which is fixed here.
@@ -47,14 +48,16 @@ EXAMPLES = 200
 @pytest.fixture(scope="module")
 def app(tmp_path_factory):
     """Both families (the qwen3 one from its config, as a Serve replica builds it), both
-    taking raw prompts, one that does not: an anonymous caller without quotas (no 429s);
-    files and vector stores in directories of the test's."""
+    taking raw prompts, one that does not, a vision model (images are read): an anonymous
+    caller without quotas (no 429s); files and vector stores in directories of the test's."""
     root = tmp_path_factory.mktemp("fuzz")
     qwen3 = ModelConfig.model_validate({**QWEN3_REPLAY, "raw_prompts": True})
+    vision = ModelConfig.model_validate(QWEN3_VL_REPLAY)
     models = [
         ServedModel("gpt-oss-replay", ReplayBackend(), raw_prompts=True),
         served_model(qwen3, make_backend(qwen3.backend)),
         ServedModel("templated-only", ReplayBackend()),
+        served_model(vision, make_backend(vision.backend)),
     ]
     settings = ServerSettings(
         request_limits=LIMITS,

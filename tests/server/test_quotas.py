@@ -16,7 +16,7 @@ from tests.support.contract import parse_sse
 from tests.support.servers import uvicorn_server
 from tests.support.tenant_scenarios import bearer
 
-KEYS = {name: f"sk-{name}-0123456789abcdef" for name in ("burst", "busy", "tokens", "free", "socket", "metered")}
+KEYS = {name: f"sk-{name}-0123456789abcdef" for name in ("burst", "busy", "tokens", "free", "socket", "metered", "single", "pair")}
 AUTH = AuthConfig.model_validate(
     {
         "keys": [
@@ -26,6 +26,8 @@ AUTH = AuthConfig.model_validate(
             {"tenant": "free", "key_env": "FREE"},
             {"tenant": "socket", "key_env": "SOCKET", "limits": {"requests_per_minute": 1}},
             {"tenant": "metered", "key_env": "METERED", "limits": {"requests_per_minute": 3, "tokens_per_minute": 1_000_000}},
+            {"tenant": "single", "key_env": "SINGLE", "limits": {"max_concurrent_requests": 1}},
+            {"tenant": "pair", "key_env": "PAIR", "limits": {"max_concurrent_requests": 2}},
         ]
     }
 )
@@ -72,6 +74,10 @@ def test_requests_per_minute_holds_across_replicas_and_the_sdk_retries(replica_u
 
 def test_max_concurrent_requests_holds_across_replicas(replica_urls):
     tenant_scenarios.max_concurrent_requests_refuses_the_next(replica_urls[0], KEYS["busy"], "slow", limit=2)
+
+
+def test_followers_of_background_responses_hold_concurrent_places(replica_urls):
+    tenant_scenarios.followers_hold_concurrent_places(replica_urls[0], replica_urls[1], KEYS["single"], KEYS["pair"], "slow")
 
 
 def test_max_background_refuses_the_next(replica_urls):
@@ -188,13 +194,14 @@ def test_a_read_is_answered_without_rate_headers_when_the_store_cannot_count():
 
 # -- the routes that write or compute count a request ---------------------------------------------
 
-COUNTED_KEYS = {name: f"sk-{name}-0123456789abcdef" for name in ("writer", "counter", "bystander", "free")}
+COUNTED_KEYS = {name: f"sk-{name}-0123456789abcdef" for name in ("writer", "counter", "bystander", "free", "tokencounter")}
 COUNTED_AUTH = AuthConfig.model_validate(
     {
         "keys": [
             {"tenant": "writer", "key_env": "WRITER", "limits": {"requests_per_minute": 2}},
             {"tenant": "counter", "key_env": "COUNTER", "limits": {"requests_per_minute": 2, "tokens_per_minute": 1_000_000}},
             {"tenant": "bystander", "key_env": "BYSTANDER", "limits": {"requests_per_minute": 2}},
+            {"tenant": "tokencounter", "key_env": "TOKENCOUNTER", "limits": {"tokens_per_minute": 1000}},
             {"tenant": "free", "key_env": "FREE"},
         ]
     }
@@ -262,8 +269,8 @@ def test_conversation_writes_count_and_are_refused_past_the_limit(still_urls, me
 
 def test_input_tokens_counts_and_is_refused_past_the_limit(still_urls):
     """Counting input tokens renders the input: each call takes a request (its answer carries
-    the headers of its own take, and the tokens bucket's), the third is a 429, and so is a
-    response after it."""
+    the headers of its own take, and the tokens bucket's) and is charged the tokens it counted,
+    as a response's prompt is; the third is a 429, and so is a response after it."""
     body = {"model": "gpt-oss-replay", "input": "how many tokens " * 1000}
     with httpx.Client(timeout=60, headers=bearer(COUNTED_KEYS["counter"])) as http:
         for index, remaining in enumerate(("1", "0")):
@@ -271,12 +278,34 @@ def test_input_tokens_counts_and_is_refused_past_the_limit(still_urls):
             assert counted.status_code == 200
             assert counted.json()["input_tokens"] > 1000
             assert counted.headers["x-ratelimit-remaining-requests"] == remaining
-            assert counted.headers["x-ratelimit-remaining-tokens"] == "1000000"  # counting them uses none
         for url in still_urls:
             refused = http.post(f"{url}/responses/input_tokens", json=body)
             assert_refused(refused, limit=2)
             assert refused.headers["x-ratelimit-limit-tokens"] == "1000000"
         assert_refused(http.post(f"{still_urls[0]}/responses", json={"model": "gpt-oss-replay", "input": "x"}), limit=2)
+
+
+def test_input_tokens_are_charged_to_tokens_per_minute(still_urls, metrics):
+    """A token count is charged the tokens it counted, as a response's prompt is: a tenant of
+    1,000 tokens a minute counts a prompt of more than 1,000 once; then it owes them, and its
+    next count and its next response are 429s `tokens_per_minute`, on either replica, before
+    their bodies are read (1,786 pathological token counts in 30 s cost nothing but requests
+    before)."""
+    body = {"model": "gpt-oss-replay", "input": "how many tokens " * 1000}
+    with httpx.Client(timeout=60, headers=bearer(COUNTED_KEYS["tokencounter"])) as http:
+        counted = http.post(f"{still_urls[0]}/responses/input_tokens", json=body)
+        assert counted.status_code == 200
+        assert counted.json()["input_tokens"] > 1000
+        for answer in (
+            http.post(f"{still_urls[1]}/responses/input_tokens", json=body),
+            http.post(f"{still_urls[0]}/responses/input_tokens", json={"model": "gpt-oss-replay", "input": "hi"}),
+            http.post(f"{still_urls[1]}/responses", json={"model": "gpt-oss-replay", "input": "hi"}),
+        ):
+            assert answer.status_code == 429, answer.text[:300]
+            assert "tokens_per_minute" in answer.json()["error"]["message"]
+            assert answer.headers["x-ratelimit-remaining-tokens"] == "0"
+            assert int(answer.headers["retry-after"]) >= 1
+    assert ("tokencounter", 429, "tokens_per_minute") in metrics.seen
 
 
 def test_a_tenant_past_its_limit_takes_nothing_from_another(still_urls):

@@ -159,3 +159,53 @@ async def test_values_and_lists_do_not_mix(store: Store):
     assert await store.range("v") == []
     assert await store.length("v") == 0
     assert await store.compare_and_set("l", None, b"x", ttl_s=60) is False
+
+
+# -- notification ---------------------------------------------------------------------------
+
+# A bound on a wait that a notification ends: reached only when the notification is lost.
+NEVER_S = 3600.0
+DEADLINE_S = 60.0
+
+
+async def test_wait_length_answers_at_once_when_the_list_is_longer_already(store: Store):
+    await store.append("log", [b"a", b"b"], ttl_s=60)
+    assert await asyncio.wait_for(store.wait_length("log", 1, NEVER_S), DEADLINE_S) == 2
+
+
+async def test_wait_length_times_out_with_the_length(store: Store):
+    await store.append("log", [b"a"], ttl_s=60)
+    assert await store.wait_length("log", 1, 0.05) == 1
+    assert await store.wait_length("absent", 0, 0.05) == 0
+
+
+async def test_an_append_wakes_every_waiter_of_its_key_and_no_other(store: Store):
+    """Twenty waiters of one list are woken by one append, with the new length, long before
+    their timeout; a waiter of another list is not."""
+    await store.append("log", [b"a"], ttl_s=60)
+    waiters = [asyncio.create_task(store.wait_length("log", 1, NEVER_S)) for _ in range(20)]
+    other = asyncio.create_task(store.wait_length("other", 0, NEVER_S))
+    await asyncio.sleep(0.2)  # subscribed (were they not, each would find the append when it subscribes)
+    assert not any(waiter.done() for waiter in waiters)
+    await store.append("log", [b"b", b"c"], ttl_s=60)
+    assert await asyncio.wait_for(asyncio.gather(*waiters), DEADLINE_S) == [3] * 20
+    assert not other.done()
+    other.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await other
+    # Waiting again after the last one left works as the first time (subscriptions dropped and made).
+    again = asyncio.create_task(store.wait_length("log", 3, NEVER_S))
+    await asyncio.sleep(0.2)
+    await store.append("log", [b"d"], ttl_s=60)
+    assert await asyncio.wait_for(again, DEADLINE_S) == 4
+
+
+async def test_waiters_of_many_keys_at_once_are_each_woken_by_their_own_append(store: Store):
+    """Fifty keys subscribed at the same moment (one subscriber connection for all, on Redis)."""
+    keys = [f"log{n}" for n in range(50)]
+    waiters = [asyncio.create_task(store.wait_length(key, 0, NEVER_S)) for key in keys]
+    await asyncio.sleep(0.2)
+    assert not any(waiter.done() for waiter in waiters)
+    for n, key in enumerate(keys):
+        await store.append(key, [b"x"] * (n + 1), ttl_s=60)
+    assert await asyncio.wait_for(asyncio.gather(*waiters), DEADLINE_S) == [n + 1 for n in range(50)]

@@ -155,6 +155,29 @@ def background_stream_resume(base_url: str, slow_model: str, cut_after: int = 12
     pytest.fail("the resumed stream never landed on another replica")
 
 
+def background_followed_live_on_the_other_replica(base_url: str, slow_model: str) -> None:
+    """Start a background response, then follow it from its first event while it runs, on
+    another replica than the one running it (followers that land on the runner are dropped
+    and asked again): the follower, woken by the store's notification, gets every event once,
+    in order, up to the terminal one, whose text is whole."""
+    with httpx.Client(timeout=60) as http:
+        created = http.post(f"{base_url}/responses", json={"model": slow_model, "input": LONG_TEXT, "background": True})
+        assert created.status_code == 200, created.text
+        owner, response_id = created.headers[REPLICA_HEADER], created.json()["id"]
+        for _ in range(40):
+            with http.stream("GET", f"{base_url}/responses/{response_id}", params={"stream": "true"}) as followed:
+                assert followed.status_code == 200, followed.read()
+                if followed.headers[REPLICA_HEADER] == owner:
+                    continue  # the runner's own follower reads its memory: ask again
+                events = parse_sse(followed.read())
+            assert events[0]["sequence_number"] == 0
+            terminal = check_stream(events)  # 0..n without a gap or a repeat, one terminal event
+            assert terminal.status == "completed"
+            assert terminal.output_text == LONG_TEXT
+            return
+    pytest.fail("the follower never landed on another replica")
+
+
 def background_errors(base_url: str, model: str) -> None:
     sdk = client(base_url)
     foreground = sdk.responses.create(model=model, input="not in the background")

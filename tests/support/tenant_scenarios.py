@@ -239,6 +239,51 @@ def max_background_refuses_the_next(base_url: str, key: str, slow_model: str, li
         http.post(f"{base_url}/responses/{again.json()['id']}/cancel")
 
 
+def followers_hold_concurrent_places(run_url: str, follow_url: str, single_key: str, pair_key: str, slow_model: str) -> None:
+    """A follower of a background response (`GET /responses/{id}?stream=true`) holds a place
+    among its tenant's `max_concurrent_requests`, as a stream does, until it leaves. The run is
+    started at `run_url` and followed at `follow_url` (another replica). A tenant limited to 1,
+    its background response running: its follower is a 429. A tenant limited to 2, its run and
+    one follower: a second follower and a new response are 429s; the first follower leaves:
+    the second is admitted."""
+    body = {"model": slow_model, "input": "long " * 600, "background": True}
+    with httpx.Client(timeout=60, headers=bearer(single_key)) as http:
+        run = http.post(f"{run_url}/responses", json=body)
+        assert run.status_code == 200, run.text
+        refused = http.get(f"{follow_url}/responses/{run.json()['id']}", params={"stream": "true"})
+        assert refused.status_code == 429, refused.text[:300]
+        assert "max_concurrent_requests" in refused.json()["error"]["message"]
+        assert refused.headers["retry-after"] == "1"
+        assert http.post(f"{run_url}/responses/{run.json()['id']}/cancel").json()["status"] == "cancelled"
+    with httpx.Client(timeout=60, headers=bearer(pair_key)) as http:
+        run = http.post(f"{run_url}/responses", json=body)
+        assert run.status_code == 200, run.text
+        url = f"{follow_url}/responses/{run.json()['id']}"
+        with (
+            httpx.Client(timeout=60, headers=bearer(pair_key)) as first_client,
+            first_client.stream("GET", url, params={"stream": "true"}) as first,
+        ):
+            assert first.status_code == 200
+            reader = first.iter_raw()  # kept: a reader dropped closes its stream
+            assert b"response.created" in next(reader)  # following
+            second = http.get(url, params={"stream": "true"})
+            assert second.status_code == 429, second.text[:300]
+            assert "max_concurrent_requests" in second.json()["error"]["message"]
+            more = http.post(f"{follow_url}/responses", json={"model": MODEL, "input": "one more"})
+            assert more.status_code == 429, more.text[:300]
+        # The first follower left: its place is free (a moment after its connection closed).
+        import time
+
+        deadline = time.monotonic() + 10
+        while True:
+            with http.stream("GET", url, params={"stream": "true"}) as second:
+                if second.status_code != 429 or time.monotonic() > deadline:
+                    assert second.status_code == 200
+                    break
+            time.sleep(0.1)
+        assert http.post(f"{run_url}/responses/{run.json()['id']}/cancel").json()["status"] == "cancelled"
+
+
 def _eventually_admitted(http: httpx.Client, url: str, body: dict) -> httpx.Response:
     """Released places are freed as the ending request's last step (a moment after its client saw the end)."""
     import time

@@ -5,6 +5,7 @@ cancel it (`POST /v1/responses/{id}/cancel`), follow its events from a sequence 
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import AsyncGenerator
 
 from fastapi import APIRouter, Request
@@ -22,6 +23,7 @@ from serve_app.server.context import AppContext, app_context, tenant_state
 from serve_app.server.routes.event_stream import EventStreamResponse, wants_open_responses
 from serve_app.server.tenants import TenantState
 from serve_app.server.turn_headers import response_headers
+from serve_app.state.quotas import Admission
 
 router = APIRouter()
 
@@ -98,23 +100,41 @@ def wants_stream(query: QueryParams) -> bool:
     return value == "true"
 
 
-async def follow_response(response_id: str, request: Request) -> EventStreamResponse:
-    """`GET /v1/responses/{id}?stream=true[&starting_after=N]`: the events after N, live."""
-    background = tenant_state(request).background
-    text = request.query_params.get("starting_after", "-1")
+async def follow_response(response_id: str, request: Request, admission: Admission | None = None) -> EventStreamResponse:
+    """`GET /v1/responses/{id}?stream=true[&starting_after=N]`: the events after N, live.
+    `admission`: the follower's place among its tenant's concurrent requests, given back when
+    it leaves (or here, if it is refused)."""
     try:
-        starting_after = int(text)
-    except ValueError:
-        starting_after = -2
-    if starting_after < -1:
-        raise invalid_request(f"Invalid 'starting_after': '{text}'. It must be an integer, -1 or more.", param="starting_after")
-    response = await background.background_response(response_id)
-    if not response.background:
-        raise invalid_request(
-            f"Response '{response_id}' was not created with 'background': true; only background responses can be streamed.",
-            param="stream",
-        )
-    return _event_stream(background.follow(response_id, starting_after), background, request)
+        background = tenant_state(request).background
+        text = request.query_params.get("starting_after", "-1")
+        try:
+            starting_after = int(text)
+        except ValueError:
+            starting_after = -2
+        if starting_after < -1:
+            raise invalid_request(f"Invalid 'starting_after': '{text}'. It must be an integer, -1 or more.", param="starting_after")
+        response = await background.background_response(response_id)
+        if not response.background:
+            raise invalid_request(
+                f"Response '{response_id}' was not created with 'background': true; only background responses can be streamed.",
+                param="stream",
+            )
+    except BaseException:
+        if admission is not None:
+            await admission.release()
+        raise
+    return _event_stream(_admitted(background.follow(response_id, starting_after), admission), background, request)
+
+
+async def _admitted(frames: AsyncGenerator[bytes, None], admission: Admission | None) -> AsyncGenerator[bytes, None]:
+    """`frames`, the place of `admission` held until they end or their client leaves."""
+    try:
+        async with contextlib.aclosing(frames):
+            async for data in frames:
+                yield data
+    finally:
+        if admission is not None:
+            await admission.release()
 
 
 async def current_response(response_id: str, request: Request) -> APIResponse:

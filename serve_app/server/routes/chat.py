@@ -12,6 +12,7 @@ from fastapi.responses import Response
 from openai.types.responses import ResponseStreamEvent
 
 from serve_app.api.chat import DONE, ChatChunks, chat_completion, parse_chat_request
+from serve_app.api.errors import APIError
 from serve_app.runtime.metrics import Metrics, RequestTrace
 from serve_app.runtime.run import REFUSAL_WINDOW_S, run_turn
 from serve_app.runtime.turn import Turn
@@ -33,7 +34,11 @@ async def create_chat_completion(http_request: Request) -> Response:
     admission = await admit(tenant)  # before the body, as a response's
     try:
         chat, request = await read_request(http_request, parse_chat_request)
-        turn = await begin_turn(request, context, tenant, tenant.responses, trace, admission, stop=chat.stop_sequences)
+        try:
+            turn = await begin_turn(request, context, tenant, tenant.responses, trace, admission, stop=chat.stop_sequences)
+        except APIError as exc:  # named as the chat request's (an image part: `messages[i].content[j]`)
+            exc.param = chat.message_param(exc.param)
+            raise
     except BaseException:
         await release(admission)
         raise

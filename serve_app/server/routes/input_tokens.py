@@ -5,7 +5,9 @@ exactly the number of prompt tokens the engine would get for that request (the h
 `previous_response_id` or `conversation`, opened encrypted reasoning, the model's own
 template or harmony rendering included). Nothing is generated or stored. A prompt longer
 than the model's context is still counted: telling that is what the endpoint is for. The
-rendering is work: each call counts a request of the tenant's `requests_per_minute`.
+rendering is work: each call counts a request of the tenant's `requests_per_minute`, and the
+tokens it counted against its `tokens_per_minute` as a response's prompt would be (a 429,
+before the body is read, when none are left).
 """
 
 from __future__ import annotations
@@ -18,13 +20,13 @@ from serve_app.api.errors import model_not_found
 from serve_app.api.request import parse_request
 from serve_app.runtime.run import render_turn
 from serve_app.server.context import app_context, tenant_state
-from serve_app.server.rate_headers import COUNTED
+from serve_app.server.rate_headers import COUNTED_TOKENS
 from serve_app.server.routes.responses import read_request
 
 router = APIRouter()
 
 
-@router.post("/v1/responses/input_tokens", dependencies=COUNTED)
+@router.post("/v1/responses/input_tokens", dependencies=COUNTED_TOKENS)
 async def count_input_tokens(http_request: Request) -> Response:
     request = await read_request(http_request, parse_request)
     model = app_context(http_request).served.get(request.model)
@@ -32,5 +34,7 @@ async def count_input_tokens(http_request: Request) -> Response:
         raise model_not_found(request.model)
     tenant = tenant_state(http_request)
     rendered = await render_turn(request, model, tenant.responses, tenant.conversations, tenant.cipher, files=tenant.file_inputs)
-    count = InputTokenCountResponse(object="response.input_tokens", input_tokens=len(rendered.prompt))
+    if tenant.quota is not None:  # counted as a response's prompt is: rendering them was the work
+        await tenant.quota.charge(tokens_=rendered.input_tokens)
+    count = InputTokenCountResponse(object="response.input_tokens", input_tokens=rendered.input_tokens)
     return Response(count.model_dump_json(), media_type="application/json")

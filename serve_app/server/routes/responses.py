@@ -131,7 +131,9 @@ async def compact_response(http_request: Request) -> Response:
 @router.get("/v1/responses/{response_id}")
 async def retrieve_response(response_id: str, request: Request) -> Response:
     if wants_stream(request.query_params):  # a background response's events, live
-        return await follow_response(response_id, request)
+        # A follower holds a place among the tenant's concurrent requests, as a stream does.
+        admission = await admit(tenant_state(request), follower=True)
+        return await follow_response(response_id, request, admission)
     return _json(response_json(await current_response(response_id, request)))
 
 
@@ -175,12 +177,15 @@ async def list_input_items(response_id: str, request: Request) -> Response:
     return _json(json.dumps(body, separators=(",", ":")))
 
 
-async def admit(tenant: TenantState, *, background: bool = False) -> Admission | None:
+async def admit(tenant: TenantState, *, background: bool = False, follower: bool = False) -> Admission | None:
     """A place for one request of `tenant` within its quotas (None: it has none), or a 429
     `RateLimited` with its `x-ratelimit-*` headers. An HTTP request takes it from its headers,
     before its body is read, so a tenant at its limits holds none of the replica's request
-    bytes; whoever takes it releases it (`release`) unless a turn took it over."""
-    return await tenant.quota.admit(background=background) if tenant.quota is not None else None
+    bytes; whoever takes it releases it (`release`) unless a turn took it over. A `follower`
+    of a background response takes only its place among the concurrent requests."""
+    if tenant.quota is None:
+        return None
+    return await tenant.quota.admit(background=background, follower=follower)
 
 
 async def release(admission: Admission | None) -> None:
@@ -238,7 +243,9 @@ async def begin_turn(
             files=tenant.file_inputs,
         )
         if admission is not None:  # and a `context_management` summary written first
-            await admission.charge_tokens(len(turn.prompt) + (turn.compaction_usage.total_tokens if turn.compaction_usage else 0))
+            await admission.charge_tokens(
+                len(turn.prompt) + turn.generation.image_tokens + (turn.compaction_usage.total_tokens if turn.compaction_usage else 0)
+            )
     except BaseException:
         await release(admission)
         raise

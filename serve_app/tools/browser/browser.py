@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 from urllib.parse import urlsplit
 
 from openai_harmony import ToolNamespaceConfig
@@ -48,17 +48,41 @@ class Outcome:
     truncated: bool = False  # the page was longer than the fetch limit: only its start was read
 
 
-class BrowserSession:
-    """The pages one response has seen, by cursor, bounded in count and bytes."""
+class MemoryBudget(Protocol):
+    """What all sessions' pages may still take of the server's memory."""
 
-    def __init__(self, limits: BrowserLimits) -> None:
+    max_bytes: int
+
+    def room(self) -> int:
+        """Bytes left: the budget less what every kept session's pages hold (`Page.size`)."""
+        ...
+
+
+def memory_full(budget: MemoryBudget) -> ToolUsageError:
+    return ToolUsageError(
+        f"The browser's memory is full: its sessions hold as many pages as it may keep ({budget.max_bytes} bytes, "
+        "memory_budget_mb). Answer with what you have, or try the browser again later."
+    )
+
+
+class BrowserSession:
+    """The pages one response has seen, by cursor, bounded in count and bytes, and within the
+    server's `budget` for all sessions together (None: none)."""
+
+    def __init__(self, limits: BrowserLimits, budget: MemoryBudget | None = None) -> None:
         self.limits = limits
+        self.budget = budget
         self.lock = asyncio.Lock()  # one call at a time: cursors follow the calls' order
         self._stack: list[Page | None] = []
         self._citable: dict[int, CitedPage] = {}
         self._by_url: dict[str, Page] = {}
         self._kept: OrderedDict[int, tuple[Page, int]] = OrderedDict()  # id(page) -> (page, size), oldest first
         self._bytes = 0
+
+    @property
+    def bytes(self) -> int:
+        """What its kept pages hold (`Page.size`)."""
+        return self._bytes
 
     @property
     def current(self) -> int:
@@ -102,11 +126,18 @@ class BrowserSession:
             self._kept.move_to_end(id(page))
             return
         size = page.size()
+        short = 0  # what this session's older pages must give up for the page to fit the budget
+        if self.budget is not None:
+            short = size - self.budget.room()
+            if short > self._bytes:  # not even all of them would do: the others' sessions hold the rest
+                raise memory_full(self.budget)
         self._kept[id(page)] = (page, size)
         self._bytes += size
-        while self._bytes > self.limits.max_session_bytes and len(self._kept) > 1:
+        freed = 0
+        while (self._bytes > self.limits.max_session_bytes or freed < short) and len(self._kept) > 1:
             _, (old, old_size) = self._kept.popitem(last=False)
             self._bytes -= old_size
+            freed += old_size
             self._stack = [None if kept is old else kept for kept in self._stack]
             if self._by_url.get(old.url) is old:
                 del self._by_url[old.url]

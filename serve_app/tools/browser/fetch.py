@@ -1,12 +1,15 @@
 """Fetching a page under the fetch policy: pinned connections, checked redirects, caps.
 
-Each hop of a fetch is checked by `FetchPolicy.check`, which returns the address to connect
-to; the request goes to that address while carrying the URL's host in `Host` and, for https,
-in the TLS server name (so the certificate is verified for the host, not the address). No
-connection pool outlives a hop, and the environment's proxies are not used: nothing else
-resolves the name again. Redirects are followed here, each one checked like the first URL.
-A fetch is bounded in time (all hops, DNS included), in bytes read (decoded; the rest of a
-longer page is not read), and to the content types the browser can show.
+The browser's pages (`fetch`) and what a request names by URL (`fetch_bytes`: `input_file`'s
+`file_url`, `input_image`'s `image_url`) are fetched by this one code, each caller with its
+own byte bound (`FetchLimits`) and accepted types. Each hop of a fetch is checked by
+`FetchPolicy.check`, which returns the address to connect to; the request goes to that
+address while carrying the URL's host in `Host` and, for https, in the TLS server name (so
+the certificate is verified for the host, not the address). No connection pool outlives a
+hop, and the environment's proxies are not used: nothing else resolves the name again.
+Redirects are followed here, each one checked like the first URL. A fetch is bounded in
+time (all hops, DNS included), in bytes read (decoded; the rest of a longer page is not
+read, a longer file or image is refused), and to the content types its caller takes.
 """
 
 from __future__ import annotations
@@ -54,6 +57,15 @@ class RawDocument:
     url: str  # after redirects
     content_type: str  # the Content-Type header as sent
     data: bytes
+
+    @property
+    def media_type(self) -> str:
+        return media_type_of(self.content_type)
+
+
+def media_type_of(content_type: str) -> str:
+    """The media type of a Content-Type header, lower case, without its parameters."""
+    return content_type.split(";", 1)[0].strip().lower()
 
 
 @dataclass(frozen=True)
@@ -103,20 +115,28 @@ class Fetcher:
 
         return await self._bounded(self._follow(url, allowed_domains, read, _PAGE_ACCEPT))
 
-    async def fetch_bytes(self, url: str) -> RawDocument:
-        """The bytes at `url` whatever their type (a file for a model: `input_file`'s
-        `file_url`), under the same policy, redirects, time bound and decoding as a page; more
-        than `max_bytes` is a `FetchError` (a file is read whole or not at all)."""
+    async def fetch_bytes(self, url: str, media_types: frozenset[str] | None = None) -> RawDocument:
+        """The bytes at `url` (a file for a model: `input_file`'s `file_url`, `input_image`'s
+        `image_url`), under the same policy, redirects, time bound and decoding as a page, read
+        whole: more than `max_bytes` is a `FetchError`, not cut. `media_types`: the only types
+        taken (asked for in `Accept`; another is a `FetchError` before its body is read);
+        None: any (`*/*`)."""
 
         async def read(target: Target, response: httpx.Response) -> RawDocument:
+            content_type = response.headers.get("content-type", "")
+            if media_types is not None and media_type_of(content_type) not in media_types:
+                shown = media_type_of(content_type) or "none"
+                raise FetchError(f"content of type `{shown}` is not one of {', '.join(sorted(media_types))}")
             body, truncated = await self._body(response)
             if truncated:
-                raise FetchError(f"the file is larger than {self.limits.max_bytes} bytes")
-            return RawDocument(url=target.url, content_type=response.headers.get("content-type", ""), data=body)
+                raise FetchError(f"the content is larger than {self.limits.max_bytes} bytes")
+            return RawDocument(url=target.url, content_type=content_type, data=body)
 
-        return await self._bounded(self._follow(url, None, read, "*/*"))
+        accept = ", ".join(sorted(media_types)) if media_types is not None else "*/*"
+        return await self._bounded(self._follow(url, None, read, accept))
 
     async def _bounded(self, fetching: Awaitable[T]) -> T:
+        """`fetching` within the fetch's time limit, its transport's errors as `FetchError`s."""
         try:
             async with asyncio.timeout(self.limits.timeout_s):
                 return await fetching

@@ -19,6 +19,7 @@ from __future__ import annotations
 import functools
 import itertools
 import re
+import sys
 import textwrap
 from dataclasses import dataclass, field
 from urllib.parse import quote, unquote, urlsplit
@@ -47,6 +48,9 @@ class ToolUsageError(Exception):
     """The model used the browser wrongly; the message is what it reads."""
 
 
+_REFERENCE_BYTES = 8  # a list's or dict's reference to each string
+
+
 @dataclass(frozen=True)
 class Snippet:
     """Where a link of a `find` results page points into its page."""
@@ -68,7 +72,11 @@ class Page:
         return wrap_lines(self.text)
 
     def size(self) -> int:
-        return len(self.text) + sum(len(url) for url in self.links.values()) + len(self.url) + len(self.title)
+        """The bytes of memory the page holds as CPython stores it: its text, the lines it is
+        shown in (a text of many short lines holds far more than its characters: `"漢\n"`
+        repeated took 42 bytes a character), its links, url and title."""
+        strings = itertools.chain((self.text, self.url, self.title), self.lines, self.links.keys(), self.links.values())
+        return sum(sys.getsizeof(string) + _REFERENCE_BYTES for string in strings) + sys.getsizeof(self.links)
 
 
 def clean_text(text: str) -> str:

@@ -28,8 +28,9 @@ from mcp.server.lowlevel.server import Server
 
 from serve_app.tools.asgi import ASGIApp
 from serve_app.tools.browser import page
-from serve_app.tools.browser.browser import Browser, BrowserSession, Outcome
+from serve_app.tools.browser.browser import Browser, BrowserSession, Outcome, memory_full
 from serve_app.tools.browser.meta import ALLOWED_DOMAINS_META_KEY, RESULT_META_KEY, SESSION_META_KEY, cited_pages
+from serve_app.tools.browser.page import ToolUsageError
 from serve_app.tools.browser.policy import normalize_domains
 
 __all__ = ["ALLOWED_DOMAINS_META_KEY", "RESULT_META_KEY", "SESSION_META_KEY", "call_browser", "cited_pages", "create_app"]
@@ -38,26 +39,48 @@ MAX_SESSION_ID_CHARS = 256
 MAX_ALLOWED_DOMAINS = 100
 
 
+NEW_SESSION_BYTES = 1024 * 1024  # the room a new session needs (about one page)
+
+
 class SessionStore:
     """Browsing sessions by key: at most `max_sessions` (least recently used go first), each
-    dropped `ttl_s` after its last call."""
+    dropped `ttl_s` after its last call, and all their pages within `memory_budget_bytes`
+    (None: no budget; the server's memory limit less what it needs besides, docs/tools-browser.md):
+    a new session is refused while the budget has less than `NEW_SESSION_BYTES` left, and a
+    page that does not fit is refused (the session's own oldest pages go first if that makes
+    room), each a tool error the model reads."""
 
     def __init__(
-        self, browser: Browser, max_sessions: int = 1024, ttl_s: float = 1800.0, timer: Callable[[], float] = time.monotonic
+        self,
+        browser: Browser,
+        max_sessions: int = 1024,
+        ttl_s: float = 1800.0,
+        timer: Callable[[], float] = time.monotonic,
+        memory_budget_bytes: int | None = None,
     ) -> None:
         self._browser = browser
         self._sessions: cachetools.TTLCache[str, BrowserSession] = cachetools.TTLCache(maxsize=max_sessions, ttl=ttl_s, timer=timer)
+        self.max_bytes = memory_budget_bytes if memory_budget_bytes is not None else 0
+        self._budget = self if memory_budget_bytes is not None else None
 
     def __len__(self) -> int:
         return len(self._sessions)
 
+    def room(self) -> int:
+        """`MemoryBudget.room`: the budget less what the kept sessions' pages hold."""
+        self._sessions.expire()
+        return self.max_bytes - sum(session.bytes for session in self._sessions.values())
+
     def get(self, key: str | None) -> BrowserSession:
-        if key is None:
-            return BrowserSession(self._browser.limits)
-        session = self._sessions.get(key)
+        """The session of `key` (None: one of its own, not kept), or `ToolUsageError` for a
+        new one the memory budget has no room for."""
+        session = self._sessions.get(key) if key is not None else None
         if session is None:
-            session = BrowserSession(self._browser.limits)
-        self._sessions[key] = session  # set again: the time to live counts from this call
+            if self._budget is not None and self.room() < NEW_SESSION_BYTES:
+                raise memory_full(self._budget)
+            session = BrowserSession(self._browser.limits, self._budget)
+        if key is not None:
+            self._sessions[key] = session  # set again: the time to live counts from this call
         return session
 
 
@@ -141,7 +164,10 @@ async def call_browser(
         key, allowed = _session_key(meta, transport_session), _allowed_domains(meta)
     except BadCall as exc:
         return failed(str(exc))
-    session = sessions.get(key)
+    try:
+        session = sessions.get(key)
+    except ToolUsageError as exc:  # no room for a new session: the model reads why
+        return failed(str(exc))
     async with session.lock:
         outcome = await call(browser, session, params.name, dict(params.arguments or {}), allowed)
         meta_out = result_meta(outcome, session)
@@ -172,8 +198,16 @@ def create_server(browser: Browser, sessions: SessionStore) -> Server[Any]:
     )
 
 
-def create_app(browser: Browser, *, host: str = "127.0.0.1", max_sessions: int = 1024, session_ttl_s: float = 1800.0) -> ASGIApp:
+def create_app(
+    browser: Browser,
+    *,
+    host: str = "127.0.0.1",
+    max_sessions: int = 1024,
+    session_ttl_s: float = 1800.0,
+    memory_budget_bytes: int | None = None,
+) -> ASGIApp:
     """The ASGI app: the MCP endpoint at `/mcp` (run its lifespan: uvicorn does)."""
     page.warm_up()  # the view's tokenizer, loaded now rather than in the first call
-    server = create_server(browser, SessionStore(browser, max_sessions=max_sessions, ttl_s=session_ttl_s))
+    sessions = SessionStore(browser, max_sessions=max_sessions, ttl_s=session_ttl_s, memory_budget_bytes=memory_budget_bytes)
+    server = create_server(browser, sessions)
     return server.streamable_http_app(streamable_http_path="/mcp", host=host, max_sessions=max_sessions, session_idle_timeout=session_ttl_s)

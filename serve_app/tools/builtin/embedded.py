@@ -71,4 +71,7 @@ def make_browser(config: EmbeddedBrowserConfig) -> EmbeddedBrowser:
     )
     browser = Browser(search_backend(config), fetcher, limits)
     warm_up()  # the view's tokenizer, loaded now rather than in the first call
-    return EmbeddedBrowser(browser, SessionStore(browser, max_sessions=config.max_sessions, ttl_s=config.session_ttl_s))
+    sessions = SessionStore(
+        browser, max_sessions=config.max_sessions, ttl_s=config.session_ttl_s, memory_budget_bytes=config.memory_budget_bytes
+    )
+    return EmbeddedBrowser(browser, sessions)
