@@ -4,16 +4,10 @@ port in a temp dir, that a test can stop and start again (same port, empty data)
 from __future__ import annotations
 
 import importlib.util
-import socket
 import subprocess
-import time
 from pathlib import Path
 
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+from tests.support.servers import free_port, wait_for_port
 
 
 def redis_server_binary() -> str:
@@ -28,7 +22,7 @@ class RedisServer:
     def __init__(self, directory: Path, password: str | None = None) -> None:
         self.directory = directory
         self.password = password
-        self.port = _free_port()
+        self.port = free_port()
         self.process: subprocess.Popen | None = None
 
     @property
@@ -41,15 +35,7 @@ class RedisServer:
         if self.password:
             args += ["--requirepass", self.password]
         self.process = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        deadline = time.monotonic() + 20
-        while True:
-            try:
-                socket.create_connection(("127.0.0.1", self.port), timeout=0.2).close()
-                return
-            except OSError:
-                if self.process.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError(f"redis-server did not start on port {self.port}") from None
-                time.sleep(0.05)
+        wait_for_port(self.process, self.port, 20, "redis-server")
 
     def stop(self) -> None:
         if self.process is not None:
@@ -72,7 +58,7 @@ class ManifestValkey:
         (deployment,) = [d for d in yaml.safe_load_all(self.MANIFEST.read_text()) if d["kind"] == "Deployment"]
         (self.container,) = deployment["spec"]["template"]["spec"]["containers"]
         self.directory = directory
-        self.port = _free_port()
+        self.port = free_port()
         self.env: dict[str, str] = {}
         for entry in self.container["env"]:
             if "valueFrom" in entry:
@@ -101,15 +87,7 @@ class ManifestValkey:
         env = {**os.environ, **self.env, "PATH": f"{shims}:{os.environ['PATH']}"}
         command, script = self.container["command"], self.container["args"][0]
         self.process = subprocess.Popen([*command, script], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        deadline = time.monotonic() + 20
-        while True:
-            try:
-                socket.create_connection(("127.0.0.1", self.port), timeout=0.2).close()
-                return
-            except OSError:
-                if self.process.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError(f"the manifest's Valkey did not start on port {self.port}") from None
-                time.sleep(0.05)
+        wait_for_port(self.process, self.port, 20, "redis-server")
 
     def stop(self) -> None:
         if self.process is not None:

@@ -6,13 +6,11 @@ server over real HTTP with the `minio` client, as it would talk to MinIO."""
 from __future__ import annotations
 
 import shutil
-import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
-from tests.support.servers import free_port
+from tests.support.servers import free_port, wait_for_port
 
 
 def moto_server_binary() -> str:
@@ -40,15 +38,7 @@ class S3Server:
         self.process = subprocess.Popen(
             [moto_server_binary(), "-H", "127.0.0.1", "-p", str(self.port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
         )
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                socket.create_connection(("127.0.0.1", self.port), timeout=0.2).close()
-                return
-            except OSError:
-                if self.process.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError(f"moto_server did not start on port {self.port}") from None
-                time.sleep(0.1)
+        wait_for_port(self.process, self.port, 60, "moto_server")
 
     def stop(self) -> None:
         if self.process is not None:

@@ -4,6 +4,7 @@ uvicorn in a thread, polling until a condition holds."""
 from __future__ import annotations
 
 import socket
+import subprocess
 import threading
 import time
 from collections.abc import Iterator
@@ -45,3 +46,17 @@ def wait_until(predicate, timeout_s: float, interval_s: float = 0.05):
         if value or time.monotonic() > deadline:
             return value
         time.sleep(interval_s)
+
+
+def wait_for_port(process: subprocess.Popen, port: int, timeout_s: float, name: str) -> None:
+    """Until a server process we started takes connections on its loopback `port`; raises if
+    it exits first or the time is up."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+            return
+        except OSError:
+            if process.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"{name} did not start on port {port}") from None
+            time.sleep(0.05)
