@@ -360,7 +360,9 @@ class AutoContainer(Lenient):
     @classmethod
     def _no_files(cls, file_ids: list[str] | None) -> list[str] | None:
         if file_ids:
-            raise ValueError("file_ids are not supported: this server has no Files API (the code can write files in /mnt/data)")
+            raise ValueError(
+                "file_ids are not supported: uploaded files are not copied into the python container (the code can write files in /mnt/data)"
+            )
         return file_ids
 
 
