@@ -208,8 +208,9 @@ class MessageItem(Lenient):
     def _phase_is_the_assistants(self) -> MessageItem:
         if self.phase is not None and self.role != "assistant":
             raise ValueError(f"'phase' is for assistant messages; this message's role is '{self.role}'")
-        if self.role == "assistant" and file_parts(self.content):
-            raise ValueError("'input_file' parts are for user, system and developer messages, not the assistant's")
+        if self.role == "assistant" and (file_parts(self.content) or image_parts(self.content)):
+            # (an assistant message is listed as the API's output message, which holds neither)
+            raise ValueError("'input_file' and 'input_image' parts are for user, system and developer messages, not the assistant's")
         return self
 
     @property

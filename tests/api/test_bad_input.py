@@ -51,6 +51,14 @@ CASES = [
         "input[0].outputs",
         "invalid_value",
     ),
+    # an image in an assistant message (a conversation stored it, then failed to list it);
+    (
+        "assistant_image_part",
+        {"model": MODEL, "input": [{"role": "assistant", "content": [{"type": "input_image", "file_id": "file-1"}]}]},
+        400,
+        "input[0]",
+        "invalid_value",
+    ),
     # a hosted tool type the SDK's Response cannot echo.
     (
         "tool_choice_unknown_type",

@@ -96,6 +96,7 @@ def test_models_listed(serve_url):
     replay = {
         "gpt-oss-replay",
         "qwen3-replay",
+        "qwen3-vl-replay",
         "gpt-oss-replay-slow",
         "gpt-oss-replay-slow-raw",
         "gpt-oss-replay-metrics",
