@@ -51,6 +51,7 @@ class FileUnreadable(Exception):
 # not have, `FileUnreadable` for one that is no text.
 FileReader = Callable[[str], Awaitable[tuple[str, str]]]
 Charge = Callable[[int], Awaitable[None]]  # embedding tokens, into the tenant's quota
+FileExists = Callable[[str], Awaitable[bool]]  # whether the tenant has this file (the Files API's metadata)
 
 
 @dataclass(frozen=True, slots=True)
@@ -203,15 +204,29 @@ class VectorStores:
         await job.records.put_file(job.vector_store, VectorStoreFile.model_validate(current.model_dump() | update))
 
     # -- one tenant's view --
-    def for_tenant(self, records: VectorStoreRecords, read: FileReader, charge: Charge | None = None) -> TenantVectorStores:
-        return TenantVectorStores(self, records, read, charge)
+    def for_tenant(
+        self, records: VectorStoreRecords, read: FileReader, charge: Charge | None = None, exists: FileExists | None = None
+    ) -> TenantVectorStores:
+        return TenantVectorStores(self, records, read, charge, exists)
 
 
 class TenantVectorStores:
-    """One tenant's vector stores: what the routes and the `file_search` tool call."""
+    """One tenant's vector stores: what the routes and the `file_search` tool call. With
+    `exists`, a file the tenant does not have is a 404 before anything is recorded or queued
+    (else another tenant's or a made-up id would take a place in the replica's shared
+    ingestion queue, only to fail there)."""
 
-    def __init__(self, service: VectorStores, records: VectorStoreRecords, read: FileReader, charge: Charge | None) -> None:
-        self.service, self.records, self.read, self.charge = service, records, read, charge
+    def __init__(
+        self, service: VectorStores, records: VectorStoreRecords, read: FileReader, charge: Charge | None, exists: FileExists | None = None
+    ) -> None:
+        self.service, self.records, self.read, self.charge, self.exists = service, records, read, charge, exists
+
+    async def _check_files(self, file_ids: Sequence[str]) -> None:
+        if self.exists is None:
+            return
+        for file_id in file_ids:
+            if not await self.exists(file_id):
+                raise APIError(f"No such File object: {file_id[:128]}", status_code=404, param="file_id", code="not_found")
 
     def _namespace(self, vector_store_id: str) -> str:
         return VectorStores.namespace(self.records, vector_store_id)
@@ -233,6 +248,7 @@ class TenantVectorStores:
                     "(vector_stores.max_stores_per_tenant): delete one first.",
                     param="name",
                 )
+        await self._check_files(file_ids)
         vector_store = await self.records.create(name, metadata, expires_after)
         for file_id in file_ids:
             await self.attach(vector_store.id, file_id, chunking=chunking)
@@ -249,6 +265,7 @@ class TenantVectorStores:
     ) -> VectorStoreFile:
         """Attach one of the tenant's files: recorded `in_progress`, queued for ingestion."""
         vector_store = vector_store or await self.active(vector_store_id)
+        await self._check_files([file_id])
         existing = await self.records.get_file(vector_store.id, file_id)
         if existing is None and len(await self.records.file_ids(vector_store.id)) >= self.service.limits.max_files_per_store:
             raise invalid_request(
@@ -336,6 +353,7 @@ class TenantVectorStores:
         self, vector_store_id: str, files: Sequence[tuple[str, dict[str, Any] | None, ChunkingStrategy]]
     ) -> VectorStoreFileBatch:
         vector_store = await self.active(vector_store_id)
+        await self._check_files([file_id for file_id, _, _ in files])
         batch = VectorStoreFileBatch.model_validate(
             {
                 "id": new_id("vsfb"),

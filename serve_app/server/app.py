@@ -292,7 +292,10 @@ def _tenant_vector_stores(
         if quota is not None:
             await quota.charge(tokens_=tokens)
 
-    return service.for_tenant(records, read, charge)
+    async def exists(file_id: str) -> bool:
+        return await file_store.get(file_id) is not None
+
+    return service.for_tenant(records, read, charge, exists)
 
 
 def _file_search(tenants: Mapping[str, TenantState]) -> FileSearchFactory:

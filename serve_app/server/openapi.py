@@ -152,6 +152,7 @@ _ATTACH_RULES = (
     *_STORE_RULES,
     _CHUNKING_RULE,
     Rule(r"file_id", 400, "a vector store holds at most `vector_stores.max_files_per_store` files"),
+    Rule(r"file_id", 404, "every file named is one of the caller's (Files API)"),
 )
 _LEGACY_RULES = (Rule(r"n|best_of|logit_bias|suffix|store", 400, "what this server does not do (see the API page)"),)
 
@@ -274,6 +275,7 @@ OPERATIONS: dict[tuple[str, str], Operation] = {
             _CHUNKING_RULE,
             Rule(r"name", 400, "a tenant holds at most `vector_stores.max_stores_per_tenant` vector stores"),
             Rule(r"file_id", 400, "a vector store holds at most `vector_stores.max_files_per_store` files"),
+            Rule(r"file_id", 404, "every file named is one of the caller's (Files API)"),
         ),
     ),
     ("/v1/vector_stores/{vector_store_id}", "post"): Operation(

@@ -124,6 +124,25 @@ def test_another_tenant_sees_no_store_of_alice(server, store) -> None:
     assert "zebras.txt" not in response.output_text
 
 
+def test_a_file_the_tenant_does_not_have_is_never_attached_nor_queued(server, store) -> None:
+    """Another tenant's file or a made-up id is a 404 before anything is recorded or queued
+    (it used to be accepted `in_progress` and fail in the replica's shared ingestion queue)."""
+    bob = sdk(server, "bob")
+    alices = store["files"]["zebras.txt"]
+    mine = bob.vector_stores.create(name="bob's")
+    for call in (
+        lambda: bob.vector_stores.files.create(vector_store_id=mine.id, file_id=alices),
+        lambda: bob.vector_stores.file_batches.create(vector_store_id=mine.id, file_ids=["file-made-up"]),
+        lambda: bob.vector_stores.create(name="x", file_ids=[alices]),
+    ):
+        with pytest.raises(openai.NotFoundError) as error:
+            call()
+        assert error.value.body["param"] == "file_id"
+    assert bob.vector_stores.files.list(mine.id).data == []
+    assert [v.id for v in bob.vector_stores.list().data] == [mine.id]
+    bob.vector_stores.delete(mine.id)
+
+
 @pytest.mark.parametrize("model", MODELS)
 def test_a_response_answers_with_file_search_and_cites_the_files(server, store, model: str) -> None:
     body = {
