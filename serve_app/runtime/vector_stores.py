@@ -251,7 +251,7 @@ class TenantVectorStores:
         await self._check_files(file_ids)
         vector_store = await self.records.create(name, metadata, expires_after)
         for file_id in file_ids:
-            await self.attach(vector_store.id, file_id, chunking=chunking)
+            await self._attach(vector_store, file_id, None, chunking)
         return await self.records.existing(vector_store.id)
 
     async def attach(
@@ -261,11 +261,16 @@ class TenantVectorStores:
         *,
         attributes: dict[str, Any] | None = None,
         chunking: ChunkingStrategy = AUTO,
-        vector_store: VectorStore | None = None,
     ) -> VectorStoreFile:
         """Attach one of the tenant's files: recorded `in_progress`, queued for ingestion."""
-        vector_store = vector_store or await self.active(vector_store_id)
+        vector_store = await self.active(vector_store_id)
         await self._check_files([file_id])
+        return await self._attach(vector_store, file_id, attributes, chunking)
+
+    async def _attach(
+        self, vector_store: VectorStore, file_id: str, attributes: dict[str, Any] | None, chunking: ChunkingStrategy
+    ) -> VectorStoreFile:
+        """`attach` of a file already checked (`_check_files`), to a store already read."""
         existing = await self.records.get_file(vector_store.id, file_id)
         if existing is None and len(await self.records.file_ids(vector_store.id)) >= self.service.limits.max_files_per_store:
             raise invalid_request(
@@ -366,7 +371,7 @@ class TenantVectorStores:
         )
         await self.records.put_batch(vector_store, batch, [file_id for file_id, _, _ in files])
         for file_id, attributes, chunking in files:
-            await self.attach(vector_store.id, file_id, attributes=attributes, chunking=chunking, vector_store=vector_store)
+            await self._attach(vector_store, file_id, attributes, chunking)
         return await self.batch(vector_store_id, batch.id)
 
     async def batch(self, vector_store_id: str, batch_id: str) -> VectorStoreFileBatch:
