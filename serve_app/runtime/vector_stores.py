@@ -35,6 +35,7 @@ from serve_app.retrieval.embeddings import Embedder, EmbeddingUnavailable, Hashi
 from serve_app.retrieval.index import EmbeddedIndex, Hit, IndexedChunk, Ranking, VectorIndex
 from serve_app.retrieval.stores import VectorStoreRecords, batch_not_found, file_not_in_store, new_id
 from serve_app.state import StoreUnavailable
+from serve_app.state.files import file_not_found
 
 logger = logging.getLogger(__name__)
 
@@ -226,7 +227,7 @@ class TenantVectorStores:
             return
         for file_id in file_ids:
             if not await self.exists(file_id):
-                raise APIError(f"No such File object: {file_id[:128]}", status_code=404, param="file_id", code="not_found")
+                raise file_not_found(file_id[:128])
 
     def _namespace(self, vector_store_id: str) -> str:
         return VectorStores.namespace(self.records, vector_store_id)
