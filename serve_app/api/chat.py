@@ -20,7 +20,13 @@ from typing import Annotated, Any, Literal
 
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
 from openai.types.completion_usage import CompletionTokensDetails, CompletionUsage, PromptTokensDetails
-from openai.types.responses import Response, ResponseStreamEvent
+from openai.types.responses import (
+    Response,
+    ResponseFunctionCallArgumentsDeltaEvent,
+    ResponseReasoningTextDeltaEvent,
+    ResponseStreamEvent,
+    ResponseTextDeltaEvent,
+)
 from pydantic import ConfigDict, Field, PrivateAttr, field_validator, model_validator
 
 from serve_app.api.errors import invalid_request
@@ -413,7 +419,7 @@ class ChatChunks:
 
     def chunks(self, events: list[ResponseStreamEvent]) -> list[ChatCompletionChunk]:
         out: list[ChatCompletionChunk] = []
-        for event in events:
+        for event in merged_deltas(events):
             if event.type == "response.created":
                 self._id, self._created = completion_id(event.response), int(event.response.created_at)
                 out.append(self._chunk({"role": "assistant", "content": ""}))
@@ -462,6 +468,35 @@ class ChatChunks:
                 "usage": usage,
             }
         )
+
+
+_Delta = ResponseTextDeltaEvent | ResponseReasoningTextDeltaEvent | ResponseFunctionCallArgumentsDeltaEvent
+
+
+def merged_deltas(events: list[ResponseStreamEvent]) -> list[ResponseStreamEvent]:
+    """`events` with each run of deltas of one part (adjacent, same type, item and index) as
+    one delta: their text and logprobs joined. A batch holds an engine step's tokens, one delta
+    each; a chunk per step, as vLLM writes them, is a fraction of the frames to encode, send
+    and parse, and adds up to the same text."""
+    out: list[ResponseStreamEvent] = []
+    for event in events:
+        last = out[-1] if out else None
+        if isinstance(event, _Delta) and isinstance(last, _Delta) and _same_part(last, event):
+            update: dict[str, Any] = {"delta": last.delta + event.delta}
+            if isinstance(event, ResponseTextDeltaEvent) and isinstance(last, ResponseTextDeltaEvent) and event.logprobs:
+                update["logprobs"] = [*(last.logprobs or []), *event.logprobs]
+            out[-1] = last.model_copy(update=update)
+        else:
+            out.append(event)
+    return out
+
+
+def _same_part(last: _Delta, event: _Delta) -> bool:
+    return (last.type, last.item_id, getattr(last, "content_index", None)) == (
+        event.type,
+        event.item_id,
+        getattr(event, "content_index", None),
+    )
 
 
 def stream_error(response: Response) -> dict[str, Any]:

@@ -22,7 +22,7 @@ from typing import Annotated, Any
 from openai.types.responses import Response, ResponseStreamEvent
 from pydantic import Field
 
-from serve_app.api.chat import LegacySampling, chat_usage, error_frame, stream_error
+from serve_app.api.chat import LegacySampling, chat_usage, error_frame, merged_deltas, stream_error
 from serve_app.api.errors import invalid_request
 from serve_app.api.limits import DEFAULT_LIMITS, RequestLimits
 from serve_app.api.request import ResponsesRequest, parse_body
@@ -190,7 +190,7 @@ class CompletionChunks:
 
     def chunks(self, events: list[ResponseStreamEvent]) -> list[dict[str, Any]]:
         out: list[dict[str, Any]] = []
-        for event in events:
+        for event in merged_deltas(events):
             if event.type == "response.created":
                 self._response = event.response
                 continue

@@ -329,3 +329,37 @@ def test_a_slow_reader_gets_the_non_streamed_answer(inprocess_url, model, ask, s
     ]
     assert got["finish"] == whole.choices[0].finish_reason
     assert got["usage"].completion_tokens == whole.usage.completion_tokens
+
+
+def test_a_batchs_deltas_of_one_part_are_one_chunk_with_every_tokens_logprob():
+    """An engine step's tokens come as one chunk (as vLLM writes them): fewer frames, the same text and logprobs."""
+    from openai.types.responses import ResponseReasoningTextDeltaEvent, ResponseTextDeltaEvent
+    from openai.types.responses.response_text_delta_event import Logprob
+
+    def text(item: str, delta: str, index: int = 0) -> ResponseTextDeltaEvent:
+        logprob = [Logprob(token=delta, logprob=-0.5)]
+        return ResponseTextDeltaEvent(
+            type="response.output_text.delta",
+            item_id=item,
+            output_index=0,
+            content_index=index,
+            delta=delta,
+            logprobs=logprob,
+            sequence_number=0,
+        )
+
+    reasoning = ResponseReasoningTextDeltaEvent(
+        type="response.reasoning_text.delta", item_id="rs", output_index=0, content_index=0, delta="think", sequence_number=0
+    )
+    events = [reasoning, reasoning, text("msg", "Hel"), text("msg", "lo"), text("msg", "!", index=1), text("other", " x")]
+    chunks = ChatChunks("m", include_usage=False)
+    out = [c.choices[0].delta for c in chunks.chunks(events)]
+    assert [(d.content, getattr(d, "reasoning_content", None)) for d in out] == [
+        (None, "thinkthink"),
+        ("Hello", None),
+        ("!", None),
+        (" x", None),
+    ]
+    merged = chunks.chunks([text("msg", "a"), text("msg", "b")])[0].choices[0].logprobs
+    assert merged is not None
+    assert [t.token for t in merged.content or []] == ["a", "b"]
