@@ -395,11 +395,12 @@ def _next_assistant_turn() -> list[int]:
 
 def render_completion(messages: list[Message]) -> list[int]:
     """Assistant messages as the model samples them after the prompt's `<|start|>assistant`
-    (the replay backend's script; warm-up and tests)."""
+    (the replay backend's script; warm-up and tests), in time linear in their text: the
+    replay models echo what they were sent, long runs and all."""
     encoding = harmony_encoding()
     tokens: list[int] = []
     for message in messages:
-        tokens += encoding.render(message)
+        tokens += render_message(message)
     # The prompt already ends with `<|start|>assistant`.
     tokens = tokens[2:]
     if messages[-1].channel == "final":

@@ -290,3 +290,17 @@ def test_a_server_side_tools_long_output_is_tokenized_in_short_pieces(handed):
     assert (
         harmony_encoding().decode_utf8(tokens) == "<|start|>python to=assistant<|channel|>analysis<|message|>" + "😀" * 50_000 + "<|end|>"
     )
+
+
+def test_the_replay_models_echo_of_a_long_run_is_tokenized_in_short_pieces(handed):
+    """gpt-oss-replay answers with the user's text: its script is rendered as prompts are,
+    or a hostile prompt costs the engine replica (and every stream on it) seconds."""
+    from serve_app.engines.replay import script_completion
+
+    run = "€" * 4 * MAX_RUN
+    prompt = render_message(user(run)) + harmony._next_assistant_turn()
+    handed.clear()
+    completion = script_completion(prompt)
+    assert run in harmony_encoding().decode_utf8(completion)
+    assert handed
+    assert max(map(longest_piece, handed)) <= MAX_PIECE
