@@ -70,6 +70,12 @@ class FilePart(Lenient):
     filename: str | None = None
     _text: str | None = PrivateAttr(default=None)
     _name: str | None = PrivateAttr(default=None)  # an uploaded file's own name, when read
+    # A vision model's images of a PDF's first pages, in a user message: runtime/files.py draws
+    # them (`_pages`, opaque here), runtime/images.py picks how many the prompt shows (`_shown`:
+    # placeholders after the file's text) and what the model is told of them (`_caption`).
+    _pages: Any = PrivateAttr(default=None)
+    _shown: int = PrivateAttr(default=0)
+    _caption: str = PrivateAttr(default="")
 
     @model_validator(mode="after")
     def _one_source(self) -> FilePart:
@@ -87,9 +93,16 @@ class FilePart(Lenient):
 
     @property
     def text(self) -> str:
-        """The file as the model reads it: its name, then its text (read by the runtime)."""
+        """The file as the model reads it: its name, then its text (read by the runtime), and
+        for a vision model a line on its page images (which follow it)."""
         body = self._text if self._text is not None else "(not read)"
-        return f"[file: {self.name}]\n{body}\n[end of file: {self.name}]"
+        caption = f"\n{self._caption}" if self._caption else ""
+        return f"[file: {self.name}]\n{body}\n[end of file: {self.name}]{caption}"
+
+    @property
+    def page_images(self) -> int:
+        """Images of its pages the prompt shows after its text (a vision model's, of a PDF)."""
+        return self._shown
 
 
 class ImagePart(Lenient):
@@ -172,6 +185,13 @@ def parts_text(content: str | Sequence[ContentPart | ToolOutputPart]) -> str:
 
 def file_parts(content: str | Sequence[ContentPart | ToolOutputPart]) -> list[FilePart]:
     return [] if isinstance(content, str) else [part for part in content if isinstance(part, FilePart)]
+
+
+def shows_images(content: str | Sequence[ContentPart]) -> bool:
+    """Whether a content holds images: an image part, or a file shown with its page images."""
+    if isinstance(content, str):
+        return False
+    return any(isinstance(part, ImagePart) or (isinstance(part, FilePart) and part.page_images) for part in content)
 
 
 def image_parts(content: str | Sequence[ContentPart]) -> list[tuple[int, ImagePart]]:

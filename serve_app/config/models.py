@@ -165,7 +165,9 @@ class VisionConfig(Strict):
     Completions); a model without this section answers them with a 400. Images come as a
     base64 `data:` URL or an http(s) URL fetched under the egress policy (public addresses
     only, every redirect checked); each is decoded and bounded at the ingress, scaled down to
-    the pixel bound of its `detail`, and sent to the engine with the prompt (docs/api.md#images)."""
+    the pixel bound of its `detail`, and sent to the engine with the prompt (docs/api.md#images).
+    A PDF given as `input_file` is shown as its text and as images of its first pages
+    (`pdf_page_images`, docs/files.md#pdf-pages-as-images)."""
 
     max_images: int = Field(
         8, ge=1, le=256, description="images one request may hold, its history's (previous_response_id, conversation) included"
@@ -194,6 +196,14 @@ class VisionConfig(Strict):
     allow_hosts: list[str] = Field(
         default_factory=list, description="host names, IP addresses and networks (CIDR) image URLs may reach although not public"
     )
+    pdf_page_images: int = Field(
+        4,
+        ge=0,
+        le=256,
+        description="an `input_file` PDF in a user message is also shown as images of its first pages, this many at most "
+        "(drawn at max_pixels; they count in max_images, after the input_image parts: past it, pages are text only); "
+        "0: PDFs are text only",
+    )
 
     def spec(self) -> VisionSpec:
         return VisionSpec(
@@ -203,6 +213,7 @@ class VisionConfig(Strict):
             low_detail_pixels=self.low_detail_pixels,
             max_decode_pixels=self.max_decode_pixels,
             token_pixels=self.token_pixels,
+            pdf_page_images=self.pdf_page_images,
         )
 
 

@@ -26,14 +26,15 @@ from jinja2 import TemplateError
 
 from serve_app.api.errors import invalid_request
 from serve_app.api.items import (
+    FilePart,
     FunctionCallItem,
     FunctionCallOutputItem,
     HistoryItem,
     ImagePart,
     MessageItem,
     ReasoningItem,
-    image_parts,
     parts_text,
+    shows_images,
 )
 from serve_app.api.request import ResponsesRequest
 from serve_app.api.tools import BuiltinTool, CustomTool, FunctionTool, NamespaceTool
@@ -122,10 +123,19 @@ def _qualified(name: str, namespace: str | None) -> str:
 def _user_content(item: MessageItem, images: bool) -> str | list[dict[str, Any]]:
     """A message's content as the template takes it: its text, or, for a vision model and a
     message with images, its parts in order (`{"type": "image"}` where an image was: the
-    template writes the image's placeholder there, as Qwen-VL's templates do)."""
-    if not images or not image_parts(item.content) or isinstance(item.content, str):
+    template writes the image's placeholder there, as Qwen-VL's templates do; a file shown
+    with its page images is its text, then one for each)."""
+    if not images or isinstance(item.content, str) or not shows_images(item.content):
         return item.text
-    return [{"type": "image"} if isinstance(part, ImagePart) else {"type": "text", "text": parts_text([part])} for part in item.content]
+    content: list[dict[str, Any]] = []
+    for part in item.content:
+        if isinstance(part, ImagePart):
+            content.append({"type": "image"})
+            continue
+        content.append({"type": "text", "text": parts_text([part])})
+        if isinstance(part, FilePart):
+            content += [{"type": "image"}] * part.page_images
+    return content
 
 
 def conversation(request: ResponsesRequest, history: list[HistoryItem], *, tool_calls: bool, images: bool = False) -> list[dict[str, Any]]:

@@ -50,6 +50,7 @@ class VisionSpec:
     low_detail_pixels: int = 512 * 512  # detail low
     max_decode_pixels: int = 25_000_000  # a header claiming more is refused before decoding
     token_pixels: int = 32
+    pdf_page_images: int = 4  # the first pages of an `input_file` PDF also shown as images (0: none)
 
     def pixel_bound(self, detail: Detail) -> int:
         return min(self.low_detail_pixels, self.max_pixels) if detail == "low" else self.max_pixels

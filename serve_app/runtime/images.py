@@ -10,6 +10,12 @@ sees each image at the size its `detail` allows (`VisionSpec.seen_size`). A text
 answers any image part with a 400 naming the model and the part; so does a part that cannot
 be read, naming why. Images are read in user messages only, `max_images` per request.
 
+A PDF given as `input_file` in a user message is shown to a vision model as its text and
+as images of its first pages (`VisionSpec.pdf_page_images`, drawn by runtime/files.py). The
+`input_image` parts come first in `max_images`; the pages share what is left, the newest
+files' first: past it a file's pages are text only (never a 400), and a line after the file's
+text tells the model which pages it sees as images and why any of them is not drawn.
+
 The prompt holds a placeholder for each image it kept (truncation may have left the oldest
 out), so its images are the last ones read (`prompt_images`).
 """
@@ -22,7 +28,7 @@ from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
 from serve_app.api.errors import APIError, invalid_request
-from serve_app.api.items import HistoryItem, ImagePart, MessageItem, image_parts
+from serve_app.api.items import FilePart, HistoryItem, ImagePart, MessageItem, file_parts, image_parts
 from serve_app.api.request import ResponsesRequest
 from serve_app.core.tokens import EngineImage
 from serve_app.families.vision import MEDIA_TYPES, ImageError, VisionSpec, data_url_bytes, decode_image
@@ -30,6 +36,7 @@ from serve_app.runtime.files import FileInputs
 from serve_app.tools.browser.fetch import Fetcher, FetchError, FetchLimits
 from serve_app.tools.browser.policy import FetchPolicy, FetchRefused, HostRules
 from serve_app.tools.egress import Resolver
+from serve_app.tools.pdf_pages import PageBounds, PageImage, PageImages
 
 
 @runtime_checkable
@@ -62,6 +69,13 @@ class ImageReader:
         """`resolver`: host names to addresses (tests; default: the machine's, bounded in time)."""
         limits = FetchLimits(max_bytes=spec.max_image_bytes, timeout_s=fetch_timeout_s, max_redirects=max_redirects)
         return cls(spec, Fetcher(FetchPolicy(HostRules(allow_hosts), resolver), limits), decode_timeout_s)
+
+    def page_bounds(self) -> PageBounds | None:
+        """What of a PDF this model sees as images (None: PDFs are text only)."""
+        spec = self.spec
+        if spec.pdf_page_images < 1:
+            return None
+        return PageBounds(min(spec.pdf_page_images, spec.max_images), spec.max_pixels, spec.max_decode_pixels)
 
     async def read(self, part: ImagePart, param: str, files: FileInputs | None = None) -> EngineImage:
         """The image of `part` as the engine gets it; a 400 naming `param` when it cannot be
@@ -141,9 +155,9 @@ async def read_images(
     tenant's uploads, which images by `file_id` name."""
     origin = "previous_response_id" if request.previous_response_id is not None else "conversation"
     parts = _image_parts(history, first_input, input_count, origin)
-    if not parts:
-        return []
     if reader is None:
+        if not parts:
+            return []
         raise _text_only(model_name, parts[0][0])
     for param, message, _ in parts:
         if message.role != "user":
@@ -155,7 +169,67 @@ async def read_images(
             param=parts[reader.spec.max_images][0],
             code="too_many_images",
         )
-    return list(await asyncio.gather(*(reader.read(part, param, files) for param, _, part in parts)))
+    read = iter(await asyncio.gather(*(reader.read(part, param, files) for param, _, part in parts)))
+    _show_pages(history, reader.spec.max_images - len(parts))
+    images: list[EngineImage] = []
+    for item in history:  # in the order the template writes their placeholders
+        if isinstance(item, MessageItem) and not isinstance(item.content, str):
+            for part in item.content:
+                if isinstance(part, ImagePart):
+                    images.append(next(read))
+                elif isinstance(part, FilePart) and part.page_images:
+                    images += [page_image(page, reader.spec) for page in part._pages.images[: part.page_images]]
+    return images
+
+
+def _show_pages(history: list[HistoryItem], room: int) -> None:
+    """How many of its drawn pages each PDF shows (`FilePart._shown`), the newest files' first,
+    `room` in all, and the line that tells the model so (`FilePart._caption`)."""
+    drawn = [
+        part
+        for item in history
+        if isinstance(item, MessageItem) and item.role == "user"
+        for part in file_parts(item.content)
+        if isinstance(part._pages, PageImages)
+    ]
+    for part in reversed(drawn):
+        pages: PageImages = part._pages
+        shown = min(room, len(pages.images))
+        part._shown, part._caption = shown, page_caption(part.name, pages, shown) if room > 0 else ""
+        room -= shown
+
+
+def page_caption(name: str, pages: PageImages, shown: int) -> str:
+    """What the model is told of a PDF's page images: which pages follow its text as images,
+    and why a page that could have been one is not ("" when there is nothing to say)."""
+    said = []
+    if shown:
+        numbers = [image.number for image in pages.images[:shown]]
+        which = f"{_spans(numbers)} of {pages.pages}"
+        said.append(f"pages {which} follow as images" if shown > 1 else f"page {which} follows as an image")
+    last = pages.images[shown - 1].number if shown else 0
+    for number, why in pages.missing:
+        if number == 0:
+            said.append(f"its pages are not shown as images: {why}")
+        elif number < last or shown == len(pages.images):  # a page it would have shown
+            said.append(f"page {number} is not shown as an image: {why}")
+    return f"[{name}: {'; '.join(said)}]" if said else ""
+
+
+def _spans(numbers: list[int]) -> str:
+    """1, 2, 3, 5 -> "1-3, 5"."""
+    spans: list[list[int]] = []
+    for number in numbers:
+        if spans and spans[-1][1] == number - 1:
+            spans[-1][1] = number
+        else:
+            spans.append([number, number])
+    return ", ".join(f"{first}-{last}" if last > first else str(first) for first, last in spans)
+
+
+def page_image(page: PageImage, spec: VisionSpec) -> EngineImage:
+    """A drawn page as the engine gets it: a PNG at the size it was drawn (within `max_pixels`)."""
+    return EngineImage(page.png, page.width, page.height, spec.image_tokens(page.width, page.height))
 
 
 def prompt_images(family: object, prompt: list[int], images: list[EngineImage]) -> list[EngineImage]:

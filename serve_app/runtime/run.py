@@ -96,7 +96,8 @@ async def render_turn(
     after its input. `appends`: the turn will append its input and output to its
     `conversation`, so one at its bound (`ConversationLimits`) is a 400 before it is read.
     `files`: the tenant's reader of `input_file` parts (runtime/files.py; None: only
-    `file_data` is read), which reads every part of the history into text before rendering."""
+    `file_data` is read), which reads every part of the history into text before rendering
+    (and, for a vision model, a PDF's first pages into images: runtime/images.py)."""
     response_id = response_id or new_id("resp")
     refuse_text_only(request, model.name, model.images)  # before any store read
     files = files or FileInputs(None, None)
@@ -106,7 +107,8 @@ async def render_turn(
         return with_ids(open_reasoning_items(items, cipher), response_id)
 
     input_items = await off_loop(opened) if big_prompt(items, 0) else opened()
-    await files.resolve(input_items)
+    pages = model.images.page_bounds() if model.images is not None else None  # a vision model's PDFs' pages
+    await files.resolve(input_items, pages=pages)
     extra: list[HistoryItem] = [compaction] if compaction is not None else []
     budget = model.max_model_len - output_reserve(request.max_output_tokens, model.max_model_len)
     cache = model.family.prompt_cache
@@ -143,7 +145,7 @@ async def render_turn(
         else:  # whole: a prompt longer than the context is refused, so every item counts
             history = await whole_history(conversations, conversation_id) + input_items
     earlier = history[: len(history) - len(input_items)]
-    await files.resolve_history(earlier)
+    await files.resolve_history(earlier, pages=pages)
     history = open_compactions([*history, *extra], cipher, len(input_items) + len(extra))
     first_input = len(history) - len(extra) - len(input_items)
     images = await read_images(request, history, first_input, len(input_items), model.name, model.images, files)

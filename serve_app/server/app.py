@@ -37,7 +37,7 @@ from serve_app.retrieval.index import Hit, Ranking
 from serve_app.retrieval.stores import VectorStoreRecords
 from serve_app.runtime.admission import ByteBudget
 from serve_app.runtime.background import BackgroundRuns, default_replica_id
-from serve_app.runtime.files import FileInputs, TextCache
+from serve_app.runtime.files import FileCache, FileInputs
 from serve_app.runtime.metrics import GuardedMetrics, Metrics, NoMetrics, report_once, report_refusal
 from serve_app.runtime.reasoning_keys import reasoning_keys as configured_reasoning_keys
 from serve_app.runtime.turn import ModelFamily, ServedModel, Unavailable
@@ -320,7 +320,7 @@ def _file_search(tenants: Mapping[str, TenantState]) -> FileSearchFactory:
 class _FileServices:
     """What every tenant's files share on this replica: the blob store, the fetcher of
     `file_url`s (the browser's egress policy, the config's own allow-list), the bounds of a
-    file a model reads, and the cache of extracted texts."""
+    file a model reads, and the cache of extracted texts and drawn pages."""
 
     def __init__(self, blobs: BlobStore, config: FilesConfig, resolver: Resolver | None) -> None:
         given = config.input
@@ -333,7 +333,7 @@ class _FileServices:
             if given.fetch_urls
             else None
         )
-        self.cache = TextCache()
+        self.cache = FileCache()
 
 
 def server_tool_runtime(

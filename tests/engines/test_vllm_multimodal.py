@@ -1,11 +1,13 @@
 """A vision model's engine request as vLLM is given it (no VL model runs here: the request is
 built and checked): its prompt's token ids with one `<|image_pad|>` per image, the images as
-`multi_modal_data` in their order at the size the ingress chose, the tenant's cache salt; and
-the engine arguments of the shipped Qwen3-VL config."""
+`multi_modal_data` in their order at the size the ingress chose (a PDF's drawn pages among
+them, as any image), the tenant's cache salt; and the engine arguments of the shipped
+Qwen3-VL config."""
 
 from __future__ import annotations
 
 import io
+import time
 from pathlib import Path
 
 import yaml
@@ -14,6 +16,10 @@ from PIL import Image
 from serve_app.config import AppConfig
 from serve_app.core.tokens import EngineImage, GenerationRequest
 from serve_app.engines.vllm import _engine_kwargs, multimodal_prompt
+from serve_app.families.vision import VisionSpec
+from serve_app.runtime.images import page_image
+from serve_app.tools.pdf_pages import PageBounds, render_pages
+from tests.support.pdfs import text_pdf
 
 PAD = 151655  # Qwen-VL's <|image_pad|>
 
@@ -39,6 +45,21 @@ def test_the_engine_request_carries_the_images_as_multi_modal_data_in_order():
     assert [image.getpixel((0, 0)) for image in shown] == [(255, 0, 0), (0, 0, 255)]
     assert prompt["prompt_token_ids"].count(PAD) == len(shown)
     assert request.image_tokens == 299 + 45 * 23 - 1
+
+
+def test_a_pdfs_drawn_pages_are_carried_as_images_are():
+    spec = VisionSpec()
+    drawn = render_pages(
+        text_pdf(["first page", "second page"]), PageBounds(2, spec.max_pixels, spec.max_decode_pixels), time.monotonic() + 60
+    )
+    pages = [page_image(page, spec) for page in drawn.images]
+    images = [EngineImage(_png(64, 32, (0, 255, 0)), 64, 32, 2), *pages]
+    prompt_ids = [151644, 872, 198, *[151652, PAD, 151653] * 3, 151645]
+    prompt = multimodal_prompt(GenerationRequest("resp_2", prompt_ids, images=images))
+    shown = prompt["multi_modal_data"]["image"]
+    assert [(image.mode, image.size) for image in shown] == [("RGB", (64, 32)), ("RGB", (900, 1164)), ("RGB", (900, 1164))]
+    assert [page.tokens for page in pages] == [28 * 36, 28 * 36]
+    assert shown[1].getextrema()[0][0] < 128  # the page's text, drawn black on white
 
 
 def test_the_qwen3_vl_gpu_config_loads_and_maps_to_a_multi_modal_engine():

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from serve_app.api.items import MessageItem
+from serve_app.api.items import FilePart, MessageItem
 from serve_app.api.request import ResponsesRequest
 from serve_app.config import ModelConfig
 from serve_app.families.vision import IMAGE_PAD, VisionSpec
@@ -47,6 +47,21 @@ def test_the_template_writes_one_placeholder_per_image_where_it_was(family):
     assert family.count_images(prompt) == 2
     text = family.tokenizer.decode(prompt, skip_special_tokens=False)
     assert "first <|vision_start|><|image_pad|><|vision_end|> then<|vision_start|><|image_pad|><|vision_end|>" in text
+
+
+def test_a_pdf_shown_with_its_pages_is_its_text_then_one_placeholder_a_page(family):
+    pdf = FilePart(type="input_file", file_id="file-1", filename="r.pdf")
+    pdf._text, pdf._shown, pdf._caption = "page text", 2, "[r.pdf: pages 1-2 of 9 follow as images]"
+    image = {"type": "input_image", "image_url": "data:image/png;base64,AAAA"}
+    history = [MessageItem(role="user", content=[{"type": "input_text", "text": "read "}, pdf, image])]
+    prompt = family.render_prompt(ResponsesRequest(model="m", input="x"), history)
+    assert family.count_images(prompt) == 3
+    text = family.tokenizer.decode(prompt, skip_special_tokens=False)
+    placeholder = "<|vision_start|><|image_pad|><|vision_end|>"
+    assert f"read [file: r.pdf]\npage text\n[end of file: r.pdf]\n[r.pdf: pages 1-2 of 9 follow as images]{placeholder * 3}" in text
+    pdf._shown, pdf._caption = 0, ""  # no page shown: the file's text alone, as a text model reads it
+    prompt = family.render_prompt(ResponsesRequest(model="m", input="x"), history)
+    assert family.count_images(prompt) == 1
 
 
 def test_a_client_spelling_the_placeholder_writes_text(family):
