@@ -21,9 +21,11 @@ says which and why) and the model reads its text as a text model does.
 PDFium draws in a process of its own (`PageRenderer`: one per replica, started when first
 needed), never in the server's: it is killed when the deadline passes (a page PDFium would
 parse for minutes, a form drawing a form a million times, stops there), its address space is
-bounded (`WORKER_MEMORY`), and whatever a file makes PDFium do cannot touch the server's
-memory. What comes back is checked (sizes, counts) and never unpickled. PDFium is not
-thread-safe, not even on different documents: in that process one page is drawn at a time.
+bounded (`WORKER_MEMORY`), its environment is `WORKER_ENV` alone (no secret of the server's),
+and whatever a file makes PDFium do cannot touch the server's memory. What comes back is
+checked (sizes, counts) and never unpickled. PDFium is not thread-safe, not even on
+different documents: in that process one page is drawn at a time, so a file that keeps it
+busy delays the next ones, each within its own deadline.
 """
 
 from __future__ import annotations
@@ -51,6 +53,7 @@ MAX_OBJECTS = 200_000  # page objects looked at on one page, those of its forms 
 MAX_FORM_DEPTH = 8  # forms inside forms looked into
 WORKER_MEMORY = 2 * 1024**3  # the renderer process's address space (RLIMIT_AS)
 MAX_REASON_CHARS = 300
+WORKER_ENV = ("PATH", "PYTHONPATH", "LD_LIBRARY_PATH", "TMPDIR")  # what the renderer process inherits
 OUT_OF_TIME = "drawing the pages took longer than files.input.timeout_s"
 
 _LOCK = threading.Lock()  # PDFium in this process (render_pages called directly): one caller at a time
@@ -78,7 +81,7 @@ class PageImage:
 class PageImages:
     """The first pages of a PDF as PNG images, in page order."""
 
-    pages: int  # of the PDF, as PDFium counts them (0: it could not open it)
+    pages: int  # of the PDF, as PDFium counts them (0: not known: it could not open it, or the renderer stopped)
     images: tuple[PageImage, ...] = ()
     missing: tuple[tuple[int, str], ...] = ()  # pages asked for and not drawn: (number, why); 0: the whole file
     timed_out: bool = False  # the deadline left pages out (another time they may be drawn)
@@ -147,7 +150,10 @@ class PageRenderer:
                     pipe.close()
 
     def _ask(self, data: bytes, bounds: PageBounds, deadline: float) -> PageImages:
-        process = self._running()
+        try:
+            process = self._running()
+        except OSError as exc:  # no process to be had (out of processes, of memory)
+            raise _Stopped(f"the renderer cannot start ({exc})") from None
         assert process.stdin is not None
         assert process.stdout is not None
         head = {
@@ -169,13 +175,16 @@ class PageRenderer:
         if self._process is not None and self._process.poll() is None:
             return self._process
         self.close()
-        # -P: the script's folder (serve_app/tools) is not put on the module path.
+        # -P: the script's folder (serve_app/tools) is not put on the module path. The
+        # environment: where Python finds its packages, nothing else (no secret of the server's
+        # is the business of a process that parses a client's file).
         self._process = subprocess.Popen(
             [sys.executable, "-P", os.path.abspath(__file__)],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.DEVNULL,
             close_fds=True,
+            env={name: os.environ[name] for name in WORKER_ENV if name in os.environ},
         )
         self.started += 1
         return self._process

@@ -9,6 +9,7 @@ import asyncio
 import io
 import math
 import time
+from pathlib import Path
 
 import pytest
 from hypothesis import given
@@ -120,10 +121,14 @@ def test_past_the_deadline_no_page_is_drawn():
     assert drawn.missing == ((1, OUT_OF_TIME), (2, OUT_OF_TIME))
 
 
-def test_the_renderer_process_answers_and_is_kept_for_the_next_file():
+def test_the_renderer_process_answers_and_is_kept_for_the_next_file(monkeypatch):
+    monkeypatch.setenv("REDIS_PASSWORD", "a secret of the server's")
     renderer = PageRenderer()
     try:
         first = asyncio.run(render_off_loop(text_pdf(["one", "two"]), BOUNDS, 60, renderer))
+        assert renderer._process is not None
+        environ = Path(f"/proc/{renderer._process.pid}/environ").read_bytes()
+        assert b"REDIS_PASSWORD" not in environ  # a process that parses a client's file holds no secret
         second = asyncio.run(render_off_loop(text_pdf(["three"], size=(200, 100)), BOUNDS, 60, renderer))
         assert [(image.number, image.width, image.height) for image in first.images] == [(1, 900, 1164), (2, 900, 1164)]
         assert [(image.width, image.height) for image in second.images] == [(800, 400)]  # 4 pixels a unit at most
