@@ -43,6 +43,10 @@ def store_not_found(vector_store_id: str, param: str = "vector_store_id") -> API
     return APIError(f"No vector store found with id '{vector_store_id}'.", status_code=404, param=param, code="not_found")
 
 
+def store_expired(vector_store_id: str, param: str = "vector_store_id") -> APIError:
+    return APIError(f"Vector store '{vector_store_id}' has expired.", status_code=400, param=param, code="vector_store_expired")
+
+
 def file_not_in_store(file_id: str, vector_store_id: str) -> APIError:
     return APIError(
         f"No file found with id '{file_id}' in vector store '{vector_store_id}'.", status_code=404, param="file_id", code="not_found"
@@ -51,6 +55,11 @@ def file_not_in_store(file_id: str, vector_store_id: str) -> APIError:
 
 def batch_not_found(batch_id: str) -> APIError:
     return APIError(f"No file batch found with id '{batch_id}'.", status_code=404, param="batch_id", code="not_found")
+
+
+def _expired(data: dict[str, Any]) -> bool:
+    expires_at = data.get("expires_at")
+    return expires_at is not None and time.time() > expires_at
 
 
 class VectorStoreRecords:
@@ -107,8 +116,7 @@ class VectorStoreRecords:
             counts[file.status] += 1
         data["file_counts"] = {**counts, "total": len(files)}
         data["usage_bytes"] = sum(file.usage_bytes for file in files)
-        expires_at = data.get("expires_at")
-        if expires_at is not None and time.time() > expires_at:
+        if _expired(data):
             data["status"] = "expired"
         else:
             data["status"] = "in_progress" if counts["in_progress"] else "completed"
@@ -119,6 +127,15 @@ class VectorStoreRecords:
         if vector_store is None:
             raise store_not_found(vector_store_id, param)
         return vector_store
+
+    async def check(self, vector_store_id: str, param: str = "vector_store_id") -> None:
+        """That the tenant has this store (else the 404 `existing` gives) and it has not expired
+        (else a 400), from its own record: none of its files is read."""
+        raw = await self.store.get(f"vs:{vector_store_id}")
+        if raw is None:
+            raise store_not_found(vector_store_id, param)
+        if _expired(json.loads(raw)):
+            raise store_expired(vector_store_id, param)
 
     async def touch(self, vector_store: VectorStore, **changes: Any) -> VectorStore:
         """The store used (or changed): `last_active_at` now, its expiry moved along."""

@@ -28,12 +28,14 @@ from openai.types.vector_stores import VectorStoreFile, VectorStoreFileBatch
 
 from serve_app.api.errors import APIError, invalid_request, server_error, server_full
 from serve_app.api.filters import Filter
+from serve_app.api.request import ResponsesRequest
+from serve_app.api.tools import FileSearchTool
 from serve_app.api.vector_stores import AUTO, ChunkingStrategy
 from serve_app.config import VectorStoresConfig
 from serve_app.retrieval.chunking import TokenOffsets, chunk_text, load_token_offsets
 from serve_app.retrieval.embeddings import Embedder, EmbeddingUnavailable, HashingEmbedder
 from serve_app.retrieval.index import EmbeddedIndex, Hit, IndexedChunk, Ranking, VectorIndex
-from serve_app.retrieval.stores import VectorStoreRecords, batch_not_found, file_not_in_store, new_id
+from serve_app.retrieval.stores import VectorStoreRecords, batch_not_found, file_not_in_store, new_id, store_expired
 from serve_app.state import StoreUnavailable
 from serve_app.state.files import file_not_found
 
@@ -306,7 +308,7 @@ class TenantVectorStores:
         """The store, if the tenant has it and it has not expired (a 400 then), marked as used."""
         vector_store = await self.records.existing(vector_store_id, param)
         if vector_store.status == "expired":
-            raise invalid_request(f"Vector store '{vector_store_id}' has expired.", param=param, code="vector_store_expired")
+            raise store_expired(vector_store_id, param)
         return await self.records.touch(vector_store)
 
     async def update(self, vector_store_id: str, changes: dict[str, Any]) -> VectorStore:
@@ -420,6 +422,20 @@ class TenantVectorStores:
             )
         hits.sort(key=lambda hit: -hit.score)
         return hits[:max_results]
+
+
+async def check_file_search(request: ResponsesRequest, stores: TenantVectorStores | None) -> None:
+    """A request's `file_search` tool names only vector stores of the caller's that have not
+    expired: else the 404 (400 for an expired one) the Vector Stores API answers for that id,
+    naming `tools[i].vector_store_ids[j]`, before anything is generated, stored or charged
+    (OpenAI's answer; the call would only have found nothing). `stores`: the caller's (None:
+    this server has no vector stores, and the tool is left out of the response)."""
+    if stores is None:
+        return
+    for index, tool in enumerate(request.tools):
+        if isinstance(tool, FileSearchTool):
+            for number, vector_store_id in enumerate(tool.vector_store_ids):  # at most MAX_VECTOR_STORES_PER_SEARCH
+                await stores.records.check(vector_store_id, f"tools[{index}].vector_store_ids[{number}]")
 
 
 def vector_store_service(config: VectorStoresConfig, embedder: Embedder | None = None) -> VectorStores:

@@ -137,6 +137,8 @@ _RESPONSES_RULES = (
     *_REFERENCE_RULES,
     *_MEDIA_RULES,
     Rule(r"background", 400, "`background: true` needs `store: true`"),
+    Rule(r"tools\[\d+\]\.vector_store_ids\[\d+\]", 404, "a file_search tool's `vector_store_ids` name vector stores of the caller's"),
+    Rule(r"tools\[\d+\]\.vector_store_ids\[\d+\]", 400, "a file_search tool's vector stores have not expired"),
     Rule(r"conversation", 400, "at most one of `previous_response_id` and `conversation`"),
 )
 # The Vector Stores API's (server/routes/vector_stores.py).

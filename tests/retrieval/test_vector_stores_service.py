@@ -159,3 +159,38 @@ def test_the_service_ingests_again_after_it_was_closed_on_another_event_loop(tmp
 
     assert asyncio.run(ingest_one()) == "completed"
     assert asyncio.run(ingest_one()) == "completed"
+
+
+def test_a_file_search_tool_names_only_the_callers_live_stores(tmp_path: Path, tokenizer) -> None:
+    """`check_file_search`: the caller's stores pass; another tenant's or a made-up id is the
+    404 the Vector Stores API answers, an expired one its 400, each naming where it is; on a
+    server without vector stores the tool is not checked (it is left out of the response)."""
+    from serve_app.api.request import ResponsesRequest
+    from serve_app.runtime.vector_stores import check_file_search
+
+    async def main() -> None:
+        service = _service(EmbeddedIndex(tmp_path, 128), tokenizer)
+        store = MemoryStore()
+        alice = service.for_tenant(VectorStoreRecords(TenantStore(store, "alice")), _read)
+        bob = service.for_tenant(VectorStoreRecords(TenantStore(store, "bob")), _read)
+        mine, theirs = (await alice.create(name="a")).id, (await bob.create(name="b")).id
+        old = await alice.create(name="old", expires_after={"anchor": "last_active_at", "days": 1})
+        await alice.records._put_store(old.model_copy(update={"expires_at": int(time.time()) - 1}))
+
+        def asking(*ids: str) -> ResponsesRequest:
+            tools = [{"type": "function", "name": "f"}, {"type": "file_search", "vector_store_ids": list(ids)}]
+            return ResponsesRequest.model_validate({"model": "m", "input": "x", "tools": tools})
+
+        await check_file_search(asking(mine), alice)
+        await check_file_search(asking(theirs, "vs_made_up"), None)
+        for ids, status, code in (
+            ((mine, theirs), 404, "not_found"),
+            ((mine, "vs_made_up"), 404, "not_found"),
+            ((mine, old.id), 400, "vector_store_expired"),
+        ):
+            with pytest.raises(APIError) as refused:
+                await check_file_search(asking(*ids), alice)
+            assert (refused.value.status_code, refused.value.code, refused.value.param) == (status, code, "tools[1].vector_store_ids[1]")
+            assert ids[1] in refused.value.message
+
+    asyncio.run(main())

@@ -19,6 +19,7 @@ from openai.types.responses.input_token_count_response import InputTokenCountRes
 from serve_app.api.errors import model_not_found
 from serve_app.api.request import parse_request
 from serve_app.runtime.run import render_turn
+from serve_app.runtime.vector_stores import check_file_search
 from serve_app.server.context import app_context, tenant_state
 from serve_app.server.rate_headers import COUNTED_TOKENS
 from serve_app.server.routes.responses import read_request
@@ -33,6 +34,7 @@ async def count_input_tokens(http_request: Request) -> Response:
     if model is None:
         raise model_not_found(request.model)
     tenant = tenant_state(http_request)
+    await check_file_search(request, tenant.vector_stores)  # as a response would be refused
     rendered = await render_turn(request, model, tenant.responses, tenant.conversations, tenant.cipher, files=tenant.file_inputs)
     if tenant.quota is not None:  # counted as a response's prompt is: rendering them was the work
         await tenant.quota.charge(tokens_=rendered.input_tokens)

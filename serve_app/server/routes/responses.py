@@ -26,6 +26,7 @@ from serve_app.runtime.metrics import Metrics, RequestTrace, report_once, report
 from serve_app.runtime.offload import parse_body_off_loop
 from serve_app.runtime.run import REFUSAL_WINDOW_S, run_turn, start_turn, summarize
 from serve_app.runtime.turn import ServedModel, Turn
+from serve_app.runtime.vector_stores import check_file_search
 from serve_app.server.auth import tenant_of
 from serve_app.server.context import AppContext, app_context, tenant_state
 from serve_app.server.routes.background import (
@@ -217,7 +218,9 @@ async def begin_turn(
         prompt = raw_prompt(model) if raw_prompt is not None else None
         # Within the tenant's quotas (or a 429), then counted: the prompt's tokens now, the output's
         # as `run_turn` produces them; `run_turn` releases the admission when the turn ends.
+        asked = request
         request, unavailable_tools = context.server_tools.admit(request)  # before anything is read or connected to
+        await check_file_search(asked, tenant.vector_stores)  # 404 for a store not the tenant's: nothing charged yet
         if admission is None:
             admission = await admit(tenant, background=request.background)
         elif request.background:
