@@ -7,6 +7,7 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
+from serve_app.api.vector_stores import MAX_FILE_IDS
 from serve_app.config.base import Strict
 from serve_app.config.models import DeploymentConfig
 
@@ -61,8 +62,27 @@ class VectorStoresConfig(Strict):
     max_chunks_per_store: int = Field(1_000_000, ge=1, description="chunks one vector store may hold (a file past it fails)")
     ingest_workers: int = Field(2, ge=1, le=64, description="files each ingress replica ingests at once (off its event loop)")
     ingest_queue: int = Field(1000, ge=1, description="files waiting for ingestion on one replica (past it: 503 with Retry-After)")
+    ingest_queue_per_tenant: int | None = Field(
+        None,
+        ge=1,
+        description="files of one tenant waiting for ingestion or being ingested on one replica (past it: 429 with "
+        "Retry-After), so that one tenant's uploads cannot fill the queue for the others; default: a quarter of "
+        f"ingest_queue, at least {MAX_FILE_IDS} (the files one request may attach), at most ingest_queue; with `auth` only "
+        "(without it, everyone is one tenant: ingest_queue applies)",
+    )
     ingest_timeout_s: float = Field(600.0, gt=0, description="one file's ingestion; a file still in_progress after it reads as failed")
     max_search_results: int = Field(50, ge=1, le=50, description="results one search returns at most (OpenAI: 50)")
+
+    def tenant_ingest_share(self) -> int:
+        """One tenant's share of the ingestion queue (`ingest_queue_per_tenant`, see above)."""
+        share = self.ingest_queue_per_tenant
+        return min(self.ingest_queue, max(MAX_FILE_IDS, self.ingest_queue // 4) if share is None else share)
+
+    @model_validator(mode="after")
+    def _share_within_queue(self) -> VectorStoresConfig:
+        if self.ingest_queue_per_tenant is not None and self.ingest_queue_per_tenant > self.ingest_queue:
+            raise ValueError("vector_stores.ingest_queue_per_tenant must be at most ingest_queue")
+        return self
 
     @model_validator(mode="after")
     def _url_for_pgvector(self) -> VectorStoresConfig:

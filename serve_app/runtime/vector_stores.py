@@ -3,12 +3,17 @@ and search (hybrid, filtered: retrieval/index.py) — what the Vector Stores API
 the `file_search` tool both use.
 
 Ingestion runs off the event loop: attaching a file records it `in_progress` and queues it
-(`Ingestion`: a bounded queue per replica, `ingest_workers` tasks; a full queue is a 503
-with `Retry-After`); a worker reads the file's text (the Files API's `file_text`), chunks it
-in a thread, embeds the chunks (in a thread, or on the model's replicas), adds them to the
-index and records the file `completed` with its `usage_bytes` (or `failed` with
-`last_error`). Embedding counts the chunks' tokens in the tenant's `tokens_per_minute`.
-Deleting a file from a store, or a store, removes its index entries.
+(`Ingestion`: a bounded queue per replica, `ingest_workers` tasks). The places are taken
+before anything is recorded, all of a request's files or none: a full queue is a 503 with
+`Retry-After`, and with tenants one tenant's files waiting or being ingested on the replica
+are at most its share (`ingest_queue_per_tenant`; a 429 with `Retry-After` past it), so one
+tenant's uploads cannot fill the queue for the others. A worker reads the file's text (the
+Files API's `file_text`), chunks it in a thread, embeds the chunks (in a thread, or on the
+model's replicas), adds them to the index and records the file `completed` with its
+`usage_bytes` (or `failed` with `last_error`). Embedding counts the chunks' tokens in the tenant's `tokens_per_minute`.
+Deleting a file from a store, or a store, removes its index entries. A `file_search` tool
+naming a store that is not the caller's is refused as its request arrives
+(`check_file_search`).
 """
 
 from __future__ import annotations
@@ -26,7 +31,7 @@ from typing import Any
 from openai.types import VectorStore
 from openai.types.vector_stores import VectorStoreFile, VectorStoreFileBatch
 
-from serve_app.api.errors import APIError, invalid_request, server_error, server_full
+from serve_app.api.errors import APIError, invalid_request, retry_after, server_error, server_full
 from serve_app.api.filters import Filter
 from serve_app.api.request import ResponsesRequest
 from serve_app.api.tools import FileSearchTool
@@ -40,6 +45,8 @@ from serve_app.state import StoreUnavailable
 from serve_app.state.files import file_not_found
 
 logger = logging.getLogger(__name__)
+
+RETRY_AFTER_S = 5  # a refused attach: files take seconds each to ingest
 
 
 class FileUnreadable(Exception):
@@ -76,30 +83,100 @@ class _Job:
     read: FileReader
     charge: Charge | None
     chunking: ChunkingStrategy
+    tenant: str = ""
     done: asyncio.Event = field(default_factory=asyncio.Event)
 
 
-class Ingestion:
-    """The replica's ingestion workers and their bounded queue (see the module's docstring)."""
+class Places:
+    """Places in the replica's ingestion taken for one request's files (`Ingestion.take`): each
+    queued job uses one; closing gives back those no job used (the request failed before it
+    queued them all)."""
 
-    def __init__(self, service: VectorStores, workers: int, queue: int) -> None:
+    def __init__(self, ingestion: Ingestion, tenant: str, count: int) -> None:
+        self.ingestion, self.tenant, self.left = ingestion, tenant, count
+
+    def submit(self, job: _Job) -> None:
+        if self.left <= 0:
+            raise RuntimeError("no place was taken for this file")
+        self.left -= 1
+        job.tenant = self.tenant
+        self.ingestion.queue.put_nowait(job)  # the queue has room: its place was counted
+
+    def close(self) -> None:
+        left, self.left = self.left, 0
+        self.ingestion.waiting -= left
+        self.ingestion.give(self.tenant, left)
+
+    def __enter__(self) -> Places:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class Ingestion:
+    """The replica's ingestion workers and their bounded queue (see the module's docstring).
+
+    Places are counted when an attach asks for them, before it records or awaits anything
+    (`take`), so concurrent attaches never pass a bound: `waiting` (files taken for, queued,
+    not yet at a worker) against `size`, and with tenants each tenant's files waiting or being
+    ingested (`by_tenant`) against `per_tenant`, given back when its file's ingestion ends,
+    however it ends."""
+
+    def __init__(self, service: VectorStores, workers: int, queue: int, per_tenant: int | None = None) -> None:
         self.service = service
         self.workers = workers
         self.size = queue
-        self.queue: asyncio.Queue[_Job] = asyncio.Queue(queue)
+        self.per_tenant = per_tenant
+        self.queue: asyncio.Queue[_Job] = asyncio.Queue()  # bounded by `take`
+        self.waiting = 0
+        self.by_tenant: dict[str, int] = {}
         self._tasks: list[asyncio.Task[None]] = []
 
-    def submit(self, job: _Job) -> None:
-        if not self._tasks:
-            self._tasks = [asyncio.create_task(self._work()) for _ in range(self.workers)]
-        try:
-            self.queue.put_nowait(job)
-        except asyncio.QueueFull:
-            raise server_full("This server is ingesting too many files; retry later.", code="server_busy", retry_after_s=5) from None
+    def take(self, tenant: str, files: int, param: str = "file_id") -> Places:
+        """Places for `files` files of `tenant`, all or none, or raise with nothing taken: a
+        400 naming `param` for more files than a request may ever have queued, a 429 past the
+        tenant's share, a 503 past the replica's queue. Nothing awaits between the checks and
+        the count."""
+        share = self.size if self.per_tenant is None else min(self.per_tenant, self.size)
+        if files > share:
+            setting = "vector_stores.ingest_queue" if self.per_tenant is None else "vector_stores.ingest_queue_per_tenant"
+            raise invalid_request(
+                f"This request attaches {files} files; this server queues at most {share} files of one caller for "
+                f"ingestion ({setting}): attach them in smaller batches.",
+                param=param,
+            )
+        held = self.by_tenant.get(tenant, 0)
+        if self.per_tenant is not None and held + files > self.per_tenant:
+            error = APIError(
+                f"This API key's tenant has as many files waiting for ingestion or being ingested on this server as it may "
+                f"({self.per_tenant}, vector_stores.ingest_queue_per_tenant). Retry when some of them have finished.",
+                status_code=429,
+                code="rate_limit_exceeded",
+                type="requests",
+            )
+            raise retry_after(error, RETRY_AFTER_S)
+        if self.waiting + files > self.size:
+            raise server_full("This server is ingesting too many files; retry later.", code="server_busy", retry_after_s=RETRY_AFTER_S)
+        if files:
+            self.waiting += files
+            self.by_tenant[tenant] = held + files
+            if not self._tasks:
+                self._tasks = [asyncio.create_task(self._work()) for _ in range(self.workers)]
+        return Places(self, tenant, files)
+
+    def give(self, tenant: str, files: int = 1) -> None:
+        """`tenant`'s places of `files` files given back (their ingestion ended, or never started)."""
+        left = self.by_tenant.get(tenant, 0) - files
+        if left > 0:
+            self.by_tenant[tenant] = left
+        else:
+            self.by_tenant.pop(tenant, None)
 
     async def _work(self) -> None:
         while True:
             job = await self.queue.get()
+            self.waiting -= 1
             try:
                 await asyncio.wait_for(self.service.ingest(job), self.service.limits.ingest_timeout_s)
             except TimeoutError:
@@ -109,6 +186,7 @@ class Ingestion:
                 with contextlib.suppress(Exception):
                     await self.service.finish(job, error=("server_error", "The file could not be ingested."))
             finally:
+                self.give(job.tenant)
                 job.done.set()
                 self.queue.task_done()
 
@@ -118,15 +196,19 @@ class Ingestion:
 
     async def aclose(self) -> None:
         """End the workers (the app's lifespan ends). Files still queued are left `in_progress`
-        (they read as failed later); an app started again (its next lifespan, maybe on another
-        event loop) starts with an empty queue of its own."""
+        (they read as failed later) and their places given back; an app started again (its
+        next lifespan, maybe on another event loop) starts with an empty queue of its own."""
         for task in self._tasks:
             task.cancel()
         for task in self._tasks:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         self._tasks = []
-        self.queue = asyncio.Queue(self.size)
+        while not self.queue.empty():
+            job = self.queue.get_nowait()
+            self.waiting -= 1
+            self.give(job.tenant)
+        self.queue = asyncio.Queue()
 
 
 class VectorStores:
@@ -141,10 +223,11 @@ class VectorStores:
         *,
         workers: int = 2,
         queue: int = 1000,
+        per_tenant: int | None = None,
     ) -> None:
         self.index, self.embedder, self._tokenizer = index, embedder, tokenizer
         self.limits = limits or VectorStoreLimits()
-        self.ingestion = Ingestion(self, workers, queue)
+        self.ingestion = Ingestion(self, workers, queue, per_tenant)
         self._token_offsets: TokenOffsets | None = None
 
     def tokenizer(self) -> TokenOffsets:
@@ -223,6 +306,7 @@ class TenantVectorStores:
         self, service: VectorStores, records: VectorStoreRecords, read: FileReader, charge: Charge | None, exists: FileExists | None = None
     ) -> None:
         self.service, self.records, self.read, self.charge, self.exists = service, records, read, charge, exists
+        self.tenant: str = getattr(records.store, "tenant", "")
 
     async def _check_files(self, file_ids: Sequence[str]) -> None:
         if self.exists is None:
@@ -252,9 +336,10 @@ class TenantVectorStores:
                     param="name",
                 )
         await self._check_files(file_ids)
-        vector_store = await self.records.create(name, metadata, expires_after)
-        for file_id in file_ids:
-            await self._attach(vector_store, file_id, None, chunking)
+        with self.service.ingestion.take(self.tenant, len(file_ids), "file_ids") as places:
+            vector_store = await self.records.create(name, metadata, expires_after)
+            for file_id in file_ids:
+                await self._attach(vector_store, file_id, None, chunking, places)
         return await self.records.existing(vector_store.id)
 
     async def attach(
@@ -268,12 +353,14 @@ class TenantVectorStores:
         """Attach one of the tenant's files: recorded `in_progress`, queued for ingestion."""
         vector_store = await self.active(vector_store_id)
         await self._check_files([file_id])
-        return await self._attach(vector_store, file_id, attributes, chunking)
+        with self.service.ingestion.take(self.tenant, 1) as places:
+            return await self._attach(vector_store, file_id, attributes, chunking, places)
 
     async def _attach(
-        self, vector_store: VectorStore, file_id: str, attributes: dict[str, Any] | None, chunking: ChunkingStrategy
+        self, vector_store: VectorStore, file_id: str, attributes: dict[str, Any] | None, chunking: ChunkingStrategy, places: Places
     ) -> VectorStoreFile:
-        """`attach` of a file already checked (`_check_files`), to a store already read."""
+        """`attach` of a file already checked (`_check_files`), to a store already read, in a
+        place taken for it (`Ingestion.take`: before anything is recorded)."""
         existing = await self.records.get_file(vector_store.id, file_id)
         if existing is None and len(await self.records.file_ids(vector_store.id)) >= self.service.limits.max_files_per_store:
             raise invalid_request(
@@ -295,13 +382,7 @@ class TenantVectorStores:
             }
         )
         await self.records.put_file(vector_store, file, new=existing is None)
-        job = _Job(self.records, self._namespace(vector_store.id), vector_store, file, self.read, self.charge, chunking)
-        try:
-            self.service.ingestion.submit(job)
-        except APIError:
-            busy = {"status": "failed", "last_error": {"code": "server_error", "message": "The server was too busy to ingest the file."}}
-            await self.records.put_file(vector_store, VectorStoreFile.model_validate(file.model_dump() | busy))
-            raise
+        places.submit(_Job(self.records, self._namespace(vector_store.id), vector_store, file, self.read, self.charge, chunking))
         return file
 
     async def active(self, vector_store_id: str, param: str = "vector_store_id") -> VectorStore:
@@ -358,10 +439,17 @@ class TenantVectorStores:
         return updated
 
     async def create_batch(
-        self, vector_store_id: str, files: Sequence[tuple[str, dict[str, Any] | None, ChunkingStrategy]]
+        self, vector_store_id: str, files: Sequence[tuple[str, dict[str, Any] | None, ChunkingStrategy]], *, param: str = "file_ids"
     ) -> VectorStoreFileBatch:
+        """`param`: where the request named the files (`file_ids` or `files`)."""
         vector_store = await self.active(vector_store_id)
         await self._check_files([file_id for file_id, _, _ in files])
+        with self.service.ingestion.take(self.tenant, len(files), param) as places:
+            return await self._create_batch(vector_store, files, places)
+
+    async def _create_batch(
+        self, vector_store: VectorStore, files: Sequence[tuple[str, dict[str, Any] | None, ChunkingStrategy]], places: Places
+    ) -> VectorStoreFileBatch:
         batch = VectorStoreFileBatch.model_validate(
             {
                 "id": new_id("vsfb"),
@@ -374,8 +462,8 @@ class TenantVectorStores:
         )
         await self.records.put_batch(vector_store, batch, [file_id for file_id, _, _ in files])
         for file_id, attributes, chunking in files:
-            await self._attach(vector_store, file_id, attributes, chunking)
-        return await self.batch(vector_store_id, batch.id)
+            await self._attach(vector_store, file_id, attributes, chunking, places)
+        return await self.batch(vector_store.id, batch.id)
 
     async def batch(self, vector_store_id: str, batch_id: str) -> VectorStoreFileBatch:
         return (await self.batch_files(vector_store_id, batch_id))[0]
@@ -438,9 +526,10 @@ async def check_file_search(request: ResponsesRequest, stores: TenantVectorStore
                 await stores.records.check(vector_store_id, f"tools[{index}].vector_store_ids[{number}]")
 
 
-def vector_store_service(config: VectorStoresConfig, embedder: Embedder | None = None) -> VectorStores:
+def vector_store_service(config: VectorStoresConfig, embedder: Embedder | None = None, *, tenanted: bool = False) -> VectorStores:
     """The app's vector stores as `vector_stores:` config says (the tokenizer loads at the
-    first ingestion); `embedder`: the served embedding model's (`embedding.type: vllm`)."""
+    first ingestion); `embedder`: the served embedding model's (`embedding.type: vllm`);
+    `tenanted`: callers are tenants (`auth`), each with its share of the ingestion queue."""
     if config.embedding.type == "vllm" and embedder is None:
         raise ValueError("vector_stores.embedding.type vllm is served by its EmbeddingServer deployment: build the app with build_app")
     embedder = embedder or HashingEmbedder(config.embedding.dimensions)
@@ -461,4 +550,12 @@ def vector_store_service(config: VectorStoresConfig, embedder: Embedder | None =
         max_search_results=config.max_search_results,
     )
     tokenizer = functools.partial(load_token_offsets, config.tokenizer)
-    return VectorStores(index, embedder, tokenizer, limits, workers=config.ingest_workers, queue=config.ingest_queue)
+    return VectorStores(
+        index,
+        embedder,
+        tokenizer,
+        limits,
+        workers=config.ingest_workers,
+        queue=config.ingest_queue,
+        per_tenant=config.tenant_ingest_share() if tenanted else None,
+    )

@@ -127,7 +127,9 @@ def create_app(
     # Without tenants, one shared prefix cache (no salt): the anonymous caller is everyone.
     salt_key = keys[0] if auth is not None else None
     files = _FileServices(blobs if blobs is not None else settings.files.blob.blob_store(environ), settings.files, resolver)
-    vector_stores = vector_store_service(settings.vector_stores, embedder) if settings.vector_stores is not None else None
+    vector_stores = (
+        vector_store_service(settings.vector_stores, embedder, tenanted=auth is not None) if settings.vector_stores is not None else None
+    )
     tenants = _tenant_states(bounded, settings, guarded, leases, cipher, salt_key, files, vector_stores)
     replica_limits = settings.replica_limits
     app.state.context = AppContext(

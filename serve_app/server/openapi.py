@@ -156,6 +156,12 @@ _ATTACH_RULES = (
     Rule(r"file_id", 400, "a vector store holds at most `vector_stores.max_files_per_store` files"),
     Rule(r"file_id", 404, "every file named is one of the caller's (Files API)"),
 )
+_QUEUE_RULE = Rule(
+    r"file_ids|files",
+    400,
+    "one request attaches at most as many files as one tenant may have waiting for ingestion on a replica "
+    "(`vector_stores.ingest_queue_per_tenant`; without `auth`, `ingest_queue`)",
+)
 _LEGACY_RULES = (Rule(r"n|best_of|logit_bias|suffix|store", 400, "what this server does not do (see the API page)"),)
 
 
@@ -278,6 +284,7 @@ OPERATIONS: dict[tuple[str, str], Operation] = {
             Rule(r"name", 400, "a tenant holds at most `vector_stores.max_stores_per_tenant` vector stores"),
             Rule(r"file_id", 400, "a vector store holds at most `vector_stores.max_files_per_store` files"),
             Rule(r"file_id", 404, "every file named is one of the caller's (Files API)"),
+            _QUEUE_RULE,
         ),
     ),
     ("/v1/vector_stores/{vector_store_id}", "post"): Operation(
@@ -304,7 +311,7 @@ OPERATIONS: dict[tuple[str, str], Operation] = {
         rules=(*_STORE_RULES, Rule(r"file_id", 404, "the file is in the vector store")),
     ),
     ("/v1/vector_stores/{vector_store_id}/file_batches", "post"): Operation(
-        BatchCreate, VectorStoreFileBatch, "Attach a batch of files to a vector store", models=None, rules=_ATTACH_RULES
+        BatchCreate, VectorStoreFileBatch, "Attach a batch of files to a vector store", models=None, rules=(*_ATTACH_RULES, _QUEUE_RULE)
     ),
     ("/v1/vector_stores/{vector_store_id}/file_batches/{batch_id}/cancel", "post"): Operation(
         None,

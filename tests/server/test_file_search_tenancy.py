@@ -3,10 +3,20 @@
 - a `file_search` tool naming a vector store that is not the caller's (another tenant's, a
   made-up id) is a 404 naming `tools[i].vector_store_ids[j]` before anything is generated,
   stored or charged: `POST /v1/responses` (streamed or not, in the background too), a
-  WebSocket `response.create`, `POST /v1/responses/input_tokens`."""
+  WebSocket `response.create`, `POST /v1/responses/input_tokens`;
+- a tenant's files waiting for ingestion or being ingested on a replica are at most its
+  share of the replica's queue (`vector_stores.ingest_queue_per_tenant`): past it, a 429
+  with `Retry-After` and nothing recorded, while another tenant's attach is taken and
+  ingested."""
 
 from __future__ import annotations
 
+import asyncio
+import io
+import json
+import threading
+import time
+from collections.abc import Sequence
 from pathlib import Path
 
 import httpx
@@ -16,6 +26,7 @@ import pytest
 from serve_app.config import AuthConfig, FilesConfig, VectorStoresConfig
 from serve_app.config.files import BlobConfig
 from serve_app.engines.replay import ReplayBackend
+from serve_app.retrieval.embeddings import HashingEmbedder, Vectors
 from serve_app.server.app import ServedModel, ServerSettings, create_app
 from serve_app.state import MemoryStore
 from tests.support import socket_scenarios
@@ -35,6 +46,7 @@ AUTH = AuthConfig.model_validate(
 )
 SEARCH = 'call file_search {"query": "zebras"}'
 FUNCTION = {"type": "function", "name": "get_weather", "parameters": {"type": "object", "properties": {}}}
+HELD = b"HOLD: this file is ingested when the test lets it. " * 4
 
 
 class CountingBackend(ReplayBackend):
@@ -50,27 +62,47 @@ class CountingBackend(ReplayBackend):
             yield batch
 
 
+class GatedEmbedder(HashingEmbedder):
+    """The hashing model; a text with HOLD waits until the test sets `gate` (a file stays at work)."""
+
+    def __init__(self) -> None:
+        super().__init__(64)
+        self.gate = threading.Event()
+
+    async def embed(self, texts: Sequence[str]) -> Vectors:
+        if any("HOLD" in text for text in texts):
+            await asyncio.to_thread(self.gate.wait, 120)
+        return await super().embed(texts)
+
+
 @pytest.fixture(scope="module")
 def backend() -> CountingBackend:
     return CountingBackend()
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory, backend):
+def embedder() -> GatedEmbedder:
+    return GatedEmbedder()
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory, backend, embedder):
     root: Path = tmp_path_factory.mktemp("vs-tenancy")
     settings = ServerSettings(
         auth=AUTH,
         files=FilesConfig(blob=BlobConfig(path=str(root / "blobs"))),
-        vector_stores=VectorStoresConfig(directory=str(root / "index")),
+        vector_stores=VectorStoresConfig(directory=str(root / "index"), ingest_queue=10, ingest_queue_per_tenant=2, ingest_workers=3),
     )
     app = create_app(
         [ServedModel(MODEL, backend)],
         settings,
         store=MemoryStore(clock=lambda: 1000.0),  # quotas never refill: what a request was charged shows
         environ={name.upper(): key for name, key in KEYS.items()},
+        embedder=embedder,
     )
     with uvicorn_server(app) as url:
         yield url
+    embedder.gate.set()
 
 
 def sdk(url: str, tenant: str) -> openai.OpenAI:
@@ -155,3 +187,43 @@ def test_a_websocket_response_create_is_refused_and_the_connection_goes_on(serve
         events = socket_scenarios.response_events(socket_scenarios.until_end(connection))
         assert events[-1]["type"] == "response.completed"
         assert any(item["type"] == "file_search_call" for item in events[-1]["response"]["output"])
+
+
+def _upload(client: openai.OpenAI, name: str, data: bytes) -> str:
+    return client.files.create(file=(name, io.BytesIO(data)), purpose="assistants").id
+
+
+def _until_ingested(client: openai.OpenAI, vector_store_id: str, file_id: str) -> str:
+    for _ in range(600):  # polled as clients poll, at most a minute
+        status = client.vector_stores.files.retrieve(file_id, vector_store_id=vector_store_id).status
+        if status != "in_progress":
+            return status
+        time.sleep(0.1)
+    raise AssertionError("ingestion did not finish")
+
+
+@pytest.mark.slow  # files ingested: the chunking tokenizer loads
+def test_a_tenant_past_its_ingestion_share_is_refused_while_another_is_ingested(server, stores, embedder) -> None:
+    alice, bob = sdk(server, "alice"), sdk(server, "bob")
+    held = [_upload(alice, f"held-{n}.txt", HELD) for n in range(3)]
+    for file_id in held[:2]:
+        assert alice.vector_stores.files.create(stores["alice"], file_id=file_id).status == "in_progress"
+    with pytest.raises(openai.RateLimitError) as refused:
+        alice.vector_stores.files.create(stores["alice"], file_id=held[2])
+    assert refused.value.response.headers["retry-after"] == "5"
+    assert refused.value.body["code"] == "rate_limit_exceeded"
+    assert "vector_stores.ingest_queue_per_tenant" in refused.value.body["message"]
+    with pytest.raises(openai.RateLimitError):  # a batch too, all of its files or none
+        alice.vector_stores.file_batches.create(stores["alice"], file_ids=held[2:])
+    assert {f.id for f in alice.vector_stores.files.list(stores["alice"]).data} == set(held[:2])  # nothing recorded
+    # bob is served while alice's files hold her whole share
+    zebras = _upload(bob, "zebras.txt", b"Plains zebras migrate across the Serengeti in July.")
+    assert bob.vector_stores.files.create(stores["bob"], file_id=zebras).status == "in_progress"
+    assert _until_ingested(bob, stores["bob"], zebras) == "completed"
+    assert bob.vector_stores.search(stores["bob"], query="zebras").data[0].filename == "zebras.txt"
+    embedder.gate.set()
+    assert [_until_ingested(alice, stores["alice"], file_id) for file_id in held[:2]] == ["completed", "completed"]
+    # her places are back
+    assert alice.vector_stores.files.create(stores["alice"], file_id=held[2]).status == "in_progress"
+    assert _until_ingested(alice, stores["alice"], held[2]) == "completed"
+    assert json.loads(alice.vector_stores.with_raw_response.retrieve(stores["alice"]).text)["file_counts"]["completed"] == 3

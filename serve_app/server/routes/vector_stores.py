@@ -197,7 +197,8 @@ async def delete_file(vector_store_id: str, file_id: str, request: Request) -> R
 async def create_file_batch(vector_store_id: str, request: Request) -> Response:
     body = await _body(request, BatchCreate)
     entries = [(entry.file_id, entry.attributes, entry.chunking_strategy or AUTO) for entry in body.entries()]
-    return _json((await _stores(request).create_batch(vector_store_id, entries)).model_dump_json())
+    param = "files" if body.files is not None else "file_ids"
+    return _json((await _stores(request).create_batch(vector_store_id, entries, param=param)).model_dump_json())
 
 
 @router.get("/v1/vector_stores/{vector_store_id}/file_batches/{batch_id}")
