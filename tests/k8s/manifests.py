@@ -1,5 +1,5 @@
 """The manifests of k8s/, read for the tests: the RayServices and their groups, the Valkey,
-the NetworkPolicies."""
+MinIO and PostgreSQL, the NetworkPolicies."""
 
 from __future__ import annotations
 
@@ -11,6 +11,8 @@ ROOT = Path(__file__).resolve().parents[2]
 K8S = ROOT / "k8s"
 RAYSERVICES = sorted(K8S.glob("rayservice-*.yaml"))
 VALKEY = K8S / "store" / "redis.yaml"
+MINIO = K8S / "store" / "minio.yaml"  # the Files API's object store
+PGVECTOR = K8S / "store" / "pgvector.yaml"  # the vector stores' index
 TOOLS = {path.stem: path for path in sorted((K8S / "tools").glob("*.yaml"))}  # the built-in tools' MCP servers
 # Opt-in policies (applied on their own), beside the ones every install applies.
 OPT_IN = sorted((K8S / "network").glob("*.yaml"))
@@ -61,6 +63,20 @@ def runs_ingress(service: dict, group: dict) -> bool:
     (application,) = applications(service)
     selector = application["args"]["ingress"]["ray_actor_options"]["label_selector"]
     return selector.items() <= group.get("labels", {}).items()
+
+
+def server_container(path: Path) -> dict:
+    """The one container of a store's StatefulSet (MinIO, PostgreSQL)."""
+    (statefulset,) = of_kind(path, "StatefulSet")
+    (container,) = statefulset["spec"]["template"]["spec"]["containers"]
+    return container
+
+
+def service_address(path: Path) -> str:
+    """host:port of the one Service in a file (in the RayServices' namespace)."""
+    (service,) = of_kind(path, "Service")
+    (port,) = service["spec"]["ports"]
+    return f"{service['metadata']['name']}:{port['port']}"
 
 
 def valkey_container() -> dict:

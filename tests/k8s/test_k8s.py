@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import jsonschema
 import kubernetes_validate
@@ -11,7 +12,7 @@ import yaml
 from ray.serve.schema import ServeDeploySchema
 
 from serve_app.config import AppConfig
-from tests.k8s.manifests import rayservice, runs_ingress
+from tests.k8s.manifests import MINIO, PGVECTOR, rayservice, runs_ingress, service_address
 
 pytestmark = pytest.mark.slow  # sandboxes, servers or schemas that take seconds to start: not in make test-fast
 
@@ -65,8 +66,9 @@ def test_rayservice_serves_its_config(name):
     CPU nodes (a single machine's `serve run` has no node labels), the store in Redis (the
     config's one-line switch from its embedded default: k8s/store/, which survives restarts),
     the store's password read from a variable of its own (KubeRay sets REDIS_PASSWORD on the
-    head to the GCS's), API keys (a public endpoint is not open), and the built-in tools at the
-    Services of k8s/tools/."""
+    head to the GCS's), API keys (a public endpoint is not open), uploaded files in the MinIO and
+    vector stores in the PostgreSQL of k8s/store/ (tests/k8s/test_k8s_retrieval.py), and the
+    built-in tools at the Services of k8s/tools/."""
     manifest = rayservice(ROOT / "k8s" / name)
     config = yaml.safe_load((ROOT / "serve_app" / "configs" / SERVES[name]).read_text())
     applications = yaml.safe_load(manifest["spec"]["serveConfigV2"])["applications"]
@@ -78,6 +80,8 @@ def test_rayservice_serves_its_config(name):
         application["args"]["store"]["type"] = "embedded"
         assert application["args"]["store"].pop("password_env") != "REDIS_PASSWORD"
         assert application["args"].pop("auth")["keys"]  # API keys (tests/k8s/test_k8s_security.py)
+        assert application["args"].pop("files")["blob"]["endpoint"] == service_address(MINIO)
+        assert urlsplit(application["args"].pop("vector_stores")["url"]).hostname == service_address(PGVECTOR).split(":")[0]
     assert applications == config["applications"]
 
 

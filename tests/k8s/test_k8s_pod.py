@@ -41,7 +41,14 @@ def _head_environment(service: dict, valkey, namespace: str, token: str) -> dict
     Secrets' values, plus what KubeRay adds (token authentication, the GCS's Redis)."""
     environment = {k: v for k, v in os.environ.items() if not k.startswith(("RAY_", "REDIS_", "RESPONSES_SERVE_"))}
     local = f"127.0.0.1:{valkey.port}"
-    secret_values = {**K8S_PASSWORDS, "responses-serve-reasoning-keys": Fernet.generate_key().decode()}
+    secret_values = {
+        **K8S_PASSWORDS,
+        "responses-serve-reasoning-keys": Fernet.generate_key().decode(),
+        # MinIO's and PostgreSQL's (k8s/store/): the app reaches them only when a file is
+        # uploaded or a vector store used, which this test does not (tests/k8s/test_k8s_retrieval.py).
+        "responses-serve-s3": "s3 key",
+        "responses-serve-pgvector": "pgvector password",
+    }
     for name, entry in env(ray_container(groups(service)[0])).items():
         if "valueFrom" in entry:
             ref = entry["valueFrom"]["secretKeyRef"]

@@ -12,7 +12,9 @@ import pytest
 
 from tests.k8s.manifests import (
     K8S,
+    MINIO,
     OPT_IN,
+    PGVECTOR,
     RAYSERVICES,
     TOOLS,
     VALKEY,
@@ -36,12 +38,12 @@ RAY_PORTS = [8265, 6379, 10001, 8080, 52365, 8076, 10002, 19999]
 
 
 def _pod_specs() -> list[tuple[str, dict]]:
-    """Every pod template: the RayServices' groups and the Deployments."""
+    """Every pod template: the RayServices' groups, the Deployments and the StatefulSets."""
     specs = []
     for path, document in every_document():
         if document["kind"] == "RayService":
             specs += [(f"{path.name} {group_name(g)}", g["template"]["spec"]) for g in groups(document)]
-        elif document["kind"] == "Deployment":
+        elif document["kind"] in ("Deployment", "StatefulSet"):
             specs.append((f"{path.name} {document['metadata']['name']}", document["spec"]["template"]["spec"]))
     return specs
 
@@ -63,6 +65,7 @@ def test_the_manifests_are_the_ones_checked_here():
         [(p.name, "RayService") for p in RAYSERVICES]
         + [(p.name, "NetworkPolicy") for p in RAYSERVICES for _ in range(2)]
         + [("store/redis.yaml", kind) for kind in ("Deployment", "Service", "NetworkPolicy")]
+        + [(f"store/{store}.yaml", kind) for store in ("minio", "pgvector") for kind in ("StatefulSet", "Service", "NetworkPolicy")]
         + [(f"tools/{tool}.yaml", kind) for tool in ("browser", "python") for kind in ("Deployment", "Service", "NetworkPolicy")]
         + [(p.relative_to(K8S).as_posix(), "NetworkPolicy") for p in OPT_IN]
     )
@@ -102,7 +105,8 @@ def test_every_pod_is_restricted(where, spec):
     # Each container runs as its pod does: one user per pod.
     for container in spec["containers"]:
         assert container["securityContext"]["runAsUser"] == context["runAsUser"]
-    # Volumes: only empty directories (no host paths, no other pod's data).
+    # Volumes: only empty directories (no host paths, no other pod's data); a StatefulSet's own
+    # data is on its PersistentVolumeClaims (volumeClaimTemplates), not here.
     assert all(set(volume) == {"name", "emptyDir"} for volume in spec.get("volumes", []))
 
 
@@ -133,6 +137,9 @@ def test_only_the_head_talks_to_kubernetes(path):
     assert all(w["template"]["spec"]["automountServiceAccountToken"] is False for w in workers)
     (deployment,) = of_kind(VALKEY, "Deployment")
     assert deployment["spec"]["template"]["spec"]["automountServiceAccountToken"] is False
+    for store in (MINIO, PGVECTOR):
+        (statefulset,) = of_kind(store, "StatefulSet")
+        assert statefulset["spec"]["template"]["spec"]["automountServiceAccountToken"] is False
 
 
 @pytest.mark.parametrize("path", RAYSERVICES, ids=lambda p: p.name)
@@ -243,12 +250,24 @@ def _ray_pod(path) -> Pod:
 
 
 def _policies(opt_in: bool = False) -> list[dict]:
-    paths = [*RAYSERVICES, VALKEY, *TOOLS.values(), *(OPT_IN if opt_in else [])]
+    paths = [*RAYSERVICES, VALKEY, MINIO, PGVECTOR, *TOOLS.values(), *(OPT_IN if opt_in else [])]
     return [d for path in paths for d in documents(path) if d["kind"] == "NetworkPolicy"]
 
 
 (_VALKEY_DEPLOYMENT,) = of_kind(VALKEY, "Deployment")
 VALKEY_POD = Pod(_VALKEY_DEPLOYMENT["spec"]["template"]["metadata"]["labels"], ports={"redis": 6379})
+
+
+def _statefulset_pod(path) -> Pod:
+    (statefulset,) = of_kind(path, "StatefulSet")
+    template = statefulset["spec"]["template"]
+    (container,) = template["spec"]["containers"]
+    return Pod(template["metadata"]["labels"], ports={p["name"]: p["containerPort"] for p in container["ports"]})
+
+
+MINIO_POD, PGVECTOR_POD = _statefulset_pod(MINIO), _statefulset_pod(PGVECTOR)
+# Each store's pod and the port its Service serves.
+STORES = {"valkey": (VALKEY_POD, 6379), "minio": (MINIO_POD, 9000), "pgvector": (PGVECTOR_POD, 5432)}
 NEIGHBOUR = Pod({"app": "something-else"})  # any other pod of the namespace
 ELSEWHERE = Pod({"app": "something-else"}, namespace="team-b")
 OPERATOR = Pod({"app.kubernetes.io/name": "kuberay-operator"}, namespace="kuberay-system")
@@ -294,7 +313,7 @@ def test_the_evaluator_follows_the_networkpolicy_rules():
 @pytest.mark.parametrize("path", RAYSERVICES, ids=lambda p: p.name)
 def test_only_the_serve_port_is_open_to_others(path):
     policies, ray = _policies(), _ray_pod(path)
-    others = [NEIGHBOUR, ELSEWHERE, FAKE_OPERATOR, PROMETHEUS, INTERNET, VALKEY_POD]
+    others = [NEIGHBOUR, ELSEWHERE, FAKE_OPERATOR, PROMETHEUS, INTERNET, VALKEY_POD, MINIO_POD, PGVECTOR_POD]
     others += [_ray_pod(p) for p in RAYSERVICES if p != path]  # another RayService is another
     for source in others:  # what this RayService's pods let in, whatever the source may send
         assert admits(policies, source, ray, SERVE_PORT), source
@@ -322,7 +341,9 @@ def test_the_operator_reaches_the_dashboard_only(path):
 @pytest.mark.parametrize("path", RAYSERVICES, ids=lambda p: p.name)
 def test_what_ray_pods_reach(path):
     policies, ray = _policies(), _ray_pod(path)
-    assert allowed(policies, ray, VALKEY_POD, 6379)
+    for store, port in STORES.values():  # the response store, the files' contents, the vector index
+        assert allowed(policies, ray, store, port)
+        assert not allowed(policies, ray, store, port + 1)
     assert allowed(policies, ray, DNS, 53, "UDP")
     assert allowed(policies, ray, DNS, 53, "TCP")
     assert allowed(policies, ray, INTERNET, 443)  # the model hub; the Kubernetes API
@@ -333,14 +354,19 @@ def test_what_ray_pods_reach(path):
     assert not allowed(policies, ray, ELSEWHERE, 5432)
 
 
-def test_valkey_is_reachable_from_the_rayservices_only_and_reaches_nothing():
-    policies = _policies()
+@pytest.mark.parametrize("name", sorted(STORES))
+def test_each_store_is_reachable_from_the_rayservices_only_and_reaches_nothing(name):
+    """The Valkey, MinIO and PostgreSQL: the RayServices' Ray pods on the store's port, no one
+    else (the tools' pods, the other stores, Prometheus opted in included); nothing out."""
+    policies, (store, port) = _policies(opt_in=True), STORES[name]
     for path in RAYSERVICES:
-        assert allowed(policies, _ray_pod(path), VALKEY_POD, 6379)
-    for source in (NEIGHBOUR, ELSEWHERE, OPERATOR, PROMETHEUS, INTERNET):
-        assert not allowed(policies, source, VALKEY_POD, 6379), source
-    for destination, port in ((INTERNET, 443), (DNS, 53), (_ray_pod(RAYSERVICES[0]), SERVE_PORT), (METADATA, 80)):
-        assert not allowed(policies, VALKEY_POD, destination, port)
+        assert allowed(policies, _ray_pod(path), store, port)
+    others = [pod for other, (pod, _) in STORES.items() if other != name]
+    for source in (NEIGHBOUR, ELSEWHERE, OPERATOR, PROMETHEUS, INTERNET, *others, _tool_pod("python"), _tool_pod("browser")):
+        assert not admits(policies, source, store, port), source
+        assert not allowed(policies, source, store, port), source
+    for destination, to in ((INTERNET, 443), (DNS, 53), (_ray_pod(RAYSERVICES[0]), SERVE_PORT), (METADATA, 80), *STORES.values()):
+        assert not allowed(policies, store, destination, to), destination
 
 
 def test_prometheus_may_scrape_the_metrics_only_when_opted_in():
@@ -403,7 +429,7 @@ def test_only_the_ray_pods_call_the_tools(tool):
         ELSEWHERE,
         OPERATOR,
         PROMETHEUS,
-        VALKEY_POD,
+        *(pod for pod, _ in STORES.values()),
         INTERNET,
         _tool_pod("python" if tool == "browser" else "browser"),
     ):
