@@ -57,6 +57,7 @@ def run_all(url: str) -> list[tuple[str, str | None]]:
         check(f"input_file {model}", lambda m=model: _input_file(client, m))
         check(f"file_search {model}", lambda m=model: _file_search(client, m))
     check("input_image qwen3-vl-replay", lambda: _input_image(client))
+    check("input_file pages as images qwen3-vl-replay", lambda: _pdf_pages(client))
 
     def codex() -> None:
         with tempfile.TemporaryDirectory() as work:
@@ -129,6 +130,22 @@ def _input_image(client: OpenAI) -> None:
     content = [{"type": "input_text", "text": "What is this?"}, {"type": "input_image", "image_url": data_url, "detail": "auto"}]
     response = client.responses.create(model="qwen3-vl-replay", input=[{"role": "user", "content": content}])  # type: ignore[misc,list-item]
     assert response.output_text == "I see 1 image: 64x48.", response.output_text
+
+
+def _pdf_pages(client: OpenAI) -> None:
+    """A vision model sees a PDF's pages as images too (drawn in the ingress replica's renderer process)."""
+    from tests.support.pdfs import text_pdf
+
+    content = [
+        {"type": "input_text", "text": "What is this?"},
+        {"type": "input_file", "filename": "two.pdf", "file_data": _pdf_data(text_pdf(["one", "two"]))},
+    ]
+    response = client.responses.create(model="qwen3-vl-replay", input=[{"role": "user", "content": content}])  # type: ignore[misc,list-item]
+    assert response.output_text.startswith("I see 2 images"), response.output_text
+
+
+def _pdf_data(pdf: bytes) -> str:
+    return "data:application/pdf;base64," + base64.b64encode(pdf).decode()
 
 
 def main() -> None:
