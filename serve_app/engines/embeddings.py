@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from serve_app.engines.allocator import drop_allocator_env
+from serve_app.engines.owner import mark_owner
 from serve_app.engines.vllm import DEFAULT_CPU_KVCACHE_SPACE_GIB
 from serve_app.retrieval.embeddings import EmbeddingUnavailable, Vectors
 
@@ -41,6 +42,7 @@ class VllmEmbedder:
             return
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", DEFAULT_CPU_KVCACHE_SPACE_GIB)
         drop_allocator_env()
+        mark_owner()  # vLLM's processes end with this one (engines/owner.py)
         from vllm.engine.arg_utils import AsyncEngineArgs
         from vllm.v1.engine.async_llm import AsyncLLM
 

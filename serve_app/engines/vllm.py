@@ -28,6 +28,7 @@ from serve_app.config import EnginePlacement, VLLMBackendConfig
 from serve_app.core.tokens import EngineRejected, FinishReason, GenerationRequest, TokenBatch, TokenLogprobs
 from serve_app.engines.allocator import drop_allocator_env
 from serve_app.engines.cpu_cores import cores_for_cpu_engine, format_cores
+from serve_app.engines.owner import mark_owner
 from serve_app.families.vision import rgb_image
 
 if TYPE_CHECKING:  # only for annotations: vLLM is optional at import time
@@ -302,6 +303,7 @@ class VLLMBackend:
         # process started); vLLM's processes, spawned below, start as vLLM's own server starts
         # them: in the CPU worker two glibc arenas made decoding ~15 % slower (bench.vs_vllm).
         drop_allocator_env()
+        mark_owner()  # vLLM's processes end with this one (engines/owner.py)
         from vllm.v1.engine.async_llm import AsyncLLM
 
         from serve_app.families.smollm2 import resolve_model_path

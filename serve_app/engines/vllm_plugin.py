@@ -11,11 +11,15 @@ refuses, which ends the request with an error (tests/engines/test_vllm_backend.p
 
 On GPUs (Triton's kernel) and vLLM builds that fix the stand-in, nothing changes: the
 replacement computes what the kernel computes.
+
+It also starts each vLLM process's watch of the replica that started it (engines/owner.py).
 """
 
 from __future__ import annotations
 
 import torch
+
+from serve_app.engines.owner import watch_owner
 
 EXPAND_ON_CPU = "_expand_kernel_impl"
 
@@ -38,6 +42,7 @@ def expand_kernel(
 
 def register() -> None:
     """Called by vLLM in each of its processes (possibly more than once)."""
+    watch_owner()  # end with the replica that started this engine (serve_app/engines/owner.py)
     try:
         from vllm.utils import cpu_triton_utils
     except ImportError:  # a vLLM without CPU stand-ins
