@@ -10,6 +10,7 @@ from pydantic import Field, model_validator
 from serve_app.api.vector_stores import MAX_FILE_IDS
 from serve_app.config.base import Strict
 from serve_app.config.models import DeploymentConfig
+from serve_app.families.smollm2 import SMOLLM2
 
 
 class EmbeddingConfig(Strict):
@@ -23,7 +24,7 @@ class EmbeddingConfig(Strict):
 
     type: Literal["hashing", "vllm"] = Field("hashing", description="the model, see above")
     dimensions: int = Field(384, ge=8, le=16384, description="the vectors' dimensions (vllm: the model's hidden size; checked at start)")
-    model: str | None = Field(None, description="vllm: a hub id or folder, or smollm2-135m-instruct (the built-in SmolLM2)")
+    model: str | None = Field(None, description=f"vllm: a hub id or folder, or {SMOLLM2} (the built-in SmolLM2-135M-Instruct)")
     max_model_len: int = Field(2048, ge=16, description="vllm: tokens of a text the model reads (longer texts are truncated)")
     dtype: str = Field("auto", description="vllm: the weights' dtype")
     deployment: DeploymentConfig = Field(
@@ -54,7 +55,7 @@ class VectorStoresConfig(Strict):
     )
     embedding: EmbeddingConfig = Field(default_factory=EmbeddingConfig, description="the embedding model")
     tokenizer: str = Field(
-        "o200k_harmony", description="what chunk sizes count: o200k_harmony (gpt-oss's), smollm2-135m-instruct, or a hub id or folder"
+        "o200k_harmony", description=f"what chunk sizes count: o200k_harmony (gpt-oss's), {SMOLLM2} (SmolLM2's), or a hub id or folder"
     )
     max_stores_per_tenant: int = Field(100, ge=1, description="vector stores one tenant may hold (400 past it)")
     max_files_per_store: int = Field(10_000, ge=1, description="files one vector store may hold (400 past it)")
