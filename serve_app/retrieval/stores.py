@@ -12,8 +12,20 @@ Keys, under the tenant's prefix:
 Expiry (`expires_after: {anchor: last_active_at, days}`): `expires_at` moves with each use; a
 store read after it is `expired` (a search of it is refused); every key carries the store's
 TTL (a store without expiry: `DEFAULT_TTL_S`, renewed by use), so nothing stays forever.
-A file whose ingestion has not finished within `stale_after_s` reads as `failed` (its
-replica was lost), so no file stays `in_progress` forever.
+- `vsq:{queue_id}`: a replica's ingestion queue is alive (runtime/vector_stores.py
+  `Ingestion` renews it while it holds the tenant's files, `QUEUE_LEASE_S`).
+
+A file's record also holds what its ingestion needs to know, never shown: the job that
+ingests it (`_job`: each attach queues a new one), the queue that holds that job (`_queue`),
+the batch that attached it (`_batch`) and when its ingestion started (`_started_at`). A
+status changes only from `in_progress`, by compare-and-set (`change_file`), so a cancel and a
+worker's `completed` never overwrite each other, whichever replica writes them.
+
+A file still `in_progress` reads as `failed` (so none stays `in_progress` forever) when the
+replica that queued it is gone (its queue's lease lapsed: a crash, a scale-down, a restart)
+or its ingestion started more than `stale_after_s` ago (twice `ingest_timeout_s`: its worker
+is stuck). A file waiting in a long queue of a live replica is not stale, however long it
+waits.
 """
 
 from __future__ import annotations
@@ -21,17 +33,19 @@ from __future__ import annotations
 import json
 import time
 import uuid
+from collections.abc import Callable
 from typing import Any, Literal
 
 from openai.types import VectorStore
 from openai.types.vector_stores import VectorStoreFile, VectorStoreFileBatch
 
 from serve_app.api.errors import APIError
-from serve_app.state.store import Store
+from serve_app.state.store import Store, StoreUnavailable
 
 DAY_S = 86_400.0
 DEFAULT_TTL_S = 365 * DAY_S
 STORES_KEY = "vs"
+MAX_CHANGE_TRIES = 16  # compare-and-set retries of one file's record (each lost to another writer)
 FileStatus = Literal["in_progress", "completed", "cancelled", "failed"]
 
 
@@ -57,6 +71,11 @@ def batch_not_found(batch_id: str) -> APIError:
     return APIError(f"No file batch found with id '{batch_id}'.", status_code=404, param="batch_id", code="not_found")
 
 
+def queue_lease_key(queue_id: str) -> str:
+    """The key that says the replica's ingestion queue `queue_id` is alive (under the tenant's prefix)."""
+    return f"vsq:{queue_id}"
+
+
 def _expired(data: dict[str, Any]) -> bool:
     expires_at = data.get("expires_at")
     return expires_at is not None and time.time() > expires_at
@@ -65,9 +84,10 @@ def _expired(data: dict[str, Any]) -> bool:
 class VectorStoreRecords:
     """One tenant's vector stores, their files and batches (keys above)."""
 
-    def __init__(self, store: Store, *, stale_after_s: float = 3600.0) -> None:
+    def __init__(self, store: Store, *, stale_after_s: float = 3600.0, clock: Callable[[], float] = time.time) -> None:
         self.store = store
         self.stale_after_s = stale_after_s
+        self.clock = clock  # wall-clock seconds: when an ingestion started, and now
 
     # -- stores --
     @staticmethod
@@ -180,20 +200,27 @@ class VectorStoreRecords:
 
     async def files(self, vector_store_id: str) -> list[VectorStoreFile]:
         files = []
+        alive: dict[str, bool] = {}  # each queue's lease read once
         for file_id in await self.file_ids(vector_store_id):
-            file = await self.get_file(vector_store_id, file_id)
+            file = await self.get_file(vector_store_id, file_id, alive)
             if file is not None:
                 files.append(file)
         return files
 
-    async def get_file(self, vector_store_id: str, file_id: str) -> VectorStoreFile | None:
+    async def file_fields(self, vector_store_id: str, file_id: str) -> dict[str, Any] | None:
+        """The file's stored fields, the hidden `_` ones too, as written (no stale rule)."""
         raw = await self.store.get(f"vsf:{vector_store_id}:{file_id}")
-        if raw is None:
+        return None if raw is None else json.loads(raw)
+
+    async def get_file(self, vector_store_id: str, file_id: str, alive: dict[str, bool] | None = None) -> VectorStoreFile | None:
+        """The file as the API shows it: `failed` if its ingestion is stale (the module's docstring).
+        `alive`: the queues' leases already read (by queue id)."""
+        data = await self.file_fields(vector_store_id, file_id)
+        if data is None:
             return None
-        data = json.loads(raw)
-        started = data.pop("_started_at", None)
+        hidden = {key: data.pop(key) for key in [key for key in data if key.startswith("_")]}
         file = VectorStoreFile.model_validate(data)
-        if file.status == "in_progress" and started is not None and time.time() - started > self.stale_after_s:
+        if file.status == "in_progress" and await self._stale(hidden, {} if alive is None else alive):
             stale = {
                 "status": "failed",
                 "last_error": {"code": "server_error", "message": "The file's ingestion did not finish; attach it again."},
@@ -201,13 +228,55 @@ class VectorStoreRecords:
             return VectorStoreFile.model_validate(file.model_dump() | stale)
         return file
 
-    async def put_file(self, vector_store: VectorStore, file: VectorStoreFile, *, new: bool = False) -> None:
+    async def _stale(self, hidden: dict[str, Any], alive: dict[str, bool]) -> bool:
+        started = hidden.get("_started_at")
+        if started is not None and self.clock() - started > self.stale_after_s:
+            return True
+        queue = hidden.get("_queue")
+        if queue is None:  # recorded before queues had leases: judged by `_started_at` alone
+            return False
+        if queue not in alive:
+            alive[queue] = await self.store.get(queue_lease_key(queue)) is not None
+        return not alive[queue]
+
+    async def put_file(
+        self,
+        vector_store: VectorStore,
+        file: VectorStoreFile,
+        *,
+        new: bool = False,
+        job_id: str | None = None,
+        queue_id: str | None = None,
+        batch_id: str | None = None,
+    ) -> None:
+        """Record the file as given (an attach: `in_progress`, queued as `job_id` in `queue_id`,
+        by the batch `batch_id` if any), over any record it had."""
         data = file.model_dump(mode="json")
-        if file.status == "in_progress":
-            data["_started_at"] = time.time()
+        hidden = {"_job": job_id, "_queue": queue_id, "_batch": batch_id}
+        data |= {key: value for key, value in hidden.items() if value is not None}
         await self.store.put(f"vsf:{vector_store.id}:{file.id}", json.dumps(data).encode(), ttl_s=self._ttl(vector_store))
         if new:
             await self.store.append(f"vs:{vector_store.id}:files", [file.id.encode()], ttl_s=self._ttl(vector_store))
+
+    async def change_file(
+        self, vector_store: VectorStore, file_id: str, change: Callable[[dict[str, Any]], dict[str, Any] | None]
+    ) -> tuple[dict[str, Any] | None, bool]:
+        """Change the file's record atomically: `change` is given its stored fields (hidden ones
+        too) and returns the new ones, or None to leave it as it is; tried again (at most
+        `MAX_CHANGE_TRIES` times) when another writer changed it meanwhile. The fields last read
+        (None: there is no record) and whether `change` was written."""
+        key = f"vsf:{vector_store.id}:{file_id}"
+        for _ in range(MAX_CHANGE_TRIES):
+            raw = await self.store.get(key)
+            if raw is None:
+                return None, False
+            data = json.loads(raw)
+            changed = change(dict(data))
+            if changed is None:
+                return data, False
+            if await self.store.compare_and_set(key, raw, json.dumps(changed).encode(), ttl_s=self._ttl(vector_store)):
+                return changed, True
+        raise StoreUnavailable("A vector store file's record kept changing under this write; retry.")
 
     async def delete_file(self, vector_store_id: str, file_id: str) -> bool:
         existed = await self.store.delete(f"vsf:{vector_store_id}:{file_id}")
@@ -225,13 +294,16 @@ class VectorStoreRecords:
         if raw is None:
             return None
         data = json.loads(raw)
-        files = [f for file_id in data["file_ids"] if (f := await self.get_file(vector_store_id, file_id)) is not None]
+        alive: dict[str, bool] = {}
+        files = [f for file_id in data["file_ids"] if (f := await self.get_file(vector_store_id, file_id, alive)) is not None]
         counts = {"in_progress": 0, "completed": 0, "failed": 0, "cancelled": 0}
         for file in files:
             counts[file.status] += 1
-        status = "in_progress" if counts["in_progress"] else "cancelled" if data["batch"].get("_cancelled") else "completed"
-        if data["batch"].get("_cancelled") and counts["in_progress"]:
-            status = "cancelling"
+        # Cancelled when the cancel found some of its files still to ingest (else it changed
+        # nothing), whatever its files attached again since by other requests are doing; the
+        # API's batch has no `cancelling` (the SDK's type refuses it).
+        cancelled = data["batch"].get("_cancelled") and counts["cancelled"]
+        status = "cancelled" if cancelled else "in_progress" if counts["in_progress"] else "completed"
         if counts["failed"] == len(files) and files:
             status = "failed"
         batch = VectorStoreFileBatch.model_validate(

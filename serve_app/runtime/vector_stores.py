@@ -11,7 +11,22 @@ tenant's uploads cannot fill the queue for the others. A worker reads the file's
 Files API's `file_text`), chunks it in a thread, embeds the chunks (in a thread, or on the
 model's replicas), adds them to the index and records the file `completed` with its
 `usage_bytes` (or `failed` with `last_error`). Embedding counts the chunks' tokens in the tenant's `tokens_per_minute`.
-Deleting a file from a store, or a store, removes its index entries. A `file_search` tool
+Deleting a file from a store, or a store, removes its index entries.
+
+Cancelling a file batch cancels its files not yet ingested (OpenAI: the batch's processing
+is cancelled "as soon as possible"; a file's `cancelled` status is final): each is recorded
+`cancelled` and its chunks removed, and it never becomes `completed` or searchable. A file
+still queued on the replica that takes the cancel gives its place back at once and is
+skipped; a file at one of its workers is dropped at the worker's next step (after reading,
+chunking or embedding) and gives its place back then. On another replica the worker learns
+it from the file's record: a queued file is skipped when the worker reaches it (one store
+read, its place given back then), a file at work is dropped before its chunks are indexed,
+and one whose chunks were indexed as the cancel landed has them removed (the status is
+written by compare-and-set: the worker's `completed` never overwrites a `cancelled`).
+
+A replica's queue is alive while it renews a lease in the state store (`QUEUE_LEASE_S`, per
+tenant with files in it): a file it holds reads `failed` once the lease lapses (the replica
+died or stopped), not merely because it waited long (retrieval/stores.py). A `file_search` tool
 naming a store that is not the caller's is refused as its request arrives
 (`check_file_search`).
 """
@@ -40,13 +55,23 @@ from serve_app.config import VectorStoresConfig
 from serve_app.retrieval.chunking import TokenOffsets, chunk_text, load_token_offsets
 from serve_app.retrieval.embeddings import Embedder, EmbeddingUnavailable, HashingEmbedder
 from serve_app.retrieval.index import EmbeddedIndex, Hit, IndexedChunk, Ranking, VectorIndex
-from serve_app.retrieval.stores import VectorStoreRecords, batch_not_found, file_not_in_store, new_id, store_expired
-from serve_app.state import StoreUnavailable
+from serve_app.retrieval.stores import (
+    VectorStoreRecords,
+    batch_not_found,
+    file_not_in_store,
+    new_id,
+    queue_lease_key,
+    store_expired,
+)
+from serve_app.state import Store, StoreUnavailable
 from serve_app.state.files import file_not_found
 
 logger = logging.getLogger(__name__)
 
 RETRY_AFTER_S = 5  # a refused attach: files take seconds each to ingest
+# A replica's ingestion queue is alive while its lease is renewed (every third of this): its
+# files read as failed this long after the replica died at most.
+QUEUE_LEASE_S = 60.0
 
 
 class FileUnreadable(Exception):
@@ -83,8 +108,20 @@ class _Job:
     read: FileReader
     charge: Charge | None
     chunking: ChunkingStrategy
+    batch_id: str | None = None
     tenant: str = ""
-    done: asyncio.Event = field(default_factory=asyncio.Event)
+    id: str = field(default_factory=lambda: new_id("vsj"))
+    cancelled: bool = False  # on this replica (`Ingestion.cancel`): skipped, or dropped at its next step
+
+    def owns(self, fields: dict[str, Any] | None) -> bool:
+        """Whether the file's record (`VectorStoreRecords.file_fields`) is still this job's to
+        ingest: `in_progress`, not attached again since (a new job), not cancelled."""
+        return fields is not None and fields.get("status") == "in_progress" and fields.get("_job", self.id) == self.id
+
+
+def _started(fields: dict[str, Any], job: _Job, now: float) -> dict[str, Any] | None:
+    """The file's record with its ingestion started now, if it is still the job's to ingest."""
+    return fields | {"_started_at": now} if job.owns(fields) else None
 
 
 class Places:
@@ -100,6 +137,7 @@ class Places:
             raise RuntimeError("no place was taken for this file")
         self.left -= 1
         job.tenant = self.tenant
+        self.ingestion.queued[job.id] = job
         self.ingestion.queue.put_nowait(job)  # the queue has room: its place was counted
 
     def close(self) -> None:
@@ -121,7 +159,8 @@ class Ingestion:
     (`take`), so concurrent attaches never pass a bound: `waiting` (files taken for, queued,
     not yet at a worker) against `size`, and with tenants each tenant's files waiting or being
     ingested (`by_tenant`) against `per_tenant`, given back when its file's ingestion ends,
-    however it ends."""
+    however it ends, or when it is cancelled while queued. The queue's lease (`queue_id`) is
+    renewed in each of those tenants' stores while the workers run."""
 
     def __init__(self, service: VectorStores, workers: int, queue: int, per_tenant: int | None = None) -> None:
         self.service = service
@@ -131,6 +170,10 @@ class Ingestion:
         self.queue: asyncio.Queue[_Job] = asyncio.Queue()  # bounded by `take`
         self.waiting = 0
         self.by_tenant: dict[str, int] = {}
+        self.queued: dict[str, _Job] = {}  # jobs in the queue, not cancelled, by id
+        self.at_work: dict[str, _Job] = {}  # jobs at a worker, by id
+        self.queue_id = new_id("vsq")  # this queue's, in its files' records; a new one each lifespan
+        self._leases: dict[str, Store] = {}  # tenant -> its store, where the queue's lease is renewed
         self._tasks: list[asyncio.Task[None]] = []
 
     def take(self, tenant: str, files: int, param: str = "file_id") -> Places:
@@ -163,6 +206,7 @@ class Ingestion:
             self.by_tenant[tenant] = held + files
             if not self._tasks:
                 self._tasks = [asyncio.create_task(self._work()) for _ in range(self.workers)]
+                self._tasks.append(asyncio.create_task(self._renew_leases()))
         return Places(self, tenant, files)
 
     def give(self, tenant: str, files: int = 1) -> None:
@@ -172,11 +216,44 @@ class Ingestion:
             self.by_tenant[tenant] = left
         else:
             self.by_tenant.pop(tenant, None)
+            self._leases.pop(tenant, None)  # none of its files is here: its lease may lapse
+
+    async def hold_lease(self, tenant: str, store: Store) -> None:
+        """Before `tenant`'s file is recorded as queued here: the queue's lease in its store (written
+        now if it is not being renewed already)."""
+        if tenant not in self._leases:
+            await store.put(queue_lease_key(self.queue_id), b"1", ttl_s=QUEUE_LEASE_S)
+            self._leases[tenant] = store
+
+    async def _renew_leases(self) -> None:
+        while True:
+            await asyncio.sleep(QUEUE_LEASE_S / 3)
+            for tenant, store in list(self._leases.items()):
+                try:
+                    await store.put(queue_lease_key(self.queue_id), b"1", ttl_s=QUEUE_LEASE_S)
+                except Exception:  # the store is down: the next round (a lease outlives two missed ones)
+                    logger.warning("vector stores: renewing the ingestion queue's lease of %s failed", tenant, exc_info=True)
+
+    def cancel(self, job_id: str) -> None:
+        """The job's file was cancelled: if it is queued here, its place given back now (the worker
+        will skip it); if at a worker here, dropped at the worker's next step."""
+        job = self.queued.pop(job_id, None)
+        if job is not None:
+            job.cancelled = True
+            self.waiting -= 1
+            self.give(job.tenant)
+        elif (job := self.at_work.get(job_id)) is not None:
+            job.cancelled = True
 
     async def _work(self) -> None:
         while True:
             job = await self.queue.get()
+            if job.cancelled:  # its place was given back when it was cancelled
+                self.queue.task_done()
+                continue
+            del self.queued[job.id]
             self.waiting -= 1
+            self.at_work[job.id] = job
             try:
                 await asyncio.wait_for(self.service.ingest(job), self.service.limits.ingest_timeout_s)
             except TimeoutError:
@@ -186,8 +263,8 @@ class Ingestion:
                 with contextlib.suppress(Exception):
                     await self.service.finish(job, error=("server_error", "The file could not be ingested."))
             finally:
+                del self.at_work[job.id]
                 self.give(job.tenant)
-                job.done.set()
                 self.queue.task_done()
 
     async def drained(self) -> None:
@@ -195,9 +272,11 @@ class Ingestion:
         await self.queue.join()
 
     async def aclose(self) -> None:
-        """End the workers (the app's lifespan ends). Files still queued are left `in_progress`
-        (they read as failed later) and their places given back; an app started again (its
-        next lifespan, maybe on another event loop) starts with an empty queue of its own."""
+        """End the workers (the app's lifespan ends). Files still queued or at work are left
+        `in_progress`, their places given back and the queue's leases removed (best effort), so
+        they read as failed at once (or when the leases lapse); an app started again (its next
+        lifespan, maybe on another event loop) starts with an empty queue of its own."""
+        leases = list(self._leases.values())  # (giving the places back forgets them)
         for task in self._tasks:
             task.cancel()
         for task in self._tasks:
@@ -206,9 +285,15 @@ class Ingestion:
         self._tasks = []
         while not self.queue.empty():
             job = self.queue.get_nowait()
-            self.waiting -= 1
-            self.give(job.tenant)
+            if not job.cancelled:
+                self.waiting -= 1
+                self.give(job.tenant)
+        for store in leases:
+            with contextlib.suppress(Exception):
+                await store.delete(queue_lease_key(self.queue_id))
         self.queue = asyncio.Queue()
+        self.queued, self.at_work, self._leases = {}, {}, {}
+        self.queue_id = new_id("vsq")
 
 
 class VectorStores:
@@ -241,6 +326,16 @@ class VectorStores:
 
     # -- ingestion --
     async def ingest(self, job: _Job) -> None:
+        """Ingest the job's file, unless its record says it is no longer the job's (cancelled,
+        detached or attached again before its turn came); dropped at each step where the file
+        was cancelled on this replica meanwhile, and before its chunks are indexed where it was
+        cancelled on another."""
+        if job.cancelled:
+            return
+        now = job.records.clock()
+        _, started = await job.records.change_file(job.vector_store, job.file.id, lambda fields: _started(fields, job, now))
+        if not started:
+            return
         try:
             filename, text = await job.read(job.file.id)
         except FileUnreadable as exc:
@@ -252,16 +347,20 @@ class VectorStores:
         if len(text) > self.limits.max_file_chars:
             await self.finish(job, error=("invalid_file", f"The file's text has more than {self.limits.max_file_chars} characters."))
             return
+        if job.cancelled:
+            return
         chunks = await asyncio.to_thread(chunk_text, text, self.tokenizer(), job.chunking) if text.strip() else []
         if not chunks:
             await self.finish(job, error=("invalid_file", "The file holds no text to search."))
+            return
+        if job.cancelled:
             return
         try:
             vectors = await self.embedder.embed([chunk.text for chunk in chunks])
         except EmbeddingUnavailable as exc:
             await self.finish(job, error=("server_error", f"The embedding model could not be reached: {exc}"))
             return
-        if job.charge is not None:
+        if job.charge is not None:  # the embedding was done, cancelled since or not
             try:
                 await job.charge(sum(chunk.tokens for chunk in chunks))
             except StoreUnavailable as exc:
@@ -273,21 +372,22 @@ class VectorStores:
                 job, error=("invalid_file", f"The vector store would hold more than {self.limits.max_chunks_per_store} chunks.")
             )
             return
-        if await job.records.get_file(job.vector_store.id, job.file.id) is None:  # detached meanwhile
-            return
+        if job.cancelled or not job.owns(await job.records.file_fields(job.vector_store.id, job.file.id)):
+            return  # cancelled or detached meanwhile (a cancel or detach that lands from now on removes the chunks)
         await self.index.add(job.namespace, indexed, vectors)
         usage = sum(len(chunk.text.encode()) for chunk in chunks) + vectors.nbytes
-        await self.finish(job, usage_bytes=usage)
+        await self.finish(job, usage_bytes=usage, indexed=True)
 
-    async def finish(self, job: _Job, *, usage_bytes: int = 0, error: tuple[str, str] | None = None) -> None:
-        current = await job.records.get_file(job.vector_store.id, job.file.id)
-        if current is None:  # the file was removed while it was ingested: so are its chunks
-            await self.index.remove_file(job.namespace, job.file.id)
-            return
+    async def finish(self, job: _Job, *, usage_bytes: int = 0, error: tuple[str, str] | None = None, indexed: bool = False) -> None:
+        """Record the job's file `completed` (or `failed` with `error`) if it is still the job's
+        to ingest; else, when its chunks were `indexed`, remove them if the file was detached or
+        cancelled meanwhile (attached again: the new job's chunks replace them)."""
         update: dict[str, Any] = {"status": "completed", "usage_bytes": usage_bytes, "last_error": None}
         if error is not None:
             update = {"status": "failed", "usage_bytes": 0, "last_error": {"code": error[0], "message": error[1]}}
-        await job.records.put_file(job.vector_store, VectorStoreFile.model_validate(current.model_dump() | update))
+        fields, written = await job.records.change_file(job.vector_store, job.file.id, lambda f: f | update if job.owns(f) else None)
+        if not written and indexed and (fields is None or fields.get("_job", job.id) == job.id):
+            await self.index.remove_file(job.namespace, job.file.id)
 
     # -- one tenant's view --
     def for_tenant(
@@ -357,10 +457,17 @@ class TenantVectorStores:
             return await self._attach(vector_store, file_id, attributes, chunking, places)
 
     async def _attach(
-        self, vector_store: VectorStore, file_id: str, attributes: dict[str, Any] | None, chunking: ChunkingStrategy, places: Places
+        self,
+        vector_store: VectorStore,
+        file_id: str,
+        attributes: dict[str, Any] | None,
+        chunking: ChunkingStrategy,
+        places: Places,
+        batch_id: str | None = None,
     ) -> VectorStoreFile:
         """`attach` of a file already checked (`_check_files`), to a store already read, in a
-        place taken for it (`Ingestion.take`: before anything is recorded)."""
+        place taken for it (`Ingestion.take`: before anything is recorded); `batch_id`: the
+        batch that attaches it."""
         existing = await self.records.get_file(vector_store.id, file_id)
         if existing is None and len(await self.records.file_ids(vector_store.id)) >= self.service.limits.max_files_per_store:
             raise invalid_request(
@@ -381,8 +488,11 @@ class TenantVectorStores:
                 "chunking_strategy": chunking.as_file_strategy(),
             }
         )
-        await self.records.put_file(vector_store, file, new=existing is None)
-        places.submit(_Job(self.records, self._namespace(vector_store.id), vector_store, file, self.read, self.charge, chunking))
+        ingestion = self.service.ingestion
+        job = _Job(self.records, self._namespace(vector_store.id), vector_store, file, self.read, self.charge, chunking, batch_id)
+        await ingestion.hold_lease(self.tenant, self.records.store)  # before the file says it is queued here
+        await self.records.put_file(vector_store, file, new=existing is None, job_id=job.id, queue_id=ingestion.queue_id, batch_id=batch_id)
+        places.submit(job)
         return file
 
     async def active(self, vector_store_id: str, param: str = "vector_store_id") -> VectorStore:
@@ -431,12 +541,12 @@ class TenantVectorStores:
         return file
 
     async def update_file(self, vector_store_id: str, file_id: str, attributes: dict[str, Any] | None) -> VectorStoreFile:
-        file = await self.file(vector_store_id, file_id)
+        """New attributes; its status and ingestion as they are (a write racing a worker's loses nothing)."""
+        await self.file(vector_store_id, file_id)
         vector_store = await self.records.existing(vector_store_id)
-        updated = file.model_copy(update={"attributes": attributes})
-        await self.records.put_file(vector_store, updated)
+        await self.records.change_file(vector_store, file_id, lambda fields: fields | {"attributes": attributes})
         await self.service.index.set_attributes(self._namespace(vector_store_id), file_id, dict(attributes or {}))
-        return updated
+        return await self.file(vector_store_id, file_id)
 
     async def create_batch(
         self, vector_store_id: str, files: Sequence[tuple[str, dict[str, Any] | None, ChunkingStrategy]], *, param: str = "file_ids"
@@ -462,7 +572,7 @@ class TenantVectorStores:
         )
         await self.records.put_batch(vector_store, batch, [file_id for file_id, _, _ in files])
         for file_id, attributes, chunking in files:
-            await self._attach(vector_store, file_id, attributes, chunking, places)
+            await self._attach(vector_store, file_id, attributes, chunking, places, batch.id)
         return await self.batch(vector_store.id, batch.id)
 
     async def batch(self, vector_store_id: str, batch_id: str) -> VectorStoreFileBatch:
@@ -476,13 +586,25 @@ class TenantVectorStores:
         return found
 
     async def cancel_batch(self, vector_store_id: str, batch_id: str) -> VectorStoreFileBatch:
-        """Files of the batch still in progress are cancelled (their chunks are not kept)."""
+        """The batch's files still in progress are cancelled: recorded `cancelled` (from
+        `in_progress` only: one that was completed meanwhile stays so), their chunks removed,
+        their jobs on this replica skipped or dropped (the module's docstring)."""
         vector_store = await self.records.existing(vector_store_id)
         _, files = await self.batch_files(vector_store_id, batch_id)
         await self.records.cancel_batch(vector_store, batch_id)
+
+        def cancelled(fields: dict[str, Any]) -> dict[str, Any] | None:
+            # Attached by this batch (not again since by another request), or recorded before records named their batch.
+            mine = fields.get("_batch") == batch_id or "_job" not in fields
+            return fields | {"status": "cancelled"} if fields.get("status") == "in_progress" and mine else None
+
         for file in files:
-            if file.status == "in_progress":
-                await self.records.put_file(vector_store, file.model_copy(update={"status": "cancelled"}))
+            if file.status != "in_progress":
+                continue
+            fields, written = await self.records.change_file(vector_store, file.id, cancelled)
+            if written and fields is not None:
+                if "_job" in fields:
+                    self.service.ingestion.cancel(fields["_job"])
                 await self.service.index.remove_file(self._namespace(vector_store_id), file.id)
         return await self.batch(vector_store_id, batch_id)
 
