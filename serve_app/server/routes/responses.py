@@ -218,9 +218,7 @@ async def begin_turn(
         prompt = raw_prompt(model) if raw_prompt is not None else None
         # Within the tenant's quotas (or a 429), then counted: the prompt's tokens now, the output's
         # as `run_turn` produces them; `run_turn` releases the admission when the turn ends.
-        asked = request
-        request, unavailable_tools = context.server_tools.admit(request)  # before anything is read or connected to
-        await check_file_search(asked, tenant.vector_stores)  # 404 for a store not the tenant's: nothing charged yet
+        request, unavailable_tools = await served_request(request, context, tenant)  # nothing charged yet
         if admission is None:
             admission = await admit(tenant, background=request.background)
         elif request.background:
@@ -267,6 +265,16 @@ async def begin_turn(
         f" truncated_items={trace.truncated_items}" if trace.truncated_items else "",
     )
     return turn
+
+
+async def served_request(request: ResponsesRequest, context: AppContext, tenant: TenantState) -> tuple[ResponsesRequest, list[str]]:
+    """`request` as this server serves it to `tenant` (a response, or its `input_tokens` count):
+    the hosted tools it does not run left out (their types, second), 400s for tools it cannot
+    serve before anything is read or connected to (`ServerToolRuntime.admit`), and a 404 for a
+    `file_search` store that is not the tenant's (`check_file_search`)."""
+    served, unavailable_tools = context.server_tools.admit(request)
+    await check_file_search(request, tenant.vector_stores)
+    return served, unavailable_tools
 
 
 async def served_model(context: AppContext, name: str, trace: RequestTrace) -> ServedModel:
