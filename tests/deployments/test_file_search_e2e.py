@@ -58,3 +58,38 @@ def test_file_search_answers_with_citations_through_serve(ingress_urls, store, m
         part = terminal.output[-1].content[0]
         assert "four million euros" in part.text
         assert any(a.type == "file_citation" and a.filename == "budget.md" for a in part.annotations)
+
+
+def test_a_batch_cancelled_on_the_other_replica_leaves_none_of_its_cancelled_files_searchable(ingress_urls) -> None:
+    """A batch queued on one replica and cancelled through the other: each file ends
+    `completed` and searchable or `cancelled` and not, whenever the cancel landed."""
+    first, second = (client(url) for url in ingress_urls[:2])
+    notes = [
+        first.files.create(
+            file=(f"herons-{n}.txt", io.BytesIO(f"Heron census {n}: lake {n} counted {7 * n} herons.".encode())), purpose="assistants"
+        )
+        for n in range(8)
+    ]
+    vector_store = first.vector_stores.create(name="cancelled")
+    batch = first.vector_stores.file_batches.create(vector_store.id, file_ids=[note.id for note in notes])
+    cancelled = second.vector_stores.file_batches.cancel(batch.id, vector_store_id=vector_store.id)
+    assert cancelled.status in ("cancelled", "completed")  # completed: every file was ingested before the cancel
+    for _ in range(1200):
+        if second.vector_stores.retrieve(vector_store.id).file_counts.in_progress == 0:
+            break
+        time.sleep(0.1)
+    files = {file.id: file.status for file in second.vector_stores.files.list(vector_store.id, limit=100)}
+    assert set(files.values()) <= {"completed", "cancelled"}
+    for url in ingress_urls[:2]:
+        page = client(url).vector_stores.search(vector_store.id, query="heron census lake herons", max_num_results=50)
+        assert {hit.file_id for hit in page.data} == {file_id for file_id, status in files.items() if status == "completed"}
+
+
+@pytest.mark.parametrize("model", MODELS)
+def test_input_tokens_on_one_replica_is_the_prompt_of_the_response_on_the_other(ingress_urls, store, model: str) -> None:
+    body = {"model": model, "input": "What is the marketing budget?", "tools": [{"type": "file_search", "vector_store_ids": [store]}]}
+    counted = httpx.post(f"{ingress_urls[0]}/responses/input_tokens", json=body, timeout=120)
+    assert counted.status_code == 200, counted.text
+    response = httpx.post(f"{ingress_urls[1]}/responses", json=body, timeout=120)
+    assert response.status_code == 200, response.text
+    assert counted.json()["input_tokens"] == response.json()["usage"]["input_tokens"]
