@@ -71,7 +71,12 @@ class VectorStoresConfig(Strict):
         f"ingest_queue, at least {MAX_FILE_IDS} (the files one request may attach), at most ingest_queue; with `auth` only "
         "(without it, everyone is one tenant: ingest_queue applies)",
     )
-    ingest_timeout_s: float = Field(600.0, gt=0, description="one file's ingestion; a file still in_progress after it reads as failed")
+    ingest_timeout_s: float = Field(
+        600.0,
+        gt=0,
+        description="one file's ingestion, from when a worker takes it (its wait in the queue not counted): past it the file "
+        "fails; one still in_progress twice this long after its ingestion started reads as failed",
+    )
     max_search_results: int = Field(50, ge=1, le=50, description="results one search returns at most (OpenAI: 50)")
 
     def tenant_ingest_share(self) -> int:
