@@ -120,6 +120,7 @@ async def recall_at(k: int, documents: list[str], questions: list[Question], ind
             hits = await index.search("bench/vs_quality", question.text, vector, max_results=k, ranking=ranking)
             found += any(hit.file_id == f"file-{question.answer}" for hit in hits)
         recall[name] = found / len(questions)
+    await index.aclose()
     return recall
 
 
@@ -158,6 +159,8 @@ async def speed(chunks: int, queries: int, dimensions: int, indexes: dict[str, V
             started = time.perf_counter()
             await index.search("bench/vs_speed", query, await embedder.embed([query]), max_results=5, ranking=Ranking())
             latencies[name].append((time.perf_counter() - started) * 1000)
+    for index in indexes.values():
+        await index.aclose()
     figures: dict[str, dict[str, float]] = {"hashing": {"embed_chunks_per_s": chunks / embed_s}}
     for name in indexes:
         figures[name] = {

@@ -49,6 +49,21 @@ class VectorStoresConfig(Strict):
     )
     url: str | None = Field(None, description="pgvector: postgresql://user@host:5432/db (no password in it)")
     password_env: str = Field("PGVECTOR_PASSWORD", description="pgvector: the environment variable holding the password, if any")
+    pool_min_size: int = Field(1, ge=0, le=100, description="pgvector: connections each ingress replica keeps open")
+    pool_max_size: int = Field(
+        4,
+        ge=1,
+        le=100,
+        description="pgvector: connections each ingress replica opens at most (searches and ingestion share them); "
+        "replicas x pool_max_size must stay under PostgreSQL's max_connections (default 100)",
+    )
+    pool_timeout_s: float = Field(
+        5.0, gt=0, le=300, description="pgvector: how long a call waits for a connection (past it: 503 with Retry-After)"
+    )
+    pool_max_waiting: int = Field(
+        256, ge=1, description="pgvector: calls of one replica waiting for a connection at once (past it: 503 at once)"
+    )
+    statement_timeout_s: float = Field(30.0, gt=0, le=3600, description="pgvector: one statement's time (past it: 503)")
     directory: str = Field(
         "/tmp/responses-serve/vector-stores",
         description="embedded: where the indexes are kept (replicas on several nodes need it on shared storage)",
@@ -88,6 +103,12 @@ class VectorStoresConfig(Strict):
     def _share_within_queue(self) -> VectorStoresConfig:
         if self.ingest_queue_per_tenant is not None and self.ingest_queue_per_tenant > self.ingest_queue:
             raise ValueError("vector_stores.ingest_queue_per_tenant must be at most ingest_queue")
+        return self
+
+    @model_validator(mode="after")
+    def _pool_sizes(self) -> VectorStoresConfig:
+        if self.pool_min_size > self.pool_max_size:
+            raise ValueError("vector_stores.pool_min_size must be at most pool_max_size")
         return self
 
     @model_validator(mode="after")

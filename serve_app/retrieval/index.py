@@ -43,6 +43,7 @@ import bm25s
 import numpy as np
 from usearch.index import Index
 
+from serve_app.api.errors import APIError, retry_after
 from serve_app.api.filters import Filter
 from serve_app.retrieval.embeddings import Vectors
 
@@ -135,6 +136,15 @@ class Ranking:
             raise ValueError("ranking weights are >= 0 and not both 0")
 
 
+class IndexUnavailable(APIError):
+    """The index did not answer in time, or could not be reached (a server index): a 503 with
+    `Retry-After`, naming no address or detail of the server."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, status_code=503, code="vector_index_unavailable", type="server_error")
+        retry_after(self, 1)
+
+
 class VectorIndex(Protocol):
     async def add(self, namespace: str, chunks: Sequence[IndexedChunk], vectors: Vectors) -> None:
         """Add a file's chunks (one vector per chunk); a file added again replaces its chunks."""
@@ -156,6 +166,10 @@ class VectorIndex(Protocol):
         self, namespace: str, query: str, vector: Vectors, *, max_results: int, ranking: Ranking, filters: Filter | None = None
     ) -> list[Hit]:
         """The best chunks for the query (`vector`: its embedding, one row), best first."""
+        ...
+
+    async def aclose(self) -> None:
+        """Let go of what the index holds on the running event loop (connections); it may be used again."""
         ...
 
 
@@ -428,6 +442,9 @@ class EmbeddedIndex:
             return []
         hits: list[Hit] = await self._run(namespace, _Shard.search, query, vector, max_results, ranking, filters)
         return hits
+
+    async def aclose(self) -> None:
+        """Nothing to let go: the files are opened per call."""
 
     async def drop(self, namespace: str) -> None:
         path = self._path(namespace)

@@ -315,6 +315,12 @@ class VectorStores:
         self.ingestion = Ingestion(self, workers, queue, per_tenant)
         self._token_offsets: TokenOffsets | None = None
 
+    async def aclose(self) -> None:
+        """The app's lifespan ends: the ingestion workers stop (`Ingestion.aclose`), then the
+        index lets go of its connections."""
+        await self.ingestion.aclose()
+        await self.index.aclose()
+
     def tokenizer(self) -> TokenOffsets:
         if self._token_offsets is None:
             self._token_offsets = self._tokenizer()
@@ -657,10 +663,13 @@ def vector_store_service(config: VectorStoresConfig, embedder: Embedder | None =
     embedder = embedder or HashingEmbedder(config.embedding.dimensions)
     index: VectorIndex
     if config.index == "pgvector":
-        from serve_app.retrieval.pgvector import PgVectorIndex
+        from serve_app.retrieval.pgvector import PgVectorIndex, PoolLimits
 
         assert config.url is not None  # the config requires it
-        index = PgVectorIndex(config.url, embedder.dimensions, password=os.environ.get(config.password_env))
+        pool = PoolLimits(config.pool_min_size, config.pool_max_size, config.pool_timeout_s, config.pool_max_waiting)
+        index = PgVectorIndex(
+            config.url, embedder.dimensions, timeout_s=config.statement_timeout_s, password=os.environ.get(config.password_env), pool=pool
+        )
     else:
         index = EmbeddedIndex(config.directory, embedder.dimensions)
     limits = VectorStoreLimits(

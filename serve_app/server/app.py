@@ -377,7 +377,7 @@ async def _drain_background_runs(app: FastAPI) -> AsyncGenerator[None, None]:
     drain_s = context.settings.background_drain_s
     await asyncio.gather(*(background.drain(drain_s) for background in runs))
     if context.vector_stores is not None:  # files still queued stay in_progress until they read as failed
-        await context.vector_stores.ingestion.aclose()
+        await context.vector_stores.aclose()
 
 
 async def _sweep_forever(runs: list[BackgroundRuns], every_s: float) -> None:

@@ -5,7 +5,9 @@ persistence, two instances on one directory or database; fusion of rankings."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import given, settings
@@ -13,7 +15,7 @@ from hypothesis import strategies as st
 
 from serve_app.api.filters import ComparisonFilter, CompoundFilter
 from serve_app.retrieval.embeddings import HashingEmbedder
-from serve_app.retrieval.index import EmbeddedIndex, IndexedChunk, Ranking, fuse
+from serve_app.retrieval.index import EmbeddedIndex, IndexedChunk, Ranking, VectorIndex, fuse
 from tests.support.postgres_server import postgres
 
 EMBEDDER = HashingEmbedder(128)
@@ -38,15 +40,38 @@ def pg_url():
 _TABLES = iter(range(1_000_000))
 
 
+class Maker:
+    """Instances of one index (`make()`), each closed by `run` when the test's loop ends (a
+    pgvector index's connection pool must be closed on its own loop)."""
+
+    def __init__(self, make: Callable[[], VectorIndex]) -> None:
+        self.make, self.made = make, []
+
+    def __call__(self) -> Any:
+        index = self.make()
+        self.made.append(index)
+        return index
+
+    def run(self, main: Callable[[], Awaitable[None]]) -> None:
+        async def closing() -> None:
+            try:
+                await main()
+            finally:
+                for index in self.made:
+                    await index.aclose()
+
+        asyncio.run(closing())
+
+
 @pytest.fixture(params=["embedded", "pgvector"])
-def make_index(request, tmp_path: Path):
+def make_index(request, tmp_path: Path) -> Maker:
     """A maker of instances of one fresh index (the same directory or table each time)."""
     if request.param == "embedded":
-        return lambda: EmbeddedIndex(tmp_path, EMBEDDER.dimensions)
+        return Maker(lambda: EmbeddedIndex(tmp_path, EMBEDDER.dimensions))
     from serve_app.retrieval.pgvector import PgVectorIndex
 
     url, table = request.getfixturevalue("pg_url"), f"chunks_{next(_TABLES)}"
-    return lambda: PgVectorIndex(url, EMBEDDER.dimensions, table=table)
+    return Maker(lambda: PgVectorIndex(url, EMBEDDER.dimensions, table=table))
 
 
 async def _fill(index, ns: str = "t/vs_1") -> None:
@@ -80,7 +105,7 @@ def test_hybrid_search_finds_the_chunk_and_filters_apply(make_index) -> None:
         high = await _search(index, "zebra", ranking=Ranking(score_threshold=0.99))
         assert all(h.score >= 0.99 for h in high)
 
-    asyncio.run(main())
+    make_index.run(main)
 
 
 def test_removal_drop_and_a_second_instance_on_the_same_index(make_index) -> None:
@@ -98,7 +123,7 @@ def test_removal_drop_and_a_second_instance_on_the_same_index(make_index) -> Non
         await writer.drop("t/vs_1")
         assert await make_index().count("t/vs_1") == 0
 
-    asyncio.run(main())
+    make_index.run(main)
 
 
 def test_re_adding_a_file_replaces_its_chunks(make_index) -> None:
@@ -108,13 +133,15 @@ def test_re_adding_a_file_replaces_its_chunks(make_index) -> None:
         await index.add("t/vs_1", [IndexedChunk("file-a", "a.txt", 0, "only one chunk now")], EMBEDDER.embed_now(["only one chunk now"]))
         assert await index.count("t/vs_1") == 5
 
-    asyncio.run(main())
+    make_index.run(main)
 
 
 def test_vectors_of_the_wrong_shape_are_refused(make_index) -> None:
-    index = make_index()
-    with pytest.raises(ValueError, match="vectors"):
-        asyncio.run(index.add("t/vs_1", [IndexedChunk("f", "f", 0, "x")], HashingEmbedder(64).embed_now(["x"])))
+    async def main() -> None:
+        with pytest.raises(ValueError, match="vectors"):
+            await make_index().add("t/vs_1", [IndexedChunk("f", "f", 0, "x")], HashingEmbedder(64).embed_now(["x"]))
+
+    make_index.run(main)
 
 
 _RANKING = st.lists(st.integers(0, 30), unique=True, max_size=20)
@@ -179,6 +206,7 @@ def test_the_server_index_filters_as_the_filters_match(pg_url, attributes, filte
         hits = await index.search(
             "t/filters", "same words", EMBEDDER.embed_now(["same words"]), max_results=50, ranking=Ranking(), filters=filters
         )
+        await index.aclose()
         assert {h.file_id for h in hits} == {f"f{i}" for i, attrs in enumerate(attributes) if filters.matches(attrs)}
 
     asyncio.run(main())

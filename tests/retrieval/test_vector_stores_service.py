@@ -113,7 +113,7 @@ def test_files_are_ingested_searched_and_deleted(backend, tokenizer) -> None:
         with pytest.raises(APIError) as gone:
             await alice.search([vs.id], "budget")
         assert gone.value.status_code == 404
-        await service.ingestion.aclose()
+        await service.aclose()
 
     asyncio.run(main())
 
@@ -139,7 +139,7 @@ def test_an_expired_store_is_refused_and_batches_report_their_files(backend, tok
             await alice.search([vs.id], "zebras")
         assert refused.value.status_code == 400
         assert refused.value.param == "vector_store_id"
-        await service.ingestion.aclose()
+        await service.aclose()
 
     asyncio.run(main())
 
@@ -154,7 +154,7 @@ def test_the_service_ingests_again_after_it_was_closed_on_another_event_loop(tmp
         vs = await alice.create(name="docs", file_ids=["file-zebra"])
         await service.ingestion.drained()
         status = (await alice.records.existing(vs.id)).status
-        await service.ingestion.aclose()
+        await service.aclose()
         return status
 
     assert asyncio.run(ingest_one()) == "completed"

@@ -230,3 +230,31 @@ def test_the_agents_sdk_file_search_tool_unmodified(server, store, model: str) -
         await client.close()
 
     asyncio.run(main())
+
+
+def test_a_vector_index_out_of_reach_is_a_503_with_retry_after(tmp_path: Path) -> None:
+    """A pgvector index whose PostgreSQL does not answer: the search route answers a 503 with
+    Retry-After within the pool's wait (not a hang, not a 500), naming no address of the server;
+    a response's `file_search` call fails with that message and the response still completes."""
+    socket_dir = tmp_path / "no-server"  # where no PostgreSQL listens
+    socket_dir.mkdir()
+    settings = ServerSettings(
+        files=FilesConfig(blob=BlobConfig(path=str(tmp_path / "blobs"))),
+        vector_stores=VectorStoresConfig(index="pgvector", url=f"postgresql://vectors@/vectors?host={socket_dir}", pool_timeout_s=0.3),
+    )
+    app = create_app([ServedModel("gpt-oss-replay", ReplayBackend())], settings, store=MemoryStore())
+    with uvicorn_server(app) as url, httpx.Client(base_url=url, timeout=30) as http:
+        vector_store = http.post("/vector_stores", json={"name": "docs"}).json()
+        answer = http.post(f"/vector_stores/{vector_store['id']}/search", json={"query": "zebras"})
+        assert answer.status_code == 503
+        assert answer.headers["retry-after"] == "1"
+        error = answer.json()["error"]
+        assert (error["type"], error["code"]) == ("server_error", "vector_index_unavailable")
+        assert str(socket_dir) not in answer.text
+        tools = [{"type": "file_search", "vector_store_ids": [vector_store["id"]]}]
+        response = http.post(
+            "/responses", json={"model": "gpt-oss-replay", "input": 'call file_search {"query": "zebras"}', "tools": tools}
+        )
+        assert response.status_code == 200
+        (call,) = [item for item in response.json()["output"] if item["type"] == "file_search_call"]
+        assert call["status"] == "failed"
