@@ -155,6 +155,21 @@ def test_the_rayservices_index_vector_stores_in_postgres_as_the_app_role():
             assert runs_ingress(service, group) or stores.password_env not in refs
 
 
+def test_postgres_takes_every_connection_the_ingress_replicas_may_open():
+    """Each ingress replica opens up to `pool_max_size` connections: PostgreSQL's max_connections
+    holds every RayService at its most ingress replicas, one of them twice (an upgrade brings up
+    a new cluster beside the old), and a few for the superuser (`kubectl exec ... psql`)."""
+    script = server_container(PGVECTOR)["args"][0]
+    (limit,) = re.findall(r"exec docker-entrypoint\.sh postgres -c max_connections=(\d+)\n", script)
+    replicas = []
+    for path in RAYSERVICES:
+        config = _app_config(path)
+        autoscaling = config.ingress.autoscaling_config or {}
+        replicas.append(int(autoscaling.get("max_replicas", config.ingress.num_replicas or 1)))
+    most = (sum(replicas) + max(replicas)) * _vector_stores().pool_max_size
+    assert int(limit) >= most + 10
+
+
 @pytest.mark.parametrize("path", RAYSERVICES, ids=lambda p: p.name)
 def test_the_credentials_reach_the_clients_from_the_environment_only(path, monkeypatch):
     """With the Secrets' values in the environment (as on the pods), the app's config holds
@@ -258,6 +273,7 @@ def test_the_app_role_indexes_and_searches_with_its_password_only(first_started)
         query = "zebra migration"
         hits = await index.search("team-a/vs_1", query, embedder.embed_now([query]), max_results=1, ranking=Ranking())
         assert await index.remove_file("team-a/vs_1", "file-a") == 2
+        await index.aclose()
         return hits
 
     (hit,) = asyncio.run(use())
