@@ -5,11 +5,12 @@ started by the `pgserver` wheel as the tests start it), side by side in one run.
     python -m bench.file_search [--chunks 10000] [--queries 500] [--dimensions 384]
 
 1. Quality: recall@5 of hybrid vs semantic-only vs keyword-only (the index's `Ranking`
-   weights; keywords: BM25 in the embedded index, PostgreSQL's `ts_rank_cd` in pgvector) on
-   a question set generated with known answers (`question_set`): documents about made-up
-   things, each with a rare code name and a few facts; questions either name the code
-   (keywords find them) or paraphrase the facts with other forms of the words (`migrating`
-   for `migration`: the hashing embedder's character trigrams find them, keywords do not).
+   weights; keywords: BM25 in the embedded index, the IDF of the words looked up through its
+   GIN index in pgvector) on a question set generated with known answers (`question_set`):
+   documents about made-up things, each with a rare code name and a few facts; questions
+   either name the code (keywords find them) or paraphrase the facts with other forms of the
+   words (`migrating` for `migration`: the hashing embedder's character trigrams find them,
+   keywords do not).
    The embedding model is the hashing model (retrieval/embeddings.py).
 2. Speed: ingest (chunks indexed per second, in files of 100 chunks, each file's vectors
    computed once and added to both indexes in turn: the index's own time; the hashing

@@ -1,6 +1,6 @@
 """Retrieval quality on the generated question set (bench/file_search.py): hybrid retrieval
 finds at least as many answers in its top 5 as semantic-only or keyword-only does, in the
-embedded index (BM25) and in pgvector (PostgreSQL's ts_rank_cd)."""
+embedded index (BM25) and in pgvector (the IDF of the words it looks up through its GIN index)."""
 
 from __future__ import annotations
 
