@@ -308,3 +308,27 @@ def test_a_table_of_the_earlier_schema_is_migrated_at_first_use(pg_url: str) -> 
     with psycopg.connect(pg_url) as connection:
         names = {row[0] for row in connection.execute("SELECT indexname FROM pg_indexes WHERE tablename = %s", (table,))}
     assert names == {f"{table}_pkey", f"{table}_file", f"{table}_embedding", f"{table}_terms"}
+
+
+# -- config --------------------------------------------------------------------------------------
+
+
+def test_the_config_sizes_the_pool() -> None:
+    from serve_app.config import VectorStoresConfig
+    from serve_app.runtime.vector_stores import vector_store_service
+
+    config = VectorStoresConfig(
+        index="pgvector",
+        url="postgresql://vectors@postgres:5432/vectors",
+        pool_min_size=2,
+        pool_max_size=6,
+        pool_timeout_s=1.5,
+        pool_max_waiting=9,
+        statement_timeout_s=12,
+    )
+    index = vector_store_service(config).index
+    assert isinstance(index, PgVectorIndex)
+    assert index.pool_limits == PoolLimits(min_size=2, max_size=6, timeout_s=1.5, max_waiting=9)
+    assert index.timeout_s == 12
+    with pytest.raises(ValueError, match="pool_min_size must be at most pool_max_size"):
+        VectorStoresConfig(index="pgvector", url="postgresql://vectors@postgres/vectors", pool_min_size=5, pool_max_size=4)
