@@ -19,6 +19,7 @@ import kubernetes_validate
 import pytest
 
 from serve_app.config import AppConfig, VectorStoresConfig
+from serve_app.retrieval.embeddings import HashingEmbedder
 from tests.k8s.manifests import (
     MINIO,
     PGVECTOR,
@@ -194,7 +195,9 @@ def test_the_credentials_reach_the_clients_from_the_environment_only(path, monke
         SECRETS["responses-serve-s3", "secret-key"],
     )
     assert config.vector_stores is not None
-    index = vector_store_service(config.vector_stores).index
+    # The served embedding model's stand-in (its EmbeddingServer is not started here).
+    embedder = HashingEmbedder(config.vector_stores.embedding.dimensions)
+    index = vector_store_service(config.vector_stores, embedder).index
     assert isinstance(index, PgVectorIndex)
     assert index._password == SECRETS["responses-serve-pgvector", "password"]
     assert index.url == config.vector_stores.url
@@ -254,7 +257,6 @@ def _app_url(server, variables: dict[str, str], database: str | None = None) -> 
 def test_the_app_role_indexes_and_searches_with_its_password_only(first_started):
     import psycopg
 
-    from serve_app.retrieval.embeddings import HashingEmbedder
     from serve_app.retrieval.index import IndexedChunk, Ranking
     from serve_app.retrieval.pgvector import PgVectorIndex
 
