@@ -22,8 +22,6 @@ import socket
 import threading
 import time
 
-import psutil
-
 logger = logging.getLogger(__name__)
 
 OWNER_ENV = "RESPONSES_SERVE_ENGINE_OWNER"  # "<host>:<pid>:<create time>" of the replica
@@ -35,14 +33,31 @@ _lock = threading.Lock()
 
 
 def mark_owner() -> None:
-    """Name this process as the owner of the vLLM processes it starts from now on."""
-    os.environ[OWNER_ENV] = _identity(psutil.Process())
+    """Name this process as the owner of the vLLM processes it starts from now on (where
+    /proc tells when a process started: Linux, where vLLM runs)."""
+    identity = _identity(os.getpid())
+    if identity is not None:
+        os.environ[OWNER_ENV] = identity
 
 
-def _identity(process: psutil.Process) -> str:
+def _identity(pid: int) -> str | None:
     # The pid with its start time (a pid the kernel gave to another process is not the owner)
     # and its host (a process elsewhere, a Ray worker of a multi-node engine, cannot see it).
-    return f"{socket.gethostname()}:{process.pid}:{process.create_time()}"
+    ticks = _start_ticks(pid)
+    return None if ticks is None else f"{socket.gethostname()}:{pid}:{ticks}"
+
+
+def _start_ticks(pid: int) -> int | None:
+    """When `pid` started, in clock ticks after boot (/proc/PID/stat's 22nd field): fixed for
+    the process's life, unlike a wall-clock start time, which moves when the clock is set."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as stat:
+            fields = stat.read().rpartition(b")")[2].split()
+    except OSError:
+        return None
+    if not fields or fields[0] == b"Z":  # a zombie has ended
+        return None
+    return int(fields[19])
 
 
 def _pid_here(identity: str) -> int | None:
@@ -55,12 +70,7 @@ def owner_alive(identity: str) -> bool:
     pid = _pid_here(identity)
     if pid is None:
         return True  # not ours to judge: keep running
-    try:
-        return _identity(psutil.Process(pid)) == identity
-    except (psutil.NoSuchProcess, psutil.ZombieProcess):
-        return False
-    except psutil.AccessDenied:
-        return True
+    return _identity(pid) == identity
 
 
 def watch_owner() -> None:

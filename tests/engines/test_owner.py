@@ -78,21 +78,24 @@ def test_a_process_with_a_live_owner_keeps_running():
         _wait_gone([child])
 
 
-def test_only_a_living_owner_on_this_host_counts():
-    me = psutil.Process()
-    here = f"{socket.gethostname()}:{me.pid}:{me.create_time()}"
+def test_only_a_living_owner_on_this_host_counts(monkeypatch):
+    monkeypatch.delenv(owner.OWNER_ENV, raising=False)
+    owner.mark_owner()
+    here = os.environ[owner.OWNER_ENV]
     assert owner.owner_alive(here)
+    host, pid, ticks = here.split(":")
+    assert (host, int(pid)) == (socket.gethostname(), os.getpid())
     # The same pid started at another time: the kernel gave it to another process.
-    assert not owner.owner_alive(f"{socket.gethostname()}:{me.pid}:{me.create_time() - 1000}")
+    assert not owner.owner_alive(f"{host}:{pid}:{int(ticks) - 1}")
     # A process on another host (a Ray worker of a multi-node engine) cannot judge it: never stops.
-    assert owner.owner_alive(f"another-host:{me.pid}:0")
+    assert owner.owner_alive(f"another-host:{pid}:0")
     assert owner.owner_alive("garbage")
 
 
 def test_the_owner_and_processes_of_other_hosts_do_not_watch(monkeypatch):
     monkeypatch.setattr(owner, "_watching", False)
-    me = psutil.Process()
-    for identity in (f"{socket.gethostname()}:{me.pid}:{me.create_time()}", "another-host:1:0", "garbage"):
+    owner.mark_owner()
+    for identity in (os.environ[owner.OWNER_ENV], "another-host:1:0", "garbage"):
         monkeypatch.setenv(owner.OWNER_ENV, identity)
         owner.watch_owner()
         assert not owner._watching
