@@ -82,6 +82,9 @@ def _settings(service: dict) -> dict:
     args = dict(application["args"])
     args["models"] = [{"name": "gpt-oss-replay", "engine": {"num_replicas": 1, "ray_actor_options": {"num_cpus": 0}}}]
     args["ingress"] = {"num_replicas": 2, "ray_actor_options": {"num_cpus": 0}}
+    # The embedding model's EmbeddingServer needs a GPU: the hashing model of its dimensions here.
+    stores = args["vector_stores"] = dict(args["vector_stores"])
+    stores["embedding"] = {"type": "hashing", "dimensions": stores["embedding"]["dimensions"]}
     probe = ray_container(groups(service)[-1])["readinessProbe"]["exec"]["command"]
     assert probe[:2] == ["bash", "-c"]
     return {"app": args, "probe": probe[2], "key_env": args["auth"]["keys"][0]["key_env"]}
@@ -102,6 +105,10 @@ def test_the_head_pod_runs_on_a_read_only_root_with_token_auth_and_its_valkey_us
     for path in writable:
         path.mkdir(parents=True, exist_ok=True)  # a mount point must exist in the read-only root
         sandbox += ["--tmpfs", str(path)]
+    # A clone or an interpreter under a writable path (/tmp) is bound back over its tmpfs.
+    for path in {ROOT, Path(sys.prefix), Path(sys.base_prefix)}:
+        if any(path.is_relative_to(place) for place in writable):
+            sandbox += ["--ro-bind", str(path), str(path)]
     command = [*sandbox, "--chdir", str(ROOT), sys.executable, "-m", "tests.support.k8s_pod", json.dumps(_settings(service))]
     done = subprocess.run(
         command, env=_head_environment(service, k8s_valkey, namespace, token), capture_output=True, text=True, timeout=600
