@@ -10,11 +10,11 @@ own template or harmony rendering included). Nothing is generated or stored, and
 server is contacted: an MCP server not listed yet in the conversation, whose listing a
 response makes before its first generation, is counted without its tools, and neither are
 calls the input approves (they run before the first generation). Those are requests to
-servers of the client's choosing, with their own time: a count is not the place for them. A prompt longer
-than the model's context is still counted: telling that is what the endpoint is for. The
-rendering is work: each call counts a request of the tenant's `requests_per_minute`, and the
-tokens it counted against its `tokens_per_minute` as a response's prompt would be (a 429,
-before the body is read, when none are left).
+servers of the client's choosing, with their own time: a count is not the place for them.
+A prompt longer than the model's context is still counted: telling that is what the
+endpoint is for. The rendering is work: each call counts a request of the tenant's
+`requests_per_minute`, and the tokens it counted against its `tokens_per_minute` as a
+response's prompt would be (a 429, before the body is read, when none are left).
 """
 
 from __future__ import annotations
