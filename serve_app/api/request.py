@@ -34,12 +34,14 @@ from serve_app.api.json_schema import SCHEMA_FIELD, check_schema, strict_problem
 from serve_app.api.limits import DEFAULT_LIMITS, RequestLimits, check_shape, decode_json
 from serve_app.api.service_tier import ServiceTier
 from serve_app.api.tools import (
+    SERVER_TOOL_TYPES,
     AllowedToolsChoice,
     BuiltinTool,
     CodeInterpreterTool,
     CustomTool,
     FileSearchTool,
     FunctionTool,
+    HostedChoice,
     McpTool,
     McpToolChoice,
     NamedCustomChoice,
@@ -48,6 +50,7 @@ from serve_app.api.tools import (
     Tool,
     ToolChoiceObject,
     WebSearchTool,
+    server_tool_kind,
 )
 
 _Model = TypeVar("_Model", bound=BaseModel)
@@ -261,8 +264,11 @@ class ResponsesRequest(Lenient):
             raise invalid_request(
                 f"tool_choice names MCP server '{choice.server_label}', which is not in tools.", param="tool_choice.server_label"
             )
-        if choice == "required" and not names and not custom and not self.mcp_tools():
-            raise invalid_request("tool_choice 'required' needs at least one function or custom tool in tools.", param="tool_choice")
+        hosted = {server_tool_kind(tool.type) for tool in self.tools if tool.type in SERVER_TOOL_TYPES}
+        if isinstance(choice, HostedChoice) and choice.type in SERVER_TOOL_TYPES and server_tool_kind(choice.type) not in hosted:
+            raise invalid_request(f"tool_choice names {choice.type}, which is not in tools.", param="tool_choice.type")
+        if choice == "required" and not names and not custom and not self.mcp_tools() and not hosted:
+            raise invalid_request("tool_choice 'required' needs at least one tool the model can call in tools.", param="tool_choice")
         fmt = self.text.format if self.text else None
         if isinstance(fmt, JSONObjectFormat):
             texts = [self.instructions or ""] + [getattr(item, "text", "") for item in self.input_items()]

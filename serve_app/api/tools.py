@@ -105,7 +105,9 @@ def _hosted_choice_types() -> tuple[str, ...]:
 
 
 class HostedChoice(HostedTool):
-    """A `tool_choice` of a hosted tool type (`{"type": "web_search_preview"}`): accepted, never enforced."""
+    """A `tool_choice` of a hosted tool type (`{"type": "file_search"}`): a call of that tool
+    when the server runs it (file_search, web_search, code_interpreter); another type is
+    accepted and not enforced (its tool is left out of the response)."""
 
     type: str = Field(json_schema_extra=lambda schema: schema.update(enum=list(HOSTED_CHOICE_TYPES)))
 
@@ -282,6 +284,12 @@ class WebSearchFilters(Lenient):
 
 
 WEB_SEARCH_TYPES = ("web_search", "web_search_preview", "web_search_2025_08_26", "web_search_preview_2025_03_11")
+SERVER_TOOL_TYPES = ("file_search", "code_interpreter", *WEB_SEARCH_TYPES)  # the hosted tools this server runs
+
+
+def server_tool_kind(kind: str) -> str:
+    """A hosted tool type as the tool that runs it: the web_search names are one tool."""
+    return "web_search" if kind in WEB_SEARCH_TYPES else kind
 
 
 class WebSearchTool(Lenient):
@@ -388,8 +396,10 @@ class BuiltinTool(Lenient):
     type: Literal["builtin"] = "builtin"
     name: str
     description: str
+    serves: str  # the request's tool it runs (`server_tool_kind`): what a hosted `tool_choice` names
     functions: list[FunctionTool] = Field(default_factory=list)
     parameters: dict[str, Any] | None = None
+    text_argument: str | None = None  # harmony: the call's message is this argument's text (python's code), not JSON
 
 
 # The tool types `_tool_tag` and `_choice_tag` send to a model of their own (not `HostedTool`).
@@ -500,7 +510,6 @@ def _choice_tag(value: Any) -> str | None:
     return "choice:hosted" if isinstance(kind, str) else None
 
 
-# A hosted tool type (`web_search`, ...) is accepted and never enforced (it is not offered).
 ToolChoiceObject = Annotated[
     Annotated[NamedFunctionChoice, Tag("choice:function")]
     | Annotated[NamedCustomChoice, Tag("choice:custom")]

@@ -2,7 +2,9 @@
 
 `plan()` reads the request: the schema the answer must match (json_schema, json_object), and
 which functions may be called, whether one must be (`required`, a named function,
-`allowed_tools`) or none may (`none`). Each model family turns the plan into vLLM structured
+`allowed_tools`, a hosted tool such as `{"type": "file_search"}`) or none may (`none`). The
+server's own tools (file_search, the browser, python) are functions of the plan like the
+client's: a hosted `tool_choice` forces a call of that tool. Each model family turns the plan into vLLM structured
 outputs (`StructuredOutputsParams` keyword arguments): an xgrammar **structural tag** that
 leaves the reasoning free and constrains only what follows it, the way vLLM 0.32 does it —
 
@@ -32,7 +34,17 @@ from typing import Any, Literal
 from serve_app.api.errors import invalid_request
 from serve_app.api.json_schema import UnsupportedSchema, check_schema
 from serve_app.api.request import ResponsesRequest
-from serve_app.api.tools import AllowedToolsChoice, CustomGrammarFormat, CustomTool, FunctionTool, NamedCustomChoice, NamedFunctionChoice
+from serve_app.api.tools import (
+    AllowedToolsChoice,
+    BuiltinTool,
+    CustomGrammarFormat,
+    CustomTool,
+    FunctionTool,
+    HostedChoice,
+    NamedCustomChoice,
+    NamedFunctionChoice,
+    server_tool_kind,
+)
 from serve_app.core.tokens import OutputConstraint
 from serve_app.families.custom_grammar import check_grammar, grammar_rules
 
@@ -48,15 +60,28 @@ class CustomInput:
 
 
 @dataclass(frozen=True, slots=True)
+class BuiltinCall:
+    """A function of the plan that is a built-in tool's (`browser.search`, `python`, `file_search`)."""
+
+    serves: str  # the request's tool type it runs (`server_tool_kind`)
+    text_argument: str | None  # harmony: the message is this argument's text (python's code), not JSON
+
+
+@dataclass(frozen=True, slots=True)
 class Plan:
     answer: dict[str, Any] | None  # JSON schema of the answer; None: free text
     calls: CallMode
     functions: dict[str, Any]  # qualified name -> argument schema (True: any JSON) that may be called
     single_call: bool  # at most one call (a named function, parallel_tool_calls false)
     custom: dict[str, CustomInput] = field(default_factory=dict)  # custom tools that may be called, by name
+    builtin: dict[str, BuiltinCall] = field(default_factory=dict)  # which `functions` are built-in tools'
 
     def constraint(self, engine: dict[str, Any]) -> OutputConstraint:
-        functions = {**self.functions, **dict.fromkeys(self.custom, True)}
+        # A built-in tool that takes its argument as text (python) takes any text, in plain terms too.
+        functions = {
+            name: True if name in self.builtin and self.builtin[name].text_argument else schema for name, schema in self.functions.items()
+        }
+        functions |= dict.fromkeys(self.custom, True)
         return OutputConstraint(engine=engine, answer_schema=self.answer, tool_choice=self.calls, functions=functions)
 
 
@@ -76,6 +101,23 @@ def callable_functions(request: ResponsesRequest) -> dict[str, Any]:
     for namespace in request.namespace_tools():
         functions.update({f"{namespace.name}.{tool.name}": _arguments_schema(tool) for tool in namespace.functions})
     return functions
+
+
+def builtin_calls(request: ResponsesRequest) -> dict[str, tuple[Any, BuiltinCall]]:
+    """The built-in tools the tool loop offers, as functions: `NAME.FUNCTION` (the browser's),
+    or the tool itself (`python`, `file_search`), with their argument schemas."""
+    calls: dict[str, tuple[Any, BuiltinCall]] = {}
+    for tool in request.builtin_tools():
+        call = BuiltinCall(tool.serves, tool.text_argument)
+        if tool.functions:
+            calls.update({f"{tool.name}.{function.name}": (_arguments_schema(function), call) for function in tool.functions})
+        else:
+            calls[tool.name] = (_builtin_schema(tool), call)
+    return calls
+
+
+def _builtin_schema(tool: BuiltinTool) -> Any:
+    return tool.parameters if tool.parameters is not None else True
 
 
 def callable_custom_tools(request: ResponsesRequest) -> dict[str, CustomInput]:
@@ -110,7 +152,9 @@ def plan(request: ResponsesRequest) -> Plan | None:
         answer = fmt.schema_
     elif fmt is not None and fmt.type == "json_object":
         answer = {"type": "object"}
-    functions = callable_functions(request)
+    builtin_tools = builtin_calls(request)
+    builtin = {name: call for name, (_, call) in builtin_tools.items()}
+    functions = callable_functions(request) | {name: schema for name, (schema, _) in builtin_tools.items()}
     custom = callable_custom_tools(request)
     choice = request.tool_choice
     calls: CallMode = "auto"
@@ -123,17 +167,25 @@ def plan(request: ResponsesRequest) -> Plan | None:
         calls, functions, custom, single = "required", {choice.name: functions[choice.name]}, {}, True
     elif isinstance(choice, NamedCustomChoice):
         calls, functions, custom, single = "required", {}, {choice.name: custom[choice.name]}, True
+    elif isinstance(choice, HostedChoice):
+        kind = server_tool_kind(choice.type)
+        if forced := {n: s for n, s in functions.items() if n in builtin and builtin[n].serves == kind}:
+            calls, functions, custom, single = "required", forced, {}, True
+        # else a hosted tool the server does not run (here): nothing to force
     elif isinstance(choice, AllowedToolsChoice):
         allowed = {(tool.type, tool.name) for tool in choice.tools}
+        hosted = {server_tool_kind(tool.type) for tool in choice.tools}
         calls = choice.mode
-        functions = {n: s for n, s in functions.items() if ("function", n) in allowed}
+        functions = {n: s for n, s in functions.items() if ("function", n) in allowed or (n in builtin and builtin[n].serves in hosted)}
         custom = {n: g for n, g in custom.items() if ("custom", n) in allowed}
     grammars = any(tool.grammar is not None for tool in custom.values())
-    if answer is None and calls == "auto" and not isinstance(choice, AllowedToolsChoice) and not _any_strict(functions) and not grammars:
+    # The server's own tools' schemas are enforced only when something else is (they are not strict functions).
+    clients = {n: s for n, s in functions.items() if n not in builtin}
+    if answer is None and calls == "auto" and not isinstance(choice, AllowedToolsChoice) and not _any_strict(clients) and not grammars:
         return None  # free text, and calls whose arguments may be any JSON (any text)
     if calls == "none" and answer is None and not callable_functions(request) and not request.custom_tools():
         return None  # no tools in the request: nothing to forbid
-    return Plan(answer, calls, functions, single, custom)
+    return Plan(answer, calls, functions, single, custom, {n: c for n, c in builtin.items() if n in functions})
 
 
 # --- xgrammar structural-tag formats (plain dicts: the protocol does not import xgrammar) ---
@@ -203,6 +255,7 @@ analysis: <|channel|> "analysis" <|message|> TEXT <|end|> <|start|> "assistant"
 preamble: <|channel|> "commentary" <|message|> TEXT <|end|> <|start|> "assistant"
 TEXT: /(?s:.*)/
 constrain: " json" | " " <|constrain|> "json"
+builtin_constrain: " code" | " " <|constrain|> "code" | constrain
 final_header: <|channel|> "final" (" " <|constrain|> "json")? <|message|>
 call_channel: <|channel|> ("commentary" | "analysis" | "final")
 """
@@ -240,12 +293,18 @@ def harmony_grammar(plan: Plan) -> dict[str, Any]:
             rules.append("final: final_header TEXT (<|end|> | <|return|>)")
     calls = plan.functions if plan.calls != "none" else {}
     for i, (name, arguments) in enumerate(calls.items()):
-        recipient = json.dumps(" to=" + (name if "." in name else f"functions.{name}"))
+        builtin = plan.builtin.get(name)
+        # gpt-oss's own tools are `to=python` / `to=browser.search`, content type `code`; the request's are `functions.NAME`.
+        recipient = json.dumps(" to=" + (name if "." in name or builtin else f"functions.{name}"))
+        content = "builtin_constrain" if builtin else "constrain"
         options.append(f"call_{i}")
         rules.append(
-            f"call_{i}: ({recipient} call_channel | call_channel {recipient}) constrain <|message|> arguments_{i} (<|call|> | <|end|>)"
+            f"call_{i}: ({recipient} call_channel | call_channel {recipient}) {content} <|message|> arguments_{i} (<|call|> | <|end|>)"
         )
-        rules.append(f"arguments_{i}: {_lark_json(True if _unknown_format(arguments) else arguments)}")
+        if builtin is not None and builtin.text_argument:
+            rules.append(f"arguments_{i}: TEXT")
+        else:
+            rules.append(f"arguments_{i}: {_lark_json(True if _unknown_format(arguments) else arguments)}")
     custom = plan.custom if plan.calls != "none" else {}
     for i, (name, tool) in enumerate(custom.items()):
         # A custom tool's input is the message as written (no `<|constrain|>json`).

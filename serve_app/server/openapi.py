@@ -95,7 +95,11 @@ _TOOL_RULES = (
     Rule(r"tools", 400, "`request_limits.max_tools` counts each namespace's functions too"),
     Rule(r"tools\[\d+\](\.tools\[\d+\])?\.parameters", 400, "a function's `parameters` must be a valid JSON Schema of type `object`"),
     Rule(r"tools(\[\d+\].*)?", 400, "an MCP tool's `server_url` must be one the server's `tools.mcp.allowed_urls` allow"),
-    Rule(r"tool_choice.*", 400, "a named `tool_choice` (and `allowed_tools`) must name a tool in `tools`; `required` needs one"),
+    Rule(
+        r"tool_choice.*",
+        400,
+        "a named `tool_choice` (and `allowed_tools`, and a hosted one this server runs: file_search, web_search, code_interpreter) must name a tool in `tools`; `required` needs one",
+    ),
     Rule(r"input", 400, "`text.format` `json_object` needs the word 'json' in the input or instructions"),
     Rule(
         r"text\.format.*",

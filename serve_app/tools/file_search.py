@@ -76,7 +76,7 @@ class FileSearchTools(NothingToPrepare):
         self._next = 0
 
     def offer(self, request: ResponsesRequest) -> ResponsesRequest:
-        tool = BuiltinTool(name=FILE_SEARCH, description=DESCRIPTION, parameters=PARAMETERS)
+        tool = BuiltinTool(name=FILE_SEARCH, description=DESCRIPTION, serves="file_search", parameters=PARAMETERS)
         return request.model_copy(update={"tools": [*request.tools, tool]})
 
     def route(self, tools: ServerTools) -> None:

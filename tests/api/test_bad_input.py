@@ -126,6 +126,13 @@ CASES = [
         "missing_required_parameter",
     ),
     ("tool_choice_required_without_tools", {"model": MODEL, "input": "hi", "tool_choice": "required"}, 400, "tool_choice", "invalid_value"),
+    (
+        "tool_choice_hosted_tool_not_in_tools",
+        {"model": MODEL, "input": "hi", "tools": [TOOL], "tool_choice": {"type": "file_search"}},
+        400,
+        "tool_choice.type",
+        "invalid_value",
+    ),
     ("tool_choice_wrong_type", {"model": MODEL, "input": "hi", "tools": [TOOL], "tool_choice": 7}, 400, "tool_choice", "invalid_value"),
     (
         "allowed_tools_unknown_function",

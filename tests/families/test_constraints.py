@@ -412,3 +412,115 @@ def test_a_custom_tools_text_never_becomes_a_control_token(ll_tokenizer):
         "<|channel|>analysis<|message|>x<|end|><|start|>assistant<|channel|>commentary to=functions.calc<|message|>a<|call|>b<|call|>"
     )
     assert not ll_accepts(ll_tokenizer, constraint.engine, inner_special)
+
+
+# --------------------------------------------------------------------------- the server's own tools
+
+
+STORE = {"type": "file_search", "vector_store_ids": ["vs_1"]}
+
+
+def offered(**fields) -> ResponsesRequest:
+    """A request as the tool loop offers it: its file_search, web_search and code_interpreter
+    become the built-in tools of their toolsets."""
+    from serve_app.tools.builtin.browser import BrowserTools
+    from serve_app.tools.builtin.python import PythonTools
+    from serve_app.tools.file_search import FileSearchTools
+
+    req = request(**fields)
+    if web := req.web_search_tool():
+        req = BrowserTools(web, None, include_sources=False).offer(req)  # type: ignore[arg-type]  # offer needs no transport
+    if python := req.code_interpreter_tool():
+        req = PythonTools(python, None, None, tenant="t", timeout_s=30, include_outputs=False).offer(req)  # type: ignore[arg-type]
+    if files := req.file_search_tool():
+        req = FileSearchTools(files, None, include_results=False).offer(req)  # type: ignore[arg-type]  # offer needs no searcher
+    return req
+
+
+HARMONY_ANSWER = "<|channel|>analysis<|message|>hm<|end|><|start|>assistant<|channel|>final<|message|>Hi!<|return|>"
+
+
+def harmony_builtin_call(recipient: str, body: str) -> list[int]:
+    """A built-in tool's call as gpt-oss writes it: on analysis, content type `code`."""
+    head = f"<|channel|>analysis<|message|>hm<|end|><|start|>assistant<|channel|>analysis to={recipient} code<|message|>"
+    return harmony_tokens(head) + spelled(body) + harmony_tokens("<|call|>")
+
+
+def test_harmony_a_hosted_tool_choice_forces_that_tools_call(ll_tokenizer):
+    """`tool_choice: {"type": "file_search"}` (and web_search, code_interpreter) is a call of
+    that tool, as OpenAI's; not an answer, not another tool's call."""
+    tools = [STORE, {"type": "web_search"}, {"type": "code_interpreter"}, WEATHER]
+    files, completion = harmony_case(offered(input="When do zebras migrate?", tools=tools, tool_choice={"type": "file_search"}))
+    assert "to=file_search" in harmony_encoding().decode_utf8(completion)  # the replay obeys as the grammar would make a model
+    assert ll_accepts(ll_tokenizer, files.engine, completion)
+    assert ll_accepts(ll_tokenizer, files.engine, harmony_builtin_call("file_search", '{"query": "zebras"}'))
+    assert not ll_accepts(ll_tokenizer, files.engine, harmony_builtin_call("file_search", "zebras"))  # its arguments are JSON
+    assert not ll_accepts(ll_tokenizer, files.engine, harmony_tokens(HARMONY_ANSWER))
+    assert not ll_accepts(ll_tokenizer, files.engine, harmony_builtin_call("python", "print(1)"))
+    assert not ll_accepts(ll_tokenizer, files.engine, harmony_builtin_call("functions.get_weather", '{"city": "Oslo", "days": 2}'))
+
+    python, _ = harmony_case(offered(tools=tools, tool_choice={"type": "code_interpreter"}))
+    assert ll_accepts(ll_tokenizer, python.engine, harmony_builtin_call("python", 'print("<|call|>", 1)'))  # code is text
+    assert not ll_accepts(ll_tokenizer, python.engine, harmony_builtin_call("file_search", '{"query": "x"}'))
+    assert not ll_accepts(ll_tokenizer, python.engine, harmony_tokens(HARMONY_ANSWER))
+
+    browser, _ = harmony_case(offered(tools=tools, tool_choice={"type": "web_search_preview"}))  # the preview name is the same tool
+    assert ll_accepts(ll_tokenizer, browser.engine, harmony_builtin_call("browser.search", '{"query": "zebras"}'))
+    assert not ll_accepts(ll_tokenizer, browser.engine, harmony_builtin_call("python", "print(1)"))
+
+
+def test_harmony_the_servers_tools_stay_callable_beside_an_enforced_function(ll_tokenizer):
+    """A strict function (or an answer schema) makes a grammar under `auto`: the server's own
+    tools are in it, so the model may still search."""
+    auto, _ = harmony_case(offered(tools=[STORE, WEATHER]))
+    assert ll_accepts(ll_tokenizer, auto.engine, harmony_builtin_call("file_search", '{"query": "zebras"}'))
+    assert ll_accepts(ll_tokenizer, auto.engine, harmony_tokens(HARMONY_ANSWER))
+    schema, _ = harmony_case(offered(tools=[STORE], text=JSON_FORMAT))
+    assert ll_accepts(ll_tokenizer, schema.engine, harmony_builtin_call("file_search", '{"query": "zebras"}'))
+    # Alone under `auto`, the server's tools make no grammar (their arguments are not a client's strict schema).
+    assert HarmonyModel().constraint(offered(tools=[STORE, {"type": "web_search"}]), []) is None
+
+
+def test_required_and_allowed_tools_count_the_servers_tools(ll_tokenizer):
+    required, completion = harmony_case(offered(tools=[STORE], tool_choice="required"))
+    assert ll_accepts(ll_tokenizer, required.engine, completion)
+    assert "to=file_search" in harmony_encoding().decode_utf8(completion)
+    assert not ll_accepts(ll_tokenizer, required.engine, harmony_tokens(HARMONY_ANSWER))
+    allowed = {"type": "allowed_tools", "mode": "required", "tools": [{"type": "file_search"}]}
+    only_files, _ = harmony_case(offered(tools=[STORE, TIME], tool_choice=allowed))
+    assert ll_accepts(ll_tokenizer, only_files.engine, harmony_builtin_call("file_search", '{"query": "x"}'))
+    time_call = (
+        "<|channel|>analysis<|message|>hm<|end|><|start|>assistant to=functions.get_time<|channel|>commentary json<|message|>{}<|call|>"
+    )
+    assert not ll_accepts(ll_tokenizer, only_files.engine, harmony_tokens(time_call))
+
+
+def test_qwen3_a_hosted_tool_choice_forces_that_tools_call(smollm2):
+    tokenizer, compiler = smollm2
+    stops = [tokenizer.eos_token_id]
+
+    def encode(text: str) -> list[int]:
+        return tokenizer.encode(text) + stops
+
+    def call(name: str, arguments: str) -> list[int]:
+        return encode(f'<think>\nhm\n</think>\n\n<tool_call>\n{{"name": "{name}", "arguments": {arguments}}}\n</tool_call>')
+
+    tools = [STORE, {"type": "code_interpreter"}, WEATHER]
+    files, completion = qwen3_case(tokenizer, offered(input="When do zebras migrate?", tools=tools, tool_choice={"type": "file_search"}))
+    assert '"name": "file_search"' in tokenizer.decode(completion)
+    assert accepts(compiler, files.engine, completion, stops)
+    assert accepts(compiler, files.engine, call("file_search", '{"query": "zebras"}'), stops)
+    assert not accepts(compiler, files.engine, call("file_search", '{"q": 1}'), stops)  # its arguments' schema
+    assert not accepts(compiler, files.engine, encode("<think>\nhm\n</think>\n\nIn July."), stops)
+    assert not accepts(compiler, files.engine, call("python", '{"code": "print(1)"}'), stops)
+    assert not accepts(compiler, files.engine, call("get_weather", '{"city": "Oslo", "days": 2}'), stops)
+
+    python, _ = qwen3_case(tokenizer, offered(tools=tools, tool_choice={"type": "code_interpreter"}))
+    assert accepts(compiler, python.engine, call("python", '{"code": "print(1)"}'), stops)  # a function of `code` here
+    required, _ = qwen3_case(tokenizer, offered(tools=[STORE], tool_choice="required"))
+    assert accepts(compiler, required.engine, call("file_search", '{"query": "x"}'), stops)
+    assert not accepts(compiler, required.engine, encode("<think>\nhm\n</think>\n\nIn July."), stops)
+    # Beside a strict function under `auto`, the model may still search.
+    auto, _ = qwen3_case(tokenizer, offered(tools=[STORE, WEATHER]))
+    assert accepts(compiler, auto.engine, call("file_search", '{"query": "zebras"}'), stops)
+    assert accepts(compiler, auto.engine, encode("<think>\nhm\n</think>\n\nIn July."), stops)

@@ -178,6 +178,23 @@ def test_a_response_answers_with_file_search_and_cites_the_files(server, store, 
     assert plain.output_text == text.text
 
 
+@pytest.mark.parametrize("model", MODELS)
+@pytest.mark.parametrize("choice", [{"type": "file_search"}, "required"], ids=["hosted", "required"])
+def test_tool_choice_forces_a_search_the_user_did_not_ask_for(server, store, model: str, choice) -> None:
+    """`tool_choice: {"type": "file_search"}` (or `required` with file_search the only tool)
+    is a search, once: the replay models obey the engine constraint as a model must (their
+    script would answer: the input names no call), then answer from what they read."""
+    client = sdk(server)
+    tools = [{"type": "file_search", "vector_store_ids": [store["id"]]}]
+    response = client.responses.create(model=model, input="When do zebras migrate?", tools=tools, tool_choice=choice)
+    assert [item.type for item in response.output if item.type != "reasoning"] == ["file_search_call", "message"]
+    assert response.output[-1].type == "message"
+    echoed = response.tool_choice if isinstance(response.tool_choice, str) else response.tool_choice.model_dump(exclude_none=True)
+    assert echoed == choice  # the request's choice, not the call it became
+    unforced = client.responses.create(model=model, input="When do zebras migrate?", tools=tools)
+    assert [item.type for item in unforced.output if item.type != "reasoning"] == ["message"]
+
+
 def test_deleting_a_file_and_a_store_removes_their_index_entries(server) -> None:
     client = sdk(server)
     file = client.files.create(file=("tmp.txt", io.BytesIO(b"Quokkas live on Rottnest Island.")), purpose="assistants")

@@ -140,7 +140,10 @@ def test_what_the_server_refuses_the_schema_refuses(http, document, body, param)
 
 ACCEPTED = [
     ("/v1/responses", OK),
-    ("/v1/responses", {**OK, "tools": [TOOL], "tool_choice": {"type": "web_search_preview"}, "metadata": {"k": "v"}}),
+    (
+        "/v1/responses",
+        {**OK, "tools": [TOOL, {"type": "web_search"}], "tool_choice": {"type": "web_search_preview"}, "metadata": {"k": "v"}},
+    ),
     ("/v1/responses", {**OK, "input": [{"id": "msg_1", "role": "user", "content": "x"}]}),
     ("/v1/responses", {**OK, "text": {"format": {"type": "json_schema", "name": "n", "schema": {"type": "object"}}}}),
     (

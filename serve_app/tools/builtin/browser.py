@@ -59,7 +59,7 @@ class BrowserTools(NothingToPrepare):
 
     def offer(self, request: ResponsesRequest) -> ResponsesRequest:
         description, functions = browser_functions()
-        browser = BuiltinTool(name=NAMESPACE, description=description, functions=functions)
+        browser = BuiltinTool(name=NAMESPACE, description=description, serves="web_search", functions=functions)
         return request.model_copy(update={"tools": [*request.tools, browser]})
 
     def route(self, tools: ServerTools) -> None:

@@ -105,7 +105,9 @@ class PythonTools(NothingToPrepare):
         self._route: str | None = None  # the replica holding the container
 
     def offer(self, request: ResponsesRequest) -> ResponsesRequest:
-        python = BuiltinTool(name=TOOL_NAME, description=self.description, parameters=CODE_PARAMETERS)
+        python = BuiltinTool(
+            name=TOOL_NAME, description=self.description, serves="code_interpreter", parameters=CODE_PARAMETERS, text_argument="code"
+        )
         return request.model_copy(update={"tools": [*request.tools, python]})
 
     def route(self, tools: ServerTools) -> None:
