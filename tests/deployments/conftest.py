@@ -232,16 +232,20 @@ def ingress_urls(serve_url) -> list[str]:
 
 @pytest.fixture(scope="module")
 def secured_ingress_urls(secured_url) -> list[str]:
-    """Each ingress replica of the secured app at its own address (its HAProxy backend's
-    servers), under the route prefix: a request sent there is handled by that replica."""
+    return app_ingress_urls(SECURED_APP, SECURED_PREFIX, SECURED_ARGS["ingress"]["num_replicas"])
+
+
+def app_ingress_urls(app: str, prefix: str, replicas: int) -> list[str]:
+    """Each ingress replica of an app of the session at its own address (its HAProxy
+    backend's servers), under the route prefix: a request sent there is handled by that replica."""
 
     def listed() -> list[str]:
-        section = re.search(rf"^backend http-{SECURED_APP}\n(.*?)(?=^\S|\Z)", session_haproxy_config(), re.M | re.S)
+        section = re.search(rf"^backend http-{app}\n(.*?)(?=^\S|\Z)", session_haproxy_config(), re.M | re.S)
         servers = re.findall(r"^\s*server \S+ (\S+:\d+) check(?!.* backup)", section.group(1), re.M) if section else []
-        return [f"http://{address}{SECURED_PREFIX}/v1" for address in dict.fromkeys(servers)]
+        return [f"http://{address}{prefix}/v1" for address in dict.fromkeys(servers)]
 
-    urls = wait_until(lambda: len(listed()) == SECURED_ARGS["ingress"]["num_replicas"], timeout_s=60) and listed()
-    assert urls, f"the session's HAProxy lists {listed()} for {SECURED_APP}"
+    urls = wait_until(lambda: len(listed()) == replicas, timeout_s=60) and listed()
+    assert urls, f"the session's HAProxy lists {listed()} for {app}"
     return urls
 
 
