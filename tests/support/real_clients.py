@@ -116,6 +116,13 @@ def _file_search(client: OpenAI, model: str) -> None:
             tools=[{"type": "file_search", "vector_store_ids": [store.id]}],
         )
         assert any(item.type == "file_search_call" for item in response.output), response.output
+        forced = client.responses.create(  # asked in words: tool_choice makes it search
+            model=model,
+            input="What is the capital of Atlantis?",
+            tools=[{"type": "file_search", "vector_store_ids": [store.id]}],
+            tool_choice={"type": "file_search"},
+        )
+        assert [item.type for item in forced.output if item.type != "reasoning"] == ["file_search_call", "message"], forced.output
     finally:
         client.vector_stores.delete(store.id)
         client.files.delete(file.id)
