@@ -332,13 +332,26 @@ def our_server(port: int, config: dict, start_timeout_s: float, via: str = "prox
     command = [sys.executable, "-m", "serve_app.engines.cpu_cores", str(Path(sys.executable).parent / "serve"), "run", file.name]
     process = subprocess.Popen(command, env=env, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        url = f"http://127.0.0.1:{port + 1 if via == 'replica' else port}"
+        url = f"http://127.0.0.1:{port}"
         wait_ready(url, process, timeout_s=start_timeout_s)
+        if via == "replica":  # Serve picks the replica's port in the range (not always the first)
+            url = replica_url(port + 1, port + 10)
         wait_model_ready(url, process, start_timeout_s)
         yield url, process.pid
     finally:
         stop(process)
         os.unlink(file.name)
+
+
+def replica_url(first: int, last: int) -> str:
+    """The ingress replica's own HTTP address: the port of the range that answers /ready."""
+    import urllib.request
+
+    for candidate in range(first, last + 1):
+        with contextlib.suppress(OSError), urllib.request.urlopen(f"http://127.0.0.1:{candidate}/ready", timeout=2) as response:
+            if response.status == 200:
+                return f"http://127.0.0.1:{candidate}"
+    raise RuntimeError(f"no ingress replica answers /ready on ports {first}-{last}")
 
 
 def run_vllm(
