@@ -29,7 +29,7 @@ from openai.types.responses import (
 )
 from pydantic import ConfigDict, Field, PrivateAttr, field_validator, model_validator
 
-from serve_app.api.errors import invalid_request
+from serve_app.api.errors import APIError, invalid_request
 from serve_app.api.items import FUNCTION_NAME_PATTERN, Lenient, TextPart
 from serve_app.api.json_schema import OBJECT_SCHEMA_FIELD, SCHEMA_FIELD
 from serve_app.api.limits import DEFAULT_LIMITS, IMAGE_URL_FIELD, RequestLimits
@@ -201,6 +201,10 @@ class LegacySampling(Lenient):
         """`stop` as a tuple (empty: none)."""
         return (self.stop,) if isinstance(self.stop, str) else tuple(self.stop or ())
 
+    def refuse_stream_options(self) -> None:
+        if self.stream_options is not None and not self.stream:
+            raise invalid_request("'stream_options' is only allowed when 'stream' is true.", param="stream_options")
+
     @property
     def include_usage(self) -> bool:
         """A stream's last chunk is the usage (`stream_options.include_usage`)."""
@@ -222,6 +226,8 @@ class ChatRequest(LegacySampling):
     store: bool | None = None
     service_tier: ServiceTier | None = None
     prompt_cache_key: str | None = None
+    modalities: list[Literal["text"]] | None = None  # no audio output here
+    audio: None = None
     _item_messages: list[int] = PrivateAttr(default_factory=list)  # the message each input item comes from
 
     def refuse_unsupported(self) -> None:
@@ -234,6 +240,7 @@ class ChatRequest(LegacySampling):
             raise invalid_request("Stored chat completions are not supported: use the Responses API to store.", param="store")
         if self.top_logprobs and not self.logprobs:
             raise invalid_request("'top_logprobs' needs 'logprobs': true.", param="top_logprobs")
+        self.refuse_stream_options()
 
     def as_responses(self, limits: RequestLimits = DEFAULT_LIMITS) -> ResponsesRequest:
         """The Responses request this chat request stands for (validated as any other)."""
@@ -274,13 +281,45 @@ class ChatRequest(LegacySampling):
         }
         return parse_request({key: value for key, value in body.items() if value is not None}, limits)
 
-    def message_param(self, param: str | None) -> str | None:
-        """An error's `param` in the Responses request this stands for (`input[k]...`) as the
-        chat request's own (`messages[i]...`): a 400 about an image part names the message's part."""
-        match = re.match(r"input\[(\d+)\]", param or "")
-        if match is None or int(match.group(1)) >= len(self._item_messages):
-            return param
-        return f"messages[{self._item_messages[int(match.group(1))]}]" + (param or "")[match.end() :]
+    def chat_param(self, param: str | None) -> str | None:
+        """An error's `param` in the Responses request this stands for as the chat request's
+        own: `input[k]...` the message it came from (`messages[i]...`), `text.format.schema`
+        `response_format.json_schema.schema`, `tools[i].parameters` `tools[i].function.parameters`, ..."""
+        if param is None:
+            return None
+        if (match := re.match(r"input\[(\d+)\]", param)) is not None:
+            if int(match.group(1)) >= len(self._item_messages):
+                return param
+            return f"messages[{self._item_messages[int(match.group(1))]}]" + param[match.end() :]
+        if (match := re.match(r"tools\[\d+\]", param)) is not None and param[match.end() :]:
+            return match.group(0) + ".function" + param[match.end() :]
+        for responses, chat in self._renamed_params():
+            if param == responses or param.startswith((responses + ".", responses + "[")):
+                return chat + param[len(responses) :]
+        return param
+
+    def name_error(self, error: APIError) -> APIError:
+        """`error` of the Responses request this stands for, its parameter named as here (in its message too)."""
+        named = self.chat_param(error.param)
+        if error.param and named != error.param:
+            error.message = error.message.replace(f"'{error.param}'", f"'{named}'")
+        for responses, chat in self._renamed_params():
+            error.message = error.message.replace(f"'{responses}'", f"'{chat}'")
+        error.param = named
+        return error
+
+    def _renamed_params(self) -> list[tuple[str, str]]:
+        """(Responses name, chat name), the longest first."""
+        return [
+            ("text.format.schema", "response_format.json_schema.schema"),
+            ("text.format.name", "response_format.json_schema.name"),
+            ("text.format", "response_format"),
+            ("tool_choice.name", "tool_choice.function.name"),
+            ("reasoning.effort", "reasoning_effort"),
+            ("max_output_tokens", "max_tokens" if self.max_completion_tokens is None else "max_completion_tokens"),
+            ("include", "logprobs"),
+            ("input", "messages"),
+        ]
 
     def _items(self) -> list[dict[str, Any]]:
         items: list[dict[str, Any]] = []
@@ -312,7 +351,10 @@ def parse_chat_request(body: bytes | dict[str, Any], limits: RequestLimits = DEF
     """The chat request and the Responses request it is served as; a 400 for anything wrong."""
     chat = parse_body(body, ChatRequest, limits)
     chat.refuse_unsupported()
-    return chat, chat.as_responses(limits)
+    try:
+        return chat, chat.as_responses(limits)
+    except APIError as exc:  # named as the chat request names it
+        raise chat.name_error(exc) from None
 
 
 # --- the answer -----------------------------------------------------------------------------

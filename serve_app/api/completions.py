@@ -55,6 +55,7 @@ class CompletionRequest(LegacySampling):
             raise invalid_request("One prompt per request: send the others apart.", param="prompt")
         if not self.prompt or self.prompt == [""]:
             raise invalid_request("'prompt' must not be empty.", param="prompt")
+        self.refuse_stream_options()
 
     @property
     def text(self) -> str | None:

@@ -135,7 +135,7 @@ def refuse_text_only(request: ResponsesRequest, model_name: str, reader: ImageRe
 
 def _text_only(model_name: str, param: str) -> APIError:
     return invalid_request(
-        f"Model '{model_name}' does not read images: send 'input_image' parts to a vision model (one configured with 'vision').",
+        f"Model '{model_name}' does not read images: send images to a vision model (one configured with 'vision').",
         param=param,
         code="unsupported_value",
     )

@@ -166,7 +166,10 @@ _QUEUE_RULE = Rule(
     "one request attaches at most as many files as one tenant may have waiting for ingestion on a replica "
     "(`vector_stores.ingest_queue_per_tenant`; without `auth`, `ingest_queue`)",
 )
-_LEGACY_RULES = (Rule(r"n|best_of|logit_bias|suffix|store", 400, "what this server does not do (see the API page)"),)
+_LEGACY_RULES = (
+    Rule(r"n|best_of|logit_bias|suffix|store", 400, "what this server does not do (see the API page)"),
+    Rule(r"stream_options", 400, "`stream_options` only with `stream: true`"),
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -211,6 +214,13 @@ OPERATIONS: dict[tuple[str, str], Operation] = {
                 "the messages render to a prompt within the model's context (and to at most `request_limits.max_input_items` items)",
             ),
             Rule(r"top_logprobs", 400, "`top_logprobs` needs `logprobs: true`"),
+            Rule(
+                r"response_format.*",
+                400,
+                "a `json_schema` response format's schema must be valid and use only what the engine's grammar enforces "
+                "(strict mode: OpenAI's strict rules)",
+            ),
+            Rule(r"messages", 400, "`response_format` `json_object` needs the word 'json' in the messages"),
             Rule(
                 r"messages\[\d+\]\.content\[\d+\].*",
                 400,

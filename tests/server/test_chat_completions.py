@@ -199,6 +199,42 @@ def test_what_is_not_supported_is_a_400_naming_it(client, extra, param):
     assert error.value.body["param"] == param
 
 
+@pytest.mark.parametrize(
+    ("extra", "param"),
+    [
+        ({"modalities": ["text", "audio"]}, "modalities"),
+        ({"audio": {"voice": "alloy", "format": "wav"}}, "audio"),
+        ({"stream_options": {"include_usage": True}}, "stream_options"),  # without stream: true
+    ],
+)
+def test_what_is_not_supported_is_a_400_naming_it_too(client, extra, param):
+    with pytest.raises(openai.BadRequestError) as error:
+        client.chat.completions.create(model="gpt-oss-replay", messages=[{"role": "user", "content": "hi"}], **extra)
+    assert error.value.body["param"].startswith(param)
+
+
+UNSUPPORTED_SCHEMA = {"type": "object", "not": {"required": ["x"]}}
+
+
+@pytest.mark.parametrize(
+    ("extra", "param"),
+    [
+        (
+            {"response_format": {"type": "json_schema", "json_schema": {"name": "n", "schema": UNSUPPORTED_SCHEMA}}},
+            "response_format.json_schema.schema",
+        ),
+        ({"tools": [LOOKUP], "tool_choice": {"type": "function", "function": {"name": "nope"}}}, "tool_choice"),
+        ({"response_format": {"type": "json_object"}}, "messages"),  # the word 'json' is in no message
+    ],
+)
+def test_errors_name_the_chat_requests_parameters_not_the_responses_ones(client, extra, param):
+    """The request runs as a Responses request: its errors still speak of this one's fields."""
+    with pytest.raises(openai.BadRequestError) as error:
+        client.chat.completions.create(model="gpt-oss-replay", messages=[{"role": "user", "content": "hi"}], **extra)
+    assert error.value.body["param"] == param
+    assert "text.format" not in error.value.body["message"]
+
+
 def test_bad_requests_are_openai_shaped(inprocess_url):
     with httpx.Client(timeout=30) as http:
         unknown = http.post(f"{inprocess_url}/chat/completions", json={"model": "nope", "messages": [{"role": "user", "content": "x"}]})

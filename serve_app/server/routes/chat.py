@@ -37,8 +37,7 @@ async def create_chat_completion(http_request: Request) -> Response:
         try:
             turn = await begin_turn(request, context, tenant, tenant.responses, trace, admission, stop=chat.stop_sequences)
         except APIError as exc:  # named as the chat request's (an image part: `messages[i].content[j]`)
-            exc.param = chat.message_param(exc.param)
-            raise
+            raise chat.name_error(exc) from None
     except BaseException:
         await release(admission)
         raise
