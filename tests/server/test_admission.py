@@ -96,6 +96,27 @@ def test_messages_queued_past_a_connections_bounds_are_429s_on_their_lane(url, e
     assert wait_until(lambda: engine.num_running() == 0, timeout_s=20)
 
 
+@pytest.mark.slow
+def test_a_connection_refused_with_a_429_is_read_again_only_after_its_wait():
+    """A client flooding past its connection's queue gets one refusal, then its next message
+    is read only once the refusal's wait is over: the flood waits in TCP's buffers instead of
+    being read, parsed and refused at line rate."""
+    app = create_app([ServedModel("slow", ReplayBackend(SLOW))], ServerSettings(replica_limits=LIMITS))
+    with uvicorn_server(app) as url, socket_scenarios.socket(url) as connection:
+        for text in (LONG, "queued", "over 1", "over 2", "over 3"):  # one lane: one running, one queued
+            socket_scenarios.create(connection, model="slow", input=text, store=False)
+        first = socket_scenarios.receive(connection)
+        while first["type"] != "error":
+            first = socket_scenarios.receive(connection)
+        assert first["error"]["code"] == "too_many_queued"
+        seen_at, refusals = time.monotonic(), 0
+        while time.monotonic() - seen_at < 0.5:  # inside the wait, which began before the refusal was sent
+            event = socket_scenarios.receive(connection)
+            refusals += event["type"] == "error"
+        assert refusals == 0, "the connection's next message was read before the refusal's wait was over"
+    assert wait_until(lambda: app_context(app).websockets_open == 0, timeout_s=30)
+
+
 def _turn(response_id: str, size: int):
     from tests.server.test_websocket import _response, _user
 

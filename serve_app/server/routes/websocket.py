@@ -42,6 +42,10 @@ logger = logging.getLogger(__name__)
 router = APIRouter()
 
 PROMPT_ONLY = PromptOnly()
+# After a 429 the connection's next message is read only once its Retry-After has passed (at
+# most this long): a client flooding past its limits is slowed by TCP, not answered message by
+# message (reading, parsing and refusing 60 KB messages at line rate took the replica's CPU).
+MAX_REFUSAL_PAUSE_S = 1.0
 
 
 @router.websocket("/v1/responses")
@@ -88,6 +92,7 @@ class ResponsesSocket:
         self._dropped = False
         self.workers: set[asyncio.Task[None]] = set()
         self._sending = asyncio.Lock()  # lanes send side by side: one whole message at a time
+        self._read_after = 0.0  # loop time before which the next message is not read (a 429's wait)
 
     async def serve(self) -> None:
         limit = self.limits.max_websockets
@@ -116,6 +121,8 @@ class ResponsesSocket:
             await self.websocket.accept()
             while (message := await self._receive()) is not None:
                 await self._dispatch(message)
+                if (wait := self._read_after - asyncio.get_running_loop().time()) > 0:
+                    await asyncio.sleep(wait)
         except asyncio.CancelledError:
             if not self._dropped:  # not our own ending of a stalled client's connection
                 raise
@@ -168,7 +175,7 @@ class ResponsesSocket:
                 raise
         except APIError as error:
             with contextlib.suppress(ClientGone):
-                await self._send(error_message(error, lane))
+                await self._send_error(error, lane)
         except ClientGone:
             pass  # the next receive sees the disconnect
 
@@ -234,7 +241,7 @@ class ResponsesSocket:
             report_once(metrics, trace, "rejected", error.code)
             report_refusal(metrics, self.websocket.scope, error)
             self._forget_parent(event)
-            await self._send(error_message(error, event.lane))
+            await self._send_error(error, event.lane)
             return
         events = run_turn(
             turn,
@@ -248,7 +255,7 @@ class ResponsesSocket:
         except APIError as error:  # engines at capacity: refused before it started
             report_once(metrics, trace, "rejected", error.code)
             report_refusal(metrics, self.websocket.scope, error)
-            await self._send(error_message(error, event.lane))
+            await self._send_error(error, event.lane)
             return
         async with contextlib.aclosing(reported(prepended(first, events), turn, metrics)) as batches:
             async for batch in batches:
@@ -263,6 +270,12 @@ class ResponsesSocket:
         """A failed continuation evicts the response it continued from the connection."""
         if event.request is not None and event.request.previous_response_id is not None:
             self.responses.forget(event.request.previous_response_id)
+
+    async def _send_error(self, error: APIError, lane: str | None) -> None:
+        if error.status_code == 429:
+            wait = min(float(error.headers.get("retry-after-ms", 1000)) / 1000, MAX_REFUSAL_PAUSE_S)
+            self._read_after = max(self._read_after, asyncio.get_running_loop().time() + wait)
+        await self._send(error_message(error, lane))
 
     async def _send(self, message: str) -> None:
         """One whole message; a client that takes nothing for the send timeout is dropped:
