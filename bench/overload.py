@@ -39,8 +39,8 @@ the same honest traffic for `--seconds` while the attacker, at once: counts the 
 pathological strings (long runs of one multi-byte character, digits, whitespace) at
 `/v1/responses/input_tokens` and asks responses of them; sends bodies slowly (headers, then a
 few bytes every half second); and floods WebSocket connections with `response.create`
-messages of 30 KB (the attacker's clients run in a process of their own). Each honest stream
-is checked whole, as above. Meanwhile a probe in the
+messages of 60 KB (10,000 `€`, JSON-escaped; the attacker's clients run in a process of
+their own). Each honest stream is checked whole, as above. Meanwhile a probe in the
 ingress replica measures its event loop (`ResponsesIngress.loop_lag`: the longest late
 wake-up of a 5 ms timer). The last line:
 
@@ -288,8 +288,8 @@ async def _slow_body(host: str, port: int, deadline: float, seen: collections.Co
 
 
 async def _websocket_flood(url: str, deadline: float, seen: collections.Counter[str]) -> None:
-    """`FLOOD_MESSAGES` `response.create` messages of 30 KB at once on a connection, the
-    answers read as they come; again on a new connection until the attack ends."""
+    """`FLOOD_MESSAGES` `response.create` messages of 60 KB (JSON-escaped `€`) at once on a
+    connection, the answers read as they come; again on a new connection until the attack ends."""
     message = json.dumps({"type": "response.create", "model": MODEL, "input": "€" * 10_000, "max_output_tokens": 16, "store": False})
     socket_url = url.replace("http://", "ws://", 1) + "/responses"
     async with aiohttp.ClientSession(headers=bearer(ATTACKER_KEY)) as session:
