@@ -10,6 +10,7 @@ templates (over SmolLM2's):
 
 from __future__ import annotations
 
+import functools
 import json
 
 import pytest
@@ -247,6 +248,16 @@ def qwen3_case(tokenizer, req: ResponsesRequest, **template_kwargs):
     return constraint, script_qwen3_completion(prompt, constraint)
 
 
+def qwen3_text(tokenizer, text: str) -> list[int]:
+    """`text` as SmolLM2's tokenizer writes it, then its stop token."""
+    return [*tokenizer.encode(text), tokenizer.eos_token_id]
+
+
+def qwen3_call(tokenizer, name: str, arguments: str) -> list[int]:
+    """A hermes tool call after a closed think block."""
+    return qwen3_text(tokenizer, f'<think>\nhm\n</think>\n\n<tool_call>\n{{"name": "{name}", "arguments": {arguments}}}\n</tool_call>')
+
+
 @pytest.mark.parametrize("thinking", [None, True], ids=["model-opens-think", "prompt-opens-think"])
 def test_qwen3_json_answer_after_free_thinking(smollm2, thinking):
     tokenizer, compiler = smollm2
@@ -315,12 +326,7 @@ def test_qwen3_tool_choice(smollm2):
 def test_qwen3_auto_with_a_strict_function(smollm2):
     tokenizer, compiler = smollm2
     stops = [tokenizer.eos_token_id]
-
-    def encode(text: str) -> list[int]:
-        return tokenizer.encode(text) + stops
-
-    def call(name: str, arguments: str) -> list[int]:
-        return encode(f'<think>\nhm\n</think>\n\n<tool_call>\n{{"name": "{name}", "arguments": {arguments}}}\n</tool_call>')
+    encode, call = functools.partial(qwen3_text, tokenizer), functools.partial(qwen3_call, tokenizer)
 
     auto, completion = qwen3_case(tokenizer, request(input='call get_weather {"city": "Oslo", "days": 2}', tools=[WEATHER, TIME]))
     assert "<tool_call>" in tokenizer.decode(completion)
@@ -498,12 +504,7 @@ def test_required_and_allowed_tools_count_the_servers_tools(ll_tokenizer):
 def test_qwen3_a_hosted_tool_choice_forces_that_tools_call(smollm2):
     tokenizer, compiler = smollm2
     stops = [tokenizer.eos_token_id]
-
-    def encode(text: str) -> list[int]:
-        return tokenizer.encode(text) + stops
-
-    def call(name: str, arguments: str) -> list[int]:
-        return encode(f'<think>\nhm\n</think>\n\n<tool_call>\n{{"name": "{name}", "arguments": {arguments}}}\n</tool_call>')
+    encode, call = functools.partial(qwen3_text, tokenizer), functools.partial(qwen3_call, tokenizer)
 
     tools = [STORE, {"type": "code_interpreter"}, WEATHER]
     files, completion = qwen3_case(tokenizer, offered(input="When do zebras migrate?", tools=tools, tool_choice={"type": "file_search"}))
