@@ -4,9 +4,10 @@
 which functions may be called, whether one must be (`required`, a named function,
 `allowed_tools`, a hosted tool such as `{"type": "file_search"}`) or none may (`none`). The
 server's own tools (file_search, the browser, python) are functions of the plan like the
-client's: a hosted `tool_choice` forces a call of that tool. Each model family turns the plan into vLLM structured
-outputs (`StructuredOutputsParams` keyword arguments): an xgrammar **structural tag** that
-leaves the reasoning free and constrains only what follows it, the way vLLM 0.32 does it —
+client's: a hosted `tool_choice` forces a call of that tool. Each model family turns the
+plan into vLLM structured outputs (`StructuredOutputsParams` keyword arguments): an xgrammar
+**structural tag** that leaves the reasoning free and constrains only what follows it, the
+way vLLM 0.32 does it —
 
 - harmony (gpt-oss): the shape of vLLM's `vllm/parser/harmony.py` tags (an optional
   `analysis` message, then (when calls are allowed) an optional commentary preamble, then one
