@@ -8,13 +8,13 @@ index holds them); a `file_search` response answers from the store with a citati
 from __future__ import annotations
 
 import io
-import time
 from collections.abc import Iterator
 
 import numpy as np
 import openai
 import pytest
 
+from tests.support.vector_stores import ingested
 from tests.support.vllm_models import have_vllm
 
 pytestmark = [pytest.mark.engine, pytest.mark.slow]
@@ -85,11 +85,7 @@ def test_a_vector_store_ingested_and_searched_with_the_served_embedding_model(em
     client = openai.OpenAI(base_url=embedding_url, api_key="unused", max_retries=0, timeout=120)
     files = [client.files.create(file=(name, io.BytesIO(text.encode())), purpose="assistants") for name, text in FILES.items()]
     store = client.vector_stores.create(name="served", file_ids=[file.id for file in files])
-    for _ in range(1200):  # bounded: ingestion embeds on the served model
-        counts = client.vector_stores.retrieve(store.id).file_counts
-        if counts.in_progress == 0:
-            break
-        time.sleep(0.1)
+    counts = ingested(client, store.id, timeout_s=120).file_counts  # ingestion embeds on the served model
     failed = [file.last_error for file in client.vector_stores.files.list(store.id) if file.status != "completed"]
     assert counts.completed == len(FILES), failed
 

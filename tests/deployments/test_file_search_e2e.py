@@ -12,6 +12,7 @@ import pytest
 
 from tests.support.contract import check_stream, parse_sse
 from tests.support.sdk_scenarios import client
+from tests.support.vector_stores import ingested
 
 MODELS = ["gpt-oss-replay", "qwen3-replay"]
 
@@ -74,10 +75,7 @@ def test_a_batch_cancelled_on_the_other_replica_leaves_none_of_its_cancelled_fil
     batch = first.vector_stores.file_batches.create(vector_store.id, file_ids=[note.id for note in notes])
     cancelled = second.vector_stores.file_batches.cancel(batch.id, vector_store_id=vector_store.id)
     assert cancelled.status in ("cancelled", "completed")  # completed: every file was ingested before the cancel
-    for _ in range(1200):
-        if second.vector_stores.retrieve(vector_store.id).file_counts.in_progress == 0:
-            break
-        time.sleep(0.1)
+    ingested(second, vector_store.id, timeout_s=120)
     files = {file.id: file.status for file in second.vector_stores.files.list(vector_store.id, limit=100)}
     assert set(files.values()) <= {"completed", "cancelled"}
     for url in ingress_urls[:2]:

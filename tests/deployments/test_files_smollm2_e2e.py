@@ -8,7 +8,6 @@ and can call tools)."""
 from __future__ import annotations
 
 import io
-import time
 from collections.abc import Iterator
 
 import openai
@@ -16,6 +15,7 @@ import pytest
 
 from tests.deployments.conftest import E2E_ARGS, app_ingress_urls
 from tests.support.pdfs import text_pdf
+from tests.support.vector_stores import ingested
 from tests.support.vllm_models import have_vllm, vllm_model
 
 if not have_vllm():  # the session app then serves no vLLM model
@@ -91,11 +91,7 @@ def test_smollm2_forced_to_search_answers_from_what_it_read(tools_app):
     client = sdk(tools_app)
     files = [client.files.create(file=(name, io.BytesIO(text.encode())), purpose="assistants") for name, text in FILES.items()]
     store = client.vector_stores.create(name="smollm2", file_ids=[file.id for file in files])
-    for _ in range(600):  # bounded: three small files
-        if client.vector_stores.retrieve(store.id).file_counts.in_progress == 0:
-            break
-        time.sleep(0.1)
-    assert client.vector_stores.retrieve(store.id).file_counts.completed == len(FILES)
+    assert ingested(client, store.id).file_counts.completed == len(FILES)
     tools = [{"type": "file_search", "vector_store_ids": [store.id]}]
     question = "When do zebras migrate?"
     for url in app_ingress_urls(TOOLS_APP, TOOLS_PREFIX, INGRESS_REPLICAS):

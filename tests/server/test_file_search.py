@@ -6,7 +6,6 @@ both replay models; tenancy (another tenant's store is a 404, in a `file_search`
 from __future__ import annotations
 
 import io
-import time
 from pathlib import Path
 
 import httpx
@@ -25,6 +24,7 @@ from tests.conftest import QWEN3_REPLAY
 from tests.support.contract import check_stream, parse_sse
 from tests.support.pdfs import text_pdf
 from tests.support.servers import uvicorn_server
+from tests.support.vector_stores import ingested
 
 pytestmark = pytest.mark.slow  # a server, a tokenizer and several files: seconds
 
@@ -57,15 +57,6 @@ def sdk(url: str, tenant: str = "alice") -> openai.OpenAI:
     return openai.OpenAI(base_url=url, api_key=KEYS[tenant], max_retries=0, timeout=60)
 
 
-def _ready(client: openai.OpenAI, vector_store_id: str) -> None:
-    for _ in range(600):  # polled as clients poll (the SDK's create_and_poll), at most a minute
-        vector_store = client.vector_stores.retrieve(vector_store_id)
-        if vector_store.file_counts.in_progress == 0:
-            return
-        time.sleep(0.1)
-    raise AssertionError("ingestion did not finish")
-
-
 @pytest.fixture(scope="module")
 def store(server):
     client = sdk(server)
@@ -75,7 +66,7 @@ def store(server):
     batch = client.vector_stores.file_batches.create(
         vector_store.id, files=[{"file_id": pdf.id, "attributes": {"kind": "pdf", "year": 2024}}]
     )
-    _ready(client, vector_store.id)
+    ingested(client, vector_store.id)
     assert client.vector_stores.file_batches.retrieve(batch.id, vector_store_id=vector_store.id).status == "completed"
     return {"id": vector_store.id, "files": {f.filename: f.id for f in [*files, pdf]}}
 
@@ -199,13 +190,13 @@ def test_deleting_a_file_and_a_store_removes_their_index_entries(server) -> None
     client = sdk(server)
     file = client.files.create(file=("tmp.txt", io.BytesIO(b"Quokkas live on Rottnest Island.")), purpose="assistants")
     vector_store = client.vector_stores.create(name="tmp", file_ids=[file.id])
-    _ready(client, vector_store.id)
+    ingested(client, vector_store.id)
     assert client.vector_stores.search(vector_store.id, query="quokkas").data
     assert client.vector_stores.files.delete(file.id, vector_store_id=vector_store.id).deleted
     assert client.vector_stores.search(vector_store.id, query="quokkas").data == []
     # deleting the uploaded file takes it out of every store that held it
     client.vector_stores.files.create(vector_store.id, file_id=file.id)
-    _ready(client, vector_store.id)
+    ingested(client, vector_store.id)
     assert client.vector_stores.search(vector_store.id, query="quokkas").data
     assert client.files.delete(file.id).deleted
     assert client.vector_stores.search(vector_store.id, query="quokkas").data == []

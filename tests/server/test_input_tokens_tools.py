@@ -9,7 +9,6 @@ conversation the count is exact again."""
 from __future__ import annotations
 
 import io
-import time
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +26,7 @@ from serve_app.state import MemoryStore
 from tests.conftest import QWEN3_REPLAY
 from tests.support.mcp_servers import mcp_servers, mcp_tool
 from tests.support.servers import uvicorn_server
+from tests.support.vector_stores import ingested
 
 pytestmark = pytest.mark.slow  # a server, an MCP server, a tokenizer: seconds
 
@@ -66,11 +66,7 @@ def vector_store(server) -> str:
     client = openai.OpenAI(base_url=server, api_key="none", max_retries=0, timeout=60)
     notes = client.files.create(file=("notes.txt", io.BytesIO(b"Zebras migrate in July.")), purpose="assistants")
     vector_store = client.vector_stores.create(name="notes", file_ids=[notes.id])
-    for _ in range(600):
-        if client.vector_stores.retrieve(vector_store.id).file_counts.in_progress == 0:
-            return vector_store.id
-        time.sleep(0.1)
-    raise AssertionError("ingestion did not finish")
+    return ingested(client, vector_store.id).id
 
 
 def _post(server: str, path: str, body: dict[str, Any]) -> dict[str, Any]:

@@ -17,12 +17,13 @@ import base64
 import io
 import sys
 import tempfile
-import time
 import traceback
 from collections.abc import Callable
 from pathlib import Path
 
 from openai import OpenAI
+
+from tests.support.vector_stores import ingested
 
 MODELS = ["gpt-oss-replay", "qwen3-replay"]
 VERCEL = ["generate-store", "stream-store", "generate-stateless", "structured", "previous-response", "chat-generate", "chat-stream"]
@@ -104,10 +105,7 @@ def _file_search(client: OpenAI, model: str) -> None:
     file = client.files.create(file=("facts.txt", io.BytesIO(b"The capital of Atlantis is Poseidonia.")), purpose="assistants")
     store = client.vector_stores.create(name="facts", file_ids=[file.id])
     try:
-        for _ in range(120):  # ingestion runs in the background
-            if client.vector_stores.retrieve(store.id).file_counts.in_progress == 0:
-                break
-            time.sleep(0.5)
+        ingested(client, store.id)  # ingestion runs in the background
         found = client.vector_stores.search(store.id, query="capital of Atlantis")
         assert found.data, "the search found nothing"
         response = client.responses.create(
