@@ -37,7 +37,6 @@ from serve_app.api.json_schema import UnsupportedSchema, check_schema
 from serve_app.api.request import ResponsesRequest
 from serve_app.api.tools import (
     AllowedToolsChoice,
-    BuiltinTool,
     CustomGrammarFormat,
     CustomTool,
     FunctionTool,
@@ -106,19 +105,20 @@ def callable_functions(request: ResponsesRequest) -> dict[str, Any]:
 
 def builtin_calls(request: ResponsesRequest) -> dict[str, tuple[Any, BuiltinCall]]:
     """The built-in tools the tool loop offers, as functions: `NAME.FUNCTION` (the browser's),
-    or the tool itself (`python`, `file_search`), with their argument schemas."""
+    or the tool itself (`python`, `file_search`), with their argument schemas (the server's
+    own: not checked per request as a client's are)."""
     calls: dict[str, tuple[Any, BuiltinCall]] = {}
     for tool in request.builtin_tools():
         call = BuiltinCall(tool.serves, tool.text_argument)
         if tool.functions:
-            calls.update({f"{tool.name}.{function.name}": (_arguments_schema(function), call) for function in tool.functions})
+            calls.update({f"{tool.name}.{function.name}": (_own_schema(function.parameters), call) for function in tool.functions})
         else:
-            calls[tool.name] = (_builtin_schema(tool), call)
+            calls[tool.name] = (_own_schema(tool.parameters), call)
     return calls
 
 
-def _builtin_schema(tool: BuiltinTool) -> Any:
-    return tool.parameters if tool.parameters is not None else True
+def _own_schema(parameters: dict[str, Any] | None) -> Any:
+    return parameters if parameters is not None else True
 
 
 def callable_custom_tools(request: ResponsesRequest) -> dict[str, CustomInput]:
