@@ -115,6 +115,41 @@ async def coalesce(batches: AsyncGenerator[TokenBatch, None], window_s: float, m
         await iterator.aclose()
 
 
+# How long the engine replica waits for a request's first batch before it acknowledges the
+# request instead (`acknowledged`). vLLM refuses a request in `add_request`, ~1 ms after the
+# call, so a refusal still comes before the acknowledgement, and before the response starts.
+ACKNOWLEDGE_AFTER_S = 0.01
+
+
+async def acknowledged(batches: AsyncGenerator[TokenBatch, None], after_s: float) -> AsyncGenerator[TokenBatch, None]:
+    """`batches`, led by an acknowledgement when the first takes longer than `after_s`.
+
+    The ingress starts a response (its HTTP headers, `response.created`) at the engine's
+    first batch, so that an engine at capacity is a 503 rather than a failed stream. Without
+    an acknowledgement that start waits for the first token, and its writes (~0.5 ms here)
+    delay it; with one, they are done while the prompt is prefilled.
+    """
+    first = asyncio.ensure_future(anext(batches))
+    try:
+        done, _ = await asyncio.wait({first}, timeout=after_s)
+        if not done:
+            yield TokenBatch.acknowledgement()
+        try:
+            batch = await first
+        except StopAsyncIteration:
+            return
+        yield batch
+        async for batch in batches:
+            yield batch
+    finally:
+        # We own the source: stop a pending read, then close it (aborting the engine request).
+        if not first.done():
+            first.cancel()
+            with contextlib.suppress(asyncio.CancelledError, StopAsyncIteration):
+                await first
+        await batches.aclose()
+
+
 # How often the callers of running requests are checked (one GCS lookup per distinct caller).
 CALLER_CHECK_PERIOD_S = 2.0
 
@@ -224,14 +259,15 @@ class EngineServer:
         source = self._counted(self.backend.generate(request))
         if self.coalescing.enabled:
             source = coalesce(source, self.coalescing.window_ms / 1000, self.coalescing.max_tokens)
+        source = acknowledged(source, ACKNOWLEDGE_AFTER_S)  # outermost: coalescing starts at the first token
         totals = dict.fromkeys(self._metrics, 0)  # this request's, for the Ray counters
         try:
             with self._callers.watching(request):
                 async with contextlib.aclosing(source) as batches:
-                    first = True
+                    named = False  # the acknowledgement and the first token's batch name this replica
                     async for batch in batches:
-                        if first:
-                            batch.replica, first = self.replica_id, False
+                        if not named:
+                            batch.replica, named = self.replica_id, not batch.is_acknowledgement
                         self._account(batch, totals)
                         yield batch
         except (asyncio.CancelledError, GeneratorExit):

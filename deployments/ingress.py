@@ -78,7 +78,7 @@ class HandleTokenSource:
             received = ended = False
             try:
                 async for batch in response:
-                    received = True
+                    received = received or not batch.is_acknowledgement  # tokens came: no retry now
                     yield batch
                 ended = True
                 return

@@ -104,10 +104,21 @@ class TokenBatch:
     num_draft_tokens: int = 0
     num_accepted_tokens: int = 0
     logprobs: list[TokenLogprobs] | None = None  # aligned with token_ids, when requested
-    replica: str | None = None  # first batch: the engine replica generating it (`GenerationRequest.replica`)
+    replica: str | None = None  # first batch (and an acknowledgement): the engine replica generating it (`GenerationRequest.replica`)
     # First batch, when asked for (`GenerationRequest.prompt_logprobs`): per prompt token, as
     # `logprobs` (None for the first token, which nothing predicts).
     prompt_logprobs: list[TokenLogprobs | None] | None = None
+
+    @classmethod
+    def acknowledgement(cls) -> TokenBatch:
+        """A batch that says only "the engine has the request" (see `TokenSource`)."""
+        return cls([])
+
+    @property
+    def is_acknowledgement(self) -> bool:
+        """Whether this batch carries nothing but the engine's acknowledgement: no token, no
+        finish reason, no prompt counts (a consumer skips it)."""
+        return not self.token_ids and self.finish_reason is None and self.num_prompt_tokens is None and self.prompt_logprobs is None
 
     def __reduce__(self) -> tuple[type[TokenBatch], tuple[Any, ...]]:
         # One per Ray object: the constructor and a tuple pickle in 49 bytes instead of 204
@@ -142,5 +153,7 @@ class TokenSource(Protocol):
 
     def generate(self, request: GenerationRequest) -> AsyncGenerator[TokenBatch, None]:
         """Stream the completion; the last batch carries `finish_reason`. Closing the
-        iterator early (client gone) must abort the request."""
+        iterator early (client gone) must abort the request. Before the first token a source
+        may send acknowledgements (`TokenBatch.acknowledgement()`): the engine took the
+        request, so the response can start while its prompt is prefilled."""
         ...

@@ -606,6 +606,8 @@ async def _rounds(
         # normally instead of being cancelled.
         async with contextlib.aclosing(batches):
             async for batch in _until(batches, deadline):
+                if batch.is_acknowledgement:  # the engine has it: what it meant was done (`_FirstBatch`)
+                    continue
                 if stream.finished or stream.awaiting_tools:
                     logger.warning("response %s: engine sent tokens after its last batch", stream.response.id)
                     continue
@@ -670,7 +672,9 @@ def engine_at_capacity(reason: str) -> APIError:
 
 class _FirstBatch:
     """The engine's first batch, asked for early (`refused_within`) so that a refusal can come
-    before the response starts; `then` gives it, then the rest."""
+    before the response starts; `then` gives it, then the rest. An engine replica whose first
+    token is slow acknowledges the request first (`TokenBatch.acknowledgement`): the response
+    then starts while the prompt is prefilled, off the first token's path."""
 
     def __init__(self, batches: AsyncGenerator[TokenBatch, None]) -> None:
         self._batches = batches

@@ -1,5 +1,5 @@
-"""Engine-side coalescing: fewer, fuller batches; never a token lost, reordered or delayed
-past the end."""
+"""Engine-side streaming: coalescing (fewer, fuller batches; never a token lost, reordered or
+delayed past the end) and the acknowledgement of a request whose first token is slow."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from deployments.engine import coalesce
-from serve_app.core.tokens import TokenBatch
+from deployments.engine import acknowledged, coalesce
+from serve_app.core.tokens import EngineRejected, TokenBatch
 
 
 async def _source(sizes: list[int], delays_ms: list[float], finish: str = "stop"):
@@ -87,6 +87,83 @@ def test_cancelling_the_consumer_closes_the_engine_stream():
     asyncio.run(consume_then_cancel())
 
 
+@pytest.mark.slow
+@settings(max_examples=40)
+@given(
+    sizes=st.lists(st.integers(1, 5), min_size=1, max_size=20),
+    delays_ms=st.lists(st.sampled_from([0.0, 1.0, 8.0]), min_size=1, max_size=4),
+    after_ms=st.sampled_from([0.0, 2.0, 5.0]),
+)
+def test_an_acknowledgement_leads_the_batches_and_changes_none(sizes, delays_ms, after_ms):
+    out = asyncio.run(_collect(acknowledged(_source(sizes, delays_ms), after_ms / 1000)))
+    batches = [batch for batch in out if not batch.is_acknowledgement]
+    assert [index for index, batch in enumerate(out) if batch.is_acknowledgement] in ([], [0])  # at most one, first
+    assert [batch.token_ids for batch in batches] == [batch.token_ids for batch in asyncio.run(_collect(_source(sizes, [0.0])))]
+    assert batches[0].num_prompt_tokens == 5
+
+
+def test_a_slow_first_token_is_acknowledged_at_once():
+    async def run() -> tuple[float, list[TokenBatch]]:
+        loop = asyncio.get_running_loop()
+        start, out, acknowledged_at = loop.time(), [], None
+        async for batch in acknowledged(_source([1, 2], [50.0]), 0.005):
+            if batch.is_acknowledgement:
+                acknowledged_at = loop.time() - start
+            out.append(batch)
+        assert acknowledged_at is not None
+        return acknowledged_at, out
+
+    acknowledged_at, out = asyncio.run(run())
+    assert out[0] == TokenBatch.acknowledgement()
+    assert [batch.token_ids for batch in out[1:]] == [[0], [1, 2]]
+    assert acknowledged_at < 0.05  # before the first token, not with it
+
+
+def test_a_fast_first_token_needs_no_acknowledgement():
+    out = asyncio.run(_collect(acknowledged(_source([1, 2], [0.0]), 0.05)))
+    assert [batch.token_ids for batch in out] == [[0], [1, 2]]
+
+
+def test_a_refusal_comes_before_any_acknowledgement():
+    """vLLM refuses in `add_request`, well within the wait: the ingress sees the refusal first
+    (a 503 before the response starts), never an acknowledged request that then fails."""
+    seen: list[TokenBatch] = []
+
+    async def refusing():
+        await asyncio.sleep(0.001)
+        raise EngineRejected("too many requests waiting", client_error=False)
+        yield TokenBatch([1])  # an async generator
+
+    async def run() -> None:
+        async for batch in acknowledged(refusing(), 0.05):
+            seen.append(batch)  # noqa: PERF401 (kept one by one: what came before the error counts)
+
+    with pytest.raises(EngineRejected):
+        asyncio.run(run())
+    assert seen == []
+
+
+def test_closing_an_acknowledged_request_aborts_its_engine_stream():
+    """The client goes away during the prefill: the pending wait for the first token is
+    cancelled and the engine's stream closed (its `finally` aborts the request)."""
+    closed = asyncio.Event()
+
+    async def slow():
+        try:
+            await asyncio.sleep(60)
+            yield TokenBatch([1])
+        finally:
+            closed.set()
+
+    async def run() -> None:
+        stream = acknowledged(slow(), 0.001)
+        assert (await anext(stream)).is_acknowledgement
+        await asyncio.wait_for(stream.aclose(), 1)
+        assert closed.is_set()
+
+    asyncio.run(run())
+
+
 def test_a_token_batch_pickles_every_field_and_stays_a_token_batch():
     """Ray pickles one `TokenBatch` per object (`__reduce__`: constructor and fields)."""
     import pickle
@@ -97,10 +174,12 @@ def test_a_token_batch_pickles_every_field_and_stays_a_token_batch():
         [5, 6], "length", 7, 3, 4, 2, [(-0.1, [(5, -0.1)]), (-0.2, [(6, -0.2), (9, -1.5)])], prompt_logprobs=[None, (-0.3, [(8, -0.3)])]
     )
     for dumps in (pickle.dumps, ray.cloudpickle.dumps):
-        copy = pickle.loads(dumps(batch, protocol=5))
-        assert type(copy) is TokenBatch
-        assert copy == batch
-        assert copy is not batch
+        for original in (batch, TokenBatch.acknowledgement()):
+            copy = pickle.loads(dumps(original, protocol=5))
+            assert type(copy) is TokenBatch
+            assert copy == original
+            assert copy is not original
+            assert copy.is_acknowledgement == (original is not batch)
 
 
 def test_a_merged_batch_keeps_the_first_batchs_prompt_logprobs():

@@ -42,15 +42,18 @@ class _FakeResponse:
 
 
 class _FakeHandle:
-    def __init__(self, plans: list[int | None], error=ActorDiedError) -> None:
-        self.plans, self.error, self.calls = plans, error, []
+    def __init__(self, plans: list[int | None], error=ActorDiedError, acknowledged: bool = False) -> None:
+        self.plans, self.error, self.calls, self.acknowledged = plans, error, [], acknowledged
         self.generate = self
 
     def options(self, **_):
         return self
 
     def remote(self, request):
-        response = _FakeResponse([TokenBatch([1, 2]), TokenBatch([3], finish_reason="stop")], self.plans[len(self.calls)], self.error)
+        batches = [TokenBatch([1, 2]), TokenBatch([3], finish_reason="stop")]
+        if self.acknowledged:  # the engine replica's, while its first token was slow
+            batches.insert(0, TokenBatch.acknowledgement())
+        response = _FakeResponse(batches, self.plans[len(self.calls)], self.error)
         self.calls.append(response)
         return response
 
@@ -68,6 +71,17 @@ def test_replica_gone_before_the_first_token_is_retried_once():
     assert len(handle.calls) == 2
     assert handle.calls[0].cancelled
     assert not handle.calls[1].cancelled  # a finished stream needs no cancel
+
+
+def test_replica_gone_after_its_acknowledgement_is_retried_once():
+    """An acknowledgement carries no token: the request can still go to another replica."""
+    handle = _FakeHandle([1, None], acknowledged=True)
+    assert asyncio.run(_collect(HandleTokenSource(handle), REQUEST)) == [1, 2, 3]
+    assert len(handle.calls) == 2
+    tokens_then_gone = _FakeHandle([2, None], acknowledged=True)
+    with pytest.raises(ActorDiedError):
+        asyncio.run(_collect(HandleTokenSource(tokens_then_gone), REQUEST))
+    assert len(tokens_then_gone.calls) == 1
 
 
 def test_no_second_retry():

@@ -766,3 +766,43 @@ def test_context_management_compacts_between_tool_rounds(url, servers, record, m
     assert "response.compaction.compacting" in [e["type"] for e in events]
     later = post(url, {"model": model, "input": "What should you remember?", "previous_response_id": terminal.id}).json()
     assert later["output"][-1]["content"][0]["text"] == "Remember: the vault code is 0451."
+
+
+class _AcknowledgingReplay(ReplayBackend):
+    """An engine replica whose first tokens are slow: each generation acknowledged first."""
+
+    async def generate(self, request):
+        from serve_app.core.tokens import TokenBatch
+
+        yield TokenBatch.acknowledgement()
+        async for batch in super().generate(request):
+            yield batch
+
+
+@pytest.mark.anyio
+async def test_a_rounds_next_generation_counts_its_prompt_from_its_tokens_not_its_acknowledgement(servers):
+    """The tool round's figures (bench.tool_loop, metrics) come from the next generation's
+    first batch of tokens; an acknowledgement before it carries no prompt count."""
+    from cryptography.fernet import Fernet
+
+    from serve_app.api.request import ResponsesRequest
+    from serve_app.core.encrypted_reasoning import ReasoningCipher
+    from serve_app.runtime.run import run_turn, start_turn
+    from serve_app.state import ResponseStore
+
+    runtime = server_tool_runtime(ToolsConfig.model_validate({"mcp": {"allowed_urls": LOOPBACK}}), NoMetrics())
+    model = ServedModel("gpt-oss-replay", _AcknowledgingReplay())
+    request = ResponsesRequest.model_validate(
+        {"model": model.name, "input": CALL_ECHO, "tools": [never(servers.streamable)], "store": False}
+    )
+    request, _ = runtime.admit(request)
+    turn = await start_turn(
+        request, model, ResponseStore(MemoryStore(), "test"), None, ReasoningCipher([Fernet.generate_key()]), server_tools=runtime
+    )
+    async for _ in run_turn(turn, ResponseStore(MemoryStore(), "test")):
+        pass
+    assert turn.stream.response.status == "completed"
+    (tool_round,) = turn.trace.tool_rounds
+    # Replay counts the whole prompt as cached but its last token; the second prompt holds the first.
+    assert tool_round.prompt_tokens > turn.stream.response.usage.input_tokens / 2
+    assert tool_round.cached_tokens > 0
