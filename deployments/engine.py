@@ -126,8 +126,8 @@ async def acknowledged(batches: AsyncGenerator[TokenBatch, None], after_s: float
 
     The ingress starts a response (its HTTP headers, `response.created`) at the engine's
     first batch, so that an engine at capacity is a 503 rather than a failed stream. Without
-    an acknowledgement that start waits for the first token, and its writes (~0.5 ms here)
-    delay it; with one, they are done while the prompt is prefilled.
+    an acknowledgement that start waits for the first token, and its writes delay it (~1 ms
+    here, bench/HISTORY.md); with one, they are done while the prompt is prefilled.
     """
     first = asyncio.ensure_future(anext(batches))
     try:
