@@ -116,8 +116,9 @@ async def coalesce(batches: AsyncGenerator[TokenBatch, None], window_s: float, m
 
 
 # How long the engine replica waits for a request's first batch before it acknowledges the
-# request instead (`acknowledged`). vLLM refuses a request in `add_request`, ~1 ms after the
-# call, so a refusal still comes before the acknowledgement, and before the response starts.
+# request instead (`acknowledged`). vLLM's admission control refuses a request in
+# `add_request` before its first await, so in the first step of the first read, which runs
+# before this timer however late the loop is: a refusal comes before any acknowledgement.
 ACKNOWLEDGE_AFTER_S = 0.01
 
 
