@@ -117,8 +117,9 @@ async def coalesce(batches: AsyncGenerator[TokenBatch, None], window_s: float, m
 
 # How long the engine replica waits for a request's first batch before it acknowledges the
 # request instead (`acknowledged`). vLLM's admission control refuses a request in
-# `add_request` before its first await, so in the first step of the first read, which runs
-# before this timer however late the loop is: a refusal comes before any acknowledgement.
+# `add_request` before it waits on anything (from its second request on: the first asks
+# the engine core for its tasks), so in the first step of the first read, which runs before
+# this timer however late the loop is: a refusal comes before any acknowledgement.
 ACKNOWLEDGE_AFTER_S = 0.01
 
 
