@@ -19,6 +19,7 @@ import contextlib
 import ctypes
 import json
 import os
+import random
 import shutil
 import signal
 import socket
@@ -31,7 +32,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
-from typing import Any, cast
+from typing import Any
 
 from serve_app.cli.configfile import ServeFile, has_cpu_vllm_engine
 
@@ -62,11 +63,8 @@ SIDE_PORTS = {
 def side_ports(environ: dict[str, str]) -> dict[str, str]:
     """Free ports for those of `SIDE_PORTS` something on this machine listens on already
     (a value in `environ` is kept as it is)."""
-    moved = {}
-    for name, default in SIDE_PORTS.items():
-        if name not in environ and _listening(default):
-            moved[name] = str(_free_port())
-    return moved
+    busy = [name for name, default in SIDE_PORTS.items() if name not in environ and _listening(default)]
+    return {name: str(port) for name, port in zip(busy, free_side_ports(len(busy)), strict=True)}
 
 
 def _listening(port: int) -> bool:
@@ -75,10 +73,25 @@ def _listening(port: int) -> bool:
     return False
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return cast(int, sock.getsockname()[1])  # (host, port)
+# Below the kernel's ephemeral range (Linux's default starts at 32768) and above Ray's default
+# worker ports (10002-19999).
+SIDE_PORT_RANGE = range(20000, 32000)
+
+
+def free_side_ports(count: int, tries: int = 200) -> list[int]:
+    """`count` distinct ports nothing listens on, below the kernel's ephemeral range
+    (32768-60999 by default). A port the kernel gives a bind to port 0 is free again once that
+    bind is closed, and the next such bind may get it: Ray's dashboard agent, starting after,
+    once took the fallback proxy's port that way and the proxy could not start. Binds to port
+    0 are not given ports from this range."""
+    ports: list[int] = []
+    for port in random.sample(SIDE_PORT_RANGE, tries):
+        with socket.socket() as sock, contextlib.suppress(OSError):
+            sock.bind(("127.0.0.1", port))
+            ports.append(port)
+            if len(ports) == count:
+                return ports
+    raise RuntimeError(f"fewer than {count} free ports among {tries} tried in {SIDE_PORT_RANGE.start}-{SIDE_PORT_RANGE.stop - 1}")
 
 
 def serve_command(config_path: Path, checked: ServeFile, environ: dict[str, str]) -> list[str]:

@@ -264,3 +264,24 @@ def test_doctor_lists_every_check_and_fails_only_on_what_every_config_needs(monk
     assert by_name["haproxy"].ok
     assert not any(f.required and not f.ok for f in findings)  # a machine without vLLM or GPUs still serves the replay models
     assert "-> make install" in doctor.report(findings)
+
+
+def test_side_ports_are_free_distinct_and_never_a_port_0_bind_could_get(monkeypatch):
+    """Ports for Serve's fallback proxy and HAProxy's listeners when the defaults are taken:
+    outside the kernel's ephemeral range, where a process Ray starts next (binding port 0)
+    could be given the same port once the choice's own test bind is closed."""
+    import random
+    import socket
+
+    from serve_app.cli.launch import SIDE_PORT_RANGE, free_side_ports
+
+    low, _ = (int(value) for value in Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split())
+    assert SIDE_PORT_RANGE.stop <= low
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", SIDE_PORT_RANGE.start))
+        taken.listen()
+        monkeypatch.setattr(random, "sample", lambda population, k: list(population)[:k])  # the taken port is tried first
+        ports = free_side_ports(4)
+    assert len(set(ports)) == 4
+    assert SIDE_PORT_RANGE.start not in ports
+    assert all(port in SIDE_PORT_RANGE for port in ports)
