@@ -73,9 +73,10 @@ def _listening(port: int) -> bool:
     return False
 
 
-# Below the kernel's ephemeral range (Linux's default starts at 32768) and above Ray's default
-# worker ports (10002-19999).
-SIDE_PORT_RANGE = range(20000, 32000)
+# Below the kernel's ephemeral range (Linux's default starts at 32768) and Serve's direct
+# ingress ports for replicas (30000-31000, 40000-41000), above Ray's default worker ports
+# (10002-19999).
+SIDE_PORT_RANGE = range(20000, 30000)
 
 
 def free_side_ports(count: int, tries: int = 200) -> list[int]:
@@ -86,12 +87,14 @@ def free_side_ports(count: int, tries: int = 200) -> list[int]:
     0 are not given ports from this range."""
     ports: list[int] = []
     for port in random.sample(SIDE_PORT_RANGE, tries):
+        if len(ports) == count:
+            return ports
         with socket.socket() as sock, contextlib.suppress(OSError):
             sock.bind(("127.0.0.1", port))
             ports.append(port)
-            if len(ports) == count:
-                return ports
-    raise RuntimeError(f"fewer than {count} free ports among {tries} tried in {SIDE_PORT_RANGE.start}-{SIDE_PORT_RANGE.stop - 1}")
+    if len(ports) < count:
+        raise RuntimeError(f"fewer than {count} free ports among {tries} tried in {SIDE_PORT_RANGE.start}-{SIDE_PORT_RANGE.stop - 1}")
+    return ports
 
 
 def serve_command(config_path: Path, checked: ServeFile, environ: dict[str, str]) -> list[str]:

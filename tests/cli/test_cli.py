@@ -269,14 +269,22 @@ def test_doctor_lists_every_check_and_fails_only_on_what_every_config_needs(monk
 def test_side_ports_are_free_distinct_and_never_a_port_0_bind_could_get(monkeypatch):
     """Ports for Serve's fallback proxy and HAProxy's listeners when the defaults are taken:
     outside the kernel's ephemeral range, where a process Ray starts next (binding port 0)
-    could be given the same port once the choice's own test bind is closed."""
+    could be given the same port once the choice's own test bind is closed, and outside the
+    ports Serve gives its replicas."""
     import random
     import socket
+
+    from ray.serve._private import constants as serve  # where Serve puts its replicas' own HTTP and gRPC ports
 
     from serve_app.cli.launch import SIDE_PORT_RANGE, free_side_ports
 
     low, _ = (int(value) for value in Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split())
     assert SIDE_PORT_RANGE.stop <= low
+    for first, last in (
+        (serve.RAY_SERVE_DIRECT_INGRESS_MIN_HTTP_PORT, serve.RAY_SERVE_DIRECT_INGRESS_MAX_HTTP_PORT),
+        (serve.RAY_SERVE_DIRECT_INGRESS_MIN_GRPC_PORT, serve.RAY_SERVE_DIRECT_INGRESS_MAX_GRPC_PORT),
+    ):
+        assert SIDE_PORT_RANGE.stop <= first or SIDE_PORT_RANGE.start > last
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", SIDE_PORT_RANGE.start))
         taken.listen()
@@ -285,3 +293,4 @@ def test_side_ports_are_free_distinct_and_never_a_port_0_bind_could_get(monkeypa
     assert len(set(ports)) == 4
     assert SIDE_PORT_RANGE.start not in ports
     assert all(port in SIDE_PORT_RANGE for port in ports)
+    assert free_side_ports(0) == []  # none taken: none moved
