@@ -107,12 +107,16 @@ async def coalesce(batches: AsyncGenerator[TokenBatch, None], window_s: float, m
         if pending is not None:
             yield pending
     finally:
-        # We own the source: stop a pending read, then close it (aborting the engine request).
-        if next_batch is not None and not next_batch.done():
-            next_batch.cancel()
-            with contextlib.suppress(asyncio.CancelledError, StopAsyncIteration):
-                await next_batch
-        await iterator.aclose()
+        await _release(iterator, next_batch)
+
+
+async def _release(source: AsyncGenerator[TokenBatch, None], pending: asyncio.Future[TokenBatch] | None) -> None:
+    """Stop a pending read of a source we own, then close it (aborting the engine request)."""
+    if pending is not None and not pending.done():
+        pending.cancel()
+        with contextlib.suppress(asyncio.CancelledError, StopAsyncIteration):
+            await pending
+    await source.aclose()
 
 
 # How long the engine replica waits for a request's first batch before it acknowledges the
@@ -144,12 +148,7 @@ async def acknowledged(batches: AsyncGenerator[TokenBatch, None], after_s: float
         async for batch in batches:
             yield batch
     finally:
-        # We own the source: stop a pending read, then close it (aborting the engine request).
-        if not first.done():
-            first.cancel()
-            with contextlib.suppress(asyncio.CancelledError, StopAsyncIteration):
-                await first
-        await batches.aclose()
+        await _release(batches, first)
 
 
 # How often the callers of running requests are checked (one GCS lookup per distinct caller).

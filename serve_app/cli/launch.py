@@ -28,7 +28,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
@@ -63,8 +63,13 @@ SIDE_PORTS = {
 def side_ports(environ: dict[str, str]) -> dict[str, str]:
     """Free ports for those of `SIDE_PORTS` something on this machine listens on already
     (a value in `environ` is kept as it is)."""
-    busy = [name for name, default in SIDE_PORTS.items() if name not in environ and _listening(default)]
-    return {name: str(port) for name, port in zip(busy, free_side_ports(len(busy)), strict=True)}
+    return side_port_env([name for name, default in SIDE_PORTS.items() if name not in environ and _listening(default)])
+
+
+def side_port_env(names: Iterable[str]) -> dict[str, str]:
+    """Each of the `SIDE_PORTS` settings `names`, set to a port of its own (`free_side_ports`)."""
+    listed = list(names)
+    return {name: str(port) for name, port in zip(listed, free_side_ports(len(listed)), strict=True)}
 
 
 def _listening(port: int) -> bool:

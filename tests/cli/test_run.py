@@ -16,7 +16,7 @@ import httpx
 import pytest
 import yaml
 
-from serve_app.cli.launch import SIDE_PORTS, free_side_ports
+from serve_app.cli.launch import SIDE_PORTS, side_port_env
 from tests.support.servers import free_port
 
 CONFIG = {
@@ -56,7 +56,7 @@ def test_run_says_ready_serves_and_stops_on_ctrl_c(tmp_path: Path):
     port = free_port()
     # A cluster of its own beside the session's: its own side ports, no address to join.
     env = {name: value for name, value in os.environ.items() if name != "RAY_ADDRESS"}
-    env.update({name: str(port) for name, port in zip(SIDE_PORTS, free_side_ports(len(SIDE_PORTS)), strict=True)})
+    env.update(side_port_env(SIDE_PORTS))
     command = [str(Path(sys.executable).parent / "responses-serve"), "run", str(config), "--port", str(port)]
     process = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
     try:

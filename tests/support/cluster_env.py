@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import os
 
-from serve_app.cli.launch import SIDE_PORTS, free_side_ports
+from serve_app.cli.launch import SIDE_PORTS, side_port_env
 from serve_app.config.cluster import cluster_env, haproxy_installed_path
 
 # The session's Ray cluster starts as `responses-serve run` starts one (cluster_env: Serve's
@@ -20,7 +20,7 @@ os.environ.update(cluster_env())
 os.environ["RAY_SERVE_ENABLE_HA_PROXY"] = "1"
 os.environ["RAY_SERVE_HAPROXY_BINARY_PATH"] = haproxy_installed_path()  # no splicing
 # HAProxy's stats and metrics, Serve's fallback proxy (shared port: see SIDE_PORTS).
-os.environ.update({name: str(port) for name, port in zip(SIDE_PORTS, free_side_ports(len(SIDE_PORTS)), strict=True)})
+os.environ.update(side_port_env(SIDE_PORTS))
 # Ray's processes report metrics every 2 s instead of 10 s: the metric tests see what they
 # wait for sooner, and a gauge series not set again is dropped after 4 s instead of 20 s
 # (the gauges follow it: deployments/metrics.py `gauge_refresh_s`).
