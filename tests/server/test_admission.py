@@ -7,6 +7,7 @@ the tenants' quotas: tests/server/test_auth.py.)"""
 from __future__ import annotations
 
 import json
+import threading
 import time
 
 import httpx
@@ -155,19 +156,21 @@ def test_request_bytes_in_flight_are_bounded_for_the_replica():
     with uvicorn_server(app) as url, httpx.Client(base_url=url, timeout=30) as http:
         body = json.dumps({"model": "slow", "input": "x" * (40 * 1024), "max_output_tokens": 5}).encode()  # two do not fit
 
-        def slowly():  # a client that sends most of its body, then takes its time
-            yield body[:-10]
-            time.sleep(1.0)
-            yield body[-10:]
+        refused_done = threading.Event()
 
-        import threading
+        def slowly():  # a client that sends most of its body, then waits until the other was answered
+            yield body[:-10]
+            refused_done.wait(timeout=30)
+            yield body[-10:]
 
         answers = {}
         sender = threading.Thread(target=lambda: answers.setdefault("slow", http.post("/responses", content=slowly())))
         sender.start()
-        time.sleep(0.5)
+        budget = app_context(app).request_bytes
+        assert wait_until(lambda: budget.held >= len(body) - 10, timeout_s=30, interval_s=0.01)  # the first part is read
         with httpx.Client(base_url=url, timeout=30) as other:
             refused = other.post("/responses", content=body, headers={"content-type": "application/json"})
+        refused_done.set()
         sender.join()
         assert refused.status_code == 503
         assert refused.json()["error"]["code"] == "too_many_request_bytes"
