@@ -25,9 +25,9 @@ average cores). Prints a table, `tokps_ratio@C` and `ttft_ratio@C` (ours / vLLM)
 writes bench/results/vs_vllm.{json,png}. With `--rounds N` the two servers take turns N times
 (each start fresh; which one goes first alternates from round to round) and the figures are
 the medians: this machine's noise is larger than a single run can resolve. Then, per
-concurrency, each round's own ratio, how many rounds favour ours, and a 90% bootstrap interval
-of the median round: an interval across 1.00 means the runs do not resolve the comparison.
-`--repeat N` sends each prompt N times at each concurrency (a round at one stream is otherwise
+concurrency, each round's own tokens/s and TTFT ratios, how many rounds meet the target
+(>= 1.00x, <= 1.05x), and a 90% bootstrap interval of the median round: an interval across
+the target means the runs do not resolve the comparison. `--repeat N` sends each prompt N times at each concurrency (a round at one stream is otherwise
 eight first tokens, one per prompt, whose median moves with the prompts). Every server
 start, request and round is bounded in time; servers are stopped on the way out. `--lock`
 holds that file (flock) only while a server runs, so other users of the machine get it
@@ -510,18 +510,23 @@ def ratios(ours: dict[int, dict], vllm: dict[int, dict], concurrencies: list[int
 
 
 def round_spread(ours: list[dict[int, dict]], vllm: list[dict[int, dict]], concurrencies: list[int]) -> list[str]:
-    """Per concurrency, the rounds' own tokens/s ratios (each round's two servers ran one
-    after the other): how many favour ours, and a bootstrap interval of their median, which
-    says whether the runs resolve the target (ratio >= 1) or leave it inside the noise."""
+    """Per concurrency, the rounds' own tokens/s and TTFT ratios (each round's two servers ran
+    one after the other): how many meet the target (tokens/s >= 1x, TTFT <= 1.05x vLLM's), and
+    a bootstrap interval of their median, which says whether the runs resolve the target or
+    leave it inside the noise."""
     lines = []
-    for c in concurrencies:
-        each = [mine[c]["tokens_per_s"] / theirs[c]["tokens_per_s"] for mine, theirs in zip(ours, vllm)]
-        low, high = median_interval(each)
-        lines.append(
-            f"tokens/s ratio @{c} by round: {' '.join(f'{r:.2f}' for r in each)}; ours >= vLLM in "
-            f"{sum(r >= 1 for r in each)} of {len(each)}; median {statistics.median(each):.2f}, "
-            f"90% bootstrap interval {low:.2f}-{high:.2f}"
-        )
+    for field, name, meets, target in (
+        ("tokens_per_s", "tokens/s", lambda r: r >= 1, ">= 1.00"),
+        ("ttft_p50_ms", "TTFT", lambda r: r <= 1.05, "<= 1.05"),
+    ):
+        for c in concurrencies:
+            each = [mine[c][field] / theirs[c][field] for mine, theirs in zip(ours, vllm)]
+            low, high = median_interval(each)
+            lines.append(
+                f"{name} ratio @{c} by round: {' '.join(f'{r:.2f}' for r in each)}; {target} in "
+                f"{sum(map(meets, each))} of {len(each)}; median {statistics.median(each):.2f}, "
+                f"90% bootstrap interval {low:.2f}-{high:.2f}"
+            )
     return lines
 
 

@@ -23,7 +23,8 @@ def test_consistent_rounds_resolve_and_noisy_ones_do_not():
 
 
 def test_round_spread_pairs_each_round_of_ours_with_the_same_round_of_vllm():
-    ours = [{32: {"tokens_per_s": t}} for t in (110.0, 100.0, 120.0)]
-    vllm = [{32: {"tokens_per_s": t}} for t in (100.0, 110.0, 120.0)]
-    (line,) = round_spread(ours, vllm, [32])
-    assert line.startswith("tokens/s ratio @32 by round: 1.10 0.91 1.00; ours >= vLLM in 2 of 3; median 1.00")
+    ours = [{32: {"tokens_per_s": t, "ttft_p50_ms": f}} for t, f in ((110.0, 100.0), (100.0, 120.0), (120.0, 104.0))]
+    vllm = [{32: {"tokens_per_s": t, "ttft_p50_ms": f}} for t, f in ((100.0, 100.0), (110.0, 100.0), (120.0, 100.0))]
+    tokens, ttft = round_spread(ours, vllm, [32])
+    assert tokens.startswith("tokens/s ratio @32 by round: 1.10 0.91 1.00; >= 1.00 in 2 of 3; median 1.00")
+    assert ttft.startswith("TTFT ratio @32 by round: 1.00 1.20 1.04; <= 1.05 in 2 of 3; median 1.04")
