@@ -246,12 +246,13 @@ STORE_ACCEPTED = [
 @pytest.mark.parametrize(("path", "body"), STORE_ACCEPTED, ids=[path for path, _ in STORE_ACCEPTED])
 def test_what_the_vector_stores_schema_allows_the_server_takes(stores_http, document, vector_store, path, body):
     validator(document, path.replace("{id}", "{vector_store_id}")).validate(body)
-    # a file named is one of the caller's: the placeholders become uploads
+    # a file named is one of the caller's: the placeholders become uploads (quoted: an upload's
+    # id may itself begin with "file-2")
     text = json.dumps(body)
-    for placeholder in ("file-1", "file-2"):
+    for placeholder in ('"file-1"', '"file-2"'):
         if placeholder in text:
             uploaded = stores_http.post("/v1/files", files={"file": ("a.txt", b"some text")}, data={"purpose": "assistants"})
-            text = text.replace(placeholder, uploaded.json()["id"])
+            text = text.replace(placeholder, json.dumps(uploaded.json()["id"]))
     response = stores_http.post(path.replace("{id}", vector_store), json=json.loads(text))
     assert response.status_code == 200, response.text
 
