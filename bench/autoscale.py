@@ -33,7 +33,6 @@ import math
 import os
 import shutil
 import signal
-import socket
 import tempfile
 import time
 from dataclasses import asdict, dataclass, field
@@ -41,6 +40,7 @@ from pathlib import Path
 
 import aiohttp
 
+from serve_app.cli.launch import free_side_ports
 from tests.support.contract import check_stream, parse_sse
 
 RESULTS = Path(__file__).parent / "results"
@@ -387,12 +387,6 @@ def dumps(summary: dict) -> str:
     return head[: -len("\n}")] + f',\n "samples": [\n  {samples}\n ]\n}}\n'
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def _interrupt(signum, frame):
     raise KeyboardInterrupt(f"signal {signum}")  # unwinds through the `finally` that stops Ray
 
@@ -409,7 +403,7 @@ def run(plan: Plan) -> tuple[Tally, list[dict]]:
     ok = False
     try:
         ray.init(num_cpus=2, include_dashboard=False, _temp_dir=temp_dir, log_to_driver=False)
-        port = free_port()
+        port = free_side_ports(1)[0]
         serve.start(http_options={"host": "127.0.0.1", "port": port})
         serve.run(build_app(app_args(plan)), name=APP, route_prefix="/")
         result = asyncio.run(run_load(f"http://127.0.0.1:{port}/v1", plan))

@@ -26,21 +26,16 @@ import argparse
 import asyncio
 import contextlib
 import json
-import socket
 import statistics
 import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
+from serve_app.cli.launch import free_side_ports
+
 RESULTS = Path(__file__).parent / "results"
 WORDS = "The agent reads the repository, plans the change, runs the tests and reports back. "
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 @contextlib.contextmanager
@@ -55,7 +50,7 @@ def mcp_server() -> Iterator[str]:
     def echo(text: str) -> str:
         return text
 
-    port = _free_port()
+    port = free_side_ports(1)[0]
     runner = uvicorn.Server(uvicorn.Config(server.streamable_http_app(), host="127.0.0.1", port=port, log_level="warning"))
     thread = threading.Thread(target=runner.run, daemon=True)
     thread.start()

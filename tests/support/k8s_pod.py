@@ -11,18 +11,11 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
 import urllib.error
 import urllib.request
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def _status(url: str, headers: dict[str, str] | None = None) -> int:
@@ -45,10 +38,12 @@ def main() -> None:
     from ray import serve
 
     from deployments.builder import build_app
+    from serve_app.cli.launch import free_side_ports
 
     settings = json.loads(sys.argv[1])
     key = os.environ[settings["key_env"]]
-    ports = {name: _free_port() for name in ("gcs", "dashboard", "agent", "client", "metrics")}
+    # Free ports below the kernel's ephemeral range: Ray's processes bind port 0 as they start.
+    ports = dict(zip(("gcs", "dashboard", "agent", "client", "metrics", "serve"), free_side_ports(6), strict=True))
     # KubeRay's `ray start --head` for this head group (rayStartParams, and the GCS in Redis as
     # --redis-username/--redis-password from $REDIS_USERNAME/$REDIS_PASSWORD), on free ports:
     # this machine's network is shared. The sandbox has a PID namespace of its own, so every Ray
@@ -67,7 +62,7 @@ def main() -> None:
         seen["dashboard_without_token"] = _status(applications)
         seen["dashboard_with_wrong_token"] = _status(applications, {"Authorization": "Bearer not-the-token"})
         seen["dashboard_with_token"] = _status(applications, {"Authorization": f"Bearer {os.environ['RAY_AUTH_TOKEN']}"})
-        port = _free_port()
+        port = ports["serve"]
         serve.start(http_options={"host": "127.0.0.1", "port": port})
         try:
             serve.run(build_app(settings["app"]), name="responses", route_prefix="/")

@@ -10,11 +10,14 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
+from serve_app.cli.launch import free_side_ports
+
 
 def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+    """A loopback port nothing listens on, from below the kernel's ephemeral range: a port a
+    bind to port 0 gave us could go to the next process that binds port 0 (Ray's processes do,
+    as they start) before our server takes it."""
+    return free_side_ports(1)[0]
 
 
 @contextmanager
