@@ -275,9 +275,9 @@ def wait_model_ready(url: str, process: subprocess.Popen, timeout_s: float) -> N
     raise RuntimeError(f"{MODEL} at {url} did not answer within {timeout_s:.0f} s")
 
 
-def measure(
-    url: str, concurrencies: list[int], max_tokens: int, store: bool, server_pid: int, api: str = "responses", repeat: int = 1
-) -> dict[int, dict]:
+def measure(url: str, server_pid: int, args: argparse.Namespace) -> dict[int, dict]:
+    """Each of `args.concurrency`'s rounds against the server at `url` (its process `server_pid`)."""
+    concurrencies, max_tokens, store, api, repeat = args.concurrency, args.tokens, args.store, args.api, args.repeat
     chat = asyncio.run(asyncio.wait_for(non_streamed(url, max_tokens), 600)) if api == "chat" else None
     asyncio.run(round_at(url, 2, 2, max_tokens, store, chat))  # warm-up: first requests pay one-off costs
     rows = {}
@@ -358,33 +358,14 @@ def replica_url(first: int, last: int) -> str:
     raise RuntimeError(f"no ingress replica answers /ready on ports {first}-{last}")
 
 
-def run_vllm(
-    port: int,
-    concurrencies: list[int],
-    max_tokens: int,
-    start_timeout_s: float,
-    window_ms: float,
-    store: bool,
-    api: str = "responses",
-    repeat: int = 1,
-) -> dict[int, dict]:
-    with vllm_server(port, start_timeout_s, store) as (url, pid):
-        return measure(url, concurrencies, max_tokens, store, pid, api, repeat)
+def run_vllm(args: argparse.Namespace) -> dict[int, dict]:
+    with vllm_server(args.port, args.start_timeout, args.store) as (url, pid):
+        return measure(url, pid, args)
 
 
-def run_ours(
-    port: int,
-    concurrencies: list[int],
-    max_tokens: int,
-    start_timeout_s: float,
-    window_ms: float,
-    store: bool,
-    api: str = "responses",
-    repeat: int = 1,
-    via: str = "proxy",
-) -> dict[int, dict]:
-    with our_server(port, ours_config(port, window_ms), start_timeout_s, via) as (url, pid):
-        return measure(url, concurrencies, max_tokens, store, pid, api, repeat)
+def run_ours(args: argparse.Namespace) -> dict[int, dict]:
+    with our_server(args.port, ours_config(args.port, args.window_ms), args.start_timeout, args.via) as (url, pid):
+        return measure(url, pid, args)
 
 
 def plot(results: dict[str, dict[int, dict]], concurrencies: list[int], path: Path, api: str) -> None:
@@ -456,20 +437,7 @@ def main() -> None:
                 continue
             print(f"{name} (round {number} of {args.rounds}) ...", flush=True)
             with held(args.lock):
-                extra = {"via": args.via} if name == "ours" else {}
-                rounds[name].append(
-                    run(
-                        args.port,
-                        args.concurrency,
-                        args.tokens,
-                        args.start_timeout,
-                        args.window_ms,
-                        args.store,
-                        args.api,
-                        args.repeat,
-                        **extra,
-                    )
-                )
+                rounds[name].append(run(args))
         if not args.vllm_results:
             print(f"  round {number}: " + " ".join(ratios(rounds["ours"][-1], rounds["vLLM"][-1], args.concurrency)), flush=True)
     results = {name: median_rows(rows, args.concurrency) for name, rows in rounds.items()}
