@@ -27,9 +27,10 @@ writes bench/results/vs_vllm.{json,png}. With `--rounds N` the two servers take 
 the medians: this machine's noise is larger than a single run can resolve. Then, per
 concurrency, each round's own tokens/s and TTFT ratios, how many rounds meet the target
 (>= 1.00x, <= 1.05x), and a 90% bootstrap interval of the median round: an interval across
-the target means the runs do not resolve the comparison. `--repeat N` sends each prompt N times at each concurrency (a round at one stream is otherwise
-eight first tokens, one per prompt, whose median moves with the prompts). Every server
-start, request and round is bounded in time; servers are stopped on the way out. `--lock`
+the target means the runs do not resolve the comparison. `--repeat N` sends each prompt N
+times at each concurrency (a round at one stream is otherwise eight first tokens, one per
+prompt, whose median moves with the prompts). Every server start, request and round is
+bounded in time; servers are stopped on the way out. `--lock`
 holds that file (flock) only while a server runs, so other users of the machine get it
 between the phases.
 
