@@ -28,6 +28,13 @@ from serve_app.families.vocab import ENV_VAR
 REPLICA_ENV = {
     "RAY_SERVE_RUN_USER_CODE_IN_SEPARATE_THREAD": "0",
     "RAY_SERVE_RUN_ROUTER_IN_SEPARATE_LOOP": "0",
+    # Ray starts its workers at nice 15 (its `worker_niceness`), below its own daemons. Our
+    # replicas, and the vLLM processes an engine replica starts, are the request path: at 15
+    # each request waited for whatever else was runnable on the serving cores (vLLM's engine
+    # core I/O, Ray's daemons, the other replica). So they run at 0, as `vllm serve`'s
+    # processes do; Serve's own actors keep Ray's default. The worker applies it as it starts,
+    # so no privilege is needed. Measured with bench.vs_vllm (bench/HISTORY.md).
+    "RAY_worker_niceness": "0",
     # glibc's malloc gives each thread that allocates an arena of its own, up to 8 per core; a
     # replica's ~35 threads (Ray's core worker, gRPC, Serve) fragment them and RSS keeps
     # growing under load. So the replicas allocate with jemalloc, which Ray

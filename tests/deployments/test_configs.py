@@ -270,8 +270,8 @@ def test_qwen3_gpu_config_maps_to_two_gpus_with_vllms_parsers():
 
 def test_replicas_run_serve_single_loop_unless_a_deployment_says_otherwise(monkeypatch):
     """Our replicas run user code and handle routers on one event loop (deployments/builder.py
-    REPLICA_ENV, measured in bench.vs_vllm) and allocate with Ray's jemalloc (bench.load); a
-    deployment's own env_vars win."""
+    REPLICA_ENV, measured in bench.vs_vllm) at the normal priority, and allocate with Ray's
+    jemalloc (bench.load); a deployment's own env_vars win."""
     from deployments.builder import REPLICA_ENV, build_app
     from serve_app.engines.allocator import RAY_JEMALLOC
     from serve_app.families.vocab import ENV_VAR
@@ -288,6 +288,7 @@ def test_replicas_run_serve_single_loop_unless_a_deployment_says_otherwise(monke
     assert REPLICA_ENV == {
         "RAY_SERVE_RUN_USER_CODE_IN_SEPARATE_THREAD": "0",
         "RAY_SERVE_RUN_ROUTER_IN_SEPARATE_LOOP": "0",
+        "RAY_worker_niceness": "0",  # not Ray's 15 for workers: the request path (bench.vs_vllm)
         # the allocator: replica RSS growth under load (docs/benchmarks.md, "Load")
         "LD_PRELOAD": RAY_JEMALLOC,
         "MALLOC_ARENA_MAX": "2",

@@ -7,6 +7,7 @@ One cluster and one Serve app for the session (`serve_url` in conftest.py); the 
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import random
 import re
 import time
@@ -153,6 +154,35 @@ def test_client_leaving_a_non_streaming_request_aborts_it(serve_url):
     after = engine_stats(model)
     assert after["requests"] == before["requests"] + 1
     assert after["running"] == 0
+
+
+def test_our_replicas_run_at_normal_priority_serves_own_actors_at_rays(serve_url):
+    """Ray starts its workers at nice 15; our replicas (and what an engine replica starts:
+    vLLM's processes) run at 0, every one of their threads (deployments/builder.py
+    REPLICA_ENV), while Serve's controller keeps Ray's default."""
+    import os
+
+    import ray
+    from ray import serve
+    from ray.serve._private.constants import SERVE_CONTROLLER_NAME, SERVE_NAMESPACE
+
+    from tests.deployments.conftest import E2E_APP
+
+    sdk_scenarios.raw_stream(serve_url, {"model": "gpt-oss-replay", "input": "priorities"})
+    replicas = {
+        "engine": engine_stats("gpt-oss-replay")["pid"],
+        "ingress": serve.get_deployment_handle("ResponsesIngress", app_name=E2E_APP).memory.remote().result(timeout_s=60)["pid"],
+    }
+    for name, pid in replicas.items():
+        niceness: dict[int, int] = {}
+        for tid in map(int, os.listdir(f"/proc/{pid}/task")):
+            with contextlib.suppress(ProcessLookupError):  # a thread that just ended
+                niceness[tid] = os.getpriority(os.PRIO_PROCESS, tid)  # a thread's own, on Linux
+        assert len(niceness) > 5, name  # Ray's core worker, gRPC, the event loop: all of them
+        assert set(niceness.values()) == {0}, (name, niceness)
+    controller = ray.get_actor(SERVE_CONTROLLER_NAME, namespace=SERVE_NAMESPACE)
+    controller_pid = ray.get(controller.__ray_call__.remote(lambda _: os.getpid()), timeout=30)
+    assert os.getpriority(os.PRIO_PROCESS, controller_pid) > 0
 
 
 def test_coalescing_fewer_objects_same_events(serve_url):
