@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
+import os
 import random
 import re
 import time
@@ -16,7 +17,7 @@ import httpx
 import pytest
 
 from serve_app.server.routes.event_stream import KEEPALIVE
-from tests.deployments.conftest import E2E_ARGS, engine_stats, session_haproxy_config
+from tests.deployments.conftest import E2E_APP, E2E_ARGS, engine_stats, session_haproxy_config
 from tests.support import sdk_scenarios, socket_scenarios
 from tests.support.contract import check_stream, parse_sse
 from tests.support.servers import wait_until
@@ -160,13 +161,9 @@ def test_our_replicas_run_at_normal_priority_serves_own_actors_at_rays(serve_url
     """Ray starts its workers at nice 15; our replicas (and what an engine replica starts:
     vLLM's processes) run at 0, every one of their threads (deployments/builder.py
     REPLICA_ENV), while Serve's controller keeps Ray's default."""
-    import os
-
     import ray
     from ray import serve
     from ray.serve._private.constants import SERVE_CONTROLLER_NAME, SERVE_NAMESPACE
-
-    from tests.deployments.conftest import E2E_APP
 
     sdk_scenarios.raw_stream(serve_url, {"model": "gpt-oss-replay", "input": "priorities"})
     replicas = {
